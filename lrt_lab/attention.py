@@ -1,0 +1,143 @@
+"""One attention entry point for every stage: `attend(q, k, v, q_pos, window)`.
+
+A stage recomputes a set of query positions against keys 0..Tk-1 (the buffer with the stage's
+own rows replaced). Every position set our schedules produce is a `range`: the full sequence
+(init, one-pass, full-sequence refinement), a contiguous chunk (Chunked, Exact, decoding), or a
+strided subset (Interleaved). Keeping the set a `range` lets us pick a kernel without a device
+sync:
+
+- full sequence, no effective window  -> SDPA `is_causal=True` (or flash-attn): the fast path;
+- contiguous block ending at the last key -> flash-attn (bottom-right causal) on CUDA, or a
+  small explicit mask;
+- strided subset -> FlexAttention with a block mask on CUDA, or an explicit mask on SDPA.
+
+Tensors use the flash-attn layout (B, T, H, head_dim); keys/values may have fewer heads (GQA).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+BACKENDS = ("auto", "sdpa", "flash", "flex")
+
+
+def as_range(q_pos, n_queries: int) -> range:
+    """Normalise q_pos (an int offset or a range) to a range of n_queries positions."""
+    if isinstance(q_pos, int):
+        return range(q_pos, q_pos + n_queries)
+    if isinstance(q_pos, range):
+        if len(q_pos) != n_queries:
+            raise ValueError(f"q_pos has {len(q_pos)} positions but q has {n_queries} queries")
+        if len(q_pos) and q_pos.step < 1:
+            raise ValueError(f"q_pos={q_pos} is invalid; allowed: increasing positions")
+        # canonical form: stop = last position + 1, so `stop` means "keys needed"
+        return range(q_pos.start, q_pos[-1] + 1, q_pos.step) if len(q_pos) else q_pos
+    raise ValueError(f"q_pos={q_pos!r} is invalid; allowed: an int offset or a range of positions")
+
+
+def visible_mask(q_pos: range, n_keys: int, window: int | None, device) -> torch.Tensor:
+    """Boolean (Tq, Tk) mask: key j is visible to query at position p iff j <= p and p - j < window."""
+    qp = torch.arange(q_pos.start, q_pos.stop, q_pos.step, device=device)[:, None]
+    kp = torch.arange(n_keys, device=device)[None, :]
+    mask = kp <= qp
+    if window is not None:
+        mask &= kp > qp - window
+    return mask
+
+
+@functools.cache
+def _flash_attn_func():
+    try:
+        from flash_attn import flash_attn_func  # optional extra `gpu`
+    except Exception:  # not installed, or built for another CUDA: fall back quietly
+        return None
+    return flash_attn_func
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+    # FlexAttention is only fast compiled; compiling once per process is the documented usage.
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _sdpa(q, k, v, q_pos: range, window: int | None) -> torch.Tensor:
+    n_keys = k.size(1)
+    gqa = q.size(2) != k.size(2)
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    window_inactive = window is None or window >= q_pos.stop
+    if q_pos.step == 1 and q_pos.start == 0 and q_pos.stop == n_keys and window_inactive:
+        y = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=gqa)
+    elif len(q_pos) == 1 and q_pos.start == n_keys - 1 and window_inactive:
+        y = F.scaled_dot_product_attention(qh, kh, vh, enable_gqa=gqa)  # one query sees all keys
+    else:
+        mask = visible_mask(q_pos, n_keys, window, q.device)
+        y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=gqa)
+    return y.transpose(1, 2)
+
+
+def _flash(q, k, v, q_pos: range, window: int | None) -> torch.Tensor:
+    # flash-attn aligns the causal mask bottom-right when Tq < Tk: query i sits at key Tk-Tq+i,
+    # which is exactly a contiguous block ending at the last key.
+    left = -1 if window is None else window - 1
+    return _flash_attn_func()(q, k, v, causal=True, window_size=(left, 0))
+
+
+def _flex(q, k, v, q_pos: range, window: int | None) -> torch.Tensor:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    start, step = q_pos.start, q_pos.step
+    win = window if window is not None else k.size(1) + 1
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        p = start + q_idx * step
+        return (kv_idx <= p) & (p - kv_idx < win)
+
+    block_mask = create_block_mask(mask_mod, B=None, H=None, Q_LEN=q.size(1), KV_LEN=k.size(1),
+                                   device=q.device)
+    y = _compiled_flex()(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                         block_mask=block_mask, enable_gqa=q.size(2) != k.size(2))
+    return y.transpose(1, 2)
+
+
+def pick_backend(q: torch.Tensor, q_pos: range, n_keys: int) -> str:
+    """The fastest backend that is exact for this call (flash-attn only for contiguous blocks)."""
+    if not q.is_cuda:
+        return "sdpa"
+    contiguous_tail = q_pos.step == 1 and q_pos.stop == n_keys
+    if contiguous_tail and q.dtype in (torch.float16, torch.bfloat16) and _flash_attn_func() is not None:
+        return "flash"
+    if contiguous_tail:
+        return "sdpa"  # SDPA's own flash/efficient kernels handle causal blocks well
+    return "flex"
+
+
+def attend(q, k, v, q_pos, window: int | None = None, backend: str = "auto") -> torch.Tensor:
+    """Causal (optionally sliding-window) attention of queries at q_pos over keys 0..Tk-1.
+
+    q: (B, Tq, H, D); k, v: (B, Tk, Hkv, D) with H % Hkv == 0. q_pos: an int offset (queries at
+    q_pos..q_pos+Tq-1) or a range. window: a query at p sees keys p-window+1..p (None = all).
+    Returns (B, Tq, H, D).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is invalid; allowed: {', '.join(BACKENDS)}")
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"window={window!r} is invalid; allowed: a positive int or None")
+    q_pos = as_range(q_pos, q.size(1))
+    n_keys = k.size(1)
+    if len(q_pos) and (q_pos[-1] >= n_keys or q_pos[0] < 0):
+        raise ValueError(f"q_pos={q_pos} reaches beyond the {n_keys} keys given")
+    if backend == "auto":
+        backend = pick_backend(q, q_pos, n_keys)
+    if backend == "flash":
+        if q_pos.step != 1 or q_pos.stop != n_keys:
+            raise ValueError("backend='flash' needs a contiguous block of queries ending at the last key")
+        if _flash_attn_func() is None:
+            raise ValueError("backend='flash' needs the flash-attn package (pip install 'lrt-lab[gpu]')")
+        return _flash(q, k, v, q_pos, window)
+    if backend == "flex":
+        return _flex(q, k, v, q_pos, window)
+    return _sdpa(q, k, v, q_pos, window)

@@ -1,0 +1,184 @@
+"""The state a stage reads and writes (DESIGN.md "One primitive: a stage over a shared buffer").
+
+For every layer, the K and V that attention sees at each position, and the memory row
+m[t] = h^src_t for every position. A stage over positions P reads memory m[t-lag] for t in P,
+attends against the buffer with the rows at P replaced by fresh K/V, and writes its fresh K/V
+and source states back.
+
+Two implementations share that interface, so `LRT.stage` is one function for training,
+prefill and decoding:
+
+- `SequenceBuffer` (training, prefill): functional. Writes are out of place so autograd flows
+  through the buffer: a refinement stage backpropagates into the stage that wrote what it read
+  (paper sec. 3.1: "We backpropagate jointly through the initialization and refinement
+  forwards"). Rows not yet computed hold zeros and are stored implicitly (a tensor shorter than
+  the sequence), so chunked schedules never touch positions they have not reached.
+- `DecodeCache` (generation): preallocated, written in place under no_grad. Its state is the
+  standard KV cache plus the last `memory.history` source states per sequence: one d-vector with
+  the default lag 1 (paper app. "Parallel prefill": "stores only one additional d-dimensional
+  recurrent state per sequence").
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .config import ModelConfig
+
+
+def _rows(t: torch.Tensor, n: int, like: torch.Tensor) -> torch.Tensor:
+    """t[:, :n], zero-padded to n rows when t is shorter (or None: nothing computed yet)."""
+    if t is None:
+        return like.new_zeros((like.size(0), n) + tuple(like.shape[2:]))
+    if t.size(1) >= n:
+        return t[:, :n]
+    pad = t.new_zeros((t.size(0), n - t.size(1)) + tuple(t.shape[2:]))
+    return torch.cat([t, pad], dim=1)
+
+
+def splice(old: torch.Tensor | None, P: range, new: torch.Tensor) -> torch.Tensor:
+    """Out-of-place: `old` with the rows at positions P replaced by `new` (dim 1).
+
+    The result covers positions 0..max(P.stop, len(old))-1. Only what P needs is copied: a stage
+    over the whole prefix writes nothing from `old`, a contiguous block concatenates, a strided
+    subset uses index_copy (differentiable with respect to both inputs).
+    """
+    if P.start == 0 and P.step == 1:
+        head = new
+    elif P.step == 1:
+        head = torch.cat([_rows(old, P.start, new), new], dim=1)
+    else:
+        index = torch.arange(P.start, P.stop, P.step, device=new.device)
+        head = _rows(old, P.stop, new).index_copy(1, index, new)
+    if old is not None and old.size(1) > P.stop:
+        return torch.cat([head, old[:, P.stop:]], dim=1)
+    return head
+
+
+def document_ids(tokens: torch.Tensor, bos_token_id: int) -> torch.Tensor:
+    """Index of the document each position belongs to (a new document starts at every BOS)."""
+    return (tokens == bos_token_id).long().cumsum(dim=1)
+
+
+class SequenceBuffer:
+    """Functional per-batch buffer for a whole sequence; `updated` returns a new buffer."""
+
+    def __init__(self, k, v, mem, doc):
+        self.k: list[torch.Tensor | None] = k      # per layer (B, <=T, n_kv_head, head_dim)
+        self.v: list[torch.Tensor | None] = v
+        self.mem: torch.Tensor | None = mem        # (B, <=T, n_embd) source states
+        self.doc: torch.Tensor | None = doc        # (B, T) document ids, for reset_memory_at_bos
+
+    @classmethod
+    def empty(cls, config: ModelConfig, tokens: torch.Tensor) -> "SequenceBuffer":
+        doc = None
+        if config.memory is not None and config.memory.reset_memory_at_bos:
+            doc = document_ids(tokens, config.bos_token_id)
+        return cls([None] * config.n_layer, [None] * config.n_layer, None, doc)
+
+    def splice_kv(self, layer: int, P: range, k, v):
+        """K/V for attention at P: the buffer's rows with P's rows replaced (covers >= P.stop)."""
+        return splice(self.k[layer], P, k), splice(self.v[layer], P, v)
+
+    def read_memory(self, P: range, lag: int, n: int) -> torch.Tensor | None:
+        """(B, |P|, n, d): rows m[t-lag-j] for t in P, j < n; zeros before position 0.
+
+        None when no source state has been written yet (the init stage: zero memory)."""
+        if self.mem is None:
+            return None
+        front = lag + n - 1
+        back = max(0, P.stop - self.mem.size(1))
+        padded = F.pad(self.mem, (0, 0, front, back))
+        rows = [padded[:, P.start - lag - j + front: P.stop - lag - j + front: P.step] for j in range(n)]
+        return torch.stack(rows, dim=2)
+
+    def memory_valid(self, P: range, lag: int, n: int) -> torch.Tensor | None:
+        """(B, |P|, n) bool: the memory source lies in the same document as the reader."""
+        if self.doc is None:
+            return None
+        front = lag + n - 1
+        padded = F.pad(self.doc, (front, 0), value=-1)
+        here = self.doc[:, P.start:P.stop:P.step]
+        cols = [padded[:, P.start - lag - j + front: P.stop - lag - j + front: P.step] for j in range(n)]
+        return torch.stack(cols, dim=2) == here[:, :, None]
+
+    def updated(self, P: range, k_full: list, v_full: list, mem_new) -> "SequenceBuffer":
+        mem = self.mem if mem_new is None else splice(self.mem, P, mem_new)
+        return SequenceBuffer(k_full, v_full, mem, self.doc)
+
+
+class DecodeCache:
+    """Preallocated KV cache + the last `history` source states, written in place (no autograd)."""
+
+    def __init__(self, config: ModelConfig, batch_size: int, max_len: int, device=None, dtype=None):
+        shape = (batch_size, max_len, config.n_kv_head, config.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.memory = config.memory
+        self.history = config.memory.history if config.memory is not None else 0
+        # ring of the last `history` source states: slot p % history holds m[p]
+        self.mem = (torch.zeros(batch_size, self.history, config.n_embd, device=device, dtype=dtype)
+                    if self.history else None)
+        self.bos_token_id = config.bos_token_id
+        self.doc = (torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
+                    if config.memory is not None and config.memory.reset_memory_at_bos else None)
+        self.max_len = max_len
+        self.length = 0
+
+    def _check_append(self, P: range):
+        if P.start != self.length or P.step != 1 or P.stop > self.max_len:
+            raise ValueError(f"positions {P} cannot be appended to a cache holding {self.length} "
+                             f"of max_len={self.max_len} positions")
+
+    def append_tokens(self, tokens: torch.Tensor):
+        """Record document ids for the tokens about to be decoded (reset_memory_at_bos only)."""
+        if self.doc is None:
+            return
+        t = self.length
+        prev = self.doc[:, t - 1: t] if t > 0 else torch.zeros_like(tokens[:, :1])
+        self.doc[:, t: t + tokens.size(1)] = prev + (tokens == self.bos_token_id).long().cumsum(1)
+
+    def splice_kv(self, layer: int, P: range, k, v):
+        self._check_append(P)
+        self.k[layer][:, P.start:P.stop] = k
+        self.v[layer][:, P.start:P.stop] = v
+        return self.k[layer][:, :P.stop], self.v[layer][:, :P.stop]
+
+    def read_memory(self, P: range, lag: int, n: int):
+        if self.mem is None:
+            return None
+        rows = []
+        for t in P:
+            per_j = [self.mem[:, (t - lag - j) % self.history] if t - lag - j >= 0
+                     else self.mem.new_zeros(self.mem.size(0), self.mem.size(2)) for j in range(n)]
+            rows.append(torch.stack(per_j, dim=1))
+        return torch.stack(rows, dim=1)
+
+    def memory_valid(self, P: range, lag: int, n: int):
+        if self.doc is None:
+            return None
+        cols = [[self.doc[:, max(t - lag - j, 0)] == self.doc[:, t] for j in range(n)] for t in P]
+        return torch.stack([torch.stack(c, dim=1) for c in cols], dim=1)
+
+    def updated(self, P: range, k_full, v_full, mem_new) -> "DecodeCache":
+        if mem_new is not None:
+            for i, t in enumerate(P):
+                self.mem[:, t % self.history] = mem_new[:, i]
+        self.length = P.stop
+        return self
+
+    def load(self, buffer: SequenceBuffer, tokens: torch.Tensor):
+        """Fill an empty cache from a prefilled SequenceBuffer (any schedule run on the prompt)."""
+        n = tokens.size(1)
+        if self.length != 0 or n > self.max_len:
+            raise ValueError(f"prefill of {n} tokens needs an empty cache with max_len >= {n}")
+        for layer in range(len(self.k)):
+            self.k[layer][:, :n] = buffer.k[layer][:, :n]
+            self.v[layer][:, :n] = buffer.v[layer][:, :n]
+        if self.mem is not None:
+            for p in range(max(0, n - self.history), n):
+                self.mem[:, p % self.history] = buffer.mem[:, p]
+        if self.doc is not None:
+            self.doc[:, :n] = buffer.doc[:, :n]
+        self.length = n

@@ -1,0 +1,242 @@
+"""Model configuration: the nanochat-style backbone and the LRT memory pathway.
+
+`ModelConfig(memory=None)` is a plain transformer; `ModelConfig(memory=MemoryConfig())` is the
+paper's default LRT (sec. 2: KV projection + residual injection, shared projections, dual gates,
+m_{t-1} from an upper-middle source layer). Every option of the paper's ablations (sec. 5.4 and
+appendix "Additional Architecture Ablations") is a field of `MemoryConfig`.
+
+Configs are validated at construction: a bad value raises ValueError naming the field and what is
+allowed, so a typo on the command line never becomes a silently different experiment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+
+def _fail(field_name: str, value, allowed: str) -> None:
+    raise ValueError(f"{field_name}={value!r} is invalid; allowed: {allowed}")
+
+
+def _check_int(name: str, value, low: int, high: int | None = None) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+    if ok and high is not None:
+        ok = value <= high
+    if not ok:
+        _fail(name, value, f"an integer in [{low}, {high if high is not None else 'inf'}]")
+
+
+def _check_choice(name: str, value, choices: tuple) -> None:
+    if value not in choices:
+        _fail(name, value, ", ".join(repr(c) for c in choices))
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """The LRT memory pathway (paper sec. 2). Defaults are the paper's LRT-shared.
+
+    source_layer:    1-based layer whose output h^src_t is the memory m_t. None resolves to
+                     round(0.6 * n_layer) (layer 12 of 20, 14 of 24: the paper's choice).
+    source_avg:      >1 makes m_t a learned softmax average of the outputs of layers
+                     source_layer-source_avg+1 .. source_layer ("learned avg. above 4 layers").
+    lag:             token t reads m_{t-lag} (the temporal-source ablation: m_{t-1} .. m_{t-4}).
+    lag_avg:         >1 makes the read a learned softmax average of m_{t-lag} .. m_{t-lag-lag_avg+1}.
+    residual:        residual injection x' = alpha*x + gamma*m (sec. 2.2).
+    gamma_init:      initial gamma. The paper uses 0.1; a prototype on A5 learned nothing with 0.1
+                     and learned well when the model started as the plain transformer
+                     (gamma_init=0, rec_init="zero"), so the initialisation is a first-class option.
+    kv:              which of keys/values receive the recurrent projection (sec. 2.1): "both",
+                     "keys", "values", or "none".
+    kv_mode:         "add" (the paper's default) or "replace": in the first third of the layers the
+                     local K/V are replaced by the recurrent ones (the "KV replace, early 1/3 layers"
+                     ablation); the remaining layers add.
+    projections:     "shared" (one W_k,rec / W_v,rec for all layers, +0.3% params at d20) or
+                     "layerwise" (one pair per layer, +4.8%).
+    gate:            dual per-KV-head gates 2*sigmoid(W_g x) (eq. 3); W_g is zero-initialised.
+    rec_init:        "uniform" (like the other K/V projections) or "zero" (so the LRT starts exactly
+                     as the plain transformer).
+    reset_memory_at_bos: zero the injected memory when its source position lies in an earlier
+                     document (documents start at ModelConfig.bos_token_id). Off by default, as in
+                     the paper's packed-row pretraining, where memory crosses document boundaries.
+    """
+
+    source_layer: int | None = None
+    source_avg: int = 1
+    lag: int = 1
+    lag_avg: int = 1
+    residual: bool = True
+    gamma_init: float = 0.1
+    kv: str = "both"
+    kv_mode: str = "add"
+    projections: str = "shared"
+    gate: bool = True
+    rec_init: str = "uniform"
+    reset_memory_at_bos: bool = False
+
+    def __post_init__(self):
+        if self.source_layer is not None:
+            _check_int("memory.source_layer", self.source_layer, 1)
+        _check_int("memory.source_avg", self.source_avg, 1)
+        _check_int("memory.lag", self.lag, 1)
+        _check_int("memory.lag_avg", self.lag_avg, 1)
+        _check_choice("memory.residual", self.residual, (True, False))
+        if not isinstance(self.gamma_init, (int, float)) or not math.isfinite(self.gamma_init):
+            _fail("memory.gamma_init", self.gamma_init, "a finite number")
+        _check_choice("memory.kv", self.kv, ("both", "keys", "values", "none"))
+        _check_choice("memory.kv_mode", self.kv_mode, ("add", "replace"))
+        _check_choice("memory.projections", self.projections, ("shared", "layerwise"))
+        _check_choice("memory.gate", self.gate, (True, False))
+        _check_choice("memory.rec_init", self.rec_init, ("uniform", "zero"))
+        _check_choice("memory.reset_memory_at_bos", self.reset_memory_at_bos, (True, False))
+        if not self.residual and self.kv == "none":
+            _fail("memory.kv", self.kv, "'both', 'keys' or 'values' when memory.residual is False "
+                  "(with neither pathway, use memory=None for a plain transformer)")
+
+    @property
+    def uses_kv(self) -> bool:
+        return self.kv != "none"
+
+    @property
+    def history(self) -> int:
+        """How many past memory rows a position can read: the decoder keeps only these."""
+        return self.lag + self.lag_avg - 1
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A nanochat-style decoder (appendix "Implementation Details") with an optional LRT memory.
+
+    window_pattern is tiled over the layers ("S" = short window of short_window tokens, "L" = full
+    context); the last layer is always full. short_window=None means sequence_len // 2 (nanochat).
+    """
+
+    vocab_size: int = 32768
+    n_layer: int = 12
+    n_embd: int = 768
+    n_head: int = 6
+    n_kv_head: int = 6
+    sequence_len: int = 2048
+    window_pattern: str = "SSSL"
+    short_window: int | None = None
+    use_value_embeds: bool = True
+    use_x0_residual: bool = True
+    use_resid_lambdas: bool = True
+    softcap: float | None = 15.0
+    rope_base: float = 10000.0
+    bos_token_id: int | None = None
+    memory: MemoryConfig | None = None
+
+    def __post_init__(self):
+        _check_int("vocab_size", self.vocab_size, 1)
+        _check_int("n_layer", self.n_layer, 1)
+        _check_int("n_embd", self.n_embd, 2)
+        _check_int("n_head", self.n_head, 1)
+        _check_int("n_kv_head", self.n_kv_head, 1)
+        _check_int("sequence_len", self.sequence_len, 1)
+        if self.n_embd % self.n_head:
+            _fail("n_head", self.n_head, f"a divisor of n_embd={self.n_embd}")
+        if self.n_head % self.n_kv_head:
+            _fail("n_kv_head", self.n_kv_head, f"a divisor of n_head={self.n_head}")
+        if (self.n_embd // self.n_head) % 2:
+            _fail("n_head", self.n_head, "a value giving an even head_dim (RoPE rotates pairs)")
+        if not self.window_pattern or set(self.window_pattern.upper()) - {"S", "L"}:
+            _fail("window_pattern", self.window_pattern, "a non-empty string of 'S' and 'L'")
+        if self.short_window is not None:
+            _check_int("short_window", self.short_window, 1)
+        for name in ("use_value_embeds", "use_x0_residual", "use_resid_lambdas"):
+            _check_choice(name, getattr(self, name), (True, False))
+        if self.softcap is not None and not (isinstance(self.softcap, (int, float)) and self.softcap > 0):
+            _fail("softcap", self.softcap, "a positive number or None")
+        if not (isinstance(self.rope_base, (int, float)) and self.rope_base > 1):
+            _fail("rope_base", self.rope_base, "a number > 1")
+        if self.bos_token_id is not None:
+            _check_int("bos_token_id", self.bos_token_id, 0, self.vocab_size - 1)
+        if self.memory is not None:
+            if not isinstance(self.memory, MemoryConfig):
+                _fail("memory", self.memory, "a MemoryConfig or None")
+            m = self.memory
+            if m.source_layer is not None and m.source_layer > self.n_layer:
+                _fail("memory.source_layer", m.source_layer, f"an integer in [1, n_layer={self.n_layer}]")
+            if m.source_avg > self.source_layer:
+                _fail("memory.source_avg", m.source_avg,
+                      f"an integer in [1, source_layer={self.source_layer}]")
+            if m.reset_memory_at_bos and self.bos_token_id is None:
+                _fail("bos_token_id", None, "a token id when memory.reset_memory_at_bos is True")
+
+    # Derived shapes -------------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def is_lrt(self) -> bool:
+        return self.memory is not None
+
+    @property
+    def source_layer(self) -> int:
+        """The resolved 1-based source layer (paper: round(0.6 * depth))."""
+        if self.memory is not None and self.memory.source_layer is not None:
+            return self.memory.source_layer
+        return max(1, round(0.6 * self.n_layer))
+
+    def window_sizes(self) -> list[int | None]:
+        """Per-layer attention window in tokens (None = full causal context)."""
+        short = self.short_window or max(1, self.sequence_len // 2)
+        pattern = self.window_pattern.upper()
+        sizes = [short if pattern[i % len(pattern)] == "S" else None for i in range(self.n_layer)]
+        sizes[-1] = None  # the last layer always sees the full context (nanochat, paper app. A)
+        return sizes
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        d = dict(d)
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            _fail("config", sorted(unknown), ", ".join(f.name for f in dataclasses.fields(cls)))
+        mem = d.pop("memory", None)
+        if isinstance(mem, dict):
+            known = {f.name for f in dataclasses.fields(MemoryConfig)}
+            bad = set(mem) - known
+            if bad:
+                _fail("memory", sorted(bad), ", ".join(sorted(known)))
+            mem = MemoryConfig(**mem)
+        return cls(**d, memory=mem)
+
+
+def _nanochat_shape(depth: int) -> dict:
+    # nanochat's constant aspect ratio (app. A "Model scaling"): d = 64 * depth, head_dim 128.
+    d = 64 * depth
+    return dict(n_layer=depth, n_embd=d, n_head=d // 128, n_kv_head=d // 128,
+                vocab_size=32768, sequence_len=2048, window_pattern="SSSL")
+
+
+PRESETS: dict[str, dict] = {
+    # Tests: every pathway active, windows exercised at short T, GQA (2 query heads per KV head).
+    "tiny": dict(n_layer=2, n_embd=32, n_head=4, n_kv_head=2, vocab_size=64, sequence_len=16,
+                 window_pattern="SL", short_window=4),
+    # CPU-sized runs (demo, bench on a laptop).
+    "small": dict(n_layer=4, n_embd=128, n_head=2, n_kv_head=2, vocab_size=64, sequence_len=64,
+                  window_pattern="L"),
+    # The paper's state-tracking model (app. "Non-Commutative State Tracking"): depth 4, d 256.
+    "a5": dict(n_layer=4, n_embd=256, n_head=2, n_kv_head=2, vocab_size=60, sequence_len=64,
+               window_pattern="L"),
+    "d12": _nanochat_shape(12),
+    "d20": _nanochat_shape(20),
+    "d24": _nanochat_shape(24),
+}
+
+
+def preset(name: str, memory: MemoryConfig | None = None, **overrides) -> ModelConfig:
+    """A named backbone shape, optionally with an LRT memory and field overrides."""
+    if name not in PRESETS:
+        _fail("preset", name, ", ".join(PRESETS))
+    fields = {**PRESETS[name], **overrides}
+    return ModelConfig(**fields, memory=memory)

@@ -1,0 +1,101 @@
+"""Recurrent decoding: one forward (one stage of one position) per generated token.
+
+The decoder's state is the standard KV cache plus the last source-layer state per sequence
+(paper app. "Measured Efficiency and Parallel Prefill"). Prefill is any schedule run on the
+prompt: OnePass (baseline cost), Interleaved(S) (matches training), or Exact; the source state at
+the last prompt position then starts recurrent decoding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .buffer import DecodeCache
+from .schedules import OnePass, run_schedule
+
+
+class Decoder:
+    """Token-by-token decoding for a batch of B sequences of up to max_len positions."""
+
+    def __init__(self, model, batch_size: int, max_len: int, device=None, dtype=None):
+        for name, value in (("batch_size", batch_size), ("max_len", max_len)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r} is invalid; allowed: an integer >= 1")
+        ref = next(model.parameters())
+        self.model = model
+        self.batch_size = batch_size
+        self.cache = DecodeCache(model.config, batch_size, max_len, device=device or ref.device,
+                                 dtype=dtype or ref.dtype)
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def _check_tokens(self, tokens: torch.Tensor, name: str, ndim: int):
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != ndim or tokens.size(0) != self.batch_size \
+                or tokens.dtype != torch.long:
+            shape = "(B,)" if ndim == 1 else "(B, T)"
+            raise ValueError(f"{name} is invalid; allowed: a LongTensor of shape {shape} with "
+                             f"B={self.batch_size}")
+
+    @torch.no_grad()
+    def prefill(self, prompt_idx: torch.Tensor, strategy=None) -> torch.Tensor:
+        """Run `strategy` (default OnePass) on the prompt, fill the cache; returns the last logits (B, V)."""
+        self._check_tokens(prompt_idx, "prompt_idx", 2)
+        if self.cache.length:
+            raise ValueError("prefill needs an empty decoder; create a new Decoder per prompt batch")
+        if prompt_idx.size(1) > self.cache.max_len:
+            raise ValueError(f"prompt of {prompt_idx.size(1)} tokens exceeds max_len={self.cache.max_len}")
+        out = run_schedule(self.model, prompt_idx, None, strategy or OnePass())
+        self.cache.load(out.buffer, prompt_idx)
+        return out.logits[:, -1]
+
+    @torch.no_grad()
+    def step(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Append one token per sequence; returns the next-token logits (B, V)."""
+        self._check_tokens(token_ids, "token_ids", 1)
+        t = self.cache.length
+        if t >= self.cache.max_len:
+            raise ValueError(f"the decoder is full (max_len={self.cache.max_len})")
+        tokens = token_ids[:, None]
+        self.cache.append_tokens(tokens)
+        logits, _ = self.model.stage(tokens, range(t, t + 1), self.cache)
+        return logits[:, 0]
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None, generator) -> torch.Tensor:
+    """Greedy at temperature 0; otherwise softmax sampling, optionally restricted to the top k."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
+
+
+@torch.no_grad()
+def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, seed: int | None = None, prefill=None) -> torch.Tensor:
+    """(B, T_prompt + max_new_tokens): the prompt followed by sampled tokens."""
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid; allowed: an integer >= 0")
+    if not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"temperature={temperature!r} is invalid; allowed: a number >= 0")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k={top_k!r} is invalid; allowed: an integer >= 1 or None")
+    if prompt_ids.dim() == 1:
+        prompt_ids = prompt_ids[None]
+    B, T = prompt_ids.shape
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=prompt_ids.device).manual_seed(seed)
+    decoder = Decoder(model, B, T + max_new_tokens)
+    logits = decoder.prefill(prompt_ids, prefill)
+    out = [prompt_ids]
+    for i in range(max_new_tokens):
+        nxt = sample_next(logits, temperature, top_k, generator)
+        out.append(nxt[:, None])
+        if i + 1 < max_new_tokens:
+            logits = decoder.step(nxt)
+    return torch.cat(out, dim=1)

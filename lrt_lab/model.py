@@ -1,0 +1,345 @@
+"""The Latent Recurrent Transformer: a nanochat-style decoder plus a cross-token memory pathway.
+
+One compute primitive, `LRT.stage(tokens, P, buffer)`: recompute positions P against a shared
+K/V + memory buffer (DESIGN.md). Training schedules, prefill strategies and decoding are all
+orders of stages (`lrt_lab.schedules`, `lrt_lab.decode`). With `config.memory=None` the same class
+is the plain transformer baseline, so both share every line of the backbone.
+
+Memory pathway (paper sec. 2), for a position t reading m = m_{t-lag}:
+- residual injection (sec. 2.2):  x_bar = alpha_l * x + beta_l * x0 + gamma_l * m
+- KV projection (sec. 2.1, eqs. 2-5): k~ = g_loc * k~_local + g_rec * W_k,rec m (same for v),
+  gates (g_loc, g_rec) = 2 * sigmoid(W_g x) per KV head with W_g zero-initialised; the combined
+  key then goes through QK-norm and RoPE at position t, like the local key.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .attention import attend
+from .buffer import SequenceBuffer
+from .config import ModelConfig
+
+VE_GATE_CHANNELS = 32  # nanochat gates value embeddings from the first 32 input channels
+
+
+def norm(x: torch.Tensor) -> torch.Tensor:
+    """Parameter-free RMSNorm over the last dimension."""
+    return F.rms_norm(x, (x.size(-1),))
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on (B, T, H, D): rotate the pairs (x[:D/2], x[D/2:]) by the position's angles."""
+    half = x.size(-1) // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1)
+
+
+class Rotary(nn.Module):
+    """Cos/sin for arbitrary positions, computed on demand so decoding can run past sequence_len."""
+
+    def __init__(self, head_dim: int, base: float):
+        super().__init__()
+        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+
+    def forward(self, P: range, dtype: torch.dtype):
+        pos = torch.arange(P.start, P.stop, P.step, device=self.inv_freq.device, dtype=self.inv_freq.dtype)
+        angles = pos[:, None] * self.inv_freq[None, :]            # (|P|, D/2)
+        return angles.cos().to(dtype)[None, :, None, :], angles.sin().to(dtype)[None, :, None, :]
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        d, kv = config.n_embd, config.n_kv_head * config.head_dim
+        self.c_q = nn.Linear(d, config.n_head * config.head_dim, bias=False)
+        self.c_k = nn.Linear(d, kv, bias=False)
+        self.c_v = nn.Linear(d, kv, bias=False)
+        self.c_proj = nn.Linear(config.n_head * config.head_dim, d, bias=False)
+        self.ve_gate = (nn.Linear(min(VE_GATE_CHANNELS, d), config.n_kv_head, bias=False)
+                        if config.use_value_embeds else None)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(F.relu(self.c_fc(x)).square())
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.attn = Attention(config)
+        self.mlp = MLP(config)
+
+
+class MemoryPathway(nn.Module):
+    """Every parameter the LRT adds to the backbone lives here (so param_report can count them)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        m = config.memory
+        d, n_layer = config.n_embd, config.n_layer
+        kv_dim = config.n_kv_head * config.head_dim
+        n_proj = 1 if m.projections == "shared" else n_layer
+        self.gamma = nn.Parameter(torch.zeros(n_layer)) if m.residual else None
+        self.k_rec = (nn.ModuleList(nn.Linear(d, kv_dim, bias=False) for _ in range(n_proj))
+                      if m.kv in ("both", "keys") else None)
+        self.v_rec = (nn.ModuleList(nn.Linear(d, kv_dim, bias=False) for _ in range(n_proj))
+                      if m.kv in ("both", "values") else None)
+        self.gates = (nn.ModuleList(nn.Linear(d, 2 * config.n_kv_head, bias=False) for _ in range(n_layer))
+                      if m.uses_kv and m.gate else None)
+        self.source_weights = nn.Parameter(torch.zeros(m.source_avg)) if m.source_avg > 1 else None
+        self.lag_weights = nn.Parameter(torch.zeros(m.lag_avg)) if m.lag_avg > 1 else None
+
+
+class LRT(nn.Module):
+    """Decoder-only transformer with optional latent recurrence (config.memory)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            raise ValueError(f"config={config!r} is invalid; allowed: a ModelConfig")
+        self.config = config
+        d, n_layer = config.n_embd, config.n_layer
+        self.wte = nn.Embedding(config.vocab_size, d)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(n_layer))
+        self.value_embeds = (nn.ModuleList(nn.Embedding(config.vocab_size, config.n_kv_head * config.head_dim)
+                                           for _ in range(n_layer)) if config.use_value_embeds else None)
+        self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
+        self.resid_lambdas = nn.Parameter(torch.ones(n_layer)) if config.use_resid_lambdas else None
+        self.x0_lambdas = nn.Parameter(torch.zeros(n_layer)) if config.use_x0_residual else None
+        self.memory = MemoryPathway(config) if config.memory is not None else None
+        self.rotary = Rotary(config.head_dim, config.rope_base)
+        self.windows = config.window_sizes()
+        src = config.source_layer
+        # 0-based indices of the layers whose outputs form m_t
+        self.source_layers = (list(range(src - config.memory.source_avg, src))
+                              if config.memory is not None else [])
+        n_replace = max(1, n_layer // 3)  # "KV replace, early 1/3 layers" (app. B)
+        self.replace_layers = (set(range(n_replace))
+                               if config.memory is not None and config.memory.kv_mode == "replace" else set())
+        self.reset_parameters()
+
+    # Initialisation -------------------------------------------------------------------------
+    @torch.no_grad()
+    def reset_parameters(self):
+        """nanochat's init; LRT additions per paper sec. 2 (gates at 1, gamma at gamma_init)."""
+        cfg = self.config
+        s = math.sqrt(3.0 / cfg.n_embd)  # uniform with the std of N(0, 1/d)
+        nn.init.normal_(self.wte.weight, std=1.0)
+        nn.init.normal_(self.lm_head.weight, std=0.001)
+        for block in self.blocks:
+            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.c_fc):
+                nn.init.uniform_(lin.weight, -s, s)
+            nn.init.zeros_(block.attn.c_proj.weight)  # blocks start as the identity
+            nn.init.zeros_(block.mlp.c_proj.weight)
+            if block.attn.ve_gate is not None:
+                nn.init.zeros_(block.attn.ve_gate.weight)
+        if self.value_embeds is not None:
+            for emb in self.value_embeds:
+                nn.init.uniform_(emb.weight, -s, s)
+        if self.resid_lambdas is not None:
+            self.resid_lambdas.fill_(1.0)
+        if self.x0_lambdas is not None:
+            self.x0_lambdas.fill_(0.1)
+        mem = self.memory
+        if mem is not None:
+            mcfg = cfg.memory
+            if mem.gamma is not None:
+                mem.gamma.fill_(mcfg.gamma_init)
+            for projs in (mem.k_rec, mem.v_rec):
+                for lin in projs or []:
+                    if mcfg.rec_init == "zero":
+                        nn.init.zeros_(lin.weight)
+                    else:
+                        nn.init.uniform_(lin.weight, -s, s)
+            for gate in mem.gates or []:
+                nn.init.zeros_(gate.weight)  # 2*sigmoid(0) = 1: neutral gates (eq. 3)
+            for w in (mem.source_weights, mem.lag_weights):
+                if w is not None:
+                    w.zero_()  # a uniform average to start
+
+    # The stage primitive ----------------------------------------------------------------------
+    def read_memory(self, buffer, P: range) -> torch.Tensor | None:
+        """m_{t-lag} for t in P (or the learned average of the last lag_avg states); None = zero."""
+        mcfg = self.config.memory
+        if mcfg is None:
+            return None
+        rows = buffer.read_memory(P, mcfg.lag, mcfg.lag_avg)
+        if rows is None:
+            return None
+        valid = buffer.memory_valid(P, mcfg.lag, mcfg.lag_avg)
+        if valid is not None:
+            rows = rows * valid[..., None].to(rows.dtype)
+        if mcfg.lag_avg == 1:
+            return rows[:, :, 0]
+        return torch.einsum("bpnd,n->bpd", rows, self.memory.lag_weights.softmax(0).to(rows.dtype))
+
+    def _recurrent_kv(self, mem: torch.Tensor | None, layer: int):
+        """W_k,rec m and W_v,rec m for this layer (shared projections: the same for every layer)."""
+        if mem is None:
+            return None, None
+        i = 0 if self.config.memory.projections == "shared" else layer
+        k = self.memory.k_rec[i](mem) if self.memory.k_rec is not None else None
+        v = self.memory.v_rec[i](mem) if self.memory.v_rec is not None else None
+        return k, v
+
+    def stage(self, tokens: torch.Tensor, P: range, buffer, hooks: dict | None = None):
+        """Recompute positions P (tokens: (B, |P|), the inputs at P) against `buffer`.
+
+        Returns (logits at P: (B, |P|, V), the buffer with P's K/V and source states written).
+        `hooks`, when a dict, receives the stage's activations at P by their stable names.
+        """
+        cfg, mem_module = self.config, self.memory
+        B, n = tokens.shape
+        H, Hkv, D = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        x = norm(self.wte(tokens))
+        x0 = x
+        cos, sin = self.rotary(P, x.dtype)
+        mem = self.read_memory(buffer, P)
+        shared = cfg.memory is not None and cfg.memory.projections == "shared"
+        rec_shared = self._recurrent_kv(mem, 0) if shared else None  # once per stage, not per layer
+        if hooks is not None:
+            hooks["embed"] = x0
+            if cfg.memory is not None:
+                hooks["mem_in"] = mem if mem is not None else x.new_zeros(B, n, cfg.n_embd)
+        k_full, v_full, sources = [], [], []
+        for l, block in enumerate(self.blocks):
+            if self.resid_lambdas is not None:
+                x = self.resid_lambdas[l] * x
+            if self.x0_lambdas is not None:
+                x = x + self.x0_lambdas[l] * x0
+            if mem is not None and mem_module.gamma is not None:
+                x = x + mem_module.gamma[l] * mem  # residual injection (sec. 2.2)
+            if hooks is not None:
+                hooks[f"blocks.{l}.resid_pre"] = x
+                if cfg.memory is not None:
+                    inj = (mem if mem is not None else x.new_zeros(B, n, cfg.n_embd))
+                    hooks[f"blocks.{l}.mem_in"] = inj * mem_module.gamma[l] if mem_module.gamma is not None else inj
+            h = norm(x)
+            attn = block.attn
+            q = attn.c_q(h).view(B, n, H, D)
+            k = attn.c_k(h).view(B, n, Hkv, D)
+            v = attn.c_v(h).view(B, n, Hkv, D)
+            if attn.ve_gate is not None:
+                ve_gate = 2 * torch.sigmoid(attn.ve_gate(h[..., :VE_GATE_CHANNELS]))
+                v = v + ve_gate[..., None] * self.value_embeds[l](tokens).view(B, n, Hkv, D)
+            if mem_module is not None and cfg.memory.uses_kv:
+                k, v = self._inject_kv(l, h, k, v, mem, rec_shared, hooks)
+            q, k = norm(q), norm(k)  # QK-norm, then RoPE: the recurrent key is encoded at t (eq. 5)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q, k = q.to(v.dtype), k.to(v.dtype)
+            K, V = buffer.splice_kv(l, P, k, v)
+            k_full.append(K)
+            v_full.append(V)
+            y = attend(q, K[:, :P.stop], V[:, :P.stop], P, self.windows[l])
+            attn_out = attn.c_proj(y.reshape(B, n, H * D))
+            x = x + attn_out
+            mlp_out = block.mlp(norm(x))
+            x = x + mlp_out
+            if hooks is not None:
+                hooks[f"blocks.{l}.attn_out"] = attn_out
+                hooks[f"blocks.{l}.mlp_out"] = mlp_out
+                hooks[f"blocks.{l}.resid_post"] = x
+            if l in self.source_layers:
+                sources.append(x)
+        mem_out = None
+        if sources:
+            if len(sources) == 1:
+                mem_out = sources[0]
+            else:
+                w = mem_module.source_weights.softmax(0).to(x.dtype)
+                mem_out = sum(wi * s for wi, s in zip(w, sources))
+            if hooks is not None:
+                hooks["mem_out"] = mem_out
+        logits = self.lm_head(norm(x))
+        if cfg.softcap is not None:
+            logits = cfg.softcap * torch.tanh(logits / cfg.softcap)
+        return logits, buffer.updated(P, k_full, v_full, mem_out)
+
+    def _inject_kv(self, l, h, k, v, mem, rec_shared, hooks):
+        """KV projection (eqs. 2-4): gate and add (or, in replace layers, substitute) W_rec m."""
+        cfg, mem_module = self.config, self.memory
+        B, n = h.shape[:2]
+        Hkv, D = cfg.n_kv_head, cfg.head_dim
+        if mem_module.gates is not None:
+            g = 2 * torch.sigmoid(mem_module.gates[l](h)).view(B, n, 2, Hkv, 1)
+            g_loc, g_rec = g[:, :, 0], g[:, :, 1]
+            if hooks is not None:
+                hooks[f"blocks.{l}.gate_local"] = g_loc[..., 0]
+                hooks[f"blocks.{l}.gate_rec"] = g_rec[..., 0]
+        else:
+            g_loc = g_rec = None
+        replace = l in self.replace_layers
+
+        def combine(local, rec):
+            # zero memory contributes nothing, but the local gate still applies (same function
+            # for every stage, so the init stage is the t-1 = "no memory" case of the same model)
+            base = local if g_loc is None else g_loc * local
+            if replace:
+                base = torch.zeros_like(local)
+            if rec is None:
+                return base
+            rec = rec.view(B, n, Hkv, D)
+            return base + (rec if g_rec is None else g_rec * rec)
+
+        k_rec, v_rec = rec_shared if rec_shared is not None else self._recurrent_kv(mem, l)
+        if mem_module.k_rec is not None:
+            k = combine(k, k_rec)
+        if mem_module.v_rec is not None:
+            v = combine(v, v_rec)
+        return k, v
+
+    # Conveniences ------------------------------------------------------------------------------
+    def forward(self, idx, targets=None, schedule=None, cache: dict | None = None):
+        """Run a schedule (default OnePass) on idx; returns a ScheduleOutput (logits, loss, ...)."""
+        from .schedules import OnePass, run_schedule
+        return run_schedule(self, idx, targets, schedule or OnePass(), cache=cache)
+
+    def empty_buffer(self, tokens: torch.Tensor) -> SequenceBuffer:
+        return SequenceBuffer.empty(self.config, tokens)
+
+    @torch.no_grad()
+    def generate(self, prompt_ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 seed: int | None = None, prefill=None):
+        """Sample continuations with one forward per generated token (recurrent decoding)."""
+        from .decode import generate
+        return generate(self, prompt_ids, max_new_tokens, temperature, top_k, seed, prefill)
+
+    def param_report(self) -> dict:
+        """Parameters the memory pathway adds, absolute and relative.
+
+        The paper's "+0.3% / +4.8%" (d20 shared / layerwise) match added / total-with-memory;
+        both ratios are reported.
+        """
+        total = sum(p.numel() for p in self.parameters())
+        added = sum(p.numel() for p in self.memory.parameters()) if self.memory is not None else 0
+        baseline = total - added
+        return {"total": total, "baseline": baseline, "added": added,
+                "added_pct_of_baseline": 100.0 * added / baseline,
+                "added_pct_of_total": 100.0 * added / total}
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Optimizer groups (paper app. A "Optimization"): Muon for 2-D hidden matrices including
+        the LRT projections; AdamW for embeddings, head, and scalars/gates."""
+        groups = {"matrix": [], "embedding": [], "head": [], "scalar": []}
+        for name, p in self.named_parameters():
+            if name.startswith("wte.") or name.startswith("value_embeds."):
+                groups["embedding"].append(p)
+            elif name.startswith("lm_head."):
+                groups["head"].append(p)
+            elif p.ndim == 2 and ".ve_gate." not in name and not name.startswith("memory.gates."):
+                groups["matrix"].append(p)
+            else:
+                groups["scalar"].append(p)
+        return groups

@@ -1,0 +1,248 @@
+"""Training schedules and prefill strategies: orders of stages over a shared buffer.
+
+| schedule            | stages (position sets)                              | loss                                 |
+|---------------------|-----------------------------------------------------|--------------------------------------|
+| OnePass()           | all positions, zero memory                          | mean CE                              |
+| Interleaved(S)      | init: all; then {t : t % S == s}, s = 0..S-1        | (L_init + sum_s L_s) / (S+1)  (sec 3.1) |
+| FullSequence(K, w)  | init: all; then K synchronous full refinements      | uniform mean, or sum w_k L_k / sum w_k (app. C.1) |
+| Chunked(C)          | contiguous chunks of C in order, no init            | mean CE over positions (sec. 3.2)    |
+| Exact()             | Chunked(1): one position per stage                  | mean CE over positions               |
+
+Each position's final logits come from the last stage that computed it. In the limit,
+Interleaved(S=T) == FullSequence(K=T) == Chunked(1) == Exact == token-by-token decoding; the test
+suite holds those equalities in float64.
+
+Targets use -1 for positions that do not count (as nanochat does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -1
+
+
+def _positive_int(name: str, value, low: int = 1):
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name}={value!r} is invalid; allowed: an integer >= {low}")
+
+
+@dataclass(frozen=True)
+class OnePass:
+    """The plain transformer's forward; for an LRT, one-pass prefill with zero memory."""
+
+    def stages(self, T: int) -> list[range]:
+        return [range(0, T)]
+
+    def stage_weights(self, T: int) -> list[float] | None:
+        return [1.0]
+
+    @property
+    def cost(self) -> float:
+        return 1.0
+
+    @property
+    def spec(self) -> str:
+        return "onepass"
+
+
+@dataclass(frozen=True)
+class Interleaved:
+    """Paper sec. 3.1: an init pass over all positions, then S strided subsets with write-back."""
+
+    S: int = 2
+
+    def __post_init__(self):
+        _positive_int("Interleaved.S", self.S)
+
+    def stages(self, T: int) -> list[range]:
+        if self.S > T:
+            raise ValueError(f"Interleaved.S={self.S} is invalid for T={T}; allowed: 1 <= S <= T")
+        return [range(0, T)] + [range(s, T, self.S) for s in range(self.S)]
+
+    def stage_weights(self, T: int) -> list[float]:
+        return [1.0] * (self.S + 1)
+
+    @property
+    def cost(self) -> float:
+        return 2.0  # one init pass + the S subsets that recompute the sequence once
+
+    @property
+    def spec(self) -> str:
+        return f"interleaved:{self.S}"
+
+
+@dataclass(frozen=True)
+class FullSequence:
+    """Paper sec. 3.1 "Full-sequence refinement for S=1": K synchronous refinements after init."""
+
+    K: int = 1
+    weights: tuple[float, ...] | None = None
+
+    def __post_init__(self):
+        _positive_int("FullSequence.K", self.K, low=0)
+        if self.weights is not None:
+            w = tuple(self.weights)
+            object.__setattr__(self, "weights", w)
+            if len(w) != self.K + 1:
+                raise ValueError(f"FullSequence.weights has {len(w)} entries; allowed: exactly K+1 = "
+                                 f"{self.K + 1} (init + each refinement)")
+            if any((not isinstance(x, (int, float))) or x < 0 for x in w) or sum(w) <= 0:
+                raise ValueError(f"FullSequence.weights={w} is invalid; allowed: non-negative numbers "
+                                 "with a positive sum")
+
+    def stages(self, T: int) -> list[range]:
+        return [range(0, T)] * (self.K + 1)
+
+    def stage_weights(self, T: int) -> list[float]:
+        return list(self.weights) if self.weights is not None else [1.0] * (self.K + 1)
+
+    @property
+    def cost(self) -> float:
+        return float(self.K + 1)
+
+    @property
+    def spec(self) -> str:
+        w = "" if self.weights is None else ":" + ",".join(f"{x:g}" for x in self.weights)
+        return f"fullseq:{self.K}{w}"
+
+
+@dataclass(frozen=True)
+class Chunked:
+    """Paper sec. 3.2: contiguous chunks in order; memory crosses only chunk boundaries."""
+
+    C: int = 64
+
+    def __post_init__(self):
+        _positive_int("Chunked.C", self.C)
+
+    def stages(self, T: int) -> list[range]:
+        return [range(a, min(a + self.C, T)) for a in range(0, T, self.C)]
+
+    def stage_weights(self, T: int) -> None:
+        return None  # one mean over all positions
+
+    @property
+    def cost(self) -> float:
+        return 1.0
+
+    @property
+    def spec(self) -> str:
+        return f"chunked:{self.C}"
+
+
+@dataclass(frozen=True)
+class Exact(Chunked):
+    """Exact recurrent training: one position per stage (BPTT through the memory chain)."""
+
+    C: int = field(default=1, init=False)
+
+    @property
+    def spec(self) -> str:
+        return "exact"
+
+
+Schedule = OnePass | Interleaved | FullSequence | Chunked | Exact
+
+
+def parse_schedule(spec: str) -> Schedule:
+    """`onepass`, `interleaved:S`, `fullseq:K[:w0,w1,...]`, `chunked:C`, `exact` -> a schedule."""
+    allowed = "onepass, interleaved:S, fullseq:K[:w0,w1,...], chunked:C, exact"
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"schedule={spec!r} is invalid; allowed: {allowed}")
+    name, *args = spec.strip().lower().split(":")
+    try:
+        if name == "onepass" and not args:
+            return OnePass()
+        if name == "exact" and not args:
+            return Exact()
+        if name == "interleaved" and len(args) == 1:
+            return Interleaved(int(args[0]))
+        if name == "chunked" and len(args) == 1:
+            return Chunked(int(args[0]))
+        if name == "fullseq" and len(args) in (1, 2):
+            weights = tuple(float(x) for x in args[1].split(",")) if len(args) == 2 else None
+            return FullSequence(int(args[0]), weights)
+    except ValueError as e:
+        raise ValueError(f"schedule={spec!r} is invalid: {e}; allowed: {allowed}") from None
+    raise ValueError(f"schedule={spec!r} is invalid; allowed: {allowed}")
+
+
+@dataclass
+class ScheduleOutput:
+    logits: torch.Tensor                    # (B, T, V): final logits per position
+    loss: torch.Tensor | None               # the schedule's training loss
+    stage_losses: list[torch.Tensor]        # one per stage (Chunked/Exact: one, the mean)
+    stages: list[range]                     # the position set of each stage
+    stage_logits: list[torch.Tensor]        # logits of each stage at its positions
+    buffer: object                          # the final SequenceBuffer (prefill hands it to decoding)
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean CE over positions whose target is not IGNORE_INDEX (0 when none counts)."""
+    total = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
+                            reduction="sum")
+    return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
+
+
+def assemble(parts: list[tuple[range, torch.Tensor]], T: int) -> torch.Tensor:
+    """(B, T, ...) from per-stage tensors at their positions; later stages win."""
+    last_P, last = parts[-1]
+    if last_P == range(0, T):
+        return last
+    if all(P.step == 1 for P, _ in parts) and [P.start for P, _ in parts] == [0] + [P.stop for P, _ in parts[:-1]] \
+            and parts[-1][0].stop == T:
+        return torch.cat([t for _, t in parts], dim=1)  # contiguous tiling (Chunked, Exact)
+    ref = parts[0][1]
+    out = ref.new_zeros((ref.size(0), T) + tuple(ref.shape[2:]))
+    for P, t in parts:
+        out[:, P.start:P.stop:P.step] = t
+    return out
+
+
+def _check_inputs(model, idx, targets):
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype != torch.long:
+        raise ValueError(f"idx is invalid; allowed: a LongTensor of shape (B, T), got "
+                         f"{getattr(idx, 'dtype', type(idx))} {tuple(getattr(idx, 'shape', ()))}")
+    if idx.size(1) < 1:
+        raise ValueError("idx is invalid; allowed: at least one position (T >= 1)")
+    if targets is not None and (not isinstance(targets, torch.Tensor) or targets.shape != idx.shape):
+        raise ValueError(f"targets is invalid; allowed: a LongTensor with idx's shape {tuple(idx.shape)}")
+
+
+def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None, schedule: Schedule | None = None,
+                 cache: dict | None = None) -> ScheduleOutput:
+    """Run `schedule` (default OnePass) on idx (B, T); optionally compute its training loss.
+
+    cache: a dict that receives every hook (`embed`, `mem_in`, `blocks.{l}.resid_post`, ...) as a
+    (B, T, ...) tensor taken, like the logits, from the last stage that computed each position.
+    """
+    _check_inputs(model, idx, targets)
+    schedule = schedule or OnePass()
+    T = idx.size(1)
+    stages = schedule.stages(T)
+    weights = schedule.stage_weights(T)
+    buffer = model.empty_buffer(idx)
+    stage_logits, stage_hooks = [], []
+    for P in stages:
+        hooks = {} if cache is not None else None
+        logits_P, buffer = model.stage(idx[:, P.start:P.stop:P.step], P, buffer, hooks)
+        stage_logits.append(logits_P)
+        stage_hooks.append(hooks)
+    logits = assemble(list(zip(stages, stage_logits)), T)
+    loss, stage_losses = None, []
+    if targets is not None:
+        if weights is None:
+            loss = cross_entropy(logits, targets)
+            stage_losses = [loss]
+        else:
+            stage_losses = [cross_entropy(lp, targets[:, P.start:P.stop:P.step])
+                            for P, lp in zip(stages, stage_logits)]
+            loss = sum(w * l for w, l in zip(weights, stage_losses)) / sum(weights)
+    if cache is not None:
+        for name in stage_hooks[0]:
+            cache[name] = assemble([(P, h[name]) for P, h in zip(stages, stage_hooks)], T)
+    return ScheduleOutput(logits, loss, stage_losses, stages, stage_logits, buffer)
