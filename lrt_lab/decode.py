@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from .buffer import DecodeCache
 from .schedules import OnePass, run_schedule
 
 
@@ -24,8 +23,8 @@ class Decoder:
         ref = next(model.parameters())
         self.model = model
         self.batch_size = batch_size
-        self.cache = DecodeCache(model.config, batch_size, max_len, device=device or ref.device,
-                                 dtype=dtype or ref.dtype)
+        self.cache = model.new_decode_cache(batch_size, max_len, device=device or ref.device,
+                                            dtype=dtype or ref.dtype)
 
     @property
     def length(self) -> int:

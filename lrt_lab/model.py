@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import attend
-from .buffer import SequenceBuffer
+from .buffer import DecodeCache, SequenceBuffer
 from .config import ModelConfig
 
 VE_GATE_CHANNELS = 32  # nanochat gates value embeddings from the first 32 input channels
@@ -40,16 +40,21 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Rotary(nn.Module):
-    """Cos/sin for arbitrary positions, computed on demand so decoding can run past sequence_len."""
+    """Cos/sin for arbitrary positions, computed on demand so decoding can run past sequence_len.
+
+    Angles are formed in float64 and only then cast, so bf16/fp32 models get correctly rounded
+    values and float64 tests are exact; there is no buffer for `model.to(dtype)` to round.
+    """
 
     def __init__(self, head_dim: int, base: float):
         super().__init__()
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.head_dim, self.base = head_dim, base
 
-    def forward(self, P: range, dtype: torch.dtype):
-        pos = torch.arange(P.start, P.stop, P.step, device=self.inv_freq.device, dtype=self.inv_freq.dtype)
-        angles = pos[:, None] * self.inv_freq[None, :]            # (|P|, D/2)
+    def forward(self, P: range, device, dtype: torch.dtype):
+        exponent = torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float64) / self.head_dim
+        inv_freq = self.base ** (-exponent)
+        pos = torch.arange(P.start, P.stop, P.step, device=device, dtype=torch.float64)
+        angles = pos[:, None] * inv_freq[None, :]                  # (|P|, D/2)
         return angles.cos().to(dtype)[None, :, None, :], angles.sin().to(dtype)[None, :, None, :]
 
 
@@ -205,7 +210,7 @@ class LRT(nn.Module):
         H, Hkv, D = cfg.n_head, cfg.n_kv_head, cfg.head_dim
         x = norm(self.wte(tokens))
         x0 = x
-        cos, sin = self.rotary(P, x.dtype)
+        cos, sin = self.rotary(P, x.device, x.dtype)
         mem = self.read_memory(buffer, P)
         shared = cfg.memory is not None and cfg.memory.projections == "shared"
         rec_shared = self._recurrent_kv(mem, 0) if shared else None  # once per stage, not per layer
@@ -307,7 +312,12 @@ class LRT(nn.Module):
         return run_schedule(self, idx, targets, schedule or OnePass(), cache=cache)
 
     def empty_buffer(self, tokens: torch.Tensor) -> SequenceBuffer:
+        """The all-zero buffer a schedule starts from (models with other state override this)."""
         return SequenceBuffer.empty(self.config, tokens)
+
+    def new_decode_cache(self, batch_size: int, max_len: int, device=None, dtype=None) -> DecodeCache:
+        """The in-place state the Decoder appends to (models with other state override this)."""
+        return DecodeCache(self.config, batch_size, max_len, device=device, dtype=dtype)
 
     @torch.no_grad()
     def generate(self, prompt_ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,

@@ -183,7 +183,9 @@ class ScheduleOutput:
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean CE over positions whose target is not IGNORE_INDEX (0 when none counts)."""
-    total = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()  # CE in at least fp32 (bf16 autocast logits)
+    total = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
                             reduction="sum")
     return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
 

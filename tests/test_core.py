@@ -1,0 +1,293 @@
+"""The core's invariants (DESIGN.md), in float64 on tiny random models with every pathway active."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from lrt_lab import LRT, MemoryConfig, ModelConfig, preset
+from lrt_lab.decode import Decoder
+from lrt_lab.schedules import (Chunked, Exact, FullSequence, Interleaved, OnePass, parse_schedule,
+                               run_schedule)
+from reference import NaiveLRT, naive_cross_entropy
+
+T = 10
+TOL = 1e-10
+
+CONFIGS = {
+    "default": MemoryConfig(),
+    "source1_lag2": MemoryConfig(source_layer=1, lag=2),
+    "layerwise": MemoryConfig(projections="layerwise"),
+    "averages": MemoryConfig(source_layer=2, source_avg=2, lag_avg=3),
+    "keys_replace": MemoryConfig(kv="keys", kv_mode="replace"),
+    "values_nogate": MemoryConfig(kv="values", gate=False),
+    "residual_only": MemoryConfig(kv="none"),
+    "kv_only": MemoryConfig(residual=False),
+    "reset_at_bos": MemoryConfig(reset_memory_at_bos=True),
+}
+
+
+def make_model(memory, seed=0, **overrides):
+    """A tiny float64 model with every weight random, so no pathway hides behind a zero init."""
+    fields = dict(n_layer=3, window_pattern="SL", short_window=4)
+    fields.update(overrides)
+    if memory is not None and memory.reset_memory_at_bos:
+        fields["bos_token_id"] = 0
+    cfg = preset("tiny", memory=memory, **fields)
+    torch.manual_seed(seed)
+    model = LRT(cfg).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.4)
+    return model
+
+
+def tokens(B=2, T=T, vocab=64, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, vocab, (B, T), generator=g)
+    if T > 4:
+        idx[:, 4] = 0  # a BOS mid-sequence, so reset_memory_at_bos has something to do
+    return idx
+
+
+def decode_all(model, idx):
+    dec = Decoder(model, idx.size(0), idx.size(1))
+    return torch.stack([dec.step(idx[:, t]) for t in range(idx.size(1))], dim=1)
+
+
+def maxdiff(a, b):
+    return (a - b).abs().max().item()
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_limits_coincide(name):
+    """Exact == Chunked(1) == Interleaved(S=T) == FullSequence(K=T) == token-by-token decoding."""
+    model = make_model(CONFIGS[name])
+    idx = tokens()
+    exact = run_schedule(model, idx, None, Exact()).logits
+    for sched in (Chunked(1), Interleaved(T), FullSequence(T)):
+        assert maxdiff(run_schedule(model, idx, None, sched).logits, exact) <= TOL, sched
+    assert maxdiff(decode_all(model, idx), exact) <= TOL
+    # chunks no longer than the lag are exact too: memory never crosses inside a chunk
+    lag = CONFIGS[name].lag
+    assert maxdiff(run_schedule(model, idx, None, Chunked(lag)).logits, exact) <= TOL
+
+
+@pytest.mark.parametrize("name", ["default", "source1_lag2", "layerwise", "averages", "keys_replace",
+                                  "reset_at_bos"])
+def test_exact_matches_naive_reference(name):
+    model = make_model(CONFIGS[name])
+    idx = tokens(B=1, T=7)
+    naive, _ = NaiveLRT(model).run(idx, [[t] for t in range(7)])
+    assert maxdiff(run_schedule(model, idx, None, Exact()).logits, naive) <= TOL
+
+
+@pytest.mark.parametrize("name", ["default", "source1_lag2", "layerwise", "averages", "kv_only"])
+@pytest.mark.parametrize("sched", [Interleaved(2), Interleaved(3), FullSequence(1), FullSequence(2, (0.1, 0.3, 0.6)),
+                                   Chunked(3)])
+def test_parallel_schedules_match_naive_and_differ_from_exact(name, sched):
+    """The approximations are real (they differ from Exact) and are exactly what the paper defines."""
+    model = make_model(CONFIGS[name])
+    idx = tokens(B=2, T=8)
+    targets = tokens(B=2, T=8, seed=7)
+    targets[0, 3] = -1  # an ignored position
+    out = run_schedule(model, idx, targets, sched)
+    stages = [list(P) for P in sched.stages(8)]
+    naive, naive_stages = NaiveLRT(model).run(idx, stages)
+    assert maxdiff(out.logits, naive) <= TOL
+    exact = run_schedule(model, idx, None, Exact()).logits
+    assert maxdiff(out.logits, exact) > 1e-3
+    # the loss is the paper's combination of per-stage losses
+    weights = sched.stage_weights(8)
+    if weights is None:
+        expected = naive_cross_entropy(naive, targets)
+    else:
+        per_stage = [naive_cross_entropy(lg, targets[:, P]) for P, lg in zip(stages, naive_stages)]
+        expected = sum(w * l for w, l in zip(weights, per_stage)) / sum(weights)
+    assert abs(out.loss.item() - float(expected)) <= 1e-9
+
+
+def test_plain_transformer_decoding_equals_full_forward_and_reference():
+    model = make_model(None)
+    idx = tokens()
+    full = run_schedule(model, idx, None, OnePass()).logits
+    assert maxdiff(decode_all(model, idx), full) <= TOL
+    naive, _ = NaiveLRT(model).run(idx[:1], [list(range(T))])
+    assert maxdiff(full[:1], naive) <= TOL
+
+
+@pytest.mark.parametrize("name", ["default", "layerwise", "averages"])
+def test_zeroed_memory_pathway_gives_the_plain_model(name):
+    plain = make_model(None, seed=3)
+    lrt = make_model(CONFIGS[name], seed=4)
+    missing, unexpected = lrt.load_state_dict(plain.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith("memory.") for k in missing)
+    with torch.no_grad():
+        for n, p in lrt.memory.named_parameters():
+            if n.startswith(("gamma", "k_rec", "v_rec", "gates")):
+                p.zero_()  # gamma = 0, W_rec = 0, W_g = 0 (gates at 1)
+    idx = tokens()
+    ref = run_schedule(plain, idx, None, OnePass()).logits
+    for sched in (OnePass(), Interleaved(2), FullSequence(2), Exact()):
+        assert maxdiff(run_schedule(lrt, idx, None, sched).logits, ref) <= TOL
+
+
+def test_refinement_backpropagates_into_the_init_stage_buffer():
+    model = make_model(MemoryConfig())
+    idx, targets = tokens(), tokens(seed=5)
+    _, buf0 = model.stage(idx, range(0, T), model.empty_buffer(idx))
+    for t in buf0.k + buf0.v + [buf0.mem]:
+        t.retain_grad()
+    P = range(1, T, 2)
+    logits, _ = model.stage(idx[:, 1::2], P, buf0)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets[:, 1::2].flatten())
+    loss.backward()
+    others = [t for t in range(T) if t not in P]
+    for layer in range(model.config.n_layer):
+        assert buf0.k[layer].grad[:, others].abs().sum() > 0  # K/V read from the init stage
+        assert buf0.v[layer].grad[:, others].abs().sum() > 0
+    assert buf0.mem.grad.abs().sum() > 0  # the memory the refinement read
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_every_memory_parameter_gets_gradient(name):
+    model = make_model(CONFIGS[name])
+    idx, targets = tokens(), tokens(seed=5)
+    run_schedule(model, idx, targets, Interleaved(2)).loss.backward()
+    for n, p in model.memory.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, n
+
+
+def test_hooks_expose_memory_flow():
+    """Under Exact, the memory injected at t is the source state emitted at t-1."""
+    model = make_model(MemoryConfig(source_layer=2))
+    idx = tokens()
+    cache = {}
+    out = run_schedule(model, idx, None, Exact(), cache=cache)
+    assert maxdiff(cache["mem_in"][:, 1:], cache["mem_out"][:, :-1]) <= TOL
+    assert cache["mem_in"][:, 0].abs().max() == 0
+    assert maxdiff(cache["mem_out"], cache["blocks.1.resid_post"]) <= TOL  # source layer 2 (1-based)
+    for l in range(model.config.n_layer):
+        for hook in ("resid_pre", "resid_post", "attn_out", "mlp_out", "mem_in"):
+            assert cache[f"blocks.{l}.{hook}"].shape == (2, T, model.config.n_embd)
+        assert cache[f"blocks.{l}.gate_rec"].shape == (2, T, model.config.n_kv_head)
+    assert out.logits.shape == (2, T, model.config.vocab_size)
+
+
+@pytest.mark.parametrize("strategy", [OnePass(), Interleaved(2), Exact()])
+def test_prefill_then_decode_matches_reference(strategy):
+    """The decoder continues from whatever buffer the prefill schedule produced."""
+    model = make_model(MemoryConfig())
+    idx = tokens(B=1, T=8)
+    dec = Decoder(model, 1, 8)
+    last = dec.prefill(idx[:, :5], strategy)
+    steps = [dec.step(idx[:, t]) for t in range(5, 8)]
+    stages = [list(P) for P in strategy.stages(5)] + [[5], [6], [7]]
+    naive, _ = NaiveLRT(model).run(idx, stages)
+    assert maxdiff(last, naive[:, 4]) <= TOL
+    assert maxdiff(torch.stack(steps, 1), naive[:, 5:]) <= TOL
+
+
+def test_generate_greedy_equals_argmax_of_exact_forward_and_is_seeded():
+    model = make_model(MemoryConfig())
+    prompt = tokens(B=2, T=3)
+    out = model.generate(prompt, 5, temperature=0, prefill=Exact())
+    exact = run_schedule(model, out[:, :-1], None, Exact()).logits
+    assert torch.equal(out[:, 3:], exact[:, 2:].argmax(-1))
+    # the default one-pass prefill starts decoding from zero-memory prompt states: a different path
+    onepass = model.generate(prompt, 5, temperature=0)
+    assert onepass.shape == out.shape
+    a = model.generate(prompt, 6, temperature=1.0, top_k=5, seed=11)
+    b = model.generate(prompt, 6, temperature=1.0, top_k=5, seed=11)
+    assert torch.equal(a, b) and a.shape == (2, 9)
+
+
+def test_param_report_counts_match_a_hand_count():
+    with torch.device("meta"):
+        shared = LRT(preset("d20", memory=MemoryConfig())).param_report()
+        layerwise = LRT(preset("d20", memory=MemoryConfig(projections="layerwise"))).param_report()
+        plain = LRT(preset("d20")).param_report()
+    d, L, kv = 1280, 20, 1280
+    gates = L * 2 * 10 * d
+    assert shared["added"] == 2 * kv * d + gates + L  # W_k,rec, W_v,rec, per-layer gates, gamma
+    assert layerwise["added"] == L * 2 * kv * d + gates + L
+    assert shared["baseline"] == plain["total"] == layerwise["baseline"]
+    # the paper reports +0.3% / +4.8% for d20 (added / total)
+    assert round(shared["added_pct_of_total"], 1) == 0.3
+    assert round(layerwise["added_pct_of_total"], 1) == 4.8
+
+
+def test_param_groups_partition_parameters():
+    model = make_model(MemoryConfig())
+    groups = model.param_groups()
+    ids = [id(p) for ps in groups.values() for p in ps]
+    assert len(ids) == len(set(ids)) == len(list(model.parameters()))
+    assert all(p.ndim == 2 for p in groups["matrix"])
+    assert any(p is model.memory.k_rec[0].weight for p in groups["matrix"])  # Muon gets W_rec
+    assert any(p is model.memory.gamma for p in groups["scalar"])
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda: MemoryConfig(source_layer=0), "memory.source_layer"),
+    (lambda: preset("tiny", memory=MemoryConfig(source_layer=3)), "memory.source_layer"),
+    (lambda: preset("tiny", memory=MemoryConfig(source_layer=1, source_avg=2)), "memory.source_avg"),
+    (lambda: MemoryConfig(lag=0), "memory.lag"),
+    (lambda: MemoryConfig(kv="queries"), "memory.kv"),
+    (lambda: MemoryConfig(kv_mode="mul"), "memory.kv_mode"),
+    (lambda: MemoryConfig(projections="tied"), "memory.projections"),
+    (lambda: MemoryConfig(residual=False, kv="none"), "memory.kv"),
+    (lambda: MemoryConfig(rec_init="normal"), "memory.rec_init"),
+    (lambda: preset("tiny", memory=MemoryConfig(reset_memory_at_bos=True)), "bos_token_id"),
+    (lambda: ModelConfig(n_embd=30, n_head=4), "n_head"),
+    (lambda: ModelConfig(n_head=6, n_kv_head=4), "n_kv_head"),
+    (lambda: ModelConfig(window_pattern="SXL"), "window_pattern"),
+    (lambda: ModelConfig(vocab_size=0), "vocab_size"),
+    (lambda: ModelConfig(softcap=-1.0), "softcap"),
+    (lambda: preset("d99"), "preset"),
+    (lambda: Interleaved(0), "Interleaved.S"),
+    (lambda: Interleaved(5).stages(4), "Interleaved.S"),
+    (lambda: Chunked(0), "Chunked.C"),
+    (lambda: FullSequence(-1), "FullSequence.K"),
+    (lambda: FullSequence(2, (0.5, 0.5)), "FullSequence.weights"),
+    (lambda: FullSequence(1, (-1.0, 2.0)), "FullSequence.weights"),
+    (lambda: parse_schedule("interleaved:x"), "schedule"),
+    (lambda: parse_schedule("zigzag:2"), "schedule"),
+    (lambda: ModelConfig.from_dict({"n_layers": 3}), "config"),
+])
+def test_invalid_input_names_the_field(make, field):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        make()
+
+
+def test_bad_runtime_inputs_are_rejected():
+    model = make_model(MemoryConfig())
+    with pytest.raises(ValueError, match="idx"):
+        run_schedule(model, torch.zeros(2, 3), None, OnePass())
+    with pytest.raises(ValueError, match="targets"):
+        run_schedule(model, tokens(), tokens()[:, :3], OnePass())
+    dec = Decoder(model, 2, 3)
+    for t in range(3):
+        dec.step(tokens()[:, t])
+    with pytest.raises(ValueError, match="max_len"):
+        dec.step(tokens()[:, 0])
+    with pytest.raises(ValueError, match="batch_size"):
+        Decoder(model, 0, 4)
+
+
+def test_schedule_specs_round_trip():
+    for spec in ("onepass", "interleaved:2", "fullseq:3", "fullseq:2:0.1,0.3,0.6", "chunked:64", "exact"):
+        assert parse_schedule(spec).spec == spec
+
+
+def test_config_round_trips_through_a_dict():
+    cfg = preset("a5", memory=MemoryConfig(lag=2, projections="layerwise"))
+    assert ModelConfig.from_dict(dataclasses.asdict(cfg)) == cfg
+    assert preset("d20").source_layer == 12 and preset("d24").source_layer == 14  # paper's choices
+
+
+def test_decoding_runs_past_the_training_length():
+    """RoPE is computed per position, so evaluation at 4x the training length needs no re-config."""
+    model = make_model(MemoryConfig())
+    idx = tokens(B=1, T=4 * model.config.sequence_len, seed=2)
+    exact = run_schedule(model, idx, None, Exact()).logits
+    assert maxdiff(decode_all(model, idx), exact) <= TOL
