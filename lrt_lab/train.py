@@ -1,0 +1,438 @@
+"""One training loop for every model and schedule, writing into the run store.
+
+    from lrt_lab.train import TrainConfig, train
+    run = train(TrainConfig(task="a5_prefix", length=16, preset="small", schedule="interleaved:2"))
+
+Optimisation follows the paper's appendix A ("Optimization"): Muon for the 2-D hidden matrices
+(attention, MLP, and the LRT projections W_k,rec / W_v,rec), AdamW with betas (0.8, 0.95) for
+embeddings, head, gates and scalars; no warm-up; linear warm-down to zero over the final half; Muon
+momentum 0.85 -> 0.95 over the first 300 steps. Toy-size learning rates: the paper's reference
+rates are for d=768 and 2^19-token batches. We keep its (d/768)^-1/2 scaling of the embedding and
+head rates but not its sqrt(batch / 2^19) factor: toy batches are ~100x smaller and that factor
+would shrink every rate ~10x, too slow to learn anything in CPU minutes. Instead the AdamW rates
+are capped (embedding 0.1, scalars 0.05) and all rates share one multiplier, `lr_scale`.
+
+Evaluation uses the decoding the model will really use: per-position accuracy and pos@90 at each
+evaluation length with the training schedule's parallel forward *and* with exact recurrent decoding
+(the Decoder, one position at a time), so the train/inference mismatch is visible.
+
+Tasks come from a provider registered under the `lrt_lab.tasks` entry point (the built-in `tasks`
+package registers itself), so lrt_lab never imports the task code; a Task object can also be passed
+directly to `train(..., task=...)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import math
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from .config import PRESETS, MemoryConfig, ModelConfig, preset
+from .decode import Decoder
+from .metrics import per_position_accuracy, pos_at
+from .model import LRT
+from .results import Run
+from .schedules import IGNORE_INDEX, OnePass, parse_schedule, run_schedule
+
+MODEL_KINDS = ("transformer", "lrt")
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run needs; saved as config.json["train"] so the run can be redone exactly."""
+
+    task: str = "a5_prefix"
+    length: int = 64                       # training sequence length (the curriculum's end)
+    task_options: dict = field(default_factory=dict)   # e.g. curriculum_start, curriculum_steps
+    preset: str = "small"
+    model: str = "lrt"                     # transformer | lrt (baselines: loop:N, ponder:N)
+    overrides: dict = field(default_factory=dict)      # ModelConfig fields, "memory.<field>" too
+    schedule: str = "interleaved:2"
+    steps: int = 1000
+    batch_size: int = 64
+    seed: int = 0
+    lr_scale: float = 1.0
+    matrix_lr: float = 0.02                # Muon (paper: 0.02)
+    embedding_lr: float = 0.1              # AdamW, before (d/768)^-1/2 (paper 0.3; capped for toys)
+    head_lr: float = 0.004                 # AdamW, before (d/768)^-1/2 (paper 0.004)
+    scalar_lr: float = 0.05                # AdamW: gates, gamma, residual scalars (paper 0.5)
+    weight_decay: float = 0.0
+    warmdown_frac: float = 0.5             # linear warm-down to 0 over this final fraction
+    grad_clip: float = 1.0
+    eval_every: int = 200
+    eval_lengths: tuple = (64, 128, 256)
+    eval_size: int = 256
+    eval_exact: bool = True                # also evaluate with exact recurrent decoding
+    checkpoint_every: int = 500            # 0: only at the end
+    device: str = "auto"
+    compile: bool = False
+    name: str | None = None
+
+    def __post_init__(self):
+        def positive(name, low=1):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ValueError(f"{name}={v!r} is invalid; allowed: an integer >= {low}")
+
+        for name in ("length", "steps", "batch_size", "eval_size"):
+            positive(name)
+        for name in ("seed", "eval_every", "checkpoint_every"):
+            positive(name, 0)
+        for name in ("lr_scale", "matrix_lr", "embedding_lr", "head_lr", "scalar_lr", "grad_clip"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name}={v!r} is invalid; allowed: a finite number >= 0")
+        if not (0 <= self.warmdown_frac <= 1):
+            raise ValueError(f"warmdown_frac={self.warmdown_frac!r} is invalid; allowed: a number in [0, 1]")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay={self.weight_decay!r} is invalid; allowed: a number >= 0")
+        self.eval_lengths = tuple(self.eval_lengths)
+        if not self.eval_lengths or any(not isinstance(n, int) or n < 1 for n in self.eval_lengths):
+            raise ValueError(f"eval_lengths={self.eval_lengths!r} is invalid; allowed: positive integers")
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset={self.preset!r} is invalid; allowed: {', '.join(PRESETS)}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device={self.device!r} is invalid; allowed: auto, cpu, cuda")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' is invalid; allowed: auto, cpu (CUDA is not available)")
+        self.schedule = parse_schedule(self.schedule).spec  # validates, canonical spelling
+        if self.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:+=,-]*", self.name):
+            raise ValueError(f"name={self.name!r} is invalid; allowed: letters, digits and _.:+=,-")
+
+    @property
+    def run_name(self) -> str:
+        if self.name:
+            return self.name
+        sched = "" if self.model == "transformer" else f"-{self.schedule}"
+        return f"{self.task}-L{self.length}-{self.preset}-{self.model}{sched}-s{self.seed}".replace(":", "_")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# Tasks ------------------------------------------------------------------------------------------
+def task_provider():
+    """The module registered under the `lrt_lab.tasks` entry point (the built-in `tasks`)."""
+    eps = list(importlib.metadata.entry_points(group="lrt_lab.tasks"))
+    if not eps:
+        raise ValueError("task: no task provider is installed; `pip install -e .` registers the built-in tasks")
+    return eps[0].load()
+
+
+def make_task(cfg: TrainConfig):
+    return task_provider().make_task(cfg.task, cfg.length, **cfg.task_options)
+
+
+def make_eval_sets(task, lengths, n, seed=0):
+    return task_provider().make_eval_sets(task, lengths=lengths, n=n, seed=seed)
+
+
+# Model ------------------------------------------------------------------------------------------
+def parse_value(text: str):
+    """A --set value: JSON (numbers, true/false, null, lists) or else a plain string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
+    """The ModelConfig for a run: preset + memory (for LRT) + dotted overrides."""
+    if cfg.model not in MODEL_KINDS:
+        raise ValueError(f"model={cfg.model!r} is invalid; allowed: {', '.join(MODEL_KINDS)}")
+    top, mem = {}, {}
+    model_fields = {f.name for f in dataclasses.fields(ModelConfig)} - {"memory"}
+    mem_fields = {f.name for f in dataclasses.fields(MemoryConfig)}
+    for key, value in cfg.overrides.items():
+        if key.startswith("memory."):
+            sub = key[len("memory."):]
+            if sub not in mem_fields:
+                raise ValueError(f"--set {key}: unknown field; allowed memory fields: {', '.join(sorted(mem_fields))}")
+            mem[sub] = value
+        elif key in model_fields:
+            top[key] = value
+        else:
+            raise ValueError(f"--set {key}: unknown field; allowed: {', '.join(sorted(model_fields))}, memory.<field>")
+    if cfg.model == "transformer" and mem:
+        raise ValueError(f"--set {next(iter(mem))}: a transformer has no memory; use --model lrt")
+    memory = MemoryConfig(**mem) if cfg.model == "lrt" else None
+    fields = {"vocab_size": vocab_size, "sequence_len": cfg.length, **top}
+    return preset(cfg.preset, memory=memory, **fields)
+
+
+def build_model(cfg: TrainConfig, vocab_size: int) -> LRT:
+    return LRT(model_config(cfg, vocab_size))
+
+
+# Optimisation -----------------------------------------------------------------------------------
+def make_optimizers(model, cfg: TrainConfig) -> list[torch.optim.Optimizer]:
+    groups = model.param_groups()
+    d = model.config.n_embd
+    width = (d / 768) ** -0.5
+    s = cfg.lr_scale
+    muon = torch.optim.Muon(groups["matrix"], lr=cfg.matrix_lr * s, momentum=0.95, weight_decay=cfg.weight_decay) if groups["matrix"] else None
+    adam_groups = [
+        {"params": groups["embedding"], "lr": cfg.embedding_lr * width * s},
+        {"params": groups["head"], "lr": cfg.head_lr * width * s},
+        {"params": groups["scalar"], "lr": cfg.scalar_lr * s},
+    ]
+    adam = torch.optim.AdamW([g for g in adam_groups if g["params"]], betas=(0.8, 0.95), eps=1e-10,
+                             weight_decay=0.0)
+    opts = [o for o in (muon, adam) if o is not None]
+    for opt in opts:
+        for g in opt.param_groups:
+            g["initial_lr"] = g["lr"]
+    return opts
+
+
+def lr_multiplier(step: int, total: int, warmdown_frac: float) -> float:
+    """No warm-up; linear warm-down to zero over the final `warmdown_frac` of training."""
+    start = total * (1 - warmdown_frac)
+    if step < start or warmdown_frac == 0:
+        return 1.0
+    return max(0.0, (total - step) / (total * warmdown_frac))
+
+
+def set_schedules(opts, step: int, cfg: TrainConfig) -> float:
+    mult = lr_multiplier(step, cfg.steps, cfg.warmdown_frac)
+    for opt in opts:
+        for g in opt.param_groups:
+            g["lr"] = g["initial_lr"] * mult
+        if isinstance(opt, torch.optim.Muon):
+            frac = min(step / 300, 1.0)  # Muon momentum 0.85 -> 0.95 over 300 steps (app. A)
+            for g in opt.param_groups:
+                g["momentum"] = 0.85 + 0.10 * frac
+    return mult
+
+
+# Evaluation -------------------------------------------------------------------------------------
+def _masked_targets(batch) -> torch.Tensor:
+    return batch.targets.masked_fill(~batch.loss_mask, IGNORE_INDEX)
+
+
+@torch.no_grad()
+def exact_logits(model, inputs: torch.Tensor) -> torch.Tensor:
+    """Logits under exact recurrent decoding: one Decoder step per position."""
+    dec = Decoder(model, inputs.size(0), inputs.size(1))
+    return torch.stack([dec.step(inputs[:, t]) for t in range(inputs.size(1))], dim=1)
+
+
+@torch.no_grad()
+def evaluate(model, schedule, eval_sets: dict, exact: bool = True, chunk: int = 128, autocast=None) -> dict:
+    """{length: {"parallel": acc[T], "exact": acc[T]}} per-position accuracy (CPU float tensors).
+
+    For a model without memory, exact decoding equals the parallel forward (tested in
+    tests/test_core.py), so it is not recomputed.
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    out = {}
+    for length, batch in eval_sets.items():
+        accs = {"parallel": [], "exact": []}
+        for i in range(0, batch.inputs.size(0), chunk):
+            inputs = batch.inputs[i:i + chunk].to(device)
+            targets = batch.targets[i:i + chunk].to(device)
+            mask = batch.loss_mask[i:i + chunk].to(device)
+            with autocast or _nullcontext():
+                par = run_schedule(model, inputs, None, schedule).logits
+                accs["parallel"].append((per_position_accuracy(par, targets, mask), mask.sum(0)))
+                if exact and getattr(model.config, "is_lrt", False):
+                    ex = exact_logits(model, inputs)
+                    accs["exact"].append((per_position_accuracy(ex, targets, mask), mask.sum(0)))
+        res = {}
+        for mode, parts in accs.items():
+            if not parts:
+                continue
+            num = sum(torch.nan_to_num(a.float().cpu()) * n.cpu() for a, n in parts)
+            den = sum(n.cpu() for _, n in parts)
+            res[mode] = torch.where(den > 0, num / den.clamp(min=1), torch.full_like(num, float("nan")))
+        if "exact" not in res:
+            res["exact"] = res["parallel"]
+        out[length] = res
+    model.train(was_training)
+    return out
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def eval_record(results: dict) -> dict:
+    rec = {}
+    for length, res in results.items():
+        for mode, acc in res.items():
+            rec[f"pos90_{mode}@{length}"] = pos_at(acc, 0.9, skip_nan=True)
+            rec[f"acc_{mode}@{length}"] = float(torch.nanmean(acc))
+    return rec
+
+
+def per_position_table(results: dict) -> pd.DataFrame:
+    rows = []
+    for length, res in results.items():
+        for mode, acc in res.items():
+            for p, a in enumerate(acc.tolist()):
+                rows.append({"length": length, "mode": mode, "position": p + 1, "accuracy": a})
+    return pd.DataFrame(rows)
+
+
+# Checkpoints ------------------------------------------------------------------------------------
+def save_checkpoint(run: Run, step: int, model, opts, generator, elapsed: float, counters: dict, keep: int = 2):
+    d = run.checkpoint_dir()
+    state = {"step": step, "model": model.state_dict(), "optimizers": [o.state_dict() for o in opts],
+             "generator": generator.get_state(), "torch_rng": torch.get_rng_state(),
+             "elapsed": elapsed, "counters": counters}
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".ckpt.", suffix=".tmp")
+    os.close(fd)
+    torch.save(state, tmp)
+    os.replace(tmp, d / f"step_{step:07d}.pt")
+    for old in sorted(d.glob("step_*.pt"))[:-keep]:
+        old.unlink()
+
+
+# The loop ---------------------------------------------------------------------------------------
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def prepare(cfg: TrainConfig, task=None):
+    """Validate everything a run needs before anything is written: (task, model, schedule)."""
+    task = task if task is not None else make_task(cfg)
+    if cfg.model == "transformer" and cfg.schedule != "onepass":
+        raise ValueError(f"schedule={cfg.schedule!r} is invalid for a transformer (it has no memory); "
+                         "allowed: onepass")
+    model = build_model(cfg, task.vocab_size)
+    schedule = parse_schedule(cfg.schedule)
+    return task, model, schedule
+
+
+def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: bool = False,
+          progress: bool = True, stop_after: int | None = None) -> Run:
+    """Train one run into out/<cfg.run_name>; returns the Run (complete unless stop_after hit).
+
+    resume: continue the run folder from its latest checkpoint (metrics after it are dropped so
+    every step is logged exactly once). stop_after: stop (without a summary) after that many
+    steps, as a killed run would.
+    """
+    task, model, schedule = prepare(cfg, task)
+    device = resolve_device(cfg.device)
+    root = Path(out)
+    config = {"train": cfg.to_dict(), "model": model.config.to_dict(), "params": model.param_report(),
+              "kind": cfg.model, "schedule": schedule.spec, "schedule_cost": schedule.cost,
+              "forwards_per_token": 1, "task_vocab_size": task.vocab_size}
+    if resume:
+        run = Run(root / cfg.run_name)
+        if not (run.path / "config.json").exists():
+            raise ValueError(f"--resume: no run folder at {run.path}")
+        if run.config["train"] != json.loads(json.dumps(cfg.to_dict())):
+            raise ValueError(f"--resume: the arguments differ from {run.path}/config.json; resume with the same ones")
+    else:
+        run = Run.create(root, cfg.run_name, config)
+
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg, task.vocab_size).to(device)  # re-init under the run's seed
+    opts = make_optimizers(model, cfg)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    counters = {"tokens": 0, "compute_tokens": 0.0}
+    start, elapsed = 0, 0.0
+    ckpt = run.latest_checkpoint() if resume else None
+    if ckpt is not None:
+        state = torch.load(ckpt, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        for opt, s in zip(opts, state["optimizers"]):
+            opt.load_state_dict(s)
+        generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        start, elapsed, counters = state["step"], state["elapsed"], state["counters"]
+        run.truncate_metrics(start - 1)
+    elif resume:
+        run.truncate_metrics(-1)
+    if run.is_complete:
+        return run
+
+    eval_sets = make_eval_sets(task, cfg.eval_lengths, cfg.eval_size, seed=0)
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else None)
+    if cfg.compile:
+        model.stage = torch.compile(model.stage)  # compiles the one primitive every stage uses
+    cost = schedule.cost * getattr(model, "forward_cost", 1.0)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=cfg.steps, initial=start, desc=run.name, dynamic_ncols=True, leave=True)
+    last_eval, results = {}, None
+    model.train()
+    step = start
+    stop = cfg.steps if stop_after is None else min(cfg.steps, start + stop_after)
+    t0 = time.perf_counter() - elapsed
+    while step < stop:
+        length = task.length_at(step) if hasattr(task, "length_at") else cfg.length
+        batch = task.sample(cfg.batch_size, generator, length=length)
+        inputs, targets = batch.inputs.to(device), _masked_targets(batch).to(device)
+        mult = set_schedules(opts, step, cfg)
+        t_step = time.perf_counter()
+        with autocast or _nullcontext():
+            result = run_schedule(model, inputs, targets, schedule)
+        result.loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        for opt in opts:
+            opt.step()
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        n_tokens = inputs.numel()
+        counters["tokens"] += n_tokens
+        counters["compute_tokens"] += n_tokens * cost
+        step += 1
+        dt = time.perf_counter() - t_step
+        record = {"kind": "train", "step": step, "loss": result.loss.item(),
+                  "stage_losses": [l.item() for l in result.stage_losses], "lr_mult": mult, "length": length,
+                  "tokens": counters["tokens"], "compute_tokens": counters["compute_tokens"],
+                  "time": time.perf_counter() - t0, "tokens_per_s": n_tokens / max(dt, 1e-9)}
+        if not math.isfinite(record["loss"]):
+            run.log(record)
+            raise FloatingPointError(f"loss became {record['loss']} at step {step}; lower --lr-scale")
+        if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+            results = evaluate(model, schedule, eval_sets, cfg.eval_exact, autocast=autocast)
+            last_eval = eval_record(results)
+            run.log({"kind": "eval", "step": step, "tokens": counters["tokens"],
+                     "compute_tokens": counters["compute_tokens"], "time": time.perf_counter() - t0, **last_eval})
+        run.log(record)
+        if bar is not None:
+            post = {"loss": f"{record['loss']:.3f}", "tok/s": f"{record['tokens_per_s']:.0f}"}
+            key = f"pos90_exact@{cfg.eval_lengths[0]}"
+            if key in last_eval:
+                post["pos@90"] = last_eval[key]
+            bar.set_postfix(post)
+            bar.update(1)
+        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == stop:
+            save_checkpoint(run, step, model, opts, generator, time.perf_counter() - t0, counters)
+    if bar is not None:
+        bar.close()
+    if step < cfg.steps:
+        return run  # stopped early on request: resumable, no summary
+    if results is None:  # resumed at the very end: nothing evaluated in this process yet
+        results = evaluate(model, schedule, eval_sets, cfg.eval_exact, autocast=autocast)
+    run.write_table("per_position", per_position_table(results))
+    train_losses = [r["loss"] for r in run.metrics_records() if r.get("kind") == "train"]
+    tail = train_losses[-max(1, len(train_losses) // 20):]
+    run.write_summary({"status": "complete", "steps": cfg.steps, "final_loss": sum(tail) / len(tail),
+                       "wall_time_s": time.perf_counter() - t0, "tokens": counters["tokens"],
+                       "compute_tokens": counters["compute_tokens"], "schedule_cost": cost,
+                       "forwards_per_token": 1, "eval": eval_record(results)})
+    return run
