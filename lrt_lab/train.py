@@ -360,7 +360,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
         generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         start, elapsed, counters = state["step"], state["elapsed"], state["counters"]
-        run.truncate_metrics(start - 1)
+        run.truncate_metrics(start)  # steps 1..start are in the checkpoint
     elif resume:
         run.truncate_metrics(-1)
     if run.is_complete:

@@ -1,0 +1,180 @@
+"""The `lrt-lab` command: train, sweep, demo, report, bench, app.
+
+Every bad argument gives one `lrt-lab: error: ...` line naming the field and what is allowed,
+exits with status 2, and writes nothing (all validation happens before a run folder is made).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .train import TrainConfig, parse_value
+
+EXIT_USAGE = 2
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not argparse's usage dump
+        self.exit(EXIT_USAGE, f"lrt-lab: error: {message}\n")
+
+
+def key_values(pairs: list[str], flag: str) -> dict:
+    out = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{flag} {pair!r} is invalid; allowed: KEY=VALUE")
+        out[key.strip()] = parse_value(value.strip())
+    return out
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: comma-separated integers, e.g. 64,128,256")
+    if not values:
+        raise argparse.ArgumentTypeError("needs at least one length")
+    return values
+
+
+def add_train_arguments(p: argparse.ArgumentParser):
+    d = TrainConfig()
+    p.add_argument("--task", default=d.task, help="task name (tasks.TASK_NAMES), e.g. a5_prefix, z60_prefix, copy")
+    p.add_argument("--length", type=int, default=d.length, help="training sequence length")
+    p.add_argument("--curriculum", metavar="START:STEPS", help="grow the length from START to --length over STEPS steps")
+    p.add_argument("--task-opt", action="append", metavar="KEY=VALUE", help="task option, e.g. group=S4, alphabet_size=16")
+    p.add_argument("--preset", default=d.preset, help="model shape: tiny, small, a5, d12, d20, d24")
+    p.add_argument("--model", default=d.model, help="transformer or lrt")
+    p.add_argument("--schedule", default=None,
+                   help="onepass | interleaved:S | fullseq:K[:w0,w1,...] | chunked:C | exact "
+                        "(default: interleaved:2 for lrt, onepass for transformer)")
+    p.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                   help="override a model config field, e.g. n_layer=2, memory.source_layer=2, memory.gamma_init=0")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--lr-scale", type=float, default=d.lr_scale, help="multiplies every learning rate")
+    p.add_argument("--eval-every", type=int, default=d.eval_every)
+    p.add_argument("--eval-lengths", type=int_list, default=d.eval_lengths, help="e.g. 64,128,256")
+    p.add_argument("--eval-size", type=int, default=d.eval_size, help="sequences per evaluation length")
+    p.add_argument("--no-exact-eval", action="store_true", help="skip exact recurrent-decoding evaluation")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument("--device", default=d.device, help="auto, cpu or cuda")
+    p.add_argument("--compile", action="store_true", help="torch.compile the stage (slow first step)")
+    p.add_argument("--name", default=None, help="run folder name (default: derived from the config)")
+    p.add_argument("--out", default="runs", help="run store directory")
+    p.add_argument("--resume", action="store_true", help="continue the run folder from its last checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def train_config_from_args(a) -> TrainConfig:
+    task_options = key_values(a.task_opt, "--task-opt")
+    if a.curriculum:
+        start, sep, steps = a.curriculum.partition(":")
+        try:
+            task_options.update(curriculum_start=int(start), curriculum_steps=int(steps))
+        except ValueError:
+            raise ValueError(f"--curriculum {a.curriculum!r} is invalid; allowed: START:STEPS, e.g. 4:1000") from None
+    schedule = a.schedule or ("onepass" if a.model == "transformer" else "interleaved:2")
+    return TrainConfig(task=a.task, length=a.length, task_options=task_options, preset=a.preset, model=a.model,
+                       overrides=key_values(a.set, "--set"), schedule=schedule, steps=a.steps,
+                       batch_size=a.batch_size, seed=a.seed, lr_scale=a.lr_scale, eval_every=a.eval_every,
+                       eval_lengths=a.eval_lengths, eval_size=a.eval_size, eval_exact=not a.no_exact_eval,
+                       checkpoint_every=a.checkpoint_every, device=a.device, compile=a.compile, name=a.name)
+
+
+def cmd_train(a) -> int:
+    from .train import train
+    from .report import print_run
+    cfg = train_config_from_args(a)
+    run = train(cfg, out=a.out, resume=a.resume, progress=not a.quiet)
+    print_run(run)
+    return 0
+
+
+def cmd_sweep(a) -> int:
+    from .sweep import load_spec, run_sweep
+    spec = load_spec(a.spec)
+    run_sweep(spec, out=a.out, dry_run=a.dry_run)
+    return 0
+
+
+def cmd_demo(a) -> int:
+    from .demo import run_demo
+    run_demo(out=a.out, quick=a.quick)
+    return 0
+
+
+def cmd_report(a) -> int:
+    from .report import print_report
+    print_report(a.runs, metric=a.metric, group_by=a.group_by)
+    return 0
+
+
+def cmd_bench(a) -> int:
+    from . import bench
+    return bench.run(a)
+
+
+def cmd_app(a) -> int:
+    print("lrt-lab app: not yet available (the dashboard lands with issue 7)", file=sys.stderr)
+    return 1
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="lrt-lab", description="Latent Recurrent Transformer research sandbox.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    p = sub.add_parser("train", help="train one model on a toy task into the run store")
+    add_train_arguments(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("sweep", help="train a grid (tasks x models x schedules x seeds) from a TOML spec")
+    p.add_argument("spec", help="path to the sweep spec (.toml); see experiments/")
+    p.add_argument("--out", default=None, help="run store directory (default: the spec's sweep.out, or runs)")
+    p.add_argument("--dry-run", action="store_true", help="list the runs without training")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("demo", help="the main job: transformer vs LRT on a state-tracking task, in minutes")
+    p.add_argument("--out", default="runs", help="run store directory")
+    p.add_argument("--quick", action="store_true", help="a much shorter run (smoke test, not a result)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("report", help="a comparison table over the runs in a store (mean +- std over seeds)")
+    p.add_argument("runs", nargs="?", default="runs", help="run store directory")
+    p.add_argument("--metric", default=None, help="summary column to compare (default: pos@90 with exact decoding)")
+    p.add_argument("--group-by", default="method", help="method (default) or a comma list of columns")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("bench", help="time training, prefill and decoding: LRT vs transformer, side by side")
+    try:
+        from . import bench
+        bench.add_arguments(p)
+    except ImportError:
+        pass
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("app", help="open the Streamlit dashboard over a run store")
+    p.add_argument("--runs", default="runs")
+    p.add_argument("--port", type=int, default=8501)
+    p.set_defaults(func=cmd_app)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileExistsError, FileNotFoundError) as e:
+        print(f"lrt-lab: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("lrt-lab: interrupted (resume with --resume)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

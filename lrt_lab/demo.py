@@ -1,0 +1,99 @@
+"""`lrt-lab demo`: what latent recurrence buys, in a few CPU minutes.
+
+Both models are the same 2-layer, d=128 nanochat-style transformer; the LRT adds the memory
+pathway (+ a few % parameters) and trains with Interleaved(2), the paper's default. The task is
+prefix products over S3, the smallest non-commutative group: target_t = x_1 x_2 ... x_t. Its
+multiplication table is tiny, so what limits a model is state tracking, not memorisation: a
+fixed-depth transformer must re-derive the running product from the whole prefix at every
+position, while the LRT can carry it from token t-1 in its memory (the paper's A5 experiment,
+app. "Non-Commutative State Tracking", at CPU size). Evaluation at 2x and 4x the training length
+uses exact recurrent decoding: the way the model would really be used.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from .report import run_figures
+from .results import Run, load_table
+from .train import TrainConfig, train
+
+TRAIN_LENGTH = 32
+EVAL_LENGTHS = (32, 64, 128)
+
+
+def demo_configs(quick: bool = False) -> list[TrainConfig]:
+    steps = 40 if quick else 600
+    common = dict(task="group_prefix", task_options={"group": "S3", "curriculum_start": 4,
+                                                     "curriculum_steps": steps // 2},
+                  length=TRAIN_LENGTH, preset="small", steps=steps, batch_size=64,
+                  eval_every=0, eval_lengths=EVAL_LENGTHS, eval_size=64 if quick else 256,
+                  checkpoint_every=0)
+    suffix = "-quick" if quick else ""
+    return [
+        TrainConfig(**common, model="transformer", schedule="onepass", overrides={"n_layer": 2},
+                    name=f"demo-transformer{suffix}"),
+        TrainConfig(**common, model="lrt", schedule="interleaved:2",
+                    overrides={"n_layer": 2, "memory.gamma_init": 0.0, "memory.rec_init": "zero"},
+                    name=f"demo-lrt-interleaved2{suffix}"),
+    ]
+
+
+def accuracy_at(run: Run, positions=(1, 2, 4, 8, 16, 32, 64, 128)) -> pd.Series:
+    """Exact-decoding accuracy at a few positions, read from the longest evaluation."""
+    table = load_table(run.path, "per_position")
+    longest = table[(table["mode"] == "exact") & (table["length"] == table["length"].max())]
+    acc = longest.set_index("position")["accuracy"]
+    return pd.Series({f"acc@{p}": acc.get(p, float("nan")) for p in positions if p in acc.index})
+
+
+def side_by_side(runs: list[Run]) -> pd.DataFrame:
+    rows = {}
+    for run in runs:
+        figs = run_figures(run)
+        row = {}
+        for length in figs.index:
+            row[f"pos@90 parallel (L={length})"] = int(figs.loc[length, "pos90_parallel"])
+            row[f"pos@90 exact (L={length})"] = int(figs.loc[length, "pos90_exact"])
+        row.update(accuracy_at(run).round(3).to_dict())
+        row["train time (s)"] = round(run.summary["wall_time_s"])
+        row["params (+memory)"] = _params(run)
+        rows[run.name] = row
+    return pd.DataFrame(rows)
+
+
+def _params(run: Run) -> str:
+    p = run.config["params"]
+    return f"{p['baseline']:,}" + (f" (+{p['added_pct_of_baseline']:.1f}%)" if p["added"] else "")
+
+
+def run_demo(out: str = "runs", quick: bool = False) -> pd.DataFrame:
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    t0 = time.perf_counter()
+    print(f"lrt-lab demo: S3 prefix products (non-commutative state tracking), trained at length {TRAIN_LENGTH} "
+          f"with a 4 -> {TRAIN_LENGTH} curriculum,\nevaluated at lengths {EVAL_LENGTHS} with the training "
+          "schedule's parallel forward and with exact recurrent decoding.\n")
+    runs = []
+    for cfg in demo_configs(quick):
+        folder = Path(out) / cfg.run_name
+        if (folder / "summary.json").exists():
+            print(f"{cfg.run_name}: already trained in {folder} (delete it to retrain)")
+            runs.append(Run(folder))
+            continue
+        runs.append(train(cfg, out=out, resume=folder.exists(), progress=True))
+    table = side_by_side(runs)
+    with pd.option_context("display.max_colwidth", 40, "display.width", 120):
+        print("\n" + table.to_string())
+    tf, lrt = (table[r.name] for r in runs)
+    key = f"pos@90 exact (L={max(EVAL_LENGTHS)})"
+    print(f"\npos@90 with exact decoding at length {max(EVAL_LENGTHS)} (4x training): transformer "
+          f"{tf[key]}, LRT {lrt[key]}.")
+    print("pos@90 = the last position p such that accuracy >= 90% at every position 1..p (paper's metric).")
+    print(f"\nDone in {time.perf_counter() - t0:.0f} s. Runs are in {Path(out).resolve()}.")
+    print(f"Compare them in the dashboard:  lrt-lab app --runs {out}")
+    print(f"Or as a table:                  lrt-lab report {out}")
+    return table

@@ -1,0 +1,124 @@
+"""`lrt-lab sweep SPEC.toml`: a grid of runs (tasks x models x schedules x seeds) with one progress bar.
+
+    [sweep]
+    out = "runs/a5"                      # run store (the CLI's --out wins)
+    tasks = ["a5_prefix", "z60_prefix"]
+    models = ["transformer", "lrt"]      # a transformer runs once (onepass), whatever the schedules
+    schedules = ["interleaved:2", "fullseq:3", "exact"]
+    seeds = [0, 1, 2]
+
+    [train]                              # any TrainConfig field, shared by every run
+    length = 16
+    preset = "small"
+    steps = 2000
+    task_options = { curriculum_start = 4, curriculum_steps = 800 }
+    overrides = { n_layer = 2 }
+
+    [models.deep]                        # optional named variants: a model kind plus its own fields
+    model = "transformer"
+    overrides = { n_layer = 4 }
+
+A run already complete in the store is skipped; an incomplete one is resumed from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from .results import Run
+from .train import TrainConfig, train
+
+SWEEP_KEYS = {"out", "tasks", "models", "schedules", "seeds", "name_prefix"}
+TRAIN_KEYS = {f.name for f in dataclasses.fields(TrainConfig)} - {"task", "model", "schedule", "seed", "name"}
+
+
+def load_spec(path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"spec={str(path)!r} is invalid; allowed: a path to a .toml sweep spec")
+    try:
+        spec = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"spec {path}: not valid TOML: {e}") from None
+    return validate_spec(spec)
+
+
+def validate_spec(spec: dict) -> dict:
+    unknown = set(spec) - {"sweep", "train", "models"}
+    if unknown:
+        raise ValueError(f"spec: unknown section(s) {sorted(unknown)}; allowed: [sweep], [train], [models.NAME]")
+    sweep = spec.get("sweep", {})
+    bad = set(sweep) - SWEEP_KEYS
+    if bad:
+        raise ValueError(f"[sweep] {sorted(bad)}: unknown key; allowed: {', '.join(sorted(SWEEP_KEYS))}")
+    bad = set(spec.get("train", {})) - TRAIN_KEYS
+    if bad:
+        raise ValueError(f"[train] {sorted(bad)}: unknown key; allowed: {', '.join(sorted(TRAIN_KEYS))}")
+    for name, variant in spec.get("models", {}).items():
+        bad = set(variant) - (TRAIN_KEYS | {"model", "schedules"})
+        if bad:
+            raise ValueError(f"[models.{name}] {sorted(bad)}: unknown key; allowed: model, schedules, "
+                             + ", ".join(sorted(TRAIN_KEYS)))
+    if not sweep.get("tasks"):
+        raise ValueError("[sweep] tasks: required, a non-empty list of task names")
+    if not sweep.get("models"):
+        raise ValueError("[sweep] models: required, a non-empty list (transformer, lrt, or [models.NAME] variants)")
+    return spec
+
+
+def expand(spec: dict) -> list[TrainConfig]:
+    """Every TrainConfig of the grid (validated), in a stable order, with unique names."""
+    sweep, shared, variants = spec["sweep"], spec.get("train", {}), spec.get("models", {})
+    schedules = sweep.get("schedules", ["interleaved:2"])
+    prefix = sweep.get("name_prefix", "")
+    configs, names = [], set()
+    for task in sweep["tasks"]:
+        for label in sweep["models"]:
+            variant = dict(variants.get(label, {}))
+            kind = variant.pop("model", label)
+            model_schedules = variant.pop("schedules", schedules)
+            if kind == "transformer":
+                model_schedules = ["onepass"]
+            for sched in model_schedules:
+                for seed in sweep.get("seeds", [0]):
+                    fields = {**shared, **variant, "task": task, "model": kind, "schedule": sched, "seed": seed}
+                    if "overrides" in shared and "overrides" in variant:
+                        fields["overrides"] = {**shared["overrides"], **variant["overrides"]}
+                    cfg = TrainConfig(**fields)
+                    tag = "" if label == kind else f"-{label}"
+                    base = TrainConfig(**{**fields, "name": None}).run_name
+                    cfg.name = f"{prefix}{base}{tag}".replace(":", "_")
+                    if cfg.name in names:
+                        continue
+                    names.add(cfg.name)
+                    configs.append(cfg)
+    return configs
+
+
+def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False) -> list[Run]:
+    from tqdm.auto import tqdm
+
+    out = out or spec["sweep"].get("out", "runs")
+    configs = expand(spec)
+    runs = []
+    if dry_run:
+        for cfg in configs:
+            state = "complete" if (Path(out) / cfg.run_name / "summary.json").exists() else "todo"
+            print(f"{state:9s} {cfg.run_name}")
+        return runs
+    bar = tqdm(configs, desc="sweep", unit="run", dynamic_ncols=True)
+    for cfg in bar:
+        folder = Path(out) / cfg.run_name
+        bar.set_postfix_str(cfg.run_name)
+        if (folder / "summary.json").exists():
+            runs.append(Run(folder))
+            continue
+        runs.append(train(cfg, out=out, resume=folder.exists(), progress=False))
+    return runs

@@ -1,0 +1,212 @@
+"""The training loop, the run store, resume after a kill, sweeps, and the CLI's errors."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from lrt_lab.cli import main
+from lrt_lab.results import Run, load_metrics, load_runs, load_table
+from lrt_lab.sweep import expand, run_sweep, validate_spec
+from lrt_lab.train import TrainConfig, lr_multiplier, train
+
+
+def tiny_cfg(**kw):
+    base = dict(task="group_prefix", task_options={"group": "S3"}, length=6, preset="tiny", model="lrt",
+                schedule="interleaved:2", steps=30, batch_size=16, eval_every=10, eval_lengths=(6, 12),
+                eval_size=32, checkpoint_every=10, device="cpu")
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def train_losses(run):
+    return load_metrics(run, kind="train")["loss"].tolist()
+
+
+def test_loss_falls_on_a_learnable_task(tmp_path):
+    # S3 prefix products at length 2: position 1 copies its input, position 2 is a 6x6 table
+    run = train(tiny_cfg(length=2, steps=150, batch_size=64, eval_lengths=(2,), checkpoint_every=0,
+                         task_options={"group": "S3"}), out=tmp_path, progress=False)
+    losses = train_losses(run)
+    assert sum(losses[-10:]) / 10 < 0.5 * sum(losses[:10]) / 10
+    assert run.summary["eval"]["acc_exact@2"] > 0.6
+
+
+@pytest.mark.parametrize("model, schedule", [("transformer", "onepass"), ("lrt", "fullseq:1"),
+                                             ("lrt", "chunked:3"), ("lrt", "exact")])
+def test_every_model_and_schedule_trains_and_writes_a_complete_run(tmp_path, model, schedule):
+    run = train(tiny_cfg(model=model, schedule=schedule, steps=6, eval_every=3), out=tmp_path, progress=False)
+    s = run.summary
+    assert s["status"] == "complete" and s["steps"] == 6
+    cost = {"onepass": 1, "fullseq:1": 2, "chunked:3": 1, "exact": 1}[schedule]
+    assert s["compute_tokens"] == pytest.approx(cost * s["tokens"]) and s["tokens"] == 6 * 16 * 6
+    table = load_table(run.path, "per_position")
+    assert set(table["mode"]) == {"parallel", "exact"} and set(table["length"]) == {6, 12}
+    evals = load_metrics(run, kind="eval")
+    assert evals["step"].tolist() == [3, 6]
+
+
+def test_exact_eval_is_the_decoder_and_parallel_eval_is_the_schedule(tmp_path):
+    """For Interleaved(2) the two figures differ; for Exact they coincide."""
+    inter = train(tiny_cfg(steps=20, name="i"), out=tmp_path, progress=False)
+    table = load_table(inter.path, "per_position").pivot_table(index=["length", "position"], columns="mode",
+                                                                values="accuracy")
+    assert (table["parallel"] - table["exact"]).abs().max() > 0
+    ex = train(tiny_cfg(steps=5, schedule="exact", name="e"), out=tmp_path, progress=False)
+    table = load_table(ex.path, "per_position").pivot_table(index=["length", "position"], columns="mode",
+                                                             values="accuracy")
+    assert (table["parallel"] - table["exact"]).abs().max() == 0
+
+
+def test_resume_continues_exactly(tmp_path):
+    """A run stopped after a checkpoint and resumed logs every step once and ends where an
+    uninterrupted run ends."""
+    full = train(tiny_cfg(name="full"), out=tmp_path, progress=False)
+    cfg = tiny_cfg(name="cut")
+    train(cfg, out=tmp_path, progress=False, stop_after=17)  # checkpoint at 10, 17
+    run = Run(tmp_path / "cut")
+    # simulate a kill after step 17's checkpoint was taken but with steps logged past it
+    (run.checkpoint_dir() / "step_0000017.pt").unlink()
+    run.log({"kind": "train", "step": 18, "loss": 0.0})
+    with open(run.path / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "train", "step": 19, "lo')  # a line cut mid-write
+    assert load_metrics(run).attrs["dropped_lines"] == 1
+    train(cfg, out=tmp_path, resume=True, progress=False)
+    steps = load_metrics(run, kind="train")["step"].tolist()
+    assert steps == list(range(1, 31))
+    assert train_losses(run) == pytest.approx(train_losses(full), rel=1e-6)
+
+
+@pytest.mark.slow
+def test_killed_training_subprocess_resumes_with_every_step_once(tmp_path):
+    args = ["--task", "group_prefix", "--task-opt", "group=S3", "--length", "6", "--preset", "tiny",
+            "--steps", "400", "--batch-size", "16", "--eval-every", "0", "--eval-lengths", "6", "--eval-size", "16",
+            "--checkpoint-every", "20", "--name", "killed", "--out", str(tmp_path), "--quiet"]
+    proc = subprocess.Popen([sys.executable, "-m", "lrt_lab.cli", "train", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = tmp_path / "killed" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 50:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "killed" / "summary.json").exists()
+    assert main(["train", *args, "--resume"]) == 0
+    steps = load_metrics(tmp_path / "killed", kind="train")["step"].tolist()
+    assert steps == list(range(1, 401))
+
+
+def test_load_runs_skips_half_written_folders(tmp_path):
+    train(tiny_cfg(steps=3, eval_every=0, name="good"), out=tmp_path, progress=False)
+    (tmp_path / "empty").mkdir()
+    bad = tmp_path / "corrupt"
+    bad.mkdir()
+    (bad / "config.json").write_text('{"train": {"ta')
+    train(tiny_cfg(steps=3, eval_every=0, name="unfinished"), out=tmp_path, progress=False, stop_after=2)
+    with pytest.warns(UserWarning, match="corrupt"):
+        df = load_runs(tmp_path)
+    assert df["run"].tolist() == ["good"]
+    skipped = dict(df.attrs["skipped"])
+    assert set(skipped) == {"empty", "corrupt", "unfinished"}
+    assert df.loc[0, "config.train.task"] == "group_prefix" and df.loc[0, "summary.status"] == "complete"
+    assert "unfinished" in load_runs(tmp_path, include_incomplete=True)["run"].tolist()
+
+
+def test_run_folders_are_created_atomically(tmp_path):
+    Run.create(tmp_path, "a", {"x": 1})
+    with pytest.raises(FileExistsError):
+        Run.create(tmp_path, "a", {"x": 2})
+    assert json.loads((tmp_path / "a" / "config.json").read_text()) == {"x": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["a"]  # no temporary folder left behind
+
+
+def test_lr_schedule_is_flat_then_linear_to_zero():
+    assert [lr_multiplier(s, 100, 0.5) for s in (0, 49, 50, 75, 100)] == [1.0, 1.0, 1.0, 0.5, 0.0]
+
+
+def test_cli_train_then_report(tmp_path, capsys):
+    out = str(tmp_path / "store")
+    common = ["--task", "group_prefix", "--task-opt", "group=S3", "--length", "4", "--preset", "tiny", "--steps",
+              "4", "--batch-size", "8", "--eval-lengths", "4", "--eval-size", "8", "--out", out, "--quiet"]
+    assert main(["train", *common, "--model", "transformer"]) == 0
+    assert main(["train", *common, "--model", "lrt", "--schedule", "fullseq:2:0.1,0.3,0.6",
+                 "--set", "memory.source_layer=1", "--curriculum", "2:2"]) == 0
+    df = load_runs(out)
+    assert sorted(df["config.schedule"]) == ["fullseq:2:0.1,0.3,0.6", "onepass"]
+    assert (df["config.model.memory.source_layer"].dropna() == 1).all()
+    capsys.readouterr()
+    assert main(["report", out]) == 0
+    text = capsys.readouterr().out
+    assert "transformer" in text and "lrt fullseq:2:0.1,0.3,0.6" in text
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--task", "a6_prefix"], "task"),
+    (["--schedule", "interleaved:two"], "schedule"),
+    (["--schedule", "zigzag"], "schedule"),
+    (["--set", "memory.sourse_layer=2"], "memory.sourse_layer"),
+    (["--set", "n_layers=2"], "n_layers"),
+    (["--set", "memory.source_layer=9"], "memory.source_layer"),
+    (["--steps", "0"], "steps"),
+    (["--preset", "huge"], "preset"),
+    (["--model", "rnn"], "model"),
+    (["--model", "transformer", "--schedule", "interleaved:2"], "schedule"),
+    (["--curriculum", "4"], "--curriculum"),
+    (["--task-opt", "alphabet"], "--task-opt"),
+    (["--eval-lengths", "a,b"], "eval-lengths"),
+    (["--length", "4", "--schedule", "interleaved:8"], "Interleaved.S"),
+])
+def test_cli_errors_are_one_line_and_write_nothing(tmp_path, capsys, args, field):
+    out = tmp_path / "store"
+    base = ["train", "--preset", "tiny", "--steps", "2", "--out", str(out), "--quiet"]
+    code = main(base + args) if "--eval-lengths" not in args else _argparse_exit(base + args)
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and err.startswith("lrt-lab: error:") and field in err
+    assert not out.exists() or not any(out.iterdir())
+
+
+def _argparse_exit(argv):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    return e.value.code
+
+
+def test_sweep_runs_a_grid_once_and_skips_complete_runs(tmp_path):
+    spec = validate_spec({
+        "sweep": {"tasks": ["group_prefix"], "models": ["transformer", "lrt", "deep"],
+                  "schedules": ["interleaved:2", "exact"], "seeds": [0, 1]},
+        "train": {"length": 4, "preset": "tiny", "steps": 2, "batch_size": 4, "eval_lengths": [4], "eval_size": 4,
+                  "task_options": {"group": "S3"}, "eval_every": 0},
+        "models": {"deep": {"model": "transformer", "overrides": {"n_layer": 3}}},
+    })
+    configs = expand(spec)
+    # transformer: 2 seeds; lrt: 2 schedules x 2 seeds; deep transformer: 2 seeds
+    assert len(configs) == 8 and len({c.run_name for c in configs}) == 8
+    runs = run_sweep(spec, out=str(tmp_path))
+    assert all(r.is_complete for r in runs)
+    mtimes = {r.name: (r.path / "summary.json").stat().st_mtime_ns for r in runs}
+    again = run_sweep(spec, out=str(tmp_path))
+    assert {r.name: (r.path / "summary.json").stat().st_mtime_ns for r in again} == mtimes
+    df = load_runs(tmp_path)
+    assert sorted(df.loc[df["run"].str.endswith("-deep"), "config.model.n_layer"].unique()) == [3]
+
+
+@pytest.mark.parametrize("spec, field", [
+    ({"sweep": {"tasks": ["a5_prefix"], "models": ["lrt"], "colour": 1}}, "colour"),
+    ({"sweep": {"tasks": ["a5_prefix"], "models": ["lrt"]}, "train": {"stepz": 3}}, "stepz"),
+    ({"sweep": {"models": ["lrt"]}}, "tasks"),
+    ({"sweep": {"tasks": ["a5_prefix"], "models": ["lrt"]}, "extra": {}}, "extra"),
+])
+def test_bad_sweep_specs_name_the_field(spec, field):
+    with pytest.raises(ValueError, match=field):
+        validate_spec(spec)
