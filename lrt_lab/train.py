@@ -319,6 +319,9 @@ def prepare(cfg: TrainConfig, task=None):
                          "allowed: onepass")
     model = build_model(cfg, task.vocab_size)
     schedule = parse_schedule(cfg.schedule)
+    start_length = task.length_at(0) if hasattr(task, "length_at") else cfg.length
+    for length in sorted({start_length, cfg.length, *cfg.eval_lengths}):
+        schedule.stages(length)  # e.g. Interleaved(S) needs S <= every length it will see
     return task, model, schedule
 
 

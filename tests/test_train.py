@@ -210,3 +210,20 @@ def test_sweep_runs_a_grid_once_and_skips_complete_runs(tmp_path):
 def test_bad_sweep_specs_name_the_field(spec, field):
     with pytest.raises(ValueError, match=field):
         validate_spec(spec)
+
+
+@pytest.mark.slow
+def test_lrt_starting_as_the_plain_model_learns_at_least_as_fast_per_step(tmp_path):
+    """NOTES.md: a raw 0.1*h memory stalled a prototype; an LRT whose memory pathway starts at zero
+    (gamma_init=0, rec_init=zero) is the plain model at step 0 and must not learn slower per step.
+    Same seed, so same backbone weights and the same batches; S3 prefix products at length 6."""
+    common = dict(steps=120, batch_size=64, eval_every=0, eval_lengths=(6,), checkpoint_every=0,
+                  task_options={"group": "S3"}, preset="small", overrides={"n_layer": 2})
+    plain = train(tiny_cfg(model="transformer", schedule="onepass", name="plain", **common), out=tmp_path,
+                  progress=False)
+    overrides = {"n_layer": 2, "memory.gamma_init": 0.0, "memory.rec_init": "zero"}
+    lrt = train(tiny_cfg(name="lrt", **{**common, "overrides": overrides}), out=tmp_path, progress=False)
+    first_plain, first_lrt = train_losses(plain)[0], train_losses(lrt)[0]
+    assert first_lrt == pytest.approx(first_plain, rel=1e-5)  # identical models at step 0
+    tail = lambda r: sum(train_losses(r)[-20:]) / 20
+    assert tail(lrt) <= tail(plain) * 1.02
