@@ -119,8 +119,8 @@ def cmd_bench(a) -> int:
 
 
 def cmd_app(a) -> int:
-    print("lrt-lab app: not yet available (the dashboard lands with issue 7)", file=sys.stderr)
-    return 1
+    from .app_launcher import launch
+    return launch(a.runs, a.port)
 
 
 def build_parser() -> Parser:
@@ -157,7 +157,7 @@ def build_parser() -> Parser:
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("app", help="open the Streamlit dashboard over a run store")
-    p.add_argument("--runs", default="runs")
+    p.add_argument("--runs", default=None, help="run store (default: $LRT_RUNS, else ./runs, else ./results)")
     p.add_argument("--port", type=int, default=8501)
     p.set_defaults(func=cmd_app)
     return parser

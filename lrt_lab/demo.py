@@ -22,14 +22,14 @@ from .report import run_figures
 from .results import Run, load_table
 from .train import TrainConfig, train
 
-TRAIN_LENGTH = 32
-EVAL_LENGTHS = (32, 64, 128)
+TRAIN_LENGTH = 12
+EVAL_LENGTHS = (12, 24, 48)
 
 
 def demo_configs(quick: bool = False) -> list[TrainConfig]:
-    steps = 40 if quick else 600
+    steps = 40 if quick else 400
     common = dict(task="group_prefix", task_options={"group": "S3", "curriculum_start": 4,
-                                                     "curriculum_steps": steps // 2},
+                                                     "curriculum_steps": steps * 3 // 8},
                   length=TRAIN_LENGTH, preset="small", steps=steps, batch_size=64,
                   eval_every=0, eval_lengths=EVAL_LENGTHS, eval_size=64 if quick else 256,
                   checkpoint_every=0)
@@ -43,7 +43,7 @@ def demo_configs(quick: bool = False) -> list[TrainConfig]:
     ]
 
 
-def accuracy_at(run: Run, positions=(1, 2, 4, 8, 16, 32, 64, 128)) -> pd.Series:
+def accuracy_at(run: Run, positions=(2, 4, 6, 8, 12, 24, 48)) -> pd.Series:
     """Exact-decoding accuracy at a few positions, read from the longest evaluation."""
     table = load_table(run.path, "per_position")
     longest = table[(table["mode"] == "exact") & (table["length"] == table["length"].max())]

@@ -46,8 +46,8 @@ def comparison_table(df: pd.DataFrame, metric: str | None = None, group_by: str 
     for k in keys:
         if k not in df.columns:
             raise ValueError(f"group_by={k!r} is invalid; allowed: method or a column of load_runs")
-    if "config.task" in df.columns and "config.task" not in keys:
-        keys = ["config.task"] + keys
+    if "config.train.task" in df.columns and "config.train.task" not in keys:
+        keys = ["config.train.task"] + keys
     agg = df.groupby(keys, dropna=False).agg(
         n=(metric, "count"), mean=(metric, "mean"), std=(metric, "std"),
         forwards_per_token=("config.forwards_per_token", "first"),

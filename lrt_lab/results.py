@@ -200,6 +200,9 @@ def load_runs(root, include_incomplete: bool = False) -> pd.DataFrame:
             except (json.JSONDecodeError, OSError) as e:
                 skipped.append((d.name, f"unreadable JSON: {e}"))
                 continue
+            if not isinstance(config, dict) or not isinstance(summary, (dict, type(None))):
+                skipped.append((d.name, "config.json or summary.json is not a JSON object"))
+                continue
             if summary is None and not include_incomplete:
                 skipped.append((d.name, "incomplete: no summary.json (running, or killed; --resume it)"))
                 continue

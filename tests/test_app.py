@@ -1,0 +1,273 @@
+"""The Streamlit dashboard (app/) under streamlit.testing.v1.AppTest, on a store of tiny real runs.
+
+The store holds two seeds of an LRT (Interleaved(2)) and one plain transformer, trained for a few
+steps, plus what a real store also meets: a run of a kind the app does not know, a half-written
+folder, a run still training, and analysis tables (probe, gap recovery, depth sweep).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from lrt_lab.results import Run, write_table  # noqa: E402
+from lrt_lab.train import TrainConfig, train  # noqa: E402
+
+APP = str(Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py")
+LRT_RUNS = ["group_prefix-L6-tiny-lrt-interleaved_2-s0", "group_prefix-L6-tiny-lrt-interleaved_2-s1"]
+TRANSFORMER_RUN = "group_prefix-L6-tiny-transformer-s0"
+UNKNOWN_RUN = "mystery-kind-s0"
+COMPLETE_RUNS = LRT_RUNS + [TRANSFORMER_RUN]
+
+
+def build_store(root: Path, analysis: bool = True, lrt_seeds=(0, 1)) -> Path:
+    """Tiny real runs (a second or two each), then the awkward folders and the analysis tables."""
+    torch.set_num_threads(1)
+    runs = [("lrt", "interleaved:2", seed) for seed in lrt_seeds] + [("transformer", "onepass", 0)]
+    for model, schedule, seed in runs:
+        cfg = TrainConfig(task="group_prefix", task_options={"group": "S3"}, length=6, preset="tiny", model=model,
+                          schedule=schedule, steps=6, batch_size=8, eval_every=3, eval_lengths=(6, 12), eval_size=16,
+                          checkpoint_every=0, seed=seed)
+        train(cfg, out=root, progress=False)
+    if not analysis:
+        return root
+    # A run of a kind the dashboard does not know (a later baseline, say).
+    shutil.copytree(root / TRANSFORMER_RUN, root / UNKNOWN_RUN, ignore=shutil.ignore_patterns("checkpoints"))
+    cfg = json.loads((root / UNKNOWN_RUN / "config.json").read_text())
+    cfg["kind"], cfg["schedule"] = "mystery:7", "weird"
+    (root / UNKNOWN_RUN / "config.json").write_text(json.dumps(cfg))
+    # A half-written folder (cut config.json) and a run still training (no summary.json).
+    (root / "half-written").mkdir()
+    (root / "half-written" / "config.json").write_text('{"train": {"task": ')
+    (root / "still-running").mkdir()
+    shutil.copy(root / TRANSFORMER_RUN / "config.json", root / "still-running" / "config.json")
+    shutil.copy(root / TRANSFORMER_RUN / "metrics.jsonl", root / "still-running" / "metrics.jsonl")
+    # Analysis tables in the layout lrt_lab.analysis writes: probe_<decoding> in a run, and
+    # gap recovery (+ per seed) and a depth sweep in the store's hidden .analysis folder.
+    probe = pd.DataFrame([{"run": LRT_RUNS[0], "kind": "lrt", "site": site, "target": "state", "position": p,
+                           "control": control, "accuracy": min(1.0, 0.2 + 0.1 * i + 0.05 * p), "n_test": 10,
+                           "decoding": "exact", "layer_index": i}
+                          for i, site in enumerate(["embed", "blocks.0.resid_post", "mem_in", "mem_out"])
+                          for p in range(1, 7) for control in ("probe", "majority")])
+    Run(root / LRT_RUNS[0]).write_table("probe_exact", probe)
+    (root / ".analysis").mkdir()
+    group = {"config.train.task": "group_prefix", "config.train.length": 6}
+    write_table(root / ".analysis", "gap_recovery", pd.DataFrame([
+        {**group, "method": m, "n_seeds": 2, "recovered": r, "ci_low": r - 0.2, "ci_high": r + 0.1,
+         "metric": "bpb.exact", "baseline": "transformer", "exact_method": "lrt exact"}
+        for m, r in (("lrt interleaved:2", 0.75), ("lrt fullseq:3", 0.88))]))
+    write_table(root / ".analysis", "gap_recovery_per_seed", pd.DataFrame([
+        {**group, "method": m, "seed": s, "recovered": r}
+        for m, r0 in (("lrt interleaved:2", 0.75), ("lrt fullseq:3", 0.88)) for s, r in ((0, r0 - 0.05), (1, r0 + 0.05))]))
+    write_table(root / ".analysis", "depth_sweep", pd.DataFrame(
+        [{"task": "group_prefix", "method": "transformer", "n_layer": d, "n": 2, "mean": 2.0 * d, "ci_low": 2.0 * d - 1,
+          "ci_high": 2.0 * d + 1, "metric": "summary.eval.pos90_exact@6"} for d in (1, 2, 3)]
+        + [{"task": "group_prefix", "method": "lrt interleaved:2", "n_layer": 2, "n": 2, "mean": 5.0, "ci_low": 4.0,
+            "ci_high": 6.0, "metric": "summary.eval.pos90_exact@6"}]))
+    return root
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    return build_store(tmp_path_factory.mktemp("store"))
+
+
+def run_app(monkeypatch, runs_dir) -> AppTest:
+    monkeypatch.setenv("LRT_RUNS", str(runs_dir))
+    monkeypatch.setattr(sys, "argv", ["streamlit_app.py"])
+    return AppTest.from_file(APP, default_timeout=60).run()
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def sidebar_multiselect(at: AppTest, label: str):
+    (widget,) = [m for m in at.sidebar.multiselect if m.label == label]
+    return widget
+
+
+def runs_table(at: AppTest) -> pd.DataFrame:
+    return at.tabs[0].dataframe[0].value
+
+
+def test_every_page_renders(store, monkeypatch):
+    at = run_app(monkeypatch, store)
+    assert_clean(at)
+    assert [t.label for t in at.tabs] == ["Runs", "Training curves", "Length generalisation", "Depth x length",
+                                         "Gap recovery", "Probes"]
+    assert sorted(runs_table(at)["run"]) == sorted(COMPLETE_RUNS + [UNKNOWN_RUN])
+    shown = " ".join(m.value for m in at.tabs[0].markdown)
+    assert all(name in shown for name in COMPLETE_RUNS)
+    # The awkward folders: one clear message each, no traceback.
+    warnings = " ".join(w.value for w in at.warning)
+    assert "half-written" in warnings and "mystery:7" in warnings
+    assert "still-running" in " ".join(i.value for i in at.info)
+    # Every chart page drew its charts, analysis pages included.
+    n_charts = {"Training curves": 1, "Length generalisation": 2, "Depth x length": 2, "Gap recovery": 1, "Probes": 1}
+    for tab in at.tabs[1:]:
+        charts = [e for e in tab if getattr(e, "type", "") == "vega_lite_chart"]
+        assert len(charts) == n_charts[tab.label], tab.label
+    assert "n_layer=2" in " ".join(i.value for i in at.tabs[3].info)  # one depth only: the hint says so
+    # Config diff of the runs shown: the keys that differ, one column per run.
+    diff = at.tabs[0].table[0].value
+    assert {"kind", "train.seed", "schedule"} <= set(diff.index)
+    assert set(COMPLETE_RUNS) <= set(diff.columns)
+
+    # Every control at once, then one rerun (each rerun redraws all six pages).
+    at.tabs[1].radio(key="curve_x").set_value("compute")
+    at.tabs[1].selectbox(key="curve_metric").set_value("pos90_exact@12")
+    at.tabs[1].checkbox(key="curve_seeds").check()
+    at.tabs[3].radio(key="depth_mode").set_value("parallel")
+    at.tabs[3].radio(key="depth_measure").set_value("fraction")
+    at.sidebar.checkbox(key="include_incomplete").check()
+    at.run()
+    assert_clean(at)
+    assert "still-running" in set(runs_table(at)["run"])
+    assert len([e for e in at.tabs[1] if getattr(e, "type", "") == "vega_lite_chart"]) == 1
+
+
+def test_filters_and_selection(store, monkeypatch):
+    at = run_app(monkeypatch, store)
+    sidebar_multiselect(at, "runs").set_value([LRT_RUNS[0], TRANSFORMER_RUN]).run()
+    assert_clean(at)
+    assert sorted(runs_table(at)["run"]) == sorted([LRT_RUNS[0], TRANSFORMER_RUN])
+    assert sorted(at.tabs[0].table[0].value.columns) == sorted([LRT_RUNS[0], TRANSFORMER_RUN])  # config diff
+
+    sidebar_multiselect(at, "model").set_value(["lrt"])  # a new filter resets the run selection
+    sidebar_multiselect(at, "seed").set_value([1])
+    at.run()
+    assert_clean(at)
+    assert list(runs_table(at)["run"]) == [LRT_RUNS[1]]
+
+    sidebar_multiselect(at, "model").set_value(["transformer", "mystery:7"])
+    sidebar_multiselect(at, "seed").set_value([])
+    sidebar_multiselect(at, "schedule").set_value(["onepass"])
+    at.run()
+    assert_clean(at)
+    assert list(runs_table(at)["run"]) == [TRANSFORMER_RUN]
+    assert at.tabs[0].json  # one run: its full config instead of a diff
+
+
+def test_compute_axis_is_baseline_equivalent(store):
+    """x = compute puts an Interleaved(2) run at 2x its tokens; the transformer at 1x."""
+    from app import data
+
+    runs, _ = data.cached_runs(str(store), False, data.store_signature(store))
+    runs = runs[runs["run"].isin(COMPLETE_RUNS)]
+    tokens, _ = data.curves(runs, "loss", "tokens")
+    compute, _ = data.curves(runs, "loss", "compute")
+    last_t, last_c = tokens.groupby("run")["x"].max(), compute.groupby("run")["x"].max()
+    assert last_c[LRT_RUNS[0]] == 2 * last_t[LRT_RUNS[0]]
+    assert last_c[TRANSFORMER_RUN] == last_t[TRANSFORMER_RUN]
+    band = data.seed_band(compute)
+    lrt = band[band["group"] == "lrt interleaved:2"]
+    assert (lrt["n"] == 2).all() and (lrt["lo"] <= lrt["mean"]).all() and (lrt["mean"] <= lrt["hi"]).all()
+
+
+def test_empty_missing_and_changed_store(store, tmp_path, monkeypatch):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    at = run_app(monkeypatch, empty)
+    assert_clean(at)
+    assert "no complete runs" in " ".join(i.value for i in at.info)
+    at.sidebar.text_input(key="runs_dir").input(str(tmp_path / "nowhere")).run()
+    assert_clean(at)
+    assert "does not exist" in " ".join(i.value for i in at.info)
+    at.sidebar.text_input(key="runs_dir").input(str(store)).run()
+    assert_clean(at)
+    assert TRANSFORMER_RUN in set(runs_table(at)["run"])
+    # A config.json that is JSON but not an object: load_runs cannot read the store; one message.
+    odd = tmp_path / "odd"
+    (odd / "not-a-run").mkdir(parents=True)
+    (odd / "not-a-run" / "config.json").write_text("[1, 2]")
+    (odd / "not-a-run" / "summary.json").write_text("{}")
+    at.sidebar.text_input(key="runs_dir").input(str(odd)).run()
+    assert not at.exception
+    assert all("could not read" in e.value or "could not be drawn" in e.value for e in at.error)
+
+
+def test_analysis_pages_hint_when_no_tables(store, tmp_path, monkeypatch):
+    bare = tmp_path / "bare"
+    shutil.copytree(store / TRANSFORMER_RUN, bare / TRANSFORMER_RUN)  # a store with no analysis tables
+    at = run_app(monkeypatch, bare)
+    assert_clean(at)
+    assert "No gap-recovery tables yet" in " ".join(i.value for i in at.tabs[4].info)
+    assert "No probe tables yet" in " ".join(i.value for i in at.tabs[5].info)
+    assert "Config diff" in [h.value for h in at.tabs[0].subheader]
+
+
+def test_analysis_table_readers():
+    """Tolerant readers: the lrt_lab.analysis layouts, simpler ones, and a message for anything else."""
+    from app import data
+
+    assert "site" in data.read_probe(pd.DataFrame({"foo": [1]}), "store")[1]
+    assert data.read_gap(pd.DataFrame({"x": [1]}))[2].startswith("expected columns")
+    assert data.read_depth_sweep(pd.DataFrame({"x": [1]}))[2].startswith("expected columns")
+
+    probe = pd.DataFrame({"run": "r", "site": ["embed", "mem_in", "mem_in"], "target": ["state", "state", "state_prev"],
+                          "position": [2, 2, 2], "control": "probe", "accuracy": [0.2, 0.3, 0.9],
+                          "decoding": "exact", "layer_index": [0, 1, 1]})
+    cells, msg = data.read_probe(probe, "r", "probe_exact")
+    assert msg is None and list(cells["row"]) == ["embed", "mem_in", "mem_in (t-1)"]
+    assert set(cells["label"]) == {"r (exact)"} and list(cells["row_order"]) == [0, 1, 1.5]
+
+    keys = {"config.train.task": "t"}
+    summary = pd.DataFrame([{**keys, "method": "a", "recovered": 0.5, "ci_low": 0.4, "ci_high": 0.6},
+                            {**keys, "method": "b", "recovered": 0.8, "ci_low": 0.7, "ci_high": 0.9}])
+    per_seed = pd.DataFrame([{**keys, "method": m, "seed": s, "value": 9.0, "recovered": r}
+                             for m, r in (("a", 0.5), ("b", 0.8)) for s in (0, 1)])
+    bars, points, msg = data.read_gap(summary, per_seed)
+    assert msg is None and list(bars["label"]) == ["a", "b"] and list(points["value"]) == [0.5, 0.5, 0.8, 0.8]
+    wide = pd.DataFrame({"method": ["a"], "recovered_mean": [0.5], "ci_low": [0.4], "ci_high": [0.6],
+                         "seed0": [0.45], "seed1": [0.55]})
+    assert list(data.read_gap(wide)[1]["value"]) == [0.45, 0.55]
+
+    sweep = pd.DataFrame({"task": "t", "method": ["transformer", "transformer", "lrt"], "n_layer": [1, 2, 2],
+                          "mean": [1.0, 3.0, 4.0], "ci_low": [0.5, 2.5, 3.5], "ci_high": [1.5, 3.5, 4.5]})
+    curve, shape, msg = data.read_depth_sweep(sweep)
+    assert shape == "curve" and list(curve["swept"]) == [True, True, False]
+    grid, shape, msg = data.read_depth_sweep(pd.DataFrame({"depth": [2, 4], "length": [8, 8], "solved": [0.0, 1.0]}))
+    assert shape == "grid" and list(grid["value"]) == [0.0, 1.0]
+
+
+def test_default_runs_dir(tmp_path):
+    from app import data
+
+    assert data.default_runs_dir(["--runs", "x"], {"LRT_RUNS": "y"}, tmp_path) == "x"
+    assert data.default_runs_dir(["-q", "tests/test_app.py"], {"LRT_RUNS": "y"}, tmp_path) == "y"
+    assert data.default_runs_dir([], {}, tmp_path) == "runs"
+    assert data.default_runs_dir(["--runs"], {}, tmp_path) == "runs"
+    (tmp_path / "results").mkdir()
+    assert data.default_runs_dir([], {}, tmp_path) == "results"
+    (tmp_path / "runs").mkdir()
+    assert data.default_runs_dir([], {}, tmp_path) == "runs"
+
+
+def test_launcher_finds_the_app_without_importing_it(monkeypatch, capsys):
+    from lrt_lab import app_launcher
+
+    for name in [m for m in sys.modules if m == "app" or m.startswith("app.")]:
+        monkeypatch.delitem(sys.modules, name)
+    path = app_launcher.app_path()
+    assert path == Path(APP) and "app" not in sys.modules
+    cmd = app_launcher.command("some/runs", 8765, address="127.0.0.1", headless=True)
+    assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4] == APP
+    assert cmd[-3:] == ["--", "--runs", "some/runs"] and "8765" in cmd
+    with pytest.raises(ValueError, match="port"):
+        app_launcher.command("runs", 0)
+    real_find_spec = app_launcher.importlib.util.find_spec
+    monkeypatch.setattr(app_launcher.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "streamlit" else real_find_spec(name, *a))
+    assert app_launcher.launch("runs", 8501) == 1
+    assert "pip install -e '.[app]'" in capsys.readouterr().err
