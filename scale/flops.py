@@ -1,0 +1,229 @@
+"""FLOP and token accounting for the scaling runs: what a step costs, how many steps R buys.
+
+Two choices the reference code gets wrong for LRT, made explicit here:
+
+Tokens from the *baseline's* parameter count
+    The paper trains "a model with N trainable parameters at ratio R on R x N tokens" and compares
+    LRT at R with the baseline at 2R. N is the backbone's total trainable parameter count,
+    embeddings included (that is how a 20L model is "1.3B": 1,315,969,320 parameters, of which
+    839M are value embeddings) and *without* the memory pathway, i.e.
+    ``LRT.param_report()["baseline"]``. LRT-shared (+0.3%) and LRT-layerwise (+4.8%) at ratio R
+    therefore see exactly the same number of tokens as the baseline at ratio R:
+
+        tokens = R * N_baseline,    steps = ceil(tokens / global_batch_tokens)
+
+FLOPs from every stage of the schedule
+    nanochat's ``estimate_flops`` counts one forward per token (6 N + attention). A schedule runs
+    several stages over a sequence of T tokens; stage P recomputes |P| positions, each a full
+    pass through the network attending to the whole buffer. So
+
+        forward FLOPs per position  f = 2 * N_matmul + sum_l 4 * n_head * head_dim * min(w_l, T)
+        training FLOPs per token     = 3 * f * (sum_P |P|) / T          (backward = 2 x forward)
+
+    with (sum_P |P|)/T = 1 for OnePass, Chunked(C) and Exact; 2 for Interleaved(S) (an init pass
+    over all T plus S subsets that cover T once); K+1 for FullSequence(K). Counting only the
+    first pass undercounts Interleaved training by ~2x.
+
+    N_matmul counts every 2-D weight used as a matrix multiply per position: attention q/k/v/out,
+    the value-embedding gate, MLP, LM head, and for LRT the recurrent K/V projections (applied
+    once per stage when shared, once per layer when layerwise) and the dual gates. Embedding and
+    value-embedding tables are lookups (no FLOPs) and 1-D scalars are negligible, as in nanochat.
+    The attention term follows nanochat's convention: each query is charged min(window, T) keys
+    (no causal halving), QK^T and AV at 2 FLOPs per multiply-add, with sliding windows ("S"
+    layers) charged their window. The memory pathway is charged in every stage, also the init
+    stage where the memory is zero and its projections are skipped: an upper bound off by at most
+    the pathway's share of N_matmul (0.3% of a 20L model).
+
+Baseline-equivalent compute
+    ``compute_tokens = tokens * train_flops_per_token / baseline_train_flops_per_token``: the
+    tokens a baseline (same backbone, OnePass) could have trained on with the same FLOPs. Divided
+    by N_baseline it is the baseline-equivalent ratio the paper plots LRT at (about 2R for
+    Interleaved(2)).
+
+MFU = achieved training FLOP/s / (peak FLOP/s per device * devices); ``peak`` defaults to an
+H100 SXM's dense bf16 989 TFLOP/s.
+
+Models are built on the meta device for counting, so a 24L plan costs no memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+from lrt_lab.config import ModelConfig
+from lrt_lab.model import LRT
+from lrt_lab.schedules import OnePass, parse_schedule
+
+H100_BF16_PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (no sparsity)
+REFERENCE_BATCH_TOKENS = 2 ** 19  # the paper's (and nanochat's) global batch
+
+
+def _schedule(schedule):
+    return parse_schedule(schedule) if isinstance(schedule, str) else (schedule or OnePass())
+
+
+def _as_model(model_or_config) -> LRT:
+    if isinstance(model_or_config, ModelConfig):
+        with torch.device("meta"):
+            return LRT(model_or_config)
+    if isinstance(model_or_config, LRT):
+        return model_or_config
+    raise ValueError(f"model={type(model_or_config).__name__} is invalid; allowed: an LRT or a ModelConfig")
+
+
+def _is_embedding(name: str) -> bool:
+    return name.startswith("wte.") or name.startswith("value_embeds.")
+
+
+def count_params(model_or_config) -> dict:
+    """Parameter counts: total, baseline (without the memory pathway), matmul (FLOP-bearing) for
+    both, embedding (lookup tables) and scalar (1-D) parameters."""
+    model = _as_model(model_or_config)
+    out = {"total": 0, "baseline": 0, "matmul": 0, "matmul_baseline": 0, "embedding": 0, "scalar": 0}
+    for name, p in model.named_parameters():
+        n = p.numel()
+        memory = name.startswith("memory.")
+        out["total"] += n
+        out["baseline"] += 0 if memory else n
+        if _is_embedding(name):
+            out["embedding"] += n
+        elif p.ndim >= 2:
+            out["matmul"] += n
+            out["matmul_baseline"] += 0 if memory else n
+        else:
+            out["scalar"] += n
+    return out
+
+
+def attention_flops_per_position(config: ModelConfig, seq_len: int | None = None) -> int:
+    """Forward attention FLOPs of one query position: sum over layers of 4 * n_head * head_dim *
+    min(window, T) (QK^T and AV, each 2 FLOPs per multiply-add; nanochat's convention)."""
+    T = seq_len or config.sequence_len
+    hq = config.n_head * config.head_dim
+    return sum(4 * hq * (T if w is None else min(w, T)) for w in config.window_sizes())
+
+
+def forward_flops_per_position(model_or_config, seq_len: int | None = None, baseline: bool = False) -> int:
+    """Forward FLOPs of one pass over one position: 2 * N_matmul + attention."""
+    model = _as_model(model_or_config)
+    counts = count_params(model)
+    n = counts["matmul_baseline" if baseline else "matmul"]
+    return 2 * n + attention_flops_per_position(model.config, seq_len)
+
+
+def token_forwards(schedule, seq_len: int) -> float:
+    """Positions computed per token by a schedule: sum over its stages of |P|, divided by T."""
+    stages = _schedule(schedule).stages(seq_len)
+    return sum(len(P) for P in stages) / seq_len
+
+
+def train_flops_per_token(model_or_config, schedule=None, seq_len: int | None = None) -> float:
+    """Training FLOPs per token: 3 x forward (backward = 2x) for every stage of the schedule."""
+    model = _as_model(model_or_config)
+    T = seq_len or model.config.sequence_len
+    return 3.0 * forward_flops_per_position(model, T) * token_forwards(schedule, T)
+
+
+def official_flops_per_token(model_or_config, seq_len: int | None = None) -> float:
+    """What nanochat-style accounting reports: one training pass (6 N + 12 h q min(w, T) per
+    layer), whatever the schedule. Kept only to show the undercount."""
+    model = _as_model(model_or_config)
+    return 3.0 * forward_flops_per_position(model, seq_len)
+
+
+def mfu(flops_per_second: float, peak_flops: float = H100_BF16_PEAK_FLOPS, devices: int = 1) -> float:
+    """Model FLOP utilisation: achieved / (peak per device * devices)."""
+    if not peak_flops > 0:
+        raise ValueError(f"peak_flops={peak_flops!r} is invalid; allowed: a number > 0")
+    if not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"devices={devices!r} is invalid; allowed: an integer >= 1")
+    return flops_per_second / (peak_flops * devices)
+
+
+@dataclass
+class Plan:
+    """The accounting of one run (stored in config.json["accounting"])."""
+
+    seq_len: int
+    global_batch_tokens: int
+    steps: int
+    tokens: int                           # steps * global_batch_tokens
+    ratio: float                          # tokens / params_baseline (the R the run really gets)
+    params_total: int
+    params_baseline: int                  # N of "R x N" (embeddings included, memory excluded)
+    params_matmul: int
+    params_matmul_baseline: int
+    token_forwards: float                 # sum_P |P| / T of the schedule
+    forward_flops_per_position: int
+    train_flops_per_token: float          # every stage
+    official_flops_per_token: float       # one pass (the undercount)
+    baseline_train_flops_per_token: float  # same backbone, OnePass
+    flops_per_step: float
+    flops_total: float
+    compute_tokens: float                 # baseline-equivalent tokens
+    compute_ratio: float                  # baseline-equivalent R = compute_tokens / params_baseline
+    undercount: float                     # train_flops_per_token / official_flops_per_token
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def plan(model_or_config, schedule=None, *, ratio: float | None = None, tokens: int | None = None,
+         steps: int | None = None, global_batch_tokens: int = REFERENCE_BATCH_TOKENS,
+         seq_len: int | None = None) -> Plan:
+    """Steps, tokens and FLOPs of a run. Exactly one of `steps`, `tokens`, `ratio` sets the length
+    (steps = ceil(tokens / global batch), tokens = ratio * N_baseline)."""
+    model = _as_model(model_or_config)
+    T = seq_len or model.config.sequence_len
+    given = [k for k, v in (("steps", steps), ("tokens", tokens), ("ratio", ratio)) if v is not None]
+    if len(given) != 1:
+        raise ValueError(f"run length: {'/'.join(given) or 'nothing'} given; allowed: exactly one of steps, tokens, ratio")
+    if not isinstance(global_batch_tokens, int) or global_batch_tokens < 1:
+        raise ValueError(f"global_batch_tokens={global_batch_tokens!r} is invalid; allowed: an integer >= 1")
+    counts = count_params(model)
+    if steps is not None:
+        if not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps={steps!r} is invalid; allowed: an integer >= 1")
+    elif tokens is not None:
+        if not isinstance(tokens, int) or tokens < 1:
+            raise ValueError(f"tokens={tokens!r} is invalid; allowed: an integer >= 1")
+        steps = math.ceil(tokens / global_batch_tokens)
+    else:
+        if not (isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio > 0):
+            raise ValueError(f"ratio={ratio!r} is invalid; allowed: a number > 0")
+        steps = max(1, math.ceil(ratio * counts["baseline"] / global_batch_tokens))
+    n_tokens = steps * global_batch_tokens
+    fwd = forward_flops_per_position(model, T)
+    tf = token_forwards(schedule, T)
+    train = 3.0 * fwd * tf
+    official = 3.0 * fwd
+    base = 3.0 * forward_flops_per_position(model, T, baseline=True)
+    compute_tokens = n_tokens * train / base
+    return Plan(seq_len=T, global_batch_tokens=global_batch_tokens, steps=steps, tokens=n_tokens,
+                ratio=n_tokens / counts["baseline"], params_total=counts["total"],
+                params_baseline=counts["baseline"], params_matmul=counts["matmul"],
+                params_matmul_baseline=counts["matmul_baseline"], token_forwards=tf,
+                forward_flops_per_position=fwd, train_flops_per_token=train, official_flops_per_token=official,
+                baseline_train_flops_per_token=base, flops_per_step=train * global_batch_tokens,
+                flops_total=train * n_tokens, compute_tokens=compute_tokens,
+                compute_ratio=compute_tokens / counts["baseline"], undercount=train / official)
+
+
+def format_plan(p: Plan) -> str:
+    """A few lines for the launcher's log."""
+    return "\n".join([
+        f"params: {p.params_total:,} total, {p.params_baseline:,} baseline (N of R x N), "
+        f"{p.params_matmul:,} in matmuls",
+        f"run: {p.steps:,} steps x {p.global_batch_tokens:,} tokens = {p.tokens:,} tokens (R = {p.ratio:.2f})",
+        f"FLOPs/token: {p.train_flops_per_token:.4e} over {p.token_forwards:g} token-forwards "
+        f"(one-pass count {p.official_flops_per_token:.4e}: x{p.undercount:.3f}); total {p.flops_total:.4e}",
+        f"baseline-equivalent: {p.compute_tokens:,.0f} tokens (R_eq = {p.compute_ratio:.2f})",
+    ])
+
+
+__all__ = ["H100_BF16_PEAK_FLOPS", "REFERENCE_BATCH_TOKENS", "Plan", "attention_flops_per_position",
+           "count_params", "forward_flops_per_position", "format_plan", "mfu", "official_flops_per_token",
+           "plan", "token_forwards", "train_flops_per_token"]

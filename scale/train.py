@@ -1,0 +1,717 @@
+"""Pretraining launcher for the scaling runs: one process per device under torchrun, or one process.
+
+    torchrun --standalone --nproc_per_node=8 -m scale.train --preset d20 --schedule interleaved:2 \\
+        --ratio 10 --data-dir ~/.cache/lrt_lab/fineweb --tokenizer-dir ~/.cache/lrt_lab/tokenizer
+    torchrun --standalone --nproc_per_node=8 -m scale.train --preset d20 --model transformer --ratio 20 ...
+    python -m scale.train --preset d12 --synthetic --steps 300 --compile        # one GPU, no dataset
+    python -m scale.train --preset d20 --schedule interleaved:2 --ratio 10 --dry-run  # accounting only
+
+Distributed: ``torch.distributed`` with the environment torchrun sets (RANK, WORLD_SIZE,
+LOCAL_RANK), nccl on CUDA and gloo otherwise, and DistributedDataParallel. Each optimizer step
+sees a global batch of ``--total-batch-size`` tokens (2^19, the paper's): ``device_batch_size x
+seq_len x world_size`` tokens per micro step, accumulated over ``total / that`` micro steps (DDP
+all-reduces only on the last one).
+
+Muon under DDP: the gradients are all-reduced (averaged) before ``optimizer.step()``, so every rank
+holds the same full gradient and the single-process ``torch.optim.Muon`` computes the same update on
+every rank; the Newton-Schulz work is duplicated rather than sharded as in nanochat's distributed
+Muon (its cost at 20L is not measured yet). FSDP2 (``fully_shard``) is not offered:
+``torch.optim.Muon`` on FSDP2's sharded DTensor parameters runs without error but orthogonalises each
+rank's shard on its own, so the update is wrong (a 2-rank gloo check in torch 2.13 differed from a
+single process by 1.4e-2 after 3 steps, AdamW by 4e-8). A sharded Muon (gather each matrix's
+gradient, orthogonalise, scatter) is future work; until then DDP is the supported path. DDP keeps
+full fp32 parameters, gradients, its gradient buckets and the optimizer state on every GPU: about
+25 GB at 20L and 37 GB at 24L (most parameters are embeddings, with two AdamW moments each), before
+activations (estimated, not measured).
+
+Optimisation (paper app. A "Optimization"; nanochat's recipe): Muon for the 2-D hidden matrices
+(attention, MLP, LRT projections) at lr 0.02; AdamW betas (0.8, 0.95), eps 1e-10, for the token and
+value embeddings (0.3) and LM head (0.004), both scaled by (d/768)^-1/2, and the scalars (0.5; the
+residual coefficients at 0.5 x 0.01; the input-skip coefficients with betas (0.96, 0.95)). Every rate
+is scaled by sqrt(total_batch / 2^19). No warm-up; linear warm-down to zero over the final half
+(``lrt_lab.train.lr_multiplier``); Muon momentum 0.85 -> 0.95 over the first 300 steps; Muon weight
+decay ``--weight-decay`` (0.2, nanochat's) x (12/L)^2, annealed linearly to zero over training.
+Gradient clipping is off by default (nanochat), ``--grad-clip`` turns it on.
+
+Run length and accounting (``scale.flops``): ``--ratio R`` trains on R x N_baseline tokens, N_baseline
+being the backbone's parameter count without the memory pathway, so LRT and baseline at the same R
+see the same tokens; FLOPs count every stage of the schedule; each step logs tokens/s and MFU
+(against ``--peak-flops``, default H100 dense bf16), and baseline-equivalent tokens
+(``compute_tokens``).
+
+Data: ``--data-dir`` (parquet shards in ``scale.data``'s format; the last shard is validation) with
+``--tokenizer-dir`` (``scale.tokenizer.Tokenizer.save``), read by ``scale.loader.DistributedPackingLoader``
+(every rank its own row groups; its state goes into the checkpoint, so a resume continues with the
+exact next batch). ``--synthetic`` needs no dataset: random-token rows whose second half copies the
+first (learnable: induction), a function of (seed, step) only, split over ranks and micro steps by
+row so any world size sees the same global batch; its BPB counts 1 byte per token.
+
+Run store: rank 0 writes ``<out>/<name>/`` through ``lrt_lab.results.Run`` (the dashboard's
+store): config.json (arguments, model config, params, accounting), metrics.jsonl (``kind: train``
+per step: loss, stage_losses, cumulative tokens / compute_tokens / flops, the step's mfu,
+tokens_per_s and step_time_s, time since the start, lr_mult; ``kind: eval``: val_bpb,
+val_bpb_stage_k, seq_bpb, cont_bpb_parallel, core, core_<task>), summary.json, tables/core.csv, and
+checkpoints/step_*.pt (model, optimizers, data-loader state of every rank). ``--resume`` continues
+the newest checkpoint with the same arguments; the resumed run equals an uninterrupted
+one exactly (tested).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+
+from lrt_lab.config import PRESETS
+from lrt_lab.model import LRT
+from lrt_lab.results import Run
+from lrt_lab.schedules import OnePass, parse_schedule
+from lrt_lab.train import lr_multiplier, model_config, parse_value, save_checkpoint
+
+from . import evaluate as ev
+from . import flops as fl
+
+# Arguments that may differ between a run and its --resume (they do not change what is trained).
+RUNTIME_ARGS = ("resume", "stop_after", "threads", "dry_run", "log_every", "compile", "keep_checkpoints")
+SYNTHETIC_KINDS = ("copy", "random")
+
+
+# Distributed setup ------------------------------------------------------------------------------
+@dataclass
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    distributed: bool
+    backend: str | None
+
+    def print0(self, *args, **kwargs):
+        if self.rank == 0:
+            print(*args, **kwargs, flush=True)
+
+
+def setup_distributed(device: str = "auto") -> DistContext:
+    """Join the process group torchrun describes (WORLD_SIZE > 1), or run as one process."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device={device!r} is invalid; allowed: auto, cpu, cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' is invalid; allowed: auto, cpu (CUDA is not available)")
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+        torch.set_float32_matmul_precision("high")
+    else:
+        dev = torch.device("cpu")
+    backend = None
+    if world > 1:
+        backend = "nccl" if use_cuda else "gloo"
+        if not dist.is_initialized():
+            dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30),
+                                    **({"device_id": dev} if use_cuda else {}))
+        rank, world = dist.get_rank(), dist.get_world_size()
+    return DistContext(rank, world, local_rank, dev, world > 1, backend)
+
+
+def teardown_distributed(ctx: DistContext) -> None:
+    if ctx.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _barrier(ctx: DistContext):
+    if ctx.distributed:
+        dist.barrier()
+
+
+def _on_rank0(ctx: DistContext, fn: Callable):
+    """Run fn on rank 0 and hand its result (or its error) to every rank."""
+    box = [None, None]
+    if ctx.rank == 0:
+        try:
+            box[0] = fn()
+        except Exception as e:  # noqa: BLE001 - re-raised on every rank below
+            box[1] = f"{type(e).__name__}: {e}"
+            if not ctx.distributed:
+                raise
+    if ctx.distributed:
+        dist.broadcast_object_list(box, src=0)
+    if box[1] is not None:
+        raise RuntimeError(f"rank 0 failed: {box[1]}")
+    return box[0]
+
+
+def autocast_for(device: torch.device, dtype: str = "auto"):
+    """bf16 autocast on CUDA (the paper's mixed precision) unless --dtype float32; none on CPU by default."""
+    if dtype not in ("auto", "float32", "bfloat16"):
+        raise ValueError(f"dtype={dtype!r} is invalid; allowed: auto, float32, bfloat16")
+    if dtype == "float32" or (dtype == "auto" and device.type != "cuda"):
+        return None
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+# Data -------------------------------------------------------------------------------------------
+class SyntheticData:
+    """Rows of T+1 tokens, a function of (seed, step) only; rank r's micro step m takes rows
+    [(m * world + r) * B, ... + B) of the step's global batch, so the global batch does not depend on
+    how it is split. "copy": the second half of each row repeats the first (learnable); "random":
+    i.i.d. uniform tokens."""
+
+    def __init__(self, vocab_size: int, seq_len: int, batch_size: int, rank: int, world_size: int,
+                 seed: int = 0, kind: str = "copy", device="cpu", split: str = "train"):
+        if kind not in SYNTHETIC_KINDS:
+            raise ValueError(f"synthetic={kind!r} is invalid; allowed: {', '.join(SYNTHETIC_KINDS)}")
+        self.V, self.T, self.B = vocab_size, seq_len, batch_size
+        self.rank, self.world = rank, world_size
+        self.seed, self.kind, self.device = seed, kind, torch.device(device)
+        self.offset = 0 if split == "train" else 1 << 40  # validation rows never overlap training rows
+
+    def rows(self, index: int, first_row: int, n_rows: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.offset + index)
+        n = first_row + n_rows
+        if self.kind == "random":
+            rows = torch.randint(self.V, (n, self.T + 1), generator=g)
+        else:
+            half = torch.randint(self.V, (n, (self.T + 2) // 2), generator=g)
+            rows = torch.cat([half, half], dim=1)[:, :self.T + 1]
+        return rows[first_row:]
+
+    def batch(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        first = (micro * self.world + self.rank) * self.B
+        rows = self.rows(step, first, self.B).to(self.device)
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+    def state_dict(self):
+        return None  # stateless: batches are a function of the step
+
+    def load_state_dict(self, state):
+        pass
+
+
+class LoaderData:
+    """scale.loader.DistributedPackingLoader behind the same interface (its state resumes exactly)."""
+
+    def __init__(self, data_dir, tokenizer, batch_size: int, seq_len: int, ctx: DistContext, state=None):
+        from .loader import DistributedPackingLoader
+        self.loader = DistributedPackingLoader(data_dir, tokenizer, batch_size, seq_len, rank=ctx.rank,
+                                               world_size=ctx.world_size, split="train", device=ctx.device,
+                                               state=state)
+
+    def batch(self, step: int, micro: int):
+        return next(self.loader)
+
+    def state_dict(self):
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state):
+        self.loader.load_state_dict(state)
+
+
+def load_tokenizer(tokenizer_dir):
+    from .tokenizer import Tokenizer
+    return Tokenizer.load(Path(tokenizer_dir).expanduser())
+
+
+def make_batches(data_dir, tokenizer_dir, vocab_size: int, batch_size: int, seq_len: int, ctx: DistContext,
+                 seed: int = 0, synthetic: str | None = None):
+    """(val_batches(n) -> iterator of n (inputs, targets) batches on this rank, token_bytes, tokenizer).
+
+    Every call of val_batches starts the validation split from its beginning, so each evaluation
+    sees the same tokens. Synthetic data has no tokenizer and counts 1 byte per token."""
+    if synthetic:
+        val = SyntheticData(vocab_size, seq_len, batch_size, ctx.rank, ctx.world_size, seed, synthetic,
+                            ctx.device, split="val")
+
+        def synthetic_batches(n: int) -> Iterator:
+            return (val.batch(i, 0) for i in range(n))
+        return synthetic_batches, torch.ones(vocab_size, dtype=torch.long), None
+    if not data_dir or not tokenizer_dir:
+        raise ValueError("data: give --data-dir and --tokenizer-dir, or --synthetic")
+    from .loader import DistributedPackingLoader
+    tokenizer = load_tokenizer(tokenizer_dir)
+
+    def loader_batches(n: int) -> Iterator:
+        loader = DistributedPackingLoader(data_dir, tokenizer, batch_size, seq_len, rank=ctx.rank,
+                                          world_size=ctx.world_size, split="val", device=ctx.device)
+        return (next(loader) for _ in range(n))
+    return loader_batches, tokenizer.token_bytes(), tokenizer
+
+
+# Optimisation -----------------------------------------------------------------------------------
+def make_optimizers(model: LRT, args) -> list[torch.optim.Optimizer]:
+    """Muon + AdamW with the paper's rates and scalings (see the module docstring)."""
+    groups = model.param_groups()
+    width = (model.config.n_embd / 768) ** -0.5
+    batch = math.sqrt(args.total_batch_size / fl.REFERENCE_BATCH_TOKENS)
+    resid = {id(model.resid_lambdas)} if model.resid_lambdas is not None else set()
+    x0 = {id(model.x0_lambdas)} if model.x0_lambdas is not None else set()
+    scalars = [p for p in groups["scalar"] if id(p) not in resid | x0]
+    adam = [
+        {"params": groups["embedding"], "lr": args.embedding_lr * width * batch, "name": "embedding"},
+        {"params": groups["head"], "lr": args.head_lr * width * batch, "name": "head"},
+        {"params": scalars, "lr": args.scalar_lr * batch, "name": "scalar"},
+        {"params": [p for p in groups["scalar"] if id(p) in resid], "lr": args.scalar_lr * 0.01 * batch,
+         "name": "resid_lambdas"},
+        {"params": [p for p in groups["scalar"] if id(p) in x0], "lr": args.scalar_lr * batch,
+         "betas": (0.96, 0.95), "name": "x0_lambdas"},
+    ]
+    opts = []
+    if groups["matrix"]:
+        opts.append(torch.optim.Muon(groups["matrix"], lr=args.matrix_lr * batch, momentum=0.95,
+                                     weight_decay=weight_decay_at(0, args)))
+    opts.append(torch.optim.AdamW([g for g in adam if g["params"]], betas=(0.8, 0.95), eps=1e-10, weight_decay=0.0))
+    for opt in opts:
+        for g in opt.param_groups:
+            g["initial_lr"] = g["lr"]
+    return opts
+
+
+def weight_decay_at(step: int, args) -> float:
+    """Muon weight decay: --weight-decay x (12/L)^2, linearly annealed to zero over training."""
+    n_layer = args.n_layer
+    return args.weight_decay * (12 / n_layer) ** 2 * max(0.0, 1 - step / args.total_steps)
+
+
+def set_schedules(opts, step: int, args) -> float:
+    mult = lr_multiplier(step, args.total_steps, args.warmdown_frac)
+    for opt in opts:
+        for g in opt.param_groups:
+            g["lr"] = g["initial_lr"] * mult
+        if isinstance(opt, torch.optim.Muon):
+            frac = min(step / args.momentum_warmup_steps, 1.0) if args.momentum_warmup_steps else 1.0
+            for g in opt.param_groups:
+                g["momentum"] = 0.85 + 0.10 * frac
+                g["weight_decay"] = weight_decay_at(step, args)
+    return mult
+
+
+# Arguments --------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m scale.train", description="LRT / baseline pretraining (torchrun-ready)",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    m = ap.add_argument_group("model")
+    m.add_argument("--preset", default="d20", choices=sorted(PRESETS), help="backbone shape")
+    m.add_argument("--model", default="lrt", choices=("lrt", "transformer"), help="lrt or the plain baseline")
+    m.add_argument("--schedule", default=None,
+                   help="training schedule: onepass, interleaved:S, fullseq:K[:w..], chunked:C, exact "
+                        "(default: interleaved:2 for lrt, onepass for transformer)")
+    m.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="ModelConfig field or memory.<field>, e.g. memory.projections=layerwise (repeatable)")
+    m.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the preset's)")
+    m.add_argument("--vocab-size", type=int, default=None, help="default: the tokenizer's (or the preset's with --synthetic)")
+    r = ap.add_argument_group("run length (exactly one)")
+    r.add_argument("--ratio", type=float, default=None, help="tokens per baseline parameter R: R x N_baseline tokens")
+    r.add_argument("--tokens", type=int, default=None, help="training tokens")
+    r.add_argument("--steps", type=int, default=None, help="optimizer steps")
+    b = ap.add_argument_group("batch")
+    b.add_argument("--total-batch-size", type=int, default=fl.REFERENCE_BATCH_TOKENS, help="tokens per optimizer step (global)")
+    b.add_argument("--device-batch-size", type=int, default=32, help="rows per device per micro step")
+    d = ap.add_argument_group("data")
+    d.add_argument("--data-dir", default=None, help="parquet shards (scale.data format; the last one is validation)")
+    d.add_argument("--tokenizer-dir", default=None, help="a saved scale.tokenizer.Tokenizer")
+    d.add_argument("--synthetic", nargs="?", const="copy", default=None, choices=SYNTHETIC_KINDS,
+                   help="synthetic rows instead of a dataset (copy: second half repeats the first)")
+    o = ap.add_argument_group("optimisation (paper app. A; rates at d=768, batch 2^19)")
+    o.add_argument("--matrix-lr", type=float, default=0.02, help="Muon")
+    o.add_argument("--embedding-lr", type=float, default=0.3, help="AdamW, token and value embeddings, x (d/768)^-1/2")
+    o.add_argument("--head-lr", type=float, default=0.004, help="AdamW, LM head, x (d/768)^-1/2")
+    o.add_argument("--scalar-lr", type=float, default=0.5, help="AdamW, scalars and gates (residual scalars x 0.01)")
+    o.add_argument("--weight-decay", type=float, default=0.2, help="Muon, x (12/L)^2, annealed to 0")
+    o.add_argument("--warmdown-frac", type=float, default=0.5, help="linear warm-down to 0 over this final fraction")
+    o.add_argument("--momentum-warmup-steps", type=int, default=300, help="Muon momentum 0.85 -> 0.95 over these steps")
+    o.add_argument("--grad-clip", type=float, default=0.0, help="max grad norm (0: off)")
+    x = ap.add_argument_group("execution")
+    x.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    x.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="auto: bf16 autocast on CUDA, float32 on CPU")
+    x.add_argument("--compile", action="store_true", help="torch.compile the stage primitive")
+    x.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    x.add_argument("--seed", type=int, default=0)
+    x.add_argument("--peak-flops", type=float, default=fl.H100_BF16_PEAK_FLOPS, help="per-device peak for MFU")
+    e = ap.add_argument_group("evaluation")
+    e.add_argument("--eval-every", type=int, default=250, help="validation BPB every N steps (0: only at the end)")
+    e.add_argument("--eval-tokens", type=int, default=10 * 2 ** 19, help="validation tokens per evaluation (global)")
+    e.add_argument("--seq-eval-rows", type=int, default=0, help="rows for sequential BPB at the end (0: skip)")
+    e.add_argument("--seq-prompt", type=int, default=0, help="prefilled prompt tokens for sequential BPB (paper: 1024)")
+    e.add_argument("--seq-prefill", default="onepass", help="prefill strategy for --seq-prompt")
+    e.add_argument("--core-bundle", default=None, help="CORE eval bundle directory (evaluated at the end)")
+    e.add_argument("--core-every", type=int, default=0, help="also evaluate CORE every N steps (0: only at the end)")
+    e.add_argument("--core-max-per-task", type=int, default=500, help="items per CORE task (-1: all)")
+    s = ap.add_argument_group("run store")
+    s.add_argument("--out", default="runs", help="run store root")
+    s.add_argument("--name", default=None, help="run folder name (default from preset, model, schedule, R, seed)")
+    s.add_argument("--checkpoint-every", type=int, default=1000, help="0: only at the end")
+    s.add_argument("--keep-checkpoints", type=int, default=2)
+    s.add_argument("--resume", action="store_true", help="continue <out>/<name> from its newest checkpoint")
+    s.add_argument("--stop-after", type=int, default=None, help="stop (resumable, no summary) after N steps of this process")
+    s.add_argument("--log-every", type=int, default=10, help="print every N steps (every step is logged to the store)")
+    s.add_argument("--dry-run", action="store_true", help="print the accounting and exit")
+    return ap
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    if args.schedule is None:
+        args.schedule = "interleaved:2" if args.model == "lrt" else "onepass"
+    args.schedule = parse_schedule(args.schedule).spec
+    if args.model == "transformer" and args.schedule != "onepass":
+        raise ValueError(f"schedule={args.schedule!r} is invalid for --model transformer (it has no memory); allowed: onepass")
+    parse_schedule(args.seq_prefill)
+    overrides = {}
+    for item in args.overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {item!r} is invalid; allowed: KEY=VALUE")
+        overrides[key.strip()] = parse_value(value.strip())
+    args.overrides = overrides
+    for name in ("total_batch_size", "device_batch_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: an integer >= 1")
+    for name in ("eval_every", "core_every", "checkpoint_every", "seq_eval_rows", "seq_prompt", "momentum_warmup_steps"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: an integer >= 0")
+    if not 0 <= args.warmdown_frac <= 1:
+        raise ValueError(f"--warmdown-frac={args.warmdown_frac} is invalid; allowed: a number in [0, 1]")
+    if args.keep_checkpoints < 1:
+        raise ValueError(f"--keep-checkpoints={args.keep_checkpoints} is invalid; allowed: an integer >= 1")
+    if args.stop_after is not None and args.stop_after < 1:
+        raise ValueError(f"--stop-after={args.stop_after} is invalid; allowed: an integer >= 1")
+    if sum(v is not None for v in (args.ratio, args.tokens, args.steps)) != 1:
+        raise ValueError("run length: give exactly one of --ratio, --tokens, --steps")
+    if not args.synthetic and not args.dry_run and not (args.data_dir and args.tokenizer_dir):
+        raise ValueError("data: give --data-dir and --tokenizer-dir, or --synthetic")
+    if args.synthetic and args.core_bundle:
+        raise ValueError("--core-bundle needs a tokenizer: use --data-dir and --tokenizer-dir, not --synthetic")
+    return args
+
+
+def run_name(args) -> str:
+    if args.name:
+        return args.name
+    length = (f"R{args.ratio:g}" if args.ratio is not None else
+              f"tok{args.tokens}" if args.tokens is not None else f"steps{args.steps}")
+    sched = "" if args.model == "transformer" else f"-{args.schedule}"
+    return f"{args.preset}-{args.model}{sched}-{length}-s{args.seed}".replace(":", "_")
+
+
+def build_config(args, vocab_size: int):
+    seq_len = args.seq_len or PRESETS[args.preset]["sequence_len"]
+    spec = SimpleNamespace(model=args.model, overrides=args.overrides, preset=args.preset, length=seq_len)
+    return model_config(spec, vocab_size)
+
+
+def stored_args(args) -> dict:
+    """The arguments a resume must repeat (config.json["train"])."""
+    d = {k: v for k, v in vars(args).items() if k not in RUNTIME_ARGS}
+    d["task"] = "fineweb" if not args.synthetic else f"synthetic_{args.synthetic}"
+    d["length"] = args.seq_len
+    return json.loads(json.dumps(d))
+
+
+# Training ---------------------------------------------------------------------------------------
+def _grad_accum(args, seq_len: int, world: int) -> int:
+    per_micro = args.device_batch_size * seq_len * world
+    if args.total_batch_size % per_micro:
+        raise ValueError(f"--total-batch-size={args.total_batch_size} is invalid: it must be a multiple of "
+                         f"device_batch_size x seq_len x world_size = {args.device_batch_size} x {seq_len} x {world} "
+                         f"= {per_micro}")
+    return args.total_batch_size // per_micro
+
+
+@contextlib.contextmanager
+def eager(model):
+    """Run the uncompiled stage inside: decoding (one position per call, a new `range` each time)
+    and CORE (a new length per item) would recompile a compiled stage over and over."""
+    compiled = model.__dict__.pop("stage", None)
+    try:
+        yield model
+    finally:
+        if compiled is not None:
+            model.stage = compiled
+
+
+def _evaluate(model, args, ctx, schedule, val_batches, token_bytes, tokenizer, autocast, seq_len, core: bool) -> dict:
+    rec = {}
+    n = max(1, args.eval_tokens // (args.device_batch_size * seq_len * ctx.world_size))
+    res = ev.parallel_bpb(model, val_batches(n), token_bytes, schedule, autocast)
+    rec["val_bpb"] = res["bpb"]
+    rec.update({f"val_bpb_stage_{k}": v for k, v in enumerate(res["stages"])})
+    if core and args.core_bundle and tokenizer is not None:
+        with eager(model):
+            out = ev.evaluate_core(ev.model_forward(model, schedule, autocast), tokenizer, args.core_bundle,
+                                   ctx.device, args.core_max_per_task, log=ctx.print0)
+        rec["core"] = out["core"]
+        rec.update({f"core_{k}": v for k, v in out["centered"].items()})
+        rec["_core_table"] = out
+    return rec
+
+
+def _sequential_eval(model, args, ctx, val_batches, token_bytes, autocast, schedule) -> dict:
+    n = max(1, math.ceil(args.seq_eval_rows / (args.device_batch_size * ctx.world_size)))
+    with eager(model):
+        res = ev.sequential_bpb(model, val_batches(n), token_bytes, args.seq_prompt, args.seq_prefill, autocast)
+    rec = {"seq_bpb": res["bpb"]}
+    if args.seq_prompt:
+        par = ev.parallel_bpb(model, val_batches(n), token_bytes, schedule, autocast, min_position=args.seq_prompt - 1)
+        rec["cont_bpb_parallel"] = par["bpb"]
+    return rec
+
+
+def train(args: argparse.Namespace) -> Path | None:
+    """Train (or resume) one run; returns the run folder (None for --dry-run)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ctx = setup_distributed(args.device)
+    try:
+        return _train(args, ctx)
+    finally:
+        teardown_distributed(ctx)
+
+
+def _train(args, ctx: DistContext) -> Path | None:
+    schedule = parse_schedule(args.schedule)
+    tokenizer = None
+    if args.synthetic or args.dry_run:
+        vocab = args.vocab_size or PRESETS[args.preset]["vocab_size"]
+    else:
+        tokenizer = load_tokenizer(args.tokenizer_dir)
+        vocab = args.vocab_size or tokenizer.vocab_size
+        if vocab < tokenizer.vocab_size:
+            raise ValueError(f"--vocab-size={vocab} is invalid; allowed: >= the tokenizer's {tokenizer.vocab_size}")
+    config = build_config(args, vocab)
+    seq_len = config.sequence_len
+    args.seq_len = seq_len
+    args.n_layer = config.n_layer
+    if args.seq_eval_rows and args.seq_prompt >= seq_len:
+        raise ValueError(f"--seq-prompt={args.seq_prompt} is invalid; allowed: 0 <= seq_prompt < seq_len={seq_len}")
+    accum = _grad_accum(args, seq_len, ctx.world_size)
+    plan = fl.plan(config, schedule, ratio=args.ratio, tokens=args.tokens, steps=args.steps,
+                   global_batch_tokens=args.total_batch_size, seq_len=seq_len)
+    args.total_steps = plan.steps
+    ctx.print0(f"world {ctx.world_size} ({ctx.backend or 'single process'}) on {ctx.device}; micro batch "
+               f"{args.device_batch_size} x {seq_len} per rank, {accum} accumulation steps -> "
+               f"{args.total_batch_size:,} tokens per step")
+    ctx.print0(fl.format_plan(plan))
+    if args.dry_run:
+        return None
+
+    name = run_name(args)
+    root = Path(args.out)
+    train_args = stored_args(args)
+    with torch.device("meta"):
+        meta_model = LRT(config)
+    run_config = {"train": train_args, "model": config.to_dict(), "params": meta_model.param_report(),
+                  "kind": args.model, "schedule": schedule.spec, "schedule_cost": schedule.cost,
+                  "forwards_per_token": 1, "task": train_args["task"], "world_size": ctx.world_size,
+                  "grad_accum": accum, "accounting": plan.to_dict(), "torch": torch.__version__}
+    del meta_model
+
+    def open_run():
+        if args.resume:
+            run = Run(root / name)
+            if not (run.path / "config.json").exists():
+                raise ValueError(f"--resume: no run folder at {run.path}")
+            if run.config["train"] != train_args:
+                diff = sorted(k for k in set(run.config["train"]) | set(train_args)
+                              if run.config["train"].get(k) != train_args.get(k))
+                raise ValueError(f"--resume: arguments differ from {run.path}/config.json in {diff}; resume with the same ones")
+            ckpt = run.latest_checkpoint()
+            return str(run.path), (str(ckpt) if ckpt else None), run.is_complete
+        run = Run.create(root, name, run_config)
+        return str(run.path), None, False
+
+    run_path, ckpt_path, complete = _on_rank0(ctx, open_run)
+    run = Run(run_path)
+    if complete:
+        ctx.print0(f"{run.path} is already complete")
+        return run.path
+
+    torch.manual_seed(args.seed)
+    with torch.device(ctx.device):
+        model = LRT(config)
+    opts = make_optimizers(model, args)
+    if args.synthetic:
+        data = SyntheticData(vocab, seq_len, args.device_batch_size, ctx.rank, ctx.world_size, args.seed,
+                             args.synthetic, ctx.device)
+    else:
+        data = LoaderData(args.data_dir, tokenizer, args.device_batch_size, seq_len, ctx)
+    counters = {"tokens": 0, "compute_tokens": 0.0, "flops": 0.0}
+    start, elapsed = 0, 0.0
+    if ckpt_path is not None:
+        state = torch.load(ckpt_path, map_location=ctx.device, weights_only=False)
+        model.load_state_dict(state["model"])
+        for opt, s in zip(opts, state["optimizers"]):
+            opt.load_state_dict(s)
+        start, elapsed = state["step"], state["elapsed"]
+        counters = dict(state["counters"])
+        data_states = counters.pop("data", None)
+        saved_world = counters.pop("world_size", ctx.world_size)
+        if data_states is not None and any(s is not None for s in data_states):
+            if saved_world != ctx.world_size:
+                raise ValueError(f"--resume: the checkpoint was written by {saved_world} ranks, this run has "
+                                 f"{ctx.world_size}; the data loader can only resume with the same world size")
+            data.load_state_dict(data_states[ctx.rank])
+        ctx.print0(f"resumed {run.path} at step {start} from {ckpt_path}")
+    if ctx.rank == 0 and args.resume:
+        run.truncate_metrics(start)  # steps after the checkpoint are redone and logged again
+
+    val_batches, token_bytes, _ = make_batches(args.data_dir, args.tokenizer_dir, vocab, args.device_batch_size,
+                                               seq_len, ctx, args.seed, args.synthetic)
+    autocast = autocast_for(ctx.device, args.dtype)
+    raw_model = model
+    if args.compile:
+        model.stage = torch.compile(model.stage, dynamic=False)
+    ddp = None
+    if ctx.distributed:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        # OnePass on an LRT never reads memory, so the memory pathway gets no gradient
+        unused = config.is_lrt and isinstance(schedule, OnePass)
+        ddp = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+                  find_unused_parameters=unused)
+    net = ddp or model
+
+    def checkpoint(step):
+        states = [data.state_dict()]
+        if ctx.distributed:
+            states = [None] * ctx.world_size
+            dist.all_gather_object(states, data.state_dict())
+        if ctx.rank == 0:
+            save_checkpoint(run, step, raw_model, opts, torch.Generator(), time.perf_counter() - t0,
+                            {**counters, "data": states, "world_size": ctx.world_size}, keep=args.keep_checkpoints)
+        _barrier(ctx)
+
+    flops_per_step = plan.flops_per_step
+    compute_per_step = args.total_batch_size * plan.train_flops_per_token / plan.baseline_train_flops_per_token
+    step_times, last_eval = [], {}
+    step = start
+    stop = plan.steps if args.stop_after is None else min(plan.steps, start + args.stop_after)
+    cuda = ctx.device.type == "cuda"
+    t0 = time.perf_counter() - elapsed
+    model.train()
+    while step < stop:
+        mult = set_schedules(opts, step, args)
+        if cuda:
+            torch.cuda.synchronize()
+        t_step = time.perf_counter()
+        loss_sum = None
+        for micro in range(accum):
+            x, y = data.batch(step, micro)
+            sync = contextlib.nullcontext() if ddp is None or micro == accum - 1 else ddp.no_sync()
+            with sync:
+                with autocast or contextlib.nullcontext():
+                    out = net(x, y, schedule)
+                (out.loss / accum).backward()
+            losses = torch.stack([out.loss.detach().float()] + [l.detach().float() for l in out.stage_losses])
+            loss_sum = losses if loss_sum is None else loss_sum + losses
+        if args.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), args.grad_clip)
+        for opt in opts:
+            opt.step()
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        loss_vec = loss_sum / accum
+        if ctx.distributed:
+            dist.all_reduce(loss_vec)
+            loss_vec /= ctx.world_size
+        loss_vals = loss_vec.tolist()  # synchronises the device
+        if cuda:
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t_step
+        step += 1
+        step_times.append(dt)
+        counters["tokens"] += args.total_batch_size
+        counters["flops"] += flops_per_step
+        counters["compute_tokens"] += compute_per_step
+        record = {"kind": "train", "step": step, "loss": loss_vals[0], "stage_losses": loss_vals[1:],
+                  "tokens": counters["tokens"], "compute_tokens": counters["compute_tokens"],
+                  "flops": counters["flops"], "tokens_per_s": args.total_batch_size / dt,
+                  "mfu": fl.mfu(flops_per_step / dt, args.peak_flops, ctx.world_size), "step_time_s": dt,
+                  "time": time.perf_counter() - t0, "lr_mult": mult}
+        if not math.isfinite(record["loss"]):
+            if ctx.rank == 0:
+                run.log(record)
+            raise FloatingPointError(f"loss became {record['loss']} at step {step}")
+        if ctx.rank == 0:
+            run.log(record)
+            if step == 1 or step % args.log_every == 0 or step == stop:
+                ctx.print0(f"step {step:6d}/{plan.steps} | loss {record['loss']:.4f} | lr x{mult:.3f} | "
+                           f"{dt * 1000:8.1f} ms | {record['tokens_per_s']:,.0f} tok/s | mfu {record['mfu'] * 100:.2f}%")
+        final = step == plan.steps
+        do_eval = final or (args.eval_every and step % args.eval_every == 0)
+        do_core = final or (args.core_every and step % args.core_every == 0)
+        if do_eval or do_core:
+            rec = _evaluate(raw_model, args, ctx, schedule, val_batches, token_bytes, tokenizer, autocast, seq_len,
+                            core=do_core)
+            if final and args.seq_eval_rows:
+                rec.update(_sequential_eval(raw_model, args, ctx, val_batches, token_bytes, autocast, schedule))
+            core_table = rec.pop("_core_table", None)
+            last_eval = rec
+            if ctx.rank == 0:
+                run.log({"kind": "eval", "step": step, "tokens": counters["tokens"],
+                         "compute_tokens": counters["compute_tokens"], "flops": counters["flops"],
+                         "time": time.perf_counter() - t0, **rec})
+                ctx.print0("eval step {}: {}".format(step, ", ".join(f"{k} {v:.4f}" for k, v in rec.items())))
+                if core_table is not None:
+                    run.write_table("core", pd.DataFrame([
+                        {"task": k, "accuracy": core_table["accuracy"][k], "centered": core_table["centered"][k]}
+                        for k in core_table["accuracy"]]))
+        if (args.checkpoint_every and step % args.checkpoint_every == 0) or step == stop:
+            checkpoint(step)
+    if step < plan.steps:
+        ctx.print0(f"stopped at step {step} of {plan.steps}; continue with --resume")
+        return run.path
+    if start == plan.steps:  # resumed after the last step (killed before the summary): evaluate now
+        last_eval = _evaluate(raw_model, args, ctx, schedule, val_batches, token_bytes, tokenizer, autocast,
+                              seq_len, core=True)
+        last_eval.pop("_core_table", None)
+        if args.seq_eval_rows:
+            last_eval.update(_sequential_eval(raw_model, args, ctx, val_batches, token_bytes, autocast, schedule))
+    if ctx.rank == 0:
+        records = [r for r in run.metrics_records() if r.get("kind") == "train"]
+        tail = [r["loss"] for r in records[-max(1, len(records) // 20):]]
+        times = [r["step_time_s"] for r in records]
+        steady = times[min(10, len(times) // 4):] or times  # leave out compile / warm-up steps
+        mean_dt = sum(steady) / len(steady)
+        run.write_summary({
+            "status": "complete", "steps": plan.steps, "final_loss": sum(tail) / len(tail),
+            "wall_time_s": time.perf_counter() - t0, "tokens": counters["tokens"],
+            "compute_tokens": counters["compute_tokens"], "flops": counters["flops"],
+            "ratio": plan.ratio, "compute_ratio": plan.compute_ratio, "schedule_cost": schedule.cost,
+            "forwards_per_token": 1, "step_time_s": mean_dt, "step_time_median_s": statistics.median(steady),
+            "tokens_per_s": args.total_batch_size / mean_dt,
+            "mfu": fl.mfu(flops_per_step / mean_dt, args.peak_flops, ctx.world_size),
+            "world_size": ctx.world_size, "device": str(torch.cuda.get_device_name(ctx.device)) if cuda else "cpu",
+            "eval": last_eval})
+        ctx.print0(f"done: {run.path} (summary.json; final val_bpb {last_eval.get('val_bpb', float('nan')):.4f})")
+    _barrier(ctx)
+    return run.path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    train(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,309 @@
+"""scale.train and scale.flops on CPU: FLOP accounting against a hand count and torch's FLOP counter,
+2-process gloo DDP against one process, exact checkpoint/resume, real shards + tokenizer end to end.
+
+Tiny models only (preset "tiny", T = 16 or 32), one thread per process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from lrt_lab import LRT, MemoryConfig, preset
+from lrt_lab.results import Run, load_runs
+from lrt_lab.schedules import parse_schedule, run_schedule
+from scale import flops as fl
+from scale import train as st
+
+torch.set_num_threads(1)
+REPO = Path(__file__).resolve().parents[1]
+
+
+# FLOP accounting ------------------------------------------------------------------------------------
+def test_flops_hand_count_tiny():
+    """preset tiny: L=2, d=32, 4 heads of 8, 2 KV heads (kv width 16), vocab 64, T=16, windows (4, full)."""
+    d, kv, V, L, T = 32, 16, 64, 2, 16
+    per_layer = (d * d + kv * d + kv * d + d * d  # c_q, c_k, c_v, c_proj
+                 + 2 * 32                          # value-embedding gate: 32 input channels -> 2 KV heads
+                 + 4 * d * d + 4 * d * d)          # MLP c_fc, c_proj
+    base = L * per_layer + V * d                   # + LM head (embeddings are lookups)
+    assert per_layer == 11328 and base == 24704
+    rec = kv * d + kv * d                          # shared W_k,rec, W_v,rec
+    gates = L * (2 * 2 * d)                        # per layer: 2 gates per KV head
+    lrt = base + rec + gates
+    assert lrt == 25984
+    attn = 4 * (4 * 8) * 4 + 4 * (4 * 8) * 16      # 4 h q min(w, T): window 4, then full T
+    assert attn == 2560
+
+    cfg = preset("tiny", memory=MemoryConfig())
+    counts = fl.count_params(cfg)
+    assert counts["matmul_baseline"] == base and counts["matmul"] == lrt
+    assert counts["embedding"] == V * d + L * V * kv  # wte + value embeddings
+    assert counts["baseline"] == LRT(preset("tiny")).param_report()["total"]
+    assert fl.attention_flops_per_position(cfg) == attn
+    assert fl.forward_flops_per_position(cfg) == 2 * lrt + attn == 54528
+    expected = {"onepass": 1, "interleaved:2": 2, "interleaved:4": 2, "fullseq:3": 4, "chunked:4": 1, "exact": 1}
+    for spec, forwards in expected.items():
+        assert fl.token_forwards(spec, T) == forwards
+        assert fl.train_flops_per_token(cfg, spec) == 3 * (2 * lrt + attn) * forwards
+    assert fl.train_flops_per_token(cfg, "interleaved:2") == 327168
+    assert fl.official_flops_per_token(cfg) == 163584  # the one-pass count: half of the real cost
+
+    layerwise = fl.count_params(preset("tiny", memory=MemoryConfig(projections="layerwise")))
+    assert layerwise["matmul"] == base + L * rec + gates
+
+
+def test_plan_counts_tokens_from_the_baseline():
+    cfg_lrt, cfg_base = preset("tiny", memory=MemoryConfig()), preset("tiny")
+    n = fl.count_params(cfg_base)["total"]
+    p_lrt = fl.plan(cfg_lrt, "interleaved:2", ratio=10, global_batch_tokens=256)
+    p_base = fl.plan(cfg_base, "onepass", ratio=10, global_batch_tokens=256)
+    assert p_lrt.params_baseline == p_base.params_baseline == n
+    assert p_lrt.steps == p_base.steps == math.ceil(10 * n / 256)
+    assert p_lrt.tokens == p_base.tokens == p_lrt.steps * 256
+    assert p_base.compute_ratio == pytest.approx(p_base.ratio)
+    # LRT at R costs about a baseline at 2R (exactly 2R x its forward / the baseline's forward)
+    assert p_lrt.compute_ratio == pytest.approx(2 * p_lrt.ratio * 54528 / (2 * 24704 + 2560))
+    assert p_lrt.undercount == 2
+    assert fl.plan(cfg_lrt, "exact", steps=7, global_batch_tokens=256).tokens == 7 * 256
+    assert fl.plan(cfg_lrt, tokens=1000, global_batch_tokens=256).steps == 4
+    with pytest.raises(ValueError, match="exactly one"):
+        fl.plan(cfg_lrt, ratio=1, steps=2)
+    with pytest.raises(ValueError, match="ratio"):
+        fl.plan(cfg_lrt, ratio=-1)
+    assert fl.mfu(989e12 * 4, devices=8) == pytest.approx(0.5)
+
+
+def test_paper_scale_accounting():
+    """A 20L backbone is the paper's "1.3B"; LRT-shared adds 0.3%; meta device, no memory used."""
+    base = fl.plan(preset("d20"), "onepass", ratio=20)
+    lrt = fl.plan(preset("d20", memory=MemoryConfig()), "interleaved:2", ratio=10)
+    assert base.params_baseline == lrt.params_baseline == 1_315_969_320
+    assert lrt.params_total / lrt.params_baseline == pytest.approx(1.003, abs=5e-4)
+    assert base.steps == math.ceil(20 * 1_315_969_320 / 2 ** 19) and lrt.tokens * 2 == pytest.approx(base.tokens, rel=1e-4)
+    assert lrt.compute_ratio == pytest.approx(20, rel=0.01)  # LRT at R=10 ~ baseline at 20
+
+
+@pytest.mark.parametrize("mem,spec", [(None, "onepass"), ("shared", "interleaved:2"), ("layerwise", "fullseq:2"),
+                                      ("shared", "chunked:4")])
+def test_matmul_flops_match_torch_flop_counter(mem, spec):
+    """torch's FlopCounterMode sees every stage's linear layers: 2 N_matmul per position per stage,
+    minus the recurrent projections that a zero-memory init stage skips; backward = 2 x forward."""
+    memory = None if mem is None else MemoryConfig(projections=mem)
+    model = LRT(preset("tiny", memory=memory))
+    B, T = 3, 16
+    idx = torch.randint(0, 64, (B, T))
+    schedule = parse_schedule(spec)
+    with FlopCounterMode(display=False) as fwd:
+        out = run_schedule(model, idx, idx, schedule)
+    with FlopCounterMode(display=False) as bwd:
+        out.loss.backward()
+    counts = fl.count_params(model)
+    rec = sum(p.numel() for n, p in model.named_parameters() if ".k_rec." in n or ".v_rec." in n)
+    skipped = rec * len(schedule.stages(T)[0])  # the first stage reads no memory: its W_rec m is skipped
+    expected = 2 * B * (counts["matmul"] * fl.token_forwards(schedule, T) * T - skipped)
+    measured = sum(v for k, v in fwd.get_flop_counts()["Global"].items() if "mm" in str(k))
+    assert measured == expected
+    assert sum(bwd.get_flop_counts()["Global"].values()) == 2 * measured
+
+
+# The launcher ---------------------------------------------------------------------------------------
+def tiny_args(out, *extra) -> list[str]:
+    return ["--preset", "tiny", "--out", str(out), "--threads", "1", "--log-every", "1000",
+            "--eval-every", "0", *extra]
+
+
+def synthetic_args(tmp_path, name, *extra) -> list[str]:
+    return tiny_args(tmp_path, "--synthetic", "--vocab-size", "64", "--steps", "3", "--total-batch-size", "128",
+                     "--device-batch-size", "2", "--eval-tokens", "64", "--name", name, *extra)
+
+
+def final_state(run_dir) -> dict:
+    ckpt = Run(run_dir).latest_checkpoint()
+    return torch.load(ckpt, weights_only=False)
+
+
+def train_losses(run_dir) -> list[float]:
+    return [r["loss"] for r in Run(run_dir).metrics_records() if r["kind"] == "train"]
+
+
+def test_cli_validation(tmp_path):
+    with pytest.raises(ValueError, match="exactly one of --ratio"):
+        st.parse_args(["--synthetic"])
+    with pytest.raises(ValueError, match="invalid for --model transformer"):
+        st.parse_args(["--synthetic", "--steps", "1", "--model", "transformer", "--schedule", "interleaved:2"])
+    with pytest.raises(ValueError, match="--data-dir and --tokenizer-dir"):
+        st.parse_args(["--steps", "1"])
+    with pytest.raises(ValueError, match="--set"):
+        st.parse_args(["--synthetic", "--steps", "1", "--set", "memory.lag"])
+    with pytest.raises(ValueError, match="needs a tokenizer"):
+        st.parse_args(["--synthetic", "--steps", "1", "--core-bundle", str(tmp_path)])
+    assert st.parse_args(["--synthetic", "--steps", "1", "--model", "transformer"]).schedule == "onepass"
+    args = st.parse_args(synthetic_args(tmp_path, "bad", "--total-batch-size", "100"))
+    with pytest.raises(ValueError, match="multiple of"):
+        st.train(args)
+    with pytest.raises(ValueError, match="seq-prompt"):
+        st.train(st.parse_args(synthetic_args(tmp_path, "bad", "--seq-eval-rows", "2", "--seq-prompt", "16")))
+    assert st.main(["--synthetic"]) == 2
+
+
+def test_dry_run_prints_the_accounting(capsys):
+    assert st.train(st.parse_args(["--preset", "d20", "--ratio", "10", "--dry-run"])) is None
+    out = capsys.readouterr().out
+    assert "1,315,969,320 baseline" in out and "x2.000" in out and "R = 10.00" in out
+
+
+def test_optimizer_groups_follow_the_paper(tmp_path):
+    args = st.parse_args(["--preset", "d12", "--synthetic", "--steps", "10", "--total-batch-size", str(2 ** 17)])
+    args.n_layer, args.total_steps = 12, 10
+    with torch.device("meta"):
+        model = LRT(preset("tiny", memory=MemoryConfig(), n_embd=64, n_head=2, n_kv_head=2))  # d = 64
+    muon, adam = st.make_optimizers(model, args)
+    half = 0.5  # sqrt(2^17 / 2^19)
+    width = (64 / 768) ** -0.5
+    assert muon.param_groups[0]["lr"] == pytest.approx(0.02 * half)
+    lrs = {g["name"]: g["lr"] for g in adam.param_groups}
+    assert lrs["embedding"] == pytest.approx(0.3 * width * half)
+    assert lrs["head"] == pytest.approx(0.004 * width * half)
+    assert lrs["scalar"] == pytest.approx(0.5 * half) and lrs["resid_lambdas"] == pytest.approx(0.005 * half)
+    assert [g["betas"] for g in adam.param_groups if g["name"] == "x0_lambdas"] == [(0.96, 0.95)]
+    assert adam.defaults["betas"] == (0.8, 0.95)
+    n_params = sum(p.numel() for o in (muon, adam) for g in o.param_groups for p in g["params"])
+    assert n_params == sum(p.numel() for p in model.parameters())
+    assert st.set_schedules([muon, adam], 0, args) == 1.0
+    assert muon.param_groups[0]["momentum"] == pytest.approx(0.85) and muon.param_groups[0]["weight_decay"] == pytest.approx(0.2)
+    assert st.set_schedules([muon, adam], 8, args) == pytest.approx(0.4)  # warm-down over the final half
+    assert muon.param_groups[0]["weight_decay"] == pytest.approx(0.2 * 0.2)  # annealed linearly to 0
+    args.n_layer = 24
+    assert st.weight_decay_at(0, args) == pytest.approx(0.2 / 4)  # x (12/L)^2
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_match_one_process(tmp_path):
+    """torchrun, 2 ranks, gloo, 1 micro step each == 1 process, 2 micro steps, same global batch."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    batch = ["--total-batch-size", "64"]  # 4 rows of 16: 2 per rank, or 2 micro steps of 2 in one process
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "scale.train",
+           *synthetic_args(tmp_path, "ddp", *batch)]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "world 2 (gloo)" in proc.stdout and "1 accumulation steps" in proc.stdout
+    st.train(st.parse_args(synthetic_args(tmp_path, "single", *batch)))
+
+    ddp, single = final_state(tmp_path / "ddp"), final_state(tmp_path / "single")
+    assert ddp["step"] == single["step"] == 3
+    for k, v in single["model"].items():
+        torch.testing.assert_close(ddp["model"][k], v, rtol=0, atol=1e-5)
+    assert train_losses(tmp_path / "ddp") == pytest.approx(train_losses(tmp_path / "single"), abs=1e-5)
+    cfg = Run(tmp_path / "ddp").config
+    assert cfg["world_size"] == 2 and cfg["grad_accum"] == 1 and Run(tmp_path / "single").config["grad_accum"] == 2
+    records = Run(tmp_path / "ddp").metrics_records()  # rank 0 alone writes: one record per step
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3]
+    assert {"loss", "tokens", "flops", "mfu", "tokens_per_s", "time", "lr_mult", "compute_tokens"} <= set(records[0])
+    assert [r["kind"] for r in records].count("eval") == 1
+
+
+def test_resume_equals_uninterrupted_run(tmp_path):
+    full = synthetic_args(tmp_path, "full", "--schedule", "interleaved:2")
+    st.train(st.parse_args(full))
+    part = synthetic_args(tmp_path, "part", "--schedule", "interleaved:2")
+    st.train(st.parse_args(part + ["--stop-after", "2"]))
+    assert Run(tmp_path / "part").summary is None and final_state(tmp_path / "part")["step"] == 2
+    st.train(st.parse_args(part + ["--resume"]))
+    a, b = final_state(tmp_path / "full"), final_state(tmp_path / "part")
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    assert train_losses(tmp_path / "full") == train_losses(tmp_path / "part")
+    assert Run(tmp_path / "part").summary["tokens"] == Run(tmp_path / "full").summary["tokens"] == 3 * 128
+    with pytest.raises(ValueError, match="arguments differ"):
+        st.train(st.parse_args(part + ["--resume", "--matrix-lr", "0.01"]))
+    with pytest.raises(FileExistsError):
+        st.train(st.parse_args(part))
+
+
+# Real shards and a tokenizer ------------------------------------------------------------------------
+def stdlib_docs() -> list[str]:
+    docs = []
+    for f in sorted(Path(os.path.dirname(json.__file__)).glob("*.py")):
+        docs += [p for p in re.split(r"\n\n\n+", f.read_text(encoding="utf-8")) if p.strip()]
+    return docs
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """3 shards of the json package's source (the last is validation) and a BPE of vocab 512."""
+    from scale.data import write_shard
+    from scale.tokenizer import train_tokenizer
+    root = tmp_path_factory.mktemp("scale_corpus")
+    docs = stdlib_docs()
+    (root / "data").mkdir()
+    for i, part in enumerate((docs[:10], docs[10:20], docs[20:])):
+        write_shard(part, root / "data" / f"shard_{i:05d}.parquet", row_group_size=2)
+    tok = train_tokenizer(iter(docs), vocab_size=512)
+    tok.save(root / "tok")
+    return root, tok
+
+
+def write_core_bundle(root: Path) -> Path:
+    """A 3-task bundle in core.json form (one task per type) with plain-English items."""
+    b = root / "bundle"
+    b.mkdir(exist_ok=True)
+    mc = [{"query": f"The number {i} is", "choices": ["even", "odd"], "gold": i % 2} for i in range(6)]
+    schema = [{"context_options": ["The cat sat", "The dog ran"], "continuation": "on the mat.", "gold": 0}] * 3
+    lm = [{"context": f"def f{i}(x):", "continuation": "return x"} for i in range(4)]
+    for name, items in (("mc", mc), ("schema", schema), ("lm", lm)):
+        (b / f"{name}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in items))
+    tasks = [{"label": "mc", "type": "multiple_choice", "num_fewshot": 2, "random_baseline": 50},
+             {"label": "schema", "type": "schema", "num_fewshot": 0, "random_baseline": 50},
+             {"label": "lm", "type": "language_modeling", "num_fewshot": 1, "random_baseline": 0}]
+    (b / "core.json").write_text(json.dumps({"tasks": tasks}))
+    return b
+
+
+@pytest.mark.slow
+def test_shards_tokenizer_resume_and_evaluate(tmp_path, corpus, capsys):
+    """Real data: the loader's state rides in the checkpoint (resume is exact), BPB uses the
+    tokenizer's byte lengths, CORE runs at the end, and scale.evaluate reads the run back."""
+    root, tok = corpus
+    bundle = write_core_bundle(tmp_path)
+    runs = tmp_path / "runs"
+    common = tiny_args(runs, "--data-dir", str(root / "data"), "--tokenizer-dir", str(root / "tok"),
+                       "--seq-len", "32", "--steps", "3", "--total-batch-size", "128", "--device-batch-size", "2",
+                       "--eval-tokens", "128", "--core-bundle", str(bundle), "--core-max-per-task", "-1")
+    st.train(st.parse_args(common + ["--name", "full"]))
+    st.train(st.parse_args(common + ["--name", "part", "--stop-after", "2"]))
+    assert final_state(runs / "part")["counters"]["data"][0]["version"] == 1  # the loader's state
+    st.train(st.parse_args(common + ["--name", "part", "--resume"]))
+    a, b = final_state(runs / "full"), final_state(runs / "part")
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    assert train_losses(runs / "full") == train_losses(runs / "part")
+
+    run = Run(runs / "full")
+    cfg, summary = run.config, run.summary
+    assert cfg["model"]["vocab_size"] == tok.vocab_size and cfg["model"]["sequence_len"] == 32
+    assert cfg["train"]["task"] == "fineweb" and cfg["kind"] == "lrt" and cfg["schedule"] == "interleaved:2"
+    ev = summary["eval"]
+    assert 0 < ev["val_bpb"] < 30 and len([k for k in ev if k.startswith("val_bpb_stage_")]) == 3
+    assert set(ev) >= {"core", "core_mc", "core_schema", "core_lm"} and -10 < ev["core"] <= 1
+    assert set(run.tables()) == {"core"}
+    df = load_runs(runs)
+    assert set(df["run"]) == {"full", "part"}
+
+    from scale import evaluate
+    capsys.readouterr()
+    assert evaluate.main(["--run", str(run.path), "--bpb-tokens", "128", "--batch-size", "2", "--seq-rows", "2",
+                          "--seq-prompt", "16", "--seq-prefill", "onepass,exact", "--core-bundle", str(bundle)]) == 0
+    rec = [r for r in run.metrics_records() if r.get("source") == "scale.evaluate"][-1]
+    assert rec["val_bpb"] == pytest.approx(ev["val_bpb"], rel=1e-6)  # same model, same validation tokens
+    assert rec["core"] == pytest.approx(ev["core"])
+    assert {"seq_bpb_onepass", "seq_bpb_exact", "cont_bpb_parallel"} <= set(rec)
