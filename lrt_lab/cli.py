@@ -113,6 +113,11 @@ def cmd_report(a) -> int:
     return 0
 
 
+def cmd_analyze(a) -> int:
+    from .analysis.__main__ import main as analyze_main
+    return analyze_main(a.args)
+
+
 def cmd_bench(a) -> int:
     from . import bench
     return bench.run(a)
@@ -147,6 +152,10 @@ def build_parser() -> Parser:
     p.add_argument("--metric", default=None, help="summary column to compare (default: pos@90 with exact decoding)")
     p.add_argument("--group-by", default="method", help="method (default) or a comma list of columns")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("analyze", help="probes, gap recovery, depth sweep (lrt-lab analyze probe|gap|depth -h)")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("bench", help="time training, prefill and decoding: LRT vs transformer, side by side")
     try:

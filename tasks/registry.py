@@ -6,7 +6,8 @@ Names (TASK_NAMES):
                  control), S5, A4 x Z5 and D30 (solvable non-abelian controls of order 60);
   group_prefix   prefix products over any group `get_group` can build: option group="S4";
   copy           synthetic copying, option alphabet_size (default 16);
-  flipflop       flip-flop language modelling, option p_ignore (default 0.8).
+  flipflop       flip-flop language modelling, option p_ignore (default 0.8);
+  text_bytes     next-byte prediction on an offline corpus (BPB), option corpus ("stdlib" or "pydoc").
 Every task also takes curriculum_start and curriculum_steps (together; plus optional
 curriculum_schedule, "doubling" or "linear"): the task then carries a LengthCurriculum from
 curriculum_start to `length`, and `task.length_at(step)` gives the training length at a step.
@@ -21,6 +22,7 @@ from tasks.curriculum import SCHEDULES, LengthCurriculum
 from tasks.flipflop import FlipFlopTask
 from tasks.groups import Group, get_group
 from tasks.prefix import PrefixProductTask
+from tasks.text import TextBytesTask
 
 _PREFIX_GROUPS = {
     "a5_prefix": "A5",
@@ -30,10 +32,11 @@ _PREFIX_GROUPS = {
     "d30_prefix": "D30",
 }
 
-TASK_NAMES = (*_PREFIX_GROUPS, "group_prefix", "copy", "flipflop")
+TASK_NAMES = (*_PREFIX_GROUPS, "group_prefix", "copy", "flipflop", "text_bytes")
 
 _OPTIONS = {name: () for name in _PREFIX_GROUPS}
-_OPTIONS.update({"group_prefix": ("group",), "copy": ("alphabet_size",), "flipflop": ("p_ignore",)})
+_OPTIONS.update({"group_prefix": ("group",), "copy": ("alphabet_size",), "flipflop": ("p_ignore",),
+                 "text_bytes": ("corpus",)})
 _CURRICULUM_OPTIONS = ("curriculum_start", "curriculum_steps", "curriculum_schedule")
 
 
@@ -80,4 +83,6 @@ def make_task(name: str, length: int, **options) -> Task:
         return PrefixProductTask(group, length, name="group_prefix", curriculum=curriculum)
     if name == "copy":
         return CopyTask(length, curriculum=curriculum, **options)
+    if name == "text_bytes":
+        return TextBytesTask(length, curriculum=curriculum, **options)
     return FlipFlopTask(length, curriculum=curriculum, **options)

@@ -32,7 +32,7 @@ def build(name, length=12, **options):
 
 
 EXPECTED_VOCAB = {"a5_prefix": 60, "z60_prefix": 60, "s5_prefix": 120, "a4xz5_prefix": 60,
-                  "d30_prefix": 60, "group_prefix": 6, "copy": 18, "flipflop": 5}
+                  "d30_prefix": 60, "group_prefix": 6, "copy": 18, "flipflop": 5, "text_bytes": 256}
 
 
 def test_required_names_exist():

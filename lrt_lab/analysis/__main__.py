@@ -1,0 +1,81 @@
+"""`python -m lrt_lab.analysis probe|gap|depth ...`: run an analysis on a run store, print its
+tables, write them (and a PNG of the plot) into the store.
+
+    python -m lrt_lab.analysis probe runs/probe/RUN_A runs/probe/RUN_B --decoding exact
+    python -m lrt_lab.analysis gap runs/gap
+    python -m lrt_lab.analysis depth runs/depth --targets 4,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lrt_lab.analysis")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pr = sub.add_parser("probe", help="probe runs (tables/probe_<decoding>.csv), heatmaps side by side")
+    pr.add_argument("runs", nargs="+")
+    pr.add_argument("--decoding", default="exact", help="exact, train (the run's schedule), or a schedule spec")
+    pr.add_argument("--n-sequences", type=int, default=512)
+    pr.add_argument("--max-positions", type=int, default=16)
+    g = sub.add_parser("gap", help="BPB per run, gap recovery, mismatch, refinement (.analysis/tables/)")
+    g.add_argument("store")
+    g.add_argument("--n-sequences", type=int, default=512)
+    g.add_argument("--metric", default="bpb.exact")
+    d = sub.add_parser("depth", help="depth sweep tables (.analysis/tables/depth_sweep.csv, depth_worth.csv)")
+    d.add_argument("store")
+    d.add_argument("--metric", default=None)
+    d.add_argument("--targets", default="", help="comma-separated pos@90 targets, e.g. 4,8")
+    a = p.parse_args(argv)
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import pandas as pd
+    import torch
+
+    torch.set_num_threads(1)
+    pd.set_option("display.width", 200)
+    pd.set_option("display.max_columns", 40)
+    from . import analyze_depth_sweep, analyze_gap, plot_depth_curve, plot_gap_recovery, plot_probe_comparison, probe_run
+    from .store import analysis_dir, as_run
+
+    try:
+        if a.cmd == "probe":
+            tables = {}
+            for r in a.runs:
+                run = as_run(r)
+                t = probe_run(run, a.decoding, n_sequences=a.n_sequences, max_positions=a.max_positions)
+                tables[run.name] = t
+                print(run.name)
+                print(t.pivot_table(index=["site", "target", "control"], columns="position",
+                                    values="accuracy").round(2).to_string())
+            out = Path(a.runs[0]).parent / "probe_heatmap.png"
+            plot_probe_comparison(tables).savefig(out, dpi=110)
+            print(f"heatmap: {out}")
+        elif a.cmd == "gap":
+            tables = analyze_gap(a.store, metric=a.metric, n_sequences=a.n_sequences)
+            for name, t in tables.items():
+                print(f"\n{name}\n{t.to_string(index=False)}")
+            if not tables["gap_recovery"].empty:
+                out = analysis_dir(a.store) / "gap_recovery.png"
+                plot_gap_recovery(tables["gap_recovery"]).savefig(out, dpi=110)
+                print(f"plot: {out}")
+        else:
+            targets = tuple(float(x) for x in a.targets.split(",") if x.strip())
+            tables = analyze_depth_sweep(a.store, a.metric, targets)
+            for name, t in tables.items():
+                print(f"\n{name}\n{t.to_string(index=False)}")
+            out = analysis_dir(a.store) / "depth_curve.png"
+            plot_depth_curve(tables["depth_sweep"]).savefig(out, dpi=110)
+            print(f"plot: {out}")
+    except ValueError as e:
+        print(f"lrt_lab.analysis: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

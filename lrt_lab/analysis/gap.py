@@ -1,0 +1,400 @@
+"""How much of exact recurrence a parallel trainer recovers (paper app. "Comparison with Exact
+Sequential Training"), the train/inference mismatch, and per-refinement BPB curves.
+
+    evaluate_bpb(run)              -> {"parallel", "exact", "stages", ...}; writes tables/bpb.csv
+    df = collect_bpb(load_runs(store), compute=True)   # adds bpb.parallel / bpb.exact / bpb.stage.k
+    gap_recovery(df)               -> recovered fraction per method: per seed, mean, bootstrap CI
+    mismatch_table(df)             -> each schedule's parallel-forward metric vs its exact decoding
+    refinement_table(df)           -> BPB after each stage of FullSequence(K) (the paper's per-refinement table)
+    analyze_gap(store)             -> all of the above, written to <store>/.analysis/tables/
+
+Recovered fraction = (metric_base - metric_method) / (metric_base - metric_exact): the share of
+the baseline-to-exact improvement a method keeps. It has the same value for lower-is-better (BPB)
+and higher-is-better (accuracy) metrics, since numerator and denominator flip sign together. The
+paper: interleaved S=2 recovers 75.0% / 76.5% (8L / 12L; (1.082-1.070)/(1.082-1.066) = 0.750),
+full-sequence K=3 about 88%.
+
+Each method's metric is taken under the decoding the model really uses (default "bpb.exact":
+exact recurrent decoding); the baseline is a plain transformer, whose exact decoding is its forward.
+Seeds are paired: seed s of a method is compared with seed s of the baseline and of exact training.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from ..schedules import IGNORE_INDEX, Chunked, Exact, run_schedule
+from .probes import resolve_schedule
+from .stats import bootstrap_ci, method_column, mean_ci, seed_stats
+
+LN2 = math.log(2)
+DEFAULT_GROUP = ("config.train.task", "config.train.length", "config.model.n_layer", "config.model.n_embd",
+                 "config.train.steps")
+
+
+# BPB ------------------------------------------------------------------------------------------------
+def _ce_sum(logits: torch.Tensor, targets: torch.Tensor) -> tuple[float, int]:
+    flat = targets.reshape(-1)
+    total = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), flat, ignore_index=IGNORE_INDEX,
+                            reduction="sum")
+    return float(total), int((flat != IGNORE_INDEX).sum())
+
+
+@torch.no_grad()
+def bpb_of(model, inputs: torch.Tensor, targets: torch.Tensor, schedule, chunk: int = 64,
+           bytes_per_token: float = 1.0) -> dict:
+    """Validation BPB of `model` on (inputs, targets) under `schedule`: the final logits, and the
+    logits assembled after each stage (later stages win; positions no stage has reached yet are
+    left out, so `stage_coverage` says which fraction of positions a stage's figure covers).
+
+    targets use IGNORE_INDEX (-1) for positions that do not count. BPB = nats / ln 2 / bytes per
+    token (1 for byte-level tokens, where this is bits per token)."""
+    schedule = resolve_schedule(schedule)
+    T = inputs.size(1)
+    stages = schedule.stages(T)
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    final = [0.0, 0]
+    per_stage = [[0.0, 0] for _ in stages]
+    coverage = []
+    covered = torch.zeros(T, dtype=torch.bool)
+    for P in stages:
+        covered[P.start:P.stop:P.step] = True
+        coverage.append(float(covered.float().mean()))
+    for i in range(0, inputs.size(0), chunk):
+        x, y = inputs[i:i + chunk].to(device), targets[i:i + chunk].to(device)
+        out = run_schedule(model, x, None, schedule)
+        s, n = _ce_sum(out.logits, y)
+        final[0] += s
+        final[1] += n
+        cur = torch.zeros_like(out.logits)
+        seen = torch.zeros(T, dtype=torch.bool, device=device)
+        for k, (P, lp) in enumerate(zip(out.stages, out.stage_logits)):
+            cur[:, P.start:P.stop:P.step] = lp
+            seen[P.start:P.stop:P.step] = True
+            s, n = _ce_sum(cur, y.masked_fill(~seen[None, :], IGNORE_INDEX))
+            per_stage[k][0] += s
+            per_stage[k][1] += n
+    model.train(was_training)
+    to_bpb = lambda s, n: s / n / LN2 / bytes_per_token if n else math.nan
+    return {"bpb": to_bpb(*final), "n_tokens": final[1], "stages": [to_bpb(*p) for p in per_stage],
+            "stage_coverage": coverage}
+
+
+def evaluate_bpb(run_or_model, schedule=None, eval_batch=None, n_sequences: int = 256, length: int | None = None,
+                 chunk: int = 64, write: bool = True, bytes_per_token: float = 1.0) -> dict:
+    """Validation BPB with the training schedule's parallel forward, with exact decoding, and after
+    each stage of the schedule.
+
+    run_or_model: a Run / run folder / load_runs row (model from its latest checkpoint, schedule
+    from its config, eval batch = `n_sequences` held-out sequences of its task at its length), or
+    an LRT (then pass `schedule` and `eval_batch`).
+    eval_batch: an object with .inputs, .targets (and optional .loss_mask), or (inputs, targets).
+    Returns {"parallel", "exact", "stages", "stage_coverage", "n_tokens", "schedule"}; for a run
+    with write=True also tables/bpb.csv (columns mode, stage, coverage, bpb, n_tokens, schedule).
+    Exact decoding is the Exact schedule, which the core tests hold equal to the Decoder.
+    """
+    from ..model import LRT
+    from .store import as_run, eval_batch as make_eval_batch, load_model, load_task
+
+    run = None
+    if isinstance(run_or_model, LRT):
+        model = run_or_model
+        if eval_batch is None:
+            raise ValueError("eval_batch: required when a model (not a run) is given")
+    else:
+        run = as_run(run_or_model)
+        model = load_model(run)
+        if schedule is None:
+            schedule = run.config["schedule"]
+        if eval_batch is None:
+            eval_batch = make_eval_batch(load_task(run), length or run.config["train"]["length"], n_sequences)
+    schedule = resolve_schedule(schedule)
+    inputs, targets = _inputs_targets(eval_batch)
+    par = bpb_of(model, inputs, targets, schedule, chunk, bytes_per_token)
+    if not model.config.is_lrt or isinstance(schedule, Exact) or (isinstance(schedule, Chunked) and schedule.C == 1):
+        exact = par["bpb"]  # no memory, or the schedule already is exact recurrence
+    else:
+        exact = bpb_of(model, inputs, targets, Exact(), chunk, bytes_per_token)["bpb"]
+    result = {"parallel": par["bpb"], "exact": exact, "stages": par["stages"],
+              "stage_coverage": par["stage_coverage"], "n_tokens": par["n_tokens"], "schedule": schedule.spec}
+    if run is not None and write:
+        run.write_table("bpb", bpb_table(result))
+    return result
+
+
+def _inputs_targets(batch):
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2 and not hasattr(batch, "inputs"):
+        inputs, targets = batch[0], batch[1]
+        mask = batch[2] if len(batch) > 2 else None
+    elif hasattr(batch, "inputs") and hasattr(batch, "targets"):
+        inputs, targets, mask = batch.inputs, batch.targets, getattr(batch, "loss_mask", None)
+    else:
+        raise ValueError("eval_batch is invalid; allowed: an object with .inputs and .targets (a task Batch) "
+                         "or a tuple (inputs, targets[, loss_mask])")
+    if mask is not None:
+        targets = targets.masked_fill(~mask.bool(), IGNORE_INDEX)
+    return inputs, targets
+
+
+def bpb_table(result: dict) -> pd.DataFrame:
+    rows = [{"mode": "parallel", "stage": None, "coverage": 1.0, "bpb": result["parallel"]},
+            {"mode": "exact", "stage": None, "coverage": 1.0, "bpb": result["exact"]}]
+    for k, (b, c) in enumerate(zip(result["stages"], result["stage_coverage"])):
+        rows.append({"mode": "stage", "stage": k, "coverage": c, "bpb": b})
+    df = pd.DataFrame(rows)
+    df["n_tokens"] = result["n_tokens"]
+    df["schedule"] = result["schedule"]
+    return df
+
+
+def collect_bpb(df: pd.DataFrame, compute: bool = False, **kw) -> pd.DataFrame:
+    """df (load_runs) with columns bpb.parallel, bpb.exact and bpb.stage.<k> from each run's
+    tables/bpb.csv; with compute=True, runs without that table are evaluated (evaluate_bpb) first.
+    Stage columns are filled only for schedules whose first stage covers every position."""
+    from ..results import load_table
+    df = df.copy()
+    values = []
+    for _, row in df.iterrows():
+        t = load_table(row, "bpb")
+        if t is None and compute:
+            evaluate_bpb(row, **kw)
+            t = load_table(row, "bpb")
+        rec = {}
+        if t is not None:
+            stages = t[t["mode"] == "stage"]
+            # per-stage figures only for schedules whose first stage covers the sequence (OnePass,
+            # Interleaved, FullSequence); Chunked/Exact stages cover growing prefixes
+            full = not stages.empty and float(stages["coverage"].iloc[0]) == 1.0
+            for _, r in t.iterrows():
+                if r["mode"] != "stage":
+                    rec[f"bpb.{r['mode']}"] = r["bpb"]
+                elif full:
+                    rec[f"bpb.stage.{int(r['stage'])}"] = r["bpb"]
+        values.append(rec)
+    extra = pd.DataFrame(values, index=df.index)
+    for c in extra.columns:
+        df[c] = extra[c]
+    return df
+
+
+# Gap recovery ---------------------------------------------------------------------------------------
+def recovered_fraction(base, method, exact):
+    """(base - method) / (base - exact), elementwise; NaN where base == exact (no gap to recover)."""
+    base, method, exact = (np.asarray(v, dtype=float) for v in (base, method, exact))
+    gap = base - exact
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(gap != 0, (base - method) / np.where(gap != 0, gap, 1.0), np.nan)
+    return float(out) if out.ndim == 0 else out
+
+
+def _group_keys(df, group_by):
+    return [k for k in group_by if k in df.columns]
+
+
+def gap_recovery(df: pd.DataFrame, metric: str = "bpb.exact", baseline: str = "transformer",
+                 exact: str = "lrt exact", group_by=DEFAULT_GROUP, confidence: float = 0.95,
+                 n_resamples: int = 9999, seed_column: str = "config.train.seed") -> pd.DataFrame:
+    """Recovered fraction of each method relative to `baseline` and `exact` (method labels as in
+    lrt_lab.report.method_label), per group of runs that share task/length/shape/steps.
+
+    Returns one row per (group, method): n_seeds, the mean metric of baseline / method / exact over
+    the paired seeds, recovered (mean of the per-seed fractions), recovered_std, ci_low/ci_high
+    (percentile bootstrap over seeds, scipy.stats.bootstrap; NaN below 2 seeds) and
+    ratio_of_means ((mean base - mean method) / (mean base - mean exact)). The per-seed table is
+    in .attrs["per_seed"].
+    """
+    if metric not in df.columns:
+        raise ValueError(f"metric={metric!r} is invalid; allowed: a column of the runs table (bpb.* columns "
+                         "come from collect_bpb; summary.eval.acc_exact@L ...)")
+    if seed_column not in df.columns:
+        raise ValueError(f"seed_column={seed_column!r} is invalid; allowed: a column of the runs table")
+    df = df.copy()
+    df["method"] = method_column(df)
+    keys = _group_keys(df, group_by)
+    per_seed, summary = [], []
+    groups = df.groupby(keys, dropna=False, sort=True) if keys else [((), df)]
+    for key, sub in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        gkey = dict(zip(keys, key))
+        dup = sub.duplicated(["method", seed_column], keep=False)
+        if dup.any():
+            raise ValueError(f"runs {sub.loc[dup, 'run'].tolist()} share method and seed in group {gkey}; "
+                             "allowed: one run per (method, seed); add the distinguishing column to group_by")
+        by = {m: s.set_index(seed_column)[metric].astype(float) for m, s in sub.groupby("method")}
+        if baseline not in by or exact not in by:
+            missing = [m for m in (baseline, exact) if m not in by]
+            warnings.warn(f"group {gkey}: no {' or '.join(missing)} runs; no gap recovery computed", stacklevel=2)
+            continue
+        for m, vals in by.items():
+            if m in (baseline, exact):
+                continue
+            seeds = sorted(set(vals.index) & set(by[baseline].index) & set(by[exact].index))
+            if not seeds:
+                warnings.warn(f"group {gkey}, method {m!r}: no seed shared with {baseline!r} and {exact!r}",
+                              stacklevel=2)
+                continue
+            b, x, e = by[baseline][seeds].values, vals[seeds].values, by[exact][seeds].values
+            frac = np.atleast_1d(recovered_fraction(b, x, e))
+            for s, bi, xi, ei, fi in zip(seeds, b, x, e, frac):
+                per_seed.append({**gkey, "method": m, "seed": s, "base": bi, "value": xi, "exact": ei,
+                                 "recovered": fi})
+            st = mean_ci(frac, confidence)
+            lo, hi = bootstrap_ci(frac, np.mean, confidence, n_resamples=n_resamples)
+            summary.append({**gkey, "method": m, "n_seeds": len(seeds), "base": b.mean(), "value": x.mean(),
+                            "exact": e.mean(), "recovered": st["mean"], "recovered_std": st["std"],
+                            "ci_low": lo, "ci_high": hi,
+                            "ratio_of_means": recovered_fraction(b.mean(), x.mean(), e.mean()),
+                            "metric": metric, "baseline": baseline, "exact_method": exact})
+    cols = keys + ["method", "n_seeds", "base", "value", "exact", "recovered", "recovered_std", "ci_low",
+                   "ci_high", "ratio_of_means", "metric", "baseline", "exact_method"]
+    out = pd.DataFrame(summary, columns=cols)
+    out.attrs["per_seed"] = pd.DataFrame(per_seed, columns=keys + ["method", "seed", "base", "value", "exact",
+                                                                   "recovered"])
+    out.attrs["metric"] = metric
+    return out
+
+
+def mismatch_table(df: pd.DataFrame, parallel: str = "bpb.parallel", exact: str = "bpb.exact",
+                   group_by=DEFAULT_GROUP, confidence: float = 0.95) -> pd.DataFrame:
+    """Each method's parallel-forward metric next to its exact-decoding metric (mean and CI over
+    seeds), and the mismatch exact - parallel per seed, averaged. For accuracy columns use e.g.
+    parallel="summary.eval.acc_parallel@64", exact="summary.eval.acc_exact@64"."""
+    for c in (parallel, exact):
+        if c not in df.columns:
+            raise ValueError(f"column {c!r} is invalid; allowed: a column of the runs table (collect_bpb adds bpb.*)")
+    df = df.copy()
+    df["method"] = method_column(df)
+    df["_mismatch"] = df[exact].astype(float) - df[parallel].astype(float)
+    keys = _group_keys(df, group_by) + ["method"]
+    parts = []
+    for col, name in ((parallel, "parallel"), (exact, "exact"), ("_mismatch", "mismatch")):
+        st = seed_stats(df, col, keys, confidence).rename(columns={"mean": name, "ci_low": f"{name}_ci_low",
+                                                                   "ci_high": f"{name}_ci_high"})
+        keep = keys + ([name, f"{name}_ci_low", f"{name}_ci_high"] if name != "parallel"
+                       else ["n", name, f"{name}_ci_low", f"{name}_ci_high"])
+        parts.append(st[keep])
+    out = parts[0].merge(parts[1], on=keys).merge(parts[2], on=keys)
+    out.attrs["metric"] = f"{parallel} vs {exact}"
+    return out
+
+
+def refinement_table(df: pd.DataFrame, group_by=DEFAULT_GROUP, confidence: float = 0.95) -> pd.DataFrame:
+    """BPB after each stage (init, refine 1, ..., from bpb.stage.<k>) and under decoding, per method,
+    mean and CI over seeds: the paper's per-refinement table (app. "Full-Sequence Refinement").
+
+    A stage's BPB uses the logits assembled so far (later stages win), so for Interleaved(S)
+    "refine s" is the sequence after subset s was refined; Chunked/Exact runs have no stage columns."""
+    stage_cols = sorted((c for c in df.columns if c.startswith("bpb.stage.")), key=lambda c: int(c.rsplit(".", 1)[1]))
+    if not stage_cols or "bpb.exact" not in df.columns:
+        raise ValueError("df has no bpb.stage.* / bpb.exact columns; allowed: a runs table passed through collect_bpb")
+    df = df.copy()
+    df["method"] = method_column(df)
+    keys = _group_keys(df, group_by) + ["method"]
+    rows = []
+    for col in stage_cols + ["bpb.exact"]:
+        k = col.rsplit(".", 1)[1]
+        label = "decoding" if col == "bpb.exact" else ("init" if k == "0" else f"refine {k}")
+        sub = df[df[col].notna()] if col in df else df.iloc[0:0]
+        if sub.empty:
+            continue
+        st = seed_stats(sub, col, keys, confidence)
+        st.insert(len(keys), "stage", label)
+        st.insert(len(keys) + 1, "stage_index", int(k) if label != "decoding" else len(stage_cols))
+        rows.append(st)
+    out = pd.concat(rows, ignore_index=True).sort_values(keys + ["stage_index"]).reset_index(drop=True)
+    return out
+
+
+def analyze_gap(store, compute: bool = True, write: bool = True, metric: str = "bpb.exact", **kw) -> dict:
+    """load_runs(store) -> BPB per run (computed and written where missing), then gap recovery,
+    mismatch and refinement tables, written to <store>/.analysis/tables/{gap_recovery,
+    gap_recovery_per_seed, mismatch, refinement}.csv. Returns {name: DataFrame}."""
+    from ..results import load_runs
+    from .store import write_store_table
+    df = collect_bpb(load_runs(store), compute=compute, **kw)
+    tables = {"gap_recovery": gap_recovery(df, metric)}
+    tables["gap_recovery_per_seed"] = tables["gap_recovery"].attrs["per_seed"]
+    tables["mismatch"] = mismatch_table(df)
+    tables["refinement"] = refinement_table(df)
+    if write:
+        for name, t in tables.items():
+            write_store_table(store, name, t)
+    return tables
+
+
+# Plots -------------------------------------------------------------------------------------------------
+def plot_gap_recovery(table: pd.DataFrame, ax=None, title: str | None = None):
+    """Bars of the recovered fraction per method (bootstrap CI), with the per-seed points; Figure."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(max(4, 1.5 * len(table)), 3.5))
+    if table.empty:
+        raise ValueError("table is empty; allowed: the output of gap_recovery")
+    sns.barplot(data=table, x="method", y="recovered", ax=ax, color="tab:green")
+    lo = (table["recovered"] - table["ci_low"]).fillna(0).clip(lower=0)
+    hi = (table["ci_high"] - table["recovered"]).fillna(0).clip(lower=0)
+    ax.errorbar(range(len(table)), table["recovered"], yerr=[lo, hi], fmt="none", ecolor="black", capsize=4)
+    per_seed = table.attrs.get("per_seed")
+    if per_seed is not None and not per_seed.empty:
+        pos = {m: i for i, m in enumerate(table["method"])}
+        ax.scatter([pos[m] for m in per_seed["method"] if m in pos],
+                   per_seed.loc[per_seed["method"].isin(pos), "recovered"], color="black", s=12, zorder=3)
+    ax.axhline(1.0, ls="--", color="gray", lw=1)
+    ax.axhline(0.0, color="gray", lw=1)
+    ax.set_ylabel("recovered fraction of exact's gain")
+    ax.set_title(title or f"gap recovery ({table.attrs.get('metric', '')})")
+    fig.tight_layout()
+    return fig
+
+
+def plot_refinement(table: pd.DataFrame, ax=None, title: str | None = None, band: str | None = "std"):
+    """BPB after each stage per method (mean over seeds), decoding as the last point; band: "std"
+    (+-1 std over seeds), "ci" (the table's CI; very wide for 2-3 seeds) or None. Figure."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    if band not in ("std", "ci", None):
+        raise ValueError(f"band={band!r} is invalid; allowed: 'std', 'ci', None")
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(5, 3.5))
+    sns.lineplot(data=table, x="stage_index", y="mean", hue="method", marker="o", ax=ax)
+    colors = {line.get_label(): line.get_color() for line in ax.get_lines()}
+    for m, sub in table.groupby("method"):
+        lo, hi = ((sub["mean"] - sub["std"], sub["mean"] + sub["std"]) if band == "std"
+                  else (sub["ci_low"], sub["ci_high"]) if band == "ci" else (None, None))
+        if lo is not None and lo.notna().any():
+            ax.fill_between(sub["stage_index"], lo, hi, alpha=0.15, color=colors.get(m))
+    ticks = table.drop_duplicates("stage_index").sort_values("stage_index")
+    ax.set_xticks(ticks["stage_index"], ticks["stage"])
+    ax.set_xlabel("stage")
+    ax.set_ylabel("BPB")
+    ax.set_title(title or "BPB after each stage" + (f" (band: {band} over seeds)" if band else ""))
+    fig.tight_layout()
+    return fig
+
+
+def plot_mismatch(table: pd.DataFrame, ax=None, title: str | None = None):
+    """Parallel-forward vs exact-decoding metric per method (paired bars); Figure."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    long = table.melt(id_vars=["method"], value_vars=["parallel", "exact"], var_name="decoding", value_name="value")
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(max(4, 1.5 * len(table)), 3.5))
+    sns.barplot(data=long, x="method", y="value", hue="decoding", ax=ax)
+    lo, hi = long["value"].min(), long["value"].max()
+    pad = max((hi - lo) * 0.5, 1e-3)
+    ax.set_ylim(lo - pad, hi + pad)
+    metric = table.attrs.get("metric")
+    ax.set_title(title or "train/inference mismatch" + (f" ({metric})" if metric else ""))
+    ax.set_ylabel("metric (parallel forward vs exact decoding)")
+    ax.tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    return fig
