@@ -1,7 +1,7 @@
 """`lrt-lab demo`: what latent recurrence buys, in a few CPU minutes.
 
 Both models are the same 2-layer, d=128 nanochat-style transformer; the LRT adds the memory
-pathway (+ a few % parameters) and trains with Interleaved(2), the paper's default. The task is
+pathway (+8.5% parameters at this width; +0.3% at d20) and trains with Interleaved(2), the paper's default. The task is
 prefix products over S3, the smallest non-commutative group: target_t = x_1 x_2 ... x_t. Its
 multiplication table is tiny, so what limits a model is state tracking, not memorisation: a
 fixed-depth transformer must re-derive the running product from the whole prefix at every
