@@ -46,10 +46,12 @@ def add_train_arguments(p: argparse.ArgumentParser):
     p.add_argument("--curriculum", metavar="START:STEPS", help="grow the length from START to --length over STEPS steps")
     p.add_argument("--task-opt", action="append", metavar="KEY=VALUE", help="task option, e.g. group=S4, alphabet_size=16")
     p.add_argument("--preset", default=d.preset, help="model shape: tiny, small, a5, d12, d20, d24")
-    p.add_argument("--model", default=d.model, help="transformer or lrt")
+    p.add_argument("--model", default=d.model,
+                   help="transformer, lrt, or a baseline: loop:N[:LO-HI] (the stack N times per token), "
+                        "ponder:N[:K|:LO-HI] (N latent thoughts per token, K Jacobi refinements in training)")
     p.add_argument("--schedule", default=None,
                    help="onepass | interleaved:S | fullseq:K[:w0,w1,...] | chunked:C | exact "
-                        "(default: interleaved:2 for lrt, onepass for transformer)")
+                        "(default: interleaved:2 for lrt, onepass for transformer and baselines)")
     p.add_argument("--set", action="append", metavar="FIELD=VALUE",
                    help="override a model config field, e.g. n_layer=2, memory.source_layer=2, memory.gamma_init=0")
     p.add_argument("--steps", type=int, default=d.steps)
@@ -77,7 +79,7 @@ def train_config_from_args(a) -> TrainConfig:
             task_options.update(curriculum_start=int(start), curriculum_steps=int(steps))
         except ValueError:
             raise ValueError(f"--curriculum {a.curriculum!r} is invalid; allowed: START:STEPS, e.g. 4:1000") from None
-    schedule = a.schedule or ("onepass" if a.model == "transformer" else "interleaved:2")
+    schedule = a.schedule or ("interleaved:2" if a.model == "lrt" else "onepass")
     return TrainConfig(task=a.task, length=a.length, task_options=task_options, preset=a.preset, model=a.model,
                        overrides=key_values(a.set, "--set"), schedule=schedule, steps=a.steps,
                        batch_size=a.batch_size, seed=a.seed, lr_scale=a.lr_scale, eval_every=a.eval_every,

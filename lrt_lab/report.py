@@ -51,7 +51,7 @@ def comparison_table(df: pd.DataFrame, metric: str | None = None, group_by: str 
     agg = df.groupby(keys, dropna=False).agg(
         n=(metric, "count"), mean=(metric, "mean"), std=(metric, "std"),
         forwards_per_token=("config.forwards_per_token", "first"),
-        cost=("config.schedule_cost", "first"),
+        cost=("summary.schedule_cost", "first"),  # schedule x the model's own forward_cost (loops, ponder)
         wall_time_s=("summary.wall_time_s", "mean"),
     ).reset_index()
     agg.attrs["metric"] = metric

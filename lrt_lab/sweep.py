@@ -3,7 +3,7 @@
     [sweep]
     out = "runs/a5"                      # run store (the CLI's --out wins)
     tasks = ["a5_prefix", "z60_prefix"]
-    models = ["transformer", "lrt"]      # a transformer runs once (onepass), whatever the schedules
+    models = ["transformer", "lrt"]      # a transformer or baseline (loop:N, ponder:N) runs once (onepass)
     schedules = ["interleaved:2", "fullseq:3", "exact"]
     seeds = [0, 1, 2]
 
@@ -84,7 +84,7 @@ def expand(spec: dict) -> list[TrainConfig]:
             variant = dict(variants.get(label, {}))
             kind = variant.pop("model", label)
             model_schedules = variant.pop("schedules", schedules)
-            if kind == "transformer":
+            if kind != "lrt":  # transformer and baselines: their training forward is onepass
                 model_schedules = ["onepass"]
             for sched in model_schedules:
                 for seed in sweep.get("seeds", [0]):

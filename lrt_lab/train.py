@@ -37,6 +37,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from .baselines import BASELINE_KINDS, build_baseline, is_baseline_kind
 from .config import PRESETS, MemoryConfig, ModelConfig, preset
 from .decode import Decoder
 from .metrics import per_position_accuracy, pos_at
@@ -44,7 +45,7 @@ from .model import LRT
 from .results import Run
 from .schedules import IGNORE_INDEX, OnePass, parse_schedule, run_schedule
 
-MODEL_KINDS = ("transformer", "lrt")
+MODEL_KINDS = ("transformer", "lrt")  # plus the baselines' spellings, lrt_lab.baselines.BASELINE_KINDS
 
 
 @dataclass
@@ -113,7 +114,7 @@ class TrainConfig:
     def run_name(self) -> str:
         if self.name:
             return self.name
-        sched = "" if self.model == "transformer" else f"-{self.schedule}"
+        sched = "" if self.model != "lrt" else f"-{self.schedule}"
         return f"{self.task}-L{self.length}-{self.preset}-{self.model}{sched}-s{self.seed}".replace(":", "_")
 
     def to_dict(self) -> dict:
@@ -148,8 +149,9 @@ def parse_value(text: str):
 
 def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     """The ModelConfig for a run: preset + memory (for LRT) + dotted overrides."""
-    if cfg.model not in MODEL_KINDS:
-        raise ValueError(f"model={cfg.model!r} is invalid; allowed: {', '.join(MODEL_KINDS)}")
+    if cfg.model not in MODEL_KINDS and not is_baseline_kind(cfg.model):
+        raise ValueError(f"model={cfg.model!r} is invalid; allowed: {', '.join(MODEL_KINDS)}, "
+                         f"{', '.join(BASELINE_KINDS)}")
     top, mem = {}, {}
     model_fields = {f.name for f in dataclasses.fields(ModelConfig)} - {"memory"}
     mem_fields = {f.name for f in dataclasses.fields(MemoryConfig)}
@@ -163,15 +165,18 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
             top[key] = value
         else:
             raise ValueError(f"--set {key}: unknown field; allowed: {', '.join(sorted(model_fields))}, memory.<field>")
-    if cfg.model == "transformer" and mem:
-        raise ValueError(f"--set {next(iter(mem))}: a transformer has no memory; use --model lrt")
+    if cfg.model != "lrt" and mem:
+        raise ValueError(f"--set {next(iter(mem))}: model={cfg.model!r} has no memory; use --model lrt")
     memory = MemoryConfig(**mem) if cfg.model == "lrt" else None
     fields = {"vocab_size": vocab_size, "sequence_len": cfg.length, **top}
     return preset(cfg.preset, memory=memory, **fields)
 
 
 def build_model(cfg: TrainConfig, vocab_size: int) -> LRT:
-    return LRT(model_config(cfg, vocab_size))
+    config = model_config(cfg, vocab_size)
+    if is_baseline_kind(cfg.model):
+        return build_baseline(cfg.model, config)  # loop:N, ponder:N (LRT subclasses, memory=None)
+    return LRT(config)
 
 
 # Optimisation -----------------------------------------------------------------------------------
@@ -232,7 +237,8 @@ def evaluate(model, schedule, eval_sets: dict, exact: bool = True, chunk: int = 
     """{length: {"parallel": acc[T], "exact": acc[T]}} per-position accuracy (CPU float tensors).
 
     For a model without memory, exact decoding equals the parallel forward (tested in
-    tests/test_core.py), so it is not recomputed.
+    tests/test_core.py and tests/test_baselines.py), so it is not recomputed, unless the model
+    says its parallel forward only approximates its decoding (`has_sequential_decoding`, ponder).
     """
     was_training = model.training
     model.eval()
@@ -247,7 +253,8 @@ def evaluate(model, schedule, eval_sets: dict, exact: bool = True, chunk: int = 
             with autocast or _nullcontext():
                 par = run_schedule(model, inputs, None, schedule).logits
                 accs["parallel"].append((per_position_accuracy(par, targets, mask), mask.sum(0)))
-                if exact and getattr(model.config, "is_lrt", False):
+                if exact and (getattr(model.config, "is_lrt", False)
+                              or getattr(model, "has_sequential_decoding", False)):
                     ex = exact_logits(model, inputs)
                     accs["exact"].append((per_position_accuracy(ex, targets, mask), mask.sum(0)))
         res = {}
@@ -314,9 +321,9 @@ def resolve_device(name: str) -> torch.device:
 def prepare(cfg: TrainConfig, task=None):
     """Validate everything a run needs before anything is written: (task, model, schedule)."""
     task = task if task is not None else make_task(cfg)
-    if cfg.model == "transformer" and cfg.schedule != "onepass":
-        raise ValueError(f"schedule={cfg.schedule!r} is invalid for a transformer (it has no memory); "
-                         "allowed: onepass")
+    if cfg.model != "lrt" and cfg.schedule != "onepass":
+        raise ValueError(f"schedule={cfg.schedule!r} is invalid for model={cfg.model!r} (it has no memory; "
+                         "a baseline's own training forward is its stage); allowed: onepass")
     model = build_model(cfg, task.vocab_size)
     schedule = parse_schedule(cfg.schedule)
     start_length = task.length_at(0) if hasattr(task, "length_at") else cfg.length
@@ -338,7 +345,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
     root = Path(out)
     config = {"train": cfg.to_dict(), "model": model.config.to_dict(), "params": model.param_report(),
               "kind": cfg.model, "schedule": schedule.spec, "schedule_cost": schedule.cost,
-              "forwards_per_token": 1, "task_vocab_size": task.vocab_size}
+              "forwards_per_token": getattr(model, "forwards_per_token", 1), "task_vocab_size": task.vocab_size}
     if resume:
         run = Run(root / cfg.run_name)
         if not (run.path / "config.json").exists():
@@ -437,5 +444,5 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
     run.write_summary({"status": "complete", "steps": cfg.steps, "final_loss": sum(tail) / len(tail),
                        "wall_time_s": time.perf_counter() - t0, "tokens": counters["tokens"],
                        "compute_tokens": counters["compute_tokens"], "schedule_cost": cost,
-                       "forwards_per_token": 1, "eval": eval_record(results)})
+                       "forwards_per_token": getattr(model, "forwards_per_token", 1), "eval": eval_record(results)})
     return run
