@@ -7,9 +7,11 @@ strided subset (Interleaved). Keeping the set a `range` lets us pick a kernel wi
 sync:
 
 - full sequence, no effective window  -> SDPA `is_causal=True` (or flash-attn): the fast path;
-- contiguous block ending at the last key -> flash-attn (bottom-right causal) on CUDA, or a
-  small explicit mask;
-- strided subset -> FlexAttention with a block mask on CUDA, or an explicit mask on SDPA.
+- contiguous block ending at the last key -> flash-attn (bottom-right causal) on CUDA, else SDPA
+  with a lower-right causal bias (CUDA) or a small explicit mask (CPU); a decoding query with a
+  window attends to the window's keys only (sliced), with no mask;
+- strided subset, or an active sliding window without flash-attn -> FlexAttention with a cached
+  block mask on CUDA (fully masked blocks are skipped), or a cached explicit mask on SDPA (CPU).
 
 Tensors use the flash-attn layout (B, T, H, head_dim); keys/values may have fewer heads (GQA).
 """
@@ -20,6 +22,7 @@ import functools
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 BACKENDS = ("auto", "sdpa", "flash", "flex")
 
@@ -64,7 +67,21 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
+@functools.lru_cache(maxsize=128)
+def _cached_mask(start: int, stop: int, step: int, n_keys: int, window: int | None, device) -> torch.Tensor:
+    # the same mask serves every layer with this window, and every step with these positions;
+    # built outside inference mode so autograd may save it later
+    with torch.inference_mode(False):
+        return visible_mask(range(start, stop, step), n_keys, window, device)
+
+
 def _sdpa(q, k, v, q_pos: range, window: int | None) -> torch.Tensor:
+    if window is not None and q_pos.start - window + 1 > 0:
+        # keys before the first query's window are invisible to every query: drop them, so
+        # a windowed decoding step or chunk attends over at most window + |chunk| keys
+        lo = q_pos.start - window + 1
+        k, v = k[:, lo:], v[:, lo:]
+        q_pos = range(q_pos.start - lo, q_pos.stop - lo, q_pos.step)
     n_keys = k.size(1)
     gqa = q.size(2) != k.size(2)
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -73,8 +90,13 @@ def _sdpa(q, k, v, q_pos: range, window: int | None) -> torch.Tensor:
         y = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=gqa)
     elif len(q_pos) == 1 and q_pos.start == n_keys - 1 and window_inactive:
         y = F.scaled_dot_product_attention(qh, kh, vh, enable_gqa=gqa)  # one query sees all keys
+    elif q.is_cuda and q_pos.step == 1 and q_pos.stop == n_keys and window_inactive and not gqa:
+        # a chunk ending at the last key: causal aligned bottom-right, which SDPA runs on its
+        # fused kernels without materialising a mask (its flash path ignores enable_gqa: MHA only)
+        bias = causal_lower_right(len(q_pos), n_keys)
+        y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias, enable_gqa=gqa)
     else:
-        mask = visible_mask(q_pos, n_keys, window, q.device)
+        mask = _cached_mask(q_pos.start, q_pos.stop, q_pos.step, n_keys, window, q.device)
         y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=gqa)
     return y.transpose(1, 2)
 
@@ -86,33 +108,49 @@ def _flash(q, k, v, q_pos: range, window: int | None) -> torch.Tensor:
     return _flash_attn_func()(q, k, v, causal=True, window_size=(left, 0))
 
 
-def _flex(q, k, v, q_pos: range, window: int | None) -> torch.Tensor:
+@functools.lru_cache(maxsize=64)
+def _flex_block_mask(start: int, step: int, n_queries: int, n_keys: int, window: int | None, device):
+    """FlexAttention block mask for queries at start + i*step over keys 0..n_keys-1, cached: one
+    serves every layer with this window and every step with these positions, so strided stages
+    skip the fully masked key blocks without building a mask per layer."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    start, step = q_pos.start, q_pos.step
-    win = window if window is not None else k.size(1) + 1
+    win = window if window is not None else n_keys + 1
 
     def mask_mod(b, h, q_idx, kv_idx):
         p = start + q_idx * step
         return (kv_idx <= p) & (p - kv_idx < win)
 
-    block_mask = create_block_mask(mask_mod, B=None, H=None, Q_LEN=q.size(1), KV_LEN=k.size(1),
-                                   device=q.device)
+    return create_block_mask(mask_mod, B=None, H=None, Q_LEN=n_queries, KV_LEN=n_keys, device=device)
+
+
+def _flex(q, k, v, q_pos: range, window: int | None) -> torch.Tensor:
+    block_mask = _flex_block_mask(q_pos.start, q_pos.step, q.size(1), k.size(1), window, q.device)
     y = _compiled_flex()(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                          block_mask=block_mask, enable_gqa=q.size(2) != k.size(2))
     return y.transpose(1, 2)
 
 
-def pick_backend(q: torch.Tensor, q_pos: range, n_keys: int) -> str:
+def _window_active(q_pos: range, window: int | None) -> bool:
+    """Whether some query's window hides a key the causal mask alone would show (after keys
+    before the first query's window are dropped)."""
+    if window is None:
+        return False
+    return q_pos.stop - max(0, q_pos.start - window + 1) > window
+
+
+def pick_backend(q: torch.Tensor, q_pos: range, n_keys: int, window: int | None = None) -> str:
     """The fastest backend that is exact for this call (flash-attn only for contiguous blocks)."""
     if not q.is_cuda:
         return "sdpa"
     contiguous_tail = q_pos.step == 1 and q_pos.stop == n_keys
     if contiguous_tail and q.dtype in (torch.float16, torch.bfloat16) and _flash_attn_func() is not None:
         return "flash"
-    if contiguous_tail:
-        return "sdpa"  # SDPA's own flash/efficient kernels handle causal blocks well
-    return "flex"
+    if contiguous_tail and (len(q_pos) == 1 or not _window_active(q_pos, window)):
+        # SDPA's flash/efficient kernels: is_causal for the full sequence, a lower-right causal
+        # bias for a chunk, no mask for one decoding query (its window is cut by slicing keys)
+        return "sdpa"
+    return "flex"  # strided subsets and sliding windows: block-sparse, no dense T x T mask
 
 
 def attend(q, k, v, q_pos, window: int | None = None, backend: str = "auto") -> torch.Tensor:
@@ -131,7 +169,7 @@ def attend(q, k, v, q_pos, window: int | None = None, backend: str = "auto") -> 
     if len(q_pos) and (q_pos[-1] >= n_keys or q_pos[0] < 0):
         raise ValueError(f"q_pos={q_pos} reaches beyond the {n_keys} keys given")
     if backend == "auto":
-        backend = pick_backend(q, q_pos, n_keys)
+        backend = pick_backend(q, q_pos, n_keys, window)
     if backend == "flash":
         if q_pos.step != 1 or q_pos.stop != n_keys:
             raise ValueError("backend='flash' needs a contiguous block of queries ending at the last key")

@@ -31,7 +31,9 @@ def _rows(t: torch.Tensor, n: int, like: torch.Tensor) -> torch.Tensor:
     """t[:, :n], zero-padded to n rows when t is shorter (or None: nothing computed yet)."""
     if t is None:
         return like.new_zeros((like.size(0), n) + tuple(like.shape[2:]))
-    if t.size(1) >= n:
+    if t.size(1) == n:
+        return t  # not t[:, :n]: a slice's backward zero-fills and copies a gradient this size
+    if t.size(1) > n:
         return t[:, :n]
     pad = t.new_zeros((t.size(0), n - t.size(1)) + tuple(t.shape[2:]))
     return torch.cat([t, pad], dim=1)
@@ -56,6 +58,26 @@ def splice(old: torch.Tensor | None, P: range, new: torch.Tensor) -> torch.Tenso
     return head
 
 
+def shifted_rows(mem: torch.Tensor, P: range, shift: int) -> torch.Tensor:
+    """(B, |P|, ...): mem[:, t - shift] for t in P, zero where t - shift is before 0 or past the
+    rows mem holds. A strided view of mem when every row exists (no copy); otherwise the view
+    with zero rows attached at the ends."""
+    a, step, count = P.start - shift, P.step, len(P)
+    lead = min(count, -(a // step)) if a < 0 else 0        # t - shift < 0
+    first = a + lead * step
+    valid = max(0, min(count - lead, (mem.size(1) - 1 - first) // step + 1)) if first < mem.size(1) else 0
+    trail = count - lead - valid                            # t - shift >= rows held
+    if not lead and not trail:
+        return mem[:, first:first + (valid - 1) * step + 1:step] if valid else mem[:, :0]
+    if step == 1 and valid:
+        # one constant_pad_nd (negative padding crops): cheaper under autograd than slice + cat
+        pads = (0, 0) * (mem.dim() - 2) + (-a, a + count - mem.size(1))
+        return F.pad(mem, pads)
+    body = mem[:, first:first + (valid - 1) * step + 1:step] if valid else mem[:, :0]
+    zeros = lambda k: mem.new_zeros((mem.size(0), k) + tuple(mem.shape[2:]))
+    return torch.cat(([zeros(lead)] if lead else []) + [body] + ([zeros(trail)] if trail else []), dim=1)
+
+
 def document_ids(tokens: torch.Tensor, bos_token_id: int) -> torch.Tensor:
     """Index of the document each position belongs to (a new document starts at every BOS)."""
     return (tokens == bos_token_id).long().cumsum(dim=1)
@@ -64,22 +86,44 @@ def document_ids(tokens: torch.Tensor, bos_token_id: int) -> torch.Tensor:
 class SequenceBuffer:
     """Functional per-batch buffer for a whole sequence; `updated` returns a new buffer."""
 
-    def __init__(self, k, v, mem, doc):
+    def __init__(self, k, v, mem, doc, scratch: dict | None = None):
         self.k: list[torch.Tensor | None] = k      # per layer (B, <=T, n_kv_head, head_dim)
         self.v: list[torch.Tensor | None] = v
         self.mem: torch.Tensor | None = mem        # (B, <=T, n_embd) source states
         self.doc: torch.Tensor | None = doc        # (B, T) document ids, for reset_memory_at_bos
+        # per-run values the model derives once and every stage reuses (its fused weights);
+        # shared by all buffers `updated` derives from this one
+        self.scratch: dict = {} if scratch is None else scratch
 
     @classmethod
     def empty(cls, config: ModelConfig, tokens: torch.Tensor) -> "SequenceBuffer":
         doc = None
         if config.memory is not None and config.memory.reset_memory_at_bos:
             doc = document_ids(tokens, config.bos_token_id)
-        return cls([None] * config.n_layer, [None] * config.n_layer, None, doc)
+        return cls([None] * config.n_layer, [None] * config.n_layer, None, doc,
+                   scratch={"capacity": tokens.size(1)})
+
+    def _append(self, name, old: torch.Tensor | None, P: range, new: torch.Tensor) -> torch.Tensor:
+        """splice(old, P, new); without autograd, an append at the frontier (a chunked or exact
+        prefill) writes into preallocated storage instead: O(|P|) per stage, not O(t)."""
+        if (torch.is_grad_enabled() or old is None or P.step != 1 or P.start != old.size(1)
+                or P.start == 0):
+            return splice(old, P, new)
+        store, frontier = self.scratch.get(name, (None, 0))
+        # only the newest extent may grow in place: a stage re-run from an older buffer (a branch)
+        # must not overwrite rows a newer buffer's views still show
+        if (store is None or frontier != P.start or store.data_ptr() != old.data_ptr()
+                or store.size(1) < P.stop or store.dtype != new.dtype or store.stride() != old.stride()):
+            capacity = max(P.stop, self.scratch.get("capacity", 0))
+            store = old.new_empty((old.size(0), capacity) + tuple(old.shape[2:]))
+            store[:, :P.start] = old
+        store[:, P.start:P.stop] = new
+        self.scratch[name] = (store, P.stop)
+        return store[:, :P.stop]
 
     def splice_kv(self, layer: int, P: range, k, v):
         """K/V for attention at P: the buffer's rows with P's rows replaced (covers >= P.stop)."""
-        return splice(self.k[layer], P, k), splice(self.v[layer], P, v)
+        return self._append(("k", layer), self.k[layer], P, k), self._append(("v", layer), self.v[layer], P, v)
 
     def read_memory(self, P: range, lag: int, n: int) -> torch.Tensor | None:
         """(B, |P|, n, d): rows m[t-lag-j] for t in P, j < n; zeros before position 0.
@@ -87,11 +131,8 @@ class SequenceBuffer:
         None when no source state has been written yet (the init stage: zero memory)."""
         if self.mem is None:
             return None
-        front = lag + n - 1
-        back = max(0, P.stop - self.mem.size(1))
-        padded = F.pad(self.mem, (0, 0, front, back))
-        rows = [padded[:, P.start - lag - j + front: P.stop - lag - j + front: P.step] for j in range(n)]
-        return torch.stack(rows, dim=2)
+        cols = [shifted_rows(self.mem, P, lag + j) for j in range(n)]
+        return cols[0].unsqueeze(2) if n == 1 else torch.stack(cols, dim=2)
 
     def memory_valid(self, P: range, lag: int, n: int) -> torch.Tensor | None:
         """(B, |P|, n) bool: the memory source lies in the same document as the reader."""
@@ -104,8 +145,8 @@ class SequenceBuffer:
         return torch.stack(cols, dim=2) == here[:, :, None]
 
     def updated(self, P: range, k_full: list, v_full: list, mem_new) -> "SequenceBuffer":
-        mem = self.mem if mem_new is None else splice(self.mem, P, mem_new)
-        return SequenceBuffer(k_full, v_full, mem, self.doc)
+        mem = self.mem if mem_new is None else self._append("mem", self.mem, P, mem_new)
+        return SequenceBuffer(k_full, v_full, mem, self.doc, self.scratch)
 
 
 class DecodeCache:
@@ -125,6 +166,7 @@ class DecodeCache:
                     if config.memory is not None and config.memory.reset_memory_at_bos else None)
         self.max_len = max_len
         self.length = 0
+        self.scratch: dict = {}  # what the model derives once per decoder (its fused weights)
 
     def _check_append(self, P: range):
         if P.start != self.length or P.step != 1 or P.stop > self.max_len:
@@ -148,9 +190,12 @@ class DecodeCache:
     def read_memory(self, P: range, lag: int, n: int):
         if self.mem is None:
             return None
+        h = self.history
+        if h == 1 and len(P) == 1 and P.start >= 1:
+            return self.mem[:, :, None]  # the default decoding step: m[t-1], (B, 1, 1, d), a view
         rows = []
         for t in P:
-            per_j = [self.mem[:, (t - lag - j) % self.history] if t - lag - j >= 0
+            per_j = [self.mem[:, (t - lag - j) % h] if t - lag - j >= 0
                      else self.mem.new_zeros(self.mem.size(0), self.mem.size(2)) for j in range(n)]
             rows.append(torch.stack(per_j, dim=1))
         return torch.stack(rows, dim=1)
@@ -163,8 +208,13 @@ class DecodeCache:
 
     def updated(self, P: range, k_full, v_full, mem_new) -> "DecodeCache":
         if mem_new is not None:
-            for i, t in enumerate(P):
-                self.mem[:, t % self.history] = mem_new[:, i]
+            if self.history == 1:
+                # rebind rather than write in place: views handed out by read_memory (and hooks
+                # holding them) keep the row they were given
+                self.mem = mem_new[:, -1:].to(self.mem.dtype)
+            else:
+                for i, t in enumerate(P):
+                    self.mem[:, t % self.history] = mem_new[:, i]
         self.length = P.stop
         return self
 

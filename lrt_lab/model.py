@@ -15,6 +15,7 @@ Memory pathway (paper sec. 2), for a position t reading m = m_{t-lag}:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -33,29 +34,57 @@ def norm(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on (B, T, H, D): rotate the pairs (x[:D/2], x[D/2:]) by the position's angles."""
-    half = x.size(-1) // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1)
+    """RoPE on (B, T, H, D): rotate the pairs (x[:D/2], x[D/2:]) by the position's angles.
+
+    cos, sin: full-width tables from `Rotary` (cos = [c, c], sin = [s, -s]), so the rotation is
+    x * cos + swap_halves(x) * sin = [x1 c + x2 s, x2 c - x1 s] in three kernels."""
+    x1, x2 = x.chunk(2, dim=-1)
+    swapped = torch.cat([x2, x1], dim=-1)
+    return torch.addcmul(x * cos, swapped, sin)
 
 
 class Rotary(nn.Module):
-    """Cos/sin for arbitrary positions, computed on demand so decoding can run past sequence_len.
+    """Cos/sin for arbitrary positions, so decoding can run past sequence_len.
 
     Angles are formed in float64 and only then cast, so bf16/fp32 models get correctly rounded
-    values and float64 tests are exact; there is no buffer for `model.to(dtype)` to round.
+    values and float64 tests are exact. The tables are cached per (device, dtype) and grown by
+    doubling (a stage slices them: no per-stage trigonometry); they are plain attributes, not
+    buffers, so `model.to(dtype)` never rounds them and they never enter a state_dict.
     """
 
     def __init__(self, head_dim: int, base: float):
         super().__init__()
         self.head_dim, self.base = head_dim, base
+        self._tables: dict = {}
 
-    def forward(self, P: range, device, dtype: torch.dtype):
+    def _build(self, n: int, device, dtype: torch.dtype):
         exponent = torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float64) / self.head_dim
         inv_freq = self.base ** (-exponent)
-        pos = torch.arange(P.start, P.stop, P.step, device=device, dtype=torch.float64)
-        angles = pos[:, None] * inv_freq[None, :]                  # (|P|, D/2)
-        return angles.cos().to(dtype)[None, :, None, :], angles.sin().to(dtype)[None, :, None, :]
+        pos = torch.arange(n, device=device, dtype=torch.float64)
+        angles = pos[:, None] * inv_freq[None, :]                  # (n, D/2)
+        cos, sin = angles.cos(), angles.sin()
+        cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, -sin], -1)
+        return cos.to(dtype)[None, :, None, :], sin.to(dtype)[None, :, None, :]
+
+    def forward(self, P: range, device, dtype: torch.dtype):
+        """(cos, sin), each (1, |P|, 1, D), for the positions in P."""
+        key = (torch.device(device), dtype)
+        cos, sin = self._tables.get(key, (None, None))
+        if cos is None or cos.size(1) < P.stop:
+            n = max(P.stop, 2 * cos.size(1) if cos is not None else 0, 64)
+            with torch.inference_mode(False):  # a cached table must be usable by autograd later
+                cos, sin = self._build(n, device, dtype)
+            if not torch.compiler.is_compiling():
+                self._tables[key] = (cos, sin)
+        return cos[:, P.start:P.stop:P.step], sin[:, P.start:P.stop:P.step]
+
+
+@dataclass
+class StageWeights:
+    """Fused projection weights shared by every stage over one buffer (see LRT._stage_weights)."""
+
+    inp: list       # per layer: [W_q; W_k; W_v; W_g (LRT gates); W_ve_gate zero-padded to d]
+    rec: list | None  # [W_k,rec; W_v,rec]: one entry (shared projections) or one per layer
 
 
 class Attention(nn.Module):
@@ -116,14 +145,18 @@ class LRT(nn.Module):
             raise ValueError(f"config={config!r} is invalid; allowed: a ModelConfig")
         self.config = config
         d, n_layer = config.n_embd, config.n_layer
-        self.wte = nn.Embedding(config.vocab_size, d)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(n_layer))
-        self.value_embeds = (nn.ModuleList(nn.Embedding(config.vocab_size, config.n_kv_head * config.head_dim)
-                                           for _ in range(n_layer)) if config.use_value_embeds else None)
-        self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
+        # Module constructors draw default inits we overwrite; keep them off the caller's RNG so
+        # reset_parameters alone decides the weights: the same seed gives the same backbone with
+        # or without a memory pathway (controlled LRT-vs-transformer comparisons).
+        with torch.random.fork_rng(devices=[]):
+            self.wte = nn.Embedding(config.vocab_size, d)
+            self.blocks = nn.ModuleList(Block(config) for _ in range(n_layer))
+            self.value_embeds = (nn.ModuleList(nn.Embedding(config.vocab_size, config.n_kv_head * config.head_dim)
+                                               for _ in range(n_layer)) if config.use_value_embeds else None)
+            self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
+            self.memory = MemoryPathway(config) if config.memory is not None else None
         self.resid_lambdas = nn.Parameter(torch.ones(n_layer)) if config.use_resid_lambdas else None
         self.x0_lambdas = nn.Parameter(torch.zeros(n_layer)) if config.use_x0_residual else None
-        self.memory = MemoryPathway(config) if config.memory is not None else None
         self.rotary = Rotary(config.head_dim, config.rope_base)
         self.windows = config.window_sizes()
         src = config.source_layer
@@ -190,13 +223,83 @@ class LRT(nn.Module):
             return rows[:, :, 0]
         return torch.einsum("bpnd,n->bpd", rows, self.memory.lag_weights.softmax(0).to(rows.dtype))
 
-    def _recurrent_kv(self, mem: torch.Tensor | None, layer: int):
-        """W_k,rec m and W_v,rec m for this layer (shared projections: the same for every layer)."""
-        if mem is None:
+    # Fused projections --------------------------------------------------------------------------
+    def _fused_params(self) -> list[torch.Tensor]:
+        ps = []
+        for l, block in enumerate(self.blocks):
+            a = block.attn
+            ps += [a.c_q.weight, a.c_k.weight, a.c_v.weight]
+            if a.ve_gate is not None:
+                ps.append(a.ve_gate.weight)
+        mem = self.memory
+        if mem is not None:
+            for mods in (mem.gates, mem.k_rec, mem.v_rec):
+                ps += [m.weight for m in mods or []]
+        return ps
+
+    def _stage_weights(self, buffer) -> "StageWeights":
+        """The fused projection weights a stage uses, built once per buffer (one schedule run, or
+        one decoder) and rebuilt when any weight, the grad mode or the autocast dtype changes.
+
+        Under autograd the fused weights are part of the graph (one cat forward, one split
+        backward per schedule run), so gradients reach the parameters as before."""
+        device_type = self.wte.weight.device.type
+        cast = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+        mode = (torch.is_grad_enabled(), cast)
+        scratch = getattr(buffer, "scratch", None)
+        hit = scratch.get("stage_weights") if scratch is not None else None
+        if hit is not None:
+            params, versions, hit_mode, weights = hit
+            # in-place updates (optimizer steps, load_state_dict) bump a parameter's version
+            if hit_mode == mode and all(p._version == v for p, v in zip(params, versions)):
+                return weights
+        params = self._fused_params()
+        weights = self._build_stage_weights(cast)
+        if scratch is not None:
+            scratch["stage_weights"] = (params, [p._version for p in params], mode, weights)
+        return weights
+
+    def _build_stage_weights(self, cast: torch.dtype | None) -> "StageWeights":
+        d, mem = self.config.n_embd, self.memory
+        # The dual gates are 2*sigmoid(W_g h) (eq. 3). Every gated term is doubled in the weights
+        # instead (exact: a power of two), so a stage applies plain sigmoid(W_g h).
+        gated = mem is not None and mem.gates is not None
+        k_x2 = 2 if gated and mem.k_rec is not None else 1
+        v_x2 = 2 if gated and mem.v_rec is not None else 1
+        inp = []
+        for l, block in enumerate(self.blocks):
+            a = block.attn
+            rows = [a.c_q.weight, a.c_k.weight * k_x2 if k_x2 != 1 else a.c_k.weight,
+                    a.c_v.weight * v_x2 if v_x2 != 1 else a.c_v.weight]
+            if gated:
+                rows.append(mem.gates[l].weight)
+            if a.ve_gate is not None:  # reads only the first VE_GATE_CHANNELS inputs: zero-pad to d
+                rows.append(F.pad(a.ve_gate.weight, (0, d - a.ve_gate.weight.size(1))))
+            inp.append(torch.cat(rows, 0))
+        rec = None
+        if mem is not None and (mem.k_rec is not None or mem.v_rec is not None):
+            mods = [m for m in (mem.k_rec, mem.v_rec) if m is not None]
+            rec = [torch.cat([m[i].weight for m in mods], 0) if len(mods) > 1 else mods[0][i].weight
+                   for i in range(len(mods[0]))]
+            if gated:
+                rec = [2 * w for w in rec]
+        if cast is not None:
+            inp = [w.to(cast) for w in inp]
+            rec = [w.to(cast) for w in rec] if rec is not None else None
+        return StageWeights(inp, rec)
+
+    def _recurrent_kv(self, mem: torch.Tensor | None, weights: "StageWeights", i: int):
+        """W_k,rec m and W_v,rec m, (B, n, n_kv_head, head_dim) each, in one matmul (i: projection
+        index; shared projections have one, computed once per stage for every layer)."""
+        if mem is None or weights.rec is None:
             return None, None
-        i = 0 if self.config.memory.projections == "shared" else layer
-        k = self.memory.k_rec[i](mem) if self.memory.k_rec is not None else None
-        v = self.memory.v_rec[i](mem) if self.memory.v_rec is not None else None
+        cfg, mod = self.config, self.memory
+        B, n = mem.shape[:2]
+        out = F.linear(mem, weights.rec[i])
+        kvd = cfg.n_kv_head * cfg.head_dim
+        parts = iter(out.split(kvd, dim=-1))
+        k = next(parts).view(B, n, cfg.n_kv_head, cfg.head_dim) if mod.k_rec is not None else None
+        v = next(parts).view(B, n, cfg.n_kv_head, cfg.head_dim) if mod.v_rec is not None else None
         return k, v
 
     def stage(self, tokens: torch.Tensor, P: range, buffer, hooks: dict | None = None):
@@ -208,24 +311,39 @@ class LRT(nn.Module):
         cfg, mem_module = self.config, self.memory
         B, n = tokens.shape
         H, Hkv, D = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        qd, kvd = H * D, Hkv * D
+        weights = self._stage_weights(buffer)
         x = norm(self.wte(tokens))
         x0 = x
         cos, sin = self.rotary(P, x.device, x.dtype)
         mem = self.read_memory(buffer, P)
-        shared = cfg.memory is not None and cfg.memory.projections == "shared"
-        rec_shared = self._recurrent_kv(mem, 0) if shared else None  # once per stage, not per layer
+        kv_memory = mem_module is not None and cfg.memory.uses_kv
+        gated = kv_memory and mem_module.gates is not None
+        keys_local = not (kv_memory and mem_module.k_rec is not None)  # keys = W_k h only
+        shared = kv_memory and cfg.memory.projections == "shared"
+        rec_shared = self._recurrent_kv(mem, weights, 0) if shared else None  # once per stage
+        extra_sizes = ([2 * Hkv] if gated else []) + ([Hkv] if cfg.use_value_embeds else [])
         if hooks is not None:
             hooks["embed"] = x0
             if cfg.memory is not None:
                 hooks["mem_in"] = mem if mem is not None else x.new_zeros(B, n, cfg.n_embd)
+        # per-layer scalars as views made once per stage (indexing a parameter is a kernel call)
+        L = cfg.n_layer
+        alphas = self.resid_lambdas.unbind(0) if self.resid_lambdas is not None else [None] * L
+        betas = self.x0_lambdas.unbind(0) if self.x0_lambdas is not None else [None] * L
+        gammas = (mem_module.gamma.unbind(0) if mem is not None and mem_module.gamma is not None
+                  else [None] * L)
         k_full, v_full, sources = [], [], []
         for l, block in enumerate(self.blocks):
-            if self.resid_lambdas is not None:
-                x = self.resid_lambdas[l] * x
-            if self.x0_lambdas is not None:
-                x = x + self.x0_lambdas[l] * x0
-            if mem is not None and mem_module.gamma is not None:
-                x = x + mem_module.gamma[l] * mem  # residual injection (sec. 2.2)
+            # x' = alpha_l x + beta_l x0 + gamma_l m (residual injection, sec. 2.2) in as few
+            # kernels as the enabled terms need
+            side = betas[l] * x0 if betas[l] is not None else None
+            if gammas[l] is not None:
+                side = gammas[l] * mem if side is None else torch.addcmul(side, gammas[l], mem)
+            if alphas[l] is not None:
+                x = alphas[l] * x if side is None else torch.addcmul(side, alphas[l], x)
+            elif side is not None:
+                x = x + side
             if hooks is not None:
                 hooks[f"blocks.{l}.resid_pre"] = x
                 if cfg.memory is not None:
@@ -233,21 +351,47 @@ class LRT(nn.Module):
                     hooks[f"blocks.{l}.mem_in"] = inj * mem_module.gamma[l] if mem_module.gamma is not None else inj
             h = norm(x)
             attn = block.attn
-            q = attn.c_q(h).view(B, n, H, D)
-            k = attn.c_k(h).view(B, n, Hkv, D)
-            v = attn.c_v(h).view(B, n, Hkv, D)
+            # one matmul for q, k, v, the LRT gates and the value-embedding gate (fused weights)
+            proj = F.linear(h, weights.inp[l])
+            # split (not slicing): its backward is one concatenation, not a zero-filled
+            # proj-sized gradient per slice
+            if keys_local:  # q and k stay adjacent: normalised and rotated together below
+                qk, v, *rest = proj.split([qd + kvd, kvd] + extra_sizes, dim=-1)
+                k = None
+            else:
+                q, k, v, *rest = proj.split([qd, kvd, kvd] + extra_sizes, dim=-1)
+                q, k = q.view(B, n, H, D), k.view(B, n, Hkv, D)
+            v = v.view(B, n, Hkv, D)
+            gate_logits = rest.pop(0) if gated else None
             if attn.ve_gate is not None:
-                ve_gate = 2 * torch.sigmoid(attn.ve_gate(h[..., :VE_GATE_CHANNELS]))
-                v = v + ve_gate[..., None] * self.value_embeds[l](tokens).view(B, n, Hkv, D)
-            if mem_module is not None and cfg.memory.uses_kv:
-                k, v = self._inject_kv(l, h, k, v, mem, rec_shared, hooks)
-            q, k = norm(q), norm(k)  # QK-norm, then RoPE: the recurrent key is encoded at t (eq. 5)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+                # v + 2 sigmoid(W_ve h) * ve: the factor 2 rides in addcmul (exact: a power of 2;
+                # 4 when the values' gate factor 2 is folded into the weights, see above)
+                ve_gate = torch.sigmoid(rest.pop(0))
+                # (ve cast to v's dtype: under bf16 autocast an fp32 embedding would promote v, and
+                # with it attention, to fp32)
+                ve = self.value_embeds[l](tokens).view(B, n, Hkv, D).to(v.dtype)
+                v = torch.addcmul(v, ve_gate[..., None], ve,
+                                  value=4 if gated and mem_module.v_rec is not None else 2)
+            if kv_memory:
+                rec = rec_shared if shared else self._recurrent_kv(mem, weights, l)
+                k, v = self._inject_kv(l, gate_logits, k, v, rec, hooks)
+            # QK-norm, then RoPE: the recurrent key is encoded at t (eq. 5)
+            # q and k side by side: one norm and one rotation for both. They are adjacent in `proj`
+            # when the keys are local only; after the KV injection they are concatenated when the
+            # stage is small (kernel launches dominate: decoding, Exact), else normalised apart
+            # (a concatenation is one more pass over q and k where bandwidth dominates)
+            if keys_local or B * n <= 64:
+                qk = qk.view(B, n, H + Hkv, D) if keys_local else torch.cat([q, k], dim=2)
+                q, k = apply_rotary(norm(qk), cos, sin).split([H, Hkv], dim=2)
+            else:
+                q, k = apply_rotary(norm(q), cos, sin), apply_rotary(norm(k), cos, sin)
             q, k = q.to(v.dtype), k.to(v.dtype)
             K, V = buffer.splice_kv(l, P, k, v)
             k_full.append(K)
             v_full.append(V)
-            y = attend(q, K[:, :P.stop], V[:, :P.stop], P, self.windows[l])
+            if K.size(1) > P.stop:  # (only then: slicing is not free under autograd)
+                K, V = K[:, :P.stop], V[:, :P.stop]
+            y = attend(q, K, V, P, self.windows[l])
             attn_out = attn.c_proj(y.reshape(B, n, H * D))
             x = x + attn_out
             mlp_out = block.mlp(norm(x))
@@ -272,17 +416,17 @@ class LRT(nn.Module):
             logits = cfg.softcap * torch.tanh(logits / cfg.softcap)
         return logits, buffer.updated(P, k_full, v_full, mem_out)
 
-    def _inject_kv(self, l, h, k, v, mem, rec_shared, hooks):
+    def _inject_kv(self, l, gate_logits, k, v, rec, hooks):
         """KV projection (eqs. 2-4): gate and add (or, in replace layers, substitute) W_rec m."""
         cfg, mem_module = self.config, self.memory
-        B, n = h.shape[:2]
-        Hkv, D = cfg.n_kv_head, cfg.head_dim
-        if mem_module.gates is not None:
-            g = 2 * torch.sigmoid(mem_module.gates[l](h)).view(B, n, 2, Hkv, 1)
-            g_loc, g_rec = g[:, :, 0], g[:, :, 1]
+        B, n = v.shape[:2]
+        Hkv = cfg.n_kv_head
+        if gate_logits is not None:
+            # sigmoid only: the gates' factor 2 is folded into the gated weights (_build_stage_weights)
+            g_loc, g_rec = torch.sigmoid(gate_logits).view(B, n, 2, Hkv, 1).unbind(2)
             if hooks is not None:
-                hooks[f"blocks.{l}.gate_local"] = g_loc[..., 0]
-                hooks[f"blocks.{l}.gate_rec"] = g_rec[..., 0]
+                hooks[f"blocks.{l}.gate_local"] = 2 * g_loc[..., 0]
+                hooks[f"blocks.{l}.gate_rec"] = 2 * g_rec[..., 0]
         else:
             g_loc = g_rec = None
         replace = l in self.replace_layers
@@ -290,15 +434,14 @@ class LRT(nn.Module):
         def combine(local, rec):
             # zero memory contributes nothing, but the local gate still applies (same function
             # for every stage, so the init stage is the t-1 = "no memory" case of the same model)
-            base = local if g_loc is None else g_loc * local
-            if replace:
-                base = torch.zeros_like(local)
+            base = None if replace else (local if g_loc is None else g_loc * local)
             if rec is None:
-                return base
-            rec = rec.view(B, n, Hkv, D)
-            return base + (rec if g_rec is None else g_rec * rec)
+                return base if base is not None else torch.zeros_like(local)
+            if base is None:
+                return rec if g_rec is None else g_rec * rec
+            return base + rec if g_rec is None else torch.addcmul(base, g_rec, rec)
 
-        k_rec, v_rec = rec_shared if rec_shared is not None else self._recurrent_kv(mem, l)
+        k_rec, v_rec = rec
         if mem_module.k_rec is not None:
             k = combine(k, k_rec)
         if mem_module.v_rec is not None:

@@ -291,3 +291,13 @@ def test_decoding_runs_past_the_training_length():
     idx = tokens(B=1, T=4 * model.config.sequence_len, seed=2)
     exact = run_schedule(model, idx, None, Exact()).logits
     assert maxdiff(decode_all(model, idx), exact) <= TOL
+
+
+def test_same_seed_gives_the_same_backbone_with_or_without_memory():
+    torch.manual_seed(5)
+    plain = LRT(preset("tiny"))
+    torch.manual_seed(5)
+    lrt = LRT(preset("tiny", memory=MemoryConfig(projections="layerwise")))
+    lrt_state = lrt.state_dict()
+    for name, p in plain.state_dict().items():
+        assert torch.equal(p, lrt_state[name]), name

@@ -1,0 +1,200 @@
+"""`lrt-lab bench` runs on the tiny preset and writes the JSON the issue specifies.
+
+Benchmarks are not assertions: no timing is checked here, only that every figure exists and is a
+positive finite number.
+"""
+
+import argparse
+import json
+import math
+
+import pytest
+
+from lrt_lab import bench
+
+RATIO_KEYS = {
+    "train_ratio": {"interleaved_2", "interleaved_4", "fullseq_1", "fullseq_3", "chunked_64", "exact"},
+    "prefill_ratio": {"onepass", "interleaved_2", "exact"},
+    "decode_throughput_ratio": {"batch_1", "batch_N"},
+}
+
+
+def _numbers(tree):
+    if isinstance(tree, dict):
+        for v in tree.values():
+            yield from _numbers(v)
+    else:
+        yield tree
+
+
+def _positive_finite(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_bench_tiny_writes_valid_json(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    args = _parse(["--device", "cpu", "--preset", "tiny", "--repeats", "1", "--warmup", "0",
+                   "--json", str(path), "--quiet", "--threads", "1"])
+    assert bench.run(args) == 0
+    table = capsys.readouterr().out
+    assert "interleaved_2" in table and "decoding" in table
+    result = json.loads(path.read_text())
+    assert result["device"] == "cpu" and result["preset"] == "tiny"
+    for group, keys in RATIO_KEYS.items():
+        assert set(result[group]) == keys, group
+        assert all(_positive_finite(v) for v in result[group].values()), result[group]
+    absolute = result["absolute"]
+    assert {"train_step_ms", "prefill_ms", "decode_tokens_per_s"} <= set(absolute)
+    assert all(_positive_finite(v) for v in _numbers(absolute)), absolute
+    assert result["settings"]["prompt_len"] == 16  # the tiny preset shrinks the 1,024-token prompt
+
+
+def test_run_bench_from_python_returns_the_same_layout():
+    result = bench.run_bench("cpu", "tiny", repeats=1, warmup=0, decode_batch=1, decode_steps=2,
+                              threads=1)
+    for group, keys in RATIO_KEYS.items():
+        assert set(result[group]) == keys
+    assert result["settings"]["decode_batch_N"] == 1
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(device="tpu"), "device"),
+    (dict(preset="d99"), "preset"),
+    (dict(repeats=0), "repeats"),
+    (dict(warmup=-1), "warmup"),
+    (dict(seq_len=2), "seq_len"),
+    (dict(batch_size=0), "batch_size"),
+    (dict(prompt_len=1), "prompt_len"),
+    (dict(exact_seq_len=64), "exact_seq_len"),  # longer than the tiny preset's T=16
+])
+def test_bad_arguments_name_the_field(kwargs, field):
+    kwargs = {"preset": "tiny", **kwargs}
+    with pytest.raises(ValueError, match=rf"^{field}="):
+        bench.run_bench(**kwargs)
+
+
+def test_cuda_without_cuda_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"device='cuda' is invalid; allowed: cpu \(CUDA is not available\)"):
+        bench.run_bench(device="cuda", preset="tiny")
+
+
+def test_cli_reports_bad_arguments_as_exit_code_2(capsys):
+    assert bench.run(_parse(["--device", "cpu", "--preset", "nope", "--quiet"])) == 2
+    assert "preset='nope' is invalid" in capsys.readouterr().err
+
+
+# The performance work's fast paths (lrt_lab.model/buffer/attention), beyond what test_core holds --
+
+import copy
+import itertools
+
+import torch
+
+from lrt_lab import LRT, MemoryConfig, preset
+from lrt_lab.buffer import shifted_rows
+from lrt_lab.decode import Decoder
+from lrt_lab.schedules import Chunked, Exact, Interleaved, OnePass, run_schedule
+
+
+def _model(memory=MemoryConfig(), seed=0):
+    torch.manual_seed(seed)
+    model = LRT(preset("tiny", memory=memory, n_layer=3, window_pattern="SL", short_window=4)).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.4)
+    return model
+
+
+def test_shifted_rows_matches_a_loop_with_gradients():
+    for n_rows in (1, 2, 7):
+        mem = torch.randn(2, n_rows, 3, dtype=torch.float64, requires_grad=True)
+        for start, stop, step, shift in itertools.product(range(9), range(12), range(1, 5), range(5)):
+            P = range(start, stop, step)
+            got = shifted_rows(mem, P, shift)
+            rows = [mem[:, t - shift] if 0 <= t - shift < n_rows else mem.new_zeros(2, 3) for t in P]
+            want = torch.stack(rows, 1) if rows else mem.new_zeros(2, 0, 3)
+            assert got.shape == want.shape and torch.equal(got, want), (P, shift)
+            if got.requires_grad and want.requires_grad:
+                g1, = torch.autograd.grad((got * got).sum(), mem)
+                g2, = torch.autograd.grad((want * want).sum(), mem)
+                assert torch.equal(g1, g2)
+
+
+def test_decoder_sees_weight_updates_between_steps():
+    """The fused weights are cached per decoder; an in-place update must invalidate them."""
+    model = _model()
+    idx = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(0))
+    dec = Decoder(model, 2, 6)
+    for t in range(3):
+        dec.step(idx[:, t])
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.c_k.weight.mul_(1.5)
+        model.memory.gates[0].weight.add_(0.3)
+    reference = copy.deepcopy(dec.cache)
+    reference.scratch.clear()  # nothing cached: built from the updated weights
+    got = dec.step(idx[:, 3])
+    want, _ = model.stage(idx[:, 3:4], range(3, 4), reference)
+    assert torch.equal(got, want[:, 0])
+
+
+def test_hooks_keep_the_memory_they_were_given_during_decoding():
+    model = _model()
+    dec = Decoder(model, 1, 4)
+    tok = torch.tensor([3])
+    dec.step(tok)
+    hooks = {}
+    dec.model.stage(tok[:, None], range(1, 2), dec.cache, hooks)
+    before = hooks["mem_in"].clone()
+    dec.step(tok)  # rebinds the cache's memory row
+    assert torch.equal(hooks["mem_in"], before)
+
+
+def test_inference_mode_first_then_training():
+    """Rotary tables and attention masks are cached; caching them under inference_mode must not
+    make a later training step fail ("inference tensors cannot be saved for backward")."""
+    model = _model()
+    idx = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        run_schedule(model, idx, None, Interleaved(2))
+    run_schedule(model, idx, idx, Interleaved(2)).loss.backward()
+    assert model.blocks[0].attn.c_q.weight.grad is not None
+
+
+def test_transformer_and_lrt_prefill_then_decode_match_exact_under_no_grad():
+    for memory in (None, MemoryConfig()):
+        model = _model(memory)
+        idx = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(2))
+        sched = OnePass() if memory is None else Exact()
+        dec = Decoder(model, 2, 9)
+        last = dec.prefill(idx[:, :5], sched)
+        steps = torch.stack([last] + [dec.step(idx[:, t]) for t in range(5, 8)], 1)
+        ref = run_schedule(model, idx[:, :8], None, sched).logits[:, 4:]
+        assert (steps - ref).abs().max() < 1e-10
+
+
+def test_no_grad_appends_grow_in_place_without_corrupting_branches():
+    """Without autograd, chunk appends write into preallocated storage; re-running a stage from an
+    older buffer must leave the newer buffer's rows alone."""
+    model = _model()
+    idx = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(3))
+    other = torch.randint(0, 64, (2, 3), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        _, b1 = model.stage(idx[:, :3], range(0, 3), model.empty_buffer(idx))
+        _, b2 = model.stage(idx[:, 3:6], range(3, 6), b1)   # storage allocated here
+        _, b3 = model.stage(idx[:, 6:9], range(6, 9), b2)   # grows in place
+        k3, mem3 = b3.k[1].clone(), b3.mem.clone()
+        branch, _ = model.stage(other, range(6, 9), b2)     # another continuation of b2
+    assert torch.equal(b3.k[1], k3) and torch.equal(b3.mem, mem3)
+    _, r2 = model.stage(idx[:, 3:6], range(3, 6), model.stage(idx[:, :3], range(0, 3), model.empty_buffer(idx))[1])
+    want_branch, _ = model.stage(other, range(6, 9), r2)
+    assert (branch - want_branch).abs().max() < 1e-12
+    chunked = run_schedule(model, idx, None, Chunked(3)).buffer
+    assert (b3.k[1] - chunked.k[1]).abs().max() < 1e-12 and (b3.mem - chunked.mem).abs().max() < 1e-12
