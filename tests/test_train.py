@@ -227,3 +227,16 @@ def test_lrt_starting_as_the_plain_model_learns_at_least_as_fast_per_step(tmp_pa
     assert first_lrt == pytest.approx(first_plain, rel=1e-5)  # identical models at step 0
     tail = lambda r: sum(train_losses(r)[-20:]) / 20
     assert tail(lrt) <= tail(plain) * 1.02
+
+
+@pytest.mark.slow
+def test_demo_quick_trains_three_models_and_reuses_them(tmp_path, capsys):
+    from lrt_lab.demo import run_demo
+    table = run_demo(out=str(tmp_path), quick=True)
+    assert list(table.columns) == ["demo-transformer-quick", "demo-lrt-interleaved2-quick", "demo-lrt-fullseq3-quick"]
+    assert "pos@90 exact (L=48)" in table.index and "train time (s)" in table.index
+    df = load_runs(tmp_path)
+    assert sorted(df["config.schedule"]) == ["fullseq:3", "interleaved:2", "onepass"]
+    capsys.readouterr()
+    run_demo(out=str(tmp_path), quick=True)  # a second demo reuses the complete runs
+    assert capsys.readouterr().out.count("already trained") == 3
