@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import PRESETS, MemoryConfig, preset as model_preset
+from .config import fail as _fail
 from .decode import Decoder
 from .model import LRT
 from .schedules import Chunked, Exact, FullSequence, Interleaved, OnePass, run_schedule
@@ -90,10 +91,6 @@ PREFILL_CASES = {"onepass": OnePass(), "interleaved_2": Interleaved(2), "exact":
 
 
 # Validation ----------------------------------------------------------------------------------------
-def _fail(name: str, value, allowed: str):
-    raise ValueError(f"{name}={value!r} is invalid; allowed: {allowed}")
-
-
 def _resolve_device(device) -> str:
     if device in (None, "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"

@@ -16,21 +16,22 @@ import math
 from dataclasses import dataclass, field
 
 
-def _fail(field_name: str, value, allowed: str) -> None:
+def fail(field_name: str, value, allowed: str) -> None:
+    """Raise the project's ValueError: the field, the bad value, what is allowed."""
     raise ValueError(f"{field_name}={value!r} is invalid; allowed: {allowed}")
 
 
-def _check_int(name: str, value, low: int, high: int | None = None) -> None:
+def check_int(name: str, value, low: int, high: int | None = None) -> None:
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
     if ok and high is not None:
         ok = value <= high
     if not ok:
-        _fail(name, value, f"an integer in [{low}, {high if high is not None else 'inf'}]")
+        fail(name, value, f"an integer in [{low}, {high if high is not None else 'inf'}]")
 
 
 def _check_choice(name: str, value, choices: tuple) -> None:
     if value not in choices:
-        _fail(name, value, ", ".join(repr(c) for c in choices))
+        fail(name, value, ", ".join(repr(c) for c in choices))
 
 
 @dataclass(frozen=True)
@@ -77,13 +78,13 @@ class MemoryConfig:
 
     def __post_init__(self):
         if self.source_layer is not None:
-            _check_int("memory.source_layer", self.source_layer, 1)
-        _check_int("memory.source_avg", self.source_avg, 1)
-        _check_int("memory.lag", self.lag, 1)
-        _check_int("memory.lag_avg", self.lag_avg, 1)
+            check_int("memory.source_layer", self.source_layer, 1)
+        check_int("memory.source_avg", self.source_avg, 1)
+        check_int("memory.lag", self.lag, 1)
+        check_int("memory.lag_avg", self.lag_avg, 1)
         _check_choice("memory.residual", self.residual, (True, False))
         if not isinstance(self.gamma_init, (int, float)) or not math.isfinite(self.gamma_init):
-            _fail("memory.gamma_init", self.gamma_init, "a finite number")
+            fail("memory.gamma_init", self.gamma_init, "a finite number")
         _check_choice("memory.kv", self.kv, ("both", "keys", "values", "none"))
         _check_choice("memory.kv_mode", self.kv_mode, ("add", "replace"))
         _check_choice("memory.projections", self.projections, ("shared", "layerwise"))
@@ -91,7 +92,7 @@ class MemoryConfig:
         _check_choice("memory.rec_init", self.rec_init, ("uniform", "zero"))
         _check_choice("memory.reset_memory_at_bos", self.reset_memory_at_bos, (True, False))
         if not self.residual and self.kv == "none":
-            _fail("memory.kv", self.kv, "'both', 'keys' or 'values' when memory.residual is False "
+            fail("memory.kv", self.kv, "'both', 'keys' or 'values' when memory.residual is False "
                   "(with neither pathway, use memory=None for a plain transformer)")
 
     @property
@@ -129,41 +130,41 @@ class ModelConfig:
     memory: MemoryConfig | None = None
 
     def __post_init__(self):
-        _check_int("vocab_size", self.vocab_size, 1)
-        _check_int("n_layer", self.n_layer, 1)
-        _check_int("n_embd", self.n_embd, 2)
-        _check_int("n_head", self.n_head, 1)
-        _check_int("n_kv_head", self.n_kv_head, 1)
-        _check_int("sequence_len", self.sequence_len, 1)
+        check_int("vocab_size", self.vocab_size, 1)
+        check_int("n_layer", self.n_layer, 1)
+        check_int("n_embd", self.n_embd, 2)
+        check_int("n_head", self.n_head, 1)
+        check_int("n_kv_head", self.n_kv_head, 1)
+        check_int("sequence_len", self.sequence_len, 1)
         if self.n_embd % self.n_head:
-            _fail("n_head", self.n_head, f"a divisor of n_embd={self.n_embd}")
+            fail("n_head", self.n_head, f"a divisor of n_embd={self.n_embd}")
         if self.n_head % self.n_kv_head:
-            _fail("n_kv_head", self.n_kv_head, f"a divisor of n_head={self.n_head}")
+            fail("n_kv_head", self.n_kv_head, f"a divisor of n_head={self.n_head}")
         if (self.n_embd // self.n_head) % 2:
-            _fail("n_head", self.n_head, "a value giving an even head_dim (RoPE rotates pairs)")
+            fail("n_head", self.n_head, "a value giving an even head_dim (RoPE rotates pairs)")
         if not self.window_pattern or set(self.window_pattern.upper()) - {"S", "L"}:
-            _fail("window_pattern", self.window_pattern, "a non-empty string of 'S' and 'L'")
+            fail("window_pattern", self.window_pattern, "a non-empty string of 'S' and 'L'")
         if self.short_window is not None:
-            _check_int("short_window", self.short_window, 1)
+            check_int("short_window", self.short_window, 1)
         for name in ("use_value_embeds", "use_x0_residual", "use_resid_lambdas"):
             _check_choice(name, getattr(self, name), (True, False))
         if self.softcap is not None and not (isinstance(self.softcap, (int, float)) and self.softcap > 0):
-            _fail("softcap", self.softcap, "a positive number or None")
+            fail("softcap", self.softcap, "a positive number or None")
         if not (isinstance(self.rope_base, (int, float)) and self.rope_base > 1):
-            _fail("rope_base", self.rope_base, "a number > 1")
+            fail("rope_base", self.rope_base, "a number > 1")
         if self.bos_token_id is not None:
-            _check_int("bos_token_id", self.bos_token_id, 0, self.vocab_size - 1)
+            check_int("bos_token_id", self.bos_token_id, 0, self.vocab_size - 1)
         if self.memory is not None:
             if not isinstance(self.memory, MemoryConfig):
-                _fail("memory", self.memory, "a MemoryConfig or None")
+                fail("memory", self.memory, "a MemoryConfig or None")
             m = self.memory
             if m.source_layer is not None and m.source_layer > self.n_layer:
-                _fail("memory.source_layer", m.source_layer, f"an integer in [1, n_layer={self.n_layer}]")
+                fail("memory.source_layer", m.source_layer, f"an integer in [1, n_layer={self.n_layer}]")
             if m.source_avg > self.source_layer:
-                _fail("memory.source_avg", m.source_avg,
+                fail("memory.source_avg", m.source_avg,
                       f"an integer in [1, source_layer={self.source_layer}]")
             if m.reset_memory_at_bos and self.bos_token_id is None:
-                _fail("bos_token_id", None, "a token id when memory.reset_memory_at_bos is True")
+                fail("bos_token_id", None, "a token id when memory.reset_memory_at_bos is True")
 
     # Derived shapes -------------------------------------------------------------------------
     @property
@@ -200,13 +201,13 @@ class ModelConfig:
         d = dict(d)
         unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
-            _fail("config", sorted(unknown), ", ".join(f.name for f in dataclasses.fields(cls)))
+            fail("config", sorted(unknown), ", ".join(f.name for f in dataclasses.fields(cls)))
         mem = d.pop("memory", None)
         if isinstance(mem, dict):
             known = {f.name for f in dataclasses.fields(MemoryConfig)}
             bad = set(mem) - known
             if bad:
-                _fail("memory", sorted(bad), ", ".join(sorted(known)))
+                fail("memory", sorted(bad), ", ".join(sorted(known)))
             mem = MemoryConfig(**mem)
         return cls(**d, memory=mem)
 
@@ -237,6 +238,6 @@ PRESETS: dict[str, dict] = {
 def preset(name: str, memory: MemoryConfig | None = None, **overrides) -> ModelConfig:
     """A named backbone shape, optionally with an LRT memory and field overrides."""
     if name not in PRESETS:
-        _fail("preset", name, ", ".join(PRESETS))
+        fail("preset", name, ", ".join(PRESETS))
     fields = {**PRESETS[name], **overrides}
     return ModelConfig(**fields, memory=memory)

@@ -13,20 +13,9 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from lrt_lab.config import check_int, fail  # noqa: F401  (the project's field-naming errors)
+
 from tasks.curriculum import LengthCurriculum
-
-
-def fail(field_name: str, value, allowed: str) -> None:
-    """Raise the project's ValueError: the field, the bad value, what is allowed."""
-    raise ValueError(f"{field_name}={value!r} is invalid; allowed: {allowed}")
-
-
-def check_int(name: str, value, low: int, high: int | None = None) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    if ok and high is not None:
-        ok = value <= high
-    if not ok:
-        fail(name, value, f"an integer in [{low}, {high if high is not None else 'inf'}]")
 
 
 class Batch(NamedTuple):

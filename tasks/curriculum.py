@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import torch
 
-
-def _fail(field_name: str, value, allowed: str) -> None:
-    raise ValueError(f"{field_name}={value!r} is invalid; allowed: {allowed}")
+from lrt_lab.config import fail as _fail
 
 
 def _is_int(value) -> bool:

@@ -37,13 +37,7 @@ EDGE_CASES = [
 ]
 
 
-def stdlib_docs() -> list[str]:
-    """A tiny real corpus: the json and email packages' sources, one document per top-level block."""
-    docs = []
-    for pkg in (json, email):
-        for f in sorted(Path(pkg.__file__).parent.glob("*.py")):
-            docs += [p for p in re.split(r"\n\n\n+", f.read_text(encoding="utf-8")) if p.strip()]
-    return docs
+from stdlib_corpus import stdlib_docs  # noqa: E402  (shared test corpus)
 
 
 @pytest.fixture(scope="module")
