@@ -292,7 +292,7 @@ class LRT(nn.Module):
         """W_k,rec m and W_v,rec m, (B, n, n_kv_head, head_dim) each, in one matmul (i: projection
         index; shared projections have one, computed once per stage for every layer)."""
         if mem is None or weights.rec is None:
-            return None, None
+            return None, None, None
         cfg, mod = self.config, self.memory
         B, n = mem.shape[:2]
         out = F.linear(mem, weights.rec[i])
@@ -300,21 +300,48 @@ class LRT(nn.Module):
         parts = iter(out.split(kvd, dim=-1))
         k = next(parts).view(B, n, cfg.n_kv_head, cfg.head_dim) if mod.k_rec is not None else None
         v = next(parts).view(B, n, cfg.n_kv_head, cfg.head_dim) if mod.v_rec is not None else None
-        return k, v
+        # both: also [k; v] as one (B, n, 2, n_kv_head, head_dim) view, for the joint gating below
+        kv = out.view(B, n, 2, cfg.n_kv_head, cfg.head_dim) if k is not None and v is not None else None
+        return k, v, kv
 
-    def stage(self, tokens: torch.Tensor, P: range, buffer, hooks: dict | None = None):
+    def deferred_layers(self, chunk: int = 1) -> int | None:
+        """Where Chunked(chunk) / Exact may split the stack (0-based index of the first block above
+        the source layer), or None. Only blocks 1..source_layer of position t feed m_t; the blocks
+        above read m_{t-lag} but feed nothing sequential, so they can run for every position in one
+        parallel stage once the lower blocks have run chunk by chunk (same logits). That holds
+        while chunk <= lag: a longer chunk reads zero memory inside itself (sec. 3.2), which a
+        pass over the finished memory would not reproduce."""
+        if self.memory is None or chunk > self.config.memory.lag:
+            return None
+        split = self.config.source_layer
+        return split if split < self.config.n_layer else None
+
+    def stage(self, tokens: torch.Tensor, P: range, buffer, hooks: dict | None = None,
+              layers: range | None = None, resid: torch.Tensor | None = None):
         """Recompute positions P (tokens: (B, |P|), the inputs at P) against `buffer`.
 
         Returns (logits at P: (B, |P|, V), the buffer with P's K/V and source states written).
         `hooks`, when a dict, receives the stage's activations at P by their stable names.
+
+        layers: the contiguous blocks to run (default: all). A stage that starts above block 0
+        takes `resid`, the residual stream entering its first block at P; one that stops below
+        the top returns that residual stream (B, |P|, d) instead of logits. The buffer's K/V of
+        the blocks outside `layers` are left as they were (see `deferred_layers`).
         """
         cfg, mem_module = self.config, self.memory
         B, n = tokens.shape
         H, Hkv, D = cfg.n_head, cfg.n_kv_head, cfg.head_dim
         qd, kvd = H * D, Hkv * D
+        L = cfg.n_layer
+        layers = range(L) if layers is None else layers
+        if not (isinstance(layers, range) and layers.step == 1 and 0 <= layers.start < layers.stop <= L):
+            raise ValueError(f"layers={layers!r} is invalid; allowed: range(a, b) with 0 <= a < b <= n_layer={L}")
+        if (layers.start > 0) != (resid is not None):
+            raise ValueError("resid is invalid: allowed: the residual stream (B, |P|, d) exactly when "
+                             f"layers starts above block 0 (layers={layers})")
         weights = self._stage_weights(buffer)
-        x = norm(self.wte(tokens))
-        x0 = x
+        x0 = norm(self.wte(tokens))
+        x = x0 if resid is None else resid
         cos, sin = self.rotary(P, x.device, x.dtype)
         mem = self.read_memory(buffer, P)
         kv_memory = mem_module is not None and cfg.memory.uses_kv
@@ -323,18 +350,23 @@ class LRT(nn.Module):
         shared = kv_memory and cfg.memory.projections == "shared"
         rec_shared = self._recurrent_kv(mem, weights, 0) if shared else None  # once per stage
         extra_sizes = ([2 * Hkv] if gated else []) + ([Hkv] if cfg.use_value_embeds else [])
-        if hooks is not None:
+        # Without autograd (decoding, prefill) the gated K/V injection runs in place on the fused
+        # projection: K and V gated together (they share the gates, eq. 3) in two kernels, and q, k
+        # stay adjacent for one norm + rotation, as in the transformer (docs/performance.md)
+        inplace_kv = (gated and hooks is None and not torch.is_grad_enabled()
+                      and mem_module.k_rec is not None and mem_module.v_rec is not None)
+        if hooks is not None and layers.start == 0:
             hooks["embed"] = x0
             if cfg.memory is not None:
                 hooks["mem_in"] = mem if mem is not None else x.new_zeros(B, n, cfg.n_embd)
         # per-layer scalars as views made once per stage (indexing a parameter is a kernel call)
-        L = cfg.n_layer
         alphas = self.resid_lambdas.unbind(0) if self.resid_lambdas is not None else [None] * L
         betas = self.x0_lambdas.unbind(0) if self.x0_lambdas is not None else [None] * L
         gammas = (mem_module.gamma.unbind(0) if mem is not None and mem_module.gamma is not None
                   else [None] * L)
-        k_full, v_full, sources = [], [], []
-        for l, block in enumerate(self.blocks):
+        k_full, v_full, sources = list(buffer.k), list(buffer.v), []
+        for l in layers:
+            block = self.blocks[l]
             # x' = alpha_l x + beta_l x0 + gamma_l m (residual injection, sec. 2.2) in as few
             # kernels as the enabled terms need
             side = betas[l] * x0 if betas[l] is not None else None
@@ -353,42 +385,46 @@ class LRT(nn.Module):
             attn = block.attn
             # one matmul for q, k, v, the LRT gates and the value-embedding gate (fused weights)
             proj = F.linear(h, weights.inp[l])
-            # split (not slicing): its backward is one concatenation, not a zero-filled
-            # proj-sized gradient per slice
-            if keys_local:  # q and k stay adjacent: normalised and rotated together below
-                qk, v, *rest = proj.split([qd + kvd, kvd] + extra_sizes, dim=-1)
-                k = None
-            else:
-                q, k, v, *rest = proj.split([qd, kvd, kvd] + extra_sizes, dim=-1)
-                q, k = q.view(B, n, H, D), k.view(B, n, Hkv, D)
-            v = v.view(B, n, Hkv, D)
-            gate_logits = rest.pop(0) if gated else None
-            if attn.ve_gate is not None:
-                # v + 2 sigmoid(W_ve h) * ve: the factor 2 rides in addcmul (exact: a power of 2;
-                # 4 when the values' gate factor 2 is folded into the weights, see above)
-                ve_gate = torch.sigmoid(rest.pop(0))
-                # (ve cast to v's dtype: under bf16 autocast an fp32 embedding would promote v, and
-                # with it attention, to fp32)
-                ve = self.value_embeds[l](tokens).view(B, n, Hkv, D).to(v.dtype)
-                v = torch.addcmul(v, ve_gate[..., None], ve,
-                                  value=4 if gated and mem_module.v_rec is not None else 2)
-            if kv_memory:
+            if inplace_kv and l not in self.replace_layers:
                 rec = rec_shared if shared else self._recurrent_kv(mem, weights, l)
-                k, v = self._inject_kv(l, gate_logits, k, v, rec, hooks)
-            # QK-norm, then RoPE: the recurrent key is encoded at t (eq. 5)
-            # q and k side by side: one norm and one rotation for both. They are adjacent in `proj`
-            # when the keys are local only; after the KV injection they are concatenated when the
-            # stage is small (kernel launches dominate: decoding, Exact), else normalised apart
-            # (a concatenation is one more pass over q and k where bandwidth dominates)
-            if keys_local or B * n <= 64:
-                qk = qk.view(B, n, H + Hkv, D) if keys_local else torch.cat([q, k], dim=2)
+                qk, v = self._inject_kv_inplace(l, proj, tokens, rec[2], extra_sizes)
                 q, k = apply_rotary(norm(qk), cos, sin).split([H, Hkv], dim=2)
             else:
-                q, k = apply_rotary(norm(q), cos, sin), apply_rotary(norm(k), cos, sin)
+                # split (not slicing): its backward is one concatenation, not a zero-filled
+                # proj-sized gradient per slice
+                if keys_local:  # q and k stay adjacent: normalised and rotated together below
+                    qk, v, *rest = proj.split([qd + kvd, kvd] + extra_sizes, dim=-1)
+                    k = None
+                else:
+                    q, k, v, *rest = proj.split([qd, kvd, kvd] + extra_sizes, dim=-1)
+                    q, k = q.view(B, n, H, D), k.view(B, n, Hkv, D)
+                v = v.view(B, n, Hkv, D)
+                gate_logits = rest.pop(0) if gated else None
+                if attn.ve_gate is not None:
+                    # v + 2 sigmoid(W_ve h) * ve: the factor 2 rides in addcmul (exact: a power of 2;
+                    # 4 when the values' gate factor 2 is folded into the weights, see above)
+                    ve_gate = torch.sigmoid(rest.pop(0))
+                    # (ve cast to v's dtype: under bf16 autocast an fp32 embedding would promote v, and
+                    # with it attention, to fp32)
+                    ve = self.value_embeds[l](tokens).view(B, n, Hkv, D).to(v.dtype)
+                    v = torch.addcmul(v, ve_gate[..., None], ve,
+                                      value=4 if gated and mem_module.v_rec is not None else 2)
+                if kv_memory:
+                    rec = rec_shared if shared else self._recurrent_kv(mem, weights, l)
+                    k, v = self._inject_kv(l, gate_logits, k, v, rec, hooks)
+                # QK-norm, then RoPE: the recurrent key is encoded at t (eq. 5)
+                # q and k side by side: one norm and one rotation for both. They are adjacent in `proj`
+                # when the keys are local only; after the KV injection they are concatenated when the
+                # stage is small (kernel launches dominate: decoding, Exact), else normalised apart
+                # (a concatenation is one more pass over q and k where bandwidth dominates)
+                if keys_local or B * n <= 64:
+                    qk = qk.view(B, n, H + Hkv, D) if keys_local else torch.cat([q, k], dim=2)
+                    q, k = apply_rotary(norm(qk), cos, sin).split([H, Hkv], dim=2)
+                else:
+                    q, k = apply_rotary(norm(q), cos, sin), apply_rotary(norm(k), cos, sin)
             q, k = q.to(v.dtype), k.to(v.dtype)
             K, V = buffer.splice_kv(l, P, k, v)
-            k_full.append(K)
-            v_full.append(V)
+            k_full[l], v_full[l] = K, V
             if K.size(1) > P.stop:  # (only then: slicing is not free under autograd)
                 K, V = K[:, :P.stop], V[:, :P.stop]
             y = attend(q, K, V, P, self.windows[l])
@@ -411,10 +447,34 @@ class LRT(nn.Module):
                 mem_out = sum(wi * s for wi, s in zip(w, sources))
             if hooks is not None:
                 hooks["mem_out"] = mem_out
+        if layers.stop < L:
+            return x, buffer.updated(P, k_full, v_full, mem_out)
         logits = self.lm_head(norm(x))
         if cfg.softcap is not None:
             logits = cfg.softcap * torch.tanh(logits / cfg.softcap)
         return logits, buffer.updated(P, k_full, v_full, mem_out)
+
+    def _inject_kv_inplace(self, l, proj, tokens, rec_kv, extra_sizes):
+        """Without autograd: value embedding and the gated KV injection (eqs. 2-4) written into the
+        fused projection `proj` in place. Returns (q and k side by side: (B, n, H + Hkv, D), v).
+
+        Same arithmetic as the out-of-place path (v + 4 sigmoid(W_ve h) ve, then g_loc * local +
+        g_rec * W_rec m with the gates' 2 folded into the weights), with K and V gated together."""
+        cfg = self.config
+        B, n = proj.shape[:2]
+        H, Hkv, D = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        qd, kvd = H * D, Hkv * D
+        _, kv, gate_logits, *rest = proj.split([qd, 2 * kvd] + extra_sizes, dim=-1)
+        kv = kv.view(B, n, 2, Hkv, D)                 # [k; v], a view into proj
+        v = kv.select(2, 1)
+        if self.blocks[l].attn.ve_gate is not None:
+            ve = self.value_embeds[l](tokens).view(B, n, Hkv, D).to(kv.dtype)
+            v.addcmul_(torch.sigmoid(rest[0]).unsqueeze(-1), ve, value=4)
+        g_loc, g_rec = torch.sigmoid(gate_logits).view(B, n, 2, 1, Hkv, 1).unbind(2)
+        kv.mul_(g_loc)
+        if rec_kv is not None:  # zero memory contributes nothing; the local gate still applies
+            kv.addcmul_(g_rec, rec_kv)
+        return proj.narrow(-1, 0, qd + kvd).view(B, n, H + Hkv, D), v
 
     def _inject_kv(self, l, gate_logits, k, v, rec, hooks):
         """KV projection (eqs. 2-4): gate and add (or, in replace layers, substitute) W_rec m."""
@@ -441,7 +501,7 @@ class LRT(nn.Module):
                 return rec if g_rec is None else g_rec * rec
             return base + rec if g_rec is None else torch.addcmul(base, g_rec, rec)
 
-        k_rec, v_rec = rec
+        k_rec, v_rec, _ = rec
         if mem_module.k_rec is not None:
             k = combine(k, k_rec)
         if mem_module.v_rec is not None:

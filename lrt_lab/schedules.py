@@ -215,6 +215,29 @@ def _check_inputs(model, idx, targets):
         raise ValueError(f"targets is invalid; allowed: a LongTensor with idx's shape {tuple(idx.shape)}")
 
 
+def _deferred_split(model, schedule: Schedule, cache) -> int | None:
+    """The block index Exact / Chunked(C <= lag) may split the stack at (`LRT.deferred_layers`),
+    or None. With a hook cache the unsplit path runs (every stage then reports every hook)."""
+    if cache is not None or not isinstance(schedule, Chunked):
+        return None
+    deferred = getattr(model, "deferred_layers", None)
+    return deferred(schedule.C) if deferred is not None else None
+
+
+def _run_split(model, idx: torch.Tensor, stages: list[range], split: int, buffer):
+    """Exact with the blocks above the source layer deferred: blocks [0, split) stage by stage
+    (the recurrence), then blocks [split, L) for all positions in one causal stage that
+    reads the finished memory m_{t-1}. Same logits as running every block per position (tested);
+    the sequential part shrinks to split/L of the blocks."""
+    lower, upper = range(0, split), range(split, model.config.n_layer)
+    resid = []
+    for P in stages:
+        x_P, buffer = model.stage(idx[:, P.start:P.stop], P, buffer, layers=lower)
+        resid.append(x_P)
+    full = range(0, idx.size(1))
+    return model.stage(idx, full, buffer, layers=upper, resid=torch.cat(resid, dim=1))
+
+
 def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None, schedule: Schedule | None = None,
                  cache: dict | None = None) -> ScheduleOutput:
     """Run `schedule` (default OnePass) on idx (B, T); optionally compute its training loss.
@@ -229,12 +252,17 @@ def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None, 
     weights = schedule.stage_weights(T)
     buffer = model.empty_buffer(idx)
     stage_logits, stage_hooks = [], []
-    for P in stages:
-        hooks = {} if cache is not None else None
-        logits_P, buffer = model.stage(idx[:, P.start:P.stop:P.step], P, buffer, hooks)
-        stage_logits.append(logits_P)
-        stage_hooks.append(hooks)
-    logits = assemble(list(zip(stages, stage_logits)), T)
+    split = _deferred_split(model, schedule, cache)
+    if split is not None:
+        logits, buffer = _run_split(model, idx, stages, split, buffer)
+        stage_logits = [logits[:, P.start:P.stop] for P in stages]
+    else:
+        for P in stages:
+            hooks = {} if cache is not None else None
+            logits_P, buffer = model.stage(idx[:, P.start:P.stop:P.step], P, buffer, hooks)
+            stage_logits.append(logits_P)
+            stage_hooks.append(hooks)
+        logits = assemble(list(zip(stages, stage_logits)), T)
     loss, stage_losses = None, []
     if targets is not None:
         if weights is None:

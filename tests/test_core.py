@@ -107,6 +107,51 @@ def test_parallel_schedules_match_naive_and_differ_from_exact(name, sched):
     assert abs(out.loss.item() - float(expected)) <= 1e-9
 
 
+@pytest.mark.parametrize("name", ["default", "source1_lag2", "averages", "keys_replace", "reset_at_bos"])
+def test_exact_defers_the_blocks_above_the_source_layer(name):
+    """run_schedule's Exact runs blocks 1..source_layer per position and the rest in one parallel
+    stage; logits, loss and every gradient equal the plain per-position loop over the whole stack."""
+    model = make_model(CONFIGS[name])
+    split = model.deferred_layers(1)
+    assert split == model.config.source_layer < model.config.n_layer
+    idx, targets = tokens(), tokens(seed=5)
+    targets[1, 2] = -1
+    out = run_schedule(model, idx, targets, Exact())
+    grads = torch.autograd.grad(out.loss, list(model.parameters()), allow_unused=True)
+
+    buf, parts = model.empty_buffer(idx), []   # the unsplit loop, written out
+    for t in range(T):
+        logits_t, buf = model.stage(idx[:, t:t + 1], range(t, t + 1), buf)
+        parts.append(logits_t)
+    loop = torch.cat(parts, dim=1)
+    loop_loss = naive_cross_entropy(loop, targets)
+    loop_grads = torch.autograd.grad(loop_loss, list(model.parameters()), allow_unused=True)
+    assert maxdiff(out.logits, loop) <= TOL
+    assert abs(out.loss.item() - loop_loss.item()) <= TOL
+    for (n, _), g, want in zip(model.named_parameters(), grads, loop_grads):
+        assert (g is None) == (want is None), n
+        if g is not None:
+            assert maxdiff(g, want) <= 1e-9, n
+    # chunks up to the lag split too (memory never crosses inside them); longer ones must not
+    lag = CONFIGS[name].lag
+    assert model.deferred_layers(lag) == split and model.deferred_layers(lag + 1) is None
+    # the split never applies to a model whose source is its top block
+    top = make_model(dataclasses.replace(CONFIGS[name], source_layer=3, source_avg=1))
+    assert top.deferred_layers(1) is None
+
+
+def test_stage_layer_ranges_are_checked():
+    model = make_model(MemoryConfig())
+    idx = tokens()
+    buf = model.empty_buffer(idx)
+    x, _ = model.stage(idx, range(0, T), buf, layers=range(0, 2))
+    assert x.shape == (2, T, model.config.n_embd)
+    for layers, resid in ((range(0, 4), None), (range(2, 2), x), (range(0, 3, 2), None), (range(1, 3), None),
+                          (range(0, 3), x)):
+        with pytest.raises(ValueError, match="layers|resid"):
+            model.stage(idx, range(0, T), buf, layers=layers, resid=resid)
+
+
 def test_plain_transformer_decoding_equals_full_forward_and_reference():
     model = make_model(None)
     idx = tokens()
