@@ -41,8 +41,17 @@ def markdown(rows: list[list[str]], header: list[str]) -> str:
 
 
 def _label(df: pd.DataFrame) -> pd.Series:
+    """`transformer (4 layers)`, `lrt exact (4 layers)`, and for an LRT whose memory is read from a
+    block other than the default round(0.6 * depth): `lrt exact (4 layers, memory from block 4)`."""
     from lrt_lab.report import method_label
-    return df.apply(lambda r: f"{method_label(r)} ({int(r['config.model.n_layer'])} layers)", axis=1)
+
+    def label(r):
+        text = f"{method_label(r)} ({int(r['config.model.n_layer'])} layers"
+        src = r.get("config.model.memory.source_layer")
+        if r.get("config.kind") == "lrt" and src is not None and not pd.isna(src):
+            text += f", memory from block {int(src)}"
+        return text + ")"
+    return df.apply(label, axis=1)
 
 
 def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str | None:
@@ -51,7 +60,8 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
         return None
     sub["label"] = _label(sub)
     L = int(sub["config.train.length"].iloc[0])
-    lengths = sorted({int(c.split("@")[1]) for c in sub.columns if c.startswith("summary.eval.pos90_exact@")})
+    lengths = sorted({int(c.split("@")[1]) for c in sub.columns
+                      if c.startswith("summary.eval.pos90_exact@") and sub[c].notna().any()})
     stats = {}
     for metric in [f"summary.eval.pos90_exact@{n}" for n in lengths] + [f"summary.eval.acc_exact@{n}" for n in lengths]:
         t = seed_stats(sub, metric, group_by=("label",))
@@ -62,10 +72,13 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
         r = [label]
         r += [cell(stats[f"summary.eval.pos90_exact@{n}"].get(label)) for n in lengths]
         r += [cell(stats[f"summary.eval.acc_exact@{lengths[0]}"].get(label), "{:.3f}")]
+        runs = sub[sub["label"] == label].sort_values("config.train.seed")
+        r.append(", ".join(str(int(v)) for v in runs[f"summary.eval.pos90_exact@{L}"]))
         if paper is not None:
             r.append(paper.get(label, "-"))
         rows.append(r)
-    header = ["model / trainer"] + [f"pos@90 at {n}" for n in lengths] + [f"accuracy at {lengths[0]}"]
+    header = (["model / trainer"] + [f"pos@90 at {n}" for n in lengths] + [f"accuracy at {lengths[0]}"]
+              + [f"pos@90 at {L} per seed"])
     if paper is not None:
         header.append("paper pos@90 (of 64, T=64)")
     steps = int(sub["config.train.steps"].iloc[0])

@@ -1,0 +1,93 @@
+"""The committed run store (`results/`) and the README's Results tables built from it.
+
+The tables come from lrt_lab's run store and seed statistics; here each cell is recomputed from
+the runs' JSON files with the standard library alone and looked up in the printed table."""
+
+import importlib.util
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from lrt_lab.results import load_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+STORE = ROOT / "results"
+
+
+def _tables_module():
+    spec = importlib.util.spec_from_file_location("results_tables", ROOT / "experiments" / "results_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _runs_by_method(task: str) -> dict:
+    """{label: [summary.eval dicts]} for complete runs of `task`, read straight from the files."""
+    out = defaultdict(list)
+    for folder in sorted(STORE.iterdir()):
+        if not (folder / "summary.json").is_file():
+            continue
+        config = json.loads((folder / "config.json").read_text())
+        if config["train"]["task"] != task:
+            continue
+        kind, schedule = config["kind"], config["schedule"]
+        method = kind if schedule == "onepass" and kind != "lrt" else f"{kind} {schedule}"
+        src = (config["model"].get("memory") or {}).get("source_layer")
+        where = f", memory from block {src}" if kind == "lrt" and src is not None else ""
+        out[f"{method} ({config['model']['n_layer']} layers{where})"].append(json.loads((folder / "summary.json").read_text())["eval"])
+    return out
+
+
+def _row(table: str, label: str) -> list[str]:
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells and cells[0] == label:
+            return cells
+    raise AssertionError(f"no row {label!r} in\n{table}")
+
+
+@pytest.mark.parametrize("task", ["a5_prefix", "z60_prefix"])
+def test_state_tracking_table_matches_the_run_files(task):
+    runs = _runs_by_method(task)
+    assert runs, f"results/ holds no complete {task} runs"
+    table = _tables_module().state_tracking_table(load_runs(STORE), task, None)
+    header = [c.strip() for c in table.splitlines()[2].strip("|").split("|")]
+    lengths = [int(h.split()[-1]) for h in header if h.startswith("pos@90 at") and not h.endswith("per seed")]
+    assert lengths, header
+    for label, evals in runs.items():
+        cells = _row(table, label)
+        for i, n in enumerate(lengths, start=1):
+            values = [e[f"pos90_exact@{n}"] for e in evals]
+            assert cells[i].startswith(f"{statistics.mean(values):.1f}"), (label, n, cells[i])
+            assert f"(n={len(values)})" in cells[i]
+        acc = statistics.mean(e[f"acc_exact@{lengths[0]}"] for e in evals)
+        assert cells[len(lengths) + 1].startswith(f"{acc:.3f}"), (label, cells)
+        per_seed = sorted(cells[len(lengths) + 2].split(", "))
+        assert per_seed == sorted(str(e[f"pos90_exact@{lengths[0]}"]) for e in evals), (label, cells)
+
+
+def test_gap_table_recovered_fraction_matches_the_bpb_tables():
+    """(base - method) / (base - exact) per seed from each run's tables/bpb.csv, averaged."""
+    bpb = defaultdict(dict)
+    for folder in sorted(STORE.iterdir()):
+        csv = folder / "tables" / "bpb.csv"
+        if not csv.is_file() or not (folder / "summary.json").is_file():
+            continue
+        config = json.loads((folder / "config.json").read_text())
+        if config["train"]["task"] != "text_bytes":
+            continue
+        exact = next(line.split(",")[3] for line in csv.read_text().splitlines() if line.startswith("exact,"))
+        method = config["kind"] if config["kind"] != "lrt" else f"lrt {config['schedule']}"
+        bpb[method][config["train"]["seed"]] = float(exact)
+    assert {"transformer", "lrt exact"} <= set(bpb), sorted(bpb)
+    table = _tables_module().gap_table(load_runs(STORE))
+    for method in set(bpb) - {"transformer", "lrt exact"}:
+        seeds = sorted(set(bpb[method]) & set(bpb["transformer"]) & set(bpb["lrt exact"]))
+        fractions = [(bpb["transformer"][s] - bpb[method][s]) / (bpb["transformer"][s] - bpb["lrt exact"][s])
+                     for s in seeds]
+        cells = _row(table, method)
+        assert cells[2].startswith(f"{100 * statistics.mean(fractions):.0f}%"), (method, cells)
+        assert f"(n={len(seeds)})" in cells[2]
