@@ -44,6 +44,7 @@ from .config import fail as _fail
 from .decode import Decoder
 from .model import LRT
 from .schedules import Chunked, Exact, FullSequence, Interleaved, OnePass, run_schedule
+from .train import optimizer_step
 
 
 @dataclass(frozen=True)
@@ -229,10 +230,7 @@ def _train_step_fn(model, opts, idx, targets, schedule, device):
             out = run_schedule(model, idx, targets, schedule)
         out.loss.backward()
         mark()  # forward + backward | optimizer
-        for opt in opts:
-            opt.step()
-        for opt in opts:
-            opt.zero_grad(set_to_none=True)
+        optimizer_step(opts, model.parameters())
     return step
 
 

@@ -404,9 +404,7 @@ class LRT(nn.Module):
                     # v + 2 sigmoid(W_ve h) * ve: the factor 2 rides in addcmul (exact: a power of 2;
                     # 4 when the values' gate factor 2 is folded into the weights, see above)
                     ve_gate = torch.sigmoid(rest.pop(0))
-                    # (ve cast to v's dtype: under bf16 autocast an fp32 embedding would promote v, and
-                    # with it attention, to fp32)
-                    ve = self.value_embeds[l](tokens).view(B, n, Hkv, D).to(v.dtype)
+                    ve = self._value_embedding(l, tokens, v.dtype)
                     v = torch.addcmul(v, ve_gate[..., None], ve,
                                       value=4 if gated and mem_module.v_rec is not None else 2)
                 if kv_memory:
@@ -454,6 +452,12 @@ class LRT(nn.Module):
             logits = cfg.softcap * torch.tanh(logits / cfg.softcap)
         return logits, buffer.updated(P, k_full, v_full, mem_out)
 
+    def _value_embedding(self, l: int, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Layer l's value embedding of `tokens` as (B, n, n_kv_head, head_dim) in v's dtype (under
+        bf16 autocast an fp32 embedding would promote v, and with it attention, to fp32)."""
+        B, n = tokens.shape
+        return self.value_embeds[l](tokens).view(B, n, self.config.n_kv_head, self.config.head_dim).to(dtype)
+
     def _inject_kv_inplace(self, l, proj, tokens, rec_kv, extra_sizes):
         """Without autograd: value embedding and the gated KV injection (eqs. 2-4) written into the
         fused projection `proj` in place. Returns (q and k side by side: (B, n, H + Hkv, D), v).
@@ -468,7 +472,7 @@ class LRT(nn.Module):
         kv = kv.view(B, n, 2, Hkv, D)                 # [k; v], a view into proj
         v = kv.select(2, 1)
         if self.blocks[l].attn.ve_gate is not None:
-            ve = self.value_embeds[l](tokens).view(B, n, Hkv, D).to(kv.dtype)
+            ve = self._value_embedding(l, tokens, kv.dtype)
             v.addcmul_(torch.sigmoid(rest[0]).unsqueeze(-1), ve, value=4)
         g_loc, g_rec = torch.sigmoid(gate_logits).view(B, n, 2, 1, Hkv, 1).unbind(2)
         kv.mul_(g_loc)

@@ -220,8 +220,7 @@ def _deferred_split(model, schedule: Schedule, cache) -> int | None:
     or None. With a hook cache the unsplit path runs (every stage then reports every hook)."""
     if cache is not None or not isinstance(schedule, Chunked):
         return None
-    deferred = getattr(model, "deferred_layers", None)
-    return deferred(schedule.C) if deferred is not None else None
+    return model.deferred_layers(schedule.C)
 
 
 def _run_split(model, idx: torch.Tensor, stages: list[range], split: int, buffer):

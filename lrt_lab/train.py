@@ -221,6 +221,16 @@ def set_schedules(opts, step: int, cfg: TrainConfig) -> float:
 
 
 # Evaluation -------------------------------------------------------------------------------------
+def optimizer_step(opts, params, grad_clip: float = 0.0) -> None:
+    """Clip the gradient norm of `params` (when grad_clip > 0), step every optimizer, clear grads."""
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    for opt in opts:
+        opt.step()
+    for opt in opts:
+        opt.zero_grad(set_to_none=True)
+
+
 def _masked_targets(batch) -> torch.Tensor:
     return batch.targets.masked_fill(~batch.loss_mask, IGNORE_INDEX)
 
@@ -399,12 +409,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
         with autocast or _nullcontext():
             result = run_schedule(model, inputs, targets, schedule)
         result.loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        for opt in opts:
-            opt.step()
-        for opt in opts:
-            opt.zero_grad(set_to_none=True)
+        optimizer_step(opts, model.parameters(), cfg.grad_clip)
         n_tokens = inputs.numel()
         counters["tokens"] += n_tokens
         counters["compute_tokens"] += n_tokens * cost

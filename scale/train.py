@@ -80,7 +80,7 @@ from lrt_lab.config import PRESETS
 from lrt_lab.model import LRT
 from lrt_lab.results import Run
 from lrt_lab.schedules import OnePass, parse_schedule
-from lrt_lab.train import lr_multiplier, model_config, parse_value, save_checkpoint
+from lrt_lab.train import lr_multiplier, model_config, optimizer_step, parse_value, save_checkpoint
 
 from . import evaluate as ev
 from . import flops as fl
@@ -619,12 +619,7 @@ def _train(args, ctx: DistContext) -> Path | None:
                 (out.loss / accum).backward()
             losses = torch.stack([out.loss.detach().float()] + [l.detach().float() for l in out.stage_losses])
             loss_sum = losses if loss_sum is None else loss_sum + losses
-        if args.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), args.grad_clip)
-        for opt in opts:
-            opt.step()
-        for opt in opts:
-            opt.zero_grad(set_to_none=True)
+        optimizer_step(opts, raw_model.parameters(), args.grad_clip)
         loss_vec = loss_sum / accum
         if ctx.distributed:
             dist.all_reduce(loss_vec)
