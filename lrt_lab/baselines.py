@@ -144,6 +144,7 @@ class _Baseline(LRT):
             raise ValueError("memory is invalid for a loop/ponder baseline; allowed: None (they are plain "
                              "transformers underneath; use model='lrt' for the memory pathway)")
         super().__init__(config)
+        self.windows = config.window_sizes()  # per layer; PonderLM counts them in rows
 
     def _input_weights(self) -> list[torch.Tensor]:
         """Per layer [W_q; W_k; W_v; W_ve_gate zero-padded to d]: one matmul per layer and pass."""
@@ -157,7 +158,7 @@ class _Baseline(LRT):
         return out
 
     def _stack(self, x, ve_ids, ve_keep, cos, sin, rows: range, buffer, layer0: int, weights,
-               hooks: dict | None = None, prefix: str = ""):
+               hooks: dict | None = None):
         """One pass of the blocks over buffer rows `rows` (contiguous), writing buffer layers
         layer0..layer0+n_layer-1. x: (B, n, d) input vectors (x0 of the x0 skip); ve_ids: (B, n)
         token ids for the value embeddings (None: none); ve_keep: (1, n, 1, 1) 0/1 per row, or None
@@ -174,7 +175,7 @@ class _Baseline(LRT):
             if self.x0_lambdas is not None:
                 x = x + self.x0_lambdas[l] * x0
             if hooks is not None:
-                hooks[f"{prefix}blocks.{l}.resid_pre"] = x
+                hooks[f"blocks.{l}.hook_resid_pre"] = x
             proj = F.linear(norm(x), weights[l])
             if block.attn.ve_gate is not None:
                 qk, v, gate = proj.split([qd + kvd, kvd, Hkv], dim=-1)
@@ -196,14 +197,18 @@ class _Baseline(LRT):
             x = x + block.attn.c_proj(y.reshape(B, n, qd))
             x = x + block.mlp(norm(x))
             if hooks is not None:
-                hooks[f"{prefix}blocks.{l}.resid_post"] = x
+                hooks[f"blocks.{l}.hook_resid_post"] = x
         return x, ks, vs
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(norm(x))
-        if self.config.softcap is not None:
-            logits = self.config.softcap * torch.tanh(logits / self.config.softcap)
-        return logits
+        return self.head(x)
+
+    def _report(self, acts: dict, P: range):
+        """Pass the stage's activations at the token positions P through the model's hook points,
+        so `run_schedule(cache=)` and `lrt_lab.hooks.capture` see them as for the LRT (capture
+        only: a replacement returned by a hook does not change a baseline's computation)."""
+        for name, t in acts.items():
+            self.get_submodule(name)(t, positions=P)
 
     def _layers_config(self, n_layer: int) -> ModelConfig:
         """The config of a buffer/cache holding n_layer layers of K/V."""
@@ -240,8 +245,9 @@ class LoopTransformer(_Baseline):
         return DecodeCache(self._layers_config(self.n_loops * self.config.n_layer), batch_size, max_len,
                            device=device, dtype=dtype)
 
-    def stage(self, tokens: torch.Tensor, P: range, buffer, hooks: dict | None = None):
-        """Positions P through all loops; the loop count is the buffer's (layers // n_layer)."""
+    def stage(self, tokens: torch.Tensor, P: range, buffer):
+        """Positions P through all loops; the loop count is the buffer's (layers // n_layer).
+        Hook points report the last loop's activations."""
         L = self.config.n_layer
         n_loops, rest = divmod(len(buffer.k), L)
         if rest or n_loops < 1:
@@ -250,15 +256,15 @@ class LoopTransformer(_Baseline):
         e = norm(self.wte(tokens))
         cos, sin = self.rotary(P, e.device, e.dtype)
         weights = self._input_weights()
-        if hooks is not None:
-            hooks["embed"] = e
+        acts = {"hook_embed": e}
         x, k_all, v_all = e, [], []
         for i in range(n_loops):
             if i:
                 x = x + e  # re-inject the input embedding at every loop after the first
-            x, ks, vs = self._stack(x, tokens, None, cos, sin, P, buffer, i * L, weights, hooks, f"loops.{i}.")
+            x, ks, vs = self._stack(x, tokens, None, cos, sin, P, buffer, i * L, weights, acts)
             k_all += ks
             v_all += vs
+        self._report(acts, P)
         return self._head(x), buffer.updated(P, k_all, v_all, None)
 
 
@@ -323,25 +329,25 @@ class PonderLM(_Baseline):
     def new_decode_cache(self, batch_size: int, max_len: int, device=None, dtype=None) -> PonderDecodeCache:
         return PonderDecodeCache(self.config, self.stride, batch_size, max_len, device=device, dtype=dtype)
 
-    def stage(self, tokens: torch.Tensor, P: range, buffer, hooks: dict | None = None):
+    def stage(self, tokens: torch.Tensor, P: range, buffer):
         """Logits for the tokens at P (predicting P+1): Jacobi over a SequenceBuffer, sequential
         (the definition; N+1 forwards per token) over the Decoder's cache."""
         if len(P) and P.step != 1:
             raise ValueError(f"positions {P} are invalid for ponder; allowed: a contiguous range (schedules "
                              "onepass, chunked:C, exact)")
         if isinstance(buffer, PonderDecodeCache):
-            return self._sequential(tokens, P, buffer, hooks)
+            return self._sequential(tokens, P, buffer)
         if len(buffer.k) != 2 * self.config.n_layer:
             raise ValueError(f"buffer has {len(buffer.k)} layers; allowed: 2 * n_layer = "
                              f"{2 * self.config.n_layer} (make it with model.empty_buffer)")
-        return self._jacobi(tokens, P, buffer, hooks)
+        return self._jacobi(tokens, P, buffer)
 
     def _iterations(self) -> int:
         if self.random_jacobi is not None and self.training and torch.is_grad_enabled():
             return _draw(self.random_jacobi)
         return self.jacobi
 
-    def _jacobi(self, tokens, P: range, buffer, hooks):
+    def _jacobi(self, tokens, P: range, buffer):
         cfg, N, s = self.config, self.n_thoughts, self.stride
         L, d = cfg.n_layer, cfg.n_embd
         B, C = tokens.shape
@@ -358,20 +364,18 @@ class PonderLM(_Baseline):
         keep[0] = 1.0  # value embeddings at token rows only
         keep = keep.repeat(C).view(1, C * s, 1, 1)
         K = min(self._iterations(), C * N)  # beyond C*N refinements the iteration is at its fixed point
-        stage_hooks = {} if hooks is not None else None
+        stage_hooks = {}
         for r in range(K + 1):
             x = torch.cat([e[:, :, None], thoughts], dim=2).reshape(B, C * s, d)
             out, ks, vs = self._stack(x, ids, keep, cos, sin, rows, buffer, 0, weights,
                                       stage_hooks if r == K else None)
             out = out.view(B, C, s, d)
             thoughts = norm(out[:, :, :N])  # each thought's next input: the row before it
-        if hooks is not None:
-            hooks["embed"] = e
-            for name, t in stage_hooks.items():  # at the rows that predict: the last thoughts
-                hooks[name] = t.view(B, C, s, -1)[:, :, N]
+        # at the rows that predict: the last thoughts
+        self._report({"hook_embed": e, **{name: t.view(B, C, s, -1)[:, :, N] for name, t in stage_hooks.items()}}, P)
         return self._head(out[:, :, N]), buffer.updated(P, ks + k_plain, vs + v_plain, None)
 
-    def _sequential(self, tokens, P: range, cache: PonderDecodeCache, hooks):
+    def _sequential(self, tokens, P: range, cache: PonderDecodeCache):
         if P.start != cache.length:
             raise ValueError(f"positions {P} cannot be appended to a cache holding {cache.length} tokens")
         s, weights = self.stride, self._input_weights()
@@ -386,6 +390,5 @@ class PonderLM(_Baseline):
                 cache.rows.updated(row, ks, vs, None)
                 x = norm(h)  # the next thought's input
             logits.append(self._head(h))
-        if hooks is not None:
-            hooks["embed"] = norm(self.wte(tokens))
+        self._report({"hook_embed": norm(self.wte(tokens))}, P)
         return torch.cat(logits, dim=1), cache

@@ -43,6 +43,7 @@ from .config import PRESETS, MemoryConfig, preset as model_preset
 from .config import fail as _fail
 from .decode import Decoder
 from .model import LRT
+from .optim import ROLES, build_optimizers
 from .schedules import Chunked, Exact, FullSequence, Interleaved, OnePass, run_schedule
 from .train import optimizer_step
 
@@ -209,13 +210,9 @@ def _build(name: str, memory, seq_len: int, device: str, seed: int, compile_: bo
 
 
 def _optimizers(model: LRT, device: str) -> list:
-    """Paper app. A: Muon for the 2-D hidden matrices (W_rec included), AdamW for the rest."""
-    groups = model.param_groups()
-    others = groups["embedding"] + groups["head"] + groups["scalar"]
-    opts = [torch.optim.Muon(groups["matrix"], lr=0.02, momentum=0.95, weight_decay=0.0)]
-    opts.append(torch.optim.AdamW(others, lr=3e-4, betas=(0.8, 0.95), weight_decay=0.0,
-                                  fused=device == "cuda" or None))
-    return opts
+    """Paper app. A: Muon for the 2-D hidden matrices (W_rec and gates included), AdamW for the rest."""
+    lrs = {"matrix": 0.02, **{role: 3e-4 for role in ROLES if role != "matrix"}}
+    return build_optimizers(model, lrs, fused=device == "cuda" or None)
 
 
 def _autocast(device: str):

@@ -30,7 +30,8 @@ def check_int(name: str, value, low: int, high: int | None = None) -> None:
 
 
 def _check_choice(name: str, value, choices: tuple) -> None:
-    if value not in choices:
+    # type-strict: 1 is not True, and 0.0 is not False
+    if not any(type(value) is type(c) and value == c for c in choices):
         fail(name, value, ", ".join(repr(c) for c in choices))
 
 
@@ -58,46 +59,64 @@ class MemoryConfig:
     gate:            dual per-KV-head gates 2*sigmoid(W_g x) (eq. 3); W_g is zero-initialised.
     rec_init:        "uniform" (like the other K/V projections) or "zero" (so the LRT starts exactly
                      as the plain transformer).
+    queries:         also inject the memory into the queries, q = g_loc * q_local + g_rec * W_q,rec m
+                     (an extension beyond the paper; the gates are the KV heads' gates, shared by the
+                     query heads of each group).
+    source_tap:      which activation of the source layer becomes m_t: "resid" (the residual stream
+                     after the block: the paper's text), "normed" (its RMS norm: what the paper's
+                     released code feeds back; with source_layer = n_layer it is the LM head's
+                     input), "attn_out" (the block's attention output).
     reset_memory_at_bos: zero the injected memory when its source position lies in an earlier
                      document (documents start at ModelConfig.bos_token_id). Off by default, as in
                      the paper's packed-row pretraining, where memory crosses document boundaries.
     """
 
     source_layer: int | None = None
-    source_avg: int = 1
-    lag: int = 1
-    lag_avg: int = 1
-    residual: bool = True
+    source_avg: int = field(default=1, metadata={"min": 1})
+    lag: int = field(default=1, metadata={"min": 1})
+    lag_avg: int = field(default=1, metadata={"min": 1})
+    residual: bool = field(default=True, metadata={"choices": (True, False)})
     gamma_init: float = 0.1
-    kv: str = "both"
-    kv_mode: str = "add"
-    projections: str = "shared"
-    gate: bool = True
-    rec_init: str = "uniform"
-    reset_memory_at_bos: bool = False
+    kv: str = field(default="both", metadata={"choices": ("both", "keys", "values", "none")})
+    kv_mode: str = field(default="add", metadata={"choices": ("add", "replace")})
+    projections: str = field(default="shared", metadata={"choices": ("shared", "layerwise")})
+    gate: bool = field(default=True, metadata={"choices": (True, False)})
+    rec_init: str = field(default="uniform", metadata={"choices": ("uniform", "zero")})
+    reset_memory_at_bos: bool = field(default=False, metadata={"choices": (True, False)})
+    queries: bool = field(default=False, metadata={"choices": (True, False)})
+    source_tap: str = field(default="resid", metadata={"choices": ("resid", "normed", "attn_out")})
 
     def __post_init__(self):
+        # categorical and integer fields declare their allowed values in their metadata: validation
+        # and the generated invariant tests (tests/test_invariants.py) both read them from there
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if "choices" in f.metadata:
+                _check_choice(f"memory.{f.name}", value, f.metadata["choices"])
+            if "min" in f.metadata:
+                check_int(f"memory.{f.name}", value, f.metadata["min"])
         if self.source_layer is not None:
             check_int("memory.source_layer", self.source_layer, 1)
-        check_int("memory.source_avg", self.source_avg, 1)
-        check_int("memory.lag", self.lag, 1)
-        check_int("memory.lag_avg", self.lag_avg, 1)
-        _check_choice("memory.residual", self.residual, (True, False))
-        if not isinstance(self.gamma_init, (int, float)) or not math.isfinite(self.gamma_init):
+        if (not isinstance(self.gamma_init, (int, float)) or isinstance(self.gamma_init, bool)
+                or not math.isfinite(self.gamma_init)):
             fail("memory.gamma_init", self.gamma_init, "a finite number")
-        _check_choice("memory.kv", self.kv, ("both", "keys", "values", "none"))
-        _check_choice("memory.kv_mode", self.kv_mode, ("add", "replace"))
-        _check_choice("memory.projections", self.projections, ("shared", "layerwise"))
-        _check_choice("memory.gate", self.gate, (True, False))
-        _check_choice("memory.rec_init", self.rec_init, ("uniform", "zero"))
-        _check_choice("memory.reset_memory_at_bos", self.reset_memory_at_bos, (True, False))
-        if not self.residual and self.kv == "none":
+        if not self.residual and self.kv == "none" and not self.queries:
             fail("memory.kv", self.kv, "'both', 'keys' or 'values' when memory.residual is False "
                   "(with neither pathway, use memory=None for a plain transformer)")
+
+    @classmethod
+    def choices(cls) -> dict[str, tuple]:
+        """The categorical options and their allowed values (from the fields' metadata)."""
+        return {f.name: f.metadata["choices"] for f in dataclasses.fields(cls) if "choices" in f.metadata}
 
     @property
     def uses_kv(self) -> bool:
         return self.kv != "none"
+
+    @property
+    def gated(self) -> bool:
+        """Whether dual gates 2*sigmoid(W_g x) exist: some attention input receives memory."""
+        return self.gate and (self.uses_kv or self.queries)
 
     @property
     def history(self) -> int:

@@ -1,21 +1,26 @@
 """The Latent Recurrent Transformer: a nanochat-style decoder plus a cross-token memory pathway.
 
 One compute primitive, `LRT.stage(tokens, P, buffer)`: recompute positions P against a shared
-K/V + memory buffer (DESIGN.md). Training schedules, prefill strategies and decoding are all
+K/V + memory buffer (docs/design.md). Training schedules, prefill strategies and decoding are all
 orders of stages (`lrt_lab.schedules`, `lrt_lab.decode`). With `config.memory=None` the same class
 is the plain transformer baseline, so both share every line of the backbone.
 
-Memory pathway (paper sec. 2), for a position t reading m = m_{t-lag}:
+The backbone (`Block`, `Attention`, `MLP`) are ordinary modules with a `forward`, called as modules
+by every stage, so module hooks, activation checkpointing and per-block compilation work. All the
+LRT's own math lives in `lrt_lab.memory.MemoryPathway` (the extension point); a block calls it at
+three places, for a position t reading m = m_{t-lag}:
 - residual injection (sec. 2.2):  x_bar = alpha_l * x + beta_l * x0 + gamma_l * m
-- KV projection (sec. 2.1, eqs. 2-5): k~ = g_loc * k~_local + g_rec * W_k,rec m (same for v),
-  gates (g_loc, g_rec) = 2 * sigmoid(W_g x) per KV head with W_g zero-initialised; the combined
-  key then goes through QK-norm and RoPE at position t, like the local key.
+- gated KV projection (sec. 2.1, eqs. 2-4): k~ = g_loc * k_local + g_rec * W_k,rec m (same for v),
+  (g_loc, g_rec) = 2 * sigmoid(W_g x) per KV head, W_g zero-initialised;
+- the combined key then goes through QK-norm and RoPE at t, like the local key (eq. 5);
+and the source blocks' outputs become m_t (`MemoryPathway.emit`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -24,13 +29,10 @@ import torch.nn.functional as F
 from .attention import attend
 from .buffer import DecodeCache, SequenceBuffer
 from .config import ModelConfig
+from .hooks import HookPoint
+from .memory import MemoryPathway, MemoryRead, norm
 
 VE_GATE_CHANNELS = 32  # nanochat gates value embeddings from the first 32 input channels
-
-
-def norm(x: torch.Tensor) -> torch.Tensor:
-    """Parameter-free RMSNorm over the last dimension."""
-    return F.rms_norm(x, (x.size(-1),))
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -79,24 +81,72 @@ class Rotary(nn.Module):
         return cos[:, P.start:P.stop:P.step], sin[:, P.start:P.stop:P.step]
 
 
-@dataclass
-class StageWeights:
-    """Fused projection weights shared by every stage over one buffer (see LRT._stage_weights)."""
 
-    inp: list       # per layer: [W_q; W_k; W_v; W_g (LRT gates); W_ve_gate zero-padded to d]
-    rec: list | None  # [W_k,rec; W_v,rec]: one entry (shared projections) or one per layer
+@dataclass
+class StageContext:
+    """What every block of one stage shares (passed as an argument, never stored on a module)."""
+
+    positions: range                 # the sequence positions this stage computes (buffer rows)
+    cos: torch.Tensor                # RoPE tables at those positions
+    sin: torch.Tensor
+    buffer: object                   # SequenceBuffer or DecodeCache: K/V of every layer, memory
+    x0: torch.Tensor                 # the normed token embedding (nanochat's x0 skip)
+    memory: MemoryRead | None        # what the positions read (None: no memory pathway)
+    pathway: MemoryPathway | None
+
+
+class BlockOutput(NamedTuple):
+    x: torch.Tensor                  # residual stream after the block
+    k: torch.Tensor                  # the K this layer's attention saw (buffer rows with P's replaced)
+    v: torch.Tensor
+    attn_out: torch.Tensor           # the attention output added to the residual stream
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         d, kv = config.n_embd, config.n_kv_head * config.head_dim
+        self.layer = layer
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.window = config.window_sizes()[layer]
         self.c_q = nn.Linear(d, config.n_head * config.head_dim, bias=False)
         self.c_k = nn.Linear(d, kv, bias=False)
         self.c_v = nn.Linear(d, kv, bias=False)
         self.c_proj = nn.Linear(config.n_head * config.head_dim, d, bias=False)
         self.ve_gate = (nn.Linear(min(VE_GATE_CHANNELS, d), config.n_kv_head, bias=False)
                         if config.use_value_embeds else None)
+        names = ["hook_q", "hook_k", "hook_v"]
+        if config.memory is not None and config.memory.gated:
+            names += ["hook_gate_local", "hook_gate_rec"]
+        for name in names:
+            setattr(self, name, HookPoint())
+
+    def forward(self, h: torch.Tensor, ctx: StageContext, memory: MemoryRead | None = None,
+                value_embed: torch.Tensor | None = None):
+        """h: the normed residual stream (B, n, d) at ctx.positions. Returns (output (B, n, d),
+        the K and V attention saw, for the buffer)."""
+        B, n, _ = h.shape
+        P = ctx.positions
+        q = self.c_q(h).view(B, n, self.n_head, self.head_dim)
+        k = self.c_k(h).view(B, n, self.n_kv_head, self.head_dim)
+        v = self.c_v(h).view(B, n, self.n_kv_head, self.head_dim)
+        if value_embed is not None:  # nanochat's value embeddings, gated per head: 2 sigmoid(W h[:32])
+            g = 2 * torch.sigmoid(self.ve_gate(h[..., :self.ve_gate.in_features]))
+            v = v + g.unsqueeze(-1) * value_embed.to(v.dtype)
+        if memory is not None:
+            g_loc, g_rec = ctx.pathway.gate_values(self.layer, h)
+            if g_loc is not None:
+                g_loc = self.hook_gate_local(g_loc, positions=P)
+                g_rec = self.hook_gate_rec(g_rec, positions=P)
+            q, k, v = ctx.pathway.inject_qkv(self.layer, q, k, v, memory, g_loc, g_rec)
+        # QK-norm, then RoPE at t: the recurrent key is encoded at t like the local one (eq. 5)
+        q = apply_rotary(norm(q), ctx.cos, ctx.sin).to(v.dtype)
+        k = apply_rotary(norm(k), ctx.cos, ctx.sin).to(v.dtype)
+        q, k, v = (self.hook_q(q, positions=P), self.hook_k(k, positions=P), self.hook_v(v, positions=P))
+        K, V = ctx.buffer.splice_kv(self.layer, P, k, v)
+        Ks, Vs = (K, V) if K.size(1) == P.stop else (K[:, :P.stop], V[:, :P.stop])
+        y = attend(q, Ks, Vs, P, self.window)
+        return self.c_proj(y.reshape(B, n, -1)), K, V
 
 
 class MLP(nn.Module):
@@ -110,30 +160,41 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: ModelConfig):
+    """One layer: residual mix and memory injection, attention, MLP (pre-norm)."""
+
+    def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
-        self.attn = Attention(config)
+        self.layer = layer
+        self.attn = Attention(config, layer)
         self.mlp = MLP(config)
+        names = ["hook_resid_pre", "hook_attn_out", "hook_mlp_out", "hook_resid_post"]
+        if config.memory is not None:
+            names.append("hook_mem_in")
+        for name in names:
+            setattr(self, name, HookPoint())
 
-
-class MemoryPathway(nn.Module):
-    """Every parameter the LRT adds to the backbone lives here (so param_report can count them)."""
-
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        m = config.memory
-        d, n_layer = config.n_embd, config.n_layer
-        kv_dim = config.n_kv_head * config.head_dim
-        n_proj = 1 if m.projections == "shared" else n_layer
-        self.gamma = nn.Parameter(torch.zeros(n_layer)) if m.residual else None
-        self.k_rec = (nn.ModuleList(nn.Linear(d, kv_dim, bias=False) for _ in range(n_proj))
-                      if m.kv in ("both", "keys") else None)
-        self.v_rec = (nn.ModuleList(nn.Linear(d, kv_dim, bias=False) for _ in range(n_proj))
-                      if m.kv in ("both", "values") else None)
-        self.gates = (nn.ModuleList(nn.Linear(d, 2 * config.n_kv_head, bias=False) for _ in range(n_layer))
-                      if m.uses_kv and m.gate else None)
-        self.source_weights = nn.Parameter(torch.zeros(m.source_avg)) if m.source_avg > 1 else None
-        self.lag_weights = nn.Parameter(torch.zeros(m.lag_avg)) if m.lag_avg > 1 else None
+    def forward(self, x: torch.Tensor, ctx: StageContext, alpha=None, beta=None,
+                value_embed: torch.Tensor | None = None) -> BlockOutput:
+        """x_bar = alpha x + beta x0 (+ gamma m), then attention and MLP; alpha, beta: this layer's
+        scalars (None: 1 and 0); value_embed: this layer's value embedding of the tokens."""
+        P = ctx.positions
+        if alpha is not None:
+            x = alpha * x
+        if beta is not None:
+            x = x + beta * ctx.x0
+        memory = ctx.memory
+        if memory is not None:
+            m = self.hook_mem_in(memory.m, positions=P)
+            if m is not memory.m:  # patched for this layer only: its projections follow the patch
+                memory = MemoryRead(m)
+            x = ctx.pathway.inject_residual(self.layer, x, memory.m)
+        x = self.hook_resid_pre(x, positions=P)
+        attn_out, K, V = self.attn(norm(x), ctx, memory, value_embed)
+        attn_out = self.hook_attn_out(attn_out, positions=P)
+        x = x + attn_out
+        mlp_out = self.hook_mlp_out(self.mlp(norm(x)), positions=P)
+        x = self.hook_resid_post(x + mlp_out, positions=P)
+        return BlockOutput(x, K, V, attn_out)
 
 
 class LRT(nn.Module):
@@ -150,7 +211,7 @@ class LRT(nn.Module):
         # or without a memory pathway (controlled LRT-vs-transformer comparisons).
         with torch.random.fork_rng(devices=[]):
             self.wte = nn.Embedding(config.vocab_size, d)
-            self.blocks = nn.ModuleList(Block(config) for _ in range(n_layer))
+            self.blocks = nn.ModuleList(Block(config, l) for l in range(n_layer))
             self.value_embeds = (nn.ModuleList(nn.Embedding(config.vocab_size, config.n_kv_head * config.head_dim)
                                                for _ in range(n_layer)) if config.use_value_embeds else None)
             self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
@@ -158,22 +219,15 @@ class LRT(nn.Module):
         self.resid_lambdas = nn.Parameter(torch.ones(n_layer)) if config.use_resid_lambdas else None
         self.x0_lambdas = nn.Parameter(torch.zeros(n_layer)) if config.use_x0_residual else None
         self.rotary = Rotary(config.head_dim, config.rope_base)
-        self.windows = config.window_sizes()
-        src = config.source_layer
-        # 0-based indices of the layers whose outputs form m_t
-        self.source_layers = (list(range(src - config.memory.source_avg, src))
-                              if config.memory is not None else [])
-        n_replace = max(1, n_layer // 3)  # "KV replace, early 1/3 layers" (app. B)
-        self.replace_layers = (set(range(n_replace))
-                               if config.memory is not None and config.memory.kv_mode == "replace" else set())
+        self.hook_embed = HookPoint()
+        if self.memory is not None:
+            self.hook_mem_in, self.hook_mem_out = HookPoint(), HookPoint()
         self.reset_parameters()
 
-    # Initialisation -------------------------------------------------------------------------
     @torch.no_grad()
     def reset_parameters(self):
-        """nanochat's init; LRT additions per paper sec. 2 (gates at 1, gamma at gamma_init)."""
-        cfg = self.config
-        s = math.sqrt(3.0 / cfg.n_embd)  # uniform with the std of N(0, 1/d)
+        """nanochat's init; the memory pathway's per paper sec. 2 (gates at 1, gamma at gamma_init)."""
+        s = math.sqrt(3.0 / self.config.n_embd)  # uniform with the std of N(0, 1/d)
         nn.init.normal_(self.wte.weight, std=1.0)
         nn.init.normal_(self.lm_head.weight, std=0.001)
         for block in self.blocks:
@@ -183,334 +237,99 @@ class LRT(nn.Module):
             nn.init.zeros_(block.mlp.c_proj.weight)
             if block.attn.ve_gate is not None:
                 nn.init.zeros_(block.attn.ve_gate.weight)
-        if self.value_embeds is not None:
-            for emb in self.value_embeds:
-                nn.init.uniform_(emb.weight, -s, s)
+        for emb in self.value_embeds or []:
+            nn.init.uniform_(emb.weight, -s, s)
         if self.resid_lambdas is not None:
             self.resid_lambdas.fill_(1.0)
         if self.x0_lambdas is not None:
             self.x0_lambdas.fill_(0.1)
-        mem = self.memory
-        if mem is not None:
-            mcfg = cfg.memory
-            if mem.gamma is not None:
-                mem.gamma.fill_(mcfg.gamma_init)
-            for projs in (mem.k_rec, mem.v_rec):
-                for lin in projs or []:
-                    if mcfg.rec_init == "zero":
-                        nn.init.zeros_(lin.weight)
-                    else:
-                        nn.init.uniform_(lin.weight, -s, s)
-            for gate in mem.gates or []:
-                nn.init.zeros_(gate.weight)  # 2*sigmoid(0) = 1: neutral gates (eq. 3)
-            for w in (mem.source_weights, mem.lag_weights):
-                if w is not None:
-                    w.zero_()  # a uniform average to start
+        if self.memory is not None:
+            self.memory.reset_parameters()
+
+    def param_roles(self) -> dict[str, str]:
+        """Optimizer role of the backbone's parameters (patterns; lrt_lab.optim)."""
+        return {"wte.weight": "embedding", "value_embeds.*": "embedding", "lm_head.weight": "head",
+                "blocks.*.attn.c_*": "matrix", "blocks.*.attn.ve_gate.weight": "matrix",
+                "blocks.*.mlp.*": "matrix", "resid_lambdas": "resid_scalar", "x0_lambdas": "x0_scalar"}
 
     # The stage primitive ----------------------------------------------------------------------
-    def read_memory(self, buffer, P: range) -> torch.Tensor | None:
-        """m_{t-lag} for t in P (or the learned average of the last lag_avg states); None = zero."""
-        mcfg = self.config.memory
-        if mcfg is None:
-            return None
-        rows = buffer.read_memory(P, mcfg.lag, mcfg.lag_avg)
-        if rows is None:
-            return None
-        valid = buffer.memory_valid(P, mcfg.lag, mcfg.lag_avg)
-        if valid is not None:
-            rows = rows * valid[..., None].to(rows.dtype)
-        if mcfg.lag_avg == 1:
-            return rows[:, :, 0]
-        return torch.einsum("bpnd,n->bpd", rows, self.memory.lag_weights.softmax(0).to(rows.dtype))
-
-    # Fused projections --------------------------------------------------------------------------
-    def _fused_params(self) -> list[torch.Tensor]:
-        ps = []
-        for l, block in enumerate(self.blocks):
-            a = block.attn
-            ps += [a.c_q.weight, a.c_k.weight, a.c_v.weight]
-            if a.ve_gate is not None:
-                ps.append(a.ve_gate.weight)
-        mem = self.memory
-        if mem is not None:
-            for mods in (mem.gates, mem.k_rec, mem.v_rec):
-                ps += [m.weight for m in mods or []]
-        return ps
-
-    def _stage_weights(self, buffer) -> "StageWeights":
-        """The fused projection weights a stage uses, built once per buffer (one schedule run, or
-        one decoder) and rebuilt when any weight, the grad mode or the autocast dtype changes.
-
-        Under autograd the fused weights are part of the graph (one cat forward, one split
-        backward per schedule run), so gradients reach the parameters as before."""
-        device_type = self.wte.weight.device.type
-        cast = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
-        mode = (torch.is_grad_enabled(), cast)
-        scratch = getattr(buffer, "scratch", None)
-        hit = scratch.get("stage_weights") if scratch is not None else None
-        if hit is not None:
-            params, versions, hit_mode, weights = hit
-            # in-place updates (optimizer steps, load_state_dict) bump a parameter's version
-            if hit_mode == mode and all(p._version == v for p, v in zip(params, versions)):
-                return weights
-        params = self._fused_params()
-        weights = self._build_stage_weights(cast)
-        if scratch is not None:
-            scratch["stage_weights"] = (params, [p._version for p in params], mode, weights)
-        return weights
-
-    def _build_stage_weights(self, cast: torch.dtype | None) -> "StageWeights":
-        d, mem = self.config.n_embd, self.memory
-        # The dual gates are 2*sigmoid(W_g h) (eq. 3). Every gated term is doubled in the weights
-        # instead (exact: a power of two), so a stage applies plain sigmoid(W_g h).
-        gated = mem is not None and mem.gates is not None
-        k_x2 = 2 if gated and mem.k_rec is not None else 1
-        v_x2 = 2 if gated and mem.v_rec is not None else 1
-        inp = []
-        for l, block in enumerate(self.blocks):
-            a = block.attn
-            rows = [a.c_q.weight, a.c_k.weight * k_x2 if k_x2 != 1 else a.c_k.weight,
-                    a.c_v.weight * v_x2 if v_x2 != 1 else a.c_v.weight]
-            if gated:
-                rows.append(mem.gates[l].weight)
-            if a.ve_gate is not None:  # reads only the first VE_GATE_CHANNELS inputs: zero-pad to d
-                rows.append(F.pad(a.ve_gate.weight, (0, d - a.ve_gate.weight.size(1))))
-            inp.append(torch.cat(rows, 0))
-        rec = None
-        if mem is not None and (mem.k_rec is not None or mem.v_rec is not None):
-            mods = [m for m in (mem.k_rec, mem.v_rec) if m is not None]
-            rec = [torch.cat([m[i].weight for m in mods], 0) if len(mods) > 1 else mods[0][i].weight
-                   for i in range(len(mods[0]))]
-            if gated:
-                rec = [2 * w for w in rec]
-        if cast is not None:
-            inp = [w.to(cast) for w in inp]
-            rec = [w.to(cast) for w in rec] if rec is not None else None
-        return StageWeights(inp, rec)
-
-    def _recurrent_kv(self, mem: torch.Tensor | None, weights: "StageWeights", i: int):
-        """W_k,rec m and W_v,rec m, (B, n, n_kv_head, head_dim) each, in one matmul (i: projection
-        index; shared projections have one, computed once per stage for every layer)."""
-        if mem is None or weights.rec is None:
-            return None, None, None
-        cfg, mod = self.config, self.memory
-        B, n = mem.shape[:2]
-        out = F.linear(mem, weights.rec[i])
-        kvd = cfg.n_kv_head * cfg.head_dim
-        parts = iter(out.split(kvd, dim=-1))
-        k = next(parts).view(B, n, cfg.n_kv_head, cfg.head_dim) if mod.k_rec is not None else None
-        v = next(parts).view(B, n, cfg.n_kv_head, cfg.head_dim) if mod.v_rec is not None else None
-        # both: also [k; v] as one (B, n, 2, n_kv_head, head_dim) view, for the joint gating below
-        kv = out.view(B, n, 2, cfg.n_kv_head, cfg.head_dim) if k is not None and v is not None else None
-        return k, v, kv
-
-    def deferred_layers(self, chunk: int = 1) -> int | None:
-        """Where Chunked(chunk) / Exact may split the stack (0-based index of the first block above
-        the source layer), or None. Only blocks 1..source_layer of position t feed m_t; the blocks
-        above read m_{t-lag} but feed nothing sequential, so they can run for every position in one
-        parallel stage once the lower blocks have run chunk by chunk (same logits). That holds
-        while chunk <= lag: a longer chunk reads zero memory inside itself (sec. 3.2), which a
-        pass over the finished memory would not reproduce."""
-        if self.memory is None or chunk > self.config.memory.lag:
-            return None
-        split = self.config.source_layer
-        return split if split < self.config.n_layer else None
-
-    def stage(self, tokens: torch.Tensor, P: range, buffer, hooks: dict | None = None,
-              layers: range | None = None, resid: torch.Tensor | None = None):
+    def stage(self, tokens: torch.Tensor, P: range, buffer, layers: range | None = None,
+              resid: torch.Tensor | None = None):
         """Recompute positions P (tokens: (B, |P|), the inputs at P) against `buffer`.
 
         Returns (logits at P: (B, |P|, V), the buffer with P's K/V and source states written).
-        `hooks`, when a dict, receives the stage's activations at P by their stable names.
-
         layers: the contiguous blocks to run (default: all). A stage that starts above block 0
         takes `resid`, the residual stream entering its first block at P; one that stops below
-        the top returns that residual stream (B, |P|, d) instead of logits. The buffer's K/V of
-        the blocks outside `layers` are left as they were (see `deferred_layers`).
+        the top returns that residual stream (B, |P|, d) instead of logits. The K/V of blocks
+        outside `layers` are left as they were (see `deferred_layers`).
         """
-        cfg, mem_module = self.config, self.memory
-        B, n = tokens.shape
-        H, Hkv, D = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        qd, kvd = H * D, Hkv * D
-        L = cfg.n_layer
+        layers = self._check_layers(layers, resid)
+        x0 = self.hook_embed(norm(self.wte(tokens)), positions=P)
+        x = x0 if resid is None else resid
+        cos, sin = self.rotary(P, x.device, x.dtype)
+        ctx = StageContext(P, cos, sin, buffer, x0, self._read_memory(buffer, P, x0), self.memory)
+        alphas = self.resid_lambdas.unbind(0) if self.resid_lambdas is not None else None
+        betas = self.x0_lambdas.unbind(0) if self.x0_lambdas is not None else None
+        k_all, v_all, sources = list(buffer.k), list(buffer.v), {}
+        for l in layers:
+            ve = (self.value_embeds[l](tokens).view(*tokens.shape, self.config.n_kv_head, -1)
+                  if self.value_embeds is not None else None)
+            out = self.blocks[l](x, ctx, alphas[l] if alphas else None, betas[l] if betas else None, ve)
+            x, k_all[l], v_all[l] = out.x, out.k, out.v
+            if self.memory is not None and l in self.memory.source_layers:
+                sources[l] = out
+        mem_out = None
+        if sources:
+            if len(sources) != len(self.memory.source_layers):
+                raise ValueError(f"layers={layers} is invalid; allowed: a range holding all of the source "
+                                 f"blocks {self.memory.source_layers} or none of them")
+            mem_out = self.hook_mem_out(self.memory.emit(sources), positions=P)
+        buffer = buffer.updated(P, k_all, v_all, mem_out)
+        if layers.stop < self.config.n_layer:
+            return x, buffer
+        return self.head(x), buffer
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits from the final residual stream: lm_head(norm(x)), soft-capped."""
+        logits = self.lm_head(norm(x))
+        if self.config.softcap is not None:
+            logits = self.config.softcap * torch.tanh(logits / self.config.softcap)
+        return logits
+
+    def _read_memory(self, buffer, P: range, like: torch.Tensor) -> MemoryRead | None:
+        if self.memory is None:
+            return None
+        m = self.memory.read(buffer, P, like.size(0), like)
+        return MemoryRead(self.hook_mem_in(m, positions=P))
+
+    def _check_layers(self, layers, resid) -> range:
+        L = self.config.n_layer
         layers = range(L) if layers is None else layers
         if not (isinstance(layers, range) and layers.step == 1 and 0 <= layers.start < layers.stop <= L):
             raise ValueError(f"layers={layers!r} is invalid; allowed: range(a, b) with 0 <= a < b <= n_layer={L}")
         if (layers.start > 0) != (resid is not None):
             raise ValueError("resid is invalid: allowed: the residual stream (B, |P|, d) exactly when "
                              f"layers starts above block 0 (layers={layers})")
-        weights = self._stage_weights(buffer)
-        x0 = norm(self.wte(tokens))
-        x = x0 if resid is None else resid
-        cos, sin = self.rotary(P, x.device, x.dtype)
-        mem = self.read_memory(buffer, P)
-        kv_memory = mem_module is not None and cfg.memory.uses_kv
-        gated = kv_memory and mem_module.gates is not None
-        keys_local = not (kv_memory and mem_module.k_rec is not None)  # keys = W_k h only
-        shared = kv_memory and cfg.memory.projections == "shared"
-        rec_shared = self._recurrent_kv(mem, weights, 0) if shared else None  # once per stage
-        extra_sizes = ([2 * Hkv] if gated else []) + ([Hkv] if cfg.use_value_embeds else [])
-        # Without autograd (decoding, prefill) the gated K/V injection runs in place on the fused
-        # projection: K and V gated together (they share the gates, eq. 3) in two kernels, and q, k
-        # stay adjacent for one norm + rotation, as in the transformer (docs/performance.md)
-        inplace_kv = (gated and hooks is None and not torch.is_grad_enabled()
-                      and mem_module.k_rec is not None and mem_module.v_rec is not None)
-        if hooks is not None and layers.start == 0:
-            hooks["embed"] = x0
-            if cfg.memory is not None:
-                hooks["mem_in"] = mem if mem is not None else x.new_zeros(B, n, cfg.n_embd)
-        # per-layer scalars as views made once per stage (indexing a parameter is a kernel call)
-        alphas = self.resid_lambdas.unbind(0) if self.resid_lambdas is not None else [None] * L
-        betas = self.x0_lambdas.unbind(0) if self.x0_lambdas is not None else [None] * L
-        gammas = (mem_module.gamma.unbind(0) if mem is not None and mem_module.gamma is not None
-                  else [None] * L)
-        k_full, v_full, sources = list(buffer.k), list(buffer.v), []
-        for l in layers:
-            block = self.blocks[l]
-            # x' = alpha_l x + beta_l x0 + gamma_l m (residual injection, sec. 2.2) in as few
-            # kernels as the enabled terms need
-            side = betas[l] * x0 if betas[l] is not None else None
-            if gammas[l] is not None:
-                side = gammas[l] * mem if side is None else torch.addcmul(side, gammas[l], mem)
-            if alphas[l] is not None:
-                x = alphas[l] * x if side is None else torch.addcmul(side, alphas[l], x)
-            elif side is not None:
-                x = x + side
-            if hooks is not None:
-                hooks[f"blocks.{l}.resid_pre"] = x
-                if cfg.memory is not None:
-                    inj = (mem if mem is not None else x.new_zeros(B, n, cfg.n_embd))
-                    hooks[f"blocks.{l}.mem_in"] = inj * mem_module.gamma[l] if mem_module.gamma is not None else inj
-            h = norm(x)
-            attn = block.attn
-            # one matmul for q, k, v, the LRT gates and the value-embedding gate (fused weights)
-            proj = F.linear(h, weights.inp[l])
-            if inplace_kv and l not in self.replace_layers:
-                rec = rec_shared if shared else self._recurrent_kv(mem, weights, l)
-                qk, v = self._inject_kv_inplace(l, proj, tokens, rec[2], extra_sizes)
-                q, k = apply_rotary(norm(qk), cos, sin).split([H, Hkv], dim=2)
-            else:
-                # split (not slicing): its backward is one concatenation, not a zero-filled
-                # proj-sized gradient per slice
-                if keys_local:  # q and k stay adjacent: normalised and rotated together below
-                    qk, v, *rest = proj.split([qd + kvd, kvd] + extra_sizes, dim=-1)
-                    k = None
-                else:
-                    q, k, v, *rest = proj.split([qd, kvd, kvd] + extra_sizes, dim=-1)
-                    q, k = q.view(B, n, H, D), k.view(B, n, Hkv, D)
-                v = v.view(B, n, Hkv, D)
-                gate_logits = rest.pop(0) if gated else None
-                if attn.ve_gate is not None:
-                    # v + 2 sigmoid(W_ve h) * ve: the factor 2 rides in addcmul (exact: a power of 2;
-                    # 4 when the values' gate factor 2 is folded into the weights, see above)
-                    ve_gate = torch.sigmoid(rest.pop(0))
-                    ve = self._value_embedding(l, tokens, v.dtype)
-                    v = torch.addcmul(v, ve_gate[..., None], ve,
-                                      value=4 if gated and mem_module.v_rec is not None else 2)
-                if kv_memory:
-                    rec = rec_shared if shared else self._recurrent_kv(mem, weights, l)
-                    k, v = self._inject_kv(l, gate_logits, k, v, rec, hooks)
-                # QK-norm, then RoPE: the recurrent key is encoded at t (eq. 5)
-                # q and k side by side: one norm and one rotation for both. They are adjacent in `proj`
-                # when the keys are local only; after the KV injection they are concatenated when the
-                # stage is small (kernel launches dominate: decoding, Exact), else normalised apart
-                # (a concatenation is one more pass over q and k where bandwidth dominates)
-                if keys_local or B * n <= 64:
-                    qk = qk.view(B, n, H + Hkv, D) if keys_local else torch.cat([q, k], dim=2)
-                    q, k = apply_rotary(norm(qk), cos, sin).split([H, Hkv], dim=2)
-                else:
-                    q, k = apply_rotary(norm(q), cos, sin), apply_rotary(norm(k), cos, sin)
-            q, k = q.to(v.dtype), k.to(v.dtype)
-            K, V = buffer.splice_kv(l, P, k, v)
-            k_full[l], v_full[l] = K, V
-            if K.size(1) > P.stop:  # (only then: slicing is not free under autograd)
-                K, V = K[:, :P.stop], V[:, :P.stop]
-            y = attend(q, K, V, P, self.windows[l])
-            attn_out = attn.c_proj(y.reshape(B, n, H * D))
-            x = x + attn_out
-            mlp_out = block.mlp(norm(x))
-            x = x + mlp_out
-            if hooks is not None:
-                hooks[f"blocks.{l}.attn_out"] = attn_out
-                hooks[f"blocks.{l}.mlp_out"] = mlp_out
-                hooks[f"blocks.{l}.resid_post"] = x
-            if l in self.source_layers:
-                sources.append(x)
-        mem_out = None
-        if sources:
-            if len(sources) == 1:
-                mem_out = sources[0]
-            else:
-                w = mem_module.source_weights.softmax(0).to(x.dtype)
-                mem_out = sum(wi * s for wi, s in zip(w, sources))
-            if hooks is not None:
-                hooks["mem_out"] = mem_out
-        if layers.stop < L:
-            return x, buffer.updated(P, k_full, v_full, mem_out)
-        logits = self.lm_head(norm(x))
-        if cfg.softcap is not None:
-            logits = cfg.softcap * torch.tanh(logits / cfg.softcap)
-        return logits, buffer.updated(P, k_full, v_full, mem_out)
+        return layers
 
-    def _value_embedding(self, l: int, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Layer l's value embedding of `tokens` as (B, n, n_kv_head, head_dim) in v's dtype (under
-        bf16 autocast an fp32 embedding would promote v, and with it attention, to fp32)."""
-        B, n = tokens.shape
-        return self.value_embeds[l](tokens).view(B, n, self.config.n_kv_head, self.config.head_dim).to(dtype)
+    def deferred_layers(self, chunk: int = 1) -> int | None:
+        """Where Chunked(chunk) / Exact may split the stack (0-based index of the first block above
+        the source layers), or None. Only the source blocks and those below them at position t
+        feed m_t; the blocks above read m_{t-lag} but feed nothing sequential, so they can run for
+        every position in one parallel stage once the lower blocks have run chunk by chunk (same
+        logits). That holds while chunk <= lag: a longer chunk reads zero memory inside itself
+        (sec. 3.2), which a pass over the finished memory would not reproduce."""
+        if self.memory is None or chunk > self.config.memory.lag:
+            return None
+        split = max(self.memory.source_layers) + 1
+        return split if split < self.config.n_layer else None
 
-    def _inject_kv_inplace(self, l, proj, tokens, rec_kv, extra_sizes):
-        """Without autograd: value embedding and the gated KV injection (eqs. 2-4) written into the
-        fused projection `proj` in place. Returns (q and k side by side: (B, n, H + Hkv, D), v).
-
-        Same arithmetic as the out-of-place path (v + 4 sigmoid(W_ve h) ve, then g_loc * local +
-        g_rec * W_rec m with the gates' 2 folded into the weights), with K and V gated together."""
-        cfg = self.config
-        B, n = proj.shape[:2]
-        H, Hkv, D = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        qd, kvd = H * D, Hkv * D
-        _, kv, gate_logits, *rest = proj.split([qd, 2 * kvd] + extra_sizes, dim=-1)
-        kv = kv.view(B, n, 2, Hkv, D)                 # [k; v], a view into proj
-        v = kv.select(2, 1)
-        if self.blocks[l].attn.ve_gate is not None:
-            ve = self._value_embedding(l, tokens, kv.dtype)
-            v.addcmul_(torch.sigmoid(rest[0]).unsqueeze(-1), ve, value=4)
-        g_loc, g_rec = torch.sigmoid(gate_logits).view(B, n, 2, 1, Hkv, 1).unbind(2)
-        kv.mul_(g_loc)
-        if rec_kv is not None:  # zero memory contributes nothing; the local gate still applies
-            kv.addcmul_(g_rec, rec_kv)
-        return proj.narrow(-1, 0, qd + kvd).view(B, n, H + Hkv, D), v
-
-    def _inject_kv(self, l, gate_logits, k, v, rec, hooks):
-        """KV projection (eqs. 2-4): gate and add (or, in replace layers, substitute) W_rec m."""
-        cfg, mem_module = self.config, self.memory
-        B, n = v.shape[:2]
-        Hkv = cfg.n_kv_head
-        if gate_logits is not None:
-            # sigmoid only: the gates' factor 2 is folded into the gated weights (_build_stage_weights)
-            g_loc, g_rec = torch.sigmoid(gate_logits).view(B, n, 2, Hkv, 1).unbind(2)
-            if hooks is not None:
-                hooks[f"blocks.{l}.gate_local"] = 2 * g_loc[..., 0]
-                hooks[f"blocks.{l}.gate_rec"] = 2 * g_rec[..., 0]
-        else:
-            g_loc = g_rec = None
-        replace = l in self.replace_layers
-
-        def combine(local, rec):
-            # zero memory contributes nothing, but the local gate still applies (same function
-            # for every stage, so the init stage is the t-1 = "no memory" case of the same model)
-            base = None if replace else (local if g_loc is None else g_loc * local)
-            if rec is None:
-                return base if base is not None else torch.zeros_like(local)
-            if base is None:
-                return rec if g_rec is None else g_rec * rec
-            return base + rec if g_rec is None else torch.addcmul(base, g_rec, rec)
-
-        k_rec, v_rec, _ = rec
-        if mem_module.k_rec is not None:
-            k = combine(k, k_rec)
-        if mem_module.v_rec is not None:
-            v = combine(v, v_rec)
-        return k, v
+    def compile_blocks(self, **options):
+        """Compile every block in place (torch.compile, opt-in): the eager math, generated fast.
+        Stages over new position sets recompile; the first steps are slow."""
+        for block in self.blocks:
+            block.compile(**options)
+        return self
 
     # Conveniences ------------------------------------------------------------------------------
     def forward(self, idx, targets=None, schedule=None, cache: dict | None = None):
@@ -547,16 +366,6 @@ class LRT(nn.Module):
                 "added_pct_of_total": 100.0 * added / total}
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
-        """Optimizer groups (paper app. A "Optimization"): Muon for 2-D hidden matrices including
-        the LRT projections; AdamW for embeddings, head, and scalars/gates."""
-        groups = {"matrix": [], "embedding": [], "head": [], "scalar": []}
-        for name, p in self.named_parameters():
-            if name.startswith("wte.") or name.startswith("value_embeds."):
-                groups["embedding"].append(p)
-            elif name.startswith("lm_head."):
-                groups["head"].append(p)
-            elif p.ndim == 2 and ".ve_gate." not in name and not name.startswith("memory.gates."):
-                groups["matrix"].append(p)
-            else:
-                groups["scalar"].append(p)
-        return groups
+        """Parameters by optimizer role (`lrt_lab.optim.param_roles`: every parameter in exactly one)."""
+        from .optim import grouped_parameters
+        return grouped_parameters(self)

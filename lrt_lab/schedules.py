@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .hooks import capture
+
 IGNORE_INDEX = -1
 
 
@@ -215,10 +217,10 @@ def _check_inputs(model, idx, targets):
         raise ValueError(f"targets is invalid; allowed: a LongTensor with idx's shape {tuple(idx.shape)}")
 
 
-def _deferred_split(model, schedule: Schedule, cache) -> int | None:
+def _deferred_split(model, schedule: Schedule) -> int | None:
     """The block index Exact / Chunked(C <= lag) may split the stack at (`LRT.deferred_layers`),
-    or None. With a hook cache the unsplit path runs (every stage then reports every hook)."""
-    if cache is not None or not isinstance(schedule, Chunked):
+    or None."""
+    if not isinstance(schedule, Chunked) or not hasattr(model, "deferred_layers"):
         return None
     return model.deferred_layers(schedule.C)
 
@@ -237,31 +239,39 @@ def _run_split(model, idx: torch.Tensor, stages: list[range], split: int, buffer
     return model.stage(idx, full, buffer, layers=upper, resid=torch.cat(resid, dim=1))
 
 
+def _run_stages(model, idx, schedule, stages):
+    buffer = model.empty_buffer(idx)
+    split = _deferred_split(model, schedule)
+    if split is not None:
+        logits, buffer = _run_split(model, idx, stages, split, buffer)
+        return logits, [logits[:, P.start:P.stop] for P in stages], buffer
+    stage_logits = []
+    for P in stages:
+        logits_P, buffer = model.stage(idx[:, P.start:P.stop:P.step], P, buffer)
+        stage_logits.append(logits_P)
+    return assemble(list(zip(stages, stage_logits)), idx.size(1)), stage_logits, buffer
+
+
 def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None, schedule: Schedule | None = None,
                  cache: dict | None = None) -> ScheduleOutput:
     """Run `schedule` (default OnePass) on idx (B, T); optionally compute its training loss.
 
-    cache: a dict that receives every hook (`embed`, `mem_in`, `blocks.{l}.resid_post`, ...) as a
-    (B, T, ...) tensor taken, like the logits, from the last stage that computed each position.
+    cache: a dict that receives every hook point's activation (`hook_embed`, `hook_mem_in`,
+    `blocks.{l}.hook_resid_post`, ...; lrt_lab.hooks) as a (B, T, ...) tensor taken, like the
+    logits, from the last stage that computed each position. To intervene rather than capture, run
+    inside `lrt_lab.hooks.hooks(model, {...})`.
     """
     _check_inputs(model, idx, targets)
     schedule = schedule or OnePass()
     T = idx.size(1)
     stages = schedule.stages(T)
     weights = schedule.stage_weights(T)
-    buffer = model.empty_buffer(idx)
-    stage_logits, stage_hooks = [], []
-    split = _deferred_split(model, schedule, cache)
-    if split is not None:
-        logits, buffer = _run_split(model, idx, stages, split, buffer)
-        stage_logits = [logits[:, P.start:P.stop] for P in stages]
+    if cache is not None:
+        with capture(model) as recorded:
+            logits, stage_logits, buffer = _run_stages(model, idx, schedule, stages)
+        cache.update(recorded.assembled(T))
     else:
-        for P in stages:
-            hooks = {} if cache is not None else None
-            logits_P, buffer = model.stage(idx[:, P.start:P.stop:P.step], P, buffer, hooks)
-            stage_logits.append(logits_P)
-            stage_hooks.append(hooks)
-        logits = assemble(list(zip(stages, stage_logits)), T)
+        logits, stage_logits, buffer = _run_stages(model, idx, schedule, stages)
     loss, stage_losses = None, []
     if targets is not None:
         if weights is None:
@@ -271,7 +281,4 @@ def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None, 
             stage_losses = [cross_entropy(lp, targets[:, P.start:P.stop:P.step])
                             for P, lp in zip(stages, stage_logits)]
             loss = sum(w * l for w, l in zip(weights, stage_losses)) / sum(weights)
-    if cache is not None:
-        for name in stage_hooks[0]:
-            cache[name] = assemble([(P, h[name]) for P, h in zip(stages, stage_hooks)], T)
     return ScheduleOutput(logits, loss, stage_losses, stages, stage_logits, buffer)

@@ -4,8 +4,9 @@
     run = train(TrainConfig(task="a5_prefix", length=16, preset="small", schedule="interleaved:2"))
 
 Optimisation follows the paper's appendix A ("Optimization"): Muon for the 2-D hidden matrices
-(attention, MLP, and the LRT projections W_k,rec / W_v,rec), AdamW with betas (0.8, 0.95) for
-embeddings, head, gates and scalars; no warm-up; linear warm-down to zero over the final half; Muon
+(attention, MLP, the LRT projections W_k,rec / W_v,rec and the gate matrices: the released code's
+choice, which keeps the gates unsaturated), AdamW with betas (0.8, 0.95) for embeddings, head and
+scalars (lrt_lab.optim); no warm-up; linear warm-down to zero over the final half; Muon
 momentum 0.85 -> 0.95 over the first 300 steps. Toy-size learning rates: the paper's reference
 rates are for d=768 and 2^19-token batches. We keep its (d/768)^-1/2 scaling of the embedding and
 head rates but not its sqrt(batch / 2^19) factor: toy batches are ~100x smaller and that factor
@@ -42,6 +43,7 @@ from .config import PRESETS, MemoryConfig, ModelConfig, preset
 from .decode import Decoder
 from .metrics import per_position_accuracy, pos_at
 from .model import LRT
+from .optim import build_optimizers
 from .results import Run
 from .schedules import IGNORE_INDEX, OnePass, parse_schedule, run_schedule
 
@@ -66,7 +68,7 @@ class TrainConfig:
     matrix_lr: float = 0.02                # Muon (paper: 0.02)
     embedding_lr: float = 0.1              # AdamW, before (d/768)^-1/2 (paper 0.3; capped for toys)
     head_lr: float = 0.004                 # AdamW, before (d/768)^-1/2 (paper 0.004)
-    scalar_lr: float = 0.05                # AdamW: gates, gamma, residual scalars (paper 0.5)
+    scalar_lr: float = 0.05                # AdamW: gamma, residual scalars (paper 0.5)
     weight_decay: float = 0.0
     warmdown_frac: float = 0.5             # linear warm-down to 0 over this final fraction
     grad_clip: float = 1.0
@@ -181,23 +183,14 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> LRT:
 
 # Optimisation -----------------------------------------------------------------------------------
 def make_optimizers(model, cfg: TrainConfig) -> list[torch.optim.Optimizer]:
-    groups = model.param_groups()
-    d = model.config.n_embd
-    width = (d / 768) ** -0.5
+    """Muon for the hidden matrices (gate matrices included), AdamW for the rest, by declared role
+    (lrt_lab.optim); the embedding and head rates scale as (d/768)^-1/2 (app. A)."""
+    width = (model.config.n_embd / 768) ** -0.5
     s = cfg.lr_scale
-    muon = torch.optim.Muon(groups["matrix"], lr=cfg.matrix_lr * s, momentum=0.95, weight_decay=cfg.weight_decay) if groups["matrix"] else None
-    adam_groups = [
-        {"params": groups["embedding"], "lr": cfg.embedding_lr * width * s},
-        {"params": groups["head"], "lr": cfg.head_lr * width * s},
-        {"params": groups["scalar"], "lr": cfg.scalar_lr * s},
-    ]
-    adam = torch.optim.AdamW([g for g in adam_groups if g["params"]], betas=(0.8, 0.95), eps=1e-10,
-                             weight_decay=0.0)
-    opts = [o for o in (muon, adam) if o is not None]
-    for opt in opts:
-        for g in opt.param_groups:
-            g["initial_lr"] = g["lr"]
-    return opts
+    lrs = {"matrix": cfg.matrix_lr * s, "embedding": cfg.embedding_lr * width * s,
+           "head": cfg.head_lr * width * s, "scalar": cfg.scalar_lr * s,
+           "resid_scalar": cfg.scalar_lr * s, "x0_scalar": cfg.scalar_lr * s}
+    return build_optimizers(model, lrs, weight_decay=cfg.weight_decay)
 
 
 def lr_multiplier(step: int, total: int, warmdown_frac: float) -> float:

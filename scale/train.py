@@ -80,6 +80,7 @@ from lrt_lab.config import PRESETS
 from lrt_lab.model import LRT
 from lrt_lab.results import Run
 from lrt_lab.schedules import OnePass, parse_schedule
+from lrt_lab.optim import build_optimizers
 from lrt_lab.train import lr_multiplier, model_config, optimizer_step, parse_value, save_checkpoint
 
 from . import evaluate as ev
@@ -255,31 +256,15 @@ def make_batches(data_dir, tokenizer_dir, vocab_size: int, batch_size: int, seq_
 
 # Optimisation -----------------------------------------------------------------------------------
 def make_optimizers(model: LRT, args) -> list[torch.optim.Optimizer]:
-    """Muon + AdamW with the paper's rates and scalings (see the module docstring)."""
-    groups = model.param_groups()
+    """Muon + AdamW with the paper's rates and scalings (see the module docstring), by declared
+    parameter role (lrt_lab.optim: the gate matrices train with Muon, as in the released code)."""
     width = (model.config.n_embd / 768) ** -0.5
     batch = math.sqrt(args.total_batch_size / fl.REFERENCE_BATCH_TOKENS)
-    resid = {id(model.resid_lambdas)} if model.resid_lambdas is not None else set()
-    x0 = {id(model.x0_lambdas)} if model.x0_lambdas is not None else set()
-    scalars = [p for p in groups["scalar"] if id(p) not in resid | x0]
-    adam = [
-        {"params": groups["embedding"], "lr": args.embedding_lr * width * batch, "name": "embedding"},
-        {"params": groups["head"], "lr": args.head_lr * width * batch, "name": "head"},
-        {"params": scalars, "lr": args.scalar_lr * batch, "name": "scalar"},
-        {"params": [p for p in groups["scalar"] if id(p) in resid], "lr": args.scalar_lr * 0.01 * batch,
-         "name": "resid_lambdas"},
-        {"params": [p for p in groups["scalar"] if id(p) in x0], "lr": args.scalar_lr * batch,
-         "betas": (0.96, 0.95), "name": "x0_lambdas"},
-    ]
-    opts = []
-    if groups["matrix"]:
-        opts.append(torch.optim.Muon(groups["matrix"], lr=args.matrix_lr * batch, momentum=0.95,
-                                     weight_decay=weight_decay_at(0, args)))
-    opts.append(torch.optim.AdamW([g for g in adam if g["params"]], betas=(0.8, 0.95), eps=1e-10, weight_decay=0.0))
-    for opt in opts:
-        for g in opt.param_groups:
-            g["initial_lr"] = g["lr"]
-    return opts
+    lrs = {"matrix": args.matrix_lr * batch, "embedding": args.embedding_lr * width * batch,
+           "head": args.head_lr * width * batch, "scalar": args.scalar_lr * batch,
+           "resid_scalar": args.scalar_lr * 0.01 * batch, "x0_scalar": args.scalar_lr * batch}
+    return build_optimizers(model, lrs, weight_decay=weight_decay_at(0, args),
+                            betas={"x0_scalar": (0.96, 0.95)})
 
 
 def weight_decay_at(step: int, args) -> float:

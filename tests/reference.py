@@ -84,7 +84,7 @@ class NaiveLRT:
             if c.use_value_embeds:
                 g = 2 * torch.sigmoid(W[p + "attn.ve_gate.weight"] @ h[:32])
                 v = v + g[:, None] * W[f"value_embeds.{l}.weight"][tok].view(Hkv, D)
-            if m is not None and m.kv != "none":
+            if m is not None and (m.kv != "none" or m.queries):
                 i = 0 if m.projections == "shared" else l
                 if m.gate:
                     g = 2 * torch.sigmoid(W[f"memory.gates.{l}.weight"] @ h).view(2, Hkv)
@@ -98,6 +98,13 @@ class NaiveLRT:
                 if m.kv in ("both", "values"):
                     v_rec = (W[f"memory.v_rec.{i}.weight"] @ mem).view(Hkv, D)
                     v = (0 if replace else g_loc * v) + g_rec * v_rec
+                if m.queries:  # each query head uses the gates of its KV head (GQA grouping)
+                    q_rec = (W[f"memory.q_rec.{i}.weight"] @ mem).view(H, D)
+                    group = H // Hkv
+                    for hq in range(H):
+                        gl = g_loc if isinstance(g_loc, float) else g_loc[hq // group]
+                        gr = g_rec if isinstance(g_rec, float) else g_rec[hq // group]
+                        q[hq] = gl * q[hq] + gr * q_rec[hq]
             q = torch.stack([rms(q[i]) for i in range(H)])
             k = torch.stack([rms(k[i]) for i in range(Hkv)])
             q, k = rope(q, t, c.rope_base), rope(k, t, c.rope_base)
@@ -116,11 +123,13 @@ class NaiveLRT:
                 probs = torch.exp(scores - scores.max())
                 probs = probs / probs.sum()
                 heads.append(sum(pr * vv for pr, vv in zip(probs, vals)))
-            x = x + W[p + "attn.c_proj.weight"] @ torch.cat(heads)
+            attn_out = W[p + "attn.c_proj.weight"] @ torch.cat(heads)
+            x = x + attn_out
             hmlp = torch.relu(W[p + "mlp.c_fc.weight"] @ rms(x)) ** 2
             x = x + W[p + "mlp.c_proj.weight"] @ hmlp
             if m is not None and src_layer - m.source_avg <= l < src_layer:
-                sources.append(x)
+                tap = {"resid": x, "normed": rms(x), "attn_out": attn_out}[m.source_tap]
+                sources.append(tap)
         if m is not None:
             if m.source_avg == 1:
                 fresh["mem"][t] = sources[0]

@@ -69,7 +69,7 @@ def test_probe_decodes_a_planted_signal_and_not_noise():
 
 def test_mem_in_is_probed_for_the_previous_state():
     state, x = planted(T=4, lag=1)  # mem_in at t carries the state at t-1
-    table = probe_activations({"mem_in": x}, state, seed=1)
+    table = probe_activations({"hook_mem_in": x}, state, seed=1)
     prev = table[(table["target"] == "state_prev") & (table["control"] == "probe")]
     cur = table[(table["target"] == "state") & (table["control"] == "probe")]
     assert prev["position"].tolist() == [2, 3, 4]               # no t-1 at the first position
@@ -95,14 +95,14 @@ def test_probe_model_sites_controls_and_plots():
     torch.manual_seed(0)
     model = LRT(preset("tiny", memory=MemoryConfig(), vocab_size=6))
     acts = collect_activations(model, b.inputs, "exact")
-    assert set(acts) == {"embed", "blocks.0.resid_post", "blocks.1.resid_post", "mem_in", "mem_out"}
+    assert set(acts) == {"hook_embed", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post", "hook_mem_in", "hook_mem_out"}
     # exact decoding: the memory a position reads is the source state of the one before
-    assert torch.allclose(acts["mem_in"][:, 1:], acts["mem_out"][:, :-1], atol=1e-6)
+    assert torch.allclose(acts["hook_mem_in"][:, 1:], acts["hook_mem_out"][:, :-1], atol=1e-6)
     table = probe_model(model, b.inputs, b.state, "exact", max_positions=3, steps=30)
     assert set(table["control"]) == {"probe", "majority", "shuffled_labels", "random_init"}
     assert sorted(table["position"].unique()) == [1, 3, 6]  # linspace(0, 5, 3) rounds half to even
     # position 1: the state is the input token, linearly decodable from the embedding
-    emb = table[(table["site"] == "embed") & (table["position"] == 1) & (table["control"] == "probe")]
+    emb = table[(table["site"] == "hook_embed") & (table["position"] == 1) & (table["control"] == "probe")]
     assert float(emb["accuracy"].iloc[0]) >= 0.95
     fig = plot_probe_heatmap(table)
     assert fig.axes
@@ -113,7 +113,7 @@ def test_probe_model_sites_controls_and_plots():
     tr_model = LRT(preset("tiny", vocab_size=6))
     tr_table = probe_model(tr_model, b.inputs, b.state, "interleaved:2", max_positions=2, steps=20,
                            controls=("majority",))
-    assert set(tr_table["site"]) == {"embed", "blocks.0.resid_post", "blocks.1.resid_post"}
+    assert set(tr_table["site"]) == {"hook_embed", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post"}
     assert set(tr_table["decoding"]) == {"onepass"}
     fig = plot_probe_comparison({"transformer": tr_table, "lrt": table}, baseline="majority")
     assert len(fig.axes) >= 4
@@ -124,7 +124,7 @@ def test_probe_model_sites_controls_and_plots():
     with pytest.raises(ValueError, match="state"):
         probe_model(model, b.inputs, None)
     with pytest.raises(ValueError, match="sites"):
-        collect_activations(model, b.inputs, "exact", sites=["blocks.9.resid_post"])
+        collect_activations(model, b.inputs, "exact", sites=["blocks.9.hook_resid_post"])
 
 
 # Gap recovery ---------------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ def build_store(root: Path, analysis: bool = True, lrt_seeds=(0, 1)) -> Path:
     probe = pd.DataFrame([{"run": LRT_RUNS[0], "kind": "lrt", "site": site, "target": "state", "position": p,
                            "control": control, "accuracy": min(1.0, 0.2 + 0.1 * i + 0.05 * p), "n_test": 10,
                            "decoding": "exact", "layer_index": i}
-                          for i, site in enumerate(["embed", "blocks.0.resid_post", "mem_in", "mem_out"])
+                          for i, site in enumerate(["hook_embed", "blocks.0.hook_resid_post", "hook_mem_in", "hook_mem_out"])
                           for p in range(1, 7) for control in ("probe", "majority")])
     Run(root / LRT_RUNS[0]).write_table("probe_exact", probe)
     (root / ".analysis").mkdir()
@@ -215,11 +215,11 @@ def test_analysis_table_readers():
     assert data.read_gap(pd.DataFrame({"x": [1]}))[2].startswith("expected columns")
     assert data.read_depth_sweep(pd.DataFrame({"x": [1]}))[2].startswith("expected columns")
 
-    probe = pd.DataFrame({"run": "r", "site": ["embed", "mem_in", "mem_in"], "target": ["state", "state", "state_prev"],
+    probe = pd.DataFrame({"run": "r", "site": ["hook_embed", "hook_mem_in", "hook_mem_in"], "target": ["state", "state", "state_prev"],
                           "position": [2, 2, 2], "control": "probe", "accuracy": [0.2, 0.3, 0.9],
                           "decoding": "exact", "layer_index": [0, 1, 1]})
     cells, msg = data.read_probe(probe, "r", "probe_exact")
-    assert msg is None and list(cells["row"]) == ["embed", "mem_in", "mem_in (t-1)"]
+    assert msg is None and list(cells["row"]) == ["hook_embed", "hook_mem_in", "hook_mem_in (t-1)"]
     assert set(cells["label"]) == {"r (exact)"} and list(cells["row_order"]) == [0, 1, 1.5]
 
     keys = {"config.train.task": "t"}

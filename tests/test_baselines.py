@@ -163,7 +163,7 @@ def test_ponder_trains_through_every_jacobi_pass():
     out.loss.backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
-    assert cache["blocks.1.resid_post"].shape == (2, T, model.config.n_embd)
+    assert cache["blocks.1.hook_resid_post"].shape == (2, T, model.config.n_embd)
     # buffer: layers 0..L-1 hold the 2T interleaved rows, L..2L-1 the init pass's T rows; the
     # interleaved rows never read the init pass's K/V, so a gradient reaching them has flowed
     # back through the thoughts the init pass seeded (nothing is detached)

@@ -11,6 +11,7 @@ import math
 import pytest
 
 from lrt_lab import bench
+from lrt_lab.hooks import capture
 
 RATIO_KEYS = {
     "train_ratio": {"interleaved_2", "interleaved_4", "fullseq_1", "fullseq_3", "chunked_64", "exact"},
@@ -128,7 +129,8 @@ def test_shifted_rows_matches_a_loop_with_gradients():
 
 
 def test_decoder_sees_weight_updates_between_steps():
-    """The fused weights are cached per decoder; an in-place update must invalidate them."""
+    """Nothing derived from the weights may be cached across decoding steps: an in-place update
+    between steps must change the next step exactly as a fresh cache would."""
     model = _model()
     idx = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(0))
     dec = Decoder(model, 2, 6)
@@ -150,11 +152,12 @@ def test_hooks_keep_the_memory_they_were_given_during_decoding():
     dec = Decoder(model, 1, 4)
     tok = torch.tensor([3])
     dec.step(tok)
-    hooks = {}
-    dec.model.stage(tok[:, None], range(1, 2), dec.cache, hooks)
-    before = hooks["mem_in"].clone()
+    with capture(dec.model, ["hook_mem_in"]) as cap:
+        dec.step(tok)
+    held = cap.calls["hook_mem_in"][0][1]
+    before = held.clone()
     dec.step(tok)  # rebinds the cache's memory row
-    assert torch.equal(hooks["mem_in"], before)
+    assert torch.equal(held, before)
 
 
 def test_inference_mode_first_then_training():

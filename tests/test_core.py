@@ -209,13 +209,15 @@ def test_hooks_expose_memory_flow():
     idx = tokens()
     cache = {}
     out = run_schedule(model, idx, None, Exact(), cache=cache)
-    assert maxdiff(cache["mem_in"][:, 1:], cache["mem_out"][:, :-1]) <= TOL
-    assert cache["mem_in"][:, 0].abs().max() == 0
-    assert maxdiff(cache["mem_out"], cache["blocks.1.resid_post"]) <= TOL  # source layer 2 (1-based)
+    assert maxdiff(cache["hook_mem_in"][:, 1:], cache["hook_mem_out"][:, :-1]) <= TOL
+    assert cache["hook_mem_in"][:, 0].abs().max() == 0
+    assert maxdiff(cache["hook_mem_out"], cache["blocks.1.hook_resid_post"]) <= TOL  # source layer 2 (1-based)
     for l in range(model.config.n_layer):
         for hook in ("resid_pre", "resid_post", "attn_out", "mlp_out", "mem_in"):
-            assert cache[f"blocks.{l}.{hook}"].shape == (2, T, model.config.n_embd)
-        assert cache[f"blocks.{l}.gate_rec"].shape == (2, T, model.config.n_kv_head)
+            assert cache[f"blocks.{l}.hook_{hook}"].shape == (2, T, model.config.n_embd)
+        # one quantity, one meaning: a layer's memory read is the model's memory read
+        assert torch.equal(cache[f"blocks.{l}.hook_mem_in"], cache["hook_mem_in"])
+        assert cache[f"blocks.{l}.attn.hook_gate_rec"].shape == (2, T, model.config.n_kv_head)
     assert out.logits.shape == (2, T, model.config.vocab_size)
 
 
@@ -263,12 +265,14 @@ def test_param_report_counts_match_a_hand_count():
 
 
 def test_param_groups_partition_parameters():
-    model = make_model(MemoryConfig())
+    model = make_model(MemoryConfig(queries=True))
     groups = model.param_groups()
     ids = [id(p) for ps in groups.values() for p in ps]
     assert len(ids) == len(set(ids)) == len(list(model.parameters()))
     assert all(p.ndim == 2 for p in groups["matrix"])
-    assert any(p is model.memory.k_rec[0].weight for p in groups["matrix"])  # Muon gets W_rec
+    for p in (model.memory.k_rec[0].weight, model.memory.q_rec[0].weight, model.memory.gates[0].weight,
+              model.blocks[0].attn.ve_gate.weight):
+        assert any(p is q for q in groups["matrix"])  # Muon gets W_rec and the gate matrices
     assert any(p is model.memory.gamma for p in groups["scalar"])
 
 

@@ -174,8 +174,8 @@ def test_optimizer_groups_follow_the_paper(tmp_path):
     lrs = {g["name"]: g["lr"] for g in adam.param_groups}
     assert lrs["embedding"] == pytest.approx(0.3 * width * half)
     assert lrs["head"] == pytest.approx(0.004 * width * half)
-    assert lrs["scalar"] == pytest.approx(0.5 * half) and lrs["resid_lambdas"] == pytest.approx(0.005 * half)
-    assert [g["betas"] for g in adam.param_groups if g["name"] == "x0_lambdas"] == [(0.96, 0.95)]
+    assert lrs["scalar"] == pytest.approx(0.5 * half) and lrs["resid_scalar"] == pytest.approx(0.005 * half)
+    assert [g["betas"] for g in adam.param_groups if g["name"] == "x0_scalar"] == [(0.96, 0.95)]
     assert adam.defaults["betas"] == (0.8, 0.95)
     n_params = sum(p.numel() for o in (muon, adam) for g in o.param_groups for p in g["params"])
     assert n_params == sum(p.numel() for p in model.parameters())

@@ -5,9 +5,9 @@ decodable, and does the LRT memory carry it to the next token?
     table = probe_model(model, batch.inputs, batch.state, "exact")    # one row per site x position x control
     fig = plot_probe_heatmap(table)
 
-Sites are hook names of `run_schedule(..., cache=)`: "embed", "blocks.{l}.resid_post" for every
-layer, and for an LRT "mem_in" (the memory m_{t-1} a position reads) and "mem_out" (the source
-state it emits). "mem_in" is probed twice: against the state at t (target "state") and against
+Sites are hook point names (`lrt_lab.hooks`): "hook_embed", "blocks.{l}.hook_resid_post" for every
+layer, and for an LRT "hook_mem_in" (the memory m_{t-1} a position reads) and "hook_mem_out" (the
+source state it emits). "hook_mem_in" is probed twice: against the state at t (target "state") and against
 the state at t-1 (target "state_prev"): the question "does the memory carry it forward".
 
 Probes: multinomial logistic regression on standardized features (statistics from the training
@@ -41,9 +41,9 @@ CONTROLS = ("majority", "shuffled_labels", "random_init")
 
 def default_sites(model) -> list[str]:
     """embed, every layer's residual output, and (LRT) the injected and emitted memory."""
-    sites = ["embed"] + [f"blocks.{l}.resid_post" for l in range(model.config.n_layer)]
+    sites = ["hook_embed"] + [f"blocks.{l}.hook_resid_post" for l in range(model.config.n_layer)]
     if model.config.is_lrt:
-        sites += ["mem_in", "mem_out"]
+        sites += ["hook_mem_in", "hook_mem_out"]
     return sites
 
 
@@ -161,7 +161,7 @@ def _split(B: int, train_frac: float, seed: int):
     return perm[:n_train], perm[n_train:]
 
 
-def probe_activations(acts: dict, state: torch.Tensor, positions=None, prev_sites=("mem_in",),
+def probe_activations(acts: dict, state: torch.Tensor, positions=None, prev_sites=("hook_mem_in",),
                       train_frac: float = 0.7, seed: int = 0, shuffled: bool = True, n_shuffles: int = 3,
                       weight_decay: float = 1e-3, steps: int = 200, n_classes: int | None = None,
                       label: str = "probe") -> pd.DataFrame:
@@ -307,12 +307,11 @@ def probe_run(run, schedule="exact", n_sequences: int = 512, length: int | None 
 
 # Plots --------------------------------------------------------------------------------------------
 def _row_label(site: str, target: str) -> str:
-    name = site.replace("blocks.", "L").replace(".resid_post", "")
-    return f"{name} (t-1)" if target == "state_prev" else name
+    return f"{site} (t-1)" if target == "state_prev" else site
 
 
 def probe_matrix(table: pd.DataFrame, control: str = "probe") -> pd.DataFrame:
-    """site-row x position-column accuracy matrix (rows in layer order; mem_in (t-1) after mem_in)."""
+    """site-row x position-column accuracy matrix (rows in layer order; hook_mem_in (t-1) after hook_mem_in)."""
     sub = table[table["control"] == control]
     if sub.empty:
         raise ValueError(f"control={control!r} is invalid; allowed: {', '.join(sorted(table['control'].unique()))}")

@@ -1,0 +1,133 @@
+"""Hook points: every activation a probe or an intervention needs, by one stable name.
+
+A `HookPoint` is an identity module placed where an activation is formed; its name is its module
+path, in TransformerLens's convention: `hook_embed`, `hook_mem_in` (the memory m_{t-lag} each
+position reads), `blocks.{l}.hook_mem_in` (the same quantity as layer l reads it),
+`blocks.{l}.hook_resid_pre`, `blocks.{l}.attn.hook_q` / `hook_k` / `hook_v` (after the memory
+injection, QK-norm and RoPE: what attention sees), `blocks.{l}.attn.hook_gate_local` /
+`hook_gate_rec` (the gates 2*sigmoid(W_g x), per KV head), `blocks.{l}.hook_attn_out`,
+`blocks.{l}.hook_mlp_out`, `blocks.{l}.hook_resid_post`, `hook_mem_out` (the m_t a position emits).
+
+Because hook points are modules called by every stage, one mechanism serves every training
+schedule, prefill strategy and decoding step. Each call passes the stage's positions as the keyword
+`positions` (a range), so a hook knows which sequence positions its rows are:
+
+    with hooks(model, {"hook_mem_in": zero_at(range(5, 9))}):   # ablate the memory read at 5..8
+        out = run_schedule(model, idx, targets, Exact())
+
+A hook function is `fn(activation, positions) -> replacement or None` (None keeps the value).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+HookFn = Callable[[torch.Tensor, range], "torch.Tensor | None"]
+
+
+class HookPoint(nn.Module):
+    """Identity; exists so forward hooks can read or replace the activation passing through."""
+
+    def forward(self, x: torch.Tensor, positions: range) -> torch.Tensor:
+        return x
+
+
+def hook_points(model: nn.Module) -> dict[str, HookPoint]:
+    """Every hook point of `model` by name (its module path)."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, HookPoint)}
+
+
+def _resolve(model: nn.Module, names) -> dict[str, HookPoint]:
+    points = hook_points(model)
+    unknown = [n for n in names if n not in points]
+    if unknown:
+        raise ValueError(f"hook names {unknown} are invalid; allowed: {', '.join(points)}")
+    return {n: points[n] for n in names}
+
+
+@contextmanager
+def hooks(model: nn.Module, fns: dict[str, HookFn]):
+    """Run `fns[name](activation, positions)` at each named hook point while the block runs."""
+    if not isinstance(fns, dict) or not all(callable(f) for f in fns.values()):
+        raise ValueError("hooks is invalid; allowed: a dict {hook name: fn(activation, positions)}")
+    points = _resolve(model, list(fns))
+    handles = []
+    try:
+        for name, fn in fns.items():
+            def call(module, args, kwargs, output, fn=fn):
+                return fn(output, kwargs["positions"])
+            handles.append(points[name].register_forward_hook(call, with_kwargs=True))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class Capture:
+    """What `capture` records: per hook name, the (positions, activation) of every call in order."""
+
+    def __init__(self):
+        self.calls: dict[str, list[tuple[range, torch.Tensor]]] = {}
+
+    def record(self, name: str) -> HookFn:
+        def fn(x, positions):
+            self.calls.setdefault(name, []).append((positions, x))
+        return fn
+
+    def assembled(self, T: int) -> dict[str, torch.Tensor]:
+        """(B, T, ...) per name, each position taken from the last call that computed it (as a
+        schedule's final logits are)."""
+        from .schedules import assemble
+        return {name: assemble(parts, T) for name, parts in self.calls.items()}
+
+
+@contextmanager
+def capture(model: nn.Module, names=None):
+    """Record the named hook points (default: all) while the block runs; yields a `Capture`."""
+    names = list(hook_points(model)) if names is None else list(names)
+    cap = Capture()
+    with hooks(model, {n: cap.record(n) for n in names}):
+        yield cap
+
+
+# Interventions ---------------------------------------------------------------------------------
+def _rows_at(positions: range, selected) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(local row indices, sequence positions) of the stage rows whose position is selected."""
+    chosen = set(selected)
+    pairs = [(i, p) for i, p in enumerate(positions) if p in chosen]
+    if not pairs:
+        return None
+    local, pos = zip(*pairs)
+    return torch.tensor(local), torch.tensor(pos)
+
+
+def zero_at(selected) -> HookFn:
+    """Zero the activation at the given sequence positions (e.g. a memory ablation over a span)."""
+    selected = list(selected)
+
+    def fn(x, positions):
+        rows = _rows_at(positions, selected)
+        if rows is None:
+            return None
+        keep = torch.ones(x.size(1), dtype=x.dtype, device=x.device)
+        keep[rows[0].to(x.device)] = 0
+        return x * keep.view(1, -1, *([1] * (x.dim() - 2)))
+    return fn
+
+
+def patch_from(source: torch.Tensor, selected=None) -> HookFn:
+    """Replace the activation at the selected positions (default: all) by `source[:, position]`,
+    e.g. a (B, T, ...) tensor captured from another run (activation patching)."""
+    def fn(x, positions):
+        rows = _rows_at(positions, selected if selected is not None else positions)
+        if rows is None:
+            return None
+        local, pos = rows[0].to(x.device), rows[1].to(source.device)
+        out = x.clone()
+        out[:, local] = source[:, pos].to(device=x.device, dtype=x.dtype)
+        return out
+    return fn

@@ -1,0 +1,183 @@
+"""The LRT memory pathway (paper sec. 2): the one place the recurrence is written, and the
+extension point for new ones (docs/extending.md).
+
+The backbone calls five methods and knows nothing else about the memory:
+
+    read(buffer, positions)         -> MemoryRead     what each position reads: m_{t-lag} (sec. 2)
+    inject_residual(l, x, m)        -> x              x + gamma_l * m (sec. 2.2)
+    gate_values(l, h)               -> (g_loc, g_rec) 2 * sigmoid(W_g h) per KV head (eq. 3)
+    inject_qkv(l, q, k, v, mem, g)  -> (q, k, v)      g_loc * local + g_rec * W_rec m (eqs. 2, 4)
+    emit(outputs)                   -> m_t            from the source blocks' activations
+    source_layers                                     the one statement of which blocks feed m_t
+
+Every schedule, the Exact split (`LRT.deferred_layers`), the decoder, the hook points, the
+parameter report and the optimizer roles (`param_roles`) follow from these, so a new mechanism is
+written here (plus its `MemoryConfig` field) and nowhere else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ModelConfig
+
+
+def norm(x: torch.Tensor) -> torch.Tensor:
+    """Parameter-free RMSNorm over the last dimension."""
+    return F.rms_norm(x, (x.size(-1),))
+
+
+@dataclass
+class MemoryRead:
+    """The memory a stage's positions read, (B, |P|, d), and its recurrent projections, computed
+    once per stage when the projections are shared by every layer."""
+
+    m: torch.Tensor
+    projected: dict = field(default_factory=dict)
+
+
+class MemoryPathway(nn.Module):
+    """Every parameter the LRT adds to the backbone, and the math that uses them."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        m = config.memory
+        self.config = config
+        d, L = config.n_embd, config.n_layer
+        H, Hkv, D = config.n_head, config.n_kv_head, config.head_dim
+        src = config.source_layer  # 1-based
+        # which blocks (0-based) feed m_t: stated here once; the Exact split is derived from it
+        self.source_layers: tuple[int, ...] = tuple(range(src - m.source_avg, src))
+        # "KV replace, early 1/3 layers" (app. B): these layers take W_rec m instead of adding it
+        self.replace_layers = frozenset(range(max(1, L // 3))) if m.kv_mode == "replace" else frozenset()
+        n_proj = 1 if m.projections == "shared" else L
+
+        def projections(out_dim):
+            return nn.ModuleList(nn.Linear(d, out_dim, bias=False) for _ in range(n_proj))
+
+        self.gamma = nn.Parameter(torch.zeros(L)) if m.residual else None
+        self.q_rec = projections(H * D) if m.queries else None
+        self.k_rec = projections(Hkv * D) if m.kv in ("both", "keys") else None
+        self.v_rec = projections(Hkv * D) if m.kv in ("both", "values") else None
+        self.gates = (nn.ModuleList(nn.Linear(d, 2 * Hkv, bias=False) for _ in range(L))
+                      if m.gated else None)
+        self.source_weights = nn.Parameter(torch.zeros(m.source_avg)) if m.source_avg > 1 else None
+        self.lag_weights = nn.Parameter(torch.zeros(m.lag_avg)) if m.lag_avg > 1 else None
+
+    def param_roles(self) -> dict[str, str]:
+        """Optimizer role of every parameter (lrt_lab.optim): the projections and the gate
+        matrices are hidden matrices (Muon, as in the paper's released code, where the gates stay
+        unsaturated), gamma and the mixing weights are scalars."""
+        return {"gamma": "scalar", "source_weights": "scalar", "lag_weights": "scalar",
+                "q_rec.*": "matrix", "k_rec.*": "matrix", "v_rec.*": "matrix", "gates.*": "matrix"}
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        mcfg = self.config.memory
+        s = math.sqrt(3.0 / self.config.n_embd)  # uniform with the std of N(0, 1/d), as W_k, W_v
+        if self.gamma is not None:
+            self.gamma.fill_(mcfg.gamma_init)  # paper: 0.1
+        for projs in (self.q_rec, self.k_rec, self.v_rec):
+            for lin in projs or []:
+                if mcfg.rec_init == "zero":
+                    nn.init.zeros_(lin.weight)
+                else:
+                    nn.init.uniform_(lin.weight, -s, s)
+        for gate in self.gates or []:
+            nn.init.zeros_(gate.weight)  # 2*sigmoid(0) = 1: neutral gates (eq. 3)
+        for w in (self.source_weights, self.lag_weights):
+            if w is not None:
+                w.zero_()  # a uniform average to start
+
+    # Reading ------------------------------------------------------------------------------------
+    def read(self, buffer, P: range, batch: int, like: torch.Tensor) -> torch.Tensor:
+        """m_{t-lag} for t in P, or the learned average of m_{t-lag} .. m_{t-lag-lag_avg+1};
+        zero before position 0, before anything was written (an init stage), and, with
+        reset_memory_at_bos, across document boundaries."""
+        mcfg = self.config.memory
+        rows = buffer.read_memory(P, mcfg.lag, mcfg.lag_avg)
+        if rows is None:
+            return like.new_zeros(batch, len(P), self.config.n_embd)
+        valid = buffer.memory_valid(P, mcfg.lag, mcfg.lag_avg)
+        if valid is not None:
+            rows = rows * valid[..., None].to(rows.dtype)
+        if mcfg.lag_avg == 1:
+            return rows[:, :, 0]
+        return torch.einsum("bpnd,n->bpd", rows, self.lag_weights.softmax(0).to(rows.dtype))
+
+    # Injection ----------------------------------------------------------------------------------
+    def inject_residual(self, l: int, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """x_bar = x + gamma_l * m (sec. 2.2; the backbone has already formed alpha_l x + beta_l x0)."""
+        if self.gamma is None:
+            return x
+        return x + self.gamma[l] * m
+
+    def gate_values(self, l: int, h: torch.Tensor):
+        """(g_loc, g_rec), each (B, n, n_kv_head): 2 * sigmoid(W_g h) (eq. 3); (None, None) when
+        the gates are off (both fixed at 1)."""
+        if self.gates is None:
+            return None, None
+        g = 2 * torch.sigmoid(self.gates[l](h))
+        return g.chunk(2, dim=-1)
+
+    def _project(self, name: str, l: int, mem: MemoryRead) -> torch.Tensor | None:
+        """W_name,rec m as (B, n, heads, head_dim): once per stage when shared, per layer otherwise."""
+        projs = getattr(self, name)
+        if projs is None:
+            return None
+        i = 0 if len(projs) == 1 else l
+        key = (name, i)
+        if key not in mem.projected:
+            out = projs[i](mem.m)
+            mem.projected[key] = out.view(*out.shape[:2], -1, self.config.head_dim)
+        return mem.projected[key]
+
+    def inject_qkv(self, l: int, q, k, v, mem: MemoryRead, g_loc, g_rec):
+        """Eqs. 2-4: k~ = g_loc * k_local + g_rec * W_k,rec m (same for v; and for q when
+        memory.queries). In the replace layers the local term is dropped for K and V. The result
+        then goes through QK-norm and RoPE at t like a local key (eq. 5; done by the caller)."""
+        g_loc = g_loc.unsqueeze(-1) if g_loc is not None else None  # broadcast over head_dim
+        g_rec = g_rec.unsqueeze(-1) if g_rec is not None else None
+        replace = l in self.replace_layers
+
+        def combine(local, rec, drop_local, group=1):
+            gl, gr = g_loc, g_rec
+            if group > 1 and gl is not None:  # query heads share their KV head's gates (GQA)
+                gl, gr = gl.repeat_interleave(group, dim=2), gr.repeat_interleave(group, dim=2)
+            rec = rec if gr is None else gr * rec
+            if drop_local:
+                return rec
+            return (local if gl is None else gl * local) + rec
+
+        q_rec, k_rec, v_rec = (self._project(n, l, mem) for n in ("q_rec", "k_rec", "v_rec"))
+        if q_rec is not None:
+            q = combine(q, q_rec, False, group=q.size(2) // k.size(2))
+        if k_rec is not None:
+            k = combine(k, k_rec, replace)
+        if v_rec is not None:
+            v = combine(v, v_rec, replace)
+        return q, k, v
+
+    # Emitting -----------------------------------------------------------------------------------
+    def tap(self, out) -> torch.Tensor:
+        """The activation of a source block (a `BlockOutput`) that becomes (part of) m_t."""
+        tap = self.config.memory.source_tap
+        if tap == "normed":
+            return norm(out.x)
+        if tap == "attn_out":
+            return out.attn_out
+        return out.x
+
+    def emit(self, outputs: dict) -> torch.Tensor:
+        """m_t from the outputs of the source blocks {layer: BlockOutput} (a learned softmax
+        average when memory.source_avg > 1)."""
+        taps = [self.tap(outputs[l]) for l in self.source_layers]
+        if len(taps) == 1:
+            return taps[0]
+        w = self.source_weights.softmax(0).to(taps[0].dtype)
+        return sum(wi * t for wi, t in zip(w, taps))

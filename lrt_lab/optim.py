@@ -1,0 +1,91 @@
+"""Optimizer groups by declared role: one builder for the toy loop, scale/ and the bench.
+
+Every module that owns parameters declares their roles with `param_roles()` (patterns relative to
+the module, e.g. `"gates.*": "matrix"`); `param_roles(model)` resolves them for the whole model and
+fails unless every parameter has exactly one role, so a new parameter cannot silently fall into a
+default group. Roles (paper app. A "Optimization", nanochat's recipe):
+
+    matrix        2-D hidden matrices: attention, MLP, the LRT projections and gate matrices -> Muon
+    embedding     token and value embeddings                                                -> AdamW
+    head          the LM head                                                               -> AdamW
+    scalar        per-layer scalars: gamma, learned mixing weights                          -> AdamW
+    resid_scalar  the residual scales alpha_l                                               -> AdamW
+    x0_scalar     the x0-skip scales beta_l                                                 -> AdamW
+
+The gate matrices W_g (eq. 3) and the value-embedding gates are matrices: trained with AdamW at the
+scalar rate they saturate within tens of steps (2*sigmoid outside [0.05, 1.95]); with Muon, as in
+the paper's released code, they stay in range (tests/test_optim.py).
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+import torch
+import torch.nn as nn
+
+ROLES = ("matrix", "embedding", "head", "scalar", "resid_scalar", "x0_scalar")
+
+
+def param_roles(model: nn.Module) -> dict[str, str]:
+    """{parameter name: role} for every parameter of `model`; ValueError unless each parameter
+    matches exactly one declared pattern."""
+    declared = []  # (full pattern, role, declaring module)
+    for prefix, module in model.named_modules():
+        roles = getattr(module, "param_roles", None)
+        if callable(roles):
+            for pattern, role in roles().items():
+                if role not in ROLES:
+                    raise ValueError(f"role {role!r} of {prefix}.{pattern} is invalid; allowed: {', '.join(ROLES)}")
+                declared.append((f"{prefix}.{pattern}" if prefix else pattern, role))
+    out = {}
+    for name, _ in model.named_parameters():
+        hits = {role for pattern, role in declared if fnmatchcase(name, pattern)}
+        if len(hits) != 1:
+            raise ValueError(f"parameter {name!r} has roles {sorted(hits)}; allowed: exactly one "
+                             f"(declare it in its module's param_roles())")
+        out[name] = hits.pop()
+    return out
+
+
+def grouped_parameters(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+    """{role: [parameters]} (every role present, possibly empty)."""
+    groups = {role: [] for role in ROLES}
+    params = dict(model.named_parameters())
+    for name, role in param_roles(model).items():
+        groups[role].append(params[name])
+    return groups
+
+
+def build_optimizers(model: nn.Module, lrs: dict[str, float], *, weight_decay: float = 0.0,
+                     adam_betas=(0.8, 0.95), betas: dict[str, tuple] | None = None,
+                     fused: bool | None = None) -> list[torch.optim.Optimizer]:
+    """Muon for the `matrix` role, AdamW (eps 1e-10, no weight decay) for the others.
+
+    lrs: a learning rate for every role that has parameters; betas: AdamW betas per role where they
+    differ from adam_betas (nanochat: (0.96, 0.95) for the x0 scalars). Each param group carries
+    its role as "name" and its starting rate as "initial_lr" (for LR schedules)."""
+    groups = grouped_parameters(model)
+    missing = [r for r, ps in groups.items() if ps and r not in lrs]
+    if missing:
+        raise ValueError(f"lrs is missing roles {missing}; allowed: a rate for each of {', '.join(ROLES)}")
+    betas = betas or {}
+    opts = []
+    if groups["matrix"]:
+        opts.append(torch.optim.Muon([{"params": groups["matrix"], "lr": lrs["matrix"], "name": "matrix"}],
+                                     lr=lrs["matrix"], momentum=0.95, weight_decay=weight_decay))
+    adam = [{"params": groups[r], "lr": lrs[r], "name": r, "betas": betas.get(r, adam_betas)}
+            for r in ROLES if r != "matrix" and groups[r]]
+    if adam:
+        opts.append(torch.optim.AdamW(adam, betas=adam_betas, eps=1e-10, weight_decay=0.0, fused=fused))
+    for opt in opts:
+        for g in opt.param_groups:
+            g["initial_lr"] = g["lr"]
+    return opts
+
+
+def gate_saturation(gates: list[torch.Tensor], low: float = 0.05, high: float = 1.95) -> float:
+    """Fraction of gate values (2*sigmoid(.), in (0, 2)) outside [low, high]: saturated gates pass
+    (almost) no gradient."""
+    values = torch.cat([g.detach().flatten().float() for g in gates])
+    return ((values < low) | (values > high)).float().mean().item()
