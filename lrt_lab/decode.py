@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .schedules import OnePass, run_schedule
+from .validation import TORCH_SEED_LIMIT, check_int, check_number, check_seed, check_token_ids
 
 
 class Decoder:
@@ -18,8 +19,7 @@ class Decoder:
 
     def __init__(self, model, batch_size: int, max_len: int, device=None, dtype=None):
         for name, value in (("batch_size", batch_size), ("max_len", max_len)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r} is invalid; allowed: an integer >= 1")
+            check_int(name, value, 1)
         ref = next(model.parameters())
         self.model = model
         self.batch_size = batch_size
@@ -31,11 +31,10 @@ class Decoder:
         return self.cache.length
 
     def _check_tokens(self, tokens: torch.Tensor, name: str, ndim: int):
-        if not isinstance(tokens, torch.Tensor) or tokens.dim() != ndim or tokens.size(0) != self.batch_size \
-                or tokens.dtype != torch.long:
-            shape = "(B,)" if ndim == 1 else "(B, T)"
-            raise ValueError(f"{name} is invalid; allowed: a LongTensor of shape {shape} with "
-                             f"B={self.batch_size}")
+        check_token_ids(name, tokens, self.model.config.vocab_size, ndim)
+        if tokens.size(0) != self.batch_size:
+            raise ValueError(f"{name} is invalid: batch size {tokens.size(0)}; allowed: the decoder's "
+                             f"batch_size={self.batch_size}")
 
     @torch.no_grad()
     def prefill(self, prompt_idx: torch.Tensor, strategy=None) -> torch.Tensor:
@@ -77,14 +76,18 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None, gen
 def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
              top_k: int | None = None, seed: int | None = None, prefill=None) -> torch.Tensor:
     """(B, T_prompt + max_new_tokens): the prompt followed by sampled tokens."""
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid; allowed: an integer >= 0")
-    if not isinstance(temperature, (int, float)) or temperature < 0:
-        raise ValueError(f"temperature={temperature!r} is invalid; allowed: a number >= 0")
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k={top_k!r} is invalid; allowed: an integer >= 1 or None")
+    check_int("max_new_tokens", max_new_tokens, 0)
+    check_number("temperature", temperature, low=0)
+    if top_k is not None:
+        check_int("top_k", top_k, 1)
+    if seed is not None:
+        check_seed("seed", seed, TORCH_SEED_LIMIT)
+    check_token_ids("prompt_ids", prompt_ids, model.config.vocab_size, ndim=(1, 2))
     if prompt_ids.dim() == 1:
         prompt_ids = prompt_ids[None]
+    if prompt_ids.numel() == 0:
+        raise ValueError(f"prompt_ids is invalid: shape {tuple(prompt_ids.shape)}; allowed: at least one "
+                         "sequence of at least one token")
     B, T = prompt_ids.shape
     generator = None
     if seed is not None:
