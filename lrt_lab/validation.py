@@ -146,6 +146,8 @@ def check_fields(obj, prefix: str = "") -> None:
             if "choices" in f.metadata:
                 allowed += ": " + ", ".join(repr(c) for c in f.metadata["choices"])
             fail(name, value, allowed + (" or None" if optional else ""))
+        if is_int(value) and not -(2**63) <= value < 2**63:  # torch overflows beyond int64
+            fail(name, value, "an integer that fits in 64 bits (torch's int64)")
         if "choices" in f.metadata:
             check_choice(name, value, tuple(f.metadata["choices"]))
         if "range" in f.metadata:
