@@ -30,8 +30,8 @@ class Decoder:
     def length(self) -> int:
         return self.cache.length
 
-    def _check_tokens(self, tokens: torch.Tensor, name: str, ndim: int):
-        check_token_ids(name, tokens, self.model.config.vocab_size, ndim)
+    def _check_tokens(self, tokens: torch.Tensor, name: str, ndim: int, values: bool = True):
+        check_token_ids(name, tokens, self.model.config.vocab_size, ndim, values=values)
         if tokens.size(0) != self.batch_size:
             raise ValueError(f"{name} is invalid: batch size {tokens.size(0)}; allowed: the decoder's "
                              f"batch_size={self.batch_size}")
@@ -49,9 +49,14 @@ class Decoder:
         return out.logits[:, -1]
 
     @torch.no_grad()
-    def step(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """Append one token per sequence; returns the next-token logits (B, V)."""
-        self._check_tokens(token_ids, "token_ids", 1)
+    def step(self, token_ids: torch.Tensor, check_values: bool = True) -> torch.Tensor:
+        """Append one token per sequence; returns the next-token logits (B, V).
+
+        check_values=False skips the range check of the ids (shape and dtype are always checked):
+        it costs a host-device sync per token on CUDA, which a caller whose ids are valid by
+        construction (sampled from the logits, or checked once up front) need not pay.
+        """
+        self._check_tokens(token_ids, "token_ids", 1, values=check_values)
         t = self.cache.length
         if t >= self.cache.max_len:
             raise ValueError(f"the decoder is full (max_len={self.cache.max_len})")
@@ -99,5 +104,5 @@ def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: 
         nxt = sample_next(logits, temperature, top_k, generator)
         out.append(nxt[:, None])
         if i + 1 < max_new_tokens:
-            logits = decoder.step(nxt)
+            logits = decoder.step(nxt, check_values=False)  # sampled from the logits: always in the vocabulary
     return torch.cat(out, dim=1)

@@ -274,6 +274,8 @@ def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None, 
     """
     _check_inputs(model, idx, targets)
     schedule = _as_schedule(schedule)
+    if cache is not None and not isinstance(cache, dict):
+        raise ValueError(f"cache={type(cache).__name__} is invalid; allowed: a dict (filled with the hooks) or None")
     T = idx.size(1)
     stages = schedule.stages(T)
     weights = schedule.stage_weights(T)

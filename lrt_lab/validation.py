@@ -170,18 +170,19 @@ def _describe(x) -> str:
     return f"a {type(x).__name__}"
 
 
-def check_token_ids(name: str, ids, vocab_size: int, ndim: int | tuple = 2) -> None:
+def check_token_ids(name: str, ids, vocab_size: int, ndim: int | tuple = 2, values: bool = True) -> None:
     """ids: a LongTensor of `ndim` dims whose entries are token ids in [0, vocab_size).
 
     An out-of-range id would raise IndexError on the CPU and a device-side assert on CUDA (which
     poisons the whole CUDA context), so it is caught here, with one reduction and one sync.
+    values=False checks only type and shape (no sync), for ids valid by construction.
     """
     shape = {1: "(B,)", 2: "(B, T)"}
     if not _is_long_tensor(ids, ndim):
         want = " or ".join(shape[n] for n in (ndim if isinstance(ndim, tuple) else (ndim,)))
         raise ValueError(f"{name} is invalid: got {_describe(ids)}; allowed: a torch.long tensor of shape "
                          f"{want} with token ids in [0, {vocab_size - 1}]")
-    if ids.numel() and bool(((ids < 0) | (ids >= vocab_size)).any()):
+    if values and ids.numel() and bool(((ids < 0) | (ids >= vocab_size)).any()):
         lo, hi = int(ids.min()), int(ids.max())
         raise ValueError(f"{name} is invalid: token ids range over [{lo}, {hi}]; allowed: token ids in "
                          f"[0, {vocab_size - 1}] (the model's vocab_size is {vocab_size})")

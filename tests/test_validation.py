@@ -384,3 +384,27 @@ def test_cli_rejects_invalid_model_fields_in_one_line_and_writes_nothing(tmp_pat
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and err.startswith("lrt-lab: error:") and name in err
     assert not out.exists()
+
+
+@FAST
+@given(name=st.sampled_from(["batch_size", "max_len"]), value=st.one_of(ANY_VALUE, st.integers(max_value=0)))
+def test_decoder_sizes_are_checked_by_name(model, name, value):
+    assume(not (isinstance(value, int) and not isinstance(value, bool) and value >= 1))
+    with pytest.raises(ValueError) as err:
+        Decoder(model, **{"batch_size": 1, "max_len": 4, name: value})
+    _assert_names(err, name)
+
+
+def test_generate_matches_stepping_the_decoder_by_hand(model):
+    # generate skips the per-token range check of the ids it sampled itself; the result must be
+    # what the checked public path gives
+    prompt = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    out = generate(model, prompt, 4, temperature=0)
+    dec = Decoder(model, 2, 7)
+    logits, tokens = dec.prefill(prompt), [prompt]
+    for i in range(4):
+        nxt = logits.argmax(-1)
+        tokens.append(nxt[:, None])
+        if i < 3:
+            logits = dec.step(nxt)
+    assert torch.equal(out, torch.cat(tokens, dim=1))
