@@ -444,7 +444,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
         run.truncate_metrics(start)  # steps 1..start are in the checkpoint
     elif resume:
         run.truncate_metrics(-1)
-    if resume and progress and not run.is_complete:
+    if resume and not run.is_complete:  # always said: which step a resumed run continues from
         where = f"step {start} ({state['path'].name})" if state is not None else "step 0 (no checkpoint yet)"
         print(f"resuming {run.name} from {where}", file=sys.stderr)
     if run.is_complete:

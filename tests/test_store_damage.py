@@ -4,7 +4,6 @@ Also the command line's file errors, temp-file cleanup and checkpoint fallback o
 from __future__ import annotations
 
 import json
-import shutil
 import tempfile
 import warnings
 from pathlib import Path

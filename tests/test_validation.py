@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import types
 import typing
 
 import pytest
@@ -60,7 +61,7 @@ def _is_finite_number(v) -> bool:
 def acceptable_type(value, annotation) -> bool:
     """Whether `value` has the type the annotation declares (ints are acceptable floats)."""
     args = typing.get_args(annotation)
-    if typing.get_origin(annotation) in (typing.Union, __import__("types").UnionType):
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return any(acceptable_type(value, a) for a in args)
     if annotation is type(None):
         return value is None
