@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .schedules import OnePass, run_schedule
-from .validation import TORCH_SEED_LIMIT, check_int, check_number, check_seed, check_token_ids
+from .validation import TORCH_SEED_LIMIT, check_int, check_number, check_seed, check_token_ids, vocab_size_of
 
 
 class Decoder:
@@ -31,7 +31,7 @@ class Decoder:
         return self.cache.length
 
     def _check_tokens(self, tokens: torch.Tensor, name: str, ndim: int, values: bool = True):
-        check_token_ids(name, tokens, self.model.config.vocab_size, ndim, values=values)
+        check_token_ids(name, tokens, vocab_size_of(self.model), ndim, values=values)
         if tokens.size(0) != self.batch_size:
             raise ValueError(f"{name} is invalid: batch size {tokens.size(0)}; allowed: the decoder's "
                              f"batch_size={self.batch_size}")
@@ -87,7 +87,7 @@ def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: 
         check_int("top_k", top_k, 1)
     if seed is not None:
         check_seed("seed", seed, TORCH_SEED_LIMIT)
-    check_token_ids("prompt_ids", prompt_ids, model.config.vocab_size, ndim=(1, 2))
+    check_token_ids("prompt_ids", prompt_ids, vocab_size_of(model), ndim=(1, 2))
     if prompt_ids.dim() == 1:
         prompt_ids = prompt_ids[None]
     if prompt_ids.numel() == 0:

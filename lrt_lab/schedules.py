@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .validation import check_targets, check_token_ids
+from .validation import check_targets, check_token_ids, vocab_size_of
 
 IGNORE_INDEX = -1
 
@@ -220,7 +220,7 @@ def assemble(parts: list[tuple[range, torch.Tensor]], T: int) -> torch.Tensor:
 
 
 def _check_inputs(model, idx, targets):
-    vocab_size = model.config.vocab_size
+    vocab_size = vocab_size_of(model)
     check_token_ids("idx", idx, vocab_size)
     if idx.size(0) < 1 or idx.size(1) < 1:
         raise ValueError(f"idx is invalid: shape {tuple(idx.shape)}; allowed: at least one sequence and one "

@@ -46,7 +46,8 @@ from .metrics import per_position_accuracy, pos_at
 from .model import LRT
 from .results import Run
 from .schedules import IGNORE_INDEX, OnePass, parse_schedule, run_schedule
-from .validation import TRAIN_SEED_LIMIT, check_fields, check_int, check_out_dir, check_token_ids, fail, is_int
+from .validation import (TRAIN_SEED_LIMIT, check_fields, check_int, check_out_dir, check_token_ids, fail, is_int,
+                         vocab_size_of)
 
 MODEL_KINDS = ("transformer", "lrt")  # plus the baselines' spellings, lrt_lab.baselines.BASELINE_KINDS
 
@@ -230,7 +231,7 @@ def _masked_targets(batch) -> torch.Tensor:
 @torch.no_grad()
 def exact_logits(model, inputs: torch.Tensor) -> torch.Tensor:
     """Logits under exact recurrent decoding: one Decoder step per position."""
-    check_token_ids("inputs", inputs, model.config.vocab_size)  # once, not once per position (a sync each on CUDA)
+    check_token_ids("inputs", inputs, vocab_size_of(model))  # once, not once per position (a sync each on CUDA)
     dec = Decoder(model, inputs.size(0), inputs.size(1))
     return torch.stack([dec.step(inputs[:, t], check_values=False) for t in range(inputs.size(1))], dim=1)
 
