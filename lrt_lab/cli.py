@@ -110,7 +110,11 @@ def cmd_demo(a) -> int:
 
 
 def cmd_report(a) -> int:
+    from pathlib import Path
     from .report import print_report
+    if not Path(a.runs).is_dir():
+        reason = "no such directory" if not Path(a.runs).exists() else "not a directory"
+        raise ValueError(f"runs={a.runs!r} is invalid: {reason}; allowed: a run store directory")
     print_report(a.runs, metric=a.metric, group_by=a.group_by)
     return 0
 
@@ -179,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileExistsError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:  # OSError: a path the system refuses (permissions, full disk)
         print(f"lrt-lab: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -15,18 +15,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-
-def fail(field_name: str, value, allowed: str) -> None:
-    """Raise the project's ValueError: the field, the bad value, what is allowed."""
-    raise ValueError(f"{field_name}={value!r} is invalid; allowed: {allowed}")
-
-
-def check_int(name: str, value, low: int, high: int | None = None) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    if ok and high is not None:
-        ok = value <= high
-    if not ok:
-        fail(name, value, f"an integer in [{low}, {high if high is not None else 'inf'}]")
+from .validation import check_fields, check_int, fail  # noqa: F401  (fail, check_int: re-exported for tasks)
 
 
 def _check_choice(name: str, value, choices: tuple) -> None:
@@ -87,14 +76,12 @@ class MemoryConfig:
     source_tap: str = field(default="resid", metadata={"choices": ("resid", "normed", "attn_out")})
 
     def __post_init__(self):
-        # categorical and integer fields declare their allowed values in their metadata: validation
-        # and the generated invariant tests (tests/test_invariants.py) both read them from there
+        check_fields(self, "memory.")  # types, finite numbers, declared choices (any field)
+        # integer fields declare their minimum in their metadata (the generated invariant tests
+        # in tests/test_invariants.py read the same declarations)
         for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if "choices" in f.metadata:
-                _check_choice(f"memory.{f.name}", value, f.metadata["choices"])
             if "min" in f.metadata:
-                check_int(f"memory.{f.name}", value, f.metadata["min"])
+                check_int(f"memory.{f.name}", getattr(self, f.name), f.metadata["min"])
         if self.source_layer is not None:
             check_int("memory.source_layer", self.source_layer, 1)
         if (not isinstance(self.gamma_init, (int, float)) or isinstance(self.gamma_init, bool)
@@ -149,6 +136,7 @@ class ModelConfig:
     memory: MemoryConfig | None = None
 
     def __post_init__(self):
+        check_fields(self)  # types and finite numbers first, so the checks below compare numbers
         check_int("vocab_size", self.vocab_size, 1)
         check_int("n_layer", self.n_layer, 1)
         check_int("n_embd", self.n_embd, 2)

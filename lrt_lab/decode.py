@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .schedules import OnePass, run_schedule
+from .validation import TORCH_SEED_LIMIT, check_int, check_number, check_seed, check_token_ids, vocab_size_of
 
 
 class Decoder:
@@ -18,8 +19,7 @@ class Decoder:
 
     def __init__(self, model, batch_size: int, max_len: int, device=None, dtype=None):
         for name, value in (("batch_size", batch_size), ("max_len", max_len)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r} is invalid; allowed: an integer >= 1")
+            check_int(name, value, 1)
         ref = next(model.parameters())
         self.model = model
         self.batch_size = batch_size
@@ -30,12 +30,11 @@ class Decoder:
     def length(self) -> int:
         return self.cache.length
 
-    def _check_tokens(self, tokens: torch.Tensor, name: str, ndim: int):
-        if not isinstance(tokens, torch.Tensor) or tokens.dim() != ndim or tokens.size(0) != self.batch_size \
-                or tokens.dtype != torch.long:
-            shape = "(B,)" if ndim == 1 else "(B, T)"
-            raise ValueError(f"{name} is invalid; allowed: a LongTensor of shape {shape} with "
-                             f"B={self.batch_size}")
+    def _check_tokens(self, tokens: torch.Tensor, name: str, ndim: int, values: bool = True):
+        check_token_ids(name, tokens, vocab_size_of(self.model), ndim, values=values)
+        if tokens.size(0) != self.batch_size:
+            raise ValueError(f"{name} is invalid: batch size {tokens.size(0)}; allowed: the decoder's "
+                             f"batch_size={self.batch_size}")
 
     @torch.no_grad()
     def prefill(self, prompt_idx: torch.Tensor, strategy=None) -> torch.Tensor:
@@ -50,9 +49,14 @@ class Decoder:
         return out.logits[:, -1]
 
     @torch.no_grad()
-    def step(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """Append one token per sequence; returns the next-token logits (B, V)."""
-        self._check_tokens(token_ids, "token_ids", 1)
+    def step(self, token_ids: torch.Tensor, check_values: bool = True) -> torch.Tensor:
+        """Append one token per sequence; returns the next-token logits (B, V).
+
+        check_values=False skips the range check of the ids (shape and dtype are always checked):
+        it costs a host-device sync per token on CUDA, which a caller whose ids are valid by
+        construction (sampled from the logits, or checked once up front) need not pay.
+        """
+        self._check_tokens(token_ids, "token_ids", 1, values=check_values)
         t = self.cache.length
         if t >= self.cache.max_len:
             raise ValueError(f"the decoder is full (max_len={self.cache.max_len})")
@@ -77,14 +81,18 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None, gen
 def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
              top_k: int | None = None, seed: int | None = None, prefill=None) -> torch.Tensor:
     """(B, T_prompt + max_new_tokens): the prompt followed by sampled tokens."""
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid; allowed: an integer >= 0")
-    if not isinstance(temperature, (int, float)) or temperature < 0:
-        raise ValueError(f"temperature={temperature!r} is invalid; allowed: a number >= 0")
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k={top_k!r} is invalid; allowed: an integer >= 1 or None")
+    check_int("max_new_tokens", max_new_tokens, 0)
+    check_number("temperature", temperature, low=0)
+    if top_k is not None:
+        check_int("top_k", top_k, 1)
+    if seed is not None:
+        check_seed("seed", seed, TORCH_SEED_LIMIT)
+    check_token_ids("prompt_ids", prompt_ids, vocab_size_of(model), ndim=(1, 2))
     if prompt_ids.dim() == 1:
         prompt_ids = prompt_ids[None]
+    if prompt_ids.numel() == 0:
+        raise ValueError(f"prompt_ids is invalid: shape {tuple(prompt_ids.shape)}; allowed: at least one "
+                         "sequence of at least one token")
     B, T = prompt_ids.shape
     generator = None
     if seed is not None:
@@ -96,5 +104,5 @@ def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: 
         nxt = sample_next(logits, temperature, top_k, generator)
         out.append(nxt[:, None])
         if i + 1 < max_new_tokens:
-            logits = decoder.step(nxt)
+            logits = decoder.step(nxt, check_values=False)  # sampled from the logits: always in the vocabulary
     return torch.cat(out, dim=1)

@@ -9,7 +9,16 @@
 Every file is written to a temporary name and renamed (os.replace is atomic on POSIX), and a new
 run folder is assembled under a hidden name and renamed into place, so a killed process never
 leaves a half-written file. metrics.jsonl is the one append-only file: its last line may be cut
-by a kill; readers drop such a line and report it.
+by a kill; readers drop such a line and report it. Temporary files of a killed writer are
+removed when the run is resumed (`Run.remove_temp_files`).
+
+Damage never spreads: a file that is not what it should be (bytes that are not UTF-8, bad or
+too deeply nested JSON, a directory in its place, a field of the wrong type such as a list for
+summary "eval" or a string "final_loss") raises `DamagedFileError` (a ValueError) from the Run
+accessors, and the store readers skip it and report it: `load_runs` skips the run (listed in
+`df.attrs["skipped"]` with the reason, and warned), `load_metrics` drops unreadable lines
+(counted in `df.attrs["dropped_lines"]`) or returns an empty table for an unreadable file
+(`df.attrs["damaged"]`), `load_table` returns None for a damaged CSV. The other runs read as before.
 
 `load_runs(root)` -> DataFrame, one row per run (config and summary flattened with dotted
 column names); folders that are not readable runs are skipped and listed in `df.attrs["skipped"]`.
@@ -63,9 +72,88 @@ def write_table(run_dir: Path, name: str, df: pd.DataFrame) -> Path:
     return path
 
 
-def read_json(path: Path):
-    with open(path) as f:
-        return json.load(f)
+class DamagedFileError(ValueError):
+    """A run-store file that exists but cannot be read as what it should be (bad bytes, bad JSON,
+    a directory in its place, the wrong shape). Readers of the store skip it and report it."""
+
+
+# The fields readers use, with the JSON types they must have when present (None: JSON null, for
+# NaN/inf written by _clean). Unknown fields are kept as they are.
+_NUMBER = (int, float, type(None))
+CONFIG_SCHEMA = {"train": dict, "model": dict, "params": dict, "kind": str, "schedule": str,
+                 "schedule_cost": _NUMBER, "forwards_per_token": _NUMBER, "task_vocab_size": _NUMBER}
+SUMMARY_SCHEMA = {"status": str, "steps": _NUMBER, "final_loss": _NUMBER, "wall_time_s": _NUMBER,
+                  "tokens": _NUMBER, "compute_tokens": _NUMBER, "schedule_cost": _NUMBER,
+                  "forwards_per_token": _NUMBER, "eval": dict}
+# A metrics record: the fields the training-curve readers plot (step is an integer, see _read_jsonl).
+METRICS_SCHEMA = {"step": (int,), "kind": str, "loss": _NUMBER, "tokens": _NUMBER, "compute_tokens": _NUMBER,
+                  "time": _NUMBER, "lr_mult": _NUMBER, "length": _NUMBER, "tokens_per_s": _NUMBER,
+                  "stage_losses": list}
+MAX_DEPTH = 8  # deeper JSON is not something this library writes
+
+
+def _depth(obj, limit: int = MAX_DEPTH) -> int:
+    """Nesting depth of a JSON value, counted iteratively (a deep value must not blow the stack)."""
+    deepest, stack = 0, [(obj, 0)]
+    while stack:
+        value, d = stack.pop()
+        deepest = max(deepest, d)
+        if deepest > limit:
+            break
+        if isinstance(value, dict):
+            stack.extend((v, d + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, d + 1) for v in value)
+    return deepest
+
+
+def _parse_json(data: bytes, what: str):
+    """JSON from bytes; DamagedFileError for bytes that are not UTF-8 JSON of sane depth."""
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise DamagedFileError(f"{what}: not UTF-8 ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise DamagedFileError(f"{what}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:
+        raise DamagedFileError(f"{what}: JSON nested too deeply") from None
+    if _depth(obj) > MAX_DEPTH:
+        raise DamagedFileError(f"{what}: JSON nested deeper than {MAX_DEPTH} levels")
+    return obj
+
+
+def _bad_type(obj: dict, schema: dict) -> str | None:
+    for key, types in schema.items():
+        value = obj.get(key)
+        if key in obj and (not isinstance(value, types) or isinstance(value, bool) and bool not in
+                           (types if isinstance(types, tuple) else (types,))):
+            return f"{key!r} is {type(value).__name__}"
+    return None
+
+
+def read_json(path: Path, schema: dict | None = None):
+    """A JSON file; with `schema`, an object whose listed fields have the listed types.
+
+    DamagedFileError (a ValueError) names the file and what is wrong with it.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:  # a directory in its place, unreadable
+        raise DamagedFileError(f"{path.name}: unreadable ({e.strerror or type(e).__name__})") from None
+    obj = _parse_json(data, path.name)
+    if schema is not None:
+        if not isinstance(obj, dict):
+            raise DamagedFileError(f"{path.name}: not a JSON object but {type(obj).__name__}")
+        bad = _bad_type(obj, schema)
+        if bad:
+            raise DamagedFileError(f"{path.name}: {bad}")
+        if path.name == SUMMARY:
+            ev = obj.get("eval", {})
+            odd = [k for k, v in ev.items() if not isinstance(v, (int, float, str, type(None)))]
+            if odd:
+                raise DamagedFileError(f"{path.name}: eval[{odd[0]!r}] is {type(ev[odd[0]]).__name__}, not a number")
+    return obj
 
 
 class Run:
@@ -98,12 +186,14 @@ class Run:
 
     @property
     def config(self) -> dict:
-        return read_json(self.path / CONFIG)
+        """config.json; DamagedFileError (a ValueError) when it is damaged."""
+        return read_json(self.path / CONFIG, CONFIG_SCHEMA)
 
     @property
     def summary(self) -> dict | None:
+        """summary.json, None while the run is incomplete; DamagedFileError when it is damaged."""
         p = self.path / SUMMARY
-        return read_json(p) if p.exists() else None
+        return read_json(p, SUMMARY_SCHEMA) if p.exists() else None
 
     @property
     def is_complete(self) -> bool:
@@ -144,25 +234,54 @@ class Run:
         d.mkdir(exist_ok=True)
         return d
 
-    def latest_checkpoint(self) -> Path | None:
+    def checkpoints(self) -> list[Path]:
+        """The run's checkpoint files, oldest first."""
         d = self.path / CHECKPOINTS
-        ckpts = sorted(d.glob("step_*.pt")) if d.exists() else []
+        return sorted(p for p in d.glob("step_*.pt") if p.is_file()) if d.is_dir() else []
+
+    def latest_checkpoint(self) -> Path | None:
+        ckpts = self.checkpoints()
         return ckpts[-1] if ckpts else None
+
+    def remove_temp_files(self) -> list[Path]:
+        """Delete the temporary files a killed writer leaves (`.*.tmp`: checkpoints, JSON, tables,
+        metrics rewrites); the files they were meant to replace are untouched. Call only while no
+        other process writes this run (resume does)."""
+        removed = []
+        for d in (self.path, self.path / CHECKPOINTS, self.path / TABLES):
+            if d.is_dir():
+                for p in d.glob(".*.tmp"):
+                    if p.is_file():
+                        p.unlink(missing_ok=True)
+                        removed.append(p)
+        return removed
 
 
 def _read_jsonl(path: Path) -> tuple[list[dict], int]:
+    """(records, dropped lines) of a metrics.jsonl. A line is dropped (and counted) unless it is
+    UTF-8 JSON of sane depth holding an object whose known fields have their types
+    (METRICS_SCHEMA): a line cut by a kill, stray bytes, a foreign record. A file
+    that cannot be read at all (a directory in its place) raises DamagedFileError."""
     records, bad = [], 0
-    if not Path(path).exists():
+    path = Path(path)
+    if not path.exists():
         return records, bad
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                bad += 1  # a line cut by a kill
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DamagedFileError(f"{path.name}: unreadable ({e.strerror or type(e).__name__})") from None
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            rec = _parse_json(line, path.name)
+        except DamagedFileError:
+            bad += 1
+            continue
+        if not isinstance(rec, dict) or _bad_type(rec, METRICS_SCHEMA):
+            bad += 1
+            continue
+        records.append(rec)
     return records, bad
 
 
@@ -195,13 +314,10 @@ def load_runs(root, include_incomplete: bool = False) -> pd.DataFrame:
                 skipped.append((d.name, "no config.json (not a run folder, or half-written)"))
                 continue
             try:
-                config = read_json(cfg_path)
-                summary = read_json(d / SUMMARY) if (d / SUMMARY).exists() else None
-            except (json.JSONDecodeError, OSError) as e:
-                skipped.append((d.name, f"unreadable JSON: {e}"))
-                continue
-            if not isinstance(config, dict) or not isinstance(summary, (dict, type(None))):
-                skipped.append((d.name, "config.json or summary.json is not a JSON object"))
+                run = Run(d)
+                config, summary = run.config, run.summary
+            except DamagedFileError as e:
+                skipped.append((d.name, f"damaged: {e}"))
                 continue
             if summary is None and not include_incomplete:
                 skipped.append((d.name, "incomplete: no summary.json (running, or killed; --resume it)"))
@@ -230,15 +346,29 @@ def load_metrics(run, kind: str | None = None) -> pd.DataFrame:
         path = Path(run["path"])
     else:
         path = Path(run)
-    records, bad = _read_jsonl(path / METRICS)
+    try:
+        records, bad = _read_jsonl(path / METRICS)
+        damaged = None
+    except DamagedFileError as e:
+        records, bad, damaged = [], 0, str(e)
+        warnings.warn(f"run {path.name!r}: {damaged}; no metrics read", stacklevel=2)
+    if bad:
+        warnings.warn(f"run {path.name!r}: {bad} unreadable line(s) of {METRICS} dropped", stacklevel=2)
     if kind is not None:
         records = [r for r in records if r.get("kind") == kind]
     df = pd.DataFrame([_flatten(r) for r in records])
     df.attrs["dropped_lines"] = bad
+    df.attrs["damaged"] = damaged
     return df
 
 
 def load_table(run, name: str) -> pd.DataFrame | None:
     """tables/<name>.csv of a run, or None when the run has no such table."""
     path = Path(run["path"] if isinstance(run, pd.Series) else getattr(run, "path", run)) / TABLES / f"{name}.csv"
-    return pd.read_csv(path) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        return pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as e:
+        warnings.warn(f"table {path} is damaged ({type(e).__name__}); skipped", stacklevel=2)
+        return None

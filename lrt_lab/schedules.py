@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .hooks import capture
+from .validation import check_targets, check_token_ids, vocab_size_of
 
 IGNORE_INDEX = -1
 
@@ -30,6 +31,15 @@ IGNORE_INDEX = -1
 def _positive_int(name: str, value, low: int = 1):
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise ValueError(f"{name}={value!r} is invalid; allowed: an integer >= {low}")
+
+
+def _finite_nonnegative(x) -> bool:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    try:
+        return 0 <= float(x) < float("inf")  # NaN fails both comparisons; float(10**400) overflows
+    except OverflowError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -87,14 +97,17 @@ class FullSequence:
     def __post_init__(self):
         _positive_int("FullSequence.K", self.K, low=0)
         if self.weights is not None:
+            if not isinstance(self.weights, (tuple, list)):
+                raise ValueError(f"FullSequence.weights={self.weights!r} is invalid; allowed: None or a tuple of "
+                                 f"K+1 = {self.K + 1} non-negative numbers")
             w = tuple(self.weights)
             object.__setattr__(self, "weights", w)
             if len(w) != self.K + 1:
                 raise ValueError(f"FullSequence.weights has {len(w)} entries; allowed: exactly K+1 = "
                                  f"{self.K + 1} (init + each refinement)")
-            if any((not isinstance(x, (int, float))) or x < 0 for x in w) or sum(w) <= 0:
-                raise ValueError(f"FullSequence.weights={w} is invalid; allowed: non-negative numbers "
-                                 "with a positive sum")
+            if not all(_finite_nonnegative(x) for x in w) or not 0 < sum(w) < float("inf"):
+                raise ValueError(f"FullSequence.weights={w} is invalid; allowed: finite non-negative numbers "
+                                 "with a positive (finite) sum")
 
     def stages(self, T: int) -> list[range]:
         return [range(0, T)] * (self.K + 1)
@@ -208,13 +221,26 @@ def assemble(parts: list[tuple[range, torch.Tensor]], T: int) -> torch.Tensor:
 
 
 def _check_inputs(model, idx, targets):
-    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype != torch.long:
-        raise ValueError(f"idx is invalid; allowed: a LongTensor of shape (B, T), got "
-                         f"{getattr(idx, 'dtype', type(idx))} {tuple(getattr(idx, 'shape', ()))}")
-    if idx.size(1) < 1:
-        raise ValueError("idx is invalid; allowed: at least one position (T >= 1)")
-    if targets is not None and (not isinstance(targets, torch.Tensor) or targets.shape != idx.shape):
-        raise ValueError(f"targets is invalid; allowed: a LongTensor with idx's shape {tuple(idx.shape)}")
+    vocab_size = vocab_size_of(model)
+    check_token_ids("idx", idx, vocab_size)
+    if idx.size(0) < 1 or idx.size(1) < 1:
+        raise ValueError(f"idx is invalid: shape {tuple(idx.shape)}; allowed: at least one sequence and one "
+                         "position (B >= 1, T >= 1)")
+    if targets is not None:
+        check_targets("targets", targets, tuple(idx.shape), vocab_size, IGNORE_INDEX)
+
+
+def _as_schedule(schedule) -> Schedule:
+    """A schedule object, or a CLI spelling like "exact" or "interleaved:2" parsed with parse_schedule."""
+    if schedule is None:
+        return OnePass()
+    if isinstance(schedule, str):
+        return parse_schedule(schedule)
+    if not isinstance(schedule, (OnePass, Interleaved, FullSequence, Chunked)):
+        raise ValueError(f"schedule={schedule!r} is invalid; allowed: OnePass(), Interleaved(S), FullSequence(K), "
+                         "Chunked(C), Exact(), or a string: onepass, interleaved:S, fullseq:K[:w0,...], "
+                         "chunked:C, exact")
+    return schedule
 
 
 def _deferred_split(model, schedule: Schedule) -> int | None:
@@ -252,9 +278,10 @@ def _run_stages(model, idx, schedule, stages):
     return assemble(list(zip(stages, stage_logits)), idx.size(1)), stage_logits, buffer
 
 
-def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None, schedule: Schedule | None = None,
+def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None, schedule: Schedule | str | None = None,
                  cache: dict | None = None) -> ScheduleOutput:
-    """Run `schedule` (default OnePass) on idx (B, T); optionally compute its training loss.
+    """Run `schedule` (default OnePass; a string like "exact" is parsed) on idx (B, T); optionally
+    compute its training loss. Token ids and targets are checked against the model's vocabulary.
 
     cache: a dict that receives every hook point's activation (`hook_embed`, `hook_mem_in`,
     `blocks.{l}.hook_resid_post`, ...; lrt_lab.hooks) as a (B, T, ...) tensor taken, like the
@@ -262,7 +289,9 @@ def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None, 
     inside `lrt_lab.hooks.hooks(model, {...})`.
     """
     _check_inputs(model, idx, targets)
-    schedule = schedule or OnePass()
+    schedule = _as_schedule(schedule)
+    if cache is not None and not isinstance(cache, dict):
+        raise ValueError(f"cache={type(cache).__name__} is invalid; allowed: a dict (filled with the hooks) or None")
     T = idx.size(1)
     stages = schedule.stages(T)
     weights = schedule.stage_weights(T)

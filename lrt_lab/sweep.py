@@ -33,7 +33,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from .results import Run
-from .train import TrainConfig, train
+from .train import TrainConfig, prepare, train
+from .validation import check_out_dir
 
 SWEEP_KEYS = {"out", "tasks", "models", "schedules", "seeds", "name_prefix"}
 TRAIN_KEYS = {f.name for f in dataclasses.fields(TrainConfig)} - {"task", "model", "schedule", "seed", "name"}
@@ -41,35 +42,69 @@ TRAIN_KEYS = {f.name for f in dataclasses.fields(TrainConfig)} - {"task", "model
 
 def load_spec(path) -> dict:
     path = Path(path)
+    if not path.exists():
+        raise ValueError(f"spec={str(path)!r} is invalid: no such file; allowed: a path to a .toml sweep spec")
     if not path.is_file():
-        raise ValueError(f"spec={str(path)!r} is invalid; allowed: a path to a .toml sweep spec")
+        raise ValueError(f"spec={str(path)!r} is invalid: not a file; allowed: a path to a .toml sweep spec")
     try:
-        spec = tomllib.loads(path.read_text())
+        spec = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"spec {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"spec {path}: not valid TOML: {e}") from None
     return validate_spec(spec)
 
 
+def _list_of(where: str, value, kind: type, what: str, required: bool = True) -> None:
+    """A non-empty list of `kind` (a TOML string where a list belongs would be iterated letter by letter)."""
+    ok = isinstance(value, list) and (value or not required) and all(
+        isinstance(v, kind) and not (kind is int and isinstance(v, bool)) for v in value)
+    if not ok:
+        raise ValueError(f"{where}={value!r} is invalid; allowed: a{' non-empty' if required else ''} list of {what}")
+
+
+def _table(where: str, value) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}={value!r} is invalid; allowed: a TOML table ([{where}])")
+    return value
+
+
 def validate_spec(spec: dict) -> dict:
+    """Check the spec's shape and field types; the runs themselves are checked by `expand`/`check_grid`."""
+    _table("spec", spec)
     unknown = set(spec) - {"sweep", "train", "models"}
     if unknown:
         raise ValueError(f"spec: unknown section(s) {sorted(unknown)}; allowed: [sweep], [train], [models.NAME]")
-    sweep = spec.get("sweep", {})
+    sweep = _table("sweep", spec.get("sweep", {}))
     bad = set(sweep) - SWEEP_KEYS
     if bad:
         raise ValueError(f"[sweep] {sorted(bad)}: unknown key; allowed: {', '.join(sorted(SWEEP_KEYS))}")
-    bad = set(spec.get("train", {})) - TRAIN_KEYS
+    bad = set(_table("train", spec.get("train", {}))) - TRAIN_KEYS
     if bad:
         raise ValueError(f"[train] {sorted(bad)}: unknown key; allowed: {', '.join(sorted(TRAIN_KEYS))}")
-    for name, variant in spec.get("models", {}).items():
-        bad = set(variant) - (TRAIN_KEYS | {"model", "schedules"})
+    for name, variant in _table("models", spec.get("models", {})).items():
+        bad = set(_table(f"models.{name}", variant)) - (TRAIN_KEYS | {"model", "schedules"})
         if bad:
             raise ValueError(f"[models.{name}] {sorted(bad)}: unknown key; allowed: model, schedules, "
                              + ", ".join(sorted(TRAIN_KEYS)))
-    if not sweep.get("tasks"):
+        if "model" in variant and not isinstance(variant["model"], str):
+            raise ValueError(f"models.{name}.model={variant['model']!r} is invalid; allowed: a model kind string "
+                             "(transformer, lrt, loop:N, ponder:N)")
+        if "schedules" in variant:
+            _list_of(f"models.{name}.schedules", variant["schedules"], str, "schedule strings")
+    if "tasks" not in sweep:
         raise ValueError("[sweep] tasks: required, a non-empty list of task names")
-    if not sweep.get("models"):
+    _list_of("sweep.tasks", sweep["tasks"], str, "task names")
+    if "models" not in sweep:
         raise ValueError("[sweep] models: required, a non-empty list (transformer, lrt, or [models.NAME] variants)")
+    _list_of("sweep.models", sweep["models"], str, "model kinds or [models.NAME] variant names")
+    if "schedules" in sweep:
+        _list_of("sweep.schedules", sweep["schedules"], str, "schedule strings")
+    if "seeds" in sweep:
+        _list_of("sweep.seeds", sweep["seeds"], int, "integer seeds")
+    for key in ("out", "name_prefix"):
+        if key in sweep and not isinstance(sweep[key], str):
+            raise ValueError(f"sweep.{key}={sweep[key]!r} is invalid; allowed: a string")
     return spec
 
 
@@ -91,10 +126,10 @@ def expand(spec: dict) -> list[TrainConfig]:
                     fields = {**shared, **variant, "task": task, "model": kind, "schedule": sched, "seed": seed}
                     if "overrides" in shared and "overrides" in variant:
                         fields["overrides"] = {**shared["overrides"], **variant["overrides"]}
-                    cfg = TrainConfig(**fields)
                     tag = "" if label == kind else f"-{label}"
                     base = TrainConfig(**{**fields, "name": None}).run_name
-                    cfg.name = f"{prefix}{base}{tag}".replace(":", "_")
+                    # built again with its name, so the name (prefix, variant label) is validated too
+                    cfg = TrainConfig(**{**fields, "name": f"{prefix}{base}{tag}".replace(":", "_")})
                     if cfg.name in names:
                         continue
                     names.add(cfg.name)
@@ -106,7 +141,13 @@ def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False) -> list
     from tqdm.auto import tqdm
 
     out = out or spec["sweep"].get("out", "runs")
+    check_out_dir("out", out)
     configs = expand(spec)
+    for cfg in configs:  # every run of the grid is checked before the first one writes anything
+        try:
+            prepare(cfg)
+        except ValueError as e:
+            raise ValueError(f"run {cfg.run_name}: {e}") from None
     runs = []
     if dry_run:
         for cfg in configs:

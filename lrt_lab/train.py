@@ -30,8 +30,10 @@ import json
 import math
 import os
 import re
+import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,66 +48,57 @@ from .model import LRT
 from .optim import build_optimizers
 from .results import Run
 from .schedules import IGNORE_INDEX, OnePass, parse_schedule, run_schedule
+from .validation import (TRAIN_SEED_LIMIT, check_fields, check_int, check_out_dir, check_token_ids, fail, is_int,
+                         vocab_size_of)
 
 MODEL_KINDS = ("transformer", "lrt")  # plus the baselines' spellings, lrt_lab.baselines.BASELINE_KINDS
 
 
+def _ranged(default, low=None, high=None, **kw):
+    """A field with a declared range, checked by validation.check_fields."""
+    return field(default=default, metadata={"range": (low, high)}, **kw)
+
+
 @dataclass
 class TrainConfig:
-    """Everything a run needs; saved as config.json["train"] so the run can be redone exactly."""
+    """Everything a run needs; saved as config.json["train"] so the run can be redone exactly.
+
+    Every field is validated at construction (types from the annotations, ranges and choices from
+    the field metadata), so a bad value fails before any run folder is written.
+    """
 
     task: str = "a5_prefix"
-    length: int = 64                       # training sequence length (the curriculum's end)
+    length: int = _ranged(64, 1)           # training sequence length (the curriculum's end)
     task_options: dict = field(default_factory=dict)   # e.g. curriculum_start, curriculum_steps
-    preset: str = "small"
+    preset: str = field(default="small", metadata={"choices": tuple(PRESETS)})
     model: str = "lrt"                     # transformer | lrt (baselines: loop:N, ponder:N)
     overrides: dict = field(default_factory=dict)      # ModelConfig fields, "memory.<field>" too
     schedule: str = "interleaved:2"
-    steps: int = 1000
-    batch_size: int = 64
-    seed: int = 0
-    lr_scale: float = 1.0
-    matrix_lr: float = 0.02                # Muon (paper: 0.02)
-    embedding_lr: float = 0.1              # AdamW, before (d/768)^-1/2 (paper 0.3; capped for toys)
-    head_lr: float = 0.004                 # AdamW, before (d/768)^-1/2 (paper 0.004)
-    scalar_lr: float = 0.05                # AdamW: gamma, residual scalars (paper 0.5)
-    weight_decay: float = 0.0
-    warmdown_frac: float = 0.5             # linear warm-down to 0 over this final fraction
-    grad_clip: float = 1.0
-    eval_every: int = 200
+    steps: int = _ranged(1000, 1)
+    batch_size: int = _ranged(64, 1)
+    seed: int = _ranged(0, 0, TRAIN_SEED_LIMIT - 1)   # below the evaluation seeds (tasks.evaluation)
+    lr_scale: float = _ranged(1.0, 0)
+    matrix_lr: float = _ranged(0.02, 0)    # Muon (paper: 0.02)
+    embedding_lr: float = _ranged(0.1, 0)  # AdamW, before (d/768)^-1/2 (paper 0.3; capped for toys)
+    head_lr: float = _ranged(0.004, 0)     # AdamW, before (d/768)^-1/2 (paper 0.004)
+    scalar_lr: float = _ranged(0.05, 0)    # AdamW: gamma, residual scalars (paper 0.5)
+    weight_decay: float = _ranged(0.0, 0)
+    warmdown_frac: float = _ranged(0.5, 0, 1)   # linear warm-down to 0 over this final fraction
+    grad_clip: float = _ranged(1.0, 0)
+    eval_every: int = _ranged(200, 0)
     eval_lengths: tuple = (64, 128, 256)
-    eval_size: int = 256
+    eval_size: int = _ranged(256, 1)
     eval_exact: bool = True                # also evaluate with exact recurrent decoding
-    checkpoint_every: int = 500            # 0: only at the end
-    device: str = "auto"
+    checkpoint_every: int = _ranged(500, 0)  # 0: only at the end
+    device: str = field(default="auto", metadata={"choices": ("auto", "cpu", "cuda")})
     compile: bool = False
     name: str | None = None
 
     def __post_init__(self):
-        def positive(name, low=1):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < low:
-                raise ValueError(f"{name}={v!r} is invalid; allowed: an integer >= {low}")
-
-        for name in ("length", "steps", "batch_size", "eval_size"):
-            positive(name)
-        for name in ("seed", "eval_every", "checkpoint_every"):
-            positive(name, 0)
-        for name in ("lr_scale", "matrix_lr", "embedding_lr", "head_lr", "scalar_lr", "grad_clip"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"{name}={v!r} is invalid; allowed: a finite number >= 0")
-        if not (0 <= self.warmdown_frac <= 1):
-            raise ValueError(f"warmdown_frac={self.warmdown_frac!r} is invalid; allowed: a number in [0, 1]")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay={self.weight_decay!r} is invalid; allowed: a number >= 0")
+        check_fields(self)
         self.eval_lengths = tuple(self.eval_lengths)
-        if not self.eval_lengths or any(not isinstance(n, int) or n < 1 for n in self.eval_lengths):
-            raise ValueError(f"eval_lengths={self.eval_lengths!r} is invalid; allowed: positive integers")
-        if self.preset not in PRESETS:
-            raise ValueError(f"preset={self.preset!r} is invalid; allowed: {', '.join(PRESETS)}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device={self.device!r} is invalid; allowed: auto, cpu, cuda")
+        if not self.eval_lengths or not all(is_int(n) and n >= 1 for n in self.eval_lengths):
+            fail("eval_lengths", self.eval_lengths, "a non-empty tuple of integers >= 1")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' is invalid; allowed: auto, cpu (CUDA is not available)")
         self.schedule = parse_schedule(self.schedule).spec  # validates, canonical spelling
@@ -231,8 +224,9 @@ def _masked_targets(batch) -> torch.Tensor:
 @torch.no_grad()
 def exact_logits(model, inputs: torch.Tensor) -> torch.Tensor:
     """Logits under exact recurrent decoding: one Decoder step per position."""
+    check_token_ids("inputs", inputs, vocab_size_of(model))  # once, not once per position (a sync each on CUDA)
     dec = Decoder(model, inputs.size(0), inputs.size(1))
-    return torch.stack([dec.step(inputs[:, t]) for t in range(inputs.size(1))], dim=1)
+    return torch.stack([dec.step(inputs[:, t], check_values=False) for t in range(inputs.size(1))], dim=1)
 
 
 @torch.no_grad()
@@ -308,8 +302,12 @@ def save_checkpoint(run: Run, step: int, model, opts, generator, elapsed: float,
              "elapsed": elapsed, "counters": counters}
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".ckpt.", suffix=".tmp")
     os.close(fd)
-    torch.save(state, tmp)
-    os.replace(tmp, d / f"step_{step:07d}.pt")
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, d / f"step_{step:07d}.pt")
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)  # a full checkpoint's worth of disk, otherwise never reclaimed
+        raise
     for old in sorted(d.glob("step_*.pt"))[:-keep]:
         old.unlink()
 
@@ -322,39 +320,109 @@ def resolve_device(name: str) -> torch.device:
 
 
 def prepare(cfg: TrainConfig, task=None):
-    """Validate everything a run needs before anything is written: (task, model, schedule)."""
+    """Validate everything a run needs before anything is written: (task, model, schedule).
+
+    The model is built on the meta device (shapes and parameter counts, no memory, no time), so a
+    sweep can check every run of its grid first; train() builds the real one under the run's seed.
+    """
     task = task if task is not None else make_task(cfg)
     if cfg.model != "lrt" and cfg.schedule != "onepass":
         raise ValueError(f"schedule={cfg.schedule!r} is invalid for model={cfg.model!r} (it has no memory; "
                          "a baseline's own training forward is its stage); allowed: onepass")
-    model = build_model(cfg, task.vocab_size)
+    with torch.device("meta"):
+        model = build_model(cfg, task.vocab_size)
+    if model.config.vocab_size < task.vocab_size:
+        fail("vocab_size", model.config.vocab_size,
+             f"an integer >= {task.vocab_size}, the vocabulary of task {cfg.task!r}")
     schedule = parse_schedule(cfg.schedule)
     start_length = task.length_at(0) if hasattr(task, "length_at") else cfg.length
     for length in sorted({start_length, cfg.length, *cfg.eval_lengths}):
         schedule.stages(length)  # e.g. Interleaved(S) needs S <= every length it will see
+    # One sequence at every length the run will sample (training and evaluation), so a length the
+    # task cannot make (below its minimum, beyond a corpus split) fails here and not at step N.
+    min_length = getattr(task, "min_length", 1)
+    for n in cfg.eval_lengths:
+        if n < min_length:
+            fail("eval_lengths", cfg.eval_lengths, f"integers >= {min_length}, the shortest sequence of task {cfg.task!r}")
+    for length in sorted({start_length, cfg.length}):
+        task.sample(1, torch.Generator().manual_seed(cfg.seed), length=length)
+    make_eval_sets(task, cfg.eval_lengths, 1, seed=0)
     return task, model, schedule
+
+
+def open_for_resume(root: Path, cfg: TrainConfig) -> Run:
+    """The run folder `--resume` continues; ValueError saying what is missing or which arguments differ."""
+    run = Run(root / cfg.run_name)
+    if not (run.path / "config.json").is_file():
+        origin = "derived from the arguments; pass --name NAME" if cfg.name is None else "given by --name"
+        runs = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) \
+            if root.is_dir() else []
+        listing = f"; run folders in {root}: {', '.join(runs[:8])}{' ...' if len(runs) > 8 else ''}" if runs else ""
+        raise ValueError(f"--resume: no run folder {run.path} (its name {cfg.run_name!r} is {origin}){listing}")
+    saved = run.config.get("train")
+    now = json.loads(json.dumps(cfg.to_dict()))
+    if saved != now:
+        saved = saved if isinstance(saved, dict) else {}
+        diffs = [f"{k}: {saved.get(k)!r} in config.json, {now.get(k)!r} now"
+                 for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+        raise ValueError(f"--resume: the arguments differ from {run.path / 'config.json'} ({'; '.join(diffs)}); "
+                         "resume with the same ones")
+    return run
+
+
+def restore_checkpoint(run: Run, model, opts, generator, device) -> dict | None:
+    """Load the newest checkpoint that loads into model/opts/generator; older ones kept beside it
+    (save_checkpoint keeps two) are the fallback for a truncated or damaged newest one.
+
+    Returns the checkpoint's state (step, elapsed, counters, path) or None when the run has no
+    checkpoint. ValueError when checkpoints exist but none loads: nothing is deleted, so the user
+    decides (remove checkpoints/ to restart from step 0).
+    """
+    ckpts = run.checkpoints()
+    failures = []
+    for path in reversed(ckpts):
+        try:
+            state = torch.load(path, map_location=device, weights_only=False)
+            model.load_state_dict(state["model"])
+            if len(state["optimizers"]) != len(opts):
+                raise ValueError(f"{len(state['optimizers'])} optimizer states for {len(opts)} optimizers")
+            for opt, s in zip(opts, state["optimizers"]):
+                opt.load_state_dict(s)
+            generator.set_state(state["generator"])
+            torch.set_rng_state(state["torch_rng"])
+            state = {"step": int(state["step"]), "elapsed": float(state["elapsed"]),
+                     "counters": dict(state["counters"]), "path": path}
+        except Exception as e:  # noqa: BLE001  (a damaged file can fail in any of torch's loaders)
+            failures.append(f"{path.name}: {type(e).__name__}: {str(e)[:120]}")
+            warnings.warn(f"checkpoint {path} is unreadable ({type(e).__name__}); trying the one before it",
+                          stacklevel=2)
+            continue
+        return state
+    if failures:
+        raise ValueError(f"--resume: no readable checkpoint in {run.path / 'checkpoints'} ({'; '.join(failures)}); "
+                         "remove that folder to restart the run from step 0")
+    return None
 
 
 def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: bool = False,
           progress: bool = True, stop_after: int | None = None) -> Run:
     """Train one run into out/<cfg.run_name>; returns the Run (complete unless stop_after hit).
 
-    resume: continue the run folder from its latest checkpoint (metrics after it are dropped so
-    every step is logged exactly once). stop_after: stop (without a summary) after that many
-    steps, as a killed run would.
+    resume: continue the run folder from its latest readable checkpoint (metrics after it are
+    dropped so every step is logged exactly once; temporary files of a killed process are
+    removed). stop_after: stop (without a summary) after that many steps, as a killed run would.
     """
+    if stop_after is not None:
+        check_int("stop_after", stop_after, 0)
     task, model, schedule = prepare(cfg, task)
     device = resolve_device(cfg.device)
-    root = Path(out)
+    root = check_out_dir("out", out)
     config = {"train": cfg.to_dict(), "model": model.config.to_dict(), "params": model.param_report(),
               "kind": cfg.model, "schedule": schedule.spec, "schedule_cost": schedule.cost,
               "forwards_per_token": getattr(model, "forwards_per_token", 1), "task_vocab_size": task.vocab_size}
     if resume:
-        run = Run(root / cfg.run_name)
-        if not (run.path / "config.json").exists():
-            raise ValueError(f"--resume: no run folder at {run.path}")
-        if run.config["train"] != json.loads(json.dumps(cfg.to_dict())):
-            raise ValueError(f"--resume: the arguments differ from {run.path}/config.json; resume with the same ones")
+        run = open_for_resume(root, cfg)
+        run.remove_temp_files()  # left by a killed process (a full checkpoint each)
     else:
         run = Run.create(root, cfg.run_name, config)
 
@@ -364,18 +432,15 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
     generator = torch.Generator().manual_seed(cfg.seed)
     counters = {"tokens": 0, "compute_tokens": 0.0}
     start, elapsed = 0, 0.0
-    ckpt = run.latest_checkpoint() if resume else None
-    if ckpt is not None:
-        state = torch.load(ckpt, map_location=device, weights_only=False)
-        model.load_state_dict(state["model"])
-        for opt, s in zip(opts, state["optimizers"]):
-            opt.load_state_dict(s)
-        generator.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
+    state = restore_checkpoint(run, model, opts, generator, device) if resume else None
+    if state is not None:
         start, elapsed, counters = state["step"], state["elapsed"], state["counters"]
         run.truncate_metrics(start)  # steps 1..start are in the checkpoint
     elif resume:
         run.truncate_metrics(-1)
+    if resume and not run.is_complete:  # always said: which step a resumed run continues from
+        where = f"step {start} ({state['path'].name})" if state is not None else "step 0 (no checkpoint yet)"
+        print(f"resuming {run.name} from {where}", file=sys.stderr)
     if run.is_complete:
         return run
 

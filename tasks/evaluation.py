@@ -18,9 +18,12 @@ import hashlib
 
 import torch
 
+from lrt_lab.validation import TRAIN_SEED_LIMIT
+
 from tasks.base import Batch, Task, check_int
 
-EVAL_SEED_OFFSET = 2**62
+# Evaluation seeds start where training seeds end (TrainConfig range-checks seeds below it).
+EVAL_SEED_OFFSET = TRAIN_SEED_LIMIT
 
 
 def eval_seed(task: Task, length: int, seed: int = 0) -> int:

@@ -213,10 +213,15 @@ def get_group(name: str) -> Group:
         _fail("group", name, allowed)
     result = None
     for part in name.lower().split("x"):
-        if len(part) < 2 or part[0] not in _FACTORS or not part[1:].isdigit():
+        if len(part) < 2 or part[0] not in _FACTORS or not part[1:].isascii() or not part[1:].isdigit():
             _fail("group", name, allowed)
-        factor = _FACTORS[part[0]](int(part[1:]))
-        result = factor if result is None else direct_product(result, factor)
+        try:
+            factor = _FACTORS[part[0]](int(part[1:]))
+            result = factor if result is None else direct_product(result, factor)
+        except ValueError as e:  # e.g. "n=5000 is invalid": say it about the group the user named
+            limit = str(e).split("allowed: ")[-1]
+            why = limit if str(e).startswith("order") else f"{part[0].upper()}<n> with n {limit}"
+            _fail("group", name, f"{allowed}; {why}")
     return result
 
 

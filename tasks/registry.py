@@ -46,11 +46,13 @@ def _curriculum(length: int, options: dict) -> LengthCurriculum | None:
     schedule = options.pop("curriculum_schedule", None)
     if start is None and steps is None:
         if schedule is not None:
-            raise ValueError("curriculum_schedule: needs curriculum_start and curriculum_steps")
+            raise ValueError(f"curriculum_schedule={schedule!r} is invalid without curriculum_start and "
+                             "curriculum_steps; allowed: all three together")
         return None
     if start is None or steps is None:
         missing = "curriculum_start" if start is None else "curriculum_steps"
-        raise ValueError(f"{missing}: required when the other curriculum option is given")
+        raise ValueError(f"{missing}=None is invalid; allowed: an integer (required when the other curriculum "
+                         "option is given)")
     check_int("curriculum_start", start, 1, length)
     check_int("curriculum_steps", steps, 0)
     if schedule is None:
@@ -78,7 +80,8 @@ def make_task(name: str, length: int, **options) -> Task:
     if name == "group_prefix":
         group = options.get("group")
         if group is None:
-            raise ValueError("group: required for task 'group_prefix' (a name like 'S4' or a Group)")
+            raise ValueError("group=None is invalid; allowed: a group name like 'S4' or a Group (required for "
+                             "task 'group_prefix')")
         group = group if isinstance(group, Group) else get_group(group)
         return PrefixProductTask(group, length, name="group_prefix", curriculum=curriculum)
     if name == "copy":

@@ -1,0 +1,287 @@
+"""A damaged run store: readers skip and report the damaged file, every other run reads as before.
+Also the command line's file errors, temp-file cleanup and checkpoint fallback on resume."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lrt_lab.cli import main
+from lrt_lab.report import comparison_table
+from lrt_lab.results import DamagedFileError, Run, load_metrics, load_runs, load_table
+from lrt_lab.train import TrainConfig, train
+
+
+def make_run(root: Path, name: str, seed: int) -> Run:
+    """A complete run folder written through the store's own writers (no training needed)."""
+    config = {"train": {"task": "a5_prefix", "seed": seed, "length": 8}, "model": {"n_layer": 2}, "params": {"total": 10},
+              "kind": "lrt", "schedule": "interleaved:2", "schedule_cost": 2.0, "forwards_per_token": 1,
+              "task_vocab_size": 60}
+    run = Run.create(root, name, config)
+    for step in (1, 2, 3):
+        run.log({"kind": "train", "step": step, "loss": 3.0 / step, "stage_losses": [1.0, 2.0], "tokens": 8 * step})
+    run.log({"kind": "eval", "step": 3, "pos90_exact@8": seed + 1, "acc_exact@8": 0.5})
+    run.write_table("per_position", pd.DataFrame({"length": [8], "mode": ["exact"], "position": [1], "accuracy": [0.5]}))
+    run.write_summary({"status": "complete", "steps": 3, "final_loss": 1.0, "wall_time_s": 1.5, "tokens": 24,
+                       "compute_tokens": 48.0, "schedule_cost": 2.0, "forwards_per_token": 1,
+                       "eval": {"pos90_exact@8": seed + 1, "acc_exact@8": 0.5}})
+    return run
+
+
+def _rewrite_json(path: Path, change):
+    obj = json.loads(path.read_text())
+    change(obj)
+    path.write_text(json.dumps(obj))
+
+
+def _insert_bytes(path: Path, data: bytes, at: int):
+    raw = path.read_bytes()
+    path.write_bytes(raw[:at] + data + raw[at:])
+
+
+def _dir_in_place(path: Path):
+    path.unlink()
+    path.mkdir()
+    (path / "x").write_text("{}")
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000  # deeper than Python's recursion limit
+
+# damage name -> (function of the run folder, the file it damages)
+DAMAGE = {
+    "config.json non-UTF-8 byte": (lambda d: _insert_bytes(d / "config.json", b"\xff\xfe", 5), "config.json"),
+    "config.json truncated": (lambda d: (d / "config.json").write_bytes((d / "config.json").read_bytes()[:20]),
+                              "config.json"),
+    "config.json a directory": (lambda d: _dir_in_place(d / "config.json"), "config.json"),
+    "config.json a list": (lambda d: (d / "config.json").write_text("[1, 2]"), "config.json"),
+    "config.json deep nesting": (lambda d: (d / "config.json").write_bytes(DEEP), "config.json"),
+    "config train a string": (lambda d: _rewrite_json(d / "config.json", lambda o: o.update(train="x")), "config.json"),
+    "summary.json non-UTF-8 byte": (lambda d: _insert_bytes(d / "summary.json", b"\x80", 3), "summary.json"),
+    "summary.json a directory": (lambda d: _dir_in_place(d / "summary.json"), "summary.json"),
+    "summary.json deep nesting": (lambda d: (d / "summary.json").write_bytes(b'{"eval": ' + DEEP + b"}"),
+                                  "summary.json"),
+    "summary eval a list": (lambda d: _rewrite_json(d / "summary.json", lambda o: o.update(eval=[1, 2])),
+                            "summary.json"),
+    "summary eval null": (lambda d: _rewrite_json(d / "summary.json", lambda o: o.update(eval=None)), "summary.json"),
+    "summary eval value a dict": (lambda d: _rewrite_json(d / "summary.json",
+                                                          lambda o: o["eval"].update({"pos90_exact@8": {"a": 1}})),
+                                  "summary.json"),
+    "summary final_loss a string": (lambda d: _rewrite_json(d / "summary.json", lambda o: o.update(final_loss="1.0")),
+                                    "summary.json"),
+    "summary steps a bool": (lambda d: _rewrite_json(d / "summary.json", lambda o: o.update(steps=True)),
+                             "summary.json"),
+}
+# metrics.jsonl damage: the run stays listed; its unreadable lines are dropped and counted
+METRICS_DAMAGE = {
+    "garbage bytes line": lambda p: _insert_bytes(p, b"\xff\x00\xc3garbage\n", 0),
+    "JSON that is not an object": lambda p: p.write_bytes(p.read_bytes() + b"[1, 2]\n3\nnull\n\"s\"\n"),
+    "deep nesting": lambda p: p.write_bytes(p.read_bytes() + b'{"a": ' + DEEP + b"}\n"),
+    "string step": lambda p: p.write_bytes(p.read_bytes() + b'{"kind": "train", "step": "4", "loss": 1}\n'),
+    "string loss": lambda p: p.write_bytes(p.read_bytes() + b'{"kind": "train", "step": 4, "loss": "x"}\n'),
+    "cut last line": lambda p: p.write_bytes(p.read_bytes() + b'{"kind": "train", "st'),
+}
+
+
+@pytest.fixture()
+def store(tmp_path):
+    root = tmp_path / "store"
+    for i, name in enumerate(["good-a", "good-b", "victim"]):
+        make_run(root, name, seed=i)
+    return root
+
+
+def _quiet_load_runs(root, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_runs(root, **kw)
+
+
+def _good_rows(df):
+    return df[df["run"].str.startswith("good")].reset_index(drop=True)
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_run_file_is_skipped_and_reported_and_the_others_read_as_before(store, damage, capsys):
+    before = _quiet_load_runs(store)
+    metrics_before = {n: load_metrics(store / n) for n in ("good-a", "good-b")}
+    apply, filename = DAMAGE[damage]
+    apply(store / "victim")
+
+    with pytest.warns(UserWarning, match="victim"):
+        df = load_runs(store)
+    assert sorted(df["run"]) == ["good-a", "good-b"]
+    reason = dict(df.attrs["skipped"])["victim"]
+    assert reason.startswith("damaged") and filename in reason
+    pd.testing.assert_frame_equal(_good_rows(df), _good_rows(before), check_like=True)
+    for name, m in metrics_before.items():
+        pd.testing.assert_frame_equal(load_metrics(store / name), m)
+    # the Run accessors say which file is damaged, as a ValueError
+    with pytest.raises(DamagedFileError, match=filename.split(".")[0]):
+        run = Run(store / "victim")
+        run.config, run.summary
+    # the report over the store still works and counts the two good runs
+    table = comparison_table(df)
+    assert table["n"].tolist() == [2]
+    capsys.readouterr()
+    assert main(["report", str(store)]) == 0
+    assert "lrt interleaved:2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage", list(METRICS_DAMAGE))
+def test_damaged_metrics_lines_are_dropped_and_counted(store, damage):
+    good = load_metrics(store / "victim")
+    METRICS_DAMAGE[damage](store / "victim" / "metrics.jsonl")
+    with pytest.warns(UserWarning, match="victim"):
+        df = load_metrics(store / "victim")
+    assert df.attrs["dropped_lines"] >= 1
+    pd.testing.assert_frame_equal(df, good)  # exactly the readable records, unchanged
+    assert load_metrics(store / "victim", kind="train")["step"].tolist() == [1, 2, 3]
+    assert sorted(_quiet_load_runs(store)["run"]) == ["good-a", "good-b", "victim"]  # the run itself is fine
+
+
+def test_a_directory_in_place_of_metrics_gives_an_empty_table_and_a_report(store):
+    _dir_in_place(store / "victim" / "metrics.jsonl")
+    with pytest.warns(UserWarning, match="metrics.jsonl"):
+        df = load_metrics(store / "victim")
+    assert df.empty and "metrics.jsonl" in df.attrs["damaged"]
+    assert len(load_metrics(store / "good-a", kind="train")) == 3
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00garbage", b"", b'a,b\n1,"2\n'])
+def test_a_damaged_table_reads_as_missing(store, content):
+    (store / "victim" / "tables" / "per_position.csv").write_bytes(content)
+    with pytest.warns(UserWarning, match="per_position"):
+        assert load_table(store / "victim", "per_position") is None
+    assert load_table(store / "good-a", "per_position")["accuracy"].tolist() == [0.5]
+
+
+# Random byte damage anywhere: whatever is hit, no reader raises and the other runs are unaffected.
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(filename=st.sampled_from(["config.json", "summary.json", "metrics.jsonl"]),
+       where=st.floats(0, 1), junk=st.binary(min_size=0, max_size=6), cut=st.booleans())
+def test_random_byte_damage_never_breaks_the_readers(filename, where, junk, cut):
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for i, name in enumerate(["good-a", "victim"]):
+            make_run(root, name, seed=i)
+        reference = _good_rows(_quiet_load_runs(root))
+        path = root / "victim" / filename
+        raw = path.read_bytes()
+        at = int(where * len(raw))
+        path.write_bytes(raw[:at] + junk + (b"" if cut else raw[at:]))
+
+        df = _quiet_load_runs(root, include_incomplete=True)
+        good = _good_rows(df)  # columns the damage invented (a renamed key) are empty for it
+        pd.testing.assert_frame_equal(good[reference.columns], reference)
+        assert good.drop(columns=reference.columns).isna().all().all()
+        assert "victim" in set(df["run"]) | set(dict(df.attrs["skipped"]))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            metrics = load_metrics(root / "victim")
+        if len(metrics):
+            assert metrics["step"].map(type).eq(int).all()
+        if "victim" in set(df["run"]) and "summary.eval.acc_exact@8" in df.columns:
+            ok = df.loc[df["run"] == "victim", "summary.eval.acc_exact@8"]
+            assert ok.map(lambda v: v is None or isinstance(v, (int, float, str))).all()
+
+
+# Command-line file errors --------------------------------------------------------------------------
+TRAIN = ["train", "--task", "group_prefix", "--task-opt", "group=S3", "--length", "4", "--preset", "tiny",
+         "--steps", "4", "--batch-size", "4", "--eval-lengths", "4", "--eval-size", "4", "--device", "cpu", "--quiet",
+         "--checkpoint-every", "1"]
+
+
+def _error(capsys, argv) -> str:
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("lrt-lab: error:"), err
+    return err
+
+
+def test_cli_file_errors_say_what_is_wrong(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("afile").write_text("x")
+    assert "'afile' is a file" in _error(capsys, TRAIN + ["--out", "afile/store"])
+    assert "out='afile' is invalid (is a file)" in _error(capsys, TRAIN + ["--out", "afile"])
+    assert "no such directory" in _error(capsys, ["report", "nonexistent_dir"])
+    assert "no such file" in _error(capsys, ["sweep", "nope.toml"])
+    Path("bad.toml").write_bytes(b"\xff[sweep]")
+    assert "not UTF-8" in _error(capsys, ["sweep", "bad.toml"])
+    Path("letters.toml").write_text('[sweep]\ntasks = "copy"\nmodels = ["lrt"]\n')
+    assert "sweep.tasks='copy' is invalid; allowed: a non-empty list of task names" in _error(
+        capsys, ["sweep", "letters.toml"])
+    assert "pass --name NAME" in _error(capsys, TRAIN + ["--out", "store", "--resume"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "bad.toml", "letters.toml"]  # nothing written
+
+
+def test_resume_names_the_differing_arguments_and_the_step(tmp_path, capsys):
+    out = str(tmp_path / "store")
+    assert main(TRAIN + ["--out", out, "--name", "r"]) == 0
+    err = _error(capsys, TRAIN + ["--out", out, "--name", "r", "--resume", "--steps", "6", "--seed", "3"])
+    assert "steps: 4 in config.json, 6 now" in err and "seed: 0 in config.json, 3 now" in err
+
+
+# Resume: temp files and checkpoint fallback -----------------------------------------------------
+def tiny(**kw):
+    base = dict(task="group_prefix", task_options={"group": "S3"}, length=4, preset="tiny", model="lrt",
+                schedule="interleaved:2", steps=8, batch_size=8, eval_every=0, eval_lengths=(4,), eval_size=8,
+                checkpoint_every=2, device="cpu", name="r")
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_resume_falls_back_to_the_older_checkpoint_and_removes_temp_files(tmp_path, capsys):
+    reference = train(tiny(), out=tmp_path / "ref", progress=False)
+    run = train(tiny(), out=tmp_path / "store", progress=False, stop_after=6)
+    ckpts = run.checkpoints()
+    assert [p.name for p in ckpts] == ["step_0000004.pt", "step_0000006.pt"]
+    ckpts[-1].write_bytes(ckpts[-1].read_bytes()[:1000])  # a truncated newest checkpoint
+    leftovers = [run.path / "checkpoints" / ".ckpt.abc123.tmp", run.path / ".summary.json.x.tmp",
+                 run.path / ".metrics.y.tmp"]
+    for p in leftovers:
+        p.write_bytes(b"partial")
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="step_0000006.pt is unreadable"):
+        resumed = train(tiny(), out=tmp_path / "store", resume=True, progress=True)
+    assert "resuming r from step 4 (step_0000004.pt)" in capsys.readouterr().err
+    assert not any(p.exists() for p in leftovers)
+    steps = load_metrics(resumed, kind="train")["step"].tolist()
+    assert steps == list(range(1, 9))  # every step exactly once
+    # the steps after the fallback are the uninterrupted run's steps (same data, same state)
+    ref = load_metrics(reference, kind="train")["loss"].tolist()
+    assert load_metrics(resumed, kind="train")["loss"].tolist() == pytest.approx(ref, rel=1e-5)
+
+
+def test_resume_with_no_readable_checkpoint_fails_and_deletes_nothing(tmp_path):
+    run = train(tiny(), out=tmp_path, progress=False, stop_after=4)
+    for p in run.checkpoints():
+        p.write_bytes(b"not a checkpoint")
+    metrics = (run.path / "metrics.jsonl").read_bytes()
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="no readable checkpoint"):
+        train(tiny(), out=tmp_path, resume=True, progress=False)
+    assert [p.name for p in run.checkpoints()] == ["step_0000002.pt", "step_0000004.pt"]
+    assert (run.path / "metrics.jsonl").read_bytes() == metrics
+
+
+def test_a_failed_checkpoint_write_leaves_no_temp_file(tmp_path, monkeypatch):
+    import torch
+    from lrt_lab.train import save_checkpoint
+    run = Run.create(tmp_path, "r", {"train": {}})
+
+    def full_disk(obj, f, *a, **k):
+        Path(f).write_bytes(b"half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(OSError):
+        save_checkpoint(run, 1, model, [], torch.Generator(), 0.0, {})
+    assert list((run.path / "checkpoints").iterdir()) == []
