@@ -98,6 +98,10 @@ def sidebar_multiselect(at: AppTest, label: str):
 
 
 def runs_table(at: AppTest) -> pd.DataFrame:
+    return at.tabs[0].dataframe[1].value  # [0] is the groups of seeds
+
+
+def groups_table(at: AppTest) -> pd.DataFrame:
     return at.tabs[0].dataframe[0].value
 
 
@@ -202,7 +206,7 @@ def test_analysis_pages_hint_when_no_tables(store, tmp_path, monkeypatch):
     shutil.copytree(store / TRANSFORMER_RUN, bare / TRANSFORMER_RUN)  # a store with no analysis tables
     at = run_app(monkeypatch, bare)
     assert_clean(at)
-    assert "No gap-recovery tables yet" in " ".join(i.value for i in at.tabs[4].info)
+    assert "No run shown has BPB tables" in " ".join(i.value for i in at.tabs[4].info)
     assert "No probe tables yet" in " ".join(i.value for i in at.tabs[5].info)
     assert "Config diff" in [h.value for h in at.tabs[0].subheader]
 
