@@ -295,7 +295,8 @@ def curves(df: pd.DataFrame, metric: str, x_axis: str, smoothing: float = 0.0,
         if m.empty:
             continue
         y = m[metric].to_numpy(dtype=float)
-        parts.append(pd.DataFrame({"group": group, "task": row.get("task", "?"), "run": row["run"],
+        task = row.get("config.train.task", row.get("task", "?"))  # the task's name: one loss family per panel
+        parts.append(pd.DataFrame({"group": group, "task": str(task), "run": row["run"],
                                    "x": m[field].to_numpy(dtype=float),
                                    "y": ema(y, smoothing) if kind == "train" else y}))
     if not parts:
@@ -355,7 +356,8 @@ def curriculum_switches(df: pd.DataFrame, x_axis: str, loader=None) -> pd.DataFr
             continue
         m = m[[field, "length"]].dropna().sort_values(field)
         changed = m["length"].ne(m["length"].shift()) & m["length"].shift().notna()
-        rows += [{"group": group, "task": row.get("task", "?"), "x": float(r[field]), "length": int(r["length"])}
+        rows += [{"group": group, "task": str(row.get("config.train.task", row.get("task", "?"))), "x": float(r[field]),
+                  "length": int(r["length"])}
                  for _, r in m[changed].iterrows()]
     return pd.DataFrame(rows, columns=["group", "task", "x", "length"])
 

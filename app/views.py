@@ -53,7 +53,7 @@ class Context:
     shown: pd.DataFrame           # after the sidebar's filters and selection
     skipped: list = field(default_factory=list)
 
-    def color(self, title: str = "group (runs that differ only by seed)") -> dict:
+    def color(self, title: str = "group of seeds") -> dict:
         """Colour encoding by group of seeds, the same colour for a group on every chart."""
         groups = sorted(set(data.group_labels(self.shown))) if not self.shown.empty else []
         return color_encoding(groups, title)
@@ -168,7 +168,6 @@ def _heatmap(df: pd.DataFrame, x: str, y: str, facet: str, scheme: str, x_title:
     (wrapped to fit the main column); rows top to bottom in `y_order` (default: descending).
     label_width: room the y labels take (long group names), counted when wrapping."""
     n_x = max(int(df.groupby(facet)[x].nunique().max()), 1) if not df.empty else 1
-    n_y = max(int(df.groupby(facet)[y].nunique().max()), 1) if not df.empty else 1
     width = min(420, max(120, 44 * n_x))
     spec = {
         "data": {"name": "cells"},
@@ -177,9 +176,10 @@ def _heatmap(df: pd.DataFrame, x: str, y: str, facet: str, scheme: str, x_title:
         "resolve": {"scale": {"x": "independent", "y": "independent"}},
         "spec": {
             "width": width,
-            "height": max(60, 22 * n_y),
+            "height": {"step": 22},  # every panel as tall as its own rows
             "encoding": {"x": _o(x, x_title, axis={"labelAngle": 0}),
-                         "y": _o(y, y_title, sort=y_order if y_order is not None else "descending",
+                         "y": _o(y, None if label_width else y_title,
+                                 sort=y_order if y_order is not None else "descending",
                                  axis={"labelLimit": max(label_width, 120)})},
             "layer": [
                 {"mark": "rect", "encoding": {

@@ -139,7 +139,7 @@ def group_labels(df: pd.DataFrame, exclude=()) -> pd.Series:
             parts[i].append(_text(v) if not name else f"{name}={_text(v)}")
     labels = pd.Series({i: " | ".join(p) for i, p in parts.items()}, dtype=object).reindex(df.index)
     # Dropping unset fields must not merge two groups: fall back to spelling them out.
-    keys = group_keys(df[cols])
+    keys = group_keys(df[[c for c in cols if not c.startswith(DERIVED_PREFIXES)]])  # derived ones follow the rest
     clash = labels.groupby(labels).transform(lambda s: keys[s.index].nunique() > 1)
     if clash.any():
         for i in df.index[clash.astype(bool)]:
