@@ -168,6 +168,7 @@ def _heatmap(df: pd.DataFrame, x: str, y: str, facet: str, scheme: str, x_title:
     (wrapped to fit the main column); rows top to bottom in `y_order` (default: descending).
     label_width: room the y labels take (long group names), counted when wrapping."""
     n_x = max(int(df.groupby(facet)[x].nunique().max()), 1) if not df.empty else 1
+    n_y = max(int(df.groupby(facet)[y].nunique().max()), 1) if not df.empty else 1
     width = min(420, max(120, 44 * n_x))
     spec = {
         "data": {"name": "cells"},
@@ -176,7 +177,7 @@ def _heatmap(df: pd.DataFrame, x: str, y: str, facet: str, scheme: str, x_title:
         "resolve": {"scale": {"x": "independent", "y": "independent"}},
         "spec": {
             "width": width,
-            "height": {"step": 22},  # every panel as tall as its own rows
+            "height": max(60, 22 * n_y),  # a step height ({"step": 22}) breaks Streamlit's sizing of facets
             "encoding": {"x": _o(x, x_title, axis={"labelAngle": 0}),
                          "y": _o(y, None if label_width else y_title,
                                  sort=y_order if y_order is not None else "descending",
