@@ -64,6 +64,13 @@ def color_encoding(groups: list, title: str, field_name: str = "group") -> dict:
             "scale": {"domain": groups, "range": [PALETTE[i % len(PALETTE)] for i in range(len(groups))]}}
 
 
+def only_groups(color: dict, present: set) -> dict:
+    """The colour encoding narrowed to the groups a panel draws, each keeping its colour, so the
+    legend under that panel lists only what is in it."""
+    pairs = [(g, c) for g, c in zip(color["scale"]["domain"], color["scale"]["range"]) if g in present]
+    return {**color, "scale": {"domain": [g for g, _ in pairs], "range": [c for _, c in pairs]}}
+
+
 def palette_note(n_groups: int) -> None:
     if n_groups > len(PALETTE):
         st.caption(f"{n_groups} groups share {len(PALETTE)} colours: narrow them with the sidebar's *group* filter "
@@ -128,11 +135,30 @@ def chart_spec(spec: dict, **datasets: pd.DataFrame) -> dict:
     return {**spec, "datasets": used, "usermeta": {"data_digest": digest.hexdigest()}}
 
 
+def legend_entries(spec) -> int:
+    """The most entries any legend under the chart (LEGEND) lists: the size of its scale's domain."""
+    most = 0
+    if isinstance(spec, dict):
+        if spec.get("legend") is LEGEND and isinstance(spec.get("scale", {}).get("domain"), list):
+            most = len(spec["scale"]["domain"])
+        for k, v in spec.items():
+            if k != "datasets":
+                most = max(most, legend_entries(v))
+    elif isinstance(spec, list):
+        most = max([legend_entries(v) for v in spec] or [0])
+    return most
+
+
 def _chart(spec: dict, **datasets: pd.DataFrame) -> None:
-    """Draw a spec whose layers name their data ({"data": {"name": key}}) from `datasets`."""
-    full = chart_spec(spec, **datasets)
-    width = "content" if "facet" in spec or "columns" in spec else "stretch"
-    st.vega_lite_chart(full, width=width)
+    """Draw a spec whose layers name their data ({"data": {"name": key}}) from `datasets`.
+
+    A chart stretched to the column is fitted, legend included, into its height: the legend under
+    it gets rows of its own added to that height, so the plot keeps its size and no entry is cut."""
+    facet = "facet" in spec or "columns" in spec
+    if not facet and "height" in spec:
+        rows = -(-legend_entries(spec) // LEGEND["columns"])
+        spec = {**spec, "height": spec["height"] + (40 + 20 * rows if rows else 0)}
+    st.vega_lite_chart(chart_spec(spec, **datasets), width="content" if facet else "stretch")
 
 
 def _q(name: str, title: str | None = None, **kw) -> dict:
@@ -268,7 +294,8 @@ def curves_page(ctx: Context) -> None:
             st.markdown(f"**{task}**")
         _curve_chart(band[band["task"] == task], long[long["task"] == task],
                      None if switches is None else switches[switches["task"] == task],
-                     metric, x_axis, color, band_kind, log_y, show_runs)
+                     metric, x_axis, only_groups(color, set(band.loc[band["task"] == task, "group"])), band_kind,
+                     log_y, show_runs)
     about = data.BANDS[band_kind]
     st.caption("Lines: mean over seeds" + (f"; shaded band: {about}" if about else "")
                + "; groups with one seed are a line alone. Dotted verticals: curriculum switches (the new training "
