@@ -18,8 +18,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import streamlit as st
+from scipy import stats as sps
 
-from lrt_lab.report import format_mean_std, method_label, run_figures
+from lrt_lab import groups as run_groups
+from lrt_lab.analysis.stats import mean_ci
+from lrt_lab.report import format_mean_ci, method_label, run_figures
 from lrt_lab.results import Run, load_metrics, load_runs, load_table
 
 KNOWN_KINDS = ("transformer", "lrt")
@@ -31,13 +34,16 @@ X_AXES = {
     "steps": ("step", "training step"),
     "tokens": ("tokens", "tokens seen"),
     "compute": ("compute_tokens", "baseline-equivalent compute (tokens x schedule cost)"),
+    "wall-clock": ("time", "wall-clock time (s)"),
 }
+BANDS = {"95% t-interval": "95% t-interval over seeds (the README's convention)",
+         "min-max": "min to max over seeds", "none": None}
 
 # Columns the runs table shows first (short names made by `annotate`), then summary figures.
 RUN_COLUMNS = ["run", "status", "task", "method", "seed", "length", "preset", "n_layer"]
 
 # Filters in the sidebar: label -> column of `annotate`.
-FILTERS = {"task": "task", "model": "kind", "schedule": "schedule", "seed": "seed"}
+FILTERS = {"group": "store_group", "task": "task", "model": "kind", "schedule": "schedule", "seed": "seed"}
 
 # Where the store is --------------------------------------------------------------------------------
 def default_runs_dir(argv=None, environ=None, cwd=None) -> str:
@@ -145,7 +151,7 @@ def annotate(df: pd.DataFrame) -> pd.DataFrame:
     """Short columns for filters and labels: task, kind, schedule, method, seed, length, preset, n_layer."""
     df = df.copy()
     if df.empty:
-        for c in RUN_COLUMNS + ["kind", "schedule", "known_kind"]:
+        for c in RUN_COLUMNS + ["kind", "schedule", "known_kind", "store_group"]:
             df[c] = pd.Series(dtype=object)
         return df
     df["kind"] = _column(df, "config.kind", "?").fillna("?").astype(str)
@@ -157,6 +163,7 @@ def annotate(df: pd.DataFrame) -> pd.DataFrame:
     df["n_layer"] = pd.to_numeric(_column(df, "config.model.n_layer"), errors="coerce").astype("Int64")
     df["preset"] = _column(df, "config.train.preset", "?").fillna("?").astype(str)
     df["known_kind"] = [k in KNOWN_KINDS or k.startswith(KNOWN_KIND_PREFIXES) for k in df["kind"]]
+    df["store_group"] = run_groups.group_labels(df)  # labelled against the whole store: stable filter options
     return df
 
 
@@ -194,6 +201,17 @@ def runs_overview(df: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def group_overview(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per group of seeds: its label, number of runs, seeds, and the runs in it."""
+    if df.empty:
+        return pd.DataFrame(columns=["group", "runs", "seeds", "run names"])
+    t = df.assign(group=group_labels(df))
+    out = t.groupby("group", sort=True).agg(
+        runs=("run", "size"), seeds=("seed", lambda v: ", ".join(str(x) for x in sorted(v.dropna().tolist()))),
+        names=("run", lambda v: ", ".join(v)))
+    return out.reset_index().rename(columns={"names": "run names"})
+
+
 def _config_text(v) -> str:
     if v is None:
         return "—"  # not set for this run (e.g. the memory settings of a plain transformer)
@@ -223,15 +241,15 @@ def config_of(row: pd.Series) -> dict:
 
 
 # Groups of seeds -----------------------------------------------------------------------------------
+SHORT_TO_CONFIG = {"task": "config.train.task", "length": "config.train.length", "preset": "config.train.preset",
+                   "n_layer": "config.model.n_layer"}
+
+
 def group_labels(df: pd.DataFrame, exclude=()) -> pd.Series:
-    """One label per run naming what was trained (method), plus task, length, preset and depth where
-    those vary among the runs shown: runs that share a label differ only by seed."""
-    label = df["method"].astype(str) if "method" in df.columns else pd.Series("?", index=df.index)
-    for col, fmt in (("task", "{}"), ("length", "L={}"), ("preset", "{}"), ("n_layer", "{} layers")):
-        if col in exclude or col not in df.columns or df[col].nunique(dropna=False) <= 1:
-            continue
-        label = label + " | " + df[col].map(lambda v: fmt.format(v))
-    return label
+    """lrt_lab.groups' rule: runs share a label exactly when their configs differ only by seed (and
+    name); the label names the fields that differ between the groups of `df`, the runs shown.
+    exclude: short names (n_layer, ...) or config columns a view puts on an axis of its own."""
+    return run_groups.group_labels(df, exclude=[SHORT_TO_CONFIG.get(c, c) for c in exclude])
 
 
 def ema(values: np.ndarray, weight: float) -> np.ndarray:
@@ -267,7 +285,7 @@ def curves(df: pd.DataFrame, metric: str, x_axis: str, smoothing: float = 0.0,
             notes.append(f"{row['run']}: no {metric} records")
             continue
         if field not in m.columns:
-            if field == "compute_tokens" and "tokens" in m.columns:
+            if field == "compute_tokens" and "tokens" in m.columns:  # records older than compute_tokens
                 cost = row.get("config.schedule_cost", 1.0)
                 m = m.assign(compute_tokens=m["tokens"] * (1.0 if pd.isna(cost) else float(cost)))
             else:
@@ -277,22 +295,29 @@ def curves(df: pd.DataFrame, metric: str, x_axis: str, smoothing: float = 0.0,
         if m.empty:
             continue
         y = m[metric].to_numpy(dtype=float)
-        parts.append(pd.DataFrame({"group": group, "run": row["run"], "x": m[field].to_numpy(dtype=float),
+        task = row.get("config.train.task", row.get("task", "?"))  # the task's name: one loss family per panel
+        parts.append(pd.DataFrame({"group": group, "task": str(task), "run": row["run"],
+                                   "x": m[field].to_numpy(dtype=float),
                                    "y": ema(y, smoothing) if kind == "train" else y}))
     if not parts:
-        return pd.DataFrame(columns=["group", "run", "x", "y"]), notes
+        return pd.DataFrame(columns=["group", "task", "run", "x", "y"]), notes
     return pd.concat(parts, ignore_index=True), notes
 
 
-def seed_band(long: pd.DataFrame, n_points: int = 200) -> pd.DataFrame:
-    """Per group: the mean over its runs and the min-max band, on a common x grid (interpolated
-    where the runs' x values differ, over the range every run covers)."""
+def seed_band(long: pd.DataFrame, n_points: int = 200, band: str = "95% t-interval") -> pd.DataFrame:
+    """Per group: the mean over its runs and a band (BANDS: a 95% t-interval of the mean over
+    seeds, or min to max), on a common x grid (interpolated where the runs' x values differ, over
+    the range every run covers). One run: lo = hi = its curve, n = 1."""
+    if band not in BANDS:
+        raise ValueError(f"band={band!r} is invalid; allowed: {', '.join(BANDS)}")
     out = []
     for group, g in long.groupby("group", sort=True):
         runs = [r.sort_values("x") for _, r in g.groupby("run")]
+        task = g["task"].iloc[0] if "task" in g.columns else "?"
         if len(runs) == 1:
             r = runs[0]
-            out.append(pd.DataFrame({"group": group, "x": r["x"], "mean": r["y"], "lo": r["y"], "hi": r["y"], "n": 1}))
+            out.append(pd.DataFrame({"group": group, "task": task, "x": r["x"], "mean": r["y"], "lo": r["y"],
+                                     "hi": r["y"], "n": 1}))
             continue
         lo_x, hi_x = max(r["x"].min() for r in runs), min(r["x"].max() for r in runs)
         grid = np.unique(np.concatenate([r["x"].to_numpy() for r in runs]))
@@ -302,11 +327,48 @@ def seed_band(long: pd.DataFrame, n_points: int = 200) -> pd.DataFrame:
         if len(grid) == 0:
             continue
         ys = np.vstack([np.interp(grid, r["x"].to_numpy(), r["y"].to_numpy()) for r in runs])
-        out.append(pd.DataFrame({"group": group, "x": grid, "mean": ys.mean(0), "lo": ys.min(0), "hi": ys.max(0),
+        mean = ys.mean(0)
+        if band == "95% t-interval":  # the same interval as lrt_lab.analysis.stats.mean_ci, per x
+            half = sps.t.ppf(0.975, df=len(runs) - 1) * ys.std(0, ddof=1) / np.sqrt(len(runs))
+            lo, hi = mean - half, mean + half
+        elif band == "min-max":
+            lo, hi = ys.min(0), ys.max(0)
+        else:
+            lo = hi = mean
+        out.append(pd.DataFrame({"group": group, "task": task, "x": grid, "mean": mean, "lo": lo, "hi": hi,
                                  "n": len(runs)}))
     if not out:
-        return pd.DataFrame(columns=["group", "x", "mean", "lo", "hi", "n"])
+        return pd.DataFrame(columns=["group", "task", "x", "mean", "lo", "hi", "n"])
     return pd.concat(out, ignore_index=True)
+
+
+def curriculum_switches(df: pd.DataFrame, x_axis: str, loader=None) -> pd.DataFrame:
+    """Where the training length changes (the curriculum's steps, which explain jumps in the loss):
+    (group, task, x, length) at the first record of each new length, from the group's first run."""
+    loader = loader or metrics_of
+    field, _ = X_AXES[x_axis]
+    rows = []
+    for (_, row), group in zip(df.iterrows(), group_labels(df)):
+        if any(r["group"] == group for r in rows):
+            continue
+        m = loader(row["path"], "train")
+        if m.empty or "length" not in m.columns or field not in m.columns:
+            continue
+        m = m[[field, "length"]].dropna().sort_values(field)
+        changed = m["length"].ne(m["length"].shift()) & m["length"].shift().notna()
+        rows += [{"group": group, "task": str(row.get("config.train.task", row.get("task", "?"))), "x": float(r[field]),
+                  "length": int(r["length"])}
+                 for _, r in m[changed].iterrows()]
+    return pd.DataFrame(rows, columns=["group", "task", "x", "length"])
+
+
+def chance_levels(df: pd.DataFrame) -> pd.DataFrame:
+    """(group, chance): 1 / the task's vocabulary, the accuracy of guessing on a group-product task."""
+    if "config.task_vocab_size" not in df.columns:
+        return pd.DataFrame(columns=["group", "chance"])
+    vocab = pd.to_numeric(df["config.task_vocab_size"], errors="coerce")
+    out = pd.DataFrame({"group": group_labels(df), "chance": 1.0 / vocab}).dropna()
+    return out.drop_duplicates("group").reset_index(drop=True)
 
 
 # Length generalisation -----------------------------------------------------------------------------
@@ -347,31 +409,33 @@ FIGURE_COLUMNS = {"pos90_parallel": "pos@90 parallel", "pos90_exact": "pos@90 ex
 
 
 def length_summary(figs: pd.DataFrame) -> pd.DataFrame:
-    """Per group and length: mean +- std over seeds, parallel and exact side by side."""
+    """Per group and length: mean [95% t-interval] (n seeds), parallel and exact side by side."""
     cols = [c for c in FIGURE_COLUMNS if c in figs.columns]
     if figs.empty or not cols:
         return pd.DataFrame()
     rows = []
     for (group, length), g in figs.groupby(["group", "length"], sort=True):
-        row = {"method": group, "length": int(length), "seeds": len(g)}
+        row = {"group": group, "length": int(length), "seeds": len(g)}
         for c in cols:
-            v = g[c].dropna().astype(float)
-            std = v.std() if len(v) > 1 else float("nan")
-            row[FIGURE_COLUMNS[c]] = format_mean_std(v.mean(), std) if len(v) else "-"
+            st_ = mean_ci(g[c].astype(float))
+            row[FIGURE_COLUMNS[c]] = format_mean_ci(st_["mean"], st_["ci_low"], st_["ci_high"], st_["n"])
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 # Depth x length ------------------------------------------------------------------------------------
 def solved_grid(df: pd.DataFrame, mode: str = "exact", measure: str = "solved") -> pd.DataFrame:
-    """Long (group, depth, length, value, n) from the runs' summaries: `solved` is the fraction of
-    runs whose pos@90 reaches the full evaluation length; `fraction` is mean pos@90 / length."""
+    """Long (task, group, row, depth, length, value, n) from the runs' summaries: `solved` is the
+    fraction of runs whose pos@90 reaches the full evaluation length; `fraction` is mean pos@90 /
+    length. `row` is the group (labelled without depth) and its depth, so a depth sweep reads down
+    a panel; one panel per task, whose evaluation lengths differ."""
+    columns = ["task", "group", "row", "depth", "length", "value", "n"]
     cols = [c for c in df.columns if c.startswith(f"summary.eval.pos90_{mode}@")]
     if df.empty or not cols or "n_layer" not in df.columns:
-        return pd.DataFrame(columns=["group", "depth", "length", "value", "n"])
-    groups = group_labels(df, exclude=("n_layer",))
+        return pd.DataFrame(columns=columns)
+    labels = group_labels(df, exclude=("n_layer",))
     rows = []
-    for (_, row), group in zip(df.iterrows(), groups):
+    for (_, row), group in zip(df.iterrows(), labels):
         if pd.isna(row["n_layer"]):
             continue
         for c in cols:
@@ -380,11 +444,13 @@ def solved_grid(df: pd.DataFrame, mode: str = "exact", measure: str = "solved") 
             if pd.isna(pos):
                 continue
             value = float(pos >= length) if measure == "solved" else float(pos) / length
-            rows.append({"group": group, "depth": int(row["n_layer"]), "length": length, "value": value})
+            rows.append({"task": row.get("task", "?"), "group": group, "row": f"{group} | layers={int(row['n_layer'])}",
+                         "depth": int(row["n_layer"]), "length": length, "value": value})
     if not rows:
-        return pd.DataFrame(columns=["group", "depth", "length", "value", "n"])
+        return pd.DataFrame(columns=columns)
     long = pd.DataFrame(rows)
-    return long.groupby(["group", "depth", "length"], as_index=False).agg(value=("value", "mean"), n=("value", "size"))
+    return long.groupby(["task", "group", "row", "depth", "length"], as_index=False).agg(
+        value=("value", "mean"), n=("value", "size"))[columns]
 
 
 # Analysis tables (written by lrt_lab.analysis) -----------------------------------------------------
@@ -419,6 +485,83 @@ def cached_analysis_index(root: str, run_paths: tuple, signature: tuple) -> list
 def analysis_tables(root: str, df: pd.DataFrame, *kinds: str) -> list[dict]:
     paths = tuple(df["path"]) if "path" in df.columns else ()
     return [t for t in cached_analysis_index(root, paths, store_signature(root)) if t["kind"] in kinds]
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def cached_stored_gap(run_paths: tuple, signature: tuple) -> tuple[dict, list[str]]:
+    """lrt_lab.analysis.gap's tables (gap_recovery with its per-seed table, mismatch, refinement)
+    computed from the runs' tables/bpb.csv, and notes. Computed, not read from .analysis/: a
+    committed store keeps the small bpb tables but not the checkpoints `analyze gap` evaluates."""
+    from lrt_lab.analysis.gap import collect_bpb, gap_recovery, mismatch_table, refinement_table
+
+    runs = load_runs_subset(run_paths)
+    notes = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        df = collect_bpb(runs, compute=False)
+        if "bpb.exact" not in df.columns or df["bpb.exact"].notna().sum() == 0:
+            return {}, ["No run shown has tables/bpb.csv (written by `python -m lrt_lab.analysis gap STORE`)."]
+        df = df[df["bpb.exact"].notna()]
+        tables = {}
+        try:
+            gap = gap_recovery(df)
+            tables["gap_recovery"], tables["gap_recovery_per_seed"] = gap, gap.attrs["per_seed"]
+        except ValueError as e:
+            notes.append(f"gap recovery: {e}")
+        tables["mismatch"] = mismatch_table(df)
+        try:
+            tables["refinement"] = refinement_table(df)
+        except ValueError as e:
+            notes.append(f"refinement: {e}")
+    notes += [str(w.message) for w in caught]
+    return {k: v for k, v in tables.items() if v is not None and not v.empty}, notes
+
+
+def load_runs_subset(run_paths: tuple) -> pd.DataFrame:
+    """load_runs rows of the given run folders (they may live in different stores)."""
+    parts = []
+    for root in sorted({str(Path(p).parent) for p in run_paths}):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            df = load_runs(root)
+        parts.append(df[df["path"].isin(run_paths)] if not df.empty else df)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def stored_gap(df: pd.DataFrame) -> tuple[dict, list[str]]:
+    paths = tuple(sorted(df["path"])) if "path" in df.columns else ()
+    sig = tuple(file_signature(Path(p) / "tables" / "bpb.csv") for p in paths)
+    return cached_stored_gap(paths, sig)
+
+
+def read_mismatch(t: pd.DataFrame) -> pd.DataFrame | None:
+    """Long (label, decoding, value, ci_low, ci_high, n) from a mismatch table (lrt_lab.analysis.gap)."""
+    if not {"method", "parallel", "exact"} <= set(t.columns):
+        return None
+    keys = [c for c in t.columns if str(c).startswith("config.")]
+    group = _group_label(t, keys)
+    label = t["method"].astype(str).where(group == "", t["method"].astype(str) + " | " + group)
+    parts = []
+    for mode in ("parallel", "exact"):
+        parts.append(pd.DataFrame({"label": label, "decoding": mode, "value": pd.to_numeric(t[mode], errors="coerce"),
+                                   "ci_low": pd.to_numeric(t.get(f"{mode}_ci_low"), errors="coerce"),
+                                   "ci_high": pd.to_numeric(t.get(f"{mode}_ci_high"), errors="coerce"),
+                                   "n": t.get("n")}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def read_refinement(t: pd.DataFrame) -> pd.DataFrame | None:
+    """(label, stage, stage_index, mean, ci_low, ci_high, n) from a refinement table."""
+    if not {"method", "stage", "stage_index", "mean"} <= set(t.columns):
+        return None
+    keys = [c for c in t.columns if str(c).startswith("config.")]
+    group = _group_label(t, keys)
+    label = t["method"].astype(str).where(group == "", t["method"].astype(str) + " | " + group)
+    return pd.DataFrame({"label": label, "stage": t["stage"].astype(str),
+                         "stage_index": pd.to_numeric(t["stage_index"], errors="coerce"),
+                         "mean": pd.to_numeric(t["mean"], errors="coerce"),
+                         "ci_low": pd.to_numeric(t.get("ci_low"), errors="coerce"),
+                         "ci_high": pd.to_numeric(t.get("ci_high"), errors="coerce"), "n": t.get("n")})
 
 
 def _pick(columns, *names):

@@ -5,10 +5,17 @@ Charts are plain Vega-Lite specs drawn in the browser (st.vega_lite_chart, data 
 cheap on the server, with tooltips and zoom, and one colour per group of seeds on every page.
 (Altair would build the same specs, but its import and per-chart schema validation cost seconds of
 CPU per page view on a small machine.)
+
+Every chart is given exactly the datasets its layers name, and its spec carries a digest of that
+data: Streamlit then redraws it from scratch whenever a control changes what it shows. (Updating a
+drawn chart in place failed on a dataset the spec did not use, "Unrecognized data set", and left
+the chart stale without a word.) Layouts are sized for a 1400 px window with the sidebar open:
+facets wrap, legends sit under the chart in columns, one metric family per y axis.
 """
 
 from __future__ import annotations
 
+import hashlib
 import traceback
 import zlib
 from dataclasses import dataclass, field
@@ -21,14 +28,22 @@ from app import data
 # Where the analysis tables come from: shown when a store has none yet.
 HINT_PROBES = ("No probe tables yet: run `python -m lrt_lab.analysis probe RUN_FOLDER [RUN_FOLDER ...]` (it writes "
                "`tables/probe_<decoding>.csv` into each run: site, position, control, accuracy), then press Reload.")
-HINT_GAP = ("No gap-recovery tables yet: train the gap sweep (`lrt-lab sweep experiments/gap_recovery.toml`), then run "
-            "`python -m lrt_lab.analysis gap STORE` (it writes `STORE/.analysis/tables/gap_recovery.csv`: method, "
-            "recovered, ci_low, ci_high), then press Reload.")
+HINT_GAP = ("No run shown has BPB tables: train the gap sweep (`lrt-lab sweep experiments/gap_recovery.toml`), then "
+            "run `python -m lrt_lab.analysis gap STORE`, which evaluates each run's final checkpoint into its "
+            "`tables/bpb.csv`; this page computes gap recovery, mismatch and refinement from those tables.")
 HINT_DEPTH = ("Only one depth in the runs shown ({depths}): train the same task at several depths "
               "(`lrt-lab sweep experiments/depth_sweep.toml`), then `python -m lrt_lab.analysis depth STORE` "
               "for the depth-sweep table.")
 MAX_DIFF_RUNS = 12
-TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+# 20 colours that stay apart on a white background (tab10, then darker and brighter ones).
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf", "#000000", "#393b79", "#637939", "#e7ba52", "#843c39", "#a55194", "#6baed6", "#fd8d3c",
+           "#74c476", "#fccde5"]
+TAB10 = PALETTE[:10]
+# What fits beside Streamlit's sidebar in a 1400 px window (main column about 1000 px).
+MAIN_WIDTH = 980
+LEGEND = {"orient": "bottom", "direction": "vertical", "columns": 2, "labelLimit": 480, "symbolLimit": 0,
+          "titleOrient": "top"}
 
 
 @dataclass
@@ -38,11 +53,28 @@ class Context:
     shown: pd.DataFrame           # after the sidebar's filters and selection
     skipped: list = field(default_factory=list)
 
-    def color(self, title: str = "method") -> dict:
+    def color(self, title: str = "group of seeds") -> dict:
         """Colour encoding by group of seeds, the same colour for a group on every chart."""
         groups = sorted(set(data.group_labels(self.shown))) if not self.shown.empty else []
-        return {"field": "group", "type": "nominal", "title": title, "legend": {"labelLimit": 400},
-                "scale": {"domain": groups, "range": [TAB10[i % len(TAB10)] for i in range(len(groups))]}}
+        return color_encoding(groups, title)
+
+
+def color_encoding(groups: list, title: str, field_name: str = "group") -> dict:
+    return {"field": field_name, "type": "nominal", "title": title, "legend": LEGEND,
+            "scale": {"domain": groups, "range": [PALETTE[i % len(PALETTE)] for i in range(len(groups))]}}
+
+
+def only_groups(color: dict, present: set) -> dict:
+    """The colour encoding narrowed to the groups a panel draws, each keeping its colour, so the
+    legend under that panel lists only what is in it."""
+    pairs = [(g, c) for g, c in zip(color["scale"]["domain"], color["scale"]["range"]) if g in present]
+    return {**color, "scale": {"domain": [g for g, _ in pairs], "range": [c for _, c in pairs]}}
+
+
+def palette_note(n_groups: int) -> None:
+    if n_groups > len(PALETTE):
+        st.caption(f"{n_groups} groups share {len(PALETTE)} colours: narrow them with the sidebar's *group* filter "
+                   "to tell every line apart.")
 
 
 def guarded(title: str, view, ctx: Context) -> None:
@@ -68,10 +100,65 @@ def _needs_runs(ctx: Context) -> bool:
 
 
 # Vega-Lite building blocks -------------------------------------------------------------------------
+def dataset_names(spec) -> set[str]:
+    """The names of the datasets a spec's layers (at any depth) read: {"data": {"name": ...}}."""
+    found = set()
+    if isinstance(spec, dict):
+        d = spec.get("data")
+        if isinstance(d, dict) and isinstance(d.get("name"), str):
+            found.add(d["name"])
+        for k, v in spec.items():
+            if k != "datasets":
+                found |= dataset_names(v)
+    elif isinstance(spec, list):
+        for v in spec:
+            found |= dataset_names(v)
+    return found
+
+
+def chart_spec(spec: dict, **datasets: pd.DataFrame) -> dict:
+    """The spec with exactly the datasets it names, and a digest of their contents in `usermeta`.
+
+    A named dataset the spec does not use makes Vega throw on Streamlit's in-place update, and a
+    spec that stays the same while its data changes is updated in place: so every chart gets only
+    its own data, and a change of data changes the spec (Streamlit then draws the chart anew)."""
+    names = dataset_names(spec)
+    missing = names - set(datasets)
+    if missing:
+        raise ValueError(f"chart reads dataset(s) {sorted(missing)} it was not given; given: {sorted(datasets)}")
+    used = {k: v.reset_index(drop=True) for k, v in datasets.items() if k in names}
+    digest = hashlib.sha1()
+    for k in sorted(used):
+        digest.update(k.encode())
+        digest.update(pd.util.hash_pandas_object(used[k].astype(str), index=False).values.tobytes())
+        digest.update(",".join(map(str, used[k].columns)).encode())
+    return {**spec, "datasets": used, "usermeta": {"data_digest": digest.hexdigest()}}
+
+
+def legend_entries(spec) -> int:
+    """The most entries any legend under the chart (LEGEND) lists: the size of its scale's domain."""
+    most = 0
+    if isinstance(spec, dict):
+        if spec.get("legend") is LEGEND and isinstance(spec.get("scale", {}).get("domain"), list):
+            most = len(spec["scale"]["domain"])
+        for k, v in spec.items():
+            if k != "datasets":
+                most = max(most, legend_entries(v))
+    elif isinstance(spec, list):
+        most = max([legend_entries(v) for v in spec] or [0])
+    return most
+
+
 def _chart(spec: dict, **datasets: pd.DataFrame) -> None:
-    """Draw a spec whose layers name their data ({"data": {"name": key}}) from `datasets`."""
-    st.vega_lite_chart({**spec, "datasets": {k: v.reset_index(drop=True) for k, v in datasets.items()}},
-                       width="stretch")
+    """Draw a spec whose layers name their data ({"data": {"name": key}}) from `datasets`.
+
+    A chart stretched to the column is fitted, legend included, into its height: the legend under
+    it gets rows of its own added to that height, so the plot keeps its size and no entry is cut."""
+    facet = "facet" in spec or "columns" in spec
+    if not facet and "height" in spec:
+        rows = -(-legend_entries(spec) // LEGEND["columns"])
+        spec = {**spec, "height": spec["height"] + (40 + 20 * rows if rows else 0)}
+    st.vega_lite_chart(chart_spec(spec, **datasets), width="content" if facet else "stretch")
 
 
 def _q(name: str, title: str | None = None, **kw) -> dict:
@@ -96,20 +183,31 @@ DASH = {"field": "mode", "type": "nominal", "title": "decoding",
 ZOOM = [{"name": "zoom", "select": "interval", "bind": "scales"}]
 
 
+def facet_columns(panel_width: int, extra: int = 90) -> int:
+    """How many facet panels of `panel_width` px (plus axis and padding) fit in the main column."""
+    return max(1, MAIN_WIDTH // (panel_width + extra))
+
+
 def _heatmap(df: pd.DataFrame, x: str, y: str, facet: str, scheme: str, x_title: str, y_title: str,
-             value_title: str, y_order: list | None = None, columns: int = 3) -> None:
-    """value in [0, 1] as coloured cells with the number written in, one panel per `facet`;
-    rows top to bottom in `y_order` (default: descending)."""
-    n_x = max(int(df[x].nunique()), 1)
+             value_title: str, y_order: list | None = None, label_width: int = 0) -> None:
+    """value in [0, 1] as coloured cells with the number written in, one panel per `facet`
+    (wrapped to fit the main column); rows top to bottom in `y_order` (default: descending).
+    label_width: room the y labels take (long group names), counted when wrapping."""
+    n_x = max(int(df.groupby(facet)[x].nunique().max()), 1) if not df.empty else 1
+    n_y = max(int(df.groupby(facet)[y].nunique().max()), 1) if not df.empty else 1
+    width = min(420, max(120, 44 * n_x))
     spec = {
         "data": {"name": "cells"},
-        "facet": _n(facet, None) | {"title": None},
-        "columns": columns,
+        "facet": _n(facet, None) | {"title": None, "header": {"labelLimit": width + label_width, "labelFontSize": 12}},
+        "columns": facet_columns(width, 90 + label_width),
+        "resolve": {"scale": {"x": "independent", "y": "independent"}},
         "spec": {
-            "width": min(520, max(200, 30 * n_x)),
-            "height": max(120, 24 * len(y_order)) if y_order is not None else 180,
+            "width": width,
+            "height": max(60, 22 * n_y),  # a step height ({"step": 22}) breaks Streamlit's sizing of facets
             "encoding": {"x": _o(x, x_title, axis={"labelAngle": 0}),
-                         "y": _o(y, y_title, sort=y_order if y_order is not None else "descending")},
+                         "y": _o(y, None if label_width else y_title,
+                                 sort=y_order if y_order is not None else "descending",
+                                 axis={"labelLimit": max(label_width, 120)})},
             "layer": [
                 {"mark": "rect", "encoding": {
                     "color": _q("value", value_title, scale={"domain": [0, 1], "scheme": scheme}),
@@ -135,6 +233,11 @@ def runs_page(ctx: Context) -> None:
                    "check their config before comparing them.")
     if not _needs_runs(ctx):
         return
+    st.subheader("Groups of seeds")
+    st.caption("A group is every run whose config differs only by seed (and name); each group is named by the "
+               "config fields that tell the groups shown apart. Every page pools seeds by this rule.")
+    st.dataframe(data.group_overview(ctx.shown), hide_index=True)
+    st.subheader("Runs")
     st.dataframe(data.runs_overview(ctx.shown), hide_index=True)
     names = list(ctx.shown["run"])
     st.markdown("**Runs shown:** " + ", ".join(f"`{n}`" for n in names))
@@ -159,40 +262,77 @@ def runs_page(ctx: Context) -> None:
 def curves_page(ctx: Context) -> None:
     if not _needs_runs(ctx):
         return
-    c1, c2, c3 = st.columns([2, 2, 1])
+    c1, c2, c3 = st.columns([2, 3, 2])
     metric = c1.selectbox("metric", data.metric_options(ctx.shown), key="curve_metric")
     x_axis = c2.radio("x axis", list(data.X_AXES), horizontal=True, key="curve_x",
                       help="compute: baseline-equivalent tokens, i.e. tokens x schedule cost "
-                           "(an Interleaved(2) run is plotted at 2x its tokens, as in the paper)")
+                           "(an Interleaved(2) run is plotted at 2x its tokens, as in the paper); "
+                           "wall-clock: seconds since the run started")
     smoothing = c3.slider("smoothing", 0.0, 0.99, 0.0, 0.01, key="curve_smoothing",
-                          disabled=metric != "loss", help="exponential moving average of the training loss")
-    show_runs = st.checkbox("show each seed", value=False, key="curve_seeds")
+                          disabled=metric != "loss", help="exponential moving average of the training loss "
+                                                          "(debiased, as in TensorBoard)")
+    c4, c5, c6, c7 = st.columns([2, 1, 1, 2])
+    band_kind = c4.radio("band", list(data.BANDS), horizontal=True, key="curve_band",
+                         help="shaded band around the mean over seeds")
+    log_y = c5.checkbox("log y", value=False, key="curve_log")
+    show_runs = c6.checkbox("show each seed", value=False, key="curve_seeds")
+    markers = c7.checkbox("curriculum switches", value=True, key="curve_curriculum",
+                          help="dotted vertical lines where the training length steps up (the loss jumps there)")
     long, notes = data.curves(ctx.shown, metric, x_axis, smoothing)
     for note in notes:
         st.caption(note)
     if long.empty:
         st.info(f"No {metric} records in the runs shown.")
         return
-    band = data.seed_band(long)
-    x = _q("x", data.X_AXES[x_axis][1])
+    band = data.seed_band(long, band=band_kind)
+    switches = data.curriculum_switches(ctx.shown, x_axis) if markers and metric == "loss" else None
     color = ctx.color()
-    layers = [
-        {"data": {"name": "band"}, "transform": [{"filter": "datum.n > 1"}],
-         "mark": {"type": "area", "opacity": 0.2},
-         "encoding": {"x": x, "y": _q("lo"), "y2": {"field": "hi"}, "color": color}},
+    palette_note(len(color["scale"]["domain"]))
+    tasks = sorted(band["task"].unique())
+    for task in tasks:  # one metric family per y axis: losses of different tasks are not comparable
+        if len(tasks) > 1:
+            st.markdown(f"**{task}**")
+        _curve_chart(band[band["task"] == task], long[long["task"] == task],
+                     None if switches is None else switches[switches["task"] == task],
+                     metric, x_axis, only_groups(color, set(band.loc[band["task"] == task, "group"])), band_kind,
+                     log_y, show_runs)
+    about = data.BANDS[band_kind]
+    st.caption("Lines: mean over seeds" + (f"; shaded band: {about}" if about else "")
+               + "; groups with one seed are a line alone. Dotted verticals: curriculum switches (the new training "
+               "length on top). Drag to pan, scroll to zoom.")
+
+
+def _curve_chart(band, long, switches, metric, x_axis, color, band_kind, log_y, show_runs) -> None:
+    x = _q("x", data.X_AXES[x_axis][1])
+    y_scale = {"type": "log"} if log_y else {"zero": False}
+    y = _q("mean", metric + (" (log scale)" if log_y else ""), scale=y_scale)
+    layers = []
+    datasets = {"band": band}
+    if data.BANDS[band_kind]:
+        keep = "datum.n > 1" + (" && datum.lo > 0" if log_y else "")
+        layers.append({"data": {"name": "band"}, "transform": [{"filter": keep}],
+                       "mark": {"type": "area", "opacity": 0.18},
+                       "encoding": {"x": x, "y": _q("lo", scale=y_scale), "y2": {"field": "hi"}, "color": color}})
+    layers.append(
         {"data": {"name": "band"}, "mark": {"type": "line", "strokeWidth": 2}, "params": ZOOM,
-         "encoding": {"x": x, "y": _q("mean", metric, scale={"zero": False}), "color": color,
+         "encoding": {"x": x, "y": y, "color": color,
                       "tooltip": [_tip("group", "nominal"), {"field": "x", "type": "quantitative", "title": x_axis},
                                   _tip("mean", fmt=".4g"), _tip("lo", fmt=".4g"), _tip("hi", fmt=".4g"),
-                                  {"field": "n", "type": "quantitative", "title": "seeds"}]}},
-    ]
+                                  {"field": "n", "type": "quantitative", "title": "seeds"}]}})
     if show_runs:
+        datasets["runs"] = long
         layers.append({"data": {"name": "runs"}, "mark": {"type": "line", "strokeWidth": 0.7, "opacity": 0.6},
-                       "encoding": {"x": x, "y": _q("y"), "color": color, "detail": _n("run"),
+                       "encoding": {"x": x, "y": _q("y", scale=y_scale), "color": color, "detail": _n("run"),
                                     "tooltip": [_tip("run", "nominal"), _tip("x"), _tip("y", fmt=".4g")]}})
-    _chart({"height": 360, "layer": layers}, band=band, runs=long)
-    st.caption("Lines: mean over seeds; shaded band: min to max over seeds (runs with the same label differ "
-               "only by seed). Drag to pan, scroll to zoom.")
+    if switches is not None and not switches.empty:
+        marks = switches.groupby(["x", "length"], as_index=False).agg(groups=("group", lambda g: "; ".join(sorted(g))))
+        datasets["switches"] = marks
+        layers.append({"data": {"name": "switches"}, "mark": {"type": "rule", "strokeDash": [2, 3], "color": "#888"},
+                       "encoding": {"x": x, "tooltip": [_tip("length"), _tip("x"), _tip("groups", "nominal")]}})
+        layers.append({"data": {"name": "switches"}, "mark": {"type": "text", "baseline": "top", "dy": 2,
+                                                               "fontSize": 9, "color": "#666"},
+                       "encoding": {"x": x, "y": {"value": 0}, "text": {"field": "length", "type": "nominal"}}})
+    _chart({"height": 340, "layer": layers}, **datasets)
 
 
 # Length generalisation ---------------------------------------------------------------------------
@@ -200,19 +340,22 @@ def length_page(ctx: Context) -> None:
     if not _needs_runs(ctx):
         return
     color = ctx.color()
+    palette_note(len(color["scale"]["domain"]))
     figs = data.length_figures(ctx.shown)
     cols = [c for c in ("pos90_parallel", "pos90_exact") if c in figs.columns]
     st.subheader("pos@90 at each evaluation length")
     if figs.empty:
         st.info("No evaluation figures in the runs' summaries.")
     else:
-        st.table(data.length_summary(figs))
+        st.dataframe(data.length_summary(figs), hide_index=True)
+        st.caption("Cells: mean [95% t-interval over seeds] (n seeds); one seed: its value alone.")
     if not figs.empty and cols:
         pos = (figs.groupby(["group", "length"], as_index=False)[cols].mean()
                .melt(id_vars=["group", "length"], value_vars=cols, var_name="mode", value_name="pos90"))
         pos["mode"] = pos["mode"].str.replace("pos90_", "", regex=False)
         lengths = [int(n) for n in sorted(figs["length"].unique())]
-        x = _q("length", "evaluation length", axis={"values": lengths, "format": "d"})
+        x = _q("length", "evaluation length", scale={"type": "log", "base": 2},
+               axis={"values": lengths, "format": "d"})
         spec = {"height": 300, "layer": [
             {"data": {"name": "solved"}, "mark": {"type": "line", "color": "gray", "strokeDash": [2, 2]},
              "encoding": {"x": x, "y": _q("pos90")}},
@@ -225,7 +368,7 @@ def length_page(ctx: Context) -> None:
         ]}
         _chart(spec, pos=pos, solved=pd.DataFrame({"length": lengths, "pos90": lengths}))
         st.caption("Solid: the training schedule's parallel forward; dashed: exact recurrent decoding; "
-                   "grey dotted: solved (pos@90 = length).")
+                   "grey dotted: solved (pos@90 = length). Lengths on a log scale.")
 
     st.subheader("Per-position accuracy")
     pp, missing = data.per_position(ctx.shown)
@@ -235,21 +378,39 @@ def length_page(ctx: Context) -> None:
         st.info("No per-position tables in the runs shown.")
         return
     mean = pp.groupby(["group", "length", "mode", "position"], as_index=False)["accuracy"].mean()
+    chance = data.chance_levels(ctx.shown)
+    refs = pd.DataFrame({"y": [0.9], "what": ["0.9 (pos@90 threshold)"]})
+    if not chance.empty:
+        levels = chance.groupby("chance")["group"].apply(list)
+        refs = pd.concat([refs, pd.DataFrame({"y": levels.index, "what": [
+            f"chance 1/{round(1 / c)}" + ("" if len(levels) == 1 else f" ({len(g)} group(s))")
+            for c, g in levels.items()]})], ignore_index=True)
+    # A facet reads one dataset: the reference lines are rows of it too, repeated for every panel.
+    lengths = sorted(mean["length"].unique())
+    cells = pd.concat([mean.assign(kind="curve"),
+                       *(refs.assign(kind="ref", length=n) for n in lengths)], ignore_index=True)
+    width = 280
     spec = {
         "data": {"name": "pp"},
         "facet": _o("length", "evaluation length"),
-        "columns": 3,
+        "columns": facet_columns(width, 70),
         "resolve": {"scale": {"x": "independent"}},
-        "spec": {"width": 300, "height": 220, "mark": "line", "encoding": {
-            "x": _q("position", "position", axis={"format": "d", "tickMinStep": 1}),
-            "y": _q("accuracy", "accuracy (mean over seeds)", scale={"domain": [0, 1]}),
-            "color": color, "strokeDash": DASH,
-            "tooltip": [_tip("group", "nominal"), _tip("mode", "nominal"), _tip("length"), _tip("position"),
-                        _tip("accuracy", fmt=".3f")]}},
+        "spec": {"width": width, "height": 200, "layer": [
+            {"transform": [{"filter": "datum.kind === 'ref'"}],
+             "mark": {"type": "rule", "strokeDash": [1, 3], "color": "#555"},
+             "encoding": {"y": _q("y"), "tooltip": [_tip("what", "nominal"), _tip("y", fmt=".3f")]}},
+            {"transform": [{"filter": "datum.kind === 'curve'"}], "mark": "line", "encoding": {
+                "x": _q("position", "position", axis={"format": "d", "tickMinStep": 1}),
+                "y": _q("accuracy", "accuracy (mean over seeds)", scale={"domain": [0, 1]}),
+                "color": color, "strokeDash": DASH,
+                "tooltip": [_tip("group", "nominal"), _tip("mode", "nominal"), _tip("length"), _tip("position"),
+                            _tip("accuracy", fmt=".3f")]}},
+        ]},
     }
-    _chart(spec, pp=mean)
-    st.caption("Solid: parallel forward; dashed: exact decoding. pos@90 is the last position before accuracy "
-               "first drops below 0.9.")
+    _chart(spec, pp=cells)
+    st.caption("Solid: parallel forward; dashed: exact decoding. Dotted: 0.9 (pos@90 is the last position before "
+               "accuracy first drops below it) and chance (1 / the task's vocabulary). Panels wrap; each has its "
+               "own position axis.")
 
 
 # Depth x length ----------------------------------------------------------------------------------
@@ -268,8 +429,12 @@ def depth_page(ctx: Context) -> None:
     else:
         if len(depths) < 2:
             st.info(HINT_DEPTH.format(depths=", ".join(f"n_layer={d}" for d in depths) or "none"))
-        _heatmap(grid, "length", "depth", "group", "viridis", "evaluation length", "depth (layers)", measure)
-        st.caption(f"From the runs' summaries, {mode} decoding: "
+        order = list(grid.sort_values(["group", "depth"])["row"].drop_duplicates())
+        label_width = min(420, 7 * max(len(r) for r in order))
+        _heatmap(grid, "length", "row", "task", "viridis", "evaluation length", "group and depth", measure,
+                 y_order=order, label_width=label_width)
+        st.caption(f"One panel per task; a row per group of seeds and depth (so a depth sweep reads down a panel), "
+                   f"a column per evaluation length; {mode} decoding: "
                    + ("share of runs (seeds) whose pos@90 reaches the full length." if measure == "solved"
                       else "mean pos@90 / length."))
 
@@ -297,8 +462,7 @@ def _depth_curve(sweep: pd.DataFrame, metric: str) -> None:
     """Mean metric vs depth (CI bars) per method; a method at one depth only (the LRT) is a point
     with a dashed line at its level, so the depth where the transformers reach it reads off."""
     groups = sorted(sweep["group"].unique())
-    color = {"field": "group", "type": "nominal", "title": "method", "legend": {"labelLimit": 400},
-             "scale": {"domain": groups, "range": [TAB10[i % len(TAB10)] for i in range(len(groups))]}}
+    color = color_encoding(groups, "method")
     depths = sorted(int(d) for d in sweep["depth"].unique())
     x = _q("depth", "depth (layers)", axis={"values": depths, "format": "d"})
     y_title = metric
@@ -323,49 +487,122 @@ def _depth_curve(sweep: pd.DataFrame, metric: str) -> None:
 
 # Gap recovery ------------------------------------------------------------------------------------
 def gap_page(ctx: Context) -> None:
+    computed, notes = data.stored_gap(ctx.shown) if not ctx.shown.empty else ({}, [])
+    if computed:
+        st.caption("Computed from the runs' `tables/bpb.csv` (validation BPB with the parallel forward, with exact "
+                   "decoding and after each stage, written once per run by `python -m lrt_lab.analysis gap`), so it "
+                   "follows the filters and needs no checkpoints.")
+        for note in notes:
+            st.caption(note)
+        _gap_views(computed, "runs shown")
+        return
     tables = data.analysis_tables(ctx.root, ctx.shown, "gap_recovery", "mismatch", "refinement")
-    main = [t for t in tables if t["kind"] == "gap_recovery" and not t["name"].endswith("_per_seed")]
-    if not main:
+    if not tables:
         st.info(HINT_GAP)
-    for t in main:
-        st.subheader(f"{t['name']} ({t['owner']})")
+        return
+    st.caption("From the store's analysis tables (`.analysis/tables/`, written by `python -m lrt_lab.analysis gap`); "
+               "the runs shown have no `tables/bpb.csv` to compute them from.")
+    for t in tables:
         raw = data.table_of(t["path"], t["name"])
         if raw is None:
             st.warning(f"{t['file']}: unreadable table")
             continue
-        seeds = next((data.table_of(u["path"], u["name"]) for u in tables
-                      if u["name"] == f"{t['name']}_per_seed" and u["path"] == t["path"]), None)
-        bars, points, msg = data.read_gap(raw, seeds)
-        if msg:
-            st.warning(f"{t['file']}: {msg}")
+        if t["kind"] == "gap_recovery" and t["name"].endswith("_per_seed"):
             continue
-        _gap_bars(bars, points)
-        about = data.gap_caption(raw)
-        st.caption("Recovered fraction of the gap between the baseline and exact sequential training "
-                   "(1 = all of it). Bars: mean over seeds; whiskers: confidence interval"
-                   + ("; dots: individual seeds" if points is not None else "") + (f". {about}." if about else "."))
+        seeds = None
+        if t["kind"] == "gap_recovery":
+            seeds = next((data.table_of(u["path"], u["name"]) for u in tables
+                          if u["name"] == f"{t['name']}_per_seed" and u["path"] == t["path"]), None)
+        _gap_views({t["kind"]: raw, **({"gap_recovery_per_seed": seeds} if seeds is not None else {})},
+                   f"{t['name']} ({t['owner']})", file=t["file"])
+
+
+def _gap_views(tables: dict, source: str, file: str = "") -> None:
+    """Gap recovery bars, the train/inference mismatch and BPB per refinement, as plots."""
+    raw = tables.get("gap_recovery")
+    if raw is not None:
+        st.subheader("Gap recovery" + (f": {source}" if file else ""))
+        bars, points, msg = data.read_gap(raw, tables.get("gap_recovery_per_seed"))
+        if msg:
+            st.warning(f"{file or source}: {msg}")
+        else:
+            _gap_bars(bars, points)
+            about = data.gap_caption(raw)
+            st.caption("Recovered fraction of the gap between the baseline and exact sequential training "
+                       "(1 = all of it, 0 = none): (baseline - method) / (baseline - exact) per seed, seeds paired. "
+                       "Bars: mean over seeds; whiskers: 95% bootstrap interval over seeds"
+                       + ("; dots: individual seeds" if points is not None else "") + (f". {about}." if about else "."))
         with st.expander("table"):
             st.dataframe(raw, hide_index=True)
-    for t in tables:
-        if t["kind"] in ("mismatch", "refinement"):
-            raw = data.table_of(t["path"], t["name"])
-            st.subheader(f"{t['name']} ({t['owner']})")
-            st.caption({"mismatch": "Each method's parallel-forward metric next to its exact decoding.",
-                        "refinement": "The metric after each stage of the parallel schedule, and under decoding."}
-                       [t["kind"]])
-            if raw is None:
-                st.warning(f"{t['file']}: unreadable table")
-            else:
-                st.dataframe(raw, hide_index=True)
+    raw = tables.get("mismatch")
+    if raw is not None:
+        st.subheader("Train/inference mismatch" + (f": {source}" if file else ""))
+        long = data.read_mismatch(raw)
+        if long is None:
+            st.warning(f"{file or source}: expected columns method, parallel, exact")
+        else:
+            _mismatch_chart(long)
+            st.caption("Each method's metric with its training schedule's parallel forward and with exact recurrent "
+                       "decoding (what generation uses); a gap between the two is the mismatch. Mean over seeds, "
+                       "whiskers: 95% t-interval over seeds.")
+        with st.expander("table"):
+            st.dataframe(raw, hide_index=True)
+    raw = tables.get("refinement")
+    if raw is not None:
+        st.subheader("BPB after each refinement" + (f": {source}" if file else ""))
+        ref = data.read_refinement(raw)
+        if ref is None:
+            st.warning(f"{file or source}: expected columns method, stage, stage_index, mean")
+        else:
+            _refinement_chart(ref)
+            st.caption("BPB of the logits after each stage of the parallel schedule (init = the one-pass forward), "
+                       "then under exact decoding. Mean over seeds; whiskers: 95% t-interval over seeds.")
+        with st.expander("table"):
+            st.dataframe(raw, hide_index=True)
+
+
+def _mismatch_chart(long: pd.DataFrame) -> None:
+    order = list(dict.fromkeys(long["label"]))
+    x = _n("label", "method", sort=order, axis={"labelAngle": 0, "labelLimit": 220})
+    y = _q("value", "metric (mean over seeds)", scale={"zero": False})
+    color = {"field": "decoding", "type": "nominal", "title": "decoding", "legend": LEGEND,
+             "scale": {"domain": ["parallel", "exact"], "range": ["#1f77b4", "#d62728"]}}
+    layers = [
+        {"data": {"name": "mm"}, "mark": {"type": "rule", "strokeWidth": 1.5},
+         "encoding": {"x": x, "xOffset": _n("decoding", sort=["parallel", "exact"]), "y": _q("ci_low", scale={"zero": False}),
+                      "y2": {"field": "ci_high"}, "color": color}},
+        {"data": {"name": "mm"}, "mark": {"type": "point", "filled": True, "size": 70},
+         "encoding": {"x": x, "xOffset": _n("decoding", sort=["parallel", "exact"]), "y": y, "color": color,
+                      "tooltip": [_tip("label", "nominal"), _tip("decoding", "nominal"), _tip("value", fmt=".4f"),
+                                  _tip("ci_low", fmt=".4f"), _tip("ci_high", fmt=".4f")]}},
+    ]
+    _chart({"height": 280, "layer": layers}, mm=long)
+
+
+def _refinement_chart(ref: pd.DataFrame) -> None:
+    stages = list(ref.sort_values("stage_index")["stage"].drop_duplicates())
+    labels = sorted(ref["label"].unique())
+    color = color_encoding(labels, "method", "label")
+    x = _o("stage", "stage", sort=stages, axis={"labelAngle": 0})
+    y = _q("mean", "BPB (mean over seeds)", scale={"zero": False})
+    layers = [
+        {"data": {"name": "ref"}, "mark": {"type": "line", "point": {"filled": True}},
+         "encoding": {"x": x, "y": y, "color": color,
+                      "tooltip": [_tip("label", "nominal"), _tip("stage", "nominal"), _tip("mean", fmt=".4f"),
+                                  _tip("ci_low", fmt=".4f"), _tip("ci_high", fmt=".4f"), _tip("n")]}},
+        {"data": {"name": "ref"}, "mark": {"type": "rule", "opacity": 0.5},
+         "encoding": {"x": x, "y": _q("ci_low", scale={"zero": False}), "y2": {"field": "ci_high"}, "color": color}},
+    ]
+    _chart({"height": 300, "layer": layers}, ref=ref)
 
 
 def _gap_bars(bars: pd.DataFrame, points: pd.DataFrame | None) -> None:
     order = list(dict.fromkeys(bars["label"]))
-    x = _n("label", "method", sort=order, scale={"paddingInner": 0.4}, axis={"labelAngle": -20, "labelLimit": 300})
+    x = _n("label", "method", sort=order, scale={"paddingInner": 0.4}, axis={"labelAngle": 0, "labelLimit": 300})
     y_title = "gap recovered"
     layers = [{"data": {"name": "bars"}, "mark": {"type": "bar", "opacity": 0.8}, "encoding": {
         "x": x, "y": _q("mean", y_title),
-        "color": _n("label", None, sort=order, legend=None, scale={"range": TAB10}),
+        "color": _n("label", None, sort=order, legend=None, scale={"range": PALETTE}),
         "tooltip": [_tip("label", "nominal"), _tip("mean", fmt=".3f"), _tip("ci_low", fmt=".3f"),
                     _tip("ci_high", fmt=".3f")]}}]
     ci = bars.dropna(subset=["ci_low", "ci_high"])
@@ -424,7 +661,7 @@ def probes_page(ctx: Context) -> None:
         value=("accuracy", "mean"), row_order=("row_order", "mean"))
     y_order = list(cells.sort_values(["row_order", "row"], ascending=[False, True])["row"].drop_duplicates())
     _heatmap(cells, "position", "row", "label", "magma", "position", "site", f"accuracy ({control})",
-             y_order=y_order, columns=2)
+             y_order=y_order, label_width=140)
     st.caption("Linear-probe test accuracy per site (layer, or the memory in / out; '(t-1)': the memory against "
                "the previous step's state) and position.")
 

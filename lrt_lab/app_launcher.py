@@ -7,7 +7,10 @@ importlib.util.find_spec, which finds a top-level package without importing it, 
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -46,17 +49,62 @@ def command(runs_dir: str | None, port: int, address: str | None = None, headles
     return cmd
 
 
-def launch(runs_dir: str | None, port: int) -> int:
-    """Run the dashboard until it is stopped (Ctrl-C); returns streamlit's exit status.
+def port_is_free(port: int, host: str = "") -> bool:
+    """Whether a server could listen on `port` (Streamlit listens on every interface by default)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
-    runs_dir None lets the app choose ($LRT_RUNS, else ./runs, else ./results)."""
+
+def free_port(start: int, tries: int = 50) -> int | None:
+    """The first free port after `start` (None if `tries` ports in a row are taken)."""
+    for port in range(start + 1, min(start + 1 + tries, 65536)):
+        if port_is_free(port):
+            return port
+    return None
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM it when its parent dies, even by SIGKILL
+    (prctl PR_SET_PDEATHSIG); elsewhere the parent's own cleanup below is what stops it."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def launch(runs_dir: str | None, port: int) -> int:
+    """Run the dashboard until it is stopped (Ctrl-C or SIGTERM); returns streamlit's exit status.
+
+    runs_dir None lets the app choose ($LRT_RUNS, else ./runs, else ./results). A busy port is
+    reported with a free one to use instead (exit status 2), before anything starts. The
+    `streamlit run` child ends with this process however it ends."""
     if importlib.util.find_spec("streamlit") is None:
         print(MISSING_STREAMLIT, file=sys.stderr)
         return 1
     cmd = command(runs_dir, port)
+    if not port_is_free(port):
+        other = free_port(port)
+        hint = f"; try lrt-lab app --port {other}" if other else "; pass another one with --port"
+        print(f"lrt-lab app: port {port} is already in use (another dashboard?){hint}", file=sys.stderr)
+        return 2
     print(f"lrt-lab app: http://localhost:{port} (run store: {runs_dir or 'default'}; Ctrl-C stops it)",
           file=sys.stderr)
+    child = subprocess.Popen(cmd, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
-        return subprocess.call(cmd)
-    except KeyboardInterrupt:  # the child got the same Ctrl-C and stops on its own
+        return child.wait()
+    except KeyboardInterrupt:  # the child got the same Ctrl-C; wait for it below
         return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()

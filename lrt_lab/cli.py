@@ -153,10 +153,11 @@ def build_parser() -> Parser:
     p.add_argument("--quick", action="store_true", help="a much shorter run (smoke test, not a result)")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("report", help="a comparison table over the runs in a store (mean +- std over seeds)")
+    p = sub.add_parser("report", help="a comparison table over the runs in a store (mean, 95% t-interval over seeds)")
     p.add_argument("runs", nargs="?", default="runs", help="run store directory")
-    p.add_argument("--metric", default=None, help="summary column to compare (default: pos@90 with exact decoding)")
-    p.add_argument("--group-by", default="method", help="method (default) or a comma list of columns")
+    p.add_argument("--metric", default=None, help="summary column to compare (default: pos@90 with exact decoding, one every run has)")
+    p.add_argument("--group-by", default=None,
+                   help="comma list of columns (e.g. method); default: one group per config up to the seed")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("analyze", help="probes, gap recovery, depth sweep (lrt-lab analyze probe|gap|depth -h)")

@@ -7,14 +7,11 @@ import re
 
 import pandas as pd
 
+from .groups import INTERVAL_NOTE, group_labels, method_label
 from .results import Run, load_runs
 
-
-def method_label(row) -> str:
-    """`transformer`, `lrt interleaved:2`, `loop:3`, ...: what was trained and how."""
-    kind = row.get("config.kind", "?")
-    sched = row.get("config.schedule", "onepass")
-    return kind if sched == "onepass" and kind != "lrt" else f"{kind} {sched}"
+__all__ = ["comparison_table", "default_metric", "format_mean_ci", "format_mean_std", "method_label",
+           "print_report", "print_run", "run_figures"]
 
 
 def eval_columns(df: pd.DataFrame, prefix: str = "summary.eval.") -> list[str]:
@@ -26,36 +23,82 @@ def _length_key(col: str):
     return (m.group(1), int(m.group(2))) if m else (col, 0)
 
 
+AT_TRAIN_LENGTH = "summary.eval.pos90_exact@train_length"
+
+
+def with_train_length_metric(df: pd.DataFrame) -> pd.DataFrame:
+    """Adds AT_TRAIN_LENGTH: each run's pos@90 (exact decoding) at its own training length, the
+    one evaluation every run has when the store mixes tasks trained at different lengths."""
+    df = df.copy()
+    if "config.train.length" not in df.columns:
+        return df
+    values = []
+    for _, row in df.iterrows():
+        length = row["config.train.length"]
+        col = f"summary.eval.pos90_exact@{int(length)}" if not pd.isna(length) else None
+        values.append(row[col] if col in df.columns else math.nan)
+    df[AT_TRAIN_LENGTH] = pd.to_numeric(pd.Series(values, index=df.index), errors="coerce")
+    return df
+
+
 def default_metric(df: pd.DataFrame) -> str:
-    cols = [c for c in eval_columns(df) if "pos90_exact@" in c]
-    if not cols:
-        raise ValueError("metric: the store has no pos90_exact columns; pass --metric with a summary column")
-    return cols[0]
+    """The first pos@90 (exact decoding) column every run has; else pos@90 at each run's training
+    length (AT_TRAIN_LENGTH, when every run has that); else the final training loss."""
+    for col in [c for c in eval_columns(df) if "pos90_exact@" in c] + [AT_TRAIN_LENGTH, "summary.final_loss"]:
+        if col in df.columns and df[col].notna().all():
+            return col
+    raise ValueError("metric: no summary column is set for every run; pass --metric with a summary column "
+                     f"(e.g. {', '.join(eval_columns(df)[:4]) or 'summary.final_loss'})")
 
 
-def comparison_table(df: pd.DataFrame, metric: str | None = None, group_by: str = "method") -> pd.DataFrame:
-    """Mean +- std over seeds of `metric` per method (or per the given columns)."""
+def runs_lacking(df: pd.DataFrame, metric: str) -> list[str]:
+    """Names of the runs with no value for `metric`."""
+    return df.loc[df[metric].isna(), "run"].tolist() if "run" in df.columns else []
+
+
+def comparison_table(df: pd.DataFrame, metric: str | None = None, group_by: str | None = None) -> pd.DataFrame:
+    """Mean, 95% t-interval and std over seeds of `metric` per group of runs.
+
+    group_by None: lrt_lab.groups' rule (one group per config up to the seed, labelled by what
+    differs), as in the dashboard and lrt_lab.analysis.seed_stats; or a comma list of columns
+    ("method" is what was trained). The runs without a value for `metric` are listed in
+    .attrs["lacking"]; metric None picks one every run has (default_metric)."""
+    from .analysis.stats import seed_stats
+
     if df.empty:
         raise ValueError("runs: the store has no complete runs")
-    df = df.copy()
+    df = with_train_length_metric(df)
     df["method"] = df.apply(method_label, axis=1)
     metric = metric or default_metric(df)
     if metric not in df.columns:
         raise ValueError(f"metric={metric!r} is invalid; allowed: {', '.join(eval_columns(df)) or 'summary.* columns'}")
-    keys = [k.strip() for k in group_by.split(",")]
-    for k in keys:
-        if k not in df.columns:
-            raise ValueError(f"group_by={k!r} is invalid; allowed: method or a column of load_runs")
-    if "config.train.task" in df.columns and "config.train.task" not in keys:
-        keys = ["config.train.task"] + keys
-    agg = df.groupby(keys, dropna=False).agg(
-        n=(metric, "count"), mean=(metric, "mean"), std=(metric, "std"),
-        forwards_per_token=("config.forwards_per_token", "first"),
-        cost=("summary.schedule_cost", "first"),  # schedule x the model's own forward_cost (loops, ponder)
-        wall_time_s=("summary.wall_time_s", "mean"),
-    ).reset_index()
-    agg.attrs["metric"] = metric
-    return agg
+    if group_by is None:
+        df["group"] = group_labels(df)
+        keys = ["group", "method"]
+    else:
+        keys = [k.strip() for k in group_by.split(",")]
+        for k in keys:
+            if k not in df.columns:
+                raise ValueError(f"group_by={k!r} is invalid; allowed: method or a column of load_runs")
+    table = seed_stats(df, metric, group_by=keys)
+    extra = {"forwards_per_token": "config.forwards_per_token",
+             "cost": "summary.schedule_cost",  # schedule x the model's own forward_cost (loops, ponder)
+             "wall_time_s": "summary.wall_time_s"}
+    per_group = df.groupby(keys, dropna=False).agg(
+        **{name: (col, "mean" if name == "wall_time_s" else "first") for name, col in extra.items() if col in df})
+    table = table.merge(per_group.reset_index(), on=keys, how="left")
+    table.attrs.update(metric=metric, lacking=runs_lacking(df, metric), interval=INTERVAL_NOTE)
+    return table
+
+
+def format_mean_ci(mean: float, lo: float, hi: float, n: int | None = None) -> str:
+    """`mean [lo, hi] (n=3)`, the README's cell; `mean (n=1)` where one seed gives no interval."""
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "-"
+    n_text = f" (n={n})" if n is not None else ""
+    if lo is None or (isinstance(lo, float) and math.isnan(lo)):
+        return f"{mean:.3g}{n_text}"
+    return f"{mean:.3g} [{lo:.3g}, {hi:.3g}]{n_text}"
 
 
 def format_mean_std(mean: float, std: float) -> str:
@@ -64,12 +107,26 @@ def format_mean_std(mean: float, std: float) -> str:
     return f"{mean:.3g} +- {std:.2g}"
 
 
-def print_report(root, metric: str | None = None, group_by: str = "method") -> pd.DataFrame:
+def print_report(root, metric: str | None = None, group_by: str | None = None) -> pd.DataFrame:
+    """Print comparison_table: one row per group, `mean [95% t-interval] (n)` and std; returns it."""
     table = comparison_table(load_runs(root), metric, group_by)
-    shown = table.copy()
-    shown[table.attrs["metric"]] = [format_mean_std(m, s) for m, s in zip(table["mean"], table["std"])]
-    shown = shown.drop(columns=["mean", "std"])
+    metric = table.attrs["metric"]
+    keys = ["group"] if group_by is None else [k.strip() for k in group_by.split(",")]
+    shown = table[keys].copy()
+    for k in keys:  # names read left-aligned
+        text = shown[k].astype(str)
+        shown[k] = text.str.ljust(text.str.len().max())
+    shown[metric] = [format_mean_ci(m, lo, hi, int(n)) for m, lo, hi, n in
+                     zip(table["mean"], table["ci_low"], table["ci_high"], table["n"])]
+    shown["std"] = [f"{v:.2g}" if not math.isnan(v) else "-" for v in table["std"]]
+    for c in ("seeds", "forwards_per_token", "cost", "wall_time_s"):
+        if c in table.columns:
+            shown[c] = table[c].round(1) if c == "wall_time_s" else table[c]
+    print(f"{metric}: mean [{INTERVAL_NOTE}] (n seeds); std: sample standard deviation over seeds")
     print(shown.to_string(index=False))
+    if table.attrs["lacking"]:
+        print(f"\n{len(table.attrs['lacking'])} run(s) have no {metric} and are not counted: "
+              + ", ".join(table.attrs["lacking"]))
     return table
 
 

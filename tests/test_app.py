@@ -98,6 +98,10 @@ def sidebar_multiselect(at: AppTest, label: str):
 
 
 def runs_table(at: AppTest) -> pd.DataFrame:
+    return at.tabs[0].dataframe[1].value  # [0] is the groups of seeds
+
+
+def groups_table(at: AppTest) -> pd.DataFrame:
     return at.tabs[0].dataframe[0].value
 
 
@@ -202,7 +206,7 @@ def test_analysis_pages_hint_when_no_tables(store, tmp_path, monkeypatch):
     shutil.copytree(store / TRANSFORMER_RUN, bare / TRANSFORMER_RUN)  # a store with no analysis tables
     at = run_app(monkeypatch, bare)
     assert_clean(at)
-    assert "No gap-recovery tables yet" in " ".join(i.value for i in at.tabs[4].info)
+    assert "No run shown has BPB tables" in " ".join(i.value for i in at.tabs[4].info)
     assert "No probe tables yet" in " ".join(i.value for i in at.tabs[5].info)
     assert "Config diff" in [h.value for h in at.tabs[0].subheader]
 
@@ -271,3 +275,63 @@ def test_launcher_finds_the_app_without_importing_it(monkeypatch, capsys):
                         lambda name, *a: None if name == "streamlit" else real_find_spec(name, *a))
     assert app_launcher.launch("runs", 8501) == 1
     assert "pip install -e '.[app]'" in capsys.readouterr().err
+
+
+def test_launcher_on_a_busy_port_suggests_a_free_one(monkeypatch, capsys):
+    import socket
+
+    from lrt_lab import app_launcher
+
+    monkeypatch.setattr(app_launcher.subprocess, "Popen", lambda *a, **k: pytest.fail("started on a busy port"))
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert not app_launcher.port_is_free(port)
+        assert app_launcher.launch("runs", port) == 2
+    err = capsys.readouterr().err
+    assert f"port {port} is already in use" in err
+    suggested = int(err.rsplit("--port ", 1)[1].split()[0])
+    assert suggested != port and app_launcher.port_is_free(suggested)
+
+
+@pytest.mark.slow
+def test_the_dashboard_ends_with_its_launcher(tmp_path):
+    """`lrt-lab app` killed outright (SIGKILL: no cleanup runs) must not leave `streamlit run` serving."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(Path(APP).parent.parent), "OMP_NUM_THREADS": "1",
+           "STREAMLIT_SERVER_HEADLESS": "true"}
+    parent = subprocess.Popen([sys.executable, "-m", "lrt_lab.cli", "app", "--runs", str(tmp_path), "--port", str(port)],
+                              env=env, cwd=tmp_path, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    children_file = Path(f"/proc/{parent.pid}/task/{parent.pid}/children")
+    try:
+        deadline = time.monotonic() + 60
+        child = None
+        while child is None and time.monotonic() < deadline:
+            text = children_file.read_text().split() if children_file.exists() else []
+            child = int(text[0]) if text else None
+            time.sleep(0.2)
+        assert child is not None, "lrt-lab app started no child"
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+            stat = Path(f"/proc/{child}/stat").read_text() if Path(f"/proc/{child}/stat").exists() else ""
+            if stat.split(") ")[-1].startswith("Z"):
+                break  # exited, not yet reaped by init
+            time.sleep(0.2)
+        alive = Path(f"/proc/{child}/stat").exists() and not Path(f"/proc/{child}/stat").read_text().split(") ")[-1].startswith("Z")
+        if alive:
+            os.kill(child, signal.SIGKILL)
+        assert not alive, "streamlit run kept serving after lrt-lab app was killed"
+    finally:
+        if parent.poll() is None:
+            parent.kill()

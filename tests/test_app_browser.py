@@ -1,8 +1,10 @@
-"""The dashboard in a real browser: `streamlit run` on 127.0.0.1, headless Chromium through selenium.
+"""The dashboard in a real browser: `streamlit run` on 127.0.0.1, headless Chromium through selenium,
+in a 1400 px window.
 
 Needs the Debian packages `chromium` and `chromium-driver` (.ci/run installs them when missing);
-skipped, saying why, where they are not installed. The screenshot is saved to the path the test
-prints (and into the test's tmp_path), so a person can look at what the browser drew.
+skipped, saying why, where they are not installed. Every tab is screenshotted into
+$LRT_SCREENSHOT_DIR (default: the system temp folder) and the test's tmp_path, so a person can look
+at what the browser drew: on a small store of several groups, and on the committed `results/`.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ import pytest
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-SCREENSHOT = Path(os.environ.get("LRT_SCREENSHOT_DIR", tempfile.gettempdir())) / "lrt_lab_app_screenshot.png"
+SCREENSHOTS = Path(os.environ.get("LRT_SCREENSHOT_DIR", tempfile.gettempdir())) / "lrt_lab_app_screenshots"
+WINDOW = (1400, 1000)
 CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-dev-shm-usage", "--window-size=1500,1000"]
+                "--disable-dev-shm-usage", f"--window-size={WINDOW[0]},{WINDOW[1]}"]
+TABS = ["Runs", "Training curves", "Length generalisation", "Depth x length", "Gap recovery", "Probes"]
+COMMITTED_STORE = Path(__file__).resolve().parent.parent / "results"
 
 pytestmark = pytest.mark.slow
 
@@ -42,14 +47,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def server(tmp_path):
-    """`streamlit run` (through lrt_lab.app_launcher's command) over a fresh tiny store; always stopped."""
-    _require_browser()
+def _serve(store: Path, tmp_path: Path):
+    """`streamlit run` (through lrt_lab.app_launcher's command) over `store`; yields its URL, always stopped."""
     from lrt_lab.app_launcher import command
-    from test_app import LRT_RUNS, TRANSFORMER_RUN, build_store
 
-    store = build_store(tmp_path / "store", analysis=False, lrt_seeds=(0,))
     port = _free_port()
     log = open(tmp_path / "streamlit.log", "w")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
@@ -70,7 +71,7 @@ def server(tmp_path):
             if time.monotonic() > deadline:
                 pytest.fail(f"streamlit did not answer on {url} within 60 s")
             time.sleep(0.3)
-        yield url, [LRT_RUNS[0], TRANSFORMER_RUN]
+        yield url
     finally:
         proc.terminate()
         try:
@@ -81,6 +82,38 @@ def server(tmp_path):
         log.close()
 
 
+def several_groups(root: Path) -> Path:
+    """Tiny real runs in three groups: LRT Interleaved(2) x 2 seeds, a transformer, and the LRT
+    trained exactly with its memory from block 2, x 2 seeds (each a second or two)."""
+    from lrt_lab.train import TrainConfig, train
+    from test_app import build_store
+
+    build_store(root, analysis=False, lrt_seeds=(0, 1))
+    for seed in (0, 1):
+        cfg = TrainConfig(task="group_prefix", task_options={"group": "S3", "curriculum_start": 3,
+                                                             "curriculum_steps": 4},
+                          length=6, preset="tiny", model="lrt", schedule="exact", steps=6, batch_size=8, eval_every=3,
+                          eval_lengths=(6, 12), eval_size=16, checkpoint_every=0, seed=seed,
+                          overrides={"memory.source_layer": 2})
+        train(cfg, out=root, progress=False)
+    return root
+
+
+@pytest.fixture
+def server(tmp_path):
+    _require_browser()
+    store = several_groups(tmp_path / "store")
+    yield from _serve(store, tmp_path)
+
+
+@pytest.fixture
+def committed_server(tmp_path):
+    _require_browser()
+    if not (COMMITTED_STORE / "README.md").exists():
+        pytest.skip(f"no committed run store at {COMMITTED_STORE}")
+    yield from _serve(COMMITTED_STORE, tmp_path)
+
+
 @pytest.fixture
 def browser(tmp_path):
     _require_browser()
@@ -89,6 +122,7 @@ def browser(tmp_path):
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # console messages, for errors
     for flag in CHROME_FLAGS + [f"--user-data-dir={tmp_path / 'chrome-profile'}"]:
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
@@ -98,27 +132,134 @@ def browser(tmp_path):
         driver.quit()
 
 
-def test_dashboard_in_chromium(server, browser, tmp_path):
+# Driving the page -------------------------------------------------------------------------------
+def _body(driver) -> str:
+    from selenium.webdriver.common.by import By
+    return driver.find_element(By.TAG_NAME, "body").text
+
+
+def _settle(driver, pause: float = 1.5) -> None:
+    """Wait for the script run to finish (Streamlit's status widget gone), then for Vega to draw."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    url, runs = server
-    browser.set_page_load_timeout(60)
-    browser.get(url)
-    wait = WebDriverWait(browser, 60, poll_frequency=0.25)
-    # The page streams in over a websocket: wait for the runs table (a canvas grid), the run names
-    # written as text under it, and for the script to finish (Streamlit's "Running..." widget gone).
-    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '[data-testid="stDataFrame"]'))
-    wait.until(lambda d: all(name in d.find_element(By.TAG_NAME, "body").text for name in runs))
-    wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, '[data-testid="stStatusWidget"]'))
-    time.sleep(1.0)  # let the grid paint its canvas before the screenshot
-    text = browser.find_element(By.TAG_NAME, "body").text
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    assert browser.save_screenshot(str(SCREENSHOT))
-    shutil.copy(SCREENSHOT, tmp_path / SCREENSHOT.name)
-    print(f"\nscreenshot: {SCREENSHOT} (and {tmp_path / SCREENSHOT.name})")
-    assert "lrt_lab runs" in text
-    for tab in ("Runs", "Training curves", "Length generalisation", "Probes"):
-        assert tab in text
-    assert "Traceback" not in text and "could not be drawn" not in text
-    assert all(name in text for name in runs)
+    time.sleep(0.5)
+    WebDriverWait(driver, 90, poll_frequency=0.25).until(
+        lambda d: not d.find_elements(By.CSS_SELECTOR, '[data-testid="stStatusWidget"]'))
+    time.sleep(pause)
+
+
+def _open(driver, url: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.set_page_load_timeout(60)
+    driver.get(url)
+    WebDriverWait(driver, 90, poll_frequency=0.25).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, '[data-testid="stDataFrame"]'))
+    _settle(driver)
+
+
+def _tab(driver, title: str):
+    """Click a tab; returns its panel."""
+    from selenium.webdriver.common.by import By
+
+    def tab():
+        (found,) = [t for t in driver.find_elements(By.CSS_SELECTOR, '[role="tab"]') if t.text.strip() == title]
+        return found
+
+    tab().click()
+    _settle(driver, 1.0)
+    return driver.find_element(By.ID, tab().get_attribute("aria-controls"))  # set on the selected tab only
+
+
+def _charts(panel) -> list:
+    from selenium.webdriver.common.by import By
+    return [c for c in panel.find_elements(By.CSS_SELECTOR, '[data-testid="stVegaLiteChart"]') if c.is_displayed()]
+
+
+def _chart_image(driver, panel) -> bytes:
+    charts = _charts(panel)
+    assert charts, "no chart drawn"
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", charts[0])
+    time.sleep(0.5)
+    return charts[0].screenshot_as_png
+
+
+def _console_errors(driver) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"
+            and "favicon" not in e["message"]]
+
+
+def _screenshot_every_tab(driver, name: str, tmp_path: Path) -> dict[str, str]:
+    """Full-page screenshots of every tab (the window grows to the page's height); {tab: text}."""
+    from selenium.webdriver.common.by import By
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    texts = {}
+    for title in TABS:
+        panel = _tab(driver, title)
+        texts[title] = panel.text
+        height = driver.execute_script(
+            "return Math.max(...Array.from(document.querySelectorAll('section, div'), e => e.scrollHeight))")
+        driver.set_window_size(WINDOW[0], min(max(WINDOW[1], int(height) + 120), 6000))
+        time.sleep(1.0)
+        file = SCREENSHOTS / f"{name}-{title.lower().replace(' ', '_')}.png"
+        assert driver.save_screenshot(str(file))
+        shutil.copy(file, tmp_path / file.name)
+        driver.set_window_size(*WINDOW)
+        # nothing drawn wider than the window: facets wrap, legends sit under their chart
+        widths = [c.size["width"] for c in panel.find_elements(By.CSS_SELECTOR, '[data-testid="stVegaLiteChart"]')]
+        assert all(w <= WINDOW[0] for w in widths), (title, widths)
+    print(f"\nscreenshots: {SCREENSHOTS}/{name}-*.png (and {tmp_path})")
+    return texts
+
+
+# The tests ---------------------------------------------------------------------------------------
+def test_charts_follow_every_control(server, browser, tmp_path):
+    """Smoothing and a filter that keeps the same groups (seed = 0) must redraw the chart: once,
+    both left it pixel-identical while the console said `Unrecognized data set: runs`."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    _open(browser, server)
+    text = _body(browser)
+    assert "lrt_lab runs" in text and "Traceback" not in text
+    panel = _tab(browser, "Training curves")
+    before = _chart_image(browser, panel)
+
+    slider = panel.find_element(By.CSS_SELECTOR, '[data-testid="stSlider"] input[type="range"]')
+    browser.execute_script("arguments[0].focus();", slider)
+    ActionChains(browser).send_keys(Keys.END).perform()  # smoothing 0 -> 0.99
+    _settle(browser)
+    panel = _tab(browser, "Training curves")
+    assert panel.find_element(By.CSS_SELECTOR, '[data-testid="stSlider"] input[type="range"]').get_attribute(
+        "value") == "0.99"
+    smoothed = _chart_image(browser, panel)
+    assert smoothed != before, "the chart did not follow the smoothing slider"
+
+    (seed,) = [m for m in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stSidebar"] [data-testid="stMultiSelect"]')
+               if m.text.splitlines()[0].strip() == "seed"]
+    box = seed.find_element(By.TAG_NAME, "input")
+    box.click()
+    box.send_keys("0", Keys.ENTER, Keys.ESCAPE)
+    _settle(browser)
+    panel = _tab(browser, "Training curves")
+    assert _chart_image(browser, panel) != smoothed, "the chart did not follow the seed filter"
+    assert not _console_errors(browser), _console_errors(browser)
+
+    texts = _screenshot_every_tab(browser, "several_groups", tmp_path)
+    for title, text in texts.items():
+        assert "could not be drawn" not in text and "Traceback" not in text, title
+    assert not _console_errors(browser), _console_errors(browser)
+
+
+def test_every_tab_on_the_committed_store(committed_server, browser, tmp_path):
+    _open(browser, committed_server)
+    texts = _screenshot_every_tab(browser, "results", tmp_path)
+    for title, text in texts.items():
+        assert "could not be drawn" not in text and "Traceback" not in text, title
+    assert "Gap recovery" in texts["Gap recovery"] and "Train/inference mismatch" in texts["Gap recovery"]
+    assert "No run shown has BPB tables" not in texts["Gap recovery"]
+    assert not _console_errors(browser), _console_errors(browser)

@@ -5,21 +5,32 @@ Each tool writes tables into the run store: per-run tables with `Run.write_table
 bpb), store-level tables under `<store>/.analysis/tables/` (gap_recovery, mismatch, refinement,
 depth_sweep, depth_worth), a hidden folder that `load_runs` skips. Each has a seaborn plot function
 returning a matplotlib Figure.
+
+The names below load on first use (PEP 562), so `lrt_lab.analysis.stats` (pandas and scipy) can be
+imported by the dashboard without importing torch.
 """
 
-from .depth import analyze_depth_sweep, depth_table, depth_worth, min_depth, plot_depth_curve
-from .gap import (analyze_gap, bpb_of, collect_bpb, evaluate_bpb, gap_recovery, mismatch_table, plot_gap_recovery,
-                  plot_mismatch, plot_refinement, recovered_fraction, refinement_table)
-from .probes import (collect_activations, default_sites, fit_probes, plot_probe_comparison, plot_probe_heatmap,
-                     probe_activations, probe_model, probe_run)
-from .stats import bootstrap_ci, mean_ci, plot_seed_stats, seed_stats
-from .store import ANALYSIS_DIR, load_model, load_task, read_store_table, write_store_table
+import importlib
 
-__all__ = [
-    "ANALYSIS_DIR", "analyze_depth_sweep", "analyze_gap", "bootstrap_ci", "bpb_of", "collect_activations",
-    "collect_bpb", "default_sites", "depth_table", "depth_worth", "evaluate_bpb", "fit_probes", "gap_recovery",
-    "load_model", "load_task", "mean_ci", "min_depth", "mismatch_table", "plot_depth_curve", "plot_gap_recovery",
-    "plot_mismatch", "plot_probe_comparison", "plot_probe_heatmap", "plot_refinement", "plot_seed_stats",
-    "probe_activations", "probe_model", "probe_run", "read_store_table", "recovered_fraction", "refinement_table",
-    "seed_stats", "write_store_table",
-]
+_LAZY = {
+    **dict.fromkeys(("analyze_depth_sweep", "depth_table", "depth_worth", "min_depth", "plot_depth_curve"), "depth"),
+    **dict.fromkeys(("analyze_gap", "bpb_of", "collect_bpb", "evaluate_bpb", "gap_recovery", "mismatch_table",
+                     "plot_gap_recovery", "plot_mismatch", "plot_refinement", "recovered_fraction",
+                     "refinement_table"), "gap"),
+    **dict.fromkeys(("collect_activations", "default_sites", "fit_probes", "plot_probe_comparison",
+                     "plot_probe_heatmap", "probe_activations", "probe_model", "probe_run"), "probes"),
+    **dict.fromkeys(("bootstrap_ci", "mean_ci", "plot_seed_stats", "seed_stats"), "stats"),
+    **dict.fromkeys(("ANALYSIS_DIR", "load_model", "load_task", "read_store_table", "write_store_table"), "store"),
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'lrt_lab.analysis' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -26,11 +26,10 @@ import warnings
 
 import numpy as np
 import pandas as pd
-import torch
-import torch.nn.functional as F
 
-from ..schedules import IGNORE_INDEX, Chunked, Exact, run_schedule
-from .probes import resolve_schedule
+# torch, the schedules and the models load inside the functions that evaluate a model, so the
+# table functions (collect_bpb, gap_recovery, mismatch_table, refinement_table) stay light enough
+# for the dashboard to compute them from stored tables without importing torch.
 from .stats import bootstrap_ci, method_column, mean_ci, seed_stats
 
 LN2 = math.log(2)
@@ -39,22 +38,31 @@ DEFAULT_GROUP = ("config.train.task", "config.train.length", "config.model.n_lay
 
 
 # BPB ------------------------------------------------------------------------------------------------
-def _ce_sum(logits: torch.Tensor, targets: torch.Tensor) -> tuple[float, int]:
+def _ce_sum(logits, targets) -> tuple[float, int]:
+    import torch.nn.functional as F
+    from ..schedules import IGNORE_INDEX
     flat = targets.reshape(-1)
     total = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), flat, ignore_index=IGNORE_INDEX,
                             reduction="sum")
     return float(total), int((flat != IGNORE_INDEX).sum())
 
 
-@torch.no_grad()
-def bpb_of(model, inputs: torch.Tensor, targets: torch.Tensor, schedule, chunk: int = 64,
-           bytes_per_token: float = 1.0) -> dict:
+def bpb_of(model, inputs, targets, schedule, chunk: int = 64, bytes_per_token: float = 1.0) -> dict:
     """Validation BPB of `model` on (inputs, targets) under `schedule`: the final logits, and the
     logits assembled after each stage (later stages win; positions no stage has reached yet are
     left out, so `stage_coverage` says which fraction of positions a stage's figure covers).
 
     targets use IGNORE_INDEX (-1) for positions that do not count. BPB = nats / ln 2 / bytes per
     token (1 for byte-level tokens, where this is bits per token)."""
+    import torch
+    with torch.no_grad():
+        return _bpb_of(model, inputs, targets, schedule, chunk, bytes_per_token)
+
+
+def _bpb_of(model, inputs, targets, schedule, chunk: int, bytes_per_token: float) -> dict:
+    import torch
+    from ..schedules import IGNORE_INDEX, run_schedule
+    from .probes import resolve_schedule
     schedule = resolve_schedule(schedule)
     T = inputs.size(1)
     stages = schedule.stages(T)
@@ -102,6 +110,8 @@ def evaluate_bpb(run_or_model, schedule=None, eval_batch=None, n_sequences: int 
     Exact decoding is the Exact schedule, which the core tests hold equal to the Decoder.
     """
     from ..model import LRT
+    from ..schedules import Chunked, Exact
+    from .probes import resolve_schedule
     from .store import as_run, eval_batch as make_eval_batch, load_model, load_task
 
     run = None
@@ -131,6 +141,7 @@ def evaluate_bpb(run_or_model, schedule=None, eval_batch=None, n_sequences: int 
 
 
 def _inputs_targets(batch):
+    from ..schedules import IGNORE_INDEX
     if isinstance(batch, (tuple, list)) and len(batch) >= 2 and not hasattr(batch, "inputs"):
         inputs, targets = batch[0], batch[1]
         mask = batch[2] if len(batch) > 2 else None
@@ -159,14 +170,17 @@ def collect_bpb(df: pd.DataFrame, compute: bool = False, **kw) -> pd.DataFrame:
     """df (load_runs) with columns bpb.parallel, bpb.exact and bpb.stage.<k> from each run's
     tables/bpb.csv; with compute=True, runs without that table are evaluated (evaluate_bpb) first.
     Stage columns are filled only for schedules whose first stage covers every position."""
-    from ..results import load_table
+    from ..results import Run, load_table
     df = df.copy()
-    values = []
+    values, no_checkpoint = [], []
     for _, row in df.iterrows():
         t = load_table(row, "bpb")
         if t is None and compute:
-            evaluate_bpb(row, **kw)
-            t = load_table(row, "bpb")
+            if Run(row["path"]).latest_checkpoint() is None:
+                no_checkpoint.append(row["run"])  # e.g. a committed store, checkpoints left out
+            else:
+                evaluate_bpb(row, **kw)
+                t = load_table(row, "bpb")
         rec = {}
         if t is not None:
             stages = t[t["mode"] == "stage"]
@@ -179,9 +193,13 @@ def collect_bpb(df: pd.DataFrame, compute: bool = False, **kw) -> pd.DataFrame:
                 elif full:
                     rec[f"bpb.stage.{int(r['stage'])}"] = r["bpb"]
         values.append(rec)
+    if no_checkpoint:
+        warnings.warn(f"{len(no_checkpoint)} run(s) have neither tables/bpb.csv nor a checkpoint to compute it "
+                      f"from and are left without BPB: {', '.join(no_checkpoint)}", stacklevel=2)
     extra = pd.DataFrame(values, index=df.index)
     for c in extra.columns:
         df[c] = extra[c]
+    df.attrs["no_bpb"] = no_checkpoint
     return df
 
 
@@ -320,6 +338,10 @@ def analyze_gap(store, compute: bool = True, write: bool = True, metric: str = "
     from ..results import load_runs
     from .store import write_store_table
     df = collect_bpb(load_runs(store), compute=compute, **kw)
+    if metric not in df.columns:
+        raise ValueError(f"metric={metric!r}: no run in {str(store)!r} has it (BPB needs tables/bpb.csv or a "
+                         "checkpoint to compute it from)")
+    df = df[df[metric].notna()]  # runs of other tasks in the same store (no BPB) are not part of it
     tables = {"gap_recovery": gap_recovery(df, metric)}
     tables["gap_recovery_per_seed"] = tables["gap_recovery"].attrs["per_seed"]
     tables["mismatch"] = mismatch_table(df)

@@ -17,6 +17,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+from ..groups import group_keys, group_labels, method_label
+
 CI_METHODS = ("t", "bootstrap")
 
 
@@ -66,20 +68,21 @@ def mean_ci(values, confidence: float = 0.95, method: str = "t", seed: int = 0) 
 
 
 def method_column(df: pd.DataFrame) -> pd.Series:
-    """`transformer`, `lrt interleaved:2`, ... per row of load_runs (lrt_lab.report.method_label)."""
-    from ..report import method_label
+    """`transformer`, `lrt interleaved:2`, ... per row of load_runs (lrt_lab.groups.method_label)."""
     if df.empty:
         return pd.Series([], dtype=object, index=df.index)
     return df.apply(method_label, axis=1)
 
 
-def seed_stats(df: pd.DataFrame, metric: str, group_by=("method",), confidence: float = 0.95,
+def seed_stats(df: pd.DataFrame, metric: str, group_by=None, confidence: float = 0.95,
                method: str = "t") -> pd.DataFrame:
     """Mean, std and CI over seeds of `metric` for each group of a load_runs DataFrame.
 
-    group_by: column names; "method" is added from config.kind/config.schedule when missing.
-    Returns one row per group: the group columns, n, mean, std, sem, ci_low, ci_high, and the
-    metric name in df.attrs["metric"].
+    group_by None (default): lrt_lab.groups' rule, one group per config up to the seed, named by
+    the fields that differ between the groups of `df` (columns `group` and `method`); or column
+    names ("method" is added from config.kind/config.schedule when missing).
+    Returns one row per group: the group columns, n, mean, std, sem, ci_low, ci_high, seeds (the
+    seeds that had a value), and the metric name in df.attrs["metric"].
     """
     if not isinstance(df, pd.DataFrame):
         raise ValueError("df is invalid; allowed: a pandas DataFrame (e.g. lrt_lab.results.load_runs)")
@@ -87,28 +90,47 @@ def seed_stats(df: pd.DataFrame, metric: str, group_by=("method",), confidence: 
         cols = [c for c in df.columns if c.startswith(("summary.", "bpb."))]
         raise ValueError(f"metric={metric!r} is invalid; allowed: a column of the runs table, e.g. "
                          f"{', '.join(cols[:8]) or 'summary.final_loss'}")
-    keys = [group_by] if isinstance(group_by, str) else list(group_by)
     df = df.copy()
-    if "method" in keys and "method" not in df.columns:
+    if group_by is None:
+        df["group"] = group_labels(df)
+        df["_key"] = group_keys(df)
         df["method"] = method_column(df)
+        keys = ["group", "method"]
+        if df.groupby("group")["_key"].nunique().gt(1).any():  # group_labels guarantees this; keep it honest
+            raise ValueError("group labels do not separate the configs; report this as a bug")
+    else:
+        keys = [group_by] if isinstance(group_by, str) else list(group_by)
+        if "method" in keys and "method" not in df.columns:
+            df["method"] = method_column(df)
     for k in keys:
         if k not in df.columns:
-            raise ValueError(f"group_by={k!r} is invalid; allowed: 'method' or a column of the runs table")
+            raise ValueError(f"group_by={k!r} is invalid; allowed: None (one group per config up to the seed), "
+                             "'method' or a column of the runs table")
+    seed_col = "config.train.seed" if "config.train.seed" in df.columns else None
     rows = []
     for key, sub in df.groupby(keys, dropna=False, sort=True):
         key = key if isinstance(key, tuple) else (key,)
-        rows.append({**dict(zip(keys, key)), **mean_ci(pd.to_numeric(sub[metric], errors="coerce"),
-                                                       confidence, method)})
-    out = pd.DataFrame(rows, columns=keys + ["n", "mean", "std", "sem", "ci_low", "ci_high"])
+        values = pd.to_numeric(sub[metric], errors="coerce")
+        seeds = sub.loc[values.notna(), seed_col].tolist() if seed_col else []
+        rows.append({**dict(zip(keys, key)), **mean_ci(values, confidence, method),
+                     "seeds": ", ".join(str(_int_or(s)) for s in seeds)})
+    out = pd.DataFrame(rows, columns=keys + ["n", "mean", "std", "sem", "ci_low", "ci_high", "seeds"])
     out.attrs["metric"] = metric
+    out.attrs["interval"] = f"{round(100 * confidence)}% {'t-interval' if method == 't' else 'bootstrap interval'} over seeds"
     return out
 
 
-def plot_seed_stats(table: pd.DataFrame, x: str = "method", ax=None, title: str | None = None):
-    """Bar chart of a seed_stats table with CI error bars; returns the matplotlib Figure."""
+def _int_or(v):
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def plot_seed_stats(table: pd.DataFrame, x: str | None = None, ax=None, title: str | None = None):
+    """Bar chart of a seed_stats table with CI error bars (x: its `group` column, else `method`);
+    returns the matplotlib Figure."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
+    x = x or ("group" if "group" in table.columns else "method")
     if x not in table.columns:
         raise ValueError(f"x={x!r} is invalid; allowed: a column of the table ({', '.join(table.columns)})")
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(max(4, 1.2 * len(table)), 3.5))
@@ -117,7 +139,8 @@ def plot_seed_stats(table: pd.DataFrame, x: str = "method", ax=None, title: str 
     hi = (table["ci_high"] - table["mean"]).fillna(0).clip(lower=0)
     ax.errorbar(range(len(table)), table["mean"], yerr=[lo, hi], fmt="none", ecolor="black", capsize=4)
     ax.set_ylabel(table.attrs.get("metric", "mean"))
-    ax.set_title(title or f"mean over seeds, {int(table['n'].min()) if len(table) else 0}+ seeds, CI bars")
+    ax.set_title(title or f"mean over seeds ({int(table['n'].min()) if len(table) else 0}+ seeds); bars: "
+                 + table.attrs.get("interval", "confidence interval"))
     ax.tick_params(axis="x", rotation=20)
     fig.tight_layout()
     return fig
