@@ -301,7 +301,7 @@ def test_shards_tokenizer_resume_and_evaluate(tmp_path, corpus, capsys):
 
     from scale import evaluate
     capsys.readouterr()
-    assert evaluate.main(["--run", str(run.path), "--bpb-tokens", "128", "--batch-size", "2", "--seq-rows", "2",
+    assert evaluate.main(["--run-dir", str(run.path), "--bpb-tokens", "128", "--batch-size", "2", "--seq-rows", "2",
                           "--seq-prompt", "16", "--seq-prefill", "onepass,exact", "--core-bundle", str(bundle)]) == 0
     rec = [r for r in run.metrics_records() if r.get("source") == "scale.evaluate"][-1]
     assert rec["val_bpb"] == pytest.approx(ev["val_bpb"], rel=1e-6)  # same model, same validation tokens
