@@ -14,17 +14,47 @@ from .schedules import OnePass, run_schedule
 from .validation import TORCH_SEED_LIMIT, check_int, check_number, check_seed, check_token_ids, vocab_size_of
 
 
+def compute_dtype(device: torch.device, param_dtype: torch.dtype) -> torch.dtype:
+    """The dtype keys and values are computed in on `device` right now: the autocast dtype inside
+    autocast (bf16 activations from fp32 weights), else the parameters'. The KV cache must hold that
+    dtype: a cache in the parameters' fp32 would hand fp32 keys to bf16 queries, which flash-attn
+    (and SDPA on CUDA) reject."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return param_dtype
+
+
 class Decoder:
-    """Token-by-token decoding for a batch of B sequences of up to max_len positions."""
+    """Token-by-token decoding for a batch of B sequences of up to max_len positions.
+
+    The cache holds keys and values in the dtype the forward computes them in (the autocast dtype
+    under autocast, else the parameters'), settled at the first prefill or step; `dtype` fixes it."""
 
     def __init__(self, model, batch_size: int, max_len: int, device=None, dtype=None):
         for name, value in (("batch_size", batch_size), ("max_len", max_len)):
             check_int(name, value, 1)
         ref = next(model.parameters())
+        device = torch.device(device or ref.device)
         self.model = model
         self.batch_size = batch_size
-        self.cache = model.new_decode_cache(batch_size, max_len, device=device or ref.device,
-                                            dtype=dtype or ref.dtype)
+        self._fixed_dtype, self._param_dtype = dtype, ref.dtype
+        self.cache = model.new_decode_cache(batch_size, max_len, device=device,
+                                            dtype=dtype or compute_dtype(device, ref.dtype))
+
+    def _match_compute_dtype(self):
+        """Re-create a still empty cache in the dtype the next forward computes in (a Decoder made
+        outside the autocast it then runs in); refuse a filled one rather than mix dtypes."""
+        keys = getattr(self.cache, "k", None)
+        if self._fixed_dtype is not None or not keys:
+            return
+        want = compute_dtype(keys[0].device, self._param_dtype)
+        if keys[0].dtype == want:
+            return
+        if self.cache.length:
+            raise ValueError(f"the decoder's cache holds {keys[0].dtype} keys but this step computes in {want}; "
+                             "allowed: decode in the autocast (or dtype) the cache was filled in")
+        self.cache = self.model.new_decode_cache(self.batch_size, self.cache.max_len, device=keys[0].device,
+                                                 dtype=want)
 
     @property
     def length(self) -> int:
@@ -44,6 +74,7 @@ class Decoder:
             raise ValueError("prefill needs an empty decoder; create a new Decoder per prompt batch")
         if prompt_idx.size(1) > self.cache.max_len:
             raise ValueError(f"prompt of {prompt_idx.size(1)} tokens exceeds max_len={self.cache.max_len}")
+        self._match_compute_dtype()
         out = run_schedule(self.model, prompt_idx, None, strategy or OnePass())
         self.cache.load(out.buffer, prompt_idx)
         return out.logits[:, -1]
@@ -60,6 +91,7 @@ class Decoder:
         t = self.cache.length
         if t >= self.cache.max_len:
             raise ValueError(f"the decoder is full (max_len={self.cache.max_len})")
+        self._match_compute_dtype()
         tokens = token_ids[:, None]
         self.cache.append_tokens(tokens)
         logits, _ = self.model.stage(tokens, range(t, t + 1), self.cache)

@@ -39,6 +39,9 @@ class MemoryRead:
 
     m: torch.Tensor
     projected: dict = field(default_factory=dict)
+    # nothing has been written yet (an init stage): m is zero, so every term it feeds is zero and
+    # is skipped (exact, and the init stage costs what the plain model's forward does)
+    zero: bool = False
 
 
 class MemoryPathway(nn.Module):
@@ -95,27 +98,27 @@ class MemoryPathway(nn.Module):
                 w.zero_()  # a uniform average to start
 
     # Reading ------------------------------------------------------------------------------------
-    def read(self, buffer, P: range, batch: int, like: torch.Tensor) -> torch.Tensor:
+    def read(self, buffer, P: range, batch: int, like: torch.Tensor) -> MemoryRead:
         """m_{t-lag} for t in P, or the learned average of m_{t-lag} .. m_{t-lag-lag_avg+1};
         zero before position 0, before anything was written (an init stage), and, with
         reset_memory_at_bos, across document boundaries."""
         mcfg = self.config.memory
         rows = buffer.read_memory(P, mcfg.lag, mcfg.lag_avg)
         if rows is None:
-            return like.new_zeros(batch, len(P), self.config.n_embd)
+            return MemoryRead(like.new_zeros(batch, len(P), self.config.n_embd), zero=True)
         valid = buffer.memory_valid(P, mcfg.lag, mcfg.lag_avg)
         if valid is not None:
             rows = rows * valid[..., None].to(rows.dtype)
         if mcfg.lag_avg == 1:
-            return rows[:, :, 0]
-        return torch.einsum("bpnd,n->bpd", rows, self.lag_weights.softmax(0).to(rows.dtype))
+            return MemoryRead(rows[:, :, 0])
+        return MemoryRead(torch.einsum("bpnd,n->bpd", rows, self.lag_weights.softmax(0).to(rows.dtype)))
 
     # Injection ----------------------------------------------------------------------------------
-    def inject_residual(self, l: int, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    def inject_residual(self, l: int, x: torch.Tensor, mem: MemoryRead) -> torch.Tensor:
         """x_bar = x + gamma_l * m (sec. 2.2; the backbone has already formed alpha_l x + beta_l x0)."""
-        if self.gamma is None:
+        if self.gamma is None or mem.zero:
             return x
-        return x + self.gamma[l] * m
+        return x + self.gamma[l] * mem.m
 
     def gate_values(self, l: int, h: torch.Tensor):
         """(g_loc, g_rec), each (B, n, n_kv_head): 2 * sigmoid(W_g h) (eq. 3); (None, None) when
@@ -128,7 +131,7 @@ class MemoryPathway(nn.Module):
     def _project(self, name: str, l: int, mem: MemoryRead) -> torch.Tensor | None:
         """W_name,rec m as (B, n, heads, head_dim): once per stage when shared, per layer otherwise."""
         projs = getattr(self, name)
-        if projs is None:
+        if projs is None or mem.zero:
             return None
         i = 0 if len(projs) == 1 else l
         key = (name, i)
@@ -149,18 +152,21 @@ class MemoryPathway(nn.Module):
             gl, gr = g_loc, g_rec
             if group > 1 and gl is not None:  # query heads share their KV head's gates (GQA)
                 gl, gr = gl.repeat_interleave(group, dim=2), gr.repeat_interleave(group, dim=2)
-            rec = rec if gr is None else gr * rec
-            if drop_local:
-                return rec
-            return (local if gl is None else gl * local) + rec
+            base = torch.zeros_like(local) if drop_local else (local if gl is None else gl * local)
+            if rec is None:  # zero memory: W_rec m = 0
+                return base
+            return base + (rec if gr is None else gr * rec)
 
-        q_rec, k_rec, v_rec = (self._project(n, l, mem) for n in ("q_rec", "k_rec", "v_rec"))
-        if q_rec is not None:
-            q = combine(q, q_rec, False, group=q.size(2) // k.size(2))
-        if k_rec is not None:
-            k = combine(k, k_rec, replace)
-        if v_rec is not None:
-            v = combine(v, v_rec, replace)
+        for name in ("q_rec", "k_rec", "v_rec"):
+            if getattr(self, name) is None:
+                continue
+            rec = self._project(name, l, mem)
+            if name == "q_rec":
+                q = combine(q, rec, False, group=q.size(2) // k.size(2))
+            elif name == "k_rec":
+                k = combine(k, rec, replace)
+            else:
+                v = combine(v, rec, replace)
         return q, k, v
 
     # Emitting -----------------------------------------------------------------------------------

@@ -187,7 +187,7 @@ class Block(nn.Module):
             m = self.hook_mem_in(memory.m, positions=P)
             if m is not memory.m:  # patched for this layer only: its projections follow the patch
                 memory = MemoryRead(m)
-            x = ctx.pathway.inject_residual(self.layer, x, memory.m)
+            x = ctx.pathway.inject_residual(self.layer, x, memory)
         x = self.hook_resid_pre(x, positions=P)
         attn_out, K, V = self.attn(norm(x), ctx, memory, value_embed)
         attn_out = self.hook_attn_out(attn_out, positions=P)
@@ -299,8 +299,9 @@ class LRT(nn.Module):
     def _read_memory(self, buffer, P: range, like: torch.Tensor) -> MemoryRead | None:
         if self.memory is None:
             return None
-        m = self.memory.read(buffer, P, like.size(0), like)
-        return MemoryRead(self.hook_mem_in(m, positions=P))
+        mem = self.memory.read(buffer, P, like.size(0), like)
+        m = self.hook_mem_in(mem.m, positions=P)
+        return mem if m is mem.m else MemoryRead(m)
 
     def _check_layers(self, layers, resid) -> range:
         L = self.config.n_layer

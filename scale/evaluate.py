@@ -419,21 +419,22 @@ def _load_run_model(run_dir: Path, checkpoint: str | None, device: torch.device)
     from lrt_lab.results import Run
     run = Run(run_dir)
     if not (run.path / "config.json").is_file():
-        raise ValueError(f"--run: {run.path} has no config.json")
+        raise ValueError(f"--run-dir: {run.path} has no config.json")
     cfg = run.config
     model = LRT(ModelConfig.from_dict(cfg["model"])).to(device)
     ckpt = Path(checkpoint) if checkpoint else run.latest_checkpoint()
     if ckpt is None:
-        raise ValueError(f"--run: {run.path} has no checkpoint; pass --checkpoint")
+        raise ValueError(f"--run-dir: {run.path} has no checkpoint; pass --checkpoint")
     state = torch.load(ckpt, map_location=device, weights_only=False)
     model.load_state_dict(state["model"])
     return run, cfg, model, state.get("step")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m scale.evaluate",
                                  description="BPB, sequential BPB and CORE of a run trained by scale.train")
-    ap.add_argument("--run", required=True, help="run folder (runs/<name>) with config.json and checkpoints/")
+    ap.add_argument("--run-dir", required=True, help="run folder (runs/<name>) with config.json and checkpoints/ "
+                    "(not --run: under torchrun that abbreviates torchrun's own --run-path)")
     ap.add_argument("--checkpoint", default=None, help="a checkpoint file (default: the run's latest)")
     ap.add_argument("--data-dir", default=None, help="parquet shards; the last one is validation (default: the run's)")
     ap.add_argument("--tokenizer-dir", default=None, help="saved tokenizer (default: the run's)")
@@ -445,14 +446,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="comma-separated prefill strategies for --seq-prompt > 0 (e.g. onepass,interleaved:2,exact)")
     ap.add_argument("--core-bundle", default=None, help="CORE eval bundle directory (core.json or DCLM core.yaml)")
     ap.add_argument("--core-max-per-task", type=int, default=-1)
+    ap.add_argument("--core-schedule", default="train",
+                    help="forward CORE scores with: train (the training schedule) or a schedule spec; onepass = zero "
+                         "memory, how the released code (and so the paper's CORE numbers) scores an LRT")
     ap.add_argument("--batch-size", type=int, default=8, help="rows per forward")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.core_schedule != "train":
+        parse_schedule(args.core_schedule)  # a bad spec fails before the model is loaded
 
     from scale.train import autocast_for, make_batches, setup_distributed, teardown_distributed
     ctx = setup_distributed(args.device)
     try:
-        run, cfg, model, step = _load_run_model(Path(args.run), args.checkpoint, ctx.device)
+        run, cfg, model, step = _load_run_model(Path(args.run_dir), args.checkpoint, ctx.device)
         train_args = cfg.get("train", {})
         autocast = autocast_for(ctx.device, train_args.get("dtype", "auto"))
         schedule = parse_schedule(args.schedule or cfg.get("schedule", "onepass"))
@@ -481,9 +491,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.core_bundle:
             if tokenizer is None:
                 raise ValueError("--core-bundle needs a tokenizer (--tokenizer-dir); synthetic runs have none")
-            core = evaluate_core(model_forward(model, schedule, autocast), tokenizer, args.core_bundle, ctx.device,
+            core_schedule = schedule if args.core_schedule == "train" else parse_schedule(args.core_schedule)
+            core = evaluate_core(model_forward(model, core_schedule, autocast), tokenizer, args.core_bundle, ctx.device,
                                  args.core_max_per_task, log=ctx.print0)
             rec["core"] = core["core"]
+            rec["core_schedule"] = core_schedule.spec
             rec.update({f"core_{k}": v for k, v in core["centered"].items()})
         if ctx.rank == 0:
             run.log(rec)

@@ -34,6 +34,21 @@ FLOPs from every stage of the schedule
     stage where the memory is zero and its projections are skipped: an upper bound off by at most
     the pathway's share of N_matmul (0.3% of a 20L model).
 
+Two definitions of N for "R x N" (``ratio_params``, named in the dry run and config.json)
+    ``total`` (default, the paper's text): the baseline's parameters, embeddings included, as
+    above: 13.16B tokens for 20L at R = 10, the same for LRT and baseline.
+    ``matrices`` (the released code, nanochat's "scaling parameters"): the trained model's own
+    matrix parameters, transformer matrices + LM head, no embeddings: 435M for the 20L baseline,
+    so about 3x fewer tokens at the same R, and an LRT counts its memory matrices too, so it gets
+    more tokens than the baseline at the same R.
+
+Data read per token trained (``data_plan``)
+    Best-fit packing crops documents that do not fit a row (``scale.loader``, remainder "drop"):
+    at T = 2048 about 35% of the tokens read are cropped away (nanochat's measurement), so a run
+    reads ``tokens / (1 - 0.35)`` tokens of text, ~52M per shard (250M characters at ~4.8
+    characters per token): 20L baseline at R = 20 needs ~780 train shards, not 510. With fewer
+    the loader starts another epoch (logged as ``data_epoch``).
+
 Baseline-equivalent compute
     ``compute_tokens = tokens * train_flops_per_token / baseline_train_flops_per_token``: the
     tokens a baseline (same backbone, OnePass) could have trained on with the same FLOPs. Divided
@@ -59,6 +74,11 @@ from lrt_lab.schedules import OnePass, parse_schedule
 
 H100_BF16_PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (no sparsity)
 REFERENCE_BATCH_TOKENS = 2 ** 19  # the paper's (and nanochat's) global batch
+RATIO_PARAMS = ("total", "matrices")
+# nanochat's figures: a shard holds ~250M characters at ~4.8 characters per token, and best-fit
+# packing at T = 2048 crops ~35% of the tokens it reads
+SHARD_TOKENS_ESTIMATE = 250e6 / 4.8
+BEST_FIT_CROP_FRACTION = 0.35
 
 
 def _schedule(schedule):
@@ -166,6 +186,8 @@ class Plan:
     compute_tokens: float                 # baseline-equivalent tokens
     compute_ratio: float                  # baseline-equivalent R = compute_tokens / params_baseline
     undercount: float                     # train_flops_per_token / official_flops_per_token
+    ratio_params: str = "total"           # which N "R x N" counts (RATIO_PARAMS)
+    params_ratio: int = 0                 # that N
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -173,9 +195,12 @@ class Plan:
 
 def plan(model_or_config, schedule=None, *, ratio: float | None = None, tokens: int | None = None,
          steps: int | None = None, global_batch_tokens: int = REFERENCE_BATCH_TOKENS,
-         seq_len: int | None = None) -> Plan:
+         seq_len: int | None = None, ratio_params: str = "total") -> Plan:
     """Steps, tokens and FLOPs of a run. Exactly one of `steps`, `tokens`, `ratio` sets the length
-    (steps = ceil(tokens / global batch), tokens = ratio * N_baseline)."""
+    (steps = ceil(tokens / global batch), tokens = ratio * N with N per `ratio_params`: "total" =
+    N_baseline, "matrices" = the model's matrix parameters; see the module docstring)."""
+    if ratio_params not in RATIO_PARAMS:
+        raise ValueError(f"ratio_params={ratio_params!r} is invalid; allowed: {', '.join(RATIO_PARAMS)}")
     model = _as_model(model_or_config)
     T = seq_len or model.config.sequence_len
     given = [k for k, v in (("steps", steps), ("tokens", tokens), ("ratio", ratio)) if v is not None]
@@ -184,6 +209,8 @@ def plan(model_or_config, schedule=None, *, ratio: float | None = None, tokens: 
     if not isinstance(global_batch_tokens, int) or global_batch_tokens < 1:
         raise ValueError(f"global_batch_tokens={global_batch_tokens!r} is invalid; allowed: an integer >= 1")
     counts = count_params(model)
+    n_ratio = counts["baseline"] if ratio_params == "total" else counts["matmul"]
+    n_ratio_baseline = counts["baseline"] if ratio_params == "total" else counts["matmul_baseline"]
     if steps is not None:
         if not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps={steps!r} is invalid; allowed: an integer >= 1")
@@ -194,7 +221,7 @@ def plan(model_or_config, schedule=None, *, ratio: float | None = None, tokens: 
     else:
         if not (isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio > 0):
             raise ValueError(f"ratio={ratio!r} is invalid; allowed: a number > 0")
-        steps = max(1, math.ceil(ratio * counts["baseline"] / global_batch_tokens))
+        steps = max(1, math.ceil(ratio * n_ratio / global_batch_tokens))
     n_tokens = steps * global_batch_tokens
     fwd = forward_flops_per_position(model, T)
     tf = token_forwards(schedule, T)
@@ -203,27 +230,42 @@ def plan(model_or_config, schedule=None, *, ratio: float | None = None, tokens: 
     base = 3.0 * forward_flops_per_position(model, T, baseline=True)
     compute_tokens = n_tokens * train / base
     return Plan(seq_len=T, global_batch_tokens=global_batch_tokens, steps=steps, tokens=n_tokens,
-                ratio=n_tokens / counts["baseline"], params_total=counts["total"],
+                ratio=n_tokens / n_ratio, params_total=counts["total"],
                 params_baseline=counts["baseline"], params_matmul=counts["matmul"],
                 params_matmul_baseline=counts["matmul_baseline"], token_forwards=tf,
                 forward_flops_per_position=fwd, train_flops_per_token=train, official_flops_per_token=official,
                 baseline_train_flops_per_token=base, flops_per_step=train * global_batch_tokens,
                 flops_total=train * n_tokens, compute_tokens=compute_tokens,
-                compute_ratio=compute_tokens / counts["baseline"], undercount=train / official)
+                compute_ratio=compute_tokens / n_ratio_baseline, undercount=train / official,
+                ratio_params=ratio_params, params_ratio=n_ratio)
+
+
+def data_plan(tokens: int, crop_fraction: float = BEST_FIT_CROP_FRACTION,
+              shard_tokens: float = SHARD_TOKENS_ESTIMATE) -> dict:
+    """Text a run reads for `tokens` trained tokens under best-fit packing, and the train shards
+    that holds (an estimate; the loader logs the real crop and epoch)."""
+    if not 0 <= crop_fraction < 1:
+        raise ValueError(f"crop_fraction={crop_fraction!r} is invalid; allowed: a number in [0, 1)")
+    read = tokens / (1 - crop_fraction)
+    return {"tokens_trained": tokens, "crop_fraction": crop_fraction, "tokens_read": read,
+            "shard_tokens": shard_tokens, "train_shards": math.ceil(read / shard_tokens)}
 
 
 def format_plan(p: Plan) -> str:
     """A few lines for the launcher's log."""
     return "\n".join([
-        f"params: {p.params_total:,} total, {p.params_baseline:,} baseline (N of R x N), "
+        f"params: {p.params_total:,} total, {p.params_baseline:,} baseline (without the memory pathway), "
         f"{p.params_matmul:,} in matmuls",
-        f"run: {p.steps:,} steps x {p.global_batch_tokens:,} tokens = {p.tokens:,} tokens (R = {p.ratio:.2f})",
+        f"run: {p.steps:,} steps x {p.global_batch_tokens:,} tokens = {p.tokens:,} tokens (R = {p.ratio:.2f} "
+        f"over N = {p.params_ratio:,}, ratio_params={p.ratio_params})",
         f"FLOPs/token: {p.train_flops_per_token:.4e} over {p.token_forwards:g} token-forwards "
         f"(one-pass count {p.official_flops_per_token:.4e}: x{p.undercount:.3f}); total {p.flops_total:.4e}",
         f"baseline-equivalent: {p.compute_tokens:,.0f} tokens (R_eq = {p.compute_ratio:.2f})",
+        "data: ~{tokens_read:,.0f} tokens read with {crop_fraction:.0%} cropped by best-fit packing "
+        "= ~{train_shards} train shards of ~{shard_tokens:,.0f} tokens".format(**data_plan(p.tokens)),
     ])
 
 
-__all__ = ["H100_BF16_PEAK_FLOPS", "REFERENCE_BATCH_TOKENS", "Plan", "attention_flops_per_position",
-           "count_params", "forward_flops_per_position", "format_plan", "mfu", "official_flops_per_token",
+__all__ = ["BEST_FIT_CROP_FRACTION", "H100_BF16_PEAK_FLOPS", "RATIO_PARAMS", "REFERENCE_BATCH_TOKENS",
+           "SHARD_TOKENS_ESTIMATE", "Plan", "attention_flops_per_position", "count_params", "data_plan", "forward_flops_per_position", "format_plan", "mfu", "official_flops_per_token",
            "plan", "token_forwards", "train_flops_per_token"]

@@ -128,6 +128,10 @@ class DistributedPackingLoader:
         if not self.row_groups:
             raise ValueError(f"world_size: split {split!r} has {len(all_rgs)} row groups, so rank {rank} "
                              f"of world_size={world_size} gets none")
+        if not any(rg.num_rows for rg in self.row_groups):
+            # every pass over them yields nothing, so an endless loader would wrap epochs forever
+            raise ValueError(f"split: {split!r} holds no documents for rank {rank} of world_size={world_size} "
+                             f"({len(self.row_groups)} row groups, all empty)")
 
         # cursor: next document to move into the buffer
         self._epoch, self._rg_pos, self._doc = 0, 0, 0

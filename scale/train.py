@@ -67,6 +67,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,15 +80,18 @@ import torch.distributed as dist
 from lrt_lab.config import PRESETS
 from lrt_lab.model import LRT
 from lrt_lab.results import Run
-from lrt_lab.schedules import OnePass, parse_schedule
 from lrt_lab.optim import build_optimizers
+from lrt_lab.schedules import parse_schedule
 from lrt_lab.train import lr_multiplier, model_config, optimizer_step, parse_value, save_checkpoint
 
 from . import evaluate as ev
 from . import flops as fl
 
 # Arguments that may differ between a run and its --resume (they do not change what is trained).
-RUNTIME_ARGS = ("resume", "stop_after", "threads", "dry_run", "log_every", "compile", "keep_checkpoints")
+# device_batch_size too: the global batch (and the data stream, split by rows) does not depend on it,
+# so a resume may lower it after an out-of-memory error.
+RUNTIME_ARGS = ("resume", "stop_after", "threads", "dry_run", "log_every", "compile", "keep_checkpoints",
+                "device_batch_size")
 SYNTHETIC_KINDS = ("copy", "random")
 
 
@@ -198,11 +202,19 @@ class SyntheticData:
         rows = self.rows(step, first, self.B).to(self.device)
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
 
+    def block(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows [0, B) of batch `index`, whatever the rank (validation: the caller spreads blocks)."""
+        rows = self.rows(index, 0, self.B).to(self.device)
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
     def state_dict(self):
         return None  # stateless: batches are a function of the step
 
     def load_state_dict(self, state):
         pass
+
+    def progress(self) -> dict:
+        return {}
 
 
 class LoaderData:
@@ -216,6 +228,12 @@ class LoaderData:
 
     def batch(self, step: int, micro: int):
         return next(self.loader)
+
+    def progress(self) -> dict:
+        """This rank's data epoch and the share of the tokens read that best-fit packing cropped."""
+        stats = self.loader.stats
+        return {"data_epoch": self.loader.epoch,
+                "data_crop_frac": stats["tokens_cropped"] / max(1, stats["tokens_read"])}
 
     def state_dict(self):
         return self.loader.state_dict()
@@ -240,7 +258,9 @@ def make_batches(data_dir, tokenizer_dir, vocab_size: int, batch_size: int, seq_
                             ctx.device, split="val")
 
         def synthetic_batches(n: int) -> Iterator:
-            return (val.batch(i, 0) for i in range(n))
+            # rank r's i-th batch is block i * world + r of B rows: any world size covers the same
+            # n * world blocks, so val_bpb does not depend on how many ranks evaluate
+            return (val.block(i * ctx.world_size + ctx.rank) for i in range(n))
         return synthetic_batches, torch.ones(vocab_size, dtype=torch.long), None
     if not data_dir or not tokenizer_dir:
         raise ValueError("data: give --data-dir and --tokenizer-dir, or --synthetic")
@@ -304,6 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--ratio", type=float, default=None, help="tokens per baseline parameter R: R x N_baseline tokens")
     r.add_argument("--tokens", type=int, default=None, help="training tokens")
     r.add_argument("--steps", type=int, default=None, help="optimizer steps")
+    r.add_argument("--ratio-params", default="total", choices=fl.RATIO_PARAMS,
+                   help="N of R x N: total = the baseline's parameters, embeddings included (the paper's text); "
+                        "matrices = the model's matrices + LM head (the released code)")
     b = ap.add_argument_group("batch")
     b.add_argument("--total-batch-size", type=int, default=fl.REFERENCE_BATCH_TOKENS, help="tokens per optimizer step (global)")
     b.add_argument("--device-batch-size", type=int, default=32, help="rows per device per micro step")
@@ -338,6 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--core-bundle", default=None, help="CORE eval bundle directory (evaluated at the end)")
     e.add_argument("--core-every", type=int, default=0, help="also evaluate CORE every N steps (0: only at the end)")
     e.add_argument("--core-max-per-task", type=int, default=500, help="items per CORE task (-1: all)")
+    e.add_argument("--core-schedule", default="train",
+                   help="forward CORE scores with: train (the training schedule) or a schedule spec; onepass = zero "
+                        "memory, how the released code (and so the paper's CORE numbers) scores an LRT")
     s = ap.add_argument_group("run store")
     s.add_argument("--out", default="runs", help="run store root")
     s.add_argument("--name", default=None, help="run folder name (default from preset, model, schedule, R, seed)")
@@ -358,6 +384,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.model == "transformer" and args.schedule != "onepass":
         raise ValueError(f"schedule={args.schedule!r} is invalid for --model transformer (it has no memory); allowed: onepass")
     parse_schedule(args.seq_prefill)
+    if args.core_schedule != "train":
+        args.core_schedule = parse_schedule(args.core_schedule).spec
     overrides = {}
     for item in args.overrides:
         key, sep, value = item.partition("=")
@@ -431,19 +459,41 @@ def eager(model):
             model.stage = compiled
 
 
-def _evaluate(model, args, ctx, schedule, val_batches, token_bytes, tokenizer, autocast, seq_len, core: bool) -> dict:
+def _guarded(name: str, fn: Callable[[], dict], rec: dict, ctx: DistContext) -> None:
+    """rec.update(fn()), or rec["error_<name>"] = the error: an evaluation that fails (a CORE item,
+    a kernel) must not end a run or lose its weights; `python -m scale.evaluate` can redo it.
+    (A failure on some ranks only would leave the others in a collective: not caught here.)"""
+    try:
+        rec.update(fn())
+    except Exception as e:  # noqa: BLE001 - recorded, printed, and the run goes on
+        rec[f"error_{name}"] = f"{type(e).__name__}: {e}"
+        ctx.print0(f"warning: evaluation {name} failed: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+
+
+def _evaluate(model, args, ctx, schedule, val_batches, token_bytes, tokenizer, autocast, seq_len, core: bool,
+              sequential: bool = False) -> dict:
+    """Validation BPB, CORE (core=True) and sequential BPB (sequential=True), each on its own: one
+    failing leaves an error_<section> entry and the others' results."""
     rec = {}
-    n = max(1, args.eval_tokens // (args.device_batch_size * seq_len * ctx.world_size))
-    res = ev.parallel_bpb(model, val_batches(n), token_bytes, schedule, autocast)
-    rec["val_bpb"] = res["bpb"]
-    rec.update({f"val_bpb_stage_{k}": v for k, v in enumerate(res["stages"])})
-    if core and args.core_bundle and tokenizer is not None:
+
+    def bpb():
+        n = max(1, args.eval_tokens // (args.device_batch_size * seq_len * ctx.world_size))
+        res = ev.parallel_bpb(model, val_batches(n), token_bytes, schedule, autocast)
+        return {"val_bpb": res["bpb"], **{f"val_bpb_stage_{k}": v for k, v in enumerate(res["stages"])}}
+
+    def core_eval():
+        core_schedule = schedule if args.core_schedule == "train" else parse_schedule(args.core_schedule)
         with eager(model):
-            out = ev.evaluate_core(ev.model_forward(model, schedule, autocast), tokenizer, args.core_bundle,
+            out = ev.evaluate_core(ev.model_forward(model, core_schedule, autocast), tokenizer, args.core_bundle,
                                    ctx.device, args.core_max_per_task, log=ctx.print0)
-        rec["core"] = out["core"]
-        rec.update({f"core_{k}": v for k, v in out["centered"].items()})
-        rec["_core_table"] = out
+        return {"core": out["core"], **{f"core_{k}": v for k, v in out["centered"].items()}, "_core_table": out}
+
+    _guarded("val_bpb", bpb, rec, ctx)
+    if core and args.core_bundle and tokenizer is not None:
+        _guarded("core", core_eval, rec, ctx)
+    if sequential and args.seq_eval_rows:
+        _guarded("seq_bpb", lambda: _sequential_eval(model, args, ctx, val_batches, token_bytes, autocast, schedule),
+                 rec, ctx)
     return rec
 
 
@@ -456,6 +506,50 @@ def _sequential_eval(model, args, ctx, val_batches, token_bytes, autocast, sched
         par = ev.parallel_bpb(model, val_batches(n), token_bytes, schedule, autocast, min_position=args.seq_prompt - 1)
         rec["cont_bpb_parallel"] = par["bpb"]
     return rec
+
+
+def unused_parameters(model, schedule, seq_len: int, vocab_size: int, device, autocast=None) -> list[str]:
+    """Names of the parameters a training step leaves without a gradient, from one forward and
+    backward of one random row at full length on the unwrapped model (DDP must be told
+    find_unused_parameters exactly then: an LRT under onepass or fullseq:0 never reads memory,
+    chunked:C with C >= T neither). The global RNG and the gradients are left as they were."""
+    g = torch.Generator().manual_seed(0)
+    row = torch.randint(vocab_size, (1, seq_len + 1), generator=g).to(device)
+    with autocast or contextlib.nullcontext():
+        out = model(row[:, :-1], row[:, 1:], schedule)
+    out.loss.backward()
+    del out
+    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    model.zero_grad(set_to_none=True)
+    return unused
+
+
+def attention_dispatch(config, schedule, device, dtype) -> dict:
+    """{stage kind: kernels} that lrt_lab.attention.pick_backend chooses for the schedule's stages
+    at T (keys cut at the stage's last position, as LRT.stage does) and for a decoding step, over
+    the layers' windows. What runs is measured by the GPU check; this says what was asked for."""
+    from lrt_lab.attention import pick_backend
+    T = config.sequence_len
+    q = torch.empty(0, device=device, dtype=dtype)
+    windows = config.window_sizes()
+
+    def kind(P: range) -> str:
+        if P.step != 1:
+            return "strided"
+        return "full" if (P.start, P.stop) == (0, T) else "chunk"
+
+    out: dict[str, set] = {}
+    for P in schedule.stages(T):
+        out.setdefault(kind(P), set()).update(pick_backend(q, P, P.stop, w) for w in windows)
+    out["decode"] = {pick_backend(q, range(T - 1, T), T, w) for w in windows}
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def compile_stats() -> dict:
+    """torch.compile's graph breaks and compiled graphs so far in this process (dynamo counters)."""
+    from torch._dynamo.utils import counters
+    return {"graph_breaks": sum(counters["graph_break"].values()),
+            "unique_graphs": counters["stats"]["unique_graphs"]}
 
 
 def train(args: argparse.Namespace) -> Path | None:
@@ -487,12 +581,24 @@ def _train(args, ctx: DistContext) -> Path | None:
         raise ValueError(f"--seq-prompt={args.seq_prompt} is invalid; allowed: 0 <= seq_prompt < seq_len={seq_len}")
     accum = _grad_accum(args, seq_len, ctx.world_size)
     plan = fl.plan(config, schedule, ratio=args.ratio, tokens=args.tokens, steps=args.steps,
-                   global_batch_tokens=args.total_batch_size, seq_len=seq_len)
+                   global_batch_tokens=args.total_batch_size, seq_len=seq_len, ratio_params=args.ratio_params)
     args.total_steps = plan.steps
     ctx.print0(f"world {ctx.world_size} ({ctx.backend or 'single process'}) on {ctx.device}; micro batch "
                f"{args.device_batch_size} x {seq_len} per rank, {accum} accumulation steps -> "
                f"{args.total_batch_size:,} tokens per step")
     ctx.print0(fl.format_plan(plan))
+    backends = attention_dispatch(config, schedule, ctx.device,
+                                  torch.bfloat16 if autocast_for(ctx.device, args.dtype) else torch.float32)
+    ctx.print0("attention kernels chosen: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in backends.items()))
+    if args.core_bundle:
+        ev.load_bundle(args.core_bundle)  # a broken bundle fails now, not after the last step
+    data_plan = fl.data_plan(plan.tokens)
+    if args.data_dir and not args.synthetic:
+        from .data import resolve_shards
+        have = len(resolve_shards(args.data_dir, "train"))
+        if have < data_plan["train_shards"]:
+            ctx.print0(f"warning: data: {have} train shards in {args.data_dir}, ~{data_plan['train_shards']} needed "
+                       f"with best-fit cropping: the run will start another epoch (logged as data_epoch)")
     if args.dry_run:
         return None
 
@@ -504,7 +610,8 @@ def _train(args, ctx: DistContext) -> Path | None:
     run_config = {"train": train_args, "model": config.to_dict(), "params": meta_model.param_report(),
                   "kind": args.model, "schedule": schedule.spec, "schedule_cost": schedule.cost,
                   "forwards_per_token": 1, "task": train_args["task"], "world_size": ctx.world_size,
-                  "grad_accum": accum, "accounting": plan.to_dict(), "torch": torch.__version__}
+                  "grad_accum": accum, "accounting": plan.to_dict(), "data_plan": data_plan,
+                  "attention_dispatch": backends, "torch": torch.__version__}
     del meta_model
 
     def open_run():
@@ -545,6 +652,7 @@ def _train(args, ctx: DistContext) -> Path | None:
             opt.load_state_dict(s)
         start, elapsed = state["step"], state["elapsed"]
         counters = dict(state["counters"])
+        del state  # the loaded tensors (a full model + optimizer state) would stay on the GPU for the whole run
         data_states = counters.pop("data", None)
         saved_world = counters.pop("world_size", ctx.world_size)
         if data_states is not None and any(s is not None for s in data_states):
@@ -560,15 +668,17 @@ def _train(args, ctx: DistContext) -> Path | None:
                                                seq_len, ctx, args.seed, args.synthetic)
     autocast = autocast_for(ctx.device, args.dtype)
     raw_model = model
-    if args.compile:
-        model.stage = torch.compile(model.stage, dynamic=False)
     ddp = None
     if ctx.distributed:
         from torch.nn.parallel import DistributedDataParallel as DDP
-        # OnePass on an LRT never reads memory, so the memory pathway gets no gradient
-        unused = config.is_lrt and isinstance(schedule, OnePass)
+        unused = unused_parameters(model, schedule, seq_len, vocab, ctx.device, autocast)
+        if unused:
+            ctx.print0(f"DDP: {len(unused)} parameters get no gradient under {schedule.spec} "
+                       f"(find_unused_parameters on): {', '.join(unused[:6])}{' ...' if len(unused) > 6 else ''}")
         ddp = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-                  find_unused_parameters=unused)
+                  find_unused_parameters=bool(unused))
+    if args.compile:
+        raw_model.stage = torch.compile(raw_model.stage, dynamic=False)
     net = ddp or model
 
     def checkpoint(step):
@@ -581,9 +691,26 @@ def _train(args, ctx: DistContext) -> Path | None:
                             {**counters, "data": states, "world_size": ctx.world_size}, keep=args.keep_checkpoints)
         _barrier(ctx)
 
+    def evaluate_and_log(step: int, core: bool, sequential: bool) -> dict:
+        rec = _evaluate(raw_model, args, ctx, schedule, val_batches, token_bytes, tokenizer, autocast, seq_len,
+                        core=core, sequential=sequential)
+        core_table = rec.pop("_core_table", None)
+        if ctx.rank == 0:
+            run.log({"kind": "eval", "step": step, "tokens": counters["tokens"],
+                     "compute_tokens": counters["compute_tokens"], "flops": counters["flops"],
+                     "time": time.perf_counter() - t0, **rec})
+            ctx.print0("eval step {}: {}".format(step, ", ".join(
+                f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in rec.items())))
+            if core_table is not None:
+                run.write_table("core", pd.DataFrame([
+                    {"task": k, "accuracy": core_table["accuracy"][k], "centered": core_table["centered"][k]}
+                    for k in core_table["accuracy"]]))
+        return rec
+
     flops_per_step = plan.flops_per_step
     compute_per_step = args.total_batch_size * plan.train_flops_per_token / plan.baseline_train_flops_per_token
     step_times, last_eval = [], {}
+    data_epoch = data.progress().get("data_epoch", 0)
     step = start
     stop = plan.steps if args.stop_after is None else min(plan.steps, start + args.stop_after)
     cuda = ctx.device.type == "cuda"
@@ -604,6 +731,9 @@ def _train(args, ctx: DistContext) -> Path | None:
                 (out.loss / accum).backward()
             losses = torch.stack([out.loss.detach().float()] + [l.detach().float() for l in out.stage_losses])
             loss_sum = losses if loss_sum is None else loss_sum + losses
+            # this micro step's logits (every stage's and the merged ones) and K/V buffers would
+            # otherwise stay alive through the next forward: several GiB at 20L
+            del out, x, y
         optimizer_step(opts, raw_model.parameters(), args.grad_clip)
         loss_vec = loss_sum / accum
         if ctx.distributed:
@@ -622,7 +752,15 @@ def _train(args, ctx: DistContext) -> Path | None:
                   "tokens": counters["tokens"], "compute_tokens": counters["compute_tokens"],
                   "flops": counters["flops"], "tokens_per_s": args.total_batch_size / dt,
                   "mfu": fl.mfu(flops_per_step / dt, args.peak_flops, ctx.world_size), "step_time_s": dt,
-                  "time": time.perf_counter() - t0, "lr_mult": mult}
+                  "time": time.perf_counter() - t0, "lr_mult": mult, **data.progress()}
+        if cuda:
+            record["peak_mem_gib"] = torch.cuda.max_memory_allocated(ctx.device) / 2 ** 30
+        if record.get("data_epoch", 0) > data_epoch:
+            data_epoch = record["data_epoch"]
+            ctx.print0(f"warning: data: rank 0 started epoch {data_epoch} at step {step}: the train shards are "
+                       f"used up and tokens repeat")
+        if step == start + 1 and args.compile:
+            ctx.print0(f"compile: {compile_stats()} after the first step ({dt:.1f} s)")
         if not math.isfinite(record["loss"]):
             if ctx.rank == 0:
                 run.log(record)
@@ -633,35 +771,18 @@ def _train(args, ctx: DistContext) -> Path | None:
                 ctx.print0(f"step {step:6d}/{plan.steps} | loss {record['loss']:.4f} | lr x{mult:.3f} | "
                            f"{dt * 1000:8.1f} ms | {record['tokens_per_s']:,.0f} tok/s | mfu {record['mfu'] * 100:.2f}%")
         final = step == plan.steps
+        # the checkpoint first: an evaluation that fails or runs out of memory loses no training
+        if (args.checkpoint_every and step % args.checkpoint_every == 0) or step == stop:
+            checkpoint(step)
         do_eval = final or (args.eval_every and step % args.eval_every == 0)
         do_core = final or (args.core_every and step % args.core_every == 0)
         if do_eval or do_core:
-            rec = _evaluate(raw_model, args, ctx, schedule, val_batches, token_bytes, tokenizer, autocast, seq_len,
-                            core=do_core)
-            if final and args.seq_eval_rows:
-                rec.update(_sequential_eval(raw_model, args, ctx, val_batches, token_bytes, autocast, schedule))
-            core_table = rec.pop("_core_table", None)
-            last_eval = rec
-            if ctx.rank == 0:
-                run.log({"kind": "eval", "step": step, "tokens": counters["tokens"],
-                         "compute_tokens": counters["compute_tokens"], "flops": counters["flops"],
-                         "time": time.perf_counter() - t0, **rec})
-                ctx.print0("eval step {}: {}".format(step, ", ".join(f"{k} {v:.4f}" for k, v in rec.items())))
-                if core_table is not None:
-                    run.write_table("core", pd.DataFrame([
-                        {"task": k, "accuracy": core_table["accuracy"][k], "centered": core_table["centered"][k]}
-                        for k in core_table["accuracy"]]))
-        if (args.checkpoint_every and step % args.checkpoint_every == 0) or step == stop:
-            checkpoint(step)
+            last_eval = evaluate_and_log(step, core=do_core, sequential=final)
     if step < plan.steps:
         ctx.print0(f"stopped at step {step} of {plan.steps}; continue with --resume")
         return run.path
     if start == plan.steps:  # resumed after the last step (killed before the summary): evaluate now
-        last_eval = _evaluate(raw_model, args, ctx, schedule, val_batches, token_bytes, tokenizer, autocast,
-                              seq_len, core=True)
-        last_eval.pop("_core_table", None)
-        if args.seq_eval_rows:
-            last_eval.update(_sequential_eval(raw_model, args, ctx, val_batches, token_bytes, autocast, schedule))
+        last_eval = evaluate_and_log(step, core=True, sequential=True)
     if ctx.rank == 0:
         records = [r for r in run.metrics_records() if r.get("kind") == "train"]
         tail = [r["loss"] for r in records[-max(1, len(records) // 20):]]
@@ -677,8 +798,14 @@ def _train(args, ctx: DistContext) -> Path | None:
             "tokens_per_s": args.total_batch_size / mean_dt,
             "mfu": fl.mfu(flops_per_step / mean_dt, args.peak_flops, ctx.world_size),
             "world_size": ctx.world_size, "device": str(torch.cuda.get_device_name(ctx.device)) if cuda else "cpu",
-            "eval": last_eval})
+            "peak_mem_gib": torch.cuda.max_memory_allocated(ctx.device) / 2 ** 30 if cuda else None,
+            "compile": {"enabled": bool(args.compile), **compile_stats()}, "attention_dispatch": backends,
+            "data": data.progress(), "eval": last_eval,
+            "eval_errors": {k[len("error_"):]: v for k, v in last_eval.items() if k.startswith("error_")}})
         ctx.print0(f"done: {run.path} (summary.json; final val_bpb {last_eval.get('val_bpb', float('nan')):.4f})")
+        if any(k.startswith("error_") for k in last_eval):
+            ctx.print0(f"warning: part of the final evaluation failed (summary.json eval_errors); the weights are "
+                       f"in {run.checkpoint_dir()}: redo it with python -m scale.evaluate --run-dir {run.path} ...")
     _barrier(ctx)
     return run.path
 

@@ -3,6 +3,7 @@ synthetic bundle whose answers are known (a character tokenizer and a "copy the 
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -241,3 +242,43 @@ def test_core_with_a_real_lrt(tmp_path):
     assert a == b and -3 <= a["core"] <= 1
     c = ev.evaluate_core(ev.model_forward(model, "exact"), CharTokenizer(), d, max_per_task=2)
     assert set(c["accuracy"]) == {"mc", "schema", "lm"}
+
+
+# Mixed precision ------------------------------------------------------------------------------------
+def flash_dtype_rules(attend):
+    """A stand-in for flash-attn's input checks: q, k, v in one 16-bit dtype."""
+    def checked(q, k, v, *args, **kwargs):
+        if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16):
+            raise RuntimeError(f"FlashAttention only supports fp16 and bf16 data type, got q {q.dtype} "
+                               f"k {k.dtype} v {v.dtype}")
+        return attend(q, k, v, *args, **kwargs)
+    return checked
+
+
+@pytest.mark.parametrize("prefill", ["onepass", "interleaved:2", "exact"])
+def test_sequential_bpb_under_bf16_autocast_keeps_one_dtype(monkeypatch, prefill):
+    """Under bf16 autocast with fp32 weights the decoder's KV cache must be bf16: an fp32 cache
+    (the parameters' dtype) hands fp32 keys to bf16 queries, which flash-attn rejects."""
+    import lrt_lab.model
+    torch.manual_seed(0)
+    model = LRT(preset("tiny", memory=MemoryConfig()))
+    idx = torch.randint(0, 64, (2, 17))
+    batches = [(idx[:, :-1], idx[:, 1:])]
+    ref = ev.sequential_bpb(copy.deepcopy(model).double(), batches, torch.ones(64, dtype=torch.long),
+                            prompt_len=8, prefill=prefill)
+    monkeypatch.setattr(lrt_lab.model, "attend", flash_dtype_rules(lrt_lab.model.attend))
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+    res = ev.sequential_bpb(model, batches, torch.ones(64, dtype=torch.long), prompt_len=8, prefill=prefill,
+                            autocast=autocast)
+    assert res["bpb"] == pytest.approx(ref["bpb"], rel=0.05)  # bf16 against an fp64 decode
+
+
+def test_decoder_refuses_to_mix_dtypes_after_filling():
+    from lrt_lab.decode import Decoder
+    model = LRT(preset("tiny", memory=MemoryConfig()))
+    dec = Decoder(model, 1, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        dec.step(torch.tensor([3]))
+    assert dec.cache.k[0].dtype == torch.bfloat16  # made outside autocast, settled at the first step
+    with pytest.raises(ValueError, match="computes in torch.float32"):
+        dec.step(torch.tensor([4]))

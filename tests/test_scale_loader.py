@@ -317,3 +317,14 @@ def test_mismatched_state_is_rejected(corpus, tmp_path):
         make(corpus, rank=0, world_size=2, state={**state, "version": 0})
     with pytest.raises(ValueError, match="different data"):
         make(corpus, rank=0, world_size=2, state={**state, "shard": 7})
+
+
+def test_an_empty_split_raises_instead_of_spinning(tmp_path):
+    """An endless loader over row groups that hold no documents would wrap epochs forever."""
+    data.write_shard([], tmp_path / data.shard_name(0))   # train: no documents
+    data.write_shard(["val"], tmp_path / data.shard_name(1))
+    with pytest.raises(ValueError, match="split: 'train' holds no documents"):
+        DistributedPackingLoader(tmp_path, IdTokenizer(["val"]), batch_size=1, seq_len=8, rank=0, world_size=1)
+    loader = DistributedPackingLoader(tmp_path, IdTokenizer(["val"]), batch_size=1, seq_len=2, rank=0,
+                                      world_size=1, split="val")
+    assert next(loader)[0].tolist() == [[BOS, *IdTokenizer(["val"]).ids("val")][:2]]

@@ -11,6 +11,7 @@ import math
 import os
 import re
 import subprocess
+import weakref
 import sys
 from pathlib import Path
 
@@ -301,9 +302,129 @@ def test_shards_tokenizer_resume_and_evaluate(tmp_path, corpus, capsys):
 
     from scale import evaluate
     capsys.readouterr()
-    assert evaluate.main(["--run", str(run.path), "--bpb-tokens", "128", "--batch-size", "2", "--seq-rows", "2",
+    assert evaluate.main(["--run-dir", str(run.path), "--bpb-tokens", "128", "--batch-size", "2", "--seq-rows", "2",
                           "--seq-prompt", "16", "--seq-prefill", "onepass,exact", "--core-bundle", str(bundle)]) == 0
     rec = [r for r in run.metrics_records() if r.get("source") == "scale.evaluate"][-1]
     assert rec["val_bpb"] == pytest.approx(ev["val_bpb"], rel=1e-6)  # same model, same validation tokens
     assert rec["core"] == pytest.approx(ev["core"])
     assert {"seq_bpb_onepass", "seq_bpb_exact", "cont_bpb_parallel"} <= set(rec)
+
+
+# Issue 21: what would break or mislead the first GPU run ---------------------------------------------
+def test_ratio_params_and_data_plan():
+    """Both definitions of N at 20L (the paper's text: 1.316B with embeddings; the released code:
+    matrices + LM head, 435M), and the shards best-fit cropping needs (issue: ~770 at R=20, not 520)."""
+    base = fl.plan(preset("d20"), ratio=20, ratio_params="matrices")
+    lrt = fl.plan(preset("d20", memory=MemoryConfig()), "interleaved:2", ratio=20, ratio_params="matrices")
+    assert base.params_ratio == 435_165_440 and base.ratio_params == "matrices"
+    assert lrt.params_ratio > base.params_ratio and lrt.tokens > base.tokens  # the LRT counts its memory matrices
+    total = fl.plan(preset("d20"), ratio=10)
+    assert total.params_ratio == 1_315_969_320 and total.tokens == pytest.approx(13.16e9, rel=1e-3)
+    shards = fl.data_plan(fl.plan(preset("d20"), ratio=20).tokens)["train_shards"]
+    assert 760 <= shards <= 800
+    assert "ratio_params=matrices" in fl.format_plan(base) and "train shards" in fl.format_plan(base)
+    with pytest.raises(ValueError, match="ratio_params"):
+        fl.plan(preset("d20"), ratio=1, ratio_params="embeddings")
+
+
+@pytest.mark.parametrize("spec,memory_unused", [("interleaved:2", False), ("onepass", True), ("fullseq:0", True),
+                                                ("chunked:16", True), ("chunked:4", False)])
+def test_unused_parameters_from_one_backward(spec, memory_unused):
+    """DDP needs find_unused_parameters exactly when a step leaves parameters without a gradient:
+    not only OnePass, also fullseq:0 and chunked:C with C >= T (one chunk: memory never read)."""
+    torch.manual_seed(0)
+    model = LRT(preset("tiny", memory=MemoryConfig()))
+    state = torch.random.get_rng_state()
+    unused = st.unused_parameters(model, parse_schedule(spec), 16, 64, "cpu")
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert all(p.grad is None for p in model.parameters())
+    assert bool(unused) == memory_unused
+    assert all(n.startswith("memory.") for n in unused)  # (the gates still get a gradient: they see h)
+
+
+@pytest.mark.slow
+def test_ddp_lrt_whose_memory_gets_no_gradient(tmp_path):
+    """torchrun, 2 gloo ranks, an LRT under fullseq:0: DDP without find_unused_parameters fails at
+    step 2 ("Expected to have finished reduction in the prior iteration")."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "scale.train",
+           *synthetic_args(tmp_path, "fullseq0", "--schedule", "fullseq:0", "--total-batch-size", "64")]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "find_unused_parameters on" in proc.stdout
+    assert [r["step"] for r in Run(tmp_path / "fullseq0").metrics_records() if r["kind"] == "train"] == [1, 2, 3]
+
+
+def test_previous_micro_step_and_loaded_checkpoint_are_freed(tmp_path, monkeypatch):
+    """Each forward starts with the previous micro step's outputs gone, and a resumed run does not
+    keep the loaded checkpoint's tensors."""
+    args = synthetic_args(tmp_path, "mem")
+    st.train(st.parse_args(args + ["--stop-after", "1"]))
+    previous, loaded = [], []
+    real_forward, real_load = LRT.forward, torch.load
+
+    def forward(self, *a, **kw):
+        assert all(r() is None for r in previous), "the previous micro step's logits are still alive"
+        assert loaded and all(r() is None for r in loaded), "the loaded checkpoint is still alive"
+        out = real_forward(self, *a, **kw)
+        previous[:] = [weakref.ref(out.logits)] + [weakref.ref(t) for t in out.stage_logits]
+        return out
+
+    def load(*a, **kw):
+        state = real_load(*a, **kw)
+        loaded.extend(weakref.ref(t) for t in state["model"].values())
+        return state
+    monkeypatch.setattr(LRT, "forward", forward)
+    monkeypatch.setattr(torch, "load", load)
+    st.train(st.parse_args(args + ["--resume"]))  # 2 steps of 2 micro steps each
+    assert Run(tmp_path / "mem").summary["steps"] == 3
+
+
+def test_resume_with_another_device_batch_size(tmp_path):
+    """The global batch and the data stream do not depend on --device-batch-size, so a resume may
+    lower it (after an out-of-memory error) and continue the same run."""
+    full = synthetic_args(tmp_path, "full")
+    st.train(st.parse_args(full))
+    part = synthetic_args(tmp_path, "part")
+    st.train(st.parse_args(part + ["--stop-after", "1"]))
+    st.train(st.parse_args(part + ["--resume", "--device-batch-size", "1"]))
+    a, b = final_state(tmp_path / "full"), final_state(tmp_path / "part")
+    for k, v in a["model"].items():
+        torch.testing.assert_close(b["model"][k], v, rtol=0, atol=1e-5)
+    assert train_losses(tmp_path / "part") == pytest.approx(train_losses(tmp_path / "full"), abs=1e-5)
+
+
+def test_synthetic_validation_does_not_depend_on_world_size():
+    """The same validation rows for 1 rank or 2 (each rank's share of eval_tokens)."""
+    def rows(world):
+        out = []
+        for rank in range(world):
+            ctx = st.DistContext(rank, world, rank, torch.device("cpu"), world > 1, None)
+            batches, _, _ = st.make_batches(None, None, 64, 2, 16, ctx, seed=3, synthetic="copy")
+            out += [r for x, y in batches(4 // world) for r in torch.cat([x, y[:, -1:]], 1).tolist()]
+        return sorted(out)
+    assert rows(1) == rows(2) and len(rows(1)) == 8
+
+
+def test_failing_core_keeps_the_weights_and_writes_the_summary(tmp_path, corpus):
+    """A CORE item that fails to score (here: a multiple-choice item without choices) used to raise
+    before the final checkpoint: no weights, no summary, and --resume failed the same way."""
+    root, _ = corpus
+    bundle = write_core_bundle(tmp_path)
+    (bundle / "mc.jsonl").write_text(json.dumps({"query": "broken", "gold": 0}) + "\n" * 1 +
+                                     "".join(json.dumps({"query": f"q{i}", "choices": ["a", "b"], "gold": 0}) + "\n"
+                                             for i in range(3)))
+    runs = tmp_path / "runs"
+    args = tiny_args(runs, "--data-dir", str(root / "data"), "--tokenizer-dir", str(root / "tok"), "--seq-len", "32",
+                     "--steps", "2", "--total-batch-size", "64", "--device-batch-size", "2", "--eval-tokens", "64",
+                     "--core-bundle", str(bundle), "--name", "core")
+    st.train(st.parse_args(args))
+    run = Run(runs / "core")
+    assert final_state(run.path)["step"] == 2
+    summary = run.summary
+    assert "core" in summary["eval_errors"] and math.isfinite(summary["eval"]["val_bpb"])
+    assert "core" not in summary["eval"]
+    (bundle / "mc.jsonl").unlink()  # a bundle that cannot work fails before the first step
+    with pytest.raises(ValueError, match="does not exist"):
+        st.train(st.parse_args(args[:-1] + ["never"]))
+    assert not (runs / "never").exists()

@@ -8,9 +8,14 @@
 #   bash scale/launch/d20_8gpu.sh --resume          # continue both from their newest checkpoints
 #
 # Needs the shards and a tokenizer trained on them (scale.tokenizer). The baseline at R=20 on 1.3B
-# parameters reads 26.3B tokens, about 510 shards at ~52M tokens each (nanochat's estimate: 250M
-# characters per shard, 4.8 characters per token), so: python -m scale.data download --shards 520
-# --dir $DATA_DIR. With fewer shards the loader cycles and the runs repeat data.
+# parameters trains on 26.3B tokens; best-fit packing crops ~35% of what it reads at T=2048, so it
+# reads ~40.5B tokens, about 780 shards at ~52M tokens each (nanochat's estimate: 250M characters per
+# shard, 4.8 characters per token): python -m scale.data download --shards 780 --dir $DATA_DIR (the
+# dry run prints this figure). With fewer shards the loader starts another epoch (logged as data_epoch).
+# Device batch sizes: from the GPU check's report (bash scale/launch/gpu_check.sh on one of the GPUs
+# first), else 8 (LRT) and 16 (baseline), an estimate from measured activations (2.85 GiB per row of
+# 2048 for the baseline, 6.90 GiB for the LRT, eager bf16) next to ~25 GB of weights, gradients and
+# optimizer state per GPU; DEVICE_BATCH_LRT / DEVICE_BATCH_BASE override both.
 # Each run prints the accounting first (steps = ceil(R x 1,315,969,320 / 2^19): 25,101 steps for LRT at
 # R=10 and 50,201 for the baseline at R=20; FLOPs per token with every stage counted), then one line
 # every 10 steps (loss, lr multiplier, step ms, tokens/s over the node, MFU against 8 x 989 TFLOP/s),
@@ -34,13 +39,29 @@ COMMON=(--preset d20 --total-batch-size 524288 --compile --out "$OUT" --data-dir
 [[ -n "${CORE_BUNDLE:-}" ]] && COMMON+=(--core-bundle "$CORE_BUNDLE" --core-max-per-task -1)
 EXTRA=("$@")
 
-# Interleaved(2) keeps the activations of two token-forwards: 16 rows of 2048 per GPU (4 accumulation
-# steps on 8 GPUs) instead of the baseline's 32 (2 steps). Lower DEVICE_BATCH_* if a GPU runs out of memory.
+# 2^19 tokens per step = 32 rows of 2048 per GPU on 8 GPUs: a device batch of B rows takes 32 / B
+# accumulation steps (B must divide 32). After an out-of-memory error, resume with a smaller one:
+# DEVICE_BATCH_LRT=4 bash scale/launch/d20_8gpu.sh --resume (the global batch does not change).
+GPU_CHECK_JSON=${GPU_CHECK_JSON:-docs/gpu_check/gpu_check.json}
+checked_batch() {  # the largest device batch the GPU check found for $1 (lrt | transformer), or $2
+  python - "$GPU_CHECK_JSON" "$1" "$2" <<'PY'
+import json, sys
+path, kind, default = sys.argv[1:]
+try:
+    b = (json.load(open(path)).get("recommended_device_batch") or {}).get(kind)
+except FileNotFoundError:
+    b = None
+print(b if b and not json.load(open(path))["dry"] else default)
+PY
+}
+DEVICE_BATCH_LRT=${DEVICE_BATCH_LRT:-$(checked_batch lrt 8)}
+DEVICE_BATCH_BASE=${DEVICE_BATCH_BASE:-$(checked_batch transformer 16)}
+echo "device batch: LRT $DEVICE_BATCH_LRT, baseline $DEVICE_BATCH_BASE (from ${GPU_CHECK_JSON} if it exists)"
 if [[ "$WHICH" == lrt || "$WHICH" == both ]]; then
   torchrun --standalone --nproc_per_node="$NPROC" -m scale.train "${COMMON[@]}" \
-      --model lrt --schedule interleaved:2 --ratio "$RATIO" --device-batch-size "${DEVICE_BATCH_LRT:-16}" "${EXTRA[@]}"
+      --model lrt --schedule interleaved:2 --ratio "$RATIO" --device-batch-size "$DEVICE_BATCH_LRT" "${EXTRA[@]}"
 fi
 if [[ "$WHICH" == baseline || "$WHICH" == both ]]; then
   torchrun --standalone --nproc_per_node="$NPROC" -m scale.train "${COMMON[@]}" \
-      --model transformer --ratio "$BASE_RATIO" --device-batch-size "${DEVICE_BATCH_BASE:-32}" "${EXTRA[@]}"
+      --model transformer --ratio "$BASE_RATIO" --device-batch-size "$DEVICE_BATCH_BASE" "${EXTRA[@]}"
 fi

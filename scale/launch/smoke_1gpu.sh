@@ -12,7 +12,7 @@
 # Runs land in $OUT (default runs/smoke): runs/smoke/d12-lrt-interleaved_2-steps$STEPS-s0 and
 # runs/smoke/d12-transformer-steps$STEPS-s0 (config.json, metrics.jsonl, summary.json, checkpoints/),
 # readable by the dashboard (lrt-lab app, or lrt_lab.results.load_runs) and by
-# `python -m scale.evaluate --run <folder> ...`.
+# `python -m scale.evaluate --run-dir <folder> ...`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
