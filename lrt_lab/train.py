@@ -39,7 +39,8 @@ import pandas as pd
 import torch
 
 from .baselines import BASELINE_KINDS, build_baseline, is_baseline_kind
-from .config import PRESETS, MemoryConfig, ModelConfig, preset
+from .config import MEMORY_PRESETS, PRESETS, MemoryConfig, ModelConfig, preset
+from .config import memory_preset as make_memory
 from .decode import Decoder
 from .metrics import per_position_accuracy, pos_at
 from .model import LRT
@@ -60,6 +61,7 @@ class TrainConfig:
     preset: str = "small"
     model: str = "lrt"                     # transformer | lrt (baselines: loop:N, ponder:N)
     overrides: dict = field(default_factory=dict)      # ModelConfig fields, "memory.<field>" too
+    memory_preset: str = "paper"           # LRT memory: "paper" (its text) or "released" (its code)
     schedule: str = "interleaved:2"
     steps: int = 1000
     batch_size: int = 64
@@ -102,6 +104,8 @@ class TrainConfig:
         self.eval_lengths = tuple(self.eval_lengths)
         if not self.eval_lengths or any(not isinstance(n, int) or n < 1 for n in self.eval_lengths):
             raise ValueError(f"eval_lengths={self.eval_lengths!r} is invalid; allowed: positive integers")
+        if self.memory_preset not in MEMORY_PRESETS:
+            raise ValueError(f"memory_preset={self.memory_preset!r} is invalid; allowed: {', '.join(MEMORY_PRESETS)}")
         if self.preset not in PRESETS:
             raise ValueError(f"preset={self.preset!r} is invalid; allowed: {', '.join(PRESETS)}")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -117,6 +121,8 @@ class TrainConfig:
         if self.name:
             return self.name
         sched = "" if self.model != "lrt" else f"-{self.schedule}"
+        if self.model == "lrt" and self.memory_preset != "paper":  # the default keeps older names
+            sched += f"-{self.memory_preset}"
         return f"{self.task}-L{self.length}-{self.preset}-{self.model}{sched}-s{self.seed}".replace(":", "_")
 
     def to_dict(self) -> dict:
@@ -150,7 +156,8 @@ def parse_value(text: str):
 
 
 def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
-    """The ModelConfig for a run: preset + memory (for LRT) + dotted overrides."""
+    """The ModelConfig for a run: preset + memory (the run's memory_preset, for LRT) + dotted
+    overrides (memory.<field> on top of the memory preset)."""
     if cfg.model not in MODEL_KINDS and not is_baseline_kind(cfg.model):
         raise ValueError(f"model={cfg.model!r} is invalid; allowed: {', '.join(MODEL_KINDS)}, "
                          f"{', '.join(BASELINE_KINDS)}")
@@ -169,7 +176,8 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
             raise ValueError(f"--set {key}: unknown field; allowed: {', '.join(sorted(model_fields))}, memory.<field>")
     if cfg.model != "lrt" and mem:
         raise ValueError(f"--set {next(iter(mem))}: model={cfg.model!r} has no memory; use --model lrt")
-    memory = MemoryConfig(**mem) if cfg.model == "lrt" else None
+    n_layer = top.get("n_layer", PRESETS[cfg.preset]["n_layer"])
+    memory = make_memory(cfg.memory_preset, n_layer, **mem) if cfg.model == "lrt" else None
     fields = {"vocab_size": vocab_size, "sequence_len": cfg.length, **top}
     return preset(cfg.preset, memory=memory, **fields)
 
