@@ -103,7 +103,9 @@ def cmd_train(a) -> int:
 def cmd_sweep(a) -> int:
     from .sweep import load_spec, run_sweep
     spec = load_spec(a.spec)
-    run_sweep(spec, out=a.out, dry_run=a.dry_run)
+    if a.device:  # e.g. --device cuda for a spec written device-neutral
+        spec.setdefault("train", {})["device"] = a.device
+    run_sweep(spec, out=a.out, dry_run=a.dry_run, time_limit_s=a.time_limit)
     return 0
 
 
@@ -146,6 +148,9 @@ def build_parser() -> Parser:
     p.add_argument("spec", help="path to the sweep spec (.toml); see experiments/")
     p.add_argument("--out", default=None, help="run store directory (default: the spec's sweep.out, or runs)")
     p.add_argument("--dry-run", action="store_true", help="list the runs without training")
+    p.add_argument("--device", default=None, help="auto, cpu or cuda for every run (default: the spec's)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="stop after this many seconds, the run in progress checkpointed; run again to continue")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("demo", help="the main job: transformer vs LRT on a state-tracking task, in minutes")

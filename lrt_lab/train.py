@@ -344,12 +344,14 @@ def prepare(cfg: TrainConfig, task=None):
 
 
 def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: bool = False,
-          progress: bool = True, stop_after: int | None = None) -> Run:
+          progress: bool = True, stop_after: int | None = None, deadline: float | None = None) -> Run:
     """Train one run into out/<cfg.run_name>; returns the Run (complete unless stop_after hit).
 
     resume: continue the run folder from its latest checkpoint (metrics after it are dropped so
     every step is logged exactly once). stop_after: stop (without a summary) after that many
-    steps, as a killed run would.
+    steps, as a killed run would. deadline: a time.monotonic() value; the first step that ends
+    after it is the last, checkpointed, so a run can be trained in segments of bounded wall time
+    (lrt-lab sweep --time-limit) and continued with resume=True.
     """
     task, model, schedule = prepare(cfg, task)
     device = resolve_device(cfg.device)
@@ -436,6 +438,8 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
                 post["pos@90"] = last_eval[key]
             bar.set_postfix(post)
             bar.update(1)
+        if deadline is not None and time.monotonic() >= deadline and step < stop:
+            stop = step  # out of time: checkpoint here, resume later
         if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == stop:
             save_checkpoint(run, step, model, opts, generator, time.perf_counter() - t0, counters)
     if bar is not None:
