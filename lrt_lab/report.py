@@ -17,6 +17,23 @@ def method_label(row) -> str:
     return kind if sched == "onepass" and kind != "lrt" else f"{kind} {sched}"
 
 
+def memory_label(row) -> str:
+    """Which memory preset and which initialisation an LRT run used; "-" for a model without memory.
+    Runs made before presets existed built MemoryConfig's defaults, i.e. the "paper" preset."""
+    if row.get("config.kind") != "lrt":
+        return "-"
+    preset = row.get("config.train.memory_preset")
+    preset = "paper" if not isinstance(preset, str) else preset
+    g, rec = row.get("config.model.memory.gamma_init"), row.get("config.model.memory.rec_init")
+    if g == 0 and rec == "zero":
+        init = "start-as-transformer init (gamma 0, zero W_rec)"
+    elif g == 0.1 and rec == "uniform":
+        init = "paper init (gamma 0.1, uniform W_rec)"
+    else:
+        init = f"init gamma {g}, {rec} W_rec"
+    return f"{preset} preset, {init}"
+
+
 def eval_columns(df: pd.DataFrame, prefix: str = "summary.eval.") -> list[str]:
     return sorted((c for c in df.columns if c.startswith(prefix)), key=_length_key)
 
@@ -39,6 +56,7 @@ def comparison_table(df: pd.DataFrame, metric: str | None = None, group_by: str 
         raise ValueError("runs: the store has no complete runs")
     df = df.copy()
     df["method"] = df.apply(method_label, axis=1)
+    df["memory"] = df.apply(memory_label, axis=1)
     metric = metric or default_metric(df)
     if metric not in df.columns:
         raise ValueError(f"metric={metric!r} is invalid; allowed: {', '.join(eval_columns(df)) or 'summary.* columns'}")
@@ -48,6 +66,8 @@ def comparison_table(df: pd.DataFrame, metric: str | None = None, group_by: str 
             raise ValueError(f"group_by={k!r} is invalid; allowed: method or a column of load_runs")
     if "config.train.task" in df.columns and "config.train.task" not in keys:
         keys = ["config.train.task"] + keys
+    if "method" in keys and "memory" not in keys:  # every table says which preset and init it used
+        keys.insert(keys.index("method") + 1, "memory")
     agg = df.groupby(keys, dropna=False).agg(
         n=(metric, "count"), mean=(metric, "mean"), std=(metric, "std"),
         forwards_per_token=("config.forwards_per_token", "first"),
