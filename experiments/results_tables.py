@@ -48,8 +48,16 @@ def _label(df: pd.DataFrame) -> pd.Series:
     def label(r):
         text = f"{method_label(r)} ({int(r['config.model.n_layer'])} layers"
         src = r.get("config.model.memory.source_layer")
-        if r.get("config.kind") == "lrt" and src is not None and not pd.isna(src):
-            text += f", memory from block {int(src)}"
+        preset = r.get("config.train.memory_preset")
+        if r.get("config.kind") == "lrt" and preset == "released":
+            text += ", released preset"
+        elif r.get("config.kind") == "lrt":  # the paper preset and what was changed on top of it
+            if src is not None and not pd.isna(src):
+                text += f", memory from block {int(src)}"
+            if r.get("config.model.memory.source_tap", "resid") != "resid":
+                text += f", {r['config.model.memory.source_tap']}"
+            if r.get("config.model.memory.projections", "shared") != "shared":
+                text += f", {r['config.model.memory.projections']}"
         return text + ")"
     return df.apply(label, axis=1)
 
@@ -58,7 +66,11 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
     sub = df[df["config.train.task"] == task].copy()
     if sub.empty:
         return None
-    sub["label"] = _label(sub)
+    from lrt_lab.report import memory_label
+
+    # the label groups seeds; the memory preset and the init are part of it, and shown in a column
+    sub["memory"] = sub.apply(memory_label, axis=1)
+    sub["label"] = _label(sub) + sub["memory"].map(lambda m: "" if m == "-" else f" [{m}]")
     L = int(sub["config.train.length"].iloc[0])
     lengths = sorted({int(c.split("@")[1]) for c in sub.columns
                       if c.startswith("summary.eval.pos90_exact@") and sub[c].notna().any()})
@@ -69,15 +81,15 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
     order = sorted(sub["label"].unique(), key=lambda s: (not s.startswith("transformer"), s))
     rows = []
     for label in order:
-        r = [label]
+        r = [label.split(" [")[0], sub.loc[sub["label"] == label, "memory"].iloc[0]]
         r += [cell(stats[f"summary.eval.pos90_exact@{n}"].get(label)) for n in lengths]
         r += [cell(stats[f"summary.eval.acc_exact@{lengths[0]}"].get(label), "{:.3f}")]
         runs = sub[sub["label"] == label].sort_values("config.train.seed")
         r.append(", ".join(str(int(v)) for v in runs[f"summary.eval.pos90_exact@{L}"]))
         if paper is not None:
-            r.append(paper.get(label, "-"))
+            r.append(paper.get(label.split(" [")[0], "-"))
         rows.append(r)
-    header = (["model / trainer"] + [f"pos@90 at {n}" for n in lengths] + [f"accuracy at {lengths[0]}"]
+    header = (["model / trainer", "memory preset, init"] + [f"pos@90 at {n}" for n in lengths] + [f"accuracy at {lengths[0]}"]
               + [f"pos@90 at {L} per seed"])
     if paper is not None:
         header.append("paper pos@90 (of 64, T=64)")
@@ -89,6 +101,8 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
 
 
 def gap_table(df: pd.DataFrame) -> str | None:
+    from lrt_lab.report import memory_label
+
     sub = df[df["config.train.task"] == "text_bytes"]
     if sub.empty:
         return None
@@ -106,7 +120,8 @@ def gap_table(df: pd.DataFrame) -> str | None:
         rows.append([r["method"], f"{r['value']:.4f}", f"{100 * r['recovered']:.0f}%{ci} (n={int(r['n_seeds'])})",
                      seeds, PAPER_GAP.get(r["method"], "-")])
     head = (f"Baseline (transformer) {base:.4f} BPB, exact-trained LRT {exact:.4f} BPB (means over the paired seeds); "
-            "recovered = (baseline - method) / (baseline - exact), per seed, then averaged (95% bootstrap interval).")
+            "recovered = (baseline - method) / (baseline - exact), per seed, then averaged (95% bootstrap interval). "
+            "LRT memory: " + "; ".join(sorted({m for m in sub.apply(memory_label, axis=1) if m != "-"})) + ".")
     return head + "\n\n" + markdown(rows, ["method", "BPB (exact decoding)", "gap recovered", "per seed",
                                            "paper"])
 

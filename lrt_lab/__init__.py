@@ -11,7 +11,7 @@ store the dashboard reads) do not pay for importing torch.
 import importlib
 
 _LAZY = {"LRT": "model", "MemoryConfig": "config", "ModelConfig": "config", "PRESETS": "config",
-         "preset": "config"}
+         "preset": "config", "memory_preset": "config", "MEMORY_PRESETS": "config"}
 
 __all__ = list(_LAZY)
 __version__ = "0.1.0"

@@ -52,6 +52,10 @@ def add_train_arguments(p: argparse.ArgumentParser):
     p.add_argument("--schedule", default=None,
                    help="onepass | interleaved:S | fullseq:K[:w0,w1,...] | chunked:C | exact "
                         "(default: interleaved:2 for lrt, onepass for transformer and baselines)")
+    p.add_argument("--memory-preset", default=d.memory_preset,
+                   help="LRT memory: paper (its text: block round(0.6 L), raw residual, shared projections) "
+                        "or released (its code: final layer, RMS-normed, layerwise projections, 32-channel gates); "
+                        "--set memory.<field> applies on top")
     p.add_argument("--set", action="append", metavar="FIELD=VALUE",
                    help="override a model config field, e.g. n_layer=2, memory.source_layer=2, memory.gamma_init=0")
     p.add_argument("--steps", type=int, default=d.steps)
@@ -81,7 +85,7 @@ def train_config_from_args(a) -> TrainConfig:
             raise ValueError(f"--curriculum {a.curriculum!r} is invalid; allowed: START:STEPS, e.g. 4:1000") from None
     schedule = a.schedule or ("interleaved:2" if a.model == "lrt" else "onepass")
     return TrainConfig(task=a.task, length=a.length, task_options=task_options, preset=a.preset, model=a.model,
-                       overrides=key_values(a.set, "--set"), schedule=schedule, steps=a.steps,
+                       overrides=key_values(a.set, "--set"), memory_preset=a.memory_preset, schedule=schedule, steps=a.steps,
                        batch_size=a.batch_size, seed=a.seed, lr_scale=a.lr_scale, eval_every=a.eval_every,
                        eval_lengths=a.eval_lengths, eval_size=a.eval_size, eval_exact=not a.no_exact_eval,
                        checkpoint_every=a.checkpoint_every, device=a.device, compile=a.compile, name=a.name)
@@ -99,7 +103,9 @@ def cmd_train(a) -> int:
 def cmd_sweep(a) -> int:
     from .sweep import load_spec, run_sweep
     spec = load_spec(a.spec)
-    run_sweep(spec, out=a.out, dry_run=a.dry_run)
+    if a.device:  # e.g. --device cuda for a spec written device-neutral
+        spec.setdefault("train", {})["device"] = a.device
+    run_sweep(spec, out=a.out, dry_run=a.dry_run, time_limit_s=a.time_limit)
     return 0
 
 
@@ -146,6 +152,9 @@ def build_parser() -> Parser:
     p.add_argument("spec", help="path to the sweep spec (.toml); see experiments/")
     p.add_argument("--out", default=None, help="run store directory (default: the spec's sweep.out, or runs)")
     p.add_argument("--dry-run", action="store_true", help="list the runs without training")
+    p.add_argument("--device", default=None, help="auto, cpu or cuda for every run (default: the spec's)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="stop after this many seconds, the run in progress checkpointed; run again to continue")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("demo", help="the main job: transformer vs LRT on a state-tracking task, in minutes")

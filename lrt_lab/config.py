@@ -51,6 +51,10 @@ class MemoryConfig:
     queries:         also inject the memory into the queries, q = g_loc * q_local + g_rec * W_q,rec m
                      (an extension beyond the paper; the gates are the KV heads' gates, shared by the
                      query heads of each group).
+    gate_channels:   the gates read only the first gate_channels channels of the normed residual,
+                     W_g in R^{2 n_kv x gate_channels}. None (default) = all d channels, as the paper's
+                     eq. 3 writes W_g in R^{2 n_kv x d}; 32 is the paper's released code
+                     (`ve_gate_channels = 32` in its nanochat/gpt.py, as nanochat's value-embedding gate).
     source_tap:      which activation of the source layer becomes m_t: "resid" (the residual stream
                      after the block: the paper's text), "normed" (its RMS norm: what the paper's
                      released code feeds back; with source_layer = n_layer it is the LM head's
@@ -74,6 +78,7 @@ class MemoryConfig:
     reset_memory_at_bos: bool = field(default=False, metadata={"choices": (True, False)})
     queries: bool = field(default=False, metadata={"choices": (True, False)})
     source_tap: str = field(default="resid", metadata={"choices": ("resid", "normed", "attn_out")})
+    gate_channels: int | None = field(default=None, metadata={"choices": (None, 32)})
 
     def __post_init__(self):
         check_fields(self, "memory.")  # types, finite numbers, declared choices (any field)
@@ -170,6 +175,8 @@ class ModelConfig:
             if m.source_avg > self.source_layer:
                 fail("memory.source_avg", m.source_avg,
                       f"an integer in [1, source_layer={self.source_layer}]")
+            if m.gate_channels is not None and m.gate_channels > self.n_embd:
+                fail("memory.gate_channels", m.gate_channels, f"None or an integer <= n_embd={self.n_embd}")
             if m.reset_memory_at_bos and self.bos_token_id is None:
                 fail("bos_token_id", None, "a token id when memory.reset_memory_at_bos is True")
 
@@ -217,6 +224,40 @@ class ModelConfig:
                 fail("memory", sorted(bad), ", ".join(sorted(known)))
             mem = MemoryConfig(**mem)
         return cls(**d, memory=mem)
+
+
+# Memory presets ---------------------------------------------------------------------------------
+# The paper's text and its released code (github.com/OoDBag/Latent_recurrent_transformer,
+# nanochat/gpt.py) describe two different memories; each preset states one of them, with its source.
+# Fields not named keep MemoryConfig's defaults (the paper's), which the released code shares:
+# gamma_init 0.1 ("interleaved_lambdas.fill_(0.1)"), uniform W_rec with the std of W_k/W_v,
+# zero-initialised gates, K and V projection plus residual injection, lag 1.
+MEMORY_PRESETS: dict[str, str] = {
+    # sec. 2 and app. "Source layer": m_t = h_t^{l_src}, the raw residual stream after block
+    # l_src = round(0.6 L) (12 of 20, 14 of 24); "LRT-shared" projections (sec. 5, the default);
+    # gamma_l initialised to 0.1 (eq. 6); gates 2 sigmoid(W_g x) with W_g in R^{2 n_kv x d} (eq. 3).
+    "paper": "source layer round(0.6 L), raw residual, shared projections, gamma 0.1, uniform W_rec, "
+             "gates on all d channels",
+    # the released code: the feedback is h_final "after final norm" (the LM head's input), so
+    # source_layer = L with source_tap "normed"; one K and one V projection per layer
+    # (`interleaved_projections`, `interleaved_key_projections`); the gates read
+    # x[..., :ve_gate_channels] with ve_gate_channels = 32 (GPTConfig default at commit e0d0f6e).
+    # Not reproduced: its third gate channel for a token-indexed "init value embedding".
+    "released": "final layer, RMS-normed, layerwise projections, gamma 0.1, uniform W_rec, "
+                "gates on the first 32 channels",
+}
+
+
+def memory_preset(name: str, n_layer: int, **overrides) -> MemoryConfig:
+    """The MemoryConfig of a named preset (MEMORY_PRESETS) for a model of n_layer blocks, with field
+    overrides on top (e.g. gamma_init=0.0, rec_init="zero" for the start-as-transformer init)."""
+    if name not in MEMORY_PRESETS:
+        fail("memory_preset", name, ", ".join(MEMORY_PRESETS))
+    check_int("n_layer", n_layer, 1)
+    fields = {}  # "paper" is MemoryConfig's defaults: source_layer None resolves to round(0.6 L)
+    if name == "released":
+        fields = dict(source_layer=n_layer, source_tap="normed", projections="layerwise", gate_channels=32)
+    return MemoryConfig(**{**fields, **overrides})
 
 
 def _nanochat_shape(depth: int) -> dict:

@@ -69,8 +69,17 @@ def side_by_side(runs: list[Run]) -> pd.DataFrame:
         row.update(accuracy_at(run).round(3).to_dict())
         row["train time (s)"] = round(run.summary["wall_time_s"])
         row["params (+memory)"] = _params(run)
+        row["memory preset, init"] = _memory(run)  # the demo overrides the paper's init (say so)
         rows[run.name] = row
     return pd.DataFrame(rows)
+
+
+def _memory(run: Run) -> str:
+    from .report import memory_label
+    c = run.config
+    mem = c["model"].get("memory") or {}
+    return memory_label({"config.kind": c.get("kind"), "config.train.memory_preset": c["train"].get("memory_preset"),
+                         **{f"config.model.memory.{k}": v for k, v in mem.items()}}).split(" (")[0]
 
 
 def _params(run: Run) -> str:

@@ -5,7 +5,7 @@ The backbone calls five methods and knows nothing else about the memory:
 
     read(buffer, positions)         -> MemoryRead     what each position reads: m_{t-lag} (sec. 2)
     inject_residual(l, x, m)        -> x              x + gamma_l * m (sec. 2.2)
-    gate_values(l, h)               -> (g_loc, g_rec) 2 * sigmoid(W_g h) per KV head (eq. 3)
+    gate_values(l, h)               -> (g_loc, g_rec) 2 * sigmoid(W_g h[:gate_channels]) per KV head (eq. 3)
     inject_qkv(l, q, k, v, mem, g)  -> (q, k, v)      g_loc * local + g_rec * W_rec m (eqs. 2, 4)
     emit(outputs)                   -> m_t            from the source blocks' activations
     source_layers                                     the one statement of which blocks feed m_t
@@ -67,7 +67,9 @@ class MemoryPathway(nn.Module):
         self.q_rec = projections(H * D) if m.queries else None
         self.k_rec = projections(Hkv * D) if m.kv in ("both", "keys") else None
         self.v_rec = projections(Hkv * D) if m.kv in ("both", "values") else None
-        self.gates = (nn.ModuleList(nn.Linear(d, 2 * Hkv, bias=False) for _ in range(L))
+        # the gates read the first gate_channels channels (None: all d; 32: the released code)
+        self.gate_channels = m.gate_channels or d
+        self.gates = (nn.ModuleList(nn.Linear(self.gate_channels, 2 * Hkv, bias=False) for _ in range(L))
                       if m.gated else None)
         self.source_weights = nn.Parameter(torch.zeros(m.source_avg)) if m.source_avg > 1 else None
         self.lag_weights = nn.Parameter(torch.zeros(m.lag_avg)) if m.lag_avg > 1 else None
@@ -125,7 +127,7 @@ class MemoryPathway(nn.Module):
         the gates are off (both fixed at 1)."""
         if self.gates is None:
             return None, None
-        g = 2 * torch.sigmoid(self.gates[l](h))
+        g = 2 * torch.sigmoid(self.gates[l](h[..., :self.gate_channels]))
         return g.chunk(2, dim=-1)
 
     def _project(self, name: str, l: int, mem: MemoryRead) -> torch.Tensor | None:

@@ -14,6 +14,23 @@ __all__ = ["comparison_table", "default_metric", "format_mean_ci", "format_mean_
            "print_report", "print_run", "run_figures"]
 
 
+def memory_label(row) -> str:
+    """Which memory preset and which initialisation an LRT run used; "-" for a model without memory.
+    Runs made before presets existed built MemoryConfig's defaults, i.e. the "paper" preset."""
+    if row.get("config.kind") != "lrt":
+        return "-"
+    preset = row.get("config.train.memory_preset")
+    preset = "paper" if not isinstance(preset, str) else preset
+    g, rec = row.get("config.model.memory.gamma_init"), row.get("config.model.memory.rec_init")
+    if g == 0 and rec == "zero":
+        init = "start-as-transformer init (gamma 0, zero W_rec)"
+    elif g == 0.1 and rec == "uniform":
+        init = "paper init (gamma 0.1, uniform W_rec)"
+    else:
+        init = f"init gamma {g}, {rec} W_rec"
+    return f"{preset} preset, {init}"
+
+
 def eval_columns(df: pd.DataFrame, prefix: str = "summary.eval.") -> list[str]:
     return sorted((c for c in df.columns if c.startswith(prefix)), key=_length_key)
 
@@ -69,6 +86,7 @@ def comparison_table(df: pd.DataFrame, metric: str | None = None, group_by: str 
         raise ValueError("runs: the store has no complete runs")
     df = with_train_length_metric(df)
     df["method"] = df.apply(method_label, axis=1)
+    df["memory"] = df.apply(memory_label, axis=1)
     metric = metric or default_metric(df)
     if metric not in df.columns:
         raise ValueError(f"metric={metric!r} is invalid; allowed: {', '.join(eval_columns(df)) or 'summary.* columns'}")

@@ -19,12 +19,15 @@
     overrides = { n_layer = 4 }
 
 A run already complete in the store is skipped; an incomplete one is resumed from its checkpoint.
+`time_limit_s` (`--time-limit`) bounds one invocation's wall time: the run in progress is
+checkpointed when it runs out, and the next invocation continues it (experiments/run_paper_a5.sh).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+import time
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -137,9 +140,15 @@ def expand(spec: dict) -> list[TrainConfig]:
     return configs
 
 
-def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False) -> list[Run]:
+def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False,
+              time_limit_s: float | None = None) -> list[Run]:
+    """Train every run of the grid not yet complete. With time_limit_s, stop (checkpointed) once
+    that many seconds have passed; the Runs returned then include incomplete ones."""
     from tqdm.auto import tqdm
 
+    if time_limit_s is not None and not (isinstance(time_limit_s, (int, float)) and time_limit_s > 0):
+        raise ValueError(f"time_limit_s={time_limit_s!r} is invalid; allowed: a number of seconds > 0")
+    deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
     out = out or spec["sweep"].get("out", "runs")
     check_out_dir("out", out)
     configs = expand(spec)
@@ -161,5 +170,11 @@ def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False) -> list
         if (folder / "summary.json").exists():
             runs.append(Run(folder))
             continue
-        runs.append(train(cfg, out=out, resume=folder.exists(), progress=False))
+        if deadline is not None and time.monotonic() >= deadline:
+            break  # out of time: later invocations continue from here
+        runs.append(train(cfg, out=out, resume=folder.exists(), progress=False, deadline=deadline))
+    bar.close()
+    done = sum((Path(out) / c.run_name / "summary.json").exists() for c in configs)
+    print(f"sweep: {done} of {len(configs)} runs complete in {out}" + ("" if done == len(configs) else
+          "; run the same command again to continue"))
     return runs

@@ -41,7 +41,8 @@ import pandas as pd
 import torch
 
 from .baselines import BASELINE_KINDS, build_baseline, is_baseline_kind
-from .config import PRESETS, MemoryConfig, ModelConfig, preset
+from .config import MEMORY_PRESETS, PRESETS, MemoryConfig, ModelConfig, preset
+from .config import memory_preset as make_memory
 from .decode import Decoder
 from .metrics import per_position_accuracy, pos_at
 from .model import LRT
@@ -73,6 +74,7 @@ class TrainConfig:
     preset: str = field(default="small", metadata={"choices": tuple(PRESETS)})
     model: str = "lrt"                     # transformer | lrt (baselines: loop:N, ponder:N)
     overrides: dict = field(default_factory=dict)      # ModelConfig fields, "memory.<field>" too
+    memory_preset: str = "paper"           # LRT memory: "paper" (its text) or "released" (its code)
     schedule: str = "interleaved:2"
     steps: int = _ranged(1000, 1)
     batch_size: int = _ranged(64, 1)
@@ -99,6 +101,8 @@ class TrainConfig:
         self.eval_lengths = tuple(self.eval_lengths)
         if not self.eval_lengths or not all(is_int(n) and n >= 1 for n in self.eval_lengths):
             fail("eval_lengths", self.eval_lengths, "a non-empty tuple of integers >= 1")
+        if self.memory_preset not in MEMORY_PRESETS:
+            fail("memory_preset", self.memory_preset, ", ".join(MEMORY_PRESETS))
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' is invalid; allowed: auto, cpu (CUDA is not available)")
         self.schedule = parse_schedule(self.schedule).spec  # validates, canonical spelling
@@ -110,6 +114,8 @@ class TrainConfig:
         if self.name:
             return self.name
         sched = "" if self.model != "lrt" else f"-{self.schedule}"
+        if self.model == "lrt" and self.memory_preset != "paper":  # the default keeps older names
+            sched += f"-{self.memory_preset}"
         return f"{self.task}-L{self.length}-{self.preset}-{self.model}{sched}-s{self.seed}".replace(":", "_")
 
     def to_dict(self) -> dict:
@@ -143,7 +149,8 @@ def parse_value(text: str):
 
 
 def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
-    """The ModelConfig for a run: preset + memory (for LRT) + dotted overrides."""
+    """The ModelConfig for a run: preset + memory (the run's memory_preset, for LRT) + dotted
+    overrides (memory.<field> on top of the memory preset)."""
     if cfg.model not in MODEL_KINDS and not is_baseline_kind(cfg.model):
         raise ValueError(f"model={cfg.model!r} is invalid; allowed: {', '.join(MODEL_KINDS)}, "
                          f"{', '.join(BASELINE_KINDS)}")
@@ -162,7 +169,8 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
             raise ValueError(f"--set {key}: unknown field; allowed: {', '.join(sorted(model_fields))}, memory.<field>")
     if cfg.model != "lrt" and mem:
         raise ValueError(f"--set {next(iter(mem))}: model={cfg.model!r} has no memory; use --model lrt")
-    memory = MemoryConfig(**mem) if cfg.model == "lrt" else None
+    n_layer = top.get("n_layer", PRESETS[cfg.preset]["n_layer"])
+    memory = make_memory(cfg.memory_preset, n_layer, **mem) if cfg.model == "lrt" else None
     fields = {"vocab_size": vocab_size, "sequence_len": cfg.length, **top}
     return preset(cfg.preset, memory=memory, **fields)
 
@@ -405,12 +413,15 @@ def restore_checkpoint(run: Run, model, opts, generator, device) -> dict | None:
 
 
 def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: bool = False,
-          progress: bool = True, stop_after: int | None = None) -> Run:
+          progress: bool = True, stop_after: int | None = None, deadline: float | None = None) -> Run:
     """Train one run into out/<cfg.run_name>; returns the Run (complete unless stop_after hit).
 
     resume: continue the run folder from its latest readable checkpoint (metrics after it are
     dropped so every step is logged exactly once; temporary files of a killed process are
     removed). stop_after: stop (without a summary) after that many steps, as a killed run would.
+    deadline: a time.monotonic() value; the first step that ends after it is the last,
+    checkpointed, so a run can be trained in segments of bounded wall time
+    (lrt-lab sweep --time-limit) and continued with resume=True.
     """
     if stop_after is not None:
         check_int("stop_after", stop_after, 0)
@@ -493,6 +504,8 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
                 post["pos@90"] = last_eval[key]
             bar.set_postfix(post)
             bar.update(1)
+        if deadline is not None and time.monotonic() >= deadline and step < stop:
+            stop = step  # out of time: checkpoint here, resume later
         if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == stop:
             save_checkpoint(run, step, model, opts, generator, time.perf_counter() - t0, counters)
     if bar is not None:

@@ -50,6 +50,10 @@ class Task:
 
     name: str = "task"
     min_length: int = 1
+    # True when the first L positions of a sample at length L' > L are distributed as a sample at
+    # length L (targets at t depend on inputs up to t only): evaluation sets then share prefixes
+    # across lengths (tasks/evaluation.py)
+    prefix_closed: bool = False
 
     def __init__(self, length: int, curriculum: LengthCurriculum | None = None):
         check_int("length", length, self.min_length)

@@ -25,6 +25,7 @@ W, R, I = 2, 3, 4
 
 class FlipFlopTask(Task):
     name = "flipflop"
+    prefix_closed = True  # i.i.d. instruction pairs; target t is token t+1 of the same stream
 
     def __init__(self, length: int, p_ignore: float = 0.8, curriculum: LengthCurriculum | None = None):
         if isinstance(p_ignore, bool) or not isinstance(p_ignore, (int, float)) or not 0.0 <= p_ignore < 1.0:

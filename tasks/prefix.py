@@ -20,6 +20,8 @@ from tasks.groups import Group
 class PrefixProductTask(Task):
     """inputs: element ids, vocab_size = group order; targets = state = running products."""
 
+    prefix_closed = True  # i.i.d. uniform inputs, and the product through t reads x_1..x_t only
+
     def __init__(self, group: Group, length: int, name: str | None = None,
                  curriculum: LengthCurriculum | None = None):
         self.group = group

@@ -1,0 +1,56 @@
+"""Sweeps in segments of bounded wall time (lrt-lab sweep --time-limit; experiments/run_paper_a5.sh):
+a run cut by the time limit is checkpointed and continued by the next segment, and ends exactly
+where an uninterrupted run ends."""
+
+import sys
+
+import pytest
+
+from lrt_lab.results import Run, load_metrics
+from lrt_lab.sweep import expand, load_spec, run_sweep, validate_spec
+from lrt_lab.train import train
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SPEC = {
+    "sweep": {"tasks": ["group_prefix"], "models": ["lrt"], "schedules": ["interleaved:2"], "seeds": [0]},
+    "train": {"task_options": {"group": "S3"}, "length": 6, "preset": "tiny", "steps": 40, "batch_size": 8,
+              "eval_every": 20, "eval_lengths": [6, 12], "eval_size": 8, "checkpoint_every": 0, "device": "cpu",
+              "memory_preset": "released"},
+}
+
+
+def test_time_limited_segments_continue_exactly(tmp_path):
+    spec = validate_spec(SPEC)
+    segments = 0
+    while not all(r.is_complete for r in run_sweep(spec, out=str(tmp_path / "seg"), time_limit_s=0.1)):
+        segments += 1
+        assert segments < 200
+    assert segments >= 2  # the limit really cut the run
+    (cfg,) = expand(spec)
+    full = train(cfg, out=tmp_path / "full", progress=False)
+    cut = Run(tmp_path / "seg" / cfg.run_name)
+    train_rows = load_metrics(cut, kind="train")
+    assert train_rows["step"].tolist() == list(range(1, 41))  # every step logged once
+    assert train_rows["loss"].tolist() == pytest.approx(load_metrics(full, kind="train")["loss"].tolist(), rel=1e-6)
+    assert cut.summary["eval"] == full.summary["eval"]
+
+
+def test_bad_time_limit_names_the_field(tmp_path):
+    with pytest.raises(ValueError, match="time_limit_s"):
+        run_sweep(validate_spec(SPEC), out=str(tmp_path), time_limit_s=0)
+
+
+def test_paper_spec_is_the_papers_setting():
+    """experiments/a5_paper.toml: depth 4, d=256, trained at 64, evaluated at 64/128/256, 3 seeds,
+    transformer and LRT (Interleaved(2)), checkpoints for resuming."""
+    spec = load_spec("experiments/a5_paper.toml")
+    with open("experiments/a5_paper.toml", "rb") as f:
+        assert tomllib.load(f)["sweep"]["seeds"] == [0, 1, 2]
+    configs = expand(spec)
+    assert sorted((c.model, c.schedule) for c in configs) == [("lrt", "interleaved:2")] * 3 + [("transformer", "onepass")] * 3
+    for c in configs:
+        assert (c.preset, c.length, c.eval_lengths) == ("a5", 64, (64, 128, 256)) and c.checkpoint_every > 0
