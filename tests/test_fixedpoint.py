@@ -1,0 +1,159 @@
+"""FixedPoint (refine until the memory converges), in float64 against independent computations:
+Exact, FullSequence(k) through the static code path, and a hand-driven loop over `model.stage`."""
+
+import pytest
+import torch
+
+from lrt_lab import MemoryConfig
+from lrt_lab.schedules import (Exact, FixedPoint, FullSequence, cross_entropy, parse_schedule,
+                               run_schedule)
+from test_core import CONFIGS, make_model, maxdiff, tokens
+
+T = 8
+TOL = 1e-10
+
+
+def grads(model, loss):
+    return [g if g is not None else torch.zeros_like(p)
+            for p, g in zip(model.parameters(), torch.autograd.grad(loss, list(model.parameters()),
+                                                                     allow_unused=True))]
+
+
+def contracting_model(name="default", factor=0.1):
+    """make_model with the memory pathway's weights scaled down: a recurrence that converges
+    before T sweeps (the fully random one only becomes exact at sweep T)."""
+    model = make_model(CONFIGS[name])
+    with torch.no_grad():
+        for p in model.memory.parameters():
+            p.mul_(factor)
+    return model
+
+
+def rel_change(prev, new):
+    """The residual restated: max over (b, t) of ||dm|| / RMS_{b,t} ||m_new||."""
+    prev = torch.zeros_like(new) if prev is None else prev
+    return ((new - prev).norm(dim=-1).max() / new.norm(dim=-1).pow(2).mean().sqrt()).item()
+
+
+@pytest.mark.parametrize("name", ["default", "source1_lag2", "averages", "reset_at_bos"])
+@pytest.mark.parametrize("grad_sweeps", [1, T])
+def test_tol_zero_with_T_sweeps_is_exact(name, grad_sweeps):
+    model = make_model(CONFIGS[name])
+    idx = tokens(T=T)
+    out = run_schedule(model, idx, None, FixedPoint(0.0, T, grad_sweeps))
+    exact = run_schedule(model, idx, None, Exact()).logits
+    assert maxdiff(out.logits, exact) <= TOL
+    assert out.measured["sweeps"] <= T
+
+
+def test_loose_tolerance_stops_early_and_reports_its_residuals():
+    model = contracting_model()
+    idx = tokens(T=T)
+    # the residual trajectory, computed independently from FullSequence(k)'s buffers
+    mems = [run_schedule(model, idx, None, FullSequence(k)).buffer.mem for k in range(T + 1)]
+    traj = [rel_change(a, b) for a, b in zip(mems, mems[1:])]
+    assert traj[-1] <= TOL < traj[0]  # converges within T sweeps, not at once
+    tol = traj[3] * 1.0001  # a tolerance first met at sweep 4 (the trajectory decreases here)
+    assert all(r > tol for r in traj[:3])
+    for G in (1, 2, T):
+        out = run_schedule(model, idx, tokens(T=T, seed=3), FixedPoint(tol, T, G))
+        m = out.measured
+        # truncated: converge without grad (4 sweeps), then G differentiated sweeps
+        expect = 4 if G >= T else 4 + G
+        assert m["sweeps"] == expect < T and m["converged"]
+        assert m["residuals"] == pytest.approx(traj[:expect], rel=1e-9, abs=1e-13)
+        assert m["residual_per_position"].shape == (expect, T)
+        assert m["residual_per_position"].amax(1).tolist() == pytest.approx(m["residuals"], rel=1e-12)
+        # the final logits are those of FullSequence(k) for the sweeps it used
+        ref = run_schedule(model, idx, None, FullSequence(expect)).logits
+        assert maxdiff(out.logits, ref) <= TOL
+
+
+def test_max_sweeps_caps_an_unconverged_run():
+    model = make_model(CONFIGS["default"])
+    idx = tokens(T=T)
+    out = run_schedule(model, idx, None, FixedPoint(1e-12, 3, 1))
+    assert out.measured["sweeps"] == 3 and not out.measured["converged"]
+    assert maxdiff(out.logits, run_schedule(model, idx, None, FullSequence(3)).logits) <= TOL
+
+
+@pytest.mark.parametrize("name", ["default", "layerwise", "kv_only"])
+def test_untruncated_equals_fullsequence_with_gradients(name):
+    """grad_sweeps covering every sweep: the same loss and gradients as FullSequence(k)."""
+    model = contracting_model(name)
+    idx, targets = tokens(T=T), tokens(T=T, seed=5)
+    targets[0, 2] = -1
+    out = run_schedule(model, idx, targets, FixedPoint(0.3, T, T))
+    k = out.measured["sweeps"]
+    assert 1 <= k < T  # it stopped early, so the comparison is not the trivial K = T one
+    ref = run_schedule(model, idx, targets, FullSequence(k))
+    assert len(out.stages) == k + 1
+    assert abs(out.loss.item() - ref.loss.item()) <= TOL
+    for a, b in zip(grads(model, out.loss), grads(model, ref.loss)):
+        assert maxdiff(a, b) <= 1e-9
+
+
+@pytest.mark.parametrize("G", [1, 2])
+def test_truncated_gradient_flows_only_through_the_last_sweeps(G):
+    """The loss is the mean CE of the last G sweeps, run from the detached memory of the earlier
+    ones; checked against a hand-driven loop over model.stage."""
+    model = make_model(CONFIGS["default"])
+    idx, targets = tokens(T=T), tokens(T=T, seed=5)
+    sched = FixedPoint(0.0, 5, G)
+    out = run_schedule(model, idx, targets, sched)
+    assert out.measured["sweeps"] == 5 and len(out.stages) == G
+    full = range(0, T)
+    with torch.no_grad():
+        buf = run_schedule(model, idx, None, FullSequence(5 - G)).buffer
+    buf.mem = buf.mem.detach()
+    losses = []
+    for _ in range(G):
+        logits, buf = model.stage(idx, full, buf)
+        losses.append(cross_entropy(logits, targets))
+    expected = sum(losses) / G
+    assert abs(out.loss.item() - expected.item()) <= TOL
+    got = grads(model, out.loss)
+    for a, b in zip(got, grads(model, expected)):
+        assert maxdiff(a, b) <= 1e-9
+    # and it is a truncation: FullSequence's gradient (through every sweep) differs
+    ref = run_schedule(model, idx, targets, FullSequence(5, (0,) * (6 - G) + (1,) * G))
+    assert abs(ref.loss.item() - expected.item()) <= TOL
+    assert max(maxdiff(a, b) for a, b in zip(got, grads(model, ref.loss))) > 1e-6
+
+
+def test_cost_counts_the_passes_run():
+    model = make_model(MemoryConfig())  # 3 layers, source layer 2: no_grad passes run 2 of 3 blocks
+    split = model.deferred_layers(1)
+    idx = tokens(T=T)
+    out = run_schedule(model, idx, None, FixedPoint(0.0, 5, 2))
+    # init + 3 no_grad sweeps (split/L each) + 2 full differentiated sweeps
+    assert out.measured["cost"] == pytest.approx(4 * split / 3 + 2)
+    out = run_schedule(model, idx, None, FixedPoint(0.0, 5, 5))
+    assert out.measured["cost"] == pytest.approx(6)
+
+
+def test_no_memory_pathway_converges_at_once():
+    model = make_model(None)
+    out = run_schedule(model, tokens(T=T), None, FixedPoint(0.0, 4, 1))
+    # one no_grad sweep finds nothing changed, then the one differentiated sweep
+    assert out.measured["residuals"] == [0.0, 0.0] and out.measured["converged"]
+
+
+def test_parse_and_spec_round_trip():
+    for spec in ("fixedpoint:0.001:8", "fixedpoint:0:16:4", "fixedpoint:1e-05:3:2"):
+        assert parse_schedule(spec).spec == spec
+    assert parse_schedule("fixedpoint:0.01:6:1") == FixedPoint(0.01, 6, 1)
+    assert parse_schedule("FixedPoint:0.01:6").spec == "fixedpoint:0.01:6"
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda: FixedPoint(-1.0, 4), "FixedPoint.tol"),
+    (lambda: FixedPoint(float("nan"), 4), "FixedPoint.tol"),
+    (lambda: FixedPoint(0.1, 0), "FixedPoint.max_sweeps"),
+    (lambda: FixedPoint(0.1, 4, 0), "FixedPoint.grad_sweeps"),
+    (lambda: parse_schedule("fixedpoint:0.1"), "fixedpoint:TOL:MAX"),
+    (lambda: parse_schedule("fixedpoint:x:4"), "fixedpoint:TOL:MAX"),
+])
+def test_invalid_input_names_the_field(make, field):
+    with pytest.raises(ValueError, match=field):
+        make()
