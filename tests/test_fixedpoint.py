@@ -157,3 +157,22 @@ def test_parse_and_spec_round_trip():
 def test_invalid_input_names_the_field(make, field):
     with pytest.raises(ValueError, match=field):
         make()
+
+
+def test_training_logs_sweeps_and_accounts_the_passes_run(tmp_path):
+    from lrt_lab.results import load_metrics
+    from lrt_lab.train import TrainConfig, build_model, train
+    cfg = TrainConfig(task="group_prefix", task_options={"group": "S3"}, length=6, preset="tiny", model="lrt",
+                      schedule="fixedpoint:0.05:4:1", steps=4, batch_size=8, eval_every=0, eval_lengths=(6,),
+                      eval_size=16, checkpoint_every=0, device="cpu")
+    run = train(cfg, out=tmp_path, progress=False)
+    m = load_metrics(run, kind="train")
+    model = build_model(cfg, 8)
+    frac = model.deferred_layers(1) / model.config.n_layer
+    assert ((m["sweeps"] >= 1) & (m["sweeps"] <= 4)).all()
+    # init + (sweeps - 1) no_grad passes through the lower blocks, then one full differentiated sweep
+    expected = (1 + (m["sweeps"] - 1)) * frac + 1
+    assert m["step_cost"].tolist() == pytest.approx(expected.tolist())
+    tokens_per_step = cfg.batch_size * cfg.length
+    assert m["compute_tokens"].tolist() == pytest.approx((expected * tokens_per_step).cumsum().tolist())
+    assert run.summary["schedule_cost"] == pytest.approx(expected.mean())
