@@ -176,3 +176,62 @@ def test_training_logs_sweeps_and_accounts_the_passes_run(tmp_path):
     tokens_per_step = cfg.batch_size * cfg.length
     assert m["compute_tokens"].tolist() == pytest.approx((expected * tokens_per_step).cumsum().tolist())
     assert run.summary["schedule_cost"] == pytest.approx(expected.mean())
+
+
+# Convergence diagnostics ---------------------------------------------------------------------------
+def test_convergence_trace_against_fixedpoint_and_the_jacobi_bound():
+    from lrt_lab.analysis.convergence import convergence_trace, residual_per_sweep
+    model = contracting_model()
+    idx, targets = tokens(B=3, T=T), tokens(B=3, T=T, seed=4)
+    trace = convergence_trace(model, idx, targets, chunk=2)  # two chunks: maxima over the batch combine
+    assert len(trace) == (T + 1) * T
+    res = torch.tensor(trace.pivot(index="sweep", columns="position", values="residual").to_numpy())
+    err = torch.tensor(trace.pivot(index="sweep", columns="position", values="error").to_numpy())
+    # a second code path: FixedPoint's own per-position residuals (sweeps 1..T)
+    fp = run_schedule(model, idx, None, FixedPoint(0.0, T, T)).measured["residual_per_position"]
+    assert maxdiff(res[1:fp.size(0) + 1], fp) <= 1e-9
+    # Jacobi on a triangular recurrence (lag 1): position t is exact after t sweeps, not before
+    for k in range(T):
+        assert err[k, :k + 1].max() <= 1e-9
+        if k + 1 < T:
+            assert err[k, k + 1] > 1e-6
+    # sweep k's loss is FullSequence(k)'s final-stage loss
+    per = residual_per_sweep(trace)
+    for k in (0, 2, T):
+        ref = run_schedule(model, idx, targets, FullSequence(k)).stage_losses[-1].item()
+        assert per.loc[per["sweep"] == k, "loss"].item() == pytest.approx(ref, rel=1e-9)
+    assert per["exact_loss"].iloc[0] == pytest.approx(per["loss"].iloc[-1], rel=1e-9)
+
+
+def test_sweeps_to_converge_on_a_hand_made_trace():
+    import pandas as pd
+    from lrt_lab.analysis.convergence import plot_convergence, sweeps_to_converge
+    # position 0 settles at sweep 1; position 1 dips below 0.1 at sweep 1 but rises again, settles at 3
+    r = {0: [1.0, 0.05, 0.0, 0.0, 0.0], 1: [1.0, 0.05, 0.5, 0.01, 0.0]}
+    trace = pd.DataFrame([{"sweep": k, "position": t, "residual": v, "error": v}
+                          for t, vs in r.items() for k, v in enumerate(vs)])
+    need = sweeps_to_converge(trace, tols=(0.1, 1e-3))
+    got = {(row.tol, row.position): row.sweeps for row in need.itertuples()}
+    assert got == {(0.1, 0): 1.0, (0.1, 1): 3.0, (0.1, "all"): 3.0,
+                   (1e-3, 0): 2.0, (1e-3, 1): 4.0, (1e-3, "all"): 4.0}
+    assert sweeps_to_converge(trace, tols=(1e-9,), measure="error")["sweeps"].tolist() == [2.0, 4.0, 4.0]
+    with pytest.raises(ValueError, match="measure"):
+        sweeps_to_converge(trace, measure="loss")
+    fig = plot_convergence(trace, tols=(0.1,))
+    assert len(fig.axes) == 2
+
+
+def test_convergence_of_a_trained_run_from_the_cli(tmp_path, capsys):
+    from lrt_lab.analysis.__main__ import main
+    from lrt_lab.results import load_table
+    from lrt_lab.train import TrainConfig, train
+    cfg = TrainConfig(task="group_prefix", task_options={"group": "S3"}, length=6, preset="tiny", model="lrt",
+                      schedule="fixedpoint:0.01:6:2", steps=3, batch_size=8, eval_every=0, eval_lengths=(6,),
+                      eval_size=16, checkpoint_every=0, device="cpu")
+    run = train(cfg, out=tmp_path, progress=False)
+    assert main(["convergence", str(run.path), "--n-sequences", "16", "--tols", "0.1"]) == 0
+    table = load_table(run, "convergence")
+    assert set(table.columns) >= {"run", "sweep", "position", "residual", "error", "loss", "exact_loss"}
+    assert len(table) == 7 * 6  # sweeps 0..T, T positions
+    assert (run.path / "convergence.png").exists()
+    assert "plot:" in capsys.readouterr().out
