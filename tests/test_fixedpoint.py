@@ -221,7 +221,7 @@ def test_sweeps_to_converge_on_a_hand_made_trace():
     assert len(fig.axes) == 2
 
 
-def test_convergence_of_a_trained_run_from_the_cli(tmp_path, capsys):
+def test_convergence_of_a_trained_run_from_the_cli_and_the_dashboard(tmp_path, capsys, monkeypatch):
     from lrt_lab.analysis.__main__ import main
     from lrt_lab.results import load_table
     from lrt_lab.train import TrainConfig, train
@@ -235,3 +235,27 @@ def test_convergence_of_a_trained_run_from_the_cli(tmp_path, capsys):
     assert len(table) == 7 * 6  # sweeps 0..T, T positions
     assert (run.path / "convergence.png").exists()
     assert "plot:" in capsys.readouterr().out
+    # the dashboard's Convergence page draws both charts from this store
+    pytest.importorskip("streamlit")
+    from test_app import assert_clean, run_app
+    at = run_app(monkeypatch, tmp_path)
+    assert_clean(at)
+    (tab,) = [t for t in at.tabs if t.label == "Convergence"]
+    assert len([e for e in tab if getattr(e, "type", "") == "vega_lite_chart"]) == 2
+
+
+def test_dashboard_tables_of_sweeps_and_traces():
+    import pandas as pd
+    pytest.importorskip("streamlit")
+    from app.convergence import sweeps_table, trace_table
+    runs = pd.DataFrame({"run": ["fp", "plain"], "path": ["p/fp", "p/plain"]})
+    metrics = {"p/fp": pd.DataFrame({"step": [1, 2], "loss": [1.0, 0.9], "sweeps": [4, 3], "residual": [0.1, 0.01]}),
+               "p/plain": pd.DataFrame({"step": [1, 2], "loss": [1.0, 0.9]})}
+    s = sweeps_table(runs, loader=lambda path, kind: metrics[path])
+    assert s.to_dict("list") == {"run": ["fp", "fp"], "step": [1, 2], "sweeps": [4, 3], "residual": [0.1, 0.01]}
+    trace = pd.DataFrame({"sweep": [0, 0, 1, 1], "position": [0, 1, 0, 1], "residual": [1.0, 2.0, 0.0, 0.5],
+                          "error": [0.0, 3.0, 0.0, 0.0]})
+    t = trace_table(runs, loader=lambda path, name: trace if path == "p/fp" else None)
+    got = {(r.sweep, r.measure): r.value for r in t.itertuples()}
+    assert got == {(0, "residual"): 2.0, (1, "residual"): 0.5, (0, "error"): 3.0, (1, "error"): 0.0}
+    assert set(t["run"]) == {"fp"}
