@@ -666,6 +666,8 @@ def probes_page(ctx: Context) -> None:
                "the previous step's state) and position.")
 
 
+from app.convergence import convergence_page  # noqa: E402 (FixedPoint runs; issue 18)
+
 PAGES = {
     "Runs": runs_page,
     "Training curves": curves_page,
@@ -673,6 +675,7 @@ PAGES = {
     "Depth x length": depth_page,
     "Gap recovery": gap_page,
     "Probes": probes_page,
+    "Convergence": convergence_page,
 }
 
 

@@ -6,7 +6,8 @@ generated token, baseline-cost one-pass prefill. This module measures exactly th
 
 - training step (forward + backward + optimizer: Muon for the hidden matrices, AdamW for the rest,
   as in paper app. A) for OnePass (the plain transformer), Interleaved(2), Interleaved(4),
-  FullSequence(1), FullSequence(3), Chunked(64) and Exact;
+  FullSequence(1), FullSequence(3), Chunked(64), Exact and FixedPoint(1e-2, 8, 1) (with the sweeps
+  it used per step: they depend on the weights, which the optimizer changes between repeats);
 - prefill of a prompt (default 1,024 tokens) with OnePass / Interleaved(2) / Exact;
 - decoding tokens/s at batch 1 and a larger batch;
 - peak memory on CUDA.
@@ -44,7 +45,7 @@ from .config import fail as _fail
 from .decode import Decoder
 from .model import LRT
 from .optim import ROLES, build_optimizers
-from .schedules import Chunked, Exact, FullSequence, Interleaved, OnePass, run_schedule
+from .schedules import Chunked, Exact, FixedPoint, FullSequence, Interleaved, OnePass, run_schedule
 from .train import optimizer_step
 
 
@@ -88,6 +89,7 @@ TRAIN_CASES = {  # JSON key -> schedule (the transformer runs OnePass)
     "fullseq_3": FullSequence(3),
     "chunked_64": Chunked(64),
     "exact": Exact(),
+    "fixedpoint": FixedPoint(1e-2, 8, 1),
 }
 PREFILL_CASES = {"onepass": OnePass(), "interleaved_2": Interleaved(2), "exact": Exact()}
 
@@ -221,10 +223,13 @@ def _autocast(device: str):
     return contextlib.nullcontext()
 
 
-def _train_step_fn(model, opts, idx, targets, schedule, device):
+def _train_step_fn(model, opts, idx, targets, schedule, device, sweeps: list | None = None):
+    """One training step; a dynamic schedule's sweeps used are appended to `sweeps`."""
     def step(mark):
         with _autocast(device):
             out = run_schedule(model, idx, targets, schedule)
+        if sweeps is not None and out.measured is not None:
+            sweeps.append(out.measured["sweeps"])
         out.loss.backward()
         mark()  # forward + backward | optimizer
         optimizer_step(opts, model.parameters())
@@ -334,12 +339,14 @@ def _bench(device, preset, bp, T, B, prompt_n, dec_B, dec_steps, reps, warm, exa
     if exact_T != T:
         train.append(_Case("transformer_exact_T", _train_step_fn(plain, plain_opts, exact_idx, exact_targets,
                                                                   OnePass(), device), warm, reps))
+    sweeps: dict[str, list] = {}
     for key, sched in TRAIN_CASES.items():
         if key == "exact":
             train.append(_Case(key, _train_step_fn(lrt, lrt_opts, exact_idx, exact_targets, sched, device),
                                exact_warm, exact_reps))
         else:
-            train.append(_Case(key, _train_step_fn(lrt, lrt_opts, idx, targets, sched, device), warm, reps))
+            used = sweeps.setdefault(key, []) if hasattr(sched, "run") else None
+            train.append(_Case(key, _train_step_fn(lrt, lrt_opts, idx, targets, sched, device, used), warm, reps))
     log("training ...")
     _run_cases(train, timer, device, log)
 
@@ -393,6 +400,9 @@ def _bench(device, preset, bp, T, B, prompt_n, dec_B, dec_steps, reps, warm, exa
         "prefill_ratio": prefill_ratio,
         "decode_throughput_ratio": decode_ratio,
         "absolute": absolute,
+        # dynamic schedules: their spec and the sweeps used in every step run (warm-up included)
+        "sweeps_used": {k: {"spec": TRAIN_CASES[k].spec, "median": statistics.median(v), "samples": v}
+                        for k, v in sweeps.items()},
         "settings": {
             "model_preset": bp.model, "seq_len": T, "batch_size": B, "prompt_len": prompt_n,
             "prefill_batch": bp.prefill_batch, "decode_batch_N": dec_B, "decode_steps": dec_steps,
@@ -458,10 +468,14 @@ def format_table(result: dict) -> str:
         rf = f"{ratio_fb:6.2f}x" if ratio_fb is not None else "      -"
         return f"  {label:<{w}} {tm[k]:>9.1f} {r} {fb[k]:>10.1f} {rf} {op[k]:>10.1f}  {note}"
     lines.append(train_row("transformer (OnePass)", "transformer", 1.0, 1.0))
+    used = result.get("sweeps_used", {})
     for k in TRAIN_CASES:
         label = k if k != "exact" else f"exact (T={s['exact_seq_len']})"
-        lines.append(train_row(label, k, result["train_ratio"][k], result["train_ratio_fwd_bwd"][k],
-                               targets.get(k, "")))
+        note = targets.get(k, "")
+        if k in used:
+            label = used[k]["spec"]
+            note = f"(sweeps used: median {used[k]['median']:g}, {min(used[k]['samples'])}-{max(used[k]['samples'])})"
+        lines.append(train_row(label, k, result["train_ratio"][k], result["train_ratio_fwd_bwd"][k], note))
     if "transformer_exact_T" in tm:
         lines.append(train_row(f"transformer (T={s['exact_seq_len']})", "transformer_exact_T", None, None))
     lines.append(f"prefill ({s['prompt_len']}-token prompt, B={s['prefill_batch']})")

@@ -7,6 +7,8 @@
 | FullSequence(K, w)  | init: all; then K synchronous full refinements      | uniform mean, or sum w_k L_k / sum w_k (app. C.1) |
 | Chunked(C)          | contiguous chunks of C in order, no init            | mean CE over positions (sec. 3.2)    |
 | Exact()             | Chunked(1): one position per stage                  | mean CE over positions               |
+| FixedPoint(tol,N,G) | init; full refinements until the memory changes    | uniform mean over the differentiated |
+|                     | by <= tol, at most N (dynamic; last G differentiated)| stages (the last G; all if G >= N)  |
 
 Each position's final logits come from the last stage that computed it. In the limit,
 Interleaved(S=T) == FullSequence(K=T) == Chunked(1) == Exact == token-by-token decoding; the test
@@ -17,6 +19,7 @@ Targets use -1 for positions that do not count (as nanochat does).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -160,12 +163,140 @@ class Exact(Chunked):
         return "exact"
 
 
-Schedule = OnePass | Interleaved | FullSequence | Chunked | Exact
+@dataclass(frozen=True)
+class FixedPoint:
+    """Refine until the memory stops changing: an init stage, then full-sequence sweeps (as
+    FullSequence) until the memory's largest change between two sweeps is <= tol, or max_sweeps.
+
+    FullSequence(K) is Jacobi iteration on m_t = F(x_<=t, m_<t) (sec. 3.1: after K refinements
+    every position has seen exact memory for K steps; at K = T it equals Exact). This schedule
+    pays the sweeps the data needs instead of a fixed K. The change after sweep k is
+
+        r_k = max_{b,t} ||m^k_{b,t} - m^{k-1}_{b,t}|| / sqrt(mean_{b,t} ||m^k_{b,t}||^2)
+
+    (relative to the batch's RMS memory norm, so one tol fits raw and normed memory taps).
+
+    Gradient: truncated, like deep-equilibrium "phantom" gradients. Init and the sweeps before the
+    last `grad_sweeps` run under no_grad, through the blocks up to the source layer only (all the
+    memory needs; `LRT.deferred_layers`); the last grad_sweeps sweeps run the full stack with
+    autograd from the detached memory, so training memory is O(grad_sweeps) stages, not O(sweeps).
+    With grad_sweeps >= max_sweeps nothing is truncated: init and every sweep are differentiated
+    and the run equals FullSequence(k) for the k sweeps it used (loss and gradients; tested).
+    Otherwise the no_grad sweeps stop at convergence or at max_sweeps - grad_sweeps, and exactly
+    grad_sweeps differentiated sweeps follow (at a fixed point they re-apply F there).
+
+    Loss: the uniform mean of the differentiated stages' CE (FullSequence's default, so the
+    untruncated case is FullSequence(k) exactly; with grad_sweeps=1 it is the final stage's CE).
+    The no_grad stages produce no logits and no loss.
+
+    Cost (training-loop accounting, in full-stack forwards over the sequence, as `cost` of the
+    static schedules): each differentiated stage 1, each no_grad pass split/n_layer. It depends
+    on the data, so it is measured per step (`ScheduleOutput.measured["cost"]`); `cost` here is
+    the upper bound max_sweeps + 1.
+    """
+
+    tol: float = 1e-3
+    max_sweeps: int = 8
+    grad_sweeps: int = 1
+
+    def __post_init__(self):
+        if (isinstance(self.tol, bool) or not isinstance(self.tol, (int, float)) or not math.isfinite(self.tol)
+                or self.tol < 0):
+            raise ValueError(f"FixedPoint.tol={self.tol!r} is invalid; allowed: a finite number >= 0")
+        object.__setattr__(self, "tol", float(self.tol))
+        _positive_int("FixedPoint.max_sweeps", self.max_sweeps)
+        _positive_int("FixedPoint.grad_sweeps", self.grad_sweeps)
+
+    def stages(self, T: int) -> list[range]:
+        """The most it may run (init + max_sweeps full stages): for validation and FLOP bounds.
+        What it does run is in `ScheduleOutput.stages`."""
+        return [range(0, T)] * (self.max_sweeps + 1)
+
+    @property
+    def cost(self) -> float:
+        return float(self.max_sweeps + 1)  # upper bound; the measured cost is per step
+
+    @property
+    def spec(self) -> str:
+        g = f":{self.grad_sweeps}" if self.grad_sweeps != 1 else ""
+        return f"fixedpoint:{self.tol:g}:{self.max_sweeps}{g}"
+
+    def run(self, model, idx: torch.Tensor, buffer) -> "DynamicRun":
+        """Drive the stages on idx from `buffer` (empty); see the class docstring."""
+        T, L = idx.size(1), model.config.n_layer
+        full = range(0, T)
+        split = model.deferred_layers(1) if hasattr(model, "deferred_layers") else None
+        run = DynamicRun([], [], buffer)
+        residuals, per_position = [], []
+
+        def differentiated(buf):
+            logits, buf = model.stage(idx, full, buf)
+            run.stages.append(full)
+            run.stage_logits.append(logits)
+            run.cost += 1.0
+            return buf
+
+        def memory_only(buf):  # a no_grad pass: only the blocks that feed m_t
+            if split is None:
+                _, buf = model.stage(idx, full, buf)
+            else:
+                _, buf = model.stage(idx, full, buf, layers=range(0, split))
+            run.cost += (split or L) / L
+            return buf
+
+        def sweep(step, buf):  # -> (buffer, converged)
+            prev = buf.mem
+            buf = step(buf)
+            r, rp = memory_change(prev, buf.mem)
+            residuals.append(r)
+            per_position.append(rp)
+            return buf, r <= self.tol
+
+        converged = False
+        if self.grad_sweeps >= self.max_sweeps:  # untruncated: FullSequence(k) with a stopping rule
+            buffer = differentiated(buffer)
+            for _ in range(self.max_sweeps):
+                buffer, converged = sweep(differentiated, buffer)
+                if converged:
+                    break
+        else:
+            with torch.no_grad():
+                buffer = memory_only(buffer)
+                while len(residuals) < self.max_sweeps - self.grad_sweeps:
+                    buffer, converged = sweep(memory_only, buffer)
+                    if converged:
+                        break
+            for _ in range(self.grad_sweeps):
+                buffer, converged = sweep(differentiated, buffer)
+        run.buffer = buffer
+        run.measured = {"sweeps": len(residuals), "residuals": residuals, "converged": bool(converged),
+                        "cost": run.cost, "residual_per_position": torch.stack(per_position)}
+        return run
+
+
+@torch.no_grad()
+def memory_change(prev: torch.Tensor | None, new: torch.Tensor | None) -> tuple[float, torch.Tensor]:
+    """(r, r_t): the largest change of the memory between two sweeps relative to the batch's RMS
+    memory norm (FixedPoint), and per position (T,) the largest over the batch. None is zero memory."""
+    if new is None:  # no memory pathway: nothing can change
+        return 0.0, torch.zeros(0)
+    dtype = torch.promote_types(new.dtype, torch.float32)  # bf16 memory measured in fp32, fp64 kept
+    new = new.detach().to(dtype)
+    prev = torch.zeros_like(new) if prev is None else prev.detach().to(dtype)[:, :new.size(1)]
+    change = (new - prev).norm(dim=-1)                               # (B, T)
+    scale = new.norm(dim=-1).square().mean().sqrt()
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    per_position = (change / scale).amax(dim=0).cpu()
+    return float(per_position.max()), per_position
+
+
+Schedule = OnePass | Interleaved | FullSequence | Chunked | Exact | FixedPoint
 
 
 def parse_schedule(spec: str) -> Schedule:
-    """`onepass`, `interleaved:S`, `fullseq:K[:w0,w1,...]`, `chunked:C`, `exact` -> a schedule."""
-    allowed = "onepass, interleaved:S, fullseq:K[:w0,w1,...], chunked:C, exact"
+    """`onepass`, `interleaved:S`, `fullseq:K[:w0,w1,...]`, `chunked:C`, `exact`,
+    `fixedpoint:TOL:MAX[:G]` -> a schedule."""
+    allowed = "onepass, interleaved:S, fullseq:K[:w0,w1,...], chunked:C, exact, fixedpoint:TOL:MAX[:G]"
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"schedule={spec!r} is invalid; allowed: {allowed}")
     name, *args = spec.strip().lower().split(":")
@@ -181,6 +312,8 @@ def parse_schedule(spec: str) -> Schedule:
         if name == "fullseq" and len(args) in (1, 2):
             weights = tuple(float(x) for x in args[1].split(",")) if len(args) == 2 else None
             return FullSequence(int(args[0]), weights)
+        if name == "fixedpoint" and len(args) in (2, 3):
+            return FixedPoint(float(args[0]), int(args[1]), int(args[2]) if len(args) == 3 else 1)
     except ValueError as e:
         raise ValueError(f"schedule={spec!r} is invalid: {e}; allowed: {allowed}") from None
     raise ValueError(f"schedule={spec!r} is invalid; allowed: {allowed}")
@@ -194,6 +327,21 @@ class ScheduleOutput:
     stages: list[range]                     # the position set of each stage
     stage_logits: list[torch.Tensor]        # logits of each stage at its positions
     buffer: object                          # the final SequenceBuffer (prefill hands it to decoding)
+    measured: dict | None = None            # dynamic schedules: what they measured (FixedPoint: sweeps,
+                                            # residuals, converged, cost); None for the static ones
+
+
+@dataclass
+class DynamicRun:
+    """What a schedule that drives its own stages (`run(model, idx, buffer)`) returns: the stages
+    that produced logits (all differentiated, uniformly weighted in the loss), the final buffer,
+    the cost it ran (in full-stack forwards) and what it measured."""
+
+    stages: list[range]
+    stage_logits: list[torch.Tensor]
+    buffer: object
+    cost: float = 0.0
+    measured: dict = field(default_factory=dict)
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -236,7 +384,7 @@ def _as_schedule(schedule) -> Schedule:
         return OnePass()
     if isinstance(schedule, str):
         return parse_schedule(schedule)
-    if not isinstance(schedule, (OnePass, Interleaved, FullSequence, Chunked)):
+    if not isinstance(schedule, (OnePass, Interleaved, FullSequence, Chunked, FixedPoint)):
         raise ValueError(f"schedule={schedule!r} is invalid; allowed: OnePass(), Interleaved(S), FullSequence(K), "
                          "Chunked(C), Exact(), or a string: onepass, interleaved:S, fullseq:K[:w0,...], "
                          "chunked:C, exact")
@@ -292,6 +440,8 @@ def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None, 
     schedule = _as_schedule(schedule)
     if cache is not None and not isinstance(cache, dict):
         raise ValueError(f"cache={type(cache).__name__} is invalid; allowed: a dict (filled with the hooks) or None")
+    if hasattr(schedule, "run"):
+        return _run_dynamic(model, idx, targets, schedule, cache)
     T = idx.size(1)
     stages = schedule.stages(T)
     weights = schedule.stage_weights(T)
@@ -311,3 +461,22 @@ def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None, 
                             for P, lp in zip(stages, stage_logits)]
             loss = sum(w * l for w, l in zip(weights, stage_losses)) / sum(weights)
     return ScheduleOutput(logits, loss, stage_losses, stages, stage_logits, buffer)
+
+
+def _run_dynamic(model, idx, targets, schedule, cache) -> ScheduleOutput:
+    """run_schedule for a schedule that decides its stages as it goes (FixedPoint): it runs them
+    itself; the loss is the uniform mean over the stages that returned logits."""
+    T = idx.size(1)
+    if cache is not None:
+        with capture(model) as recorded:
+            ran = schedule.run(model, idx, model.empty_buffer(idx))
+        cache.update(recorded.assembled(T))
+    else:
+        ran = schedule.run(model, idx, model.empty_buffer(idx))
+    logits = assemble(list(zip(ran.stages, ran.stage_logits)), T)
+    loss, stage_losses = None, []
+    if targets is not None:
+        stage_losses = [cross_entropy(lp, targets[:, P.start:P.stop:P.step])
+                        for P, lp in zip(ran.stages, ran.stage_logits)]
+        loss = sum(stage_losses) / len(stage_losses)
+    return ScheduleOutput(logits, loss, stage_losses, ran.stages, ran.stage_logits, ran.buffer, ran.measured)

@@ -480,14 +480,19 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
         result.loss.backward()
         optimizer_step(opts, model.parameters(), cfg.grad_clip)
         n_tokens = inputs.numel()
+        # a dynamic schedule (FixedPoint) measures the stages it ran: account for those
+        step_cost = cost if result.measured is None else result.measured["cost"] * getattr(model, "forward_cost", 1.0)
         counters["tokens"] += n_tokens
-        counters["compute_tokens"] += n_tokens * cost
+        counters["compute_tokens"] += n_tokens * step_cost
         step += 1
         dt = time.perf_counter() - t_step
         record = {"kind": "train", "step": step, "loss": result.loss.item(),
                   "stage_losses": [l.item() for l in result.stage_losses], "lr_mult": mult, "length": length,
                   "tokens": counters["tokens"], "compute_tokens": counters["compute_tokens"],
                   "time": time.perf_counter() - t0, "tokens_per_s": n_tokens / max(dt, 1e-9)}
+        if result.measured is not None:
+            record.update(sweeps=result.measured["sweeps"], residual=result.measured["residuals"][-1],
+                          converged=result.measured["converged"], step_cost=step_cost)
         if not math.isfinite(record["loss"]):
             run.log(record)
             raise FloatingPointError(f"loss became {record['loss']} at step {step}; lower --lr-scale")
@@ -517,6 +522,8 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
     run.write_table("per_position", per_position_table(results))
     train_losses = [r["loss"] for r in run.metrics_records() if r.get("kind") == "train"]
     tail = train_losses[-max(1, len(train_losses) // 20):]
+    if hasattr(schedule, "run"):  # dynamic: the mean cost of the steps it ran, not the upper bound
+        cost = counters["compute_tokens"] / max(counters["tokens"], 1)
     run.write_summary({"status": "complete", "steps": cfg.steps, "final_loss": sum(tail) / len(tail),
                        "wall_time_s": time.perf_counter() - t0, "tokens": counters["tokens"],
                        "compute_tokens": counters["compute_tokens"], "schedule_cost": cost,

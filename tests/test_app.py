@@ -109,7 +109,7 @@ def test_every_page_renders(store, monkeypatch):
     at = run_app(monkeypatch, store)
     assert_clean(at)
     assert [t.label for t in at.tabs] == ["Runs", "Training curves", "Length generalisation", "Depth x length",
-                                         "Gap recovery", "Probes"]
+                                         "Gap recovery", "Probes", "Convergence"]
     assert sorted(runs_table(at)["run"]) == sorted(COMPLETE_RUNS + [UNKNOWN_RUN])
     shown = " ".join(m.value for m in at.tabs[0].markdown)
     assert all(name in shown for name in COMPLETE_RUNS)
@@ -118,7 +118,8 @@ def test_every_page_renders(store, monkeypatch):
     assert "half-written" in warnings and "mystery:7" in warnings
     assert "still-running" in " ".join(i.value for i in at.info)
     # Every chart page drew its charts, analysis pages included.
-    n_charts = {"Training curves": 1, "Length generalisation": 2, "Depth x length": 2, "Gap recovery": 1, "Probes": 1}
+    n_charts = {"Training curves": 1, "Length generalisation": 2, "Depth x length": 2, "Gap recovery": 1, "Probes": 1,
+                "Convergence": 0}  # no FixedPoint run in this store
     for tab in at.tabs[1:]:
         charts = [e for e in tab if getattr(e, "type", "") == "vega_lite_chart"]
         assert len(charts) == n_charts[tab.label], tab.label

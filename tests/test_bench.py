@@ -14,7 +14,7 @@ from lrt_lab import bench
 from lrt_lab.hooks import capture
 
 RATIO_KEYS = {
-    "train_ratio": {"interleaved_2", "interleaved_4", "fullseq_1", "fullseq_3", "chunked_64", "exact"},
+    "train_ratio": {"interleaved_2", "interleaved_4", "fullseq_1", "fullseq_3", "chunked_64", "exact", "fixedpoint"},
     "prefill_ratio": {"onepass", "interleaved_2", "exact"},
     "decode_throughput_ratio": {"batch_1", "batch_N"},
 }
@@ -54,6 +54,9 @@ def test_bench_tiny_writes_valid_json(tmp_path, capsys):
     assert {"train_step_ms", "prefill_ms", "decode_tokens_per_s"} <= set(absolute)
     assert all(_positive_finite(v) for v in _numbers(absolute)), absolute
     assert result["settings"]["prompt_len"] == 16  # the tiny preset shrinks the 1,024-token prompt
+    used = result["sweeps_used"]["fixedpoint"]
+    assert used["spec"] == "fixedpoint:0.01:8" and len(used["samples"]) == 1  # one repeat, no warm-up
+    assert all(1 <= k <= 8 for k in used["samples"]) and "sweeps used" in table
 
 
 def test_run_bench_from_python_returns_the_same_layout():

@@ -1,5 +1,5 @@
 """Analysis tools: what the memory carries (probes), how much of exact recurrence a parallel
-trainer recovers (gap), how much depth the memory is worth (depth), and seed statistics (stats).
+trainer recovers (gap), how sequential the learned recurrence is (convergence), how much depth the memory is worth (depth), and seed statistics (stats).
 
 Each tool writes tables into the run store: per-run tables with `Run.write_table` (probe_<decoding>,
 bpb), store-level tables under `<store>/.analysis/tables/` (gap_recovery, mismatch, refinement,
@@ -13,6 +13,8 @@ imported by the dashboard without importing torch.
 import importlib
 
 _LAZY = {
+    **dict.fromkeys(("convergence_run", "convergence_trace", "plot_convergence", "residual_per_sweep",
+                     "sweeps_to_converge"), "convergence"),
     **dict.fromkeys(("analyze_depth_sweep", "depth_table", "depth_worth", "min_depth", "plot_depth_curve"), "depth"),
     **dict.fromkeys(("analyze_gap", "bpb_of", "collect_bpb", "evaluate_bpb", "gap_recovery", "mismatch_table",
                      "plot_gap_recovery", "plot_mismatch", "plot_refinement", "recovered_fraction",

@@ -4,6 +4,7 @@ tables, write them (and a PNG of the plot) into the store.
     python -m lrt_lab.analysis probe runs/probe/RUN_A runs/probe/RUN_B --decoding exact
     python -m lrt_lab.analysis gap runs/gap
     python -m lrt_lab.analysis depth runs/depth --targets 4,8
+    python -m lrt_lab.analysis convergence runs/gap/RUN_A --tols 0.1,0.01
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ def main(argv=None) -> int:
     d.add_argument("store")
     d.add_argument("--metric", default=None)
     d.add_argument("--targets", default="", help="comma-separated pos@90 targets, e.g. 4,8")
+    c = sub.add_parser("convergence", help="fixed-point sweeps on trained runs (tables/convergence.csv + PNG)")
+    c.add_argument("runs", nargs="+")
+    c.add_argument("--n-sequences", type=int, default=128)
+    c.add_argument("--max-sweeps", type=int, default=None)
+    c.add_argument("--tols", default="0.1,0.01,0.001", help="comma-separated tolerances")
     a = p.parse_args(argv)
 
     import matplotlib
@@ -62,6 +68,19 @@ def main(argv=None) -> int:
             if not tables["gap_recovery"].empty:
                 out = analysis_dir(a.store) / "gap_recovery.png"
                 plot_gap_recovery(tables["gap_recovery"]).savefig(out, dpi=110)
+                print(f"plot: {out}")
+        elif a.cmd == "convergence":
+            from .convergence import convergence_run, plot_convergence, residual_per_sweep, sweeps_to_converge
+            tols = tuple(float(x) for x in a.tols.split(",") if x.strip())
+            for r in a.runs:
+                run = as_run(r)
+                trace = convergence_run(run, n_sequences=a.n_sequences, max_sweeps=a.max_sweeps)
+                need = sweeps_to_converge(trace, tols)
+                print(run.name)
+                print(residual_per_sweep(trace).to_string(index=False))
+                print(need[need["position"] == "all"].to_string(index=False))
+                out = run.path / "convergence.png"
+                plot_convergence(trace, tols, title=run.name).savefig(out, dpi=110)
                 print(f"plot: {out}")
         else:
             targets = tuple(float(x) for x in a.targets.split(",") if x.strip())
