@@ -204,7 +204,7 @@ def _build(name: str, memory, seq_len: int, device: str, seed: int, compile_: bo
     infer = copy.deepcopy(model).to(torch.bfloat16) if device == "cuda" else model
     if compile_:
         # Compiles the stage primitive; strided and chunk stages recompile per position set, and
-        # torch.compile's first step is slow (NOTES.md: 46 s on CPU), so this is opt-in.
+        # torch.compile's first step is slow (tens of seconds on CPU, docs/design.md), so this is opt-in.
         model.stage = torch.compile(model.stage, dynamic=False)
         if infer is not model:
             infer.stage = torch.compile(infer.stage, dynamic=False)

@@ -1,4 +1,4 @@
-"""The state a stage reads and writes (DESIGN.md "One primitive: a stage over a shared buffer").
+"""The state a stage reads and writes (docs/design.md "One primitive: a stage over a shared buffer").
 
 For every layer, the K and V that attention sees at each position, and the memory row
 m[t] = h^src_t for every position. A stage over positions P reads memory m[t-lag] for t in P,

@@ -1,4 +1,4 @@
-"""The core's invariants (DESIGN.md), in float64 on tiny random models with every pathway active."""
+"""The core's invariants (docs/design.md), in float64 on tiny random models with every pathway active."""
 
 import dataclasses
 

@@ -214,7 +214,7 @@ def test_bad_sweep_specs_name_the_field(spec, field):
 
 @pytest.mark.slow
 def test_lrt_starting_as_the_plain_model_learns_at_least_as_fast_per_step(tmp_path):
-    """NOTES.md: a raw 0.1*h memory stalled a prototype; an LRT whose memory pathway starts at zero
+    """A raw 0.1*h memory stalled a prototype; an LRT whose memory pathway starts at zero
     (gamma_init=0, rec_init=zero) is the plain model at step 0 and must not learn slower per step.
     Same seed, so same backbone weights and the same batches; S3 prefix products at length 6."""
     common = dict(steps=120, batch_size=64, eval_every=0, eval_lengths=(6,), checkpoint_every=0,
