@@ -54,10 +54,10 @@ def _label(df: pd.DataFrame) -> pd.Series:
         elif r.get("config.kind") == "lrt":  # the paper preset and what was changed on top of it
             if src is not None and not pd.isna(src):
                 text += f", memory from block {int(src)}"
-            if r.get("config.model.memory.source_tap", "resid") != "resid":
-                text += f", {r['config.model.memory.source_tap']}"
-            if r.get("config.model.memory.projections", "shared") != "shared":
-                text += f", {r['config.model.memory.projections']}"
+            for field, default in (("source_tap", "resid"), ("projections", "shared")):
+                value = r.get(f"config.model.memory.{field}")
+                if isinstance(value, str) and value != default:  # NaN: a run from before the field
+                    text += f", {value}"
         return text + ")"
     return df.apply(label, axis=1)
 
