@@ -77,7 +77,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from lrt_lab.config import PRESETS
+from lrt_lab.config import MEMORY_PRESETS, PRESETS
 from lrt_lab.model import LRT
 from lrt_lab.results import Run
 from lrt_lab.optim import build_optimizers
@@ -316,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--schedule", default=None,
                    help="training schedule: onepass, interleaved:S, fullseq:K[:w..], chunked:C, exact "
                         "(default: interleaved:2 for lrt, onepass for transformer)")
+    m.add_argument("--memory-preset", default="paper", choices=sorted(MEMORY_PRESETS),
+                   help="LRT memory: paper (its text) or released (its released code); --set applies on top")
     m.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="ModelConfig field or memory.<field>, e.g. memory.projections=layerwise (repeatable)")
     m.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the preset's)")
@@ -425,7 +427,8 @@ def run_name(args) -> str:
 
 def build_config(args, vocab_size: int):
     seq_len = args.seq_len or PRESETS[args.preset]["sequence_len"]
-    spec = SimpleNamespace(model=args.model, overrides=args.overrides, preset=args.preset, length=seq_len)
+    spec = SimpleNamespace(model=args.model, overrides=args.overrides, preset=args.preset, length=seq_len,
+                           memory_preset=getattr(args, "memory_preset", "paper"))
     return model_config(spec, vocab_size)
 
 
