@@ -120,7 +120,9 @@ class MemoryPathway(nn.Module):
         """x_bar = x + gamma_l * m (sec. 2.2; the backbone has already formed alpha_l x + beta_l x0)."""
         if self.gamma is None or mem.zero:
             return x
-        return x + self.gamma[l] * mem.m
+        if "gammas" not in mem.projected:  # one unbind per stage, not an indexing kernel per layer
+            mem.projected["gammas"] = self.gamma.unbind(0)
+        return torch.addcmul(x, mem.projected["gammas"][l], mem.m)
 
     def gate_values(self, l: int, h: torch.Tensor):
         """(g_loc, g_rec), each (B, n, n_kv_head): 2 * sigmoid(W_g h) (eq. 3); (None, None) when
@@ -157,7 +159,7 @@ class MemoryPathway(nn.Module):
             base = torch.zeros_like(local) if drop_local else (local if gl is None else gl * local)
             if rec is None:  # zero memory: W_rec m = 0
                 return base
-            return base + (rec if gr is None else gr * rec)
+            return base + rec if gr is None else torch.addcmul(base, gr, rec)
 
         for name in ("q_rec", "k_rec", "v_rec"):
             if getattr(self, name) is None:

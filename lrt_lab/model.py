@@ -132,7 +132,7 @@ class Attention(nn.Module):
         v = self.c_v(h).view(B, n, self.n_kv_head, self.head_dim)
         if value_embed is not None:  # nanochat's value embeddings, gated per head: 2 sigmoid(W h[:32])
             g = 2 * torch.sigmoid(self.ve_gate(h[..., :self.ve_gate.in_features]))
-            v = v + g.unsqueeze(-1) * value_embed.to(v.dtype)
+            v = torch.addcmul(v, g.unsqueeze(-1), value_embed.to(v.dtype))
         if memory is not None:
             g_loc, g_rec = ctx.pathway.gate_values(self.layer, h)
             if g_loc is not None:
@@ -178,10 +178,10 @@ class Block(nn.Module):
         """x_bar = alpha x + beta x0 (+ gamma m), then attention and MLP; alpha, beta: this layer's
         scalars (None: 1 and 0); value_embed: this layer's value embedding of the tokens."""
         P = ctx.positions
-        if alpha is not None:
+        if beta is not None:  # alpha x + beta x0 in two kernels (decoding is launch-bound)
+            x = beta * ctx.x0 + x if alpha is None else torch.addcmul(beta * ctx.x0, alpha, x)
+        elif alpha is not None:
             x = alpha * x
-        if beta is not None:
-            x = x + beta * ctx.x0
         memory = ctx.memory
         if memory is not None:
             m = self.hook_mem_in(memory.m, positions=P)
