@@ -125,12 +125,17 @@ def run_demo(out: str = "runs", quick: bool = False, quiet: bool = False) -> pd.
         torch.set_num_threads(saved)  # a process-wide setting: give it back to the caller
 
 
+def _threads_label() -> str:
+    n = torch.get_num_threads()
+    return f"{n} CPU thread{'' if n == 1 else 's'}; OMP_NUM_THREADS sets {'it' if n == 1 else 'them'}"
+
+
 def _run_demo(out: str, quick: bool, quiet: bool) -> pd.DataFrame:
     t0 = time.perf_counter()
     print(f"lrt-lab demo: S3 prefix products (non-commutative state tracking), trained at length {TRAIN_LENGTH} "
           f"with a 4 -> {TRAIN_LENGTH} curriculum,\nevaluated at lengths {EVAL_LENGTHS} with the training "
           "schedule's parallel forward and with exact recurrent decoding "
-          f"({torch.get_num_threads()} CPU threads; OMP_NUM_THREADS sets them).\n")
+          f"({_threads_label()}).\n")
     runs = []
     for cfg in demo_configs(quick):
         folder = Path(out) / cfg.run_name

@@ -31,7 +31,10 @@ if (( assume_missing && !dry )); then
   echo "setup.sh: --assume-missing only plans (use it with --dry-run)" >&2; exit 2
 fi
 
-PYTHON=${PYTHON:-$(command -v python3 || command -v python)}
+PYTHON=${PYTHON:-$(command -v python3 || command -v python || true)}
+if [[ -z $PYTHON ]] || ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+  echo "setup.sh: needs Python >= 3.10 (found: '${PYTHON:-none}'); set PYTHON=/path/to/python3" >&2; exit 2
+fi
 PYTHON=$("$PYTHON" -c 'import sys; print(sys.executable)')  # the real interpreter, not a shim: fast to start
 EXTRAS="dev,app,notebooks"
 STAMP=.setup-stamp   # in .gitignore; records what was installed, so a second run can skip pip
