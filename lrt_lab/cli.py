@@ -111,7 +111,7 @@ def cmd_sweep(a) -> int:
 
 def cmd_demo(a) -> int:
     from .demo import run_demo
-    run_demo(out=a.out, quick=a.quick)
+    run_demo(out=a.out, quick=a.quick, quiet=a.quiet)
     return 0
 
 
@@ -160,6 +160,7 @@ def build_parser() -> Parser:
     p = sub.add_parser("demo", help="the main job: transformer vs LRT on a state-tracking task, in minutes")
     p.add_argument("--out", default="runs", help="run store directory")
     p.add_argument("--quick", action="store_true", help="a much shorter run (smoke test, not a result)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars, only the table and the summary")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("report", help="a comparison table over the runs in a store (mean, 95% t-interval over seeds)")

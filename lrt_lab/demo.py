@@ -14,6 +14,7 @@ uses exact recurrent decoding: the way the model would really be used.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -51,11 +52,21 @@ def demo_configs(quick: bool = False) -> list[TrainConfig]:
 
 
 def accuracy_at(run: Run, positions=(2, 4, 6, 8, 12, 24, 48)) -> pd.Series:
-    """Exact-decoding accuracy at a few positions, read from the longest evaluation."""
+    """Exact-decoding accuracy at a few positions, read from the longest evaluation.
+
+    Labelled "accuracy at position p": the run store's `acc@L` columns are accuracy over a whole
+    sequence of length L, a different quantity.
+    """
     table = load_table(run.path, "per_position")
-    longest = table[(table["mode"] == "exact") & (table["length"] == table["length"].max())]
+    length = table["length"].max()
+    longest = table[(table["mode"] == "exact") & (table["length"] == length)]
     acc = longest.set_index("position")["accuracy"]
-    return pd.Series({f"acc@{p}": acc.get(p, float("nan")) for p in positions if p in acc.index})
+    return pd.Series({f"accuracy at position {p} (exact, L={length})": acc[p] for p in positions if p in acc.index})
+
+
+def chance(run: Run) -> float:
+    """Accuracy of a uniform guess: 1/|group| (the prefix tasks' vocabulary is the group)."""
+    return 1.0 / run.config["task_vocab_size"]
 
 
 def side_by_side(runs: list[Run]) -> pd.DataFrame:
@@ -67,8 +78,9 @@ def side_by_side(runs: list[Run]) -> pd.DataFrame:
             row[f"pos@90 parallel (L={length})"] = int(figs.loc[length, "pos90_parallel"])
             row[f"pos@90 exact (L={length})"] = int(figs.loc[length, "pos90_exact"])
         row.update(accuracy_at(run).round(3).to_dict())
+        row[f"chance (1/|group| = 1/{run.config['task_vocab_size']})"] = round(chance(run), 3)
         row["train time (s)"] = round(run.summary["wall_time_s"])
-        row["params (+memory)"] = _params(run)
+        row["parameters"] = _params(run)
         row["memory preset, init"] = _memory(run)  # the demo overrides the paper's init (say so)
         rows[run.name] = row
     return pd.DataFrame(rows)
@@ -83,16 +95,47 @@ def _memory(run: Run) -> str:
 
 
 def _params(run: Run) -> str:
+    """The model's own parameter count; an LRT's says what its memory pathway adds."""
     p = run.config["params"]
-    return f"{p['baseline']:,}" + (f" (+{p['added_pct_of_baseline']:.1f}%)" if p["added"] else "")
+    return f"{p['total']:,}" + (f" (+{p['added_pct_of_baseline']:.1f}% memory)" if p["added"] else "")
 
 
-def run_demo(out: str = "runs", quick: bool = False) -> pd.DataFrame:
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+def demo_threads() -> int | None:
+    """Threads for the demo: the user's OMP_NUM_THREADS if set (None: leave torch alone), else at most 4.
+
+    torch defaults to every core; these models are small, so past a few threads the gain is
+    nothing and on a shared machine the contention costs more.
+    """
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    return min(os.cpu_count() or 1, 4)
+
+
+def run_demo(out: str = "runs", quick: bool = False, quiet: bool = False) -> pd.DataFrame:
+    """Train (or reuse) the three demo runs in `out` and print their side-by-side table.
+
+    quiet: no progress bars (the header, the table and the summary are still printed).
+    """
+    threads, saved = demo_threads(), torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _run_demo(out, quick, quiet)
+    finally:
+        torch.set_num_threads(saved)  # a process-wide setting: give it back to the caller
+
+
+def _threads_label() -> str:
+    n = torch.get_num_threads()
+    return f"{n} CPU thread{'' if n == 1 else 's'}; OMP_NUM_THREADS sets {'it' if n == 1 else 'them'}"
+
+
+def _run_demo(out: str, quick: bool, quiet: bool) -> pd.DataFrame:
     t0 = time.perf_counter()
     print(f"lrt-lab demo: S3 prefix products (non-commutative state tracking), trained at length {TRAIN_LENGTH} "
           f"with a 4 -> {TRAIN_LENGTH} curriculum,\nevaluated at lengths {EVAL_LENGTHS} with the training "
-          "schedule's parallel forward and with exact recurrent decoding.\n")
+          "schedule's parallel forward and with exact recurrent decoding "
+          f"({_threads_label()}).\n")
     runs = []
     for cfg in demo_configs(quick):
         folder = Path(out) / cfg.run_name
@@ -100,7 +143,9 @@ def run_demo(out: str = "runs", quick: bool = False) -> pd.DataFrame:
             print(f"{cfg.run_name}: already trained in {folder} (delete it to retrain)")
             runs.append(Run(folder))
             continue
-        runs.append(train(cfg, out=out, resume=folder.exists(), progress=True))
+        if quiet:
+            print(f"training {cfg.run_name} ...", flush=True)
+        runs.append(train(cfg, out=out, resume=folder.exists(), progress=not quiet))
     table = side_by_side(runs)
     with pd.option_context("display.max_colwidth", 40, "display.width", 120):
         print("\n" + table.to_string())
@@ -108,7 +153,8 @@ def run_demo(out: str = "runs", quick: bool = False) -> pd.DataFrame:
     key = f"pos@90 exact (L={max(EVAL_LENGTHS)})"
     print(f"\npos@90 with exact decoding at length {max(EVAL_LENGTHS)} (4x training): transformer "
           f"{tf[key]}, LRT trained with Interleaved(2) {inter[key]}, with FullSequence(3) {full[key]}.")
-    print("pos@90 = the last position p such that accuracy >= 90% at every position 1..p (paper's metric).")
+    print("pos@90 = the last position p such that accuracy >= 90% at every position 1..p (paper's metric); "
+          f"chance = {chance(runs[0]):.3f} at every position (a uniform guess).")
     print(f"\nDone in {time.perf_counter() - t0:.0f} s. Runs are in {Path(out).resolve()}.")
     print(f"Compare them in the dashboard:  lrt-lab app --runs {out}")
     print(f"Or as a table:                  lrt-lab report {out}")

@@ -412,6 +412,20 @@ def restore_checkpoint(run: Run, model, opts, generator, device) -> dict | None:
     return None
 
 
+def _progress_bar(total: int, initial: int, desc: str):
+    """A tqdm bar that redraws at most every 30 s when stderr is not a terminal or notebook.
+
+    tqdm redraws ~10x a second; in a log file (CI, nohup, a pipe) every redraw is a line, and a
+    run of a few hundred fast steps wrote one per step.
+    """
+    from tqdm.asyncio import tqdm as console_tqdm
+    from tqdm.auto import tqdm
+    in_notebook = tqdm is not console_tqdm  # tqdm.auto picked the Jupyter widget
+    interactive = in_notebook or sys.stderr.isatty()
+    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, leave=True,
+                mininterval=0.1 if interactive else 30.0)
+
+
 def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: bool = False,
           progress: bool = True, stop_after: int | None = None, deadline: float | None = None) -> Run:
     """Train one run into out/<cfg.run_name>; returns the Run (complete unless stop_after hit).
@@ -460,10 +474,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
     if cfg.compile:
         model.stage = torch.compile(model.stage)  # compiles the one primitive every stage uses
     cost = schedule.cost * getattr(model, "forward_cost", 1.0)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=cfg.steps, initial=start, desc=run.name, dynamic_ncols=True, leave=True)
+    bar = _progress_bar(cfg.steps, start, run.name) if progress else None
     last_eval, results = {}, None
     model.train()
     step = start
@@ -507,7 +518,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
             key = f"pos90_exact@{cfg.eval_lengths[0]}"
             if key in last_eval:
                 post["pos@90"] = last_eval[key]
-            bar.set_postfix(post)
+            bar.set_postfix(post, refresh=False)  # shown at the bar's own rate, not once per step
             bar.update(1)
         if deadline is not None and time.monotonic() >= deadline and step < stop:
             stop = step  # out of time: checkpoint here, resume later

@@ -1,7 +1,7 @@
 """The dashboard in a real browser: `streamlit run` on 127.0.0.1, headless Chromium through selenium,
 in a 1400 px window.
 
-Needs the Debian packages `chromium` and `chromium-driver` (.ci/run installs them when missing);
+Needs the Debian packages `chromium` and `chromium-driver` (make test installs them when missing, as root with apt-get);
 skipped, saying why, where they are not installed. Every tab is screenshotted into
 $LRT_SCREENSHOT_DIR (default: the system temp folder) and the test's tmp_path, so a person can look
 at what the browser drew: on a small store of several groups, and on the committed `results/`.
@@ -35,10 +35,10 @@ pytestmark = pytest.mark.slow
 
 def _require_browser():
     pytest.importorskip("streamlit")
-    pytest.importorskip("selenium", reason="selenium is not installed (pip install -e '.[app]')")
+    pytest.importorskip("selenium", reason="selenium is not installed (pip install -e '.[dev]', or make test)")
     for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
         if not os.access(path, os.X_OK):
-            pytest.skip(f"{path} not found: install the Debian package {package} (.ci/run does where it can)")
+            pytest.skip(f"{path} not found: install the Debian package {package} (make test does where it can)")
 
 
 def _free_port() -> int:

@@ -232,11 +232,47 @@ def test_lrt_starting_as_the_plain_model_learns_at_least_as_fast_per_step(tmp_pa
 @pytest.mark.slow
 def test_demo_quick_trains_three_models_and_reuses_them(tmp_path, capsys):
     from lrt_lab.demo import run_demo
-    table = run_demo(out=str(tmp_path), quick=True)
+    table = run_demo(out=str(tmp_path), quick=True, quiet=True)
+    printed = capsys.readouterr()
     assert list(table.columns) == ["demo-transformer-quick", "demo-lrt-interleaved2-quick", "demo-lrt-fullseq3-quick"]
     assert "pos@90 exact (L=48)" in table.index and "train time (s)" in table.index
+    # accuracy at a position of the longest evaluation, never the store's acc@L (over a whole sequence)
+    acc_rows = [r for r in table.index if r.startswith("accuracy at position ")]
+    assert acc_rows[0] == "accuracy at position 2 (exact, L=48)" and len(acc_rows) == 7
+    assert not any(r.startswith("acc@") for r in table.index)
+    assert (table.loc["chance (1/|group| = 1/6)"] == round(1 / 6, 3)).all()  # S3 has 6 elements
+    # each model's own count: the LRTs' is the transformer's plus the memory pathway
+    reports = [Run(tmp_path / name).config["params"] for name in table.columns]
+    assert reports[0]["added"] == 0 and reports[1]["total"] == reports[0]["total"] + reports[1]["added"] > reports[0]["total"]
+    assert table.loc["parameters"].tolist() == [
+        f"{reports[0]['total']:,}", *(f"{r['total']:,} (+{r['added_pct_of_baseline']:.1f}% memory)" for r in reports[1:])]
+    assert printed.out.count("training demo-") == 3 and "it/s" not in printed.err  # quiet: no progress bars
     df = load_runs(tmp_path)
     assert sorted(df["config.schedule"]) == ["fullseq:3", "interleaved:2", "onepass"]
-    capsys.readouterr()
     run_demo(out=str(tmp_path), quick=True)  # a second demo reuses the complete runs
     assert capsys.readouterr().out.count("already trained") == 3
+
+
+def test_demo_threads_follow_omp_num_threads(monkeypatch):
+    from lrt_lab.demo import demo_threads
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert demo_threads() is None  # the user's choice: left alone
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    assert demo_threads() == 4
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert demo_threads() == 2
+
+
+def test_progress_bar_is_rate_limited_off_a_terminal(monkeypatch):
+    import io
+    from lrt_lab.train import _progress_bar
+    log = io.StringIO()  # not a TTY, as under CI or nohup
+    monkeypatch.setattr("sys.stderr", log)
+    bar = _progress_bar(400, 0, "run")
+    for _ in range(400):
+        bar.set_postfix({"loss": "1.0"}, refresh=False)
+        bar.update(1)
+    bar.close()
+    assert bar.mininterval == 30.0
+    assert log.getvalue().count("\r") <= 3  # the first draw, the last, and at most one more

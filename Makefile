@@ -1,0 +1,24 @@
+# The two commands of a fresh clone (README "Set up"). Each first runs scripts/setup.sh, which installs
+# only what is missing (torch chosen for this machine, the project with its extras, and for `test`
+# Chromium for the browser test) and takes about a second when nothing is.
+#   make demo [ARGS="--quick"]            then `lrt-lab demo`
+#   make test [ARGS="-k invariants -x"]   then `python -m pytest -q`
+# PYTHON=... picks the interpreter; TORCH_SPEC, PIP_EXTRA, SKIP_BROWSER: see scripts/setup.sh.
+PYTHON ?= $(shell command -v python3 || command -v python)
+ARGS ?=
+export PYTHON
+
+.PHONY: demo test setup-demo setup-test
+
+setup-demo:
+	@bash scripts/setup.sh demo
+
+setup-test:
+	@bash scripts/setup.sh test
+
+# `python -m lrt_lab.cli` is the `lrt-lab` entry point, and works where pip's scripts folder is not on PATH.
+demo: setup-demo
+	$(PYTHON) -m lrt_lab.cli demo $(ARGS)
+
+test: setup-test
+	$(PYTHON) -m pytest -q $(ARGS)

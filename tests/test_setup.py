@@ -1,0 +1,76 @@
+"""scripts/setup.sh (what `make demo` / `make test` run first) chooses torch as the README says.
+
+Planned with --dry-run --assume-missing (as on a fresh machine without torch): nothing is
+installed, the commands it would run are printed as `+ ...` lines. The machine's GPU and pip
+configuration are replaced by a fake `nvidia-smi` and PIP_CONFIG_FILE.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SETUP = Path(__file__).resolve().parent.parent / "scripts" / "setup.sh"
+
+
+def _plan(tmp_path: Path, *args: str, gpu: bool = False, pip_conf: str | None = None, **env: str):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\nexit {0 if gpu else 1}\n")
+    fake.chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "TORCH_SPEC", "SKIP_BROWSER"))}
+    if pip_conf is None:
+        base["PIP_CONFIG_FILE"] = os.devnull  # pip then reads no config file at all
+    else:
+        (tmp_path / "pip.conf").write_text(pip_conf)
+        base["PIP_CONFIG_FILE"] = str(tmp_path / "pip.conf")
+        base["PIP_NO_USER_CONFIG"] = "1"
+    base.update(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", PYTHON=sys.executable, **env)
+    proc = subprocess.run(["bash", str(SETUP), *args], env=base, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=60)
+    return proc, [line[2:] for line in proc.stdout.splitlines() if line.startswith("+ ")]
+
+
+def _torch_command(commands: list[str]) -> str:
+    (cmd,) = [c for c in commands if " install torch" in c]
+    return cmd.split(" -m pip ", 1)[1]
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("gpu", "install torch"),
+    ("local", "install torch==2.13.0"),
+    ("plain", "install torch --index-url https://download.pytorch.org/whl/cpu"),
+])
+def test_torch_is_chosen_for_the_machine(tmp_path, case, expected):
+    conf = {"gpu": None, "plain": None, "local": "[global]\nfind-links = /nonexistent/wheels\n"}[case]
+    proc, commands = _plan(tmp_path, "--dry-run", "--assume-missing", gpu=case == "gpu", pip_conf=conf)
+    assert proc.returncode == 0, proc.stderr
+    assert _torch_command(commands) == expected
+    assert commands[-1].endswith("-m pip install -e .[dev,app,notebooks]")  # then the project
+
+
+def test_overrides_and_the_browser_step(tmp_path):
+    proc, commands = _plan(tmp_path, "test", "--dry-run", "--assume-missing", gpu=True,
+                           TORCH_SPEC="torch==2.5.1 --index-url https://example.invalid/cu121",
+                           PIP_EXTRA="--no-cache-dir")
+    assert proc.returncode == 0, proc.stderr
+    assert _torch_command(commands) == "install torch==2.5.1 --index-url https://example.invalid/cu121 --no-cache-dir"
+    assert any(c.endswith("install -e .[dev,app,notebooks] --no-cache-dir") for c in commands)
+    if os.geteuid() == 0 and any(Path(p, "apt-get").exists() for p in os.environ["PATH"].split(os.pathsep)):
+        assert commands[-1].endswith("apt-get install -y chromium chromium-driver")
+    else:
+        assert "tests/test_app_browser.py will skip" in proc.stdout
+    _, demo_commands = _plan(tmp_path, "demo", "--dry-run", "--assume-missing")
+    assert not any("apt-get" in c for c in demo_commands)  # the demo needs no browser
+
+
+def test_bad_arguments_are_refused(tmp_path):
+    proc, _ = _plan(tmp_path, "--frobnicate")
+    assert proc.returncode == 2 and "--frobnicate" in proc.stderr
+    proc, commands = _plan(tmp_path, "--assume-missing")  # would install for real: refused
+    assert proc.returncode == 2 and not commands
