@@ -1,7 +1,7 @@
 """Dashboard page for FixedPoint runs: sweeps used per training step, and the convergence
 diagnostics (`python -m lrt_lab.analysis convergence RUN`) of trained runs.
 
-Self-contained (it reads the store through app.data only) so app/views.py only lists the page.
+Self-contained (it reads the store through lrt_app.data only) so app/views.py only lists the page.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import data
+from lrt_app import data
 
 HINT = ("No per-sweep diagnostics yet: run `python -m lrt_lab.analysis convergence RUN_FOLDER [...]` (it writes "
         "`tables/convergence.csv`: sweep, position, residual, error), then press Reload.")

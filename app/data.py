@@ -46,6 +46,9 @@ RUN_COLUMNS = ["run", "status", "task", "method", "seed", "length", "preset", "n
 FILTERS = {"group": "store_group", "task": "task", "model": "kind", "schedule": "schedule", "seed": "seed"}
 
 # Where the store is --------------------------------------------------------------------------------
+# the run store committed with the repository, next to the experiments that produced it
+COMMITTED_STORE = "experiments/results"
+
 def default_runs_dir(argv=None, environ=None, cwd=None) -> str:
     """`-- --runs DIR` on the command line, else $LRT_RUNS, else ./runs if it exists, else ./results."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -60,9 +63,9 @@ def default_runs_dir(argv=None, environ=None, cwd=None) -> str:
     if environ.get("LRT_RUNS"):
         return environ["LRT_RUNS"]
     cwd = Path.cwd() if cwd is None else Path(cwd)
-    if (cwd / "runs").is_dir() or not (cwd / "results").is_dir():
+    if (cwd / "runs").is_dir() or not (cwd / COMMITTED_STORE).is_dir():
         return "runs"
-    return "results"
+    return COMMITTED_STORE
 
 
 def _stat(path) -> tuple | None:

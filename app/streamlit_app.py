@@ -19,7 +19,7 @@ if _ROOT not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from app import data, views  # noqa: E402
+from lrt_app import data, views  # noqa: E402
 
 
 def sidebar() -> tuple[str, bool]:

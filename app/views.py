@@ -1,5 +1,5 @@
 """The dashboard's pages. Each takes the Context (store, runs shown) and draws with Streamlit;
-the numbers come from app.data.
+the numbers come from lrt_app.data.
 
 Charts are plain Vega-Lite specs drawn in the browser (st.vega_lite_chart, data shipped as Arrow):
 cheap on the server, with tooltips and zoom, and one colour per group of seeds on every page.
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import streamlit as st
 
-from app import data
+from lrt_app import data
 
 # Where the analysis tables come from: shown when a store has none yet.
 HINT_PROBES = ("No probe tables yet: run `python -m lrt_lab.analysis probe RUN_FOLDER [RUN_FOLDER ...]` (it writes "
@@ -666,7 +666,7 @@ def probes_page(ctx: Context) -> None:
                "the previous step's state) and position.")
 
 
-from app.convergence import convergence_page  # noqa: E402 (FixedPoint runs; issue 18)
+from lrt_app.convergence import convergence_page  # noqa: E402 (FixedPoint runs; issue 18)
 
 PAGES = {
     "Runs": runs_page,

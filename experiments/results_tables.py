@@ -1,4 +1,4 @@
-"""The README's "Results" tables, from a run store (default: the committed `results/`).
+"""The README's "Results" tables, from a run store (default: the committed `experiments/results/`).
 
     python experiments/results_tables.py [STORE]
 
@@ -126,7 +126,7 @@ def gap_table(df: pd.DataFrame) -> str | None:
                                            "paper"])
 
 
-def main(store: str = "results") -> None:
+def main(store: str = "experiments/results") -> None:
     df = load_runs(store)
     if df.empty:
         raise SystemExit(f"store={store!r}: no complete runs")

@@ -16,7 +16,7 @@
 # finished runs dropped, only the newest of the run in progress kept). On the host:
 #   cat <files_at>/store.tgz.* | tar -xz        # restores runs/a5_paper
 # and the next call names runs/a5_paper in `carry`. Finished runs go to the committed store with
-#   rsync -a --exclude checkpoints runs/a5_paper/ results/
+#   rsync -a --exclude checkpoints runs/a5_paper/ experiments/results/
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SPEC=${SPEC:-experiments/a5_paper.toml}

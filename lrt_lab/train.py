@@ -17,7 +17,7 @@ Evaluation uses the decoding the model will really use: per-position accuracy an
 evaluation length with the training schedule's parallel forward *and* with exact recurrent decoding
 (the Decoder, one position at a time), so the train/inference mismatch is visible.
 
-Tasks come from a provider registered under the `lrt_lab.tasks` entry point (the built-in `tasks`
+Tasks come from a provider registered under the `lrt_lab.tasks` entry point (the built-in `lrt_tasks`, the tasks/ folder
 package registers itself), so lrt_lab never imports the task code; a Task object can also be passed
 directly to `train(..., task=...)`.
 """
@@ -78,7 +78,7 @@ class TrainConfig:
     schedule: str = "interleaved:2"
     steps: int = _ranged(1000, 1)
     batch_size: int = _ranged(64, 1)
-    seed: int = _ranged(0, 0, TRAIN_SEED_LIMIT - 1)   # below the evaluation seeds (tasks.evaluation)
+    seed: int = _ranged(0, 0, TRAIN_SEED_LIMIT - 1)   # below the evaluation seeds (lrt_tasks.evaluation)
     lr_scale: float = _ranged(1.0, 0)
     matrix_lr: float = _ranged(0.02, 0)    # Muon (paper: 0.02)
     embedding_lr: float = _ranged(0.1, 0)  # AdamW, before (d/768)^-1/2 (paper 0.3; capped for toys)
@@ -124,7 +124,7 @@ class TrainConfig:
 
 # Tasks ------------------------------------------------------------------------------------------
 def task_provider():
-    """The module registered under the `lrt_lab.tasks` entry point (the built-in `tasks`)."""
+    """The module registered under the `lrt_lab.tasks` entry point (the built-in `lrt_tasks`, the tasks/ folder)."""
     eps = list(importlib.metadata.entry_points(group="lrt_lab.tasks"))
     if not eps:
         raise ValueError("task: no task provider is installed; `pip install -e .` registers the built-in tasks")

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 # Training seeds stay below this: evaluation sets are drawn from generators seeded at or above it
-# (tasks.evaluation.EVAL_SEED_OFFSET imports it), so no training batch can come from an evaluation
+# (lrt_tasks.evaluation.EVAL_SEED_OFFSET imports it), so no training batch can come from an evaluation
 # stream, and every seed fits torch's int64 generator seeds.
 TRAIN_SEED_LIMIT = 2**62
 

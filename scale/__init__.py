@@ -2,10 +2,10 @@
 
 Part 1 (data side, no GPU needed):
 
-* :mod:`scale.data` -- the shard format, ``python -m scale.data download``, a local shard reader.
-* :mod:`scale.tokenizer` -- byte-level BPE (train with HF ``tokenizers``, encode with ``tiktoken``),
+* :mod:`lrt_scale.data` -- the shard format, ``python -m lrt_scale.data download``, a local shard reader.
+* :mod:`lrt_scale.tokenizer` -- byte-level BPE (train with HF ``tokenizers``, encode with ``tiktoken``),
   ``token_bytes()`` for bits-per-byte.
-* :mod:`scale.loader` -- ``DistributedPackingLoader``: per-rank row groups, BOS + best-fit packing,
+* :mod:`lrt_scale.loader` -- ``DistributedPackingLoader``: per-rank row groups, BOS + best-fit packing,
   exact resume.
 
 The dependency points one way: ``scale`` may import ``lrt_lab``, never the reverse.
@@ -13,7 +13,7 @@ The dependency points one way: ``scale`` may import ``lrt_lab``, never the rever
 
 from importlib import import_module
 
-# Lazy exports: ``python -m scale.data download`` should not pay for importing torch.
+# Lazy exports: ``python -m lrt_scale.data download`` should not pay for importing torch.
 _EXPORTS = {
     "DistributedPackingLoader": "loader",
     "SPECIAL_TOKENS": "tokenizer",

@@ -6,7 +6,7 @@ The data is nanochat's pre-shuffled FineWeb-Edu 100BT release on the Hugging Fac
 (``karpathy/fineweb-edu-100b-shuffle``): parquet files ``shard_00000.parquet`` .. ``shard_01822.parquet``,
 each with one string column ``text`` (one document per row) split into row groups (about 1024 documents
 each). Documents were shuffled globally before sharding, so no further shuffling is needed and
-row groups are the natural unit of distributed reading (see ``scale.loader``).
+row groups are the natural unit of distributed reading (see ``lrt_scale.loader``).
 
 Train / validation split
 ------------------------
@@ -16,7 +16,7 @@ The downloader always fetches the release's last shard (``shard_01822``) in addi
 
 Downloading (the only part that needs the network; everything else works from a local directory)::
 
-    python -m scale.data download --shards 240 --dir ~/.cache/lrt_lab/fineweb
+    python -m lrt_scale.data download --shards 240 --dir ~/.cache/lrt_lab/fineweb
 
 Each file is fetched to ``NAME.part`` and renamed atomically when complete, so a finished
 ``shard_*.parquet`` is always whole. An interrupted download resumes from the ``.part`` size with an
@@ -276,7 +276,7 @@ def download_shards(num_shards: int, data_dir: str | os.PathLike = DEFAULT_DATA_
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m scale.data", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m lrt_scale.data", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     dl = sub.add_parser("download", help="download N train shards plus the validation shard")
     dl.add_argument("--shards", type=int, required=True, help="number of train shards (each about 100 MB of compressed text)")

@@ -431,8 +431,8 @@ def _load_run_model(run_dir: Path, checkpoint: str | None, device: torch.device)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m scale.evaluate",
-                                 description="BPB, sequential BPB and CORE of a run trained by scale.train")
+    ap = argparse.ArgumentParser(prog="python -m lrt_scale.evaluate",
+                                 description="BPB, sequential BPB and CORE of a run trained by lrt_scale.train")
     ap.add_argument("--run-dir", required=True, help="run folder (runs/<name>) with config.json and checkpoints/ "
                     "(not --run: under torchrun that abbreviates torchrun's own --run-path)")
     ap.add_argument("--checkpoint", default=None, help="a checkpoint file (default: the run's latest)")
@@ -459,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.core_schedule != "train":
         parse_schedule(args.core_schedule)  # a bad spec fails before the model is loaded
 
-    from scale.train import autocast_for, make_batches, setup_distributed, teardown_distributed
+    from lrt_scale.train import autocast_for, make_batches, setup_distributed, teardown_distributed
     ctx = setup_distributed(args.device)
     try:
         run, cfg, model, step = _load_run_model(Path(args.run_dir), args.checkpoint, ctx.device)
@@ -472,7 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         batches, token_bytes, tokenizer = make_batches(data_dir, tok_dir, model.config.vocab_size, args.batch_size, T,
                                                        ctx, seed=train_args.get("seed", 0),
                                                        synthetic=train_args.get("synthetic"))
-        rec = {"kind": "eval", "step": step, "source": "scale.evaluate"}
+        rec = {"kind": "eval", "step": step, "source": "lrt_scale.evaluate"}
         if args.bpb_tokens:
             n = max(1, args.bpb_tokens // (args.batch_size * T * ctx.world_size))
             res = parallel_bpb(model, batches(n), token_bytes, schedule, autocast)

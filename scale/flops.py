@@ -43,7 +43,7 @@ Two definitions of N for "R x N" (``ratio_params``, named in the dry run and con
     more tokens than the baseline at the same R.
 
 Data read per token trained (``data_plan``)
-    Best-fit packing crops documents that do not fit a row (``scale.loader``, remainder "drop"):
+    Best-fit packing crops documents that do not fit a row (``lrt_scale.loader``, remainder "drop"):
     at T = 2048 about 35% of the tokens read are cropped away (nanochat's measurement), so a run
     reads ``tokens / (1 - 0.35)`` tokens of text, ~52M per shard (250M characters at ~4.8
     characters per token): 20L baseline at R = 20 needs ~780 train shards, not 510. With fewer

@@ -1,7 +1,7 @@
 """One command that checks a GPU for the scaling runs in about ten minutes, and writes a report.
 
-    python -m scale.gpu_check                 # one H100: the report in docs/gpu_check/
-    python -m scale.gpu_check --dry --out /tmp/check   # CPU, tiny sizes: every section but the CUDA kernels
+    python -m lrt_scale.gpu_check                 # one H100: the report in docs/gpu_check/
+    python -m lrt_scale.gpu_check --dry --out /tmp/check   # CPU, tiny sizes: every section but the CUDA kernels
 
 Sections (each with a time budget; one that fails or runs out of time is recorded, the others go on):
 
@@ -112,7 +112,7 @@ def _model(name: str, lrt: bool, sizes: Sizes, device, seed: int = 0) -> LRT:
 
 
 def _optimizers(model: LRT, name: str, steps: int):
-    """The run's optimizers at the paper's rates for a 2^19-token batch (scale.train's builder)."""
+    """The run's optimizers at the paper's rates for a 2^19-token batch (lrt_scale.train's builder)."""
     args = st.parse_args(["--preset", name, "--synthetic", "--steps", str(steps)])
     args.n_layer, args.total_steps, args.seq_len = model.config.n_layer, steps, model.config.sequence_len
     return st.make_optimizers(model, args), args
@@ -416,7 +416,7 @@ def run_check(out: Path, dry: bool, only: list[str] | None = None, log=print) ->
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m scale.gpu_check", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m lrt_scale.gpu_check", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(REPO / "docs" / "gpu_check"), help="report folder (gpu_check.json, .md)")
     ap.add_argument("--dry", action="store_true", help="CPU, tiny sizes: everything but the CUDA kernels")
     ap.add_argument("--sections", default=None, help=f"comma-separated subset of {', '.join(SECTIONS)}")

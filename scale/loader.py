@@ -11,7 +11,7 @@ Who reads what
 The split's row groups are enumerated in order across shards (shard 0's groups, then shard 1's, ...);
 rank ``r`` of ``world_size`` reads groups ``r, r + world_size, r + 2*world_size, ...``. Ranks therefore
 read disjoint documents, and together they read each document of the split exactly once per epoch.
-The last shard of a directory is the ``val`` split (see ``scale.data``). With ``epochs=None`` (the
+The last shard of a directory is the ``val`` split (see ``lrt_scale.data``). With ``epochs=None`` (the
 default) the loader cycles forever, so ranks with one row group more or less never run dry at
 different steps; ``epochs=k`` stops after ``k`` passes (handy for a fixed validation pass).
 

@@ -1,10 +1,10 @@
 """Pretraining launcher for the scaling runs: one process per device under torchrun, or one process.
 
-    torchrun --standalone --nproc_per_node=8 -m scale.train --preset d20 --schedule interleaved:2 \\
+    torchrun --standalone --nproc_per_node=8 -m lrt_scale.train --preset d20 --schedule interleaved:2 \\
         --ratio 10 --data-dir ~/.cache/lrt_lab/fineweb --tokenizer-dir ~/.cache/lrt_lab/tokenizer
-    torchrun --standalone --nproc_per_node=8 -m scale.train --preset d20 --model transformer --ratio 20 ...
-    python -m scale.train --preset d12 --synthetic --steps 300 --compile        # one GPU, no dataset
-    python -m scale.train --preset d20 --schedule interleaved:2 --ratio 10 --dry-run  # accounting only
+    torchrun --standalone --nproc_per_node=8 -m lrt_scale.train --preset d20 --model transformer --ratio 20 ...
+    python -m lrt_scale.train --preset d12 --synthetic --steps 300 --compile        # one GPU, no dataset
+    python -m lrt_scale.train --preset d20 --schedule interleaved:2 --ratio 10 --dry-run  # accounting only
 
 Distributed: ``torch.distributed`` with the environment torchrun sets (RANK, WORLD_SIZE,
 LOCAL_RANK), nccl on CUDA and gloo otherwise, and DistributedDataParallel. Each optimizer step
@@ -33,14 +33,14 @@ is scaled by sqrt(total_batch / 2^19). No warm-up; linear warm-down to zero over
 decay ``--weight-decay`` (0.2, nanochat's) x (12/L)^2, annealed linearly to zero over training.
 Gradient clipping is off by default (nanochat), ``--grad-clip`` turns it on.
 
-Run length and accounting (``scale.flops``): ``--ratio R`` trains on R x N_baseline tokens, N_baseline
+Run length and accounting (``lrt_scale.flops``): ``--ratio R`` trains on R x N_baseline tokens, N_baseline
 being the backbone's parameter count without the memory pathway, so LRT and baseline at the same R
 see the same tokens; FLOPs count every stage of the schedule; each step logs tokens/s and MFU
 (against ``--peak-flops``, default H100 dense bf16), and baseline-equivalent tokens
 (``compute_tokens``).
 
-Data: ``--data-dir`` (parquet shards in ``scale.data``'s format; the last shard is validation) with
-``--tokenizer-dir`` (``scale.tokenizer.Tokenizer.save``), read by ``scale.loader.DistributedPackingLoader``
+Data: ``--data-dir`` (parquet shards in ``lrt_scale.data``'s format; the last shard is validation) with
+``--tokenizer-dir`` (``lrt_scale.tokenizer.Tokenizer.save``), read by ``lrt_scale.loader.DistributedPackingLoader``
 (every rank its own row groups; its state goes into the checkpoint, so a resume continues with the
 exact next batch). ``--synthetic`` needs no dataset: random-token rows whose second half copies the
 first (learnable: induction), a function of (seed, step) only, split over ranks and micro steps by
@@ -218,7 +218,7 @@ class SyntheticData:
 
 
 class LoaderData:
-    """scale.loader.DistributedPackingLoader behind the same interface (its state resumes exactly)."""
+    """lrt_scale.loader.DistributedPackingLoader behind the same interface (its state resumes exactly)."""
 
     def __init__(self, data_dir, tokenizer, batch_size: int, seq_len: int, ctx: DistContext, state=None):
         from .loader import DistributedPackingLoader
@@ -308,7 +308,7 @@ def set_schedules(opts, step: int, args) -> float:
 
 # Arguments --------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m scale.train", description="LRT / baseline pretraining (torchrun-ready)",
+    ap = argparse.ArgumentParser(prog="python -m lrt_scale.train", description="LRT / baseline pretraining (torchrun-ready)",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     m = ap.add_argument_group("model")
     m.add_argument("--preset", default="d20", choices=sorted(PRESETS), help="backbone shape")
@@ -333,8 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--total-batch-size", type=int, default=fl.REFERENCE_BATCH_TOKENS, help="tokens per optimizer step (global)")
     b.add_argument("--device-batch-size", type=int, default=32, help="rows per device per micro step")
     d = ap.add_argument_group("data")
-    d.add_argument("--data-dir", default=None, help="parquet shards (scale.data format; the last one is validation)")
-    d.add_argument("--tokenizer-dir", default=None, help="a saved scale.tokenizer.Tokenizer")
+    d.add_argument("--data-dir", default=None, help="parquet shards (lrt_scale.data format; the last one is validation)")
+    d.add_argument("--tokenizer-dir", default=None, help="a saved lrt_scale.tokenizer.Tokenizer")
     d.add_argument("--synthetic", nargs="?", const="copy", default=None, choices=SYNTHETIC_KINDS,
                    help="synthetic rows instead of a dataset (copy: second half repeats the first)")
     o = ap.add_argument_group("optimisation (paper app. A; rates at d=768, batch 2^19)")
@@ -464,7 +464,7 @@ def eager(model):
 
 def _guarded(name: str, fn: Callable[[], dict], rec: dict, ctx: DistContext) -> None:
     """rec.update(fn()), or rec["error_<name>"] = the error: an evaluation that fails (a CORE item,
-    a kernel) must not end a run or lose its weights; `python -m scale.evaluate` can redo it.
+    a kernel) must not end a run or lose its weights; `python -m lrt_scale.evaluate` can redo it.
     (A failure on some ranks only would leave the others in a collective: not caught here.)"""
     try:
         rec.update(fn())
@@ -808,7 +808,7 @@ def _train(args, ctx: DistContext) -> Path | None:
         ctx.print0(f"done: {run.path} (summary.json; final val_bpb {last_eval.get('val_bpb', float('nan')):.4f})")
         if any(k.startswith("error_") for k in last_eval):
             ctx.print0(f"warning: part of the final evaluation failed (summary.json eval_errors); the weights are "
-                       f"in {run.checkpoint_dir()}: redo it with python -m scale.evaluate --run-dir {run.path} ...")
+                       f"in {run.checkpoint_dir()}: redo it with python -m lrt_scale.evaluate --run-dir {run.path} ...")
     _barrier(ctx)
     return run.path
 

@@ -1,7 +1,7 @@
 """Toy tasks for what latent recurrence buys: group prefix products (A5, Z60, S5, A4xZ5, D30),
 synthetic copying and flip-flop, a length curriculum and fixed evaluation sets.
 
-    from tasks import make_task
+    from lrt_tasks import make_task
     task = make_task("a5_prefix", 64)
     batch = task.sample(32, torch.Generator().manual_seed(0))   # Batch(inputs, targets, loss_mask, state)
 
@@ -9,13 +9,13 @@ Targets are aligned with inputs: logits at position t are scored against targets
 tasks/base.py). Independent of the model code: lrt_lab never imports tasks.
 """
 
-from tasks.base import Batch, Task
-from tasks.copying import CopyTask
-from tasks.curriculum import CurriculumSampler, LengthCurriculum
-from tasks.evaluation import eval_seed, make_eval_sets
-from tasks.flipflop import FlipFlopTask
-from tasks.prefix import PrefixProductTask
-from tasks.registry import TASK_NAMES, make_task
+from lrt_tasks.base import Batch, Task
+from lrt_tasks.copying import CopyTask
+from lrt_tasks.curriculum import CurriculumSampler, LengthCurriculum
+from lrt_tasks.evaluation import eval_seed, make_eval_sets
+from lrt_tasks.flipflop import FlipFlopTask
+from lrt_tasks.prefix import PrefixProductTask
+from lrt_tasks.registry import TASK_NAMES, make_task
 
 __all__ = [
     "Batch",

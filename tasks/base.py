@@ -15,7 +15,7 @@ import torch
 
 from lrt_lab.config import check_int, fail  # noqa: F401  (the project's field-naming errors)
 
-from tasks.curriculum import LengthCurriculum
+from lrt_tasks.curriculum import LengthCurriculum
 
 
 class Batch(NamedTuple):

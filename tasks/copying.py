@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from tasks.base import Batch, Task, check_int
-from tasks.curriculum import LengthCurriculum
+from lrt_tasks.base import Batch, Task, check_int
+from lrt_tasks.curriculum import LengthCurriculum
 
 
 class CopyTask(Task):

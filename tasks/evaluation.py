@@ -28,7 +28,7 @@ import torch
 
 from lrt_lab.validation import TRAIN_SEED_LIMIT
 
-from tasks.base import Batch, Task, check_int
+from lrt_tasks.base import Batch, Task, check_int
 
 # Evaluation seeds start where training seeds end (TrainConfig range-checks seeds below it).
 EVAL_SEED_OFFSET = TRAIN_SEED_LIMIT

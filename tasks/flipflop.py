@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from tasks.base import Batch, Task, fail
-from tasks.curriculum import LengthCurriculum
+from lrt_tasks.base import Batch, Task, fail
+from lrt_tasks.curriculum import LengthCurriculum
 
 W, R, I = 2, 3, 4
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from tasks.base import Batch, Task
-from tasks.curriculum import LengthCurriculum
-from tasks.groups import Group
+from lrt_tasks.base import Batch, Task
+from lrt_tasks.curriculum import LengthCurriculum
+from lrt_tasks.groups import Group
 
 
 class PrefixProductTask(Task):

@@ -16,13 +16,13 @@ Unknown names or options raise ValueError naming the field and the allowed value
 
 from __future__ import annotations
 
-from tasks.base import Task, check_int
-from tasks.copying import CopyTask
-from tasks.curriculum import SCHEDULES, LengthCurriculum
-from tasks.flipflop import FlipFlopTask
-from tasks.groups import Group, get_group
-from tasks.prefix import PrefixProductTask
-from tasks.text import TextBytesTask
+from lrt_tasks.base import Task, check_int
+from lrt_tasks.copying import CopyTask
+from lrt_tasks.curriculum import SCHEDULES, LengthCurriculum
+from lrt_tasks.flipflop import FlipFlopTask
+from lrt_tasks.groups import Group, get_group
+from lrt_tasks.prefix import PrefixProductTask
+from lrt_tasks.text import TextBytesTask
 
 _PREFIX_GROUPS = {
     "a5_prefix": "A5",

@@ -15,7 +15,7 @@ BPB = mean cross-entropy in nats / ln 2 (the paper's metric; `lrt_lab.metrics.bi
 Split by file, never by offset: a file (or pydoc topic) is in the validation split when the first
 byte of sha256(its name) is < 26 (about 10%), so adding a file never moves the others.
 Which split `sample` draws from: `split="train"|"val"`, or by default the validation split when the
-generator was seeded with an evaluation seed (>= 2**62, `tasks.evaluation.EVAL_SEED_OFFSET`;
+generator was seeded with an evaluation seed (>= 2**62, `lrt_tasks.evaluation.EVAL_SEED_OFFSET`;
 training seeds are small run seeds), so `make_eval_sets` and the training loop's evaluation read
 held-out text without any change to them.
 
@@ -34,9 +34,9 @@ from pathlib import Path
 
 import torch
 
-from tasks.base import Batch, Task, fail
-from tasks.curriculum import LengthCurriculum
-from tasks.evaluation import EVAL_SEED_OFFSET
+from lrt_tasks.base import Batch, Task, fail
+from lrt_tasks.curriculum import LengthCurriculum
+from lrt_tasks.evaluation import EVAL_SEED_OFFSET
 
 CORPORA = ("stdlib", "pydoc")
 SPLITS = ("train", "val")

@@ -27,8 +27,8 @@ from lrt_lab.decode import Decoder
 from lrt_lab.results import load_runs, load_table
 from lrt_lab.schedules import FullSequence, Interleaved, OnePass
 from lrt_lab.train import TrainConfig, train
-from tasks import make_eval_sets, make_task
-from tasks.text import decode, encode, load_corpus
+from lrt_tasks import make_eval_sets, make_task
+from lrt_tasks.text import decode, encode, load_corpus
 
 torch.set_num_threads(1)
 

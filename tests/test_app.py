@@ -166,7 +166,7 @@ def test_filters_and_selection(store, monkeypatch):
 
 def test_compute_axis_is_baseline_equivalent(store):
     """x = compute puts an Interleaved(2) run at 2x its tokens; the transformer at 1x."""
-    from app import data
+    from lrt_app import data
 
     runs, _ = data.cached_runs(str(store), False, data.store_signature(store))
     runs = runs[runs["run"].isin(COMPLETE_RUNS)]
@@ -214,7 +214,7 @@ def test_analysis_pages_hint_when_no_tables(store, tmp_path, monkeypatch):
 
 def test_analysis_table_readers():
     """Tolerant readers: the lrt_lab.analysis layouts, simpler ones, and a message for anything else."""
-    from app import data
+    from lrt_app import data
 
     assert "site" in data.read_probe(pd.DataFrame({"foo": [1]}), "store")[1]
     assert data.read_gap(pd.DataFrame({"x": [1]}))[2].startswith("expected columns")
@@ -247,14 +247,14 @@ def test_analysis_table_readers():
 
 
 def test_default_runs_dir(tmp_path):
-    from app import data
+    from lrt_app import data
 
     assert data.default_runs_dir(["--runs", "x"], {"LRT_RUNS": "y"}, tmp_path) == "x"
     assert data.default_runs_dir(["-q", "tests/test_app.py"], {"LRT_RUNS": "y"}, tmp_path) == "y"
     assert data.default_runs_dir([], {}, tmp_path) == "runs"
     assert data.default_runs_dir(["--runs"], {}, tmp_path) == "runs"
-    (tmp_path / "results").mkdir()
-    assert data.default_runs_dir([], {}, tmp_path) == "results"
+    (tmp_path / "experiments" / "results").mkdir(parents=True)
+    assert data.default_runs_dir([], {}, tmp_path) == "experiments/results"
     (tmp_path / "runs").mkdir()
     assert data.default_runs_dir([], {}, tmp_path) == "runs"
 

@@ -4,7 +4,7 @@ in a 1400 px window.
 Needs the Debian packages `chromium` and `chromium-driver` (make test installs them when missing, as root with apt-get);
 skipped, saying why, where they are not installed. Every tab is screenshotted into
 $LRT_SCREENSHOT_DIR (default: the system temp folder) and the test's tmp_path, so a person can look
-at what the browser drew: on a small store of several groups, and on the committed `results/`.
+at what the browser drew: on a small store of several groups, and on the committed `experiments/results/`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--disable-dev-shm-usage", f"--window-size={WINDOW[0]},{WINDOW[1]}"]
 TABS = ["Runs", "Training curves", "Length generalisation", "Depth x length", "Gap recovery", "Probes"]
-COMMITTED_STORE = Path(__file__).resolve().parent.parent / "results"
+COMMITTED_STORE = Path(__file__).resolve().parent.parent / "experiments" / "results"
 
 pytestmark = pytest.mark.slow
 

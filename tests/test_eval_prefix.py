@@ -8,8 +8,8 @@ from lrt_lab import LRT, memory_preset, preset
 from lrt_lab.metrics import pos_at
 from lrt_lab.schedules import Interleaved
 from lrt_lab.train import evaluate
-from tasks import make_eval_sets, make_task
-from tasks.evaluation import eval_seed
+from lrt_tasks import make_eval_sets, make_task
+from lrt_tasks.evaluation import eval_seed
 
 LENGTHS = (8, 16, 32)
 

@@ -247,7 +247,7 @@ def test_convergence_of_a_trained_run_from_the_cli_and_the_dashboard(tmp_path, c
 def test_dashboard_tables_of_sweeps_and_traces():
     import pandas as pd
     pytest.importorskip("streamlit")
-    from app.convergence import sweeps_table, trace_table
+    from lrt_app.convergence import sweeps_table, trace_table
     runs = pd.DataFrame({"run": ["fp", "plain"], "path": ["p/fp", "p/plain"]})
     metrics = {"p/fp": pd.DataFrame({"step": [1, 2], "loss": [1.0, 0.9], "sweeps": [4, 3], "residual": [0.1, 0.01]}),
                "p/plain": pd.DataFrame({"step": [1, 2], "loss": [1.0, 0.9]})}

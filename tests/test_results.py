@@ -1,4 +1,4 @@
-"""The committed run store (`results/`) and the README's Results tables built from it.
+"""The committed run store (`experiments/results/`) and the README's Results tables built from it.
 
 The tables come from lrt_lab's run store and seed statistics; here each cell is recomputed from
 the runs' JSON files with the standard library alone and looked up in the printed table."""
@@ -14,7 +14,7 @@ import pytest
 from lrt_lab.results import load_runs
 
 ROOT = Path(__file__).resolve().parents[1]
-STORE = ROOT / "results"
+STORE = ROOT / "experiments" / "results"
 
 
 def _tables_module():
@@ -52,7 +52,7 @@ def _row(table: str, label: str) -> list[str]:
 @pytest.mark.parametrize("task", ["a5_prefix", "z60_prefix"])
 def test_state_tracking_table_matches_the_run_files(task):
     runs = _runs_by_method(task)
-    assert runs, f"results/ holds no complete {task} runs"
+    assert runs, f"experiments/results/ holds no complete {task} runs"
     table = _tables_module().state_tracking_table(load_runs(STORE), task, None)
     header = [c.strip() for c in table.splitlines()[2].strip("|").split("|")]
     lengths = [int(h.split()[-1]) for h in header if h.startswith("pos@90 at") and not h.endswith("per seed")]

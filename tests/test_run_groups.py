@@ -107,7 +107,7 @@ def test_the_dashboard_shows_two_groups_of_two(two_by_two, monkeypatch):
     pytest.importorskip("streamlit")
     from streamlit.testing.v1 import AppTest
 
-    from app import data
+    from lrt_app import data
 
     runs, _ = data.cached_runs(str(two_by_two), False, data.store_signature(two_by_two))
     overview = data.group_overview(runs).set_index("group")

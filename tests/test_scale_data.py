@@ -1,4 +1,4 @@
-"""scale.data: shard format, local reader, and the downloader's retry/resume logic (no network: file:// and fakes)."""
+"""lrt_scale.data: shard format, local reader, and the downloader's retry/resume logic (no network: file:// and fakes)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from scale import data
+from lrt_scale import data
 
 
 from stdlib_corpus import stdlib_docs  # noqa: E402  (shared test corpus)

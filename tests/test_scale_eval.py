@@ -1,4 +1,4 @@
-"""scale.evaluate: BPB against hand values, sequential == parallel where they must agree, CORE on a
+"""lrt_scale.evaluate: BPB against hand values, sequential == parallel where they must agree, CORE on a
 synthetic bundle whose answers are known (a character tokenizer and a "copy the current token" model)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from lrt_lab import LRT, MemoryConfig, preset
 from lrt_lab.schedules import Exact, Interleaved, OnePass
-from scale import evaluate as ev
+from lrt_scale import evaluate as ev
 
 torch.set_num_threads(1)
 

@@ -10,7 +10,7 @@ from torch.distributed.run import get_args_parser
 
 from lrt_lab import LRT, MemoryConfig, preset
 from lrt_lab.schedules import parse_schedule, run_schedule
-from scale import evaluate, gpu_check, train
+from lrt_scale import evaluate, gpu_check, train
 
 
 def option_strings(parser) -> list[str]:

@@ -1,4 +1,4 @@
-"""scale.loader: rank partition, best-fit packing, token accounting and exact resume on a tiny local corpus.
+"""lrt_scale.loader: rank partition, best-fit packing, token accounting and exact resume on a tiny local corpus.
 
 Most tests use ``IdTokenizer``, which gives every (document, position) its own token id, so each
 emitted token can be traced back to the document and position it came from. One test uses a real
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from scale import data
-from scale.loader import DistributedPackingLoader, describe
-from scale.tokenizer import train_tokenizer
+from lrt_scale import data
+from lrt_scale.loader import DistributedPackingLoader, describe
+from lrt_scale.tokenizer import train_tokenizer
 
 STRIDE = 10_000  # token id = (doc + 1) * STRIDE + position; BOS = 0
 BOS = 0

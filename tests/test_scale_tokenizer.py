@@ -1,4 +1,4 @@
-"""scale.tokenizer: byte-level BPE trained on a tiny stdlib corpus (vocab 512 keeps it fast)."""
+"""lrt_scale.tokenizer: byte-level BPE trained on a tiny stdlib corpus (vocab 512 keeps it fast)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scale.tokenizer import BOS, SPECIAL_TOKENS, Tokenizer, _capped, train_tokenizer
+from lrt_scale.tokenizer import BOS, SPECIAL_TOKENS, Tokenizer, _capped, train_tokenizer
 
 VOCAB = 512
 

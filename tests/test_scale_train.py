@@ -1,4 +1,4 @@
-"""scale.train and scale.flops on CPU: FLOP accounting against a hand count and torch's FLOP counter,
+"""lrt_scale.train and scale.flops on CPU: FLOP accounting against a hand count and torch's FLOP counter,
 2-process gloo DDP against one process, exact checkpoint/resume, real shards + tokenizer end to end.
 
 Tiny models only (preset "tiny", T = 16 or 32), one thread per process.
@@ -22,8 +22,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from lrt_lab import LRT, MemoryConfig, preset
 from lrt_lab.results import Run, load_runs
 from lrt_lab.schedules import parse_schedule, run_schedule
-from scale import flops as fl
-from scale import train as st
+from lrt_scale import flops as fl
+from lrt_scale import train as st
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
@@ -193,7 +193,7 @@ def test_ddp_two_processes_match_one_process(tmp_path):
     """torchrun, 2 ranks, gloo, 1 micro step each == 1 process, 2 micro steps, same global batch."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     batch = ["--total-batch-size", "64"]  # 4 rows of 16: 2 per rank, or 2 micro steps of 2 in one process
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "scale.train",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "lrt_scale.train",
            *synthetic_args(tmp_path, "ddp", *batch)]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -242,8 +242,8 @@ def stdlib_docs() -> list[str]:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """3 shards of the json package's source (the last is validation) and a BPE of vocab 512."""
-    from scale.data import write_shard
-    from scale.tokenizer import train_tokenizer
+    from lrt_scale.data import write_shard
+    from lrt_scale.tokenizer import train_tokenizer
     root = tmp_path_factory.mktemp("scale_corpus")
     docs = stdlib_docs()
     (root / "data").mkdir()
@@ -273,7 +273,7 @@ def write_core_bundle(root: Path) -> Path:
 @pytest.mark.slow
 def test_shards_tokenizer_resume_and_evaluate(tmp_path, corpus, capsys):
     """Real data: the loader's state rides in the checkpoint (resume is exact), BPB uses the
-    tokenizer's byte lengths, CORE runs at the end, and scale.evaluate reads the run back."""
+    tokenizer's byte lengths, CORE runs at the end, and lrt_scale.evaluate reads the run back."""
     root, tok = corpus
     bundle = write_core_bundle(tmp_path)
     runs = tmp_path / "runs"
@@ -300,11 +300,11 @@ def test_shards_tokenizer_resume_and_evaluate(tmp_path, corpus, capsys):
     df = load_runs(runs)
     assert set(df["run"]) == {"full", "part"}
 
-    from scale import evaluate
+    from lrt_scale import evaluate
     capsys.readouterr()
     assert evaluate.main(["--run-dir", str(run.path), "--bpb-tokens", "128", "--batch-size", "2", "--seq-rows", "2",
                           "--seq-prompt", "16", "--seq-prefill", "onepass,exact", "--core-bundle", str(bundle)]) == 0
-    rec = [r for r in run.metrics_records() if r.get("source") == "scale.evaluate"][-1]
+    rec = [r for r in run.metrics_records() if r.get("source") == "lrt_scale.evaluate"][-1]
     assert rec["val_bpb"] == pytest.approx(ev["val_bpb"], rel=1e-6)  # same model, same validation tokens
     assert rec["core"] == pytest.approx(ev["core"])
     assert {"seq_bpb_onepass", "seq_bpb_exact", "cont_bpb_parallel"} <= set(rec)
@@ -347,7 +347,7 @@ def test_ddp_lrt_whose_memory_gets_no_gradient(tmp_path):
     """torchrun, 2 gloo ranks, an LRT under fullseq:0: DDP without find_unused_parameters fails at
     step 2 ("Expected to have finished reduction in the prior iteration")."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "scale.train",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "lrt_scale.train",
            *synthetic_args(tmp_path, "fullseq0", "--schedule", "fullseq:0", "--total-batch-size", "64")]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

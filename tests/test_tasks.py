@@ -5,7 +5,7 @@ per-sequence Python simulations of their definitions."""
 import pytest
 import torch
 
-from tasks import (
+from lrt_tasks import (
     TASK_NAMES,
     Batch,
     CurriculumSampler,
@@ -14,7 +14,7 @@ from tasks import (
     make_eval_sets,
     make_task,
 )
-from tasks.groups import alternating, get_group
+from lrt_tasks.groups import alternating, get_group
 
 
 def gen(seed=0):

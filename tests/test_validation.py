@@ -28,9 +28,9 @@ from lrt_lab.schedules import Chunked, FullSequence, Interleaved, parse_schedule
 from lrt_lab.sweep import expand, validate_spec
 from lrt_lab.train import TrainConfig
 from lrt_lab.validation import TRAIN_SEED_LIMIT
-from tasks import make_task
-from tasks.evaluation import EVAL_SEED_OFFSET, eval_seed
-from tasks.text import TextBytesTask
+from lrt_tasks import make_task
+from lrt_tasks.evaluation import EVAL_SEED_OFFSET, eval_seed
+from lrt_tasks.text import TextBytesTask
 
 # derandomize: the same examples on every run, so CI is deterministic; deadline None: the first
 # example of a test pays for imports and model construction.

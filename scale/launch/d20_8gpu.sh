@@ -7,10 +7,10 @@
 #   WHICH=baseline bash scale/launch/d20_8gpu.sh    # only one of the two (lrt | baseline | both)
 #   bash scale/launch/d20_8gpu.sh --resume          # continue both from their newest checkpoints
 #
-# Needs the shards and a tokenizer trained on them (scale.tokenizer). The baseline at R=20 on 1.3B
+# Needs the shards and a tokenizer trained on them (lrt_scale.tokenizer). The baseline at R=20 on 1.3B
 # parameters trains on 26.3B tokens; best-fit packing crops ~35% of what it reads at T=2048, so it
 # reads ~40.5B tokens, about 780 shards at ~52M tokens each (nanochat's estimate: 250M characters per
-# shard, 4.8 characters per token): python -m scale.data download --shards 780 --dir $DATA_DIR (the
+# shard, 4.8 characters per token): python -m lrt_scale.data download --shards 780 --dir $DATA_DIR (the
 # dry run prints this figure). With fewer shards the loader starts another epoch (logged as data_epoch).
 # Device batch sizes: from the GPU check's report (bash scale/launch/gpu_check.sh on one of the GPUs
 # first), else 8 (LRT) and 16 (baseline), an estimate from measured activations (2.85 GiB per row of
@@ -58,10 +58,10 @@ DEVICE_BATCH_LRT=${DEVICE_BATCH_LRT:-$(checked_batch lrt 8)}
 DEVICE_BATCH_BASE=${DEVICE_BATCH_BASE:-$(checked_batch transformer 16)}
 echo "device batch: LRT $DEVICE_BATCH_LRT, baseline $DEVICE_BATCH_BASE (from ${GPU_CHECK_JSON} if it exists)"
 if [[ "$WHICH" == lrt || "$WHICH" == both ]]; then
-  torchrun --standalone --nproc_per_node="$NPROC" -m scale.train "${COMMON[@]}" \
+  torchrun --standalone --nproc_per_node="$NPROC" -m lrt_scale.train "${COMMON[@]}" \
       --model lrt --schedule interleaved:2 --ratio "$RATIO" --device-batch-size "$DEVICE_BATCH_LRT" "${EXTRA[@]}"
 fi
 if [[ "$WHICH" == baseline || "$WHICH" == both ]]; then
-  torchrun --standalone --nproc_per_node="$NPROC" -m scale.train "${COMMON[@]}" \
+  torchrun --standalone --nproc_per_node="$NPROC" -m lrt_scale.train "${COMMON[@]}" \
       --model transformer --ratio "$BASE_RATIO" --device-batch-size "$DEVICE_BATCH_BASE" "${EXTRA[@]}"
 fi

@@ -8,4 +8,4 @@
 #   bash scale/launch/gpu_check.sh --sections memory        # one section again
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-exec python -m scale.gpu_check "$@"
+exec python -m lrt_scale.gpu_check "$@"

@@ -12,7 +12,7 @@
 # Runs land in $OUT (default runs/smoke): runs/smoke/d12-lrt-interleaved_2-steps$STEPS-s0 and
 # runs/smoke/d12-transformer-steps$STEPS-s0 (config.json, metrics.jsonl, summary.json, checkpoints/),
 # readable by the dashboard (lrt-lab app, or lrt_lab.results.load_runs) and by
-# `python -m scale.evaluate --run-dir <folder> ...`.
+# `python -m lrt_scale.evaluate --run-dir <folder> ...`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -31,8 +31,8 @@ COMMON=(--preset d12 --steps "$STEPS" --device-batch-size "$DEVICE_BATCH" --comp
         --eval-every 100 --eval-tokens 1048576 --checkpoint-every 0 --log-every 20 --peak-flops "$PEAK")
 EXTRA=("$@")   # anything else is passed to both runs, e.g. --resume
 
-python -m scale.train "${COMMON[@]}" "${DATA[@]}" --model lrt --schedule interleaved:2 "${EXTRA[@]}"
-python -m scale.train "${COMMON[@]}" "${DATA[@]}" --model transformer "${EXTRA[@]}"
+python -m lrt_scale.train "${COMMON[@]}" "${DATA[@]}" --model lrt --schedule interleaved:2 "${EXTRA[@]}"
+python -m lrt_scale.train "${COMMON[@]}" "${DATA[@]}" --model transformer "${EXTRA[@]}"
 
 python - "$OUT" "$STEPS" <<'PY'
 import json, sys
