@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -264,3 +265,40 @@ def train_tokenizer(text_iter: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SI
             raise RuntimeError(f"duplicate merge result {tok!r}")
         ranks[tok] = len(ranks)
     return Tokenizer(ranks, special_tokens=special_tokens, pattern=pattern)
+
+
+# Command line -----------------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m lrt_scale.tokenizer train|info`: train the BPE on the shards' training split and
+    save it (what `lrt_scale.train --tokenizer-dir` loads), or describe a saved one."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m lrt_scale.tokenizer", description=main.__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train a tokenizer on the training split of --data-dir and save it")
+    t.add_argument("--data-dir", required=True, help="parquet shards (lrt_scale.data; the last one is validation)")
+    t.add_argument("--out", required=True, help="folder to save the tokenizer in")
+    t.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="tokens, bytes and specials included")
+    t.add_argument("--max-chars", type=int, default=2_000_000_000, help="training text budget (nanochat: ~2B)")
+    t.add_argument("--doc-cap", type=int, default=10_000, help="characters kept per document")
+    i = sub.add_parser("info", help="vocabulary size and compression of a saved tokenizer")
+    i.add_argument("--dir", required=True, help="a folder written by `train`")
+    args = ap.parse_args(argv)
+    try:
+        if args.command == "train":
+            from .data import text_iterator  # the data side is only needed to train
+            tok = train_tokenizer(text_iterator(args.data_dir, split="train"), vocab_size=args.vocab_size,
+                                  max_chars=args.max_chars, doc_cap=args.doc_cap)
+            path = tok.save(args.out)
+            print(f"tokenizer with {tok.vocab_size:,} tokens saved to {path}")
+        else:
+            tok = Tokenizer.load(args.dir)
+            print(f"{args.dir}: {tok.vocab_size:,} tokens, specials {', '.join(tok.special_tokens)}")
+    except (ValueError, OSError) as e:
+        print(f"python -m lrt_scale.tokenizer: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -164,3 +164,23 @@ def test_errors_name_the_field(tok, tmp_path):
     (tmp_path / "tokenizer.json").write_text(json.dumps({**cfg, "format_version": 99}))
     with pytest.raises(ValueError, match="format_version"):
         Tokenizer.load(tmp_path)
+
+
+def test_command_line_trains_saves_and_describes_a_tokenizer(docs, tmp_path, capsys):
+    """`python -m lrt_scale.tokenizer train` reads only the shards' training split (the last shard
+    is validation) and saves what Tokenizer.load reads back; bad input is one line, exit code 2."""
+    from lrt_scale.data import write_shard
+    from lrt_scale.tokenizer import main
+
+    data = tmp_path / "shards"
+    data.mkdir()
+    write_shard(docs[: len(docs) // 2], data / "shard_00000.parquet")
+    write_shard(["zzzz validation only zzzz"] * 50, data / "shard_00001.parquet")
+    out = tmp_path / "tok"
+    assert main(["train", "--data-dir", str(data), "--out", str(out), "--vocab-size", "300"]) == 0
+    tok = Tokenizer.load(out)
+    assert tok.vocab_size <= 300 and tok.decode(tok.encode(docs[0])) == docs[0]
+    assert len(tok.encode("zzzz")) >= 2  # frequent only in the validation shard: never merged
+    assert main(["info", "--dir", str(out)]) == 0 and f"{tok.vocab_size:,} tokens" in capsys.readouterr().out
+    assert main(["train", "--data-dir", str(data), "--out", str(out), "--vocab-size", "10"]) == 2
+    assert "vocab_size" in capsys.readouterr().err
