@@ -534,31 +534,31 @@ def _gap_views(tables: dict, source: str, file: str = "") -> None:
                        + ("; dots: individual seeds" if points is not None else "") + (f". {about}." if about else "."))
         with st.expander("table"):
             st.dataframe(raw, hide_index=True)
-    raw = tables.get("mismatch")
-    if raw is not None:
-        st.subheader("Train/inference mismatch" + (f": {source}" if file else ""))
-        long = data.read_mismatch(raw)
-        if long is None:
-            st.warning(f"{file or source}: expected columns method, parallel, exact")
-        else:
-            _mismatch_chart(long)
-            st.caption("Each method's metric with its training schedule's parallel forward and with exact recurrent "
-                       "decoding (what generation uses); a gap between the two is the mismatch. Mean over seeds, "
-                       "whiskers: 95% t-interval over seeds.")
-        with st.expander("table"):
-            st.dataframe(raw, hide_index=True)
-    raw = tables.get("refinement")
-    if raw is not None:
-        st.subheader("BPB after each refinement" + (f": {source}" if file else ""))
-        ref = data.read_refinement(raw)
-        if ref is None:
-            st.warning(f"{file or source}: expected columns method, stage, stage_index, mean")
-        else:
-            _refinement_chart(ref)
-            st.caption("BPB of the logits after each stage of the parallel schedule (init = the one-pass forward), "
-                       "then under exact decoding. Mean over seeds; whiskers: 95% t-interval over seeds.")
-        with st.expander("table"):
-            st.dataframe(raw, hide_index=True)
+    _table_section(tables.get("mismatch"), "Train/inference mismatch", source, file, data.read_mismatch,
+                   "method, parallel, exact", _mismatch_chart,
+                   "Each method's metric with its training schedule's parallel forward and with exact recurrent "
+                   "decoding (what generation uses); a gap between the two is the mismatch. Mean over seeds, "
+                   "whiskers: 95% t-interval over seeds.")
+    _table_section(tables.get("refinement"), "BPB after each refinement", source, file, data.read_refinement,
+                   "method, stage, stage_index, mean", _refinement_chart,
+                   "BPB of the logits after each stage of the parallel schedule (init = the one-pass forward), "
+                   "then under exact decoding. Mean over seeds; whiskers: 95% t-interval over seeds.")
+
+
+def _table_section(raw, title: str, source: str, file: str, read, expected: str, chart, caption: str) -> None:
+    """One analysis table as a plot (`read` turns it into the plot's data, None if its columns are
+    wrong), with its caption and the raw table behind an expander."""
+    if raw is None:
+        return
+    st.subheader(title + (f": {source}" if file else ""))
+    shaped = read(raw)
+    if shaped is None:
+        st.warning(f"{file or source}: expected columns {expected}")
+    else:
+        chart(shaped)
+        st.caption(caption)
+    with st.expander("table"):
+        st.dataframe(raw, hide_index=True)
 
 
 def _mismatch_chart(long: pd.DataFrame) -> None:

@@ -38,7 +38,7 @@ class MemoryRead:
     once per stage when the projections are shared by every layer."""
 
     m: torch.Tensor
-    projected: dict = field(default_factory=dict)
+    per_stage: dict = field(default_factory=dict)   # values derived from m or the weights once per stage
     # nothing has been written yet (an init stage): m is zero, so every term it feeds is zero and
     # is skipped (exact, and the init stage costs what the plain model's forward does)
     zero: bool = False
@@ -120,9 +120,9 @@ class MemoryPathway(nn.Module):
         """x_bar = x + gamma_l * m (sec. 2.2; the backbone has already formed alpha_l x + beta_l x0)."""
         if self.gamma is None or mem.zero:
             return x
-        if "gammas" not in mem.projected:  # one unbind per stage, not an indexing kernel per layer
-            mem.projected["gammas"] = self.gamma.unbind(0)
-        return torch.addcmul(x, mem.projected["gammas"][l], mem.m)
+        if "gammas" not in mem.per_stage:  # one unbind per stage, not an indexing kernel per layer
+            mem.per_stage["gammas"] = self.gamma.unbind(0)
+        return torch.addcmul(x, mem.per_stage["gammas"][l], mem.m)
 
     def gate_values(self, l: int, h: torch.Tensor):
         """(g_loc, g_rec), each (B, n, n_kv_head): 2 * sigmoid(W_g h) (eq. 3); (None, None) when
@@ -139,10 +139,10 @@ class MemoryPathway(nn.Module):
             return None
         i = 0 if len(projs) == 1 else l
         key = (name, i)
-        if key not in mem.projected:
+        if key not in mem.per_stage:
             out = projs[i](mem.m)
-            mem.projected[key] = out.view(*out.shape[:2], -1, self.config.head_dim)
-        return mem.projected[key]
+            mem.per_stage[key] = out.view(*out.shape[:2], -1, self.config.head_dim)
+        return mem.per_stage[key]
 
     def inject_qkv(self, l: int, q, k, v, mem: MemoryRead, g_loc, g_rec):
         """Eqs. 2-4: k~ = g_loc * k_local + g_rec * W_k,rec m (same for v; and for q when

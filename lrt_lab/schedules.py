@@ -19,6 +19,7 @@ Targets use -1 for positions that do not count (as nanochat does).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -440,17 +441,11 @@ def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None, 
     schedule = _as_schedule(schedule)
     if cache is not None and not isinstance(cache, dict):
         raise ValueError(f"cache={type(cache).__name__} is invalid; allowed: a dict (filled with the hooks) or None")
-    if hasattr(schedule, "run"):
-        return _run_dynamic(model, idx, targets, schedule, cache)
     T = idx.size(1)
-    stages = schedule.stages(T)
-    weights = schedule.stage_weights(T)
+    with capture(model) if cache is not None else contextlib.nullcontext() as recorded:
+        stages, stage_logits, logits, buffer, weights, measured = _execute(model, idx, schedule)
     if cache is not None:
-        with capture(model) as recorded:
-            logits, stage_logits, buffer = _run_stages(model, idx, schedule, stages)
         cache.update(recorded.assembled(T))
-    else:
-        logits, stage_logits, buffer = _run_stages(model, idx, schedule, stages)
     loss, stage_losses = None, []
     if targets is not None:
         if weights is None:
@@ -460,23 +455,18 @@ def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None, 
             stage_losses = [cross_entropy(lp, targets[:, P.start:P.stop:P.step])
                             for P, lp in zip(stages, stage_logits)]
             loss = sum(w * l for w, l in zip(weights, stage_losses)) / sum(weights)
-    return ScheduleOutput(logits, loss, stage_losses, stages, stage_logits, buffer)
+    return ScheduleOutput(logits, loss, stage_losses, stages, stage_logits, buffer, measured)
 
 
-def _run_dynamic(model, idx, targets, schedule, cache) -> ScheduleOutput:
-    """run_schedule for a schedule that decides its stages as it goes (FixedPoint): it runs them
-    itself; the loss is the uniform mean over the stages that returned logits."""
+def _execute(model, idx, schedule):
+    """(stages, their logits, final logits, final buffer, loss weights, measurements). A schedule
+    with a `run` method decides its stages as it goes (FixedPoint) and runs them itself; its loss is
+    the uniform mean over the stages that returned logits."""
     T = idx.size(1)
-    if cache is not None:
-        with capture(model) as recorded:
-            ran = schedule.run(model, idx, model.empty_buffer(idx))
-        cache.update(recorded.assembled(T))
-    else:
+    if hasattr(schedule, "run"):
         ran = schedule.run(model, idx, model.empty_buffer(idx))
-    logits = assemble(list(zip(ran.stages, ran.stage_logits)), T)
-    loss, stage_losses = None, []
-    if targets is not None:
-        stage_losses = [cross_entropy(lp, targets[:, P.start:P.stop:P.step])
-                        for P, lp in zip(ran.stages, ran.stage_logits)]
-        loss = sum(stage_losses) / len(stage_losses)
-    return ScheduleOutput(logits, loss, stage_losses, ran.stages, ran.stage_logits, ran.buffer, ran.measured)
+        logits = assemble(list(zip(ran.stages, ran.stage_logits)), T)
+        return ran.stages, ran.stage_logits, logits, ran.buffer, [1.0] * len(ran.stages), ran.measured
+    stages = schedule.stages(T)
+    logits, stage_logits, buffer = _run_stages(model, idx, schedule, stages)
+    return stages, stage_logits, logits, buffer, schedule.stage_weights(T), None

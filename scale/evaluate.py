@@ -68,6 +68,7 @@ import torch.nn.functional as F
 
 from lrt_lab.decode import Decoder
 from lrt_lab.schedules import IGNORE_INDEX, OnePass, parse_schedule, run_schedule
+from lrt_lab.validation import check_token_ids, vocab_size_of
 
 LN2 = math.log(2)
 TASK_TYPES = ("multiple_choice", "schema", "language_modeling")
@@ -197,13 +198,14 @@ def sequential_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], 
             B, T = inputs.shape
             if prompt_len >= T:
                 raise ValueError(f"prompt_len={prompt_len} is invalid for sequences of T={T}; allowed: 0 <= prompt_len < T")
+            check_token_ids("inputs", inputs, vocab_size_of(model))  # once, not a sync per position on CUDA
             dec = Decoder(model, B, T)
             logits = []
             with autocast or _nullcontext():
                 if prompt_len:
                     logits.append(dec.prefill(inputs[:, :prompt_len], prefill))
                 for t in range(prompt_len, T):
-                    logits.append(dec.step(inputs[:, t]))
+                    logits.append(dec.step(inputs[:, t], check_values=False))
             first = max(prompt_len - 1, 0)
             n, b = nats_and_bytes(torch.stack(logits, dim=1), targets[:, first:], token_bytes)
             vec = torch.stack([n, b])

@@ -24,11 +24,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lrt_lab import LRT, MemoryConfig, preset
-from lrt_lab.decode import Decoder
+from lrt_lab import MemoryConfig, preset
 from lrt_lab.hooks import hook_points, hooks
 from lrt_lab.schedules import Chunked, Exact, FullSequence, Interleaved, run_schedule
 from reference import NaiveLRT
+from test_core import decode_all, make_model, maxdiff, tokens
 
 N_LAYER, T, B, TOL = 3, 10, 7, 1e-10   # B * T = 70 > 64
 # fields enumerated by hand: the source layer's range depends on the depth; a float init is not
@@ -97,34 +97,9 @@ def pairwise_configs(seed: int = 0) -> list[MemoryConfig]:
 CONFIGS = pairwise_configs()
 
 
-def make_model(memory: MemoryConfig, seed: int = 0) -> LRT:
-    cfg = preset("tiny", memory=memory, n_layer=N_LAYER, window_pattern="SL", short_window=4, bos_token_id=0)
-    torch.manual_seed(seed)
-    model = LRT(cfg).double()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.4)
-    return model
-
-
-def tokens(B=B, T=T, seed=1):
-    idx = torch.randint(0, 64, (B, T), generator=torch.Generator().manual_seed(seed))
-    idx[:, 4] = 0  # a BOS mid-sequence, so reset_memory_at_bos has something to do
-    return idx
-
-
-def maxdiff(a, b):
-    return (a - b).abs().max().item()
-
-
-def decode_all(model, idx):
-    dec = Decoder(model, idx.size(0), idx.size(1))
-    return torch.stack([dec.step(idx[:, t]) for t in range(idx.size(1))], dim=1)
-
-
 def check_invariants(memory: MemoryConfig):
-    model = make_model(memory)
-    idx = tokens()
+    model = make_model(memory, n_layer=N_LAYER)
+    idx = tokens(B=B)
     with torch.no_grad():
         exact = run_schedule(model, idx, None, Exact()).logits
         for sched in (Chunked(1), Chunked(memory.lag), Interleaved(T), FullSequence(T)):
@@ -139,7 +114,7 @@ def check_invariants(memory: MemoryConfig):
             assert maxdiff(decode_all(model, idx), exact) <= TOL
         no_grad = run_schedule(model, idx, None, Interleaved(2)).logits
     # autograd on: the same logits, and every memory parameter gets gradient
-    targets = tokens(seed=5)
+    targets = tokens(B=B, seed=5)
     out = run_schedule(model, idx, targets, Interleaved(2))
     assert maxdiff(out.logits, no_grad) <= TOL
     out.loss.backward()
