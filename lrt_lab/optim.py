@@ -15,6 +15,11 @@ default group. Roles (paper app. A "Optimization", nanochat's recipe):
 The gate matrices W_g (eq. 3) and the value-embedding gates are matrices: trained with AdamW at the
 scalar rate they saturate within tens of steps (2*sigmoid outside [0.05, 1.95]); with Muon, as in
 the paper's released code, they stay in range (tests/test_optim.py).
+
+`Muon` is `torch.optim.Muon` with one change on CPU: torch orthogonalises in bfloat16, right for GPU
+tensor cores but 20-50x slower than float32 on a CPU without bf16 matrix units (measured on the
+project's 2-core machine: 0.8 vs 17 ms for a 128x128 matrix, 150 ms vs 8.6 s at 768x768; bench
+`--preset cpu` prints the ratio). Toy runs were bound by it. On CUDA the step is torch's, unchanged.
 """
 
 from __future__ import annotations
@@ -57,6 +62,55 @@ def grouped_parameters(model: nn.Module) -> dict[str, list[nn.Parameter]]:
     return groups
 
 
+def newton_schulz(update: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
+                  eps: float) -> torch.Tensor:
+    """The quintic Newton-Schulz orthogonalisation of torch.optim.Muon (Keller Jordan's
+    coefficients; approximately U V^T of update = U S V^T), in update's own dtype."""
+    a, b, c = coefficients
+    x = update.T if update.size(0) > update.size(1) else update
+    x = x / x.norm().clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if update.size(0) > update.size(1) else x
+
+
+class Muon(torch.optim.Muon):
+    """torch.optim.Muon; on CPU the Newton-Schulz step runs in float32 instead of bfloat16 (see the
+    module docstring). Same hyper-parameters, state and update rule (tests/test_optim.py checks it
+    against torch's step)."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if all(p.is_cuda for g in self.param_groups for p in g["params"]):
+            return super().step(closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params, grads, bufs = [], [], []
+            self._init_group(group, params, grads, bufs)
+            lr, momentum = group["lr"], group["momentum"]
+            for p, grad, buf in zip(params, grads, bufs):
+                buf.lerp_(grad, 1 - momentum)
+                update = grad.lerp(buf, momentum) if group["nesterov"] else buf
+                update = newton_schulz(update.float(), group["ns_coefficients"], group["ns_steps"],
+                                       group["eps"])
+                p.mul_(1 - lr * group["weight_decay"])
+                p.add_(update.to(p.dtype), alpha=-lr * _muon_lr_scale(group["adjust_lr_fn"], p.shape))
+        return loss
+
+
+def _muon_lr_scale(adjust_lr_fn: str | None, shape: torch.Size) -> float:
+    """torch.optim.Muon's per-shape rate scaling: "original" (Keller Jordan) sqrt(max(1, A/B)),
+    "match_rms_adamw" (Moonshot) 0.2 sqrt(max(A, B))."""
+    rows, cols = shape[:2]
+    if adjust_lr_fn in (None, "original"):
+        return max(1.0, rows / cols) ** 0.5
+    return 0.2 * max(rows, cols) ** 0.5
+
+
 def build_optimizers(model: nn.Module, lrs: dict[str, float], *, weight_decay: float = 0.0,
                      adam_betas=(0.8, 0.95), betas: dict[str, tuple] | None = None,
                      fused: bool | None = None) -> list[torch.optim.Optimizer]:
@@ -72,8 +126,8 @@ def build_optimizers(model: nn.Module, lrs: dict[str, float], *, weight_decay: f
     betas = betas or {}
     opts = []
     if groups["matrix"]:
-        opts.append(torch.optim.Muon([{"params": groups["matrix"], "lr": lrs["matrix"], "name": "matrix"}],
-                                     lr=lrs["matrix"], momentum=0.95, weight_decay=weight_decay))
+        opts.append(Muon([{"params": groups["matrix"], "lr": lrs["matrix"], "name": "matrix"}],
+                         lr=lrs["matrix"], momentum=0.95, weight_decay=weight_decay))
     adam = [{"params": groups[r], "lr": lrs[r], "name": r, "betas": betas.get(r, adam_betas)}
             for r in ROLES if r != "matrix" and groups[r]]
     if adam:
