@@ -62,6 +62,15 @@ def _label(df: pd.DataFrame) -> pd.Series:
     return df.apply(label, axis=1)
 
 
+def state_tracking_tables(df: pd.DataFrame, task: str, paper: dict | None) -> str | None:
+    """One table per training length (the A5 CPU runs at 8, the factor study at 16, ...)."""
+    sub = df[df["config.train.task"] == task]
+    if sub.empty:
+        return None
+    return "\n\n".join(state_tracking_table(sub[sub["config.train.length"] == L], task, paper)
+                        for L in sorted(sub["config.train.length"].unique()))
+
+
 def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str | None:
     sub = df[df["config.train.task"] == task].copy()
     if sub.empty:
@@ -86,11 +95,14 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
         r += [cell(stats[f"summary.eval.acc_exact@{lengths[0]}"].get(label), "{:.3f}")]
         runs = sub[sub["label"] == label].sort_values("config.train.seed")
         r.append(", ".join(str(int(v)) for v in runs[f"summary.eval.pos90_exact@{L}"]))
+        # the parallel forward (the training schedule run on the whole sequence) per seed, at each length
+        cols = [f"summary.eval.pos90_parallel@{n}" for n in lengths if f"summary.eval.pos90_parallel@{n}" in runs]
+        r.append(", ".join("/".join(str(int(v)) for v in seed_row) for seed_row in runs[cols].to_numpy()))
         if paper is not None:
             r.append(paper.get(label.split(" [")[0], "-"))
         rows.append(r)
     header = (["model / trainer", "memory preset, init"] + [f"pos@90 at {n}" for n in lengths] + [f"accuracy at {lengths[0]}"]
-              + [f"pos@90 at {L} per seed"])
+              + [f"pos@90 at {L} per seed", "parallel forward pos@90 per seed, at " + " / ".join(map(str, lengths))])
     if paper is not None:
         header.append("paper pos@90 (of 64, T=64)")
     steps = int(sub["config.train.steps"].iloc[0])
@@ -130,8 +142,8 @@ def main(store: str = "experiments/results") -> None:
     df = load_runs(store)
     if df.empty:
         raise SystemExit(f"store={store!r}: no complete runs")
-    for title, text in (("A5 state tracking", state_tracking_table(df, "a5_prefix", PAPER_A5)),
-                        ("Z60 control (abelian, same order)", state_tracking_table(df, "z60_prefix", None)),
+    for title, text in (("A5 state tracking", state_tracking_tables(df, "a5_prefix", PAPER_A5)),
+                        ("Z60 control (abelian, same order)", state_tracking_tables(df, "z60_prefix", None)),
                         ("Gap recovery on byte-level text", gap_table(df))):
         if text is not None:
             print(f"### {title}\n\n{text}\n")
