@@ -12,6 +12,7 @@ seed shows its value alone. Everything comes from lrt_lab's public tools: the ru
 from __future__ import annotations
 
 import math
+import re
 import sys
 
 import pandas as pd
@@ -80,6 +81,11 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
     # the label groups seeds; the memory preset and the init are part of it, and shown in a column
     sub["memory"] = sub.apply(memory_label, axis=1)
     sub["label"] = _label(sub) + sub["memory"].map(lambda m: "" if m == "-" else f" [{m}]")
+    # runs that differ only in their number of steps are different configs, not seeds of one
+    mixed = sub.groupby("label")["config.train.steps"].transform("nunique") > 1
+    sub.loc[mixed, "label"] = sub.loc[mixed].apply(
+        lambda r: r["label"].replace(" [", f" ({int(r['config.train.steps'])} steps) [", 1)
+        if " [" in r["label"] else f"{r['label']} ({int(r['config.train.steps'])} steps)", axis=1)
     L = int(sub["config.train.length"].iloc[0])
     lengths = sorted({int(c.split("@")[1]) for c in sub.columns
                       if c.startswith("summary.eval.pos90_exact@") and sub[c].notna().any()})
@@ -99,16 +105,20 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
         cols = [f"summary.eval.pos90_parallel@{n}" for n in lengths if f"summary.eval.pos90_parallel@{n}" in runs]
         r.append(", ".join("/".join(str(int(v)) for v in seed_row) for seed_row in runs[cols].to_numpy()))
         if paper is not None:
-            r.append(paper.get(label.split(" [")[0], "-"))
+            r.append(paper.get(re.sub(r" \(\d+ steps\)", "", label.split(" [")[0]), "-"))
         rows.append(r)
     header = (["model / trainer", "memory preset, init"] + [f"pos@90 at {n}" for n in lengths] + [f"accuracy at {lengths[0]}"]
               + [f"pos@90 at {L} per seed", "parallel forward pos@90 per seed, at " + " / ".join(map(str, lengths))])
     if paper is not None:
         header.append("paper pos@90 (of 64, T=64)")
-    steps = int(sub["config.train.steps"].iloc[0])
+    steps = sorted({int(v) for v in sub["config.train.steps"]})
+    if len(steps) > 1:  # e.g. the transformer trained longer, to its plateau: say so per row
+        header.insert(2, "steps")
+        for label, r in zip(order, rows):
+            r.insert(2, "/".join(str(int(v)) for v in sorted(set(sub.loc[sub["label"] == label, "config.train.steps"]))))
     d = int(sub["config.model.n_embd"].iloc[0])
-    title = (f"**{task}**: trained at length {L} for {steps} steps of {int(sub['config.train.batch_size'].iloc[0])}"
-             f" sequences, d={d}; exact recurrent decoding")
+    title = (f"**{task}**: trained at length {L} for {' or '.join(map(str, steps))} steps of "
+             f"{int(sub['config.train.batch_size'].iloc[0])} sequences, d={d}; exact recurrent decoding")
     return title + "\n\n" + markdown(rows, header)
 
 
