@@ -105,7 +105,11 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
         cols = [f"summary.eval.pos90_parallel@{n}" for n in lengths if f"summary.eval.pos90_parallel@{n}" in runs]
         r.append(", ".join("/".join(str(int(v)) for v in seed_row) for seed_row in runs[cols].to_numpy()))
         if paper is not None:
-            r.append(paper.get(re.sub(r" \(\d+ steps\)", "", label.split(" [")[0]), "-"))
+            key = re.sub(r" \(\d+ steps\)", "", label.split(" [")[0])
+            # several rows may share the paper's model/trainer: its figure goes to the one with its init
+            twins = [lab for lab in order if re.sub(r" \(\d+ steps\)", "", lab.split(" [")[0]) == key]
+            own = [lab for lab in twins if "paper init" in lab]
+            r.append(paper.get(key, "-") if label in (own or twins) else "-")
         rows.append(r)
     header = (["model / trainer", "memory preset, init"] + [f"pos@90 at {n}" for n in lengths] + [f"accuracy at {lengths[0]}"]
               + [f"pos@90 at {L} per seed", "parallel forward pos@90 per seed, at " + " / ".join(map(str, lengths))])

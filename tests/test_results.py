@@ -25,8 +25,9 @@ def _tables_module():
 
 
 def _runs_by_method(task: str) -> dict:
-    """{label: [summary.eval dicts]} for complete runs of `task`, read straight from the files."""
-    out = defaultdict(list)
+    """{training length: {(label, init): [summary.eval dicts]}} for complete runs of `task`, read
+    straight from the files (the label names what differs from the paper preset's base)."""
+    out = defaultdict(lambda: defaultdict(list))
     for folder in sorted(STORE.iterdir()):
         if not (folder / "summary.json").is_file():
             continue
@@ -35,40 +36,58 @@ def _runs_by_method(task: str) -> dict:
             continue
         kind, schedule = config["kind"], config["schedule"]
         method = kind if schedule == "onepass" and kind != "lrt" else f"{kind} {schedule}"
-        src = (config["model"].get("memory") or {}).get("source_layer")
-        where = f", memory from block {src}" if kind == "lrt" and src is not None else ""
-        out[f"{method} ({config['model']['n_layer']} layers{where})"].append(json.loads((folder / "summary.json").read_text())["eval"])
+        mem = config["model"].get("memory") or {}
+        where, init = "", "-"
+        if kind == "lrt":
+            init = "start-as-transformer" if mem.get("gamma_init") == 0 and mem.get("rec_init") == "zero" else "paper init"
+            if config["train"].get("memory_preset") == "released":
+                where = ", released preset"
+            else:
+                if mem.get("source_layer") is not None:
+                    where = f", memory from block {mem['source_layer']}"
+                for field, default in (("source_tap", "resid"), ("projections", "shared")):
+                    if mem.get(field, default) != default:
+                        where += f", {mem[field]}"
+        label = f"{method} ({config['model']['n_layer']} layers{where})"
+        out[config["train"]["length"]][(label, init)].append(json.loads((folder / "summary.json").read_text())["eval"])
     return out
 
 
-def _row(table: str, label: str) -> list[str]:
+def _row(table: str, label: str, init: str | None = None) -> list[str]:
+    """The row whose first cell is `label` (and, given `init`, whose memory cell names it)."""
     for line in table.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if cells and cells[0] == label:
+        if len(cells) > 1 and cells[0] == label and (
+                init is None or (init in cells[1] if init != "-" else cells[1] == "-")):
             return cells
-    raise AssertionError(f"no row {label!r} in\n{table}")
+    raise AssertionError(f"no row {label!r} ({init}) in\n{table}")
 
 
 @pytest.mark.parametrize("task", ["a5_prefix", "z60_prefix"])
 def test_state_tracking_table_matches_the_run_files(task):
-    runs = _runs_by_method(task)
-    assert runs, f"experiments/results/ holds no complete {task} runs"
-    table = _tables_module().state_tracking_table(load_runs(STORE), task, None)
-    header = [c.strip() for c in table.splitlines()[2].strip("|").split("|")]
-    lengths = [int(h.split()[-1]) for h in header if h.startswith("pos@90 at") and not h.endswith("per seed")]
-    assert lengths, header
-    col = {h: i for i, h in enumerate(header)}  # columns by name: the table may gain others
-    for label, evals in runs.items():
-        cells = _row(table, label)
-        for n in lengths:
-            values = [e[f"pos90_exact@{n}"] for e in evals]
-            cell = cells[col[f"pos@90 at {n}"]]
-            assert cell.startswith(f"{statistics.mean(values):.1f}"), (label, n, cell)
-            assert f"(n={len(values)})" in cell
-        acc = statistics.mean(e[f"acc_exact@{lengths[0]}"] for e in evals)
-        assert cells[col[f"accuracy at {lengths[0]}"]].startswith(f"{acc:.3f}"), (label, cells)
-        per_seed = sorted(cells[col[f"pos@90 at {lengths[0]} per seed"]].split(", "))
-        assert per_seed == sorted(str(e[f"pos90_exact@{lengths[0]}"]) for e in evals), (label, cells)
+    by_length = _runs_by_method(task)
+    assert by_length, f"experiments/results/ holds no complete {task} runs"
+    df = load_runs(STORE)
+    for length, runs in by_length.items():
+        table = _tables_module().state_tracking_table(df[df["config.train.length"] == length], task, None)
+        header = [c.strip() for c in table.splitlines()[2].strip("|").split("|")]
+        lengths = [int(h.split()[-1]) for h in header if h.startswith("pos@90 at") and not h.endswith("per seed")]
+        assert lengths and lengths[0] == length, header
+        col = {h: i for i, h in enumerate(header)}  # columns by name: the table may gain others
+        for (label, init), evals in runs.items():
+            cells = _row(table, label, init)
+            for n in lengths:
+                values = [e[f"pos90_exact@{n}"] for e in evals]
+                cell = cells[col[f"pos@90 at {n}"]]
+                assert cell.startswith(f"{statistics.mean(values):.1f}"), (label, n, cell)
+                assert f"(n={len(values)})" in cell
+            acc = statistics.mean(e[f"acc_exact@{lengths[0]}"] for e in evals)
+            assert cells[col[f"accuracy at {lengths[0]}"]].startswith(f"{acc:.3f}"), (label, cells)
+            per_seed = sorted(cells[col[f"pos@90 at {lengths[0]} per seed"]].split(", "))
+            assert per_seed == sorted(str(e[f"pos90_exact@{lengths[0]}"]) for e in evals), (label, cells)
+            parallel = cells[col[next(h for h in header if h.startswith("parallel forward"))]]
+            assert sorted(parallel.split(", ")) == sorted(
+                "/".join(str(e[f"pos90_parallel@{n}"]) for n in lengths) for e in evals), (label, parallel)
 
 
 def test_gap_table_recovered_fraction_matches_the_bpb_tables():
