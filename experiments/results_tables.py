@@ -12,7 +12,6 @@ seed shows its value alone. Everything comes from lrt_lab's public tools: the ru
 from __future__ import annotations
 
 import math
-import re
 import sys
 
 import pandas as pd
@@ -78,14 +77,15 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
         return None
     from lrt_lab.report import memory_label
 
-    # the label groups seeds; the memory preset and the init are part of it, and shown in a column
+    # the label groups seeds: the model (what the paper's figures are keyed by), the number of steps
+    # where runs of one model differ in it (different configs, not seeds of one), and the memory
+    # preset and init (shown in their own column)
     sub["memory"] = sub.apply(memory_label, axis=1)
-    sub["label"] = _label(sub) + sub["memory"].map(lambda m: "" if m == "-" else f" [{m}]")
-    # runs that differ only in their number of steps are different configs, not seeds of one
-    mixed = sub.groupby("label")["config.train.steps"].transform("nunique") > 1
-    sub.loc[mixed, "label"] = sub.loc[mixed].apply(
-        lambda r: r["label"].replace(" [", f" ({int(r['config.train.steps'])} steps) [", 1)
-        if " [" in r["label"] else f"{r['label']} ({int(r['config.train.steps'])} steps)", axis=1)
+    sub["model"] = _label(sub)
+    memory = sub["memory"].map(lambda m: "" if m == "-" else f" [{m}]")
+    mixed = sub.groupby(sub["model"] + memory)["config.train.steps"].transform("nunique") > 1
+    steps = sub["config.train.steps"].map(lambda n: f" ({int(n)} steps)").where(mixed, "")
+    sub["label"] = sub["model"] + steps + memory
     L = int(sub["config.train.length"].iloc[0])
     lengths = sorted({int(c.split("@")[1]) for c in sub.columns
                       if c.startswith("summary.eval.pos90_exact@") and sub[c].notna().any()})
@@ -105,11 +105,11 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
         cols = [f"summary.eval.pos90_parallel@{n}" for n in lengths if f"summary.eval.pos90_parallel@{n}" in runs]
         r.append(", ".join("/".join(str(int(v)) for v in seed_row) for seed_row in runs[cols].to_numpy()))
         if paper is not None:
-            key = re.sub(r" \(\d+ steps\)", "", label.split(" [")[0])
             # several rows may share the paper's model/trainer: its figure goes to the one with its init
-            twins = [lab for lab in order if re.sub(r" \(\d+ steps\)", "", lab.split(" [")[0]) == key]
-            own = [lab for lab in twins if "paper init" in lab]
-            r.append(paper.get(key, "-") if label in (own or twins) else "-")
+            model = runs["model"].iloc[0]
+            twins = sub[sub["model"] == model]
+            own = twins[twins["memory"].str.contains("paper init")]
+            r.append(paper.get(model, "-") if label in set((own if len(own) else twins)["label"]) else "-")
         rows.append(r)
     header = (["model / trainer", "memory preset, init"] + [f"pos@90 at {n}" for n in lengths] + [f"accuracy at {lengths[0]}"]
               + [f"pos@90 at {L} per seed", "parallel forward pos@90 per seed, at " + " / ".join(map(str, lengths))])
@@ -118,8 +118,8 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
     steps = sorted({int(v) for v in sub["config.train.steps"]})
     if len(steps) > 1:  # e.g. the transformer trained longer, to its plateau: say so per row
         header.insert(2, "steps")
-        for label, r in zip(order, rows):
-            r.insert(2, "/".join(str(int(v)) for v in sorted(set(sub.loc[sub["label"] == label, "config.train.steps"]))))
+        for label, r in zip(order, rows):  # one number per row: a label holds one number of steps
+            r.insert(2, str(int(sub.loc[sub["label"] == label, "config.train.steps"].iloc[0])))
     d = int(sub["config.model.n_embd"].iloc[0])
     title = (f"**{task}**: trained at length {L} for {' or '.join(map(str, steps))} steps of "
              f"{int(sub['config.train.batch_size'].iloc[0])} sequences, d={d}; exact recurrent decoding")
