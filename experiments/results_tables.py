@@ -18,6 +18,7 @@ import pandas as pd
 
 from lrt_lab.analysis import seed_stats
 from lrt_lab.analysis.gap import collect_bpb, gap_recovery
+from lrt_lab.report import memory_label, model_label
 from lrt_lab.results import load_runs
 
 # Paper, app. "Non-Commutative State Tracking" (depth 4, d 256, trained at length 64, pos@90 out of 64
@@ -40,28 +41,6 @@ def markdown(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(out)
 
 
-def _label(df: pd.DataFrame) -> pd.Series:
-    """`transformer (4 layers)`, `lrt exact (4 layers)`, and for an LRT whose memory is read from a
-    block other than the default round(0.6 * depth): `lrt exact (4 layers, memory from block 4)`."""
-    from lrt_lab.report import method_label
-
-    def label(r):
-        text = f"{method_label(r)} ({int(r['config.model.n_layer'])} layers"
-        src = r.get("config.model.memory.source_layer")
-        preset = r.get("config.train.memory_preset")
-        if r.get("config.kind") == "lrt" and preset == "released":
-            text += ", released preset"
-        elif r.get("config.kind") == "lrt":  # the paper preset and what was changed on top of it
-            if src is not None and not pd.isna(src):
-                text += f", memory from block {int(src)}"
-            for field, default in (("source_tap", "resid"), ("projections", "shared")):
-                value = r.get(f"config.model.memory.{field}")
-                if isinstance(value, str) and value != default:  # NaN: a run from before the field
-                    text += f", {value}"
-        return text + ")"
-    return df.apply(label, axis=1)
-
-
 def state_tracking_tables(df: pd.DataFrame, task: str, paper: dict | None) -> str | None:
     """One table per training length (the A5 CPU runs at 8, the factor study at 16, ...)."""
     sub = df[df["config.train.task"] == task]
@@ -75,13 +54,11 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
     sub = df[df["config.train.task"] == task].copy()
     if sub.empty:
         return None
-    from lrt_lab.report import memory_label
-
     # the label groups seeds: the model (what the paper's figures are keyed by), the number of steps
     # where runs of one model differ in it (different configs, not seeds of one), and the memory
     # preset and init (shown in their own column)
     sub["memory"] = sub.apply(memory_label, axis=1)
-    sub["model"] = _label(sub)
+    sub["model"] = sub.apply(model_label, axis=1)
     memory = sub["memory"].map(lambda m: "" if m == "-" else f" [{m}]")
     mixed = sub.groupby(sub["model"] + memory)["config.train.steps"].transform("nunique") > 1
     steps = sub["config.train.steps"].map(lambda n: f" ({int(n)} steps)").where(mixed, "")
@@ -127,8 +104,6 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
 
 
 def gap_table(df: pd.DataFrame) -> str | None:
-    from lrt_lab.report import memory_label
-
     sub = df[df["config.train.task"] == "text_bytes"]
     if sub.empty:
         return None

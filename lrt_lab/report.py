@@ -10,8 +10,8 @@ import pandas as pd
 from .groups import INTERVAL_NOTE, group_labels, method_label
 from .results import Run, load_runs
 
-__all__ = ["comparison_table", "default_metric", "format_mean_ci", "format_mean_std", "method_label",
-           "print_report", "print_run", "run_figures"]
+__all__ = ["comparison_table", "default_metric", "format_mean_ci", "format_mean_std", "memory_label",
+           "method_label", "model_label", "print_report", "print_run", "run_figures"]
 
 
 def memory_label(row) -> str:
@@ -29,6 +29,23 @@ def memory_label(row) -> str:
     else:
         init = f"init gamma {g}, {rec} W_rec"
     return f"{preset} preset, {init}"
+
+
+def model_label(row) -> str:
+    """`transformer (4 layers)`, `lrt exact (4 layers)`; for an LRT, what differs from the paper
+    preset's memory: `lrt exact (4 layers, memory from block 4, normed)`, or `released preset`."""
+    text = f"{method_label(row)} ({int(row['config.model.n_layer'])} layers"
+    if row.get("config.kind") == "lrt" and row.get("config.train.memory_preset") == "released":
+        text += ", released preset"
+    elif row.get("config.kind") == "lrt":
+        src = row.get("config.model.memory.source_layer")
+        if src is not None and not pd.isna(src):
+            text += f", memory from block {int(src)}"
+        for field, default in (("source_tap", "resid"), ("projections", "shared")):
+            value = row.get(f"config.model.memory.{field}")
+            if isinstance(value, str) and value != default:  # NaN: a run from before the field
+                text += f", {value}"
+    return text + ")"
 
 
 def eval_columns(df: pd.DataFrame, prefix: str = "summary.eval.") -> list[str]:
