@@ -1,11 +1,14 @@
 """Baselines that buy accuracy with more forwards per generated token (paper sec. "Comparison with
 Depth Recurrent and Looped Baselines", table "compare_other").
 
-Both are the plain nanochat-style transformer of `lrt_lab.model` (the same `Block`s, value
-embeddings, residual scalars, RoPE, QK-norm, soft-cap, `attend`; `LRT` with `memory=None` is their
-parent class, so parameter names, `param_groups`, initialisation and checkpoints are shared) driven
-through the same `stage(tokens, P, buffer)` primitive, so `run_schedule`, the training loop, the
-evaluation, the run store and the `Decoder` run them unchanged.
+Both are the plain nanochat-style transformer of `lrt_lab.model` (`LRT` with `memory=None` is their
+parent class, so parameter names, `param_groups`, initialisation and checkpoints are shared), and
+every pass of theirs runs its blocks through `LRT.run_blocks`: the same `Block` modules, math and
+hook points as the LRT's stages. They are driven through the same `stage(tokens, P, buffer)`
+primitive, so `run_schedule`, the training loop, the evaluation, the run store and the `Decoder`
+run them unchanged. Hooks: the loop transformer's block hooks fire in every loop (positions P);
+PonderLM's fire in every row pass with row positions ((N+1) t + j; a capture is (B, (N+1) T, ...),
+its init pass over the tokens alone is not reported); `hook_embed` is per token.
 
 `LoopTransformer` (`loop:N`, `loop:N:LO-HI`): the whole stack applied N times per token, weights
 tied across loops:
@@ -60,12 +63,9 @@ from __future__ import annotations
 import re
 
 import torch
-import torch.nn.functional as F
-
-from .attention import attend
 from .buffer import DecodeCache, SequenceBuffer
 from .config import ModelConfig
-from .model import LRT, apply_rotary, norm
+from .model import LRT, StageContext, norm
 
 BASELINE_KINDS = {
     "loop:N": "loop transformer, the stack applied N >= 1 times per token (N forwards per token)",
@@ -130,6 +130,17 @@ def _draw(bounds: tuple[int, int]) -> int:
     return int(torch.randint(bounds[0], bounds[1] + 1, (1,)).item())
 
 
+class _LayerOffset:
+    """A buffer seen from layer `offset` on: the blocks' layer l writes the buffer's layer
+    offset + l (a loop's or PonderLM's init pass's own K/V layers)."""
+
+    def __init__(self, buffer, offset: int):
+        self.buffer, self.offset = buffer, offset
+
+    def splice_kv(self, layer: int, P: range, k, v):
+        return self.buffer.splice_kv(self.offset + layer, P, k, v)
+
+
 class _Baseline(LRT):
     """The plain transformer's modules and a pass of its block stack over arbitrary input vectors."""
 
@@ -144,71 +155,18 @@ class _Baseline(LRT):
             raise ValueError("memory is invalid for a loop/ponder baseline; allowed: None (they are plain "
                              "transformers underneath; use model='lrt' for the memory pathway)")
         super().__init__(config)
-        self.windows = config.window_sizes()  # per layer; PonderLM counts them in rows
 
-    def _input_weights(self) -> list[torch.Tensor]:
-        """Per layer [W_q; W_k; W_v; W_ve_gate zero-padded to d]: one matmul per layer and pass."""
-        d, out = self.config.n_embd, []
-        for block in self.blocks:
-            a = block.attn
-            rows = [a.c_q.weight, a.c_k.weight, a.c_v.weight]
-            if a.ve_gate is not None:  # reads only the first VE_GATE_CHANNELS inputs
-                rows.append(F.pad(a.ve_gate.weight, (0, d - a.ve_gate.weight.size(1))))
-            out.append(torch.cat(rows, 0))
-        return out
-
-    def _stack(self, x, ve_ids, ve_keep, cos, sin, rows: range, buffer, layer0: int, weights,
-               hooks: dict | None = None):
-        """One pass of the blocks over buffer rows `rows` (contiguous), writing buffer layers
-        layer0..layer0+n_layer-1. x: (B, n, d) input vectors (x0 of the x0 skip); ve_ids: (B, n)
-        token ids for the value embeddings (None: none); ve_keep: (1, n, 1, 1) 0/1 per row, or None
-        (all rows). Returns (residual stream after the last block, per-layer K, per-layer V)."""
-        cfg = self.config
-        B, n, _ = x.shape
-        H, Hkv, D = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        qd, kvd = H * D, Hkv * D
-        x0 = x
-        ks, vs = [], []
-        for l, block in enumerate(self.blocks):
-            if self.resid_lambdas is not None:
-                x = self.resid_lambdas[l] * x
-            if self.x0_lambdas is not None:
-                x = x + self.x0_lambdas[l] * x0
-            if hooks is not None:
-                hooks[f"blocks.{l}.hook_resid_pre"] = x
-            proj = F.linear(norm(x), weights[l])
-            if block.attn.ve_gate is not None:
-                qk, v, gate = proj.split([qd + kvd, kvd, Hkv], dim=-1)
-            else:
-                qk, v = proj.split([qd + kvd, kvd], dim=-1)
-            v = v.view(B, n, Hkv, D)
-            if block.attn.ve_gate is not None and ve_ids is not None:
-                ve = self.value_embeds[l](ve_ids).view(B, n, Hkv, D)
-                if ve_keep is not None:
-                    ve = ve * ve_keep
-                v = torch.addcmul(v, 2 * torch.sigmoid(gate)[..., None], ve)
-            qk = apply_rotary(norm(qk.view(B, n, H + Hkv, D)), cos, sin)
-            q, k = qk.split([H, Hkv], dim=2)
-            q, k = q.to(v.dtype), k.to(v.dtype)
-            K, V = buffer.splice_kv(layer0 + l, rows, k, v)
-            ks.append(K)
-            vs.append(V)
-            y = attend(q, K[:, :rows.stop], V[:, :rows.stop], rows, self.windows[l])
-            x = x + block.attn.c_proj(y.reshape(B, n, qd))
-            x = x + block.mlp(norm(x))
-            if hooks is not None:
-                hooks[f"blocks.{l}.hook_resid_post"] = x
+    def _stack(self, x, tokens, ve_keep, cos, sin, rows: range, buffer, layer0: int, rows_per_token: int = 1,
+               hooked: bool = True):
+        """One pass of the blocks (`LRT.run_blocks`, the same modules and hook points) over buffer
+        rows `rows` (contiguous), writing buffer layers layer0..layer0+n_layer-1. x: (B, n, d) input
+        vectors (also the x0 of the x0 skip); tokens: (B, n) ids for the value embeddings (None:
+        none); ve_keep: (1, n, 1, 1) 0/1 per row, or None (all rows). Returns (residual stream
+        after the last block, per-layer K, per-layer V). hooked=False: the hook points skip this pass."""
+        target = buffer if layer0 == 0 else _LayerOffset(buffer, layer0)
+        ctx = StageContext(rows, cos, sin, target, x, None, None, rows_per_token, hooked)
+        x, ks, vs, _ = self.run_blocks(x, ctx, tokens, range(self.config.n_layer), ve_keep)
         return x, ks, vs
-
-    def _head(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(x)
-
-    def _report(self, acts: dict, P: range):
-        """Pass the stage's activations at the token positions P through the model's hook points,
-        so `run_schedule(cache=)` and `lrt_lab.hooks.capture` see them as for the LRT (capture
-        only: a replacement returned by a hook does not change a baseline's computation)."""
-        for name, t in acts.items():
-            self.get_submodule(name)(t, positions=P)
 
     def _layers_config(self, n_layer: int) -> ModelConfig:
         """The config of a buffer/cache holding n_layer layers of K/V."""
@@ -247,25 +205,23 @@ class LoopTransformer(_Baseline):
 
     def stage(self, tokens: torch.Tensor, P: range, buffer):
         """Positions P through all loops; the loop count is the buffer's (layers // n_layer).
-        Hook points report the last loop's activations."""
+        The block hook points fire in every loop (an intervention acts on each; a capture keeps
+        the last loop's activations)."""
         L = self.config.n_layer
         n_loops, rest = divmod(len(buffer.k), L)
         if rest or n_loops < 1:
             raise ValueError(f"buffer has {len(buffer.k)} layers; allowed: a multiple of n_layer={L} "
                              "(make it with model.empty_buffer / model.new_decode_cache)")
-        e = norm(self.wte(tokens))
+        e = self.hook_embed(norm(self.wte(tokens)), positions=P)
         cos, sin = self.rotary(P, e.device, e.dtype)
-        weights = self._input_weights()
-        acts = {"hook_embed": e}
         x, k_all, v_all = e, [], []
         for i in range(n_loops):
             if i:
                 x = x + e  # re-inject the input embedding at every loop after the first
-            x, ks, vs = self._stack(x, tokens, None, cos, sin, P, buffer, i * L, weights, acts)
+            x, ks, vs = self._stack(x, tokens, None, cos, sin, P, buffer, i * L)
             k_all += ks
             v_all += vs
-        self._report(acts, P)
-        return self._head(x), buffer.updated(P, k_all, v_all, None)
+        return self.head(x), buffer.updated(P, k_all, v_all, None)
 
 
 class PonderDecodeCache:
@@ -309,9 +265,7 @@ class PonderLM(_Baseline):
         random_jacobi = _check_range("random_jacobi", random_jacobi, 0)
         super().__init__(config)
         self.n_thoughts, self.jacobi, self.random_jacobi = n_thoughts, jacobi, random_jacobi
-        self.stride = n_thoughts + 1
-        # windows count rows: w tokens of context -> stride * w rows
-        self.windows = [None if w is None else w * self.stride for w in config.window_sizes()]
+        self.stride = n_thoughts + 1  # rows per token: windows of w tokens span stride * w rows
 
     @property
     def forwards_per_token(self) -> int:
@@ -351,11 +305,10 @@ class PonderLM(_Baseline):
         cfg, N, s = self.config, self.n_thoughts, self.stride
         L, d = cfg.n_layer, cfg.n_embd
         B, C = tokens.shape
-        weights = self._input_weights()
-        e = norm(self.wte(tokens))
+        e = self.hook_embed(norm(self.wte(tokens)), positions=P)
         cos_t, sin_t = self.rotary(P, e.device, e.dtype)
         # init: the plain model over the tokens alone (its own K/V layers, so chunks continue it)
-        h, k_plain, v_plain = self._stack(e, tokens, None, cos_t, sin_t, P, buffer, L, weights)
+        h, k_plain, v_plain = self._stack(e, tokens, None, cos_t, sin_t, P, buffer, L, hooked=False)
         thoughts = norm(h)[:, :, None].expand(B, C, N, d)
         rows = range(s * P.start, s * P.stop)
         cos, sin = cos_t.repeat_interleave(s, dim=1), sin_t.repeat_interleave(s, dim=1)  # shared positions
@@ -364,31 +317,28 @@ class PonderLM(_Baseline):
         keep[0] = 1.0  # value embeddings at token rows only
         keep = keep.repeat(C).view(1, C * s, 1, 1)
         K = min(self._iterations(), C * N)  # beyond C*N refinements the iteration is at its fixed point
-        stage_hooks = {}
-        for r in range(K + 1):
+        for _ in range(K + 1):
             x = torch.cat([e[:, :, None], thoughts], dim=2).reshape(B, C * s, d)
-            out, ks, vs = self._stack(x, ids, keep, cos, sin, rows, buffer, 0, weights,
-                                      stage_hooks if r == K else None)
+            out, ks, vs = self._stack(x, ids, keep, cos, sin, rows, buffer, 0, rows_per_token=s)
             out = out.view(B, C, s, d)
             thoughts = norm(out[:, :, :N])  # each thought's next input: the row before it
-        # at the rows that predict: the last thoughts
-        self._report({"hook_embed": e, **{name: t.view(B, C, s, -1)[:, :, N] for name, t in stage_hooks.items()}}, P)
-        return self._head(out[:, :, N]), buffer.updated(P, ks + k_plain, vs + v_plain, None)
+        # the rows that predict: the last thoughts
+        return self.head(out[:, :, N]), buffer.updated(P, ks + k_plain, vs + v_plain, None)
 
     def _sequential(self, tokens, P: range, cache: PonderDecodeCache):
         if P.start != cache.length:
             raise ValueError(f"positions {P} cannot be appended to a cache holding {cache.length} tokens")
-        s, weights = self.stride, self._input_weights()
+        s = self.stride
         logits = []
         for i, t in enumerate(P):
             tok = tokens[:, i:i + 1]
-            x = norm(self.wte(tok))
+            x = self.hook_embed(norm(self.wte(tok)), positions=range(t, t + 1))
             cos, sin = self.rotary(range(t, t + 1), x.device, x.dtype)
             for j in range(s):
                 row = range(s * t + j, s * t + j + 1)
-                h, ks, vs = self._stack(x, tok if j == 0 else None, None, cos, sin, row, cache.rows, 0, weights)
+                h, ks, vs = self._stack(x, tok if j == 0 else None, None, cos, sin, row, cache.rows, 0,
+                                        rows_per_token=s)
                 cache.rows.updated(row, ks, vs, None)
                 x = norm(h)  # the next thought's input
-            logits.append(self._head(h))
-        self._report({"hook_embed": norm(self.wte(tokens))}, P)
+            logits.append(self.head(h))
         return torch.cat(logits, dim=1), cache

@@ -16,6 +16,8 @@ schedule, prefill strategy and decoding step. Each call passes the stage's posit
         out = run_schedule(model, idx, targets, Exact())
 
 A hook function is `fn(activation, positions) -> replacement or None` (None keeps the value).
+A pass whose rows are not the model's output (PonderLM's init pass over the tokens alone) calls
+its hook points with `positions=None`; `hooks` and `capture` skip those calls.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def hooks(model: nn.Module, fns: dict[str, HookFn]):
     try:
         for name, fn in fns.items():
             def call(module, args, kwargs, output, fn=fn):
-                return fn(output, kwargs["positions"])
+                positions = kwargs["positions"]
+                return None if positions is None else fn(output, positions)
             handles.append(points[name].register_forward_hook(call, with_kwargs=True))
         yield
     finally:
@@ -80,9 +83,10 @@ class Capture:
 
     def assembled(self, T: int) -> dict[str, torch.Tensor]:
         """(B, T, ...) per name, each position taken from the last call that computed it (as a
-        schedule's final logits are)."""
+        schedule's final logits are); longer where the calls' positions are rows beyond T
+        (PonderLM's blocks run over (N+1) rows per token)."""
         from .schedules import assemble
-        return {name: assemble(parts, T) for name, parts in self.calls.items()}
+        return {name: assemble(parts, max(T, max(P.stop for P, _ in parts))) for name, parts in self.calls.items()}
 
 
 @contextmanager

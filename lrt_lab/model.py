@@ -93,6 +93,15 @@ class StageContext:
     x0: torch.Tensor                 # the normed token embedding (nanochat's x0 skip)
     memory: MemoryRead | None        # what the positions read (None: no memory pathway)
     pathway: MemoryPathway | None
+    # buffer rows per token: sliding windows count tokens, so a stage over rows that interleave
+    # other vectors with the tokens (PonderLM's thoughts) widens them by this factor
+    rows_per_token: int = 1
+    hooked: bool = True              # False: a pass the hook points do not report (PonderLM's init pass)
+
+    @property
+    def hook_positions(self) -> range | None:
+        """What the hook points receive as `positions` (None: `lrt_lab.hooks` skips the call)."""
+        return self.positions if self.hooked else None
 
 
 class BlockOutput(NamedTuple):
@@ -136,16 +145,18 @@ class Attention(nn.Module):
         if memory is not None:
             g_loc, g_rec = ctx.pathway.gate_values(self.layer, h)
             if g_loc is not None:
-                g_loc = self.hook_gate_local(g_loc, positions=P)
-                g_rec = self.hook_gate_rec(g_rec, positions=P)
+                g_loc = self.hook_gate_local(g_loc, positions=ctx.hook_positions)
+                g_rec = self.hook_gate_rec(g_rec, positions=ctx.hook_positions)
             q, k, v = ctx.pathway.inject_qkv(self.layer, q, k, v, memory, g_loc, g_rec)
         # QK-norm, then RoPE at t: the recurrent key is encoded at t like the local one (eq. 5)
         q = apply_rotary(norm(q), ctx.cos, ctx.sin).to(v.dtype)
         k = apply_rotary(norm(k), ctx.cos, ctx.sin).to(v.dtype)
-        q, k, v = (self.hook_q(q, positions=P), self.hook_k(k, positions=P), self.hook_v(v, positions=P))
+        hp = ctx.hook_positions
+        q, k, v = self.hook_q(q, positions=hp), self.hook_k(k, positions=hp), self.hook_v(v, positions=hp)
         K, V = ctx.buffer.splice_kv(self.layer, P, k, v)
         Ks, Vs = (K, V) if K.size(1) == P.stop else (K[:, :P.stop], V[:, :P.stop])
-        y = attend(q, Ks, Vs, P, self.window)
+        window = self.window if self.window is None else self.window * ctx.rows_per_token
+        y = attend(q, Ks, Vs, P, window)
         return self.c_proj(y.reshape(B, n, -1)), K, V
 
 
@@ -177,7 +188,7 @@ class Block(nn.Module):
                 value_embed: torch.Tensor | None = None) -> BlockOutput:
         """x_bar = alpha x + beta x0 (+ gamma m), then attention and MLP; alpha, beta: this layer's
         scalars (None: 1 and 0); value_embed: this layer's value embedding of the tokens."""
-        P = ctx.positions
+        P = ctx.hook_positions
         if beta is not None:  # alpha x + beta x0 in two kernels (decoding is launch-bound)
             x = beta * ctx.x0 + x if alpha is None else torch.addcmul(beta * ctx.x0, alpha, x)
         elif alpha is not None:
@@ -268,16 +279,10 @@ class LRT(nn.Module):
         x = x0 if resid is None else resid
         cos, sin = self.rotary(P, x.device, x.dtype)
         ctx = StageContext(P, cos, sin, buffer, x0, self._read_memory(buffer, P, x0), self.memory)
-        alphas = self.resid_lambdas.unbind(0) if self.resid_lambdas is not None else None
-        betas = self.x0_lambdas.unbind(0) if self.x0_lambdas is not None else None
-        k_all, v_all, sources = list(buffer.k), list(buffer.v), {}
-        for l in layers:
-            ve = (self.value_embeds[l](tokens).view(*tokens.shape, self.config.n_kv_head, -1)
-                  if self.value_embeds is not None else None)
-            out = self.blocks[l](x, ctx, alphas[l] if alphas else None, betas[l] if betas else None, ve)
-            x, k_all[l], v_all[l] = out.x, out.k, out.v
-            if self.memory is not None and l in self.memory.source_layers:
-                sources[l] = out
+        x, k_new, v_new, sources = self.run_blocks(x, ctx, tokens, layers)
+        k_all, v_all = list(buffer.k), list(buffer.v)
+        for l, k, v in zip(layers, k_new, v_new):
+            k_all[l], v_all[l] = k, v
         mem_out = None
         if sources:
             if len(sources) != len(self.memory.source_layers):
@@ -288,6 +293,28 @@ class LRT(nn.Module):
         if layers.stop < self.config.n_layer:
             return x, buffer
         return self.head(x), buffer
+
+    def run_blocks(self, x: torch.Tensor, ctx: StageContext, tokens: torch.Tensor | None, layers: range,
+                   ve_keep: torch.Tensor | None = None):
+        """The blocks `layers` over the rows of one stage: the one block loop (the LRT's stages and
+        the loop/ponder baselines' passes). tokens: the ids at the rows, for the value embeddings
+        (None: rows without a token get none); ve_keep: (1, n, 1, 1) 0/1 per row, or None (all).
+        Returns (residual stream, [K per layer], [V per layer], {source layer: BlockOutput})."""
+        alphas = self.resid_lambdas.unbind(0) if self.resid_lambdas is not None else None
+        betas = self.x0_lambdas.unbind(0) if self.x0_lambdas is not None else None
+        ks, vs, sources = [], [], {}
+        for l in layers:
+            ve = None
+            if self.value_embeds is not None and tokens is not None:
+                ve = self.value_embeds[l](tokens).view(*tokens.shape, self.config.n_kv_head, -1)
+                ve = ve if ve_keep is None else ve * ve_keep
+            out = self.blocks[l](x, ctx, alphas[l] if alphas else None, betas[l] if betas else None, ve)
+            x = out.x
+            ks.append(out.k)
+            vs.append(out.v)
+            if self.memory is not None and l in self.memory.source_layers:
+                sources[l] = out
+        return x, ks, vs, sources
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits from the final residual stream: lm_head(norm(x)), soft-capped."""

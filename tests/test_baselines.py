@@ -7,6 +7,7 @@ from lrt_lab import LRT, MemoryConfig, preset
 from lrt_lab.baselines import (BASELINE_KINDS, LoopTransformer, PonderLM, build_baseline,
                                is_baseline_kind)
 from lrt_lab.decode import Decoder
+from lrt_lab.hooks import hooks, zero_at
 from lrt_lab.schedules import Chunked, Exact, Interleaved, OnePass, run_schedule
 
 T = 10
@@ -163,7 +164,11 @@ def test_ponder_trains_through_every_jacobi_pass():
     out.loss.backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
-    assert cache["blocks.1.hook_resid_post"].shape == (2, T, model.config.n_embd)
+    # block hooks report the final pass's rows (N+1 per token); the token's prediction is read at
+    # its last thought row, so the head of that row's residual stream gives the logits
+    resid = cache["blocks.1.hook_resid_post"]
+    assert resid.shape == (2, 2 * T, model.config.n_embd) and cache["hook_embed"].shape[1] == T
+    assert maxdiff(model.head(resid[:, 1::2]), out.logits) <= TOL
     # buffer: layers 0..L-1 hold the 2T interleaved rows, L..2L-1 the init pass's T rows; the
     # interleaved rows never read the init pass's K/V, so a gradient reaching them has flowed
     # back through the thoughts the init pass seeded (nothing is detached)
@@ -214,3 +219,32 @@ def test_baselines_refuse_memory_and_strided_stages():
     with pytest.raises(ValueError, match="contiguous"):
         run_schedule(model, tokens(), None, Interleaved(2))
     assert set(BASELINE_KINDS) >= {"loop:N", "ponder:N"}
+
+
+@pytest.mark.parametrize("kind", ["loop:2", "ponder:1"])
+def test_baseline_interventions_act_in_every_pass_and_match_decoding(kind):
+    """The baselines' passes run the LRT's Block modules, so a hook can replace an activation: the
+    same ablation gives the same logits in the parallel forward and token-by-token decoding (for
+    ponder at its fixed point, K >= N T), and it changes them."""
+    model = randomise(LoopTransformer(config(), 2) if kind == "loop:2" else PonderLM(config(), 1, jacobi=T))
+    idx = tokens()
+    plain = run_schedule(model, idx, None, OnePass()).logits
+    with hooks(model, {"blocks.0.hook_mlp_out": zero_at(range(3, 6)),
+                       "blocks.1.attn.hook_v": lambda v, positions: 2 * v}):
+        ablated = run_schedule(model, idx, None, OnePass()).logits
+        decoded = decode_all(model, idx)
+    assert maxdiff(ablated, decoded) <= TOL
+    assert maxdiff(ablated, plain) > 1e-3
+
+
+def test_ponder_capture_is_per_row_under_any_chunking():
+    """Block hooks report rows ((N+1) per token) of the passes that produce the output; the init pass
+    over the tokens alone is not reported, so a chunked capture tiles the rows like OnePass's."""
+    model = randomise(PonderLM(config(), 1, jacobi=T))  # at the fixed point chunking changes nothing
+    idx = tokens()
+    caps = []
+    for schedule in (OnePass(), Chunked(5)):
+        cache = {}
+        run_schedule(model, idx, None, schedule, cache=cache)
+        caps.append(cache["blocks.0.hook_resid_pre"])
+    assert caps[0].shape == (2, 2 * T, model.config.n_embd) and maxdiff(*caps) <= TOL
