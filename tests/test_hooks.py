@@ -73,3 +73,27 @@ def test_unknown_hook_names_are_rejected_with_the_allowed_names():
         assert "blocks.0.hook_resid_post" in str(e)
     else:
         raise AssertionError("no error")
+
+
+def test_hook_points_honour_module_and_global_hooks_registered_directly():
+    """A HookPoint skips nn.Module's call machinery only while no hook could see it: a forward hook
+    registered on it directly, and a global module hook, both still fire (and can replace)."""
+    model = make_model(MemoryConfig())
+    idx = tokens(B=1, T=5)
+    plain = run_schedule(model, idx, None, Exact()).logits
+    point = model.blocks[0].hook_mlp_out
+    handle = point.register_forward_hook(lambda mod, args, kwargs, out: out * 0, with_kwargs=True)
+    zeroed = run_schedule(model, idx, None, Exact()).logits
+    handle.remove()
+    assert maxdiff(zeroed, plain) > 1e-3
+    with hooks(model, {"blocks.0.hook_mlp_out": lambda x, positions: x * 0}):
+        assert maxdiff(run_schedule(model, idx, None, Exact()).logits, zeroed) <= TOL
+    seen = []
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda mod, args, out: seen.append(type(mod).__name__))
+    try:
+        run_schedule(model, idx, None, Exact())
+    finally:
+        handle.remove()
+    assert "HookPoint" in seen
+    assert maxdiff(run_schedule(model, idx, None, Exact()).logits, plain) <= TOL
