@@ -81,6 +81,8 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
         # the parallel forward (the training schedule run on the whole sequence) per seed, at each length
         cols = [f"summary.eval.pos90_parallel@{n}" for n in lengths if f"summary.eval.pos90_parallel@{n}" in runs]
         r.append(", ".join("/".join(str(int(v)) for v in seed_row) for seed_row in runs[cols].to_numpy()))
+        # training compute: token-forwards the trainer actually ran (a FixedPoint step counts its sweeps)
+        r.append(f"{runs['summary.compute_tokens'].mean() / 1e6:.1f}")
         if paper is not None:
             # several rows may share the paper's model/trainer: its figure goes to the one with its init
             model = runs["model"].iloc[0]
@@ -89,7 +91,8 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
             r.append(paper.get(model, "-") if label in set((own if len(own) else twins)["label"]) else "-")
         rows.append(r)
     header = (["model / trainer", "memory preset, init"] + [f"pos@90 at {n}" for n in lengths] + [f"accuracy at {lengths[0]}"]
-              + [f"pos@90 at {L} per seed", "parallel forward pos@90 per seed, at " + " / ".join(map(str, lengths))])
+              + [f"pos@90 at {L} per seed", "parallel forward pos@90 per seed, at " + " / ".join(map(str, lengths)),
+                 "compute (M token-forwards)"])
     if paper is not None:
         header.append("paper pos@90 (of 64, T=64)")
     steps = sorted({int(v) for v in sub["config.train.steps"]})
