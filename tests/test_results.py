@@ -49,8 +49,16 @@ def _runs_by_method(task: str) -> dict:
                     if mem.get(field, default) != default:
                         where += f", {mem[field]}"
         label = f"{method} ({config['model']['n_layer']} layers{where})"
-        out[config["train"]["length"]][(label, init)].append(json.loads((folder / "summary.json").read_text())["eval"])
-    return out
+        summary = json.loads((folder / "summary.json").read_text())
+        out[config["train"]["length"]][(label, init, config["train"]["steps"])].append(summary)
+    # runs of one label and init trained for different numbers of steps are different rows, each
+    # label then saying its steps
+    named = defaultdict(lambda: defaultdict(list))
+    for length, groups in out.items():
+        for (label, init, steps), summaries in groups.items():
+            mixed = len({s for (l, i, s) in groups if (l, i) == (label, init)}) > 1
+            named[length][(f"{label} ({steps} steps)" if mixed else label, init)] = summaries
+    return named
 
 
 def _row(table: str, label: str, init: str | None = None) -> list[str]:
@@ -74,8 +82,11 @@ def test_state_tracking_table_matches_the_run_files(task):
         lengths = [int(h.split()[-1]) for h in header if h.startswith("pos@90 at") and not h.endswith("per seed")]
         assert lengths and lengths[0] == length, header
         col = {h: i for i, h in enumerate(header)}  # columns by name: the table may gain others
-        for (label, init), evals in runs.items():
+        for (label, init), summaries in runs.items():
+            evals = [s["eval"] for s in summaries]
             cells = _row(table, label, init)
+            compute = statistics.mean(s["compute_tokens"] for s in summaries) / 1e6
+            assert cells[col["compute (M token-forwards)"]] == f"{compute:.1f}", (label, cells)
             for n in lengths:
                 values = [e[f"pos90_exact@{n}"] for e in evals]
                 cell = cells[col[f"pos@90 at {n}"]]
