@@ -171,7 +171,11 @@ def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False,
             runs.append(Run(folder))
             continue
         if deadline is not None and time.monotonic() >= deadline:
-            break  # out of time: later invocations continue from here
+            # out of time: later invocations continue from here; this run and the ones after it are
+            # returned as they stand (incomplete), so a caller looping until every run is complete
+            # does not stop early when checking the grid alone used up the time
+            runs.append(Run(folder))
+            continue
         runs.append(train(cfg, out=out, resume=folder.exists(), progress=False, deadline=deadline))
     bar.close()
     done = sum((Path(out) / c.run_name / "summary.json").exists() for c in configs)

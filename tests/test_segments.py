@@ -54,3 +54,10 @@ def test_paper_spec_is_the_papers_setting():
     assert sorted((c.model, c.schedule) for c in configs) == [("lrt", "interleaved:2")] * 3 + [("transformer", "onepass")] * 3
     for c in configs:
         assert (c.preset, c.length, c.eval_lengths) == ("a5", 64, (64, 128, 256)) and c.checkpoint_every > 0
+
+
+def test_a_run_not_started_for_lack_of_time_is_returned_incomplete(tmp_path):
+    """The time limit can run out while the grid is being checked, before any run starts: the runs
+    come back incomplete (not left out), so `while not all(r.is_complete ...)` keeps going."""
+    runs = run_sweep(validate_spec(SPEC), out=str(tmp_path), time_limit_s=1e-9)
+    assert len(runs) == 1 and not runs[0].is_complete
