@@ -46,12 +46,14 @@ def test_bad_time_limit_names_the_field(tmp_path):
 
 def test_paper_spec_is_the_papers_setting():
     """experiments/a5_paper.toml: depth 4, d=256, trained at 64, evaluated at 64/128/256, 3 seeds,
-    transformer and LRT (Interleaved(2)), checkpoints for resuming."""
+    transformer, LRT with Interleaved(2) (the claim) and with FixedPoint(0.1, 8) (the study's best trainer),
+    checkpoints for resuming."""
     spec = load_spec("experiments/a5_paper.toml")
     with open("experiments/a5_paper.toml", "rb") as f:
         assert tomllib.load(f)["sweep"]["seeds"] == [0, 1, 2]
     configs = expand(spec)
-    assert sorted((c.model, c.schedule) for c in configs) == [("lrt", "interleaved:2")] * 3 + [("transformer", "onepass")] * 3
+    assert sorted((c.model, c.schedule) for c in configs) == ([("lrt", "fixedpoint:0.1:8")] * 3 + [("lrt", "interleaved:2")] * 3
+                                                              + [("transformer", "onepass")] * 3)
     for c in configs:
         assert (c.preset, c.length, c.eval_lengths) == ("a5", 64, (64, 128, 256)) and c.checkpoint_every > 0
 
