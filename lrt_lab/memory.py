@@ -44,6 +44,15 @@ class MemoryRead:
     zero: bool = False
 
 
+def gated_sum(local, rec, g_loc, g_rec, drop_local: bool) -> torch.Tensor:
+    """g_loc * local + g_rec * rec (eq. 2): a gate None is 1, rec None is zero memory (W_rec 0 = 0),
+    drop_local drops the local term (the replace layers)."""
+    base = torch.zeros_like(local) if drop_local else (local if g_loc is None else g_loc * local)
+    if rec is None:
+        return base
+    return base + rec if g_rec is None else torch.addcmul(base, g_rec, rec)
+
+
 class MemoryPathway(nn.Module):
     """Every parameter the LRT adds to the backbone, and the math that uses them."""
 
@@ -129,20 +138,21 @@ class MemoryPathway(nn.Module):
         the gates are off (both fixed at 1)."""
         if self.gates is None:
             return None, None
-        g = 2 * torch.sigmoid(self.gates[l](h[..., :self.gate_channels]))
-        return g.chunk(2, dim=-1)
+        x = h if self.gate_channels == h.size(-1) else h[..., :self.gate_channels]
+        return (2 * torch.sigmoid(self.gates[l](x))).chunk(2, dim=-1)
 
     def _project(self, name: str, l: int, mem: MemoryRead) -> torch.Tensor | None:
         """W_name,rec m as (B, n, heads, head_dim): once per stage when shared, per layer otherwise."""
         projs = getattr(self, name)
-        if projs is None or mem.zero:
+        if mem.zero:
             return None
         i = 0 if len(projs) == 1 else l
         key = (name, i)
-        if key not in mem.per_stage:
+        out = mem.per_stage.get(key)
+        if out is None:
             out = projs[i](mem.m)
-            mem.per_stage[key] = out.view(*out.shape[:2], -1, self.config.head_dim)
-        return mem.per_stage[key]
+            out = mem.per_stage[key] = out.view(*out.shape[:2], -1, self.config.head_dim)
+        return out
 
     def inject_qkv(self, l: int, q, k, v, mem: MemoryRead, g_loc, g_rec):
         """Eqs. 2-4: k~ = g_loc * k_local + g_rec * W_k,rec m (same for v; and for q when
@@ -150,27 +160,16 @@ class MemoryPathway(nn.Module):
         then goes through QK-norm and RoPE at t like a local key (eq. 5; done by the caller)."""
         g_loc = g_loc.unsqueeze(-1) if g_loc is not None else None  # broadcast over head_dim
         g_rec = g_rec.unsqueeze(-1) if g_rec is not None else None
-        replace = l in self.replace_layers
-
-        def combine(local, rec, drop_local, group=1):
-            gl, gr = g_loc, g_rec
-            if group > 1 and gl is not None:  # query heads share their KV head's gates (GQA)
-                gl, gr = gl.repeat_interleave(group, dim=2), gr.repeat_interleave(group, dim=2)
-            base = torch.zeros_like(local) if drop_local else (local if gl is None else gl * local)
-            if rec is None:  # zero memory: W_rec m = 0
-                return base
-            return base + rec if gr is None else torch.addcmul(base, gr, rec)
-
-        for name in ("q_rec", "k_rec", "v_rec"):
-            if getattr(self, name) is None:
-                continue
-            rec = self._project(name, l, mem)
-            if name == "q_rec":
-                q = combine(q, rec, False, group=q.size(2) // k.size(2))
-            elif name == "k_rec":
-                k = combine(k, rec, replace)
-            else:
-                v = combine(v, rec, replace)
+        drop_local = l in self.replace_layers
+        if self.q_rec is not None:
+            gq_loc, gq_rec, group = g_loc, g_rec, q.size(2) // k.size(2)
+            if group > 1 and g_loc is not None:  # query heads share their KV head's gates (GQA)
+                gq_loc, gq_rec = g_loc.repeat_interleave(group, dim=2), g_rec.repeat_interleave(group, dim=2)
+            q = gated_sum(q, self._project("q_rec", l, mem), gq_loc, gq_rec, False)
+        if self.k_rec is not None:
+            k = gated_sum(k, self._project("k_rec", l, mem), g_loc, g_rec, drop_local)
+        if self.v_rec is not None:
+            v = gated_sum(v, self._project("v_rec", l, mem), g_loc, g_rec, drop_local)
         return q, k, v
 
     # Emitting -----------------------------------------------------------------------------------
