@@ -18,7 +18,7 @@ import pandas as pd
 
 from lrt_lab.analysis import seed_stats
 from lrt_lab.analysis.gap import collect_bpb, gap_recovery
-from lrt_lab.report import memory_label, model_label
+from lrt_lab.report import memory_label, model_label, steps_suffix
 from lrt_lab.results import load_runs
 
 # Paper, app. "Non-Commutative State Tracking" (depth 4, d 256, trained at length 64, pos@90 out of 64
@@ -60,9 +60,7 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
     sub["memory"] = sub.apply(memory_label, axis=1)
     sub["model"] = sub.apply(model_label, axis=1)
     memory = sub["memory"].map(lambda m: "" if m == "-" else f" [{m}]")
-    mixed = sub.groupby(sub["model"] + memory)["config.train.steps"].transform("nunique") > 1
-    steps = sub["config.train.steps"].map(lambda n: f" ({int(n)} steps)").where(mixed, "")
-    sub["label"] = sub["model"] + steps + memory
+    sub["label"] = sub["model"] + steps_suffix(sub, sub["model"] + memory) + memory
     L = int(sub["config.train.length"].iloc[0])
     lengths = sorted({int(c.split("@")[1]) for c in sub.columns
                       if c.startswith("summary.eval.pos90_exact@") and sub[c].notna().any()})

@@ -48,6 +48,14 @@ def model_label(row) -> str:
     return text + ")"
 
 
+def steps_suffix(df: pd.DataFrame, by) -> pd.Series:
+    """" (N steps)" for the runs whose group (rows sharing the values `by`: column names or a Series)
+    mixes numbers of training steps, "" elsewhere: a run trained longer is a different config, not
+    one more seed of its group."""
+    mixed = df.groupby(by)["config.train.steps"].transform("nunique") > 1
+    return df["config.train.steps"].map(lambda n: f" ({int(n)} steps)").where(mixed, "")
+
+
 def eval_columns(df: pd.DataFrame, prefix: str = "summary.eval.") -> list[str]:
     return sorted((c for c in df.columns if c.startswith(prefix)), key=_length_key)
 

@@ -125,3 +125,11 @@ def test_the_dashboard_shows_two_groups_of_two(two_by_two, monkeypatch):
     shown = at.tabs[0].dataframe[0].value
     assert sorted(shown["group"]) == ["lrt exact", "lrt exact | memory.source_layer=2"]
     assert shown["runs"].tolist() == [2, 2]
+
+
+def test_a_run_trained_longer_is_labelled_apart_from_the_seeds_of_its_group():
+    from lrt_lab.report import steps_suffix
+    df = pd.DataFrame({"label": ["a", "a", "a", "b", "b"], "config.train.steps": [1500, 1500, 3000, 1500, 1500]})
+    assert steps_suffix(df, "label").tolist() == [" (1500 steps)", " (1500 steps)", " (3000 steps)", "", ""]
+    # grouping by a Series (a label built on the fly) gives the same answer
+    assert steps_suffix(df, df["label"]).tolist() == steps_suffix(df, "label").tolist()
