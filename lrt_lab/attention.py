@@ -121,7 +121,9 @@ def _flex_block_mask(start: int, step: int, n_queries: int, n_keys: int, window:
         p = start + q_idx * step
         return (kv_idx <= p) & (p - kv_idx < win)
 
-    return create_block_mask(mask_mod, B=None, H=None, Q_LEN=n_queries, KV_LEN=n_keys, device=device)
+    # built outside inference mode (a decoder's prefill) so a training stage may reuse it
+    with torch.inference_mode(False):
+        return create_block_mask(mask_mod, B=None, H=None, Q_LEN=n_queries, KV_LEN=n_keys, device=device)
 
 
 def _flex(q, k, v, q_pos: range, window: int | None) -> torch.Tensor:

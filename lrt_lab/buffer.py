@@ -13,7 +13,7 @@ prefill and decoding:
   (paper sec. 3.1: "We backpropagate jointly through the initialization and refinement
   forwards"). Rows not yet computed hold zeros and are stored implicitly (a tensor shorter than
   the sequence), so chunked schedules never touch positions they have not reached.
-- `DecodeCache` (generation): preallocated, written in place under no_grad. Its state is the
+- `DecodeCache` (generation): preallocated, written in place under inference mode. Its state is the
   standard KV cache plus the last `memory.history` source states per sequence: one d-vector with
   the default lag 1 (paper app. "Parallel prefill": "stores only one additional d-dimensional
   recurrent state per sequence").

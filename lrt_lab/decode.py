@@ -4,6 +4,11 @@ The decoder's state is the standard KV cache plus the last source-layer state pe
 (paper app. "Measured Efficiency and Parallel Prefill"). Prefill is any schedule run on the
 prompt: OnePass (baseline cost), Interleaved(S) (matches training), or Exact; the source state at
 the last prompt position then starts recurrent decoding.
+
+Prefill, steps and `generate` run under `torch.inference_mode()` (no autograd bookkeeping at all:
+decoding is launch-bound, and it removes a per-op cost from every small op of a step). Their
+outputs are inference tensors: read them freely; to backpropagate through one, clone it first
+(`lrt_lab.hooks.capture` hands out such clones).
 """
 
 from __future__ import annotations
@@ -66,7 +71,7 @@ class Decoder:
             raise ValueError(f"{name} is invalid: batch size {tokens.size(0)}; allowed: the decoder's "
                              f"batch_size={self.batch_size}")
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def prefill(self, prompt_idx: torch.Tensor, strategy=None) -> torch.Tensor:
         """Run `strategy` (default OnePass) on the prompt, fill the cache; returns the last logits (B, V)."""
         self._check_tokens(prompt_idx, "prompt_idx", 2)
@@ -79,7 +84,7 @@ class Decoder:
         self.cache.load(out.buffer, prompt_idx)
         return out.logits[:, -1]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def step(self, token_ids: torch.Tensor, check_values: bool = True) -> torch.Tensor:
         """Append one token per sequence; returns the next-token logits (B, V).
 
@@ -109,7 +114,6 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None, gen
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
 
 
-@torch.no_grad()
 def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
              top_k: int | None = None, seed: int | None = None, prefill=None) -> torch.Tensor:
     """(B, T_prompt + max_new_tokens): the prompt followed by sampled tokens."""
@@ -130,11 +134,13 @@ def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: 
     if seed is not None:
         generator = torch.Generator(device=prompt_ids.device).manual_seed(seed)
     decoder = Decoder(model, B, T + max_new_tokens)
-    logits = decoder.prefill(prompt_ids, prefill)
-    out = [prompt_ids]
-    for i in range(max_new_tokens):
-        nxt = sample_next(logits, temperature, top_k, generator)
-        out.append(nxt[:, None])
-        if i + 1 < max_new_tokens:
-            logits = decoder.step(nxt, check_values=False)  # sampled from the logits: always in the vocabulary
-    return torch.cat(out, dim=1)
+    with torch.inference_mode():
+        logits = decoder.prefill(prompt_ids, prefill)
+        out = [prompt_ids]
+        for i in range(max_new_tokens):
+            nxt = sample_next(logits, temperature, top_k, generator)
+            out.append(nxt[:, None])
+            if i + 1 < max_new_tokens:
+                logits = decoder.step(nxt, check_values=False)  # sampled from the logits: always in the vocabulary
+        ids = torch.cat(out, dim=1)
+    return ids.clone()  # a normal tensor: generated ids often feed a training forward (which saves them)

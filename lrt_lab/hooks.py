@@ -87,6 +87,9 @@ class Capture:
 
     def record(self, name: str) -> HookFn:
         def fn(x, positions):
+            if x.is_inference():  # recorded while decoding: a normal tensor, so probes can train on it
+                with torch.inference_mode(False):
+                    x = x.clone()
             self.calls.setdefault(name, []).append((positions, x))
         return fn
 

@@ -97,3 +97,24 @@ def test_hook_points_honour_module_and_global_hooks_registered_directly():
         handle.remove()
     assert "HookPoint" in seen
     assert maxdiff(run_schedule(model, idx, None, Exact()).logits, plain) <= TOL
+
+
+def test_decoding_runs_without_autograd_yet_its_captures_and_caches_serve_training():
+    """Decoding runs under inference mode (no autograd bookkeeping). What it leaves behind must
+    still work with autograd: activations captured while decoding train a probe, and the RoPE
+    tables a prefill cached serve a training step over the same positions."""
+    from lrt_lab.hooks import capture
+    model = make_model(MemoryConfig())
+    idx = tokens(B=2, T=6)
+    with capture(model, ["blocks.1.hook_resid_post"]) as cap:
+        dec = Decoder(model, 2, 8)
+        dec.prefill(idx, Interleaved(2))
+        logits = dec.step(idx[:, 0])
+    assert logits.is_inference()  # the step really ran without autograd
+    acts = torch.cat([x for _, x in cap.calls["blocks.1.hook_resid_post"][1:]], dim=1)  # as recorded
+    probe = torch.nn.Linear(acts.size(-1), 1).double()
+    probe(acts).square().mean().backward()
+    assert probe.weight.grad is not None and probe.weight.grad.abs().sum() > 0
+    out = run_schedule(model, idx, idx, Interleaved(2))
+    out.loss.backward()
+    assert all(p.grad is not None for p in model.memory.parameters())
