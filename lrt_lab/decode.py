@@ -5,10 +5,10 @@ The decoder's state is the standard KV cache plus the last source-layer state pe
 prompt: OnePass (baseline cost), Interleaved(S) (matches training), or Exact; the source state at
 the last prompt position then starts recurrent decoding.
 
-Prefill, steps and `generate` run under `torch.inference_mode()` (no autograd bookkeeping at all:
-decoding is launch-bound, and it removes a per-op cost from every small op of a step). Their
-outputs are inference tensors: read them freely; to backpropagate through one, clone it first
-(`lrt_lab.hooks.capture` hands out such clones).
+Prefill and steps run under `torch.inference_mode()` (no autograd bookkeeping at all: decoding is
+launch-bound, and it removes a per-op cost from every small op of a step). Their logits are
+inference tensors: read them freely; to backpropagate through one, clone it first
+(`lrt_lab.hooks.capture` hands out such clones). `generate` returns normal tensors.
 """
 
 from __future__ import annotations
@@ -134,13 +134,13 @@ def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: 
     if seed is not None:
         generator = torch.Generator(device=prompt_ids.device).manual_seed(seed)
     decoder = Decoder(model, B, T + max_new_tokens)
-    with torch.inference_mode():
-        logits = decoder.prefill(prompt_ids, prefill)
-        out = [prompt_ids]
-        for i in range(max_new_tokens):
-            nxt = sample_next(logits, temperature, top_k, generator)
-            out.append(nxt[:, None])
-            if i + 1 < max_new_tokens:
-                logits = decoder.step(nxt, check_values=False)  # sampled from the logits: always in the vocabulary
-        ids = torch.cat(out, dim=1)
-    return ids.clone()  # a normal tensor: generated ids often feed a training forward (which saves them)
+    # the forwards run in inference mode (Decoder); sampling runs outside it, so the ids returned
+    # are normal tensors: generated ids often feed a training forward, which saves them
+    logits = decoder.prefill(prompt_ids, prefill)
+    out = [prompt_ids]
+    for i in range(max_new_tokens):
+        nxt = sample_next(logits, temperature, top_k, generator)
+        out.append(nxt[:, None])
+        if i + 1 < max_new_tokens:
+            logits = decoder.step(nxt, check_values=False)  # sampled from the logits: always in the vocabulary
+    return torch.cat(out, dim=1)
