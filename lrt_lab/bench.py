@@ -6,8 +6,9 @@ generated token, baseline-cost one-pass prefill. This module measures exactly th
 
 - training step (forward + backward + optimizer: Muon for the hidden matrices, AdamW for the rest,
   as in paper app. A) for OnePass (the plain transformer), Interleaved(2), Interleaved(4),
-  FullSequence(1), FullSequence(3), Chunked(64), Exact and FixedPoint(1e-2, 8, 1) (with the sweeps
-  it used per step: they depend on the weights, which the optimizer changes between repeats);
+  FullSequence(1), FullSequence(3), Chunked(64), Exact, FixedPoint(1e-2, 8, 1) (with the sweeps
+  it used per step: they depend on the weights, which the optimizer changes between repeats) and
+  Rollout(1), Rollout(2) (with the rollout's share of the step);
 - prefill of a prompt (default 1,024 tokens) with OnePass / Interleaved(2) / Exact;
 - decoding tokens/s at batch 1 and a larger batch;
 - peak memory on CUDA.
@@ -45,7 +46,7 @@ from .config import fail as _fail
 from .decode import Decoder
 from .model import LRT
 from .optim import ROLES, build_optimizers
-from .schedules import Chunked, Exact, FixedPoint, FullSequence, Interleaved, OnePass, run_schedule
+from .schedules import Chunked, Exact, FixedPoint, FullSequence, Interleaved, OnePass, Rollout, run_schedule
 from .train import optimizer_step
 
 
@@ -90,6 +91,8 @@ TRAIN_CASES = {  # JSON key -> schedule (the transformer runs OnePass)
     "chunked_64": Chunked(64),
     "exact": Exact(),
     "fixedpoint": FixedPoint(1e-2, 8, 1),
+    "rollout_1": Rollout(1),
+    "rollout_2": Rollout(2),
 }
 PREFILL_CASES = {"onepass": OnePass(), "interleaved_2": Interleaved(2), "exact": Exact()}
 
@@ -223,16 +226,22 @@ def _autocast(device: str):
     return contextlib.nullcontext()
 
 
-def _train_step_fn(model, opts, idx, targets, schedule, device, sweeps: list | None = None):
-    """One training step; a dynamic schedule's sweeps used are appended to `sweeps`."""
+def _train_step_fn(model, opts, idx, targets, schedule, device, measured: list | None = None):
+    """One training step. For a dynamic schedule, what it measured is appended to `measured`:
+    FixedPoint's sweeps used, Rollout's share of the step's wall time spent in its rollout."""
     def step(mark):
+        start = time.perf_counter()
         with _autocast(device):
             out = run_schedule(model, idx, targets, schedule)
-        if sweeps is not None and out.measured is not None:
-            sweeps.append(out.measured["sweeps"])
         out.loss.backward()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - start
         mark()  # forward + backward | optimizer
         optimizer_step(opts, model.parameters())
+        if measured is not None and out.measured is not None:
+            m = out.measured
+            measured.append(m["sweeps"] if "sweeps" in m else m["rollout_s"] / max(wall, 1e-12))
     return step
 
 
@@ -339,13 +348,18 @@ def _bench(device, preset, bp, T, B, prompt_n, dec_B, dec_steps, reps, warm, exa
     if exact_T != T:
         train.append(_Case("transformer_exact_T", _train_step_fn(plain, plain_opts, exact_idx, exact_targets,
                                                                   OnePass(), device), warm, reps))
-    sweeps: dict[str, list] = {}
+    sweeps: dict[str, list] = {}   # FixedPoint: sweeps used per step
+    shares: dict[str, list] = {}   # Rollout: the rollout's share of each step's wall time
     for key, sched in TRAIN_CASES.items():
         if key == "exact":
             train.append(_Case(key, _train_step_fn(lrt, lrt_opts, exact_idx, exact_targets, sched, device),
                                exact_warm, exact_reps))
         else:
-            used = sweeps.setdefault(key, []) if hasattr(sched, "run") else None
+            used = None
+            if isinstance(sched, FixedPoint):
+                used = sweeps.setdefault(key, [])
+            elif isinstance(sched, Rollout):
+                used = shares.setdefault(key, [])
             train.append(_Case(key, _train_step_fn(lrt, lrt_opts, idx, targets, sched, device, used), warm, reps))
     log("training ...")
     _run_cases(train, timer, device, log)
@@ -403,6 +417,9 @@ def _bench(device, preset, bp, T, B, prompt_n, dec_B, dec_steps, reps, warm, exa
         # dynamic schedules: their spec and the sweeps used in every step run (warm-up included)
         "sweeps_used": {k: {"spec": TRAIN_CASES[k].spec, "median": statistics.median(v), "samples": v}
                         for k, v in sweeps.items()},
+        # Rollout: the fraction of the forward + backward wall time spent rolling the memory out
+        "rollout_share": {k: {"spec": TRAIN_CASES[k].spec, "median": statistics.median(v), "samples": v}
+                          for k, v in shares.items()},
         "settings": {
             "model_preset": bp.model, "seq_len": T, "batch_size": B, "prompt_len": prompt_n,
             "prefill_batch": bp.prefill_batch, "decode_batch_N": dec_B, "decode_steps": dec_steps,
@@ -475,6 +492,10 @@ def format_table(result: dict) -> str:
         if k in used:
             label = used[k]["spec"]
             note = f"(sweeps used: median {used[k]['median']:g}, {min(used[k]['samples'])}-{max(used[k]['samples'])})"
+        if k in result.get("rollout_share", {}):
+            share = result["rollout_share"][k]
+            label = share["spec"]
+            note = f"(rollout: {100 * share['median']:.0f}% of fwd+bwd wall time)"
         lines.append(train_row(label, k, result["train_ratio"][k], result["train_ratio_fwd_bwd"][k], note))
     if "transformer_exact_T" in tm:
         lines.append(train_row(f"transformer (T={s['exact_seq_len']})", "transformer_exact_T", None, None))

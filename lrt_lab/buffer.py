@@ -16,7 +16,9 @@ prefill and decoding:
 - `DecodeCache` (generation): preallocated, written in place under inference mode. Its state is the
   standard KV cache plus the last `memory.history` source states per sequence: one d-vector with
   the default lag 1 (paper app. "Parallel prefill": "stores only one additional d-dimensional
-  recurrent state per sequence").
+  recurrent state per sequence"). With `keep_memory=True` it keeps every source state it produced
+  instead (Rollout's exact rollout, and a decoder whose rows seed a parallel pass: the paper's
+  SFT/RL recipe).
 """
 
 from __future__ import annotations
@@ -25,6 +27,16 @@ import torch
 import torch.nn.functional as F
 
 from .config import ModelConfig
+
+
+def compute_dtype(device: torch.device, param_dtype: torch.dtype) -> torch.dtype:
+    """The dtype keys and values are computed in on `device` right now: the autocast dtype inside
+    autocast (bf16 activations from fp32 weights), else the parameters'. The KV cache must hold that
+    dtype: a cache in the parameters' fp32 would hand fp32 keys to bf16 queries, which flash-attn
+    (and SDPA on CUDA) reject."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return param_dtype
 
 
 def _rows(t: torch.Tensor, n: int, like: torch.Tensor) -> torch.Tensor:
@@ -96,12 +108,19 @@ class SequenceBuffer:
         self.scratch: dict = {} if scratch is None else scratch
 
     @classmethod
-    def empty(cls, config: ModelConfig, tokens: torch.Tensor) -> "SequenceBuffer":
+    def empty(cls, config: ModelConfig, tokens: torch.Tensor,
+              memory: torch.Tensor | None = None) -> "SequenceBuffer":
+        """No K/V yet; memory rows `memory` (B, <=T, d) when given (cached rollout states, paper
+        sec. "SFT and Reinforcement Learning"), else none (every read is zero)."""
         doc = None
         if config.memory is not None and config.memory.reset_memory_at_bos:
             doc = document_ids(tokens, config.bos_token_id)
-        return cls([None] * config.n_layer, [None] * config.n_layer, None, doc,
+        return cls([None] * config.n_layer, [None] * config.n_layer, memory, doc,
                    scratch={"capacity": tokens.size(1)})
+
+    def with_memory(self, mem: torch.Tensor) -> "SequenceBuffer":
+        """This buffer with its memory rows replaced by `mem` (B, <=T, d)."""
+        return SequenceBuffer(self.k, self.v, mem, self.doc, self.scratch)
 
     def _append(self, name, old: torch.Tensor | None, P: range, new: torch.Tensor) -> torch.Tensor:
         """splice(old, P, new); without autograd, an append at the frontier (a chunked or exact
@@ -150,17 +169,23 @@ class SequenceBuffer:
 
 
 class DecodeCache:
-    """Preallocated KV cache + the last `history` source states, written in place (no autograd)."""
+    """Preallocated KV cache + the last `history` source states, written in place (no autograd).
 
-    def __init__(self, config: ModelConfig, batch_size: int, max_len: int, device=None, dtype=None):
+    keep_memory=True keeps every source state instead of a ring of `history` (`memory_rows`)."""
+
+    def __init__(self, config: ModelConfig, batch_size: int, max_len: int, device=None, dtype=None,
+                 keep_memory: bool = False):
         shape = (batch_size, max_len, config.n_kv_head, config.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.memory = config.memory
         self.history = config.memory.history if config.memory is not None else 0
-        # ring of the last `history` source states: slot p % history holds m[p]
+        self.keep_memory = keep_memory
+        # ring of the last `history` source states: slot p % history holds m[p]. Kept whole: row p
+        # holds m[p], allocated at the first write in the dtype the source states come in (None
+        # until then: the first position reads zero memory, as in a SequenceBuffer)
         self.mem = (torch.zeros(batch_size, self.history, config.n_embd, device=device, dtype=dtype)
-                    if self.history else None)
+                    if self.history and not self.keep_memory else None)
         self.bos_token_id = config.bos_token_id
         self.doc = (torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
                     if config.memory is not None and config.memory.reset_memory_at_bos else None)
@@ -190,6 +215,12 @@ class DecodeCache:
     def read_memory(self, P: range, lag: int, n: int):
         if self.mem is None:
             return None
+        if self.keep_memory:
+            held = self.mem[:, :self.length]
+            if n == 1 and len(P) == 1 and P.start >= lag:  # one step: a view of its row
+                return held[:, P.start - lag:P.start - lag + 1, None]
+            cols = [shifted_rows(held, P, lag + j) for j in range(n)]
+            return torch.stack(cols, dim=2)
         h = self.history
         if h == 1 and len(P) == 1 and P.start >= 1:
             return self.mem[:, :, None]  # the default decoding step: m[t-1], (B, 1, 1, d), a view
@@ -207,7 +238,11 @@ class DecodeCache:
         return torch.stack([torch.stack(c, dim=1) for c in cols], dim=1)
 
     def updated(self, P: range, k_full, v_full, mem_new) -> "DecodeCache":
-        if mem_new is not None:
+        if mem_new is not None and self.keep_memory:
+            if self.mem is None:
+                self.mem = mem_new.new_zeros((mem_new.size(0), self.max_len, mem_new.size(2)))
+            self.mem[:, P.start:P.stop] = mem_new  # each row is written once: views stay valid
+        elif mem_new is not None:
             if self.history == 1:
                 # rebind rather than write in place: views handed out by read_memory (and hooks
                 # holding them) keep the row they were given
@@ -226,9 +261,19 @@ class DecodeCache:
         for layer in range(len(self.k)):
             self.k[layer][:, :n] = buffer.k[layer][:, :n]
             self.v[layer][:, :n] = buffer.v[layer][:, :n]
-        if self.mem is not None:
+        if self.keep_memory and buffer.mem is not None:
+            self.mem = buffer.mem.new_zeros((buffer.mem.size(0), self.max_len, buffer.mem.size(2)))
+            self.mem[:, :n] = buffer.mem[:, :n]
+        elif self.mem is not None:
             for p in range(max(0, n - self.history), n):
                 self.mem[:, p % self.history] = buffer.mem[:, p]
         if self.doc is not None:
             self.doc[:, :n] = buffer.doc[:, :n]
         self.length = n
+
+    def memory_rows(self) -> torch.Tensor | None:
+        """(B, length, d): every source state so far (keep_memory only; None before any was written)."""
+        if not self.keep_memory:
+            raise ValueError("memory_rows needs a cache made with keep_memory=True (a plain decode cache "
+                             "keeps only the last memory.history rows)")
+        return None if self.mem is None else self.mem[:, :self.length]

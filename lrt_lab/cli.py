@@ -50,7 +50,8 @@ def add_train_arguments(p: argparse.ArgumentParser):
                    help="transformer, lrt, or a baseline: loop:N[:LO-HI] (the stack N times per token), "
                         "ponder:N[:K|:LO-HI] (N latent thoughts per token, K Jacobi refinements in training)")
     p.add_argument("--schedule", default=None,
-                   help="onepass | interleaved:S | fullseq:K[:w0,w1,...] | chunked:C | exact "
+                   help="onepass | interleaved:S | fullseq:K[:w0,w1,...] | chunked:C | exact | "
+                        "fixedpoint:TOL:MAX[:G] | rollout[:G] (exact memory, G differentiated sweeps) "
                         "(default: interleaved:2 for lrt, onepass for transformer and baselines)")
     p.add_argument("--memory-preset", default=d.memory_preset,
                    help="LRT memory: paper (its text: block round(0.6 L), raw residual, shared projections) "

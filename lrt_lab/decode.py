@@ -15,36 +15,43 @@ from __future__ import annotations
 
 import torch
 
+from .buffer import compute_dtype
 from .schedules import OnePass, run_schedule
 from .validation import TORCH_SEED_LIMIT, check_int, check_number, check_seed, check_token_ids, vocab_size_of
-
-
-def compute_dtype(device: torch.device, param_dtype: torch.dtype) -> torch.dtype:
-    """The dtype keys and values are computed in on `device` right now: the autocast dtype inside
-    autocast (bf16 activations from fp32 weights), else the parameters'. The KV cache must hold that
-    dtype: a cache in the parameters' fp32 would hand fp32 keys to bf16 queries, which flash-attn
-    (and SDPA on CUDA) reject."""
-    if torch.is_autocast_enabled(device.type):
-        return torch.get_autocast_dtype(device.type)
-    return param_dtype
 
 
 class Decoder:
     """Token-by-token decoding for a batch of B sequences of up to max_len positions.
 
     The cache holds keys and values in the dtype the forward computes them in (the autocast dtype
-    under autocast, else the parameters'), settled at the first prefill or step; `dtype` fixes it."""
+    under autocast, else the parameters'), settled at the first prefill or step; `dtype` fixes it.
 
-    def __init__(self, model, batch_size: int, max_len: int, device=None, dtype=None):
+    keep_memory=True keeps every memory row the decoder produces (prefill included), handed out by
+    `memory_rows()`: give them to `run_schedule(..., memory=rows)` to recompute the decoded
+    sequence in one parallel pass (paper sec. "SFT and Reinforcement Learning"); its logits are the
+    decoder's when the prompt was prefilled exactly (Exact) or stepped (an approximate prefill's
+    cached keys were computed from memory its last stage had not finished). The default keeps only
+    the last `memory.history` rows, as the paper's decoder does."""
+
+    def __init__(self, model, batch_size: int, max_len: int, device=None, dtype=None,
+                 keep_memory: bool = False):
         for name, value in (("batch_size", batch_size), ("max_len", max_len)):
             check_int(name, value, 1)
         ref = next(model.parameters())
         device = torch.device(device or ref.device)
         self.model = model
         self.batch_size = batch_size
+        if keep_memory not in (True, False):
+            raise ValueError(f"keep_memory={keep_memory!r} is invalid; allowed: True or False")
         self._fixed_dtype, self._param_dtype = dtype, ref.dtype
-        self.cache = model.new_decode_cache(batch_size, max_len, device=device,
-                                            dtype=dtype or compute_dtype(device, ref.dtype))
+        self.keep_memory = keep_memory
+        self.cache = self._new_cache(max_len, device, dtype or compute_dtype(device, ref.dtype))
+
+    def _new_cache(self, max_len: int, device, dtype):
+        if not self.keep_memory or getattr(self.model, "memory", None) is None:  # no rows to keep
+            return self.model.new_decode_cache(self.batch_size, max_len, device=device, dtype=dtype)
+        return self.model.new_decode_cache(self.batch_size, max_len, device=device, dtype=dtype,
+                                           keep_memory=True)
 
     def _match_compute_dtype(self):
         """Re-create a still empty cache in the dtype the next forward computes in (a Decoder made
@@ -58,12 +65,21 @@ class Decoder:
         if self.cache.length:
             raise ValueError(f"the decoder's cache holds {keys[0].dtype} keys but this step computes in {want}; "
                              "allowed: decode in the autocast (or dtype) the cache was filled in")
-        self.cache = self.model.new_decode_cache(self.batch_size, self.cache.max_len, device=keys[0].device,
-                                                 dtype=want)
+        self.cache = self._new_cache(self.cache.max_len, keys[0].device, want)
 
     @property
     def length(self) -> int:
         return self.cache.length
+
+    def memory_rows(self) -> torch.Tensor | None:
+        """(B, length, d): the memory row m_t of every position decoded so far, as a normal tensor
+        (None for a model without memory). Needs keep_memory=True."""
+        if not self.keep_memory:
+            raise ValueError("memory_rows needs a Decoder made with keep_memory=True")
+        if getattr(self.model, "memory", None) is None:
+            return None
+        rows = self.cache.memory_rows()
+        return None if rows is None else rows.clone()
 
     def _check_tokens(self, tokens: torch.Tensor, name: str, ndim: int, values: bool = True):
         check_token_ids(name, tokens, vocab_size_of(self.model), ndim, values=values)

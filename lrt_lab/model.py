@@ -365,13 +365,17 @@ class LRT(nn.Module):
         from .schedules import OnePass, run_schedule
         return run_schedule(self, idx, targets, schedule or OnePass(), cache=cache)
 
-    def empty_buffer(self, tokens: torch.Tensor) -> SequenceBuffer:
-        """The all-zero buffer a schedule starts from (models with other state override this)."""
-        return SequenceBuffer.empty(self.config, tokens)
+    def empty_buffer(self, tokens: torch.Tensor, memory: torch.Tensor | None = None) -> SequenceBuffer:
+        """The buffer a schedule starts from: no K/V, and zero memory or the rows `memory`
+        (models with other state override this)."""
+        return SequenceBuffer.empty(self.config, tokens, memory)
 
-    def new_decode_cache(self, batch_size: int, max_len: int, device=None, dtype=None) -> DecodeCache:
-        """The in-place state the Decoder appends to (models with other state override this)."""
-        return DecodeCache(self.config, batch_size, max_len, device=device, dtype=dtype)
+    def new_decode_cache(self, batch_size: int, max_len: int, device=None, dtype=None,
+                         keep_memory: bool = False) -> DecodeCache:
+        """The in-place state the Decoder appends to (models with other state override this);
+        keep_memory keeps every memory row it produces (`DecodeCache.memory_rows`)."""
+        return DecodeCache(self.config, batch_size, max_len, device=device, dtype=dtype,
+                           keep_memory=keep_memory)
 
     @torch.no_grad()
     def generate(self, prompt_ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,

@@ -9,8 +9,11 @@
 | Exact()             | Chunked(1): one position per stage                  | mean CE over positions               |
 | FixedPoint(tol,N,G) | init; full refinements until the memory changes    | uniform mean over the differentiated |
 |                     | by <= tol, at most N (dynamic; last G differentiated)| stages (the last G; all if G >= N)  |
+| Rollout(G)          | exact rollout of the memory without autograd (one   | uniform mean over the G stages;      |
+|                     | position per stage, source blocks only), then G full| == FixedPoint(0, T+G, G)             |
 
-Each position's final logits come from the last stage that computed it. In the limit,
+Any schedule can start from memory rows the caller supplies (`run_schedule(..., memory=rows)`;
+cached rollout states, paper sec. "SFT and Reinforcement Learning"). Each position's final logits come from the last stage that computed it. In the limit,
 Interleaved(S=T) == FullSequence(K=T) == Chunked(1) == Exact == token-by-token decoding; the test
 suite holds those equalities in float64.
 
@@ -21,11 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from .buffer import compute_dtype
 from .hooks import capture
 from .validation import check_targets, check_token_ids, vocab_size_of
 
@@ -275,6 +280,117 @@ class FixedPoint:
         return run
 
 
+@dataclass(frozen=True)
+class Rollout:
+    """The exact memory, then G differentiated full-sequence sweeps from it.
+
+    1. Roll the memory out exactly: one position per stage, under inference mode, through the
+       blocks that feed m_t only (`LRT.deferred_layers`), into an in-place cache (the decoder's
+       `DecodeCache` keeping every row), so each of the T dependent stages costs what a decoding
+       step through those blocks costs.
+    2. G full-sequence stages with autograd, the first reading the rolled-out rows (detached), each
+       later one the previous stage's memory. The loss is the uniform mean of their CE
+       (FixedPoint's convention).
+
+    The final logits are Exact's, and loss and gradients are FixedPoint(0, T+G, G)'s (tested in
+    float64): an exact forward whose gradient crosses G-1 memory hops (none with G = 1). It is the
+    paper's SFT/RL recipe (sec. "SFT and Reinforcement Learning": rollout states, cached without
+    gradients, initialise the recurrent-state buffer for the parallel recomputation) with the
+    rollout computed in the step.
+
+    Cost (training-loop accounting, full-stack forwards over the sequence): split/n_layer for the
+    rollout (forward only) plus G; measured per step with the rollout's seconds in
+    `ScheduleOutput.measured`. `cost` is the upper bound 1 + G.
+    """
+
+    grad_sweeps: int = 1
+
+    def __post_init__(self):
+        _positive_int("Rollout.grad_sweeps", self.grad_sweeps)
+
+    def stages(self, T: int) -> list[range]:
+        """The differentiated stages (the rollout's one-position stages carry no gradient)."""
+        return [range(0, T)] * self.grad_sweeps
+
+    def stage_weights(self, T: int) -> list[float]:
+        return [1.0] * self.grad_sweeps
+
+    @property
+    def cost(self) -> float:
+        return float(self.grad_sweeps + 1)  # upper bound: a rollout through every block
+
+    @property
+    def spec(self) -> str:
+        return f"rollout:{self.grad_sweeps}"
+
+    def run(self, model, idx: torch.Tensor, buffer) -> "DynamicRun":
+        """Drive the rollout and the G stages on idx from `buffer` (its memory rows are replaced
+        by the rollout's: every row a position reads is computed exactly)."""
+        T, L = idx.size(1), model.config.n_layer
+        start = time.perf_counter()
+        rows, layers = rollout_memory(model, idx)
+        if rows is not None and rows.is_cuda:
+            torch.cuda.synchronize(rows.device)  # the rollout's share of the step is measured
+        rollout_s = time.perf_counter() - start
+        if rows is not None:
+            buffer = buffer.with_memory(rows.clone() if rows.is_inference() else rows)
+        rollout_cost = len(layers) / L if rows is not None else 0.0
+        run = DynamicRun([], [], buffer, cost=rollout_cost)
+        full = range(0, T)
+        for _ in range(self.grad_sweeps):
+            logits, buffer = model.stage(idx, full, buffer)
+            run.stages.append(full)
+            run.stage_logits.append(logits)
+            run.cost += 1.0
+        run.buffer = buffer
+        run.measured = {"cost": run.cost, "rollout_cost": rollout_cost, "rollout_s": rollout_s,
+                        "grad_sweeps": self.grad_sweeps}
+        return run
+
+
+@torch.inference_mode()
+def rollout_memory(model, idx: torch.Tensor) -> tuple[torch.Tensor | None, range]:
+    """(m_t for every position (B, T, d), exactly, as an inference tensor; the blocks it ran).
+
+    One position per stage, no autograd, through the blocks that feed m_t (all blocks when the
+    source is the top one), into a `DecodeCache` that keeps every memory row: in-place writes, so
+    a stage costs the same at position 1 and at position T. (None, range(0)) for a model without a
+    memory pathway (nothing to roll out)."""
+    if getattr(model, "memory", None) is None:
+        return None, range(0)
+    B, T = idx.shape
+    split = model.deferred_layers(1)
+    layers = range(0, split if split is not None else model.config.n_layer)
+    ref = next(model.parameters())
+    cache = model.new_decode_cache(B, T, device=idx.device, dtype=compute_dtype(idx.device, ref.dtype),
+                                   keep_memory=True)
+    with launch_bound_threads(idx.device):
+        for t in range(T):
+            tokens = idx[:, t:t + 1]
+            cache.append_tokens(tokens)
+            model.stage(tokens, range(t, t + 1), cache, layers=layers)
+    return cache.memory_rows(), layers
+
+
+@contextlib.contextmanager
+def launch_bound_threads(device: torch.device):
+    """Run a stretch of one-position stages on one intra-op thread (CPU only).
+
+    Their ops are tiny: a second OpenMP thread adds almost no speed and spins between them, which
+    doubles the CPU time they take (measured on 2 cores: a T=256, B=8 rollout in 258 ms wall /
+    516 ms CPU on two threads, 290 ms / 290 ms on one) and takes a core from whatever else runs.
+    The caller's thread count is restored on exit."""
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @torch.no_grad()
 def memory_change(prev: torch.Tensor | None, new: torch.Tensor | None) -> tuple[float, torch.Tensor]:
     """(r, r_t): the largest change of the memory between two sweeps relative to the batch's RMS
@@ -291,13 +407,17 @@ def memory_change(prev: torch.Tensor | None, new: torch.Tensor | None) -> tuple[
     return float(per_position.max()), per_position
 
 
-Schedule = OnePass | Interleaved | FullSequence | Chunked | Exact | FixedPoint
+Schedule = OnePass | Interleaved | FullSequence | Chunked | Exact | FixedPoint | Rollout
+
+
+SCHEDULE_SPELLINGS = ("onepass, interleaved:S, fullseq:K[:w0,w1,...], chunked:C, exact, "
+                      "fixedpoint:TOL:MAX[:G], rollout[:G]")
 
 
 def parse_schedule(spec: str) -> Schedule:
     """`onepass`, `interleaved:S`, `fullseq:K[:w0,w1,...]`, `chunked:C`, `exact`,
-    `fixedpoint:TOL:MAX[:G]` -> a schedule."""
-    allowed = "onepass, interleaved:S, fullseq:K[:w0,w1,...], chunked:C, exact, fixedpoint:TOL:MAX[:G]"
+    `fixedpoint:TOL:MAX[:G]`, `rollout[:G]` -> a schedule."""
+    allowed = SCHEDULE_SPELLINGS
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"schedule={spec!r} is invalid; allowed: {allowed}")
     name, *args = spec.strip().lower().split(":")
@@ -315,6 +435,8 @@ def parse_schedule(spec: str) -> Schedule:
             return FullSequence(int(args[0]), weights)
         if name == "fixedpoint" and len(args) in (2, 3):
             return FixedPoint(float(args[0]), int(args[1]), int(args[2]) if len(args) == 3 else 1)
+        if name == "rollout" and len(args) <= 1:
+            return Rollout(int(args[0]) if args else 1)
     except ValueError as e:
         raise ValueError(f"schedule={spec!r} is invalid: {e}; allowed: {allowed}") from None
     raise ValueError(f"schedule={spec!r} is invalid; allowed: {allowed}")
@@ -385,10 +507,9 @@ def _as_schedule(schedule) -> Schedule:
         return OnePass()
     if isinstance(schedule, str):
         return parse_schedule(schedule)
-    if not isinstance(schedule, (OnePass, Interleaved, FullSequence, Chunked, FixedPoint)):
+    if not isinstance(schedule, (OnePass, Interleaved, FullSequence, Chunked, FixedPoint, Rollout)):
         raise ValueError(f"schedule={schedule!r} is invalid; allowed: OnePass(), Interleaved(S), FullSequence(K), "
-                         "Chunked(C), Exact(), or a string: onepass, interleaved:S, fullseq:K[:w0,...], "
-                         "chunked:C, exact")
+                         f"Chunked(C), Exact(), FixedPoint(tol, N, G), Rollout(G), or a string: {SCHEDULE_SPELLINGS}")
     return schedule
 
 
@@ -414,8 +535,7 @@ def _run_split(model, idx: torch.Tensor, stages: list[range], split: int, buffer
     return model.stage(idx, full, buffer, layers=upper, resid=torch.cat(resid, dim=1))
 
 
-def _run_stages(model, idx, schedule, stages):
-    buffer = model.empty_buffer(idx)
+def _run_stages(model, idx, schedule, stages, buffer):
     split = _deferred_split(model, schedule)
     if split is not None:
         logits, buffer = _run_split(model, idx, stages, split, buffer)
@@ -428,7 +548,7 @@ def _run_stages(model, idx, schedule, stages):
 
 
 def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None, schedule: Schedule | str | None = None,
-                 cache: dict | None = None) -> ScheduleOutput:
+                 cache: dict | None = None, memory: torch.Tensor | None = None) -> ScheduleOutput:
     """Run `schedule` (default OnePass; a string like "exact" is parsed) on idx (B, T); optionally
     compute its training loss. Token ids and targets are checked against the model's vocabulary.
 
@@ -436,14 +556,22 @@ def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None, 
     `blocks.{l}.hook_resid_post`, ...; lrt_lab.hooks) as a (B, T, ...) tensor taken, like the
     logits, from the last stage that computed each position. To intervene rather than capture, run
     inside `lrt_lab.hooks.hooks(model, {...})`.
+
+    memory: memory rows (B, <=T, d) the buffer starts from instead of zeros, e.g. the rows a
+    `Decoder(..., keep_memory=True)` produced (`memory_rows()`): the paper's SFT/RL recipe (sec.
+    "SFT and Reinforcement Learning"), and a way to score decoded sequences in one parallel pass
+    (`FullSequence(0)` from them gives the decoder's logits). Stages read them wherever nothing was
+    written yet; schedules that compute every row they read (Exact, Chunked(C <= lag), Rollout)
+    give the same result with or without them.
     """
     _check_inputs(model, idx, targets)
     schedule = _as_schedule(schedule)
+    memory = _check_memory(model, idx, memory)
     if cache is not None and not isinstance(cache, dict):
         raise ValueError(f"cache={type(cache).__name__} is invalid; allowed: a dict (filled with the hooks) or None")
     T = idx.size(1)
     with capture(model) if cache is not None else contextlib.nullcontext() as recorded:
-        stages, stage_logits, logits, buffer, weights, measured = _execute(model, idx, schedule)
+        stages, stage_logits, logits, buffer, weights, measured = _execute(model, idx, schedule, memory)
     if cache is not None:
         cache.update(recorded.assembled(T))
     loss, stage_losses = None, []
@@ -458,15 +586,39 @@ def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None, 
     return ScheduleOutput(logits, loss, stage_losses, stages, stage_logits, buffer, measured)
 
 
-def _execute(model, idx, schedule):
+def _check_memory(model, idx: torch.Tensor, memory):
+    """The memory rows a run starts from, checked; a normal tensor (an inference tensor from a
+    decoder is cloned: autograd cannot save one)."""
+    if memory is None:
+        return None
+    if getattr(model, "memory", None) is None:
+        raise ValueError("memory is invalid for a model without a memory pathway (config.memory=None); "
+                         "allowed: None")
+    B, T, d = idx.size(0), idx.size(1), model.config.n_embd
+    if (not isinstance(memory, torch.Tensor) or memory.dim() != 3 or not memory.is_floating_point()
+            or memory.size(0) != B or not 1 <= memory.size(1) <= T or memory.size(2) != d):
+        shape = tuple(memory.shape) if isinstance(memory, torch.Tensor) else type(memory).__name__
+        raise ValueError(f"memory is invalid: {shape}; allowed: a floating tensor (B={B}, 1..T={T}, d={d}) "
+                         "of memory rows")
+    if memory.device != idx.device:
+        raise ValueError(f"memory is invalid: on {memory.device}; allowed: the device of idx ({idx.device})")
+    if not bool(torch.isfinite(memory).all()):
+        raise ValueError("memory is invalid: it holds NaN or inf; allowed: finite memory rows")
+    if memory.is_inference() and not torch.is_inference_mode_enabled():
+        memory = memory.clone()
+    return memory
+
+
+def _execute(model, idx, schedule, memory=None):
     """(stages, their logits, final logits, final buffer, loss weights, measurements). A schedule
-    with a `run` method decides its stages as it goes (FixedPoint) and runs them itself; its loss is
-    the uniform mean over the stages that returned logits."""
+    with a `run` method decides its stages as it goes (FixedPoint, Rollout) and runs them itself;
+    its loss is the uniform mean over the stages that returned logits."""
     T = idx.size(1)
+    buffer = model.empty_buffer(idx) if memory is None else model.empty_buffer(idx, memory)
     if hasattr(schedule, "run"):
-        ran = schedule.run(model, idx, model.empty_buffer(idx))
+        ran = schedule.run(model, idx, buffer)
         logits = assemble(list(zip(ran.stages, ran.stage_logits)), T)
         return ran.stages, ran.stage_logits, logits, ran.buffer, [1.0] * len(ran.stages), ran.measured
     stages = schedule.stages(T)
-    logits, stage_logits, buffer = _run_stages(model, idx, schedule, stages)
+    logits, stage_logits, buffer = _run_stages(model, idx, schedule, stages, buffer)
     return stages, stage_logits, logits, buffer, schedule.stage_weights(T), None

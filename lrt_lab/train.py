@@ -238,6 +238,18 @@ def exact_logits(model, inputs: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
+def measured_record(measured: dict, step_cost: float, step_s: float) -> dict:
+    """What a dynamic schedule measured, for a metrics line: FixedPoint's sweeps, last residual and
+    convergence; Rollout's share of the step's time spent rolling the memory out."""
+    record = {"step_cost": step_cost}
+    if "sweeps" in measured:
+        record.update(sweeps=measured["sweeps"], residual=measured["residuals"][-1],
+                      converged=measured["converged"])
+    if "rollout_s" in measured:
+        record["rollout_share"] = measured["rollout_s"] / max(step_s, 1e-9)
+    return record
+
+
 def evaluate(model, schedule, eval_sets: dict, exact: bool = True, chunk: int = 128, autocast=None) -> dict:
     """{length: {"parallel": acc[T], "exact": acc[T]}} per-position accuracy (CPU float tensors).
 
@@ -491,7 +503,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
         result.loss.backward()
         optimizer_step(opts, model.parameters(), cfg.grad_clip)
         n_tokens = inputs.numel()
-        # a dynamic schedule (FixedPoint) measures the stages it ran: account for those
+        # a dynamic schedule (FixedPoint, Rollout) measures the stages it ran: account for those
         step_cost = cost if result.measured is None else result.measured["cost"] * getattr(model, "forward_cost", 1.0)
         counters["tokens"] += n_tokens
         counters["compute_tokens"] += n_tokens * step_cost
@@ -502,8 +514,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
                   "tokens": counters["tokens"], "compute_tokens": counters["compute_tokens"],
                   "time": time.perf_counter() - t0, "tokens_per_s": n_tokens / max(dt, 1e-9)}
         if result.measured is not None:
-            record.update(sweeps=result.measured["sweeps"], residual=result.measured["residuals"][-1],
-                          converged=result.measured["converged"], step_cost=step_cost)
+            record.update(measured_record(result.measured, step_cost, dt))
         if not math.isfinite(record["loss"]):
             run.log(record)
             raise FloatingPointError(f"loss became {record['loss']} at step {step}; lower --lr-scale")

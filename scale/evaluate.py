@@ -150,7 +150,8 @@ def parallel_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], to
                 out = run_schedule(model, inputs, None, schedule)
             n, b = nats_and_bytes(out.logits, targets, token_bytes, mask)
             per_stage = []
-            if schedule.stage_weights(T) is not None:
+            # per-stage BPB where the stages are the same every batch (not FixedPoint's dynamic count)
+            if getattr(schedule, "stage_weights", lambda T: None)(T) is not None:
                 for P, lp in zip(out.stages, out.stage_logits):
                     sl = slice(P.start, P.stop, P.step)
                     per_stage.extend(nats_and_bytes(lp, targets[:, sl], token_bytes,

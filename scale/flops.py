@@ -21,8 +21,10 @@ FLOPs from every stage of the schedule
         training FLOPs per token     = 3 * f * (sum_P |P|) / T          (backward = 2 x forward)
 
     with (sum_P |P|)/T = 1 for OnePass, Chunked(C) and Exact; 2 for Interleaved(S) (an init pass
-    over all T plus S subsets that cover T once); K+1 for FullSequence(K). Counting only the
-    first pass undercounts Interleaved training by ~2x.
+    over all T plus S subsets that cover T once); K+1 for FullSequence(K); G for Rollout(G), whose
+    rollout adds a forward without backward through the blocks that feed the memory:
+    f * split / n_layer per token (``rollout_forwards``). Counting only the first pass undercounts
+    Interleaved training by ~2x.
 
     N_matmul counts every 2-D weight used as a matrix multiply per position: attention q/k/v/out,
     the value-embedding gate, MLP, LM head, and for LRT the recurrent K/V projections (applied
@@ -70,7 +72,7 @@ import torch
 
 from lrt_lab.config import ModelConfig
 from lrt_lab.model import LRT
-from lrt_lab.schedules import OnePass, parse_schedule
+from lrt_lab.schedules import OnePass, Rollout, parse_schedule
 
 H100_BF16_PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (no sparsity)
 REFERENCE_BATCH_TOKENS = 2 ** 19  # the paper's (and nanochat's) global batch
@@ -140,11 +142,24 @@ def token_forwards(schedule, seq_len: int) -> float:
     return sum(len(P) for P in stages) / seq_len
 
 
+def rollout_forwards(model_or_config, schedule=None) -> float:
+    """Full-stack forwards per token a schedule runs without autograd (no backward): Rollout's
+    rollout, through the blocks that feed m_t (split / n_layer; all of them when the source is
+    the top block); 0 for every other schedule and for a model without memory."""
+    model = _as_model(model_or_config)
+    if not isinstance(_schedule(schedule), Rollout) or model.memory is None:
+        return 0.0
+    split = model.deferred_layers(1)
+    return (split if split is not None else model.config.n_layer) / model.config.n_layer
+
+
 def train_flops_per_token(model_or_config, schedule=None, seq_len: int | None = None) -> float:
-    """Training FLOPs per token: 3 x forward (backward = 2x) for every stage of the schedule."""
+    """Training FLOPs per token: 3 x forward (backward = 2x) for every stage of the schedule, plus
+    1 x forward for what runs without autograd (Rollout's rollout)."""
     model = _as_model(model_or_config)
     T = seq_len or model.config.sequence_len
-    return 3.0 * forward_flops_per_position(model, T) * token_forwards(schedule, T)
+    fwd = forward_flops_per_position(model, T)
+    return 3.0 * fwd * token_forwards(schedule, T) + fwd * rollout_forwards(model, schedule)
 
 
 def official_flops_per_token(model_or_config, seq_len: int | None = None) -> float:
@@ -176,7 +191,7 @@ class Plan:
     params_baseline: int                  # N of "R x N" (embeddings included, memory excluded)
     params_matmul: int
     params_matmul_baseline: int
-    token_forwards: float                 # sum_P |P| / T of the schedule
+    token_forwards: float                 # sum_P |P| / T of the schedule's differentiated stages
     forward_flops_per_position: int
     train_flops_per_token: float          # every stage
     official_flops_per_token: float       # one pass (the undercount)
@@ -188,6 +203,7 @@ class Plan:
     undercount: float                     # train_flops_per_token / official_flops_per_token
     ratio_params: str = "total"           # which N "R x N" counts (RATIO_PARAMS)
     params_ratio: int = 0                 # that N
+    rollout_forwards: float = 0.0         # forwards per token without backward (Rollout's rollout)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -225,7 +241,8 @@ def plan(model_or_config, schedule=None, *, ratio: float | None = None, tokens: 
     n_tokens = steps * global_batch_tokens
     fwd = forward_flops_per_position(model, T)
     tf = token_forwards(schedule, T)
-    train = 3.0 * fwd * tf
+    rollout = rollout_forwards(model, schedule)
+    train = 3.0 * fwd * tf + fwd * rollout
     official = 3.0 * fwd
     base = 3.0 * forward_flops_per_position(model, T, baseline=True)
     compute_tokens = n_tokens * train / base
@@ -237,7 +254,7 @@ def plan(model_or_config, schedule=None, *, ratio: float | None = None, tokens: 
                 baseline_train_flops_per_token=base, flops_per_step=train * global_batch_tokens,
                 flops_total=train * n_tokens, compute_tokens=compute_tokens,
                 compute_ratio=compute_tokens / n_ratio_baseline, undercount=train / official,
-                ratio_params=ratio_params, params_ratio=n_ratio)
+                ratio_params=ratio_params, params_ratio=n_ratio, rollout_forwards=rollout)
 
 
 def data_plan(tokens: int, crop_fraction: float = BEST_FIT_CROP_FRACTION,
@@ -258,7 +275,8 @@ def format_plan(p: Plan) -> str:
         f"{p.params_matmul:,} in matmuls",
         f"run: {p.steps:,} steps x {p.global_batch_tokens:,} tokens = {p.tokens:,} tokens (R = {p.ratio:.2f} "
         f"over N = {p.params_ratio:,}, ratio_params={p.ratio_params})",
-        f"FLOPs/token: {p.train_flops_per_token:.4e} over {p.token_forwards:g} token-forwards "
+        f"FLOPs/token: {p.train_flops_per_token:.4e} over {p.token_forwards:g} token-forwards"
+        + (f" + a {p.rollout_forwards:g}-pass rollout without backward" if p.rollout_forwards else "") + " "
         f"(one-pass count {p.official_flops_per_token:.4e}: x{p.undercount:.3f}); total {p.flops_total:.4e}",
         f"baseline-equivalent: {p.compute_tokens:,.0f} tokens (R_eq = {p.compute_ratio:.2f})",
         "data: ~{tokens_read:,.0f} tokens read with {crop_fraction:.0%} cropped by best-fit packing "
@@ -268,4 +286,4 @@ def format_plan(p: Plan) -> str:
 
 __all__ = ["BEST_FIT_CROP_FRACTION", "H100_BF16_PEAK_FLOPS", "RATIO_PARAMS", "REFERENCE_BATCH_TOKENS",
            "SHARD_TOKENS_ESTIMATE", "Plan", "attention_flops_per_position", "count_params", "data_plan", "forward_flops_per_position", "format_plan", "mfu", "official_flops_per_token",
-           "plan", "token_forwards", "train_flops_per_token"]
+           "plan", "rollout_forwards", "token_forwards", "train_flops_per_token"]

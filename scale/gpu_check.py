@@ -6,7 +6,7 @@
 Sections (each with a time budget; one that fails or runs out of time is recorded, the others go on):
 
 - ``pytest_gpu``: the CUDA tests (``pytest -m gpu``; ``--dry`` only collects them).
-- ``attention``: which kernel each stage kind of onepass / interleaved:2 / chunked / decoding actually
+- ``attention``: which kernel each stage kind of onepass / interleaved:2 / chunked / rollout:1 / decoding actually
   runs (torch.profiler's op names), next to what ``lrt_lab.attention.pick_backend`` asks for.
 - ``attention_parity``: flash-attn, FlexAttention and SDPA in bf16 against an fp32 reference
   (explicit mask and softmax) for a full sequence, a chunk, a strided subset and a sliding window.
@@ -175,7 +175,7 @@ def attention_backends(sizes: Sizes, device, dry: bool, budget: float, res: dict
         return sorted(n for n in names if any(w in n.lower() for w in ("attention", "flash", "flex", "attn")))
 
     dtype = torch.bfloat16 if autocast is not None else torch.float32
-    for spec in ("onepass", "interleaved:2", f"chunked:{max(1, T // 4)}"):
+    for spec in ("onepass", "interleaved:2", f"chunked:{max(1, T // 4)}", "rollout:1"):
         schedule = parse_schedule(spec)
         out["dispatch"][spec] = st.attention_dispatch(model.config, schedule, device, dtype)
         out["ran"][spec] = ops(lambda: run_schedule(model, idx, None, schedule))

@@ -314,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--preset", default="d20", choices=sorted(PRESETS), help="backbone shape")
     m.add_argument("--model", default="lrt", choices=("lrt", "transformer"), help="lrt or the plain baseline")
     m.add_argument("--schedule", default=None,
-                   help="training schedule: onepass, interleaved:S, fullseq:K[:w..], chunked:C, exact "
+                   help="training schedule: onepass, interleaved:S, fullseq:K[:w..], chunked:C, exact, "
+                        "fixedpoint:TOL:MAX[:G], rollout[:G] "
                         "(default: interleaved:2 for lrt, onepass for transformer)")
     m.add_argument("--memory-preset", default="paper", choices=sorted(MEMORY_PRESETS),
                    help="LRT memory: paper (its text) or released (its released code); --set applies on top")

@@ -14,7 +14,8 @@ from lrt_lab import bench
 from lrt_lab.hooks import capture
 
 RATIO_KEYS = {
-    "train_ratio": {"interleaved_2", "interleaved_4", "fullseq_1", "fullseq_3", "chunked_64", "exact", "fixedpoint"},
+    "train_ratio": {"interleaved_2", "interleaved_4", "fullseq_1", "fullseq_3", "chunked_64", "exact", "fixedpoint",
+                    "rollout_1", "rollout_2"},
     "prefill_ratio": {"onepass", "interleaved_2", "exact"},
     "decode_throughput_ratio": {"batch_1", "batch_N"},
 }
@@ -57,6 +58,20 @@ def test_bench_tiny_writes_valid_json(tmp_path, capsys):
     used = result["sweeps_used"]["fixedpoint"]
     assert used["spec"] == "fixedpoint:0.01:8" and len(used["samples"]) == 1  # one repeat, no warm-up
     assert all(1 <= k <= 8 for k in used["samples"]) and "sweeps used" in table
+    for key, spec in (("rollout_1", "rollout:1"), ("rollout_2", "rollout:2")):
+        share = result["rollout_share"][key]
+        assert share["spec"] == spec and len(share["samples"]) == 1
+        assert all(0 < x < 1 for x in share["samples"])  # a part of the step, never all of it
+    assert "rollout:1" in table and "of fwd+bwd wall time" in table
+
+
+def test_bench_runs_at_the_a5_study_shape():
+    """--seq-len 16 --batch-size 256 (the A5 study's shape) on the bench preset's model."""
+    result = bench.run_bench("cpu", "cpu", seq_len=16, batch_size=256, prompt_len=16, decode_batch=2,
+                              decode_steps=1, repeats=1, warmup=0, threads=1)
+    assert result["settings"]["seq_len"] == 16 and result["settings"]["batch_size"] == 256
+    assert result["settings"]["exact_seq_len"] == 16
+    assert all(_positive_finite(v) for v in result["train_ratio"].values())
 
 
 def test_run_bench_from_python_returns_the_same_layout():

@@ -10,6 +10,11 @@ float64 on a tiny model with every weight random:
   decoding (1e-10), at B*T > 64;
 - the same logits with autograd on and off, and with hook points captured, replaced by themselves,
   or untouched;
+- Rollout(G) (G = 1..3) gives Exact's logits, with autograd on and off and under hooks, and its
+  loss and every gradient equal FixedPoint(0, T+G, G)'s (the same truncated gradient reached by
+  Jacobi sweeps instead of a rollout);
+- the memory rows a keep_memory decoder produced, given to one differentiated full stage, give the
+  decoder's logits (cached rollout states, the paper's SFT/RL recipe);
 - Exact and Interleaved(2) equal the independent per-position reference (tests/reference.py);
 - every memory parameter receives gradient.
 A hypothesis test draws further random combinations.
@@ -26,7 +31,8 @@ from hypothesis import strategies as st
 
 from lrt_lab import MemoryConfig, preset
 from lrt_lab.hooks import hook_points, hooks
-from lrt_lab.schedules import Chunked, Exact, FullSequence, Interleaved, run_schedule
+from lrt_lab.decode import Decoder
+from lrt_lab.schedules import Chunked, Exact, FixedPoint, FullSequence, Interleaved, Rollout, run_schedule
 from reference import NaiveLRT
 from test_core import decode_all, make_model, maxdiff, tokens
 
@@ -113,6 +119,11 @@ def check_invariants(memory: MemoryConfig):
             assert maxdiff(run_schedule(model, idx, None, Exact()).logits, exact) <= TOL
             assert maxdiff(decode_all(model, idx), exact) <= TOL
         no_grad = run_schedule(model, idx, None, Interleaved(2)).logits
+        assert maxdiff(run_schedule(model, idx, None, Rollout()).logits, exact) <= TOL, "rollout"
+        with hooks(model, {name: (lambda x, P: x.clone()) for name in hook_points(model)}):
+            assert maxdiff(run_schedule(model, idx, None, Rollout(2)).logits, exact) <= TOL, "rollout, hooked"
+    check_rollout_gradients(model, idx, exact)
+    check_decoded_memory_rows(model, idx)
     # autograd on: the same logits, and every memory parameter gets gradient
     targets = tokens(B=B, seed=5)
     out = run_schedule(model, idx, targets, Interleaved(2))
@@ -134,6 +145,37 @@ def check_invariants(memory: MemoryConfig):
         assert maxdiff(run_schedule(model, one, None, Exact()).logits, ref_exact) <= TOL
         ref_inter, _ = naive.run(one, [list(P) for P in Interleaved(2).stages(6)])
         assert maxdiff(run_schedule(model, one, None, Interleaved(2)).logits, ref_inter) <= TOL
+
+
+def grads(model, loss):
+    params = list(model.parameters())
+    return [torch.zeros_like(p) if g is None else g
+            for p, g in zip(params, torch.autograd.grad(loss, params, allow_unused=True))]
+
+
+def check_rollout_gradients(model, idx, exact):
+    """Rollout(G) == FixedPoint(0, T+G, G) in loss and gradients; its logits are Exact's."""
+    targets = tokens(B=B, seed=7)
+    for G in (1, 2, 3):
+        out = run_schedule(model, idx, targets, Rollout(G))
+        ref = run_schedule(model, idx, targets, FixedPoint(0.0, T + G, G))
+        assert maxdiff(out.logits, exact) <= TOL, ("rollout logits", G)
+        assert abs(out.loss.item() - ref.loss.item()) <= TOL, ("rollout loss", G)
+        for g_out, g_ref in zip(grads(model, out.loss), grads(model, ref.loss)):
+            assert maxdiff(g_out, g_ref) <= TOL, ("rollout gradient", G)
+
+
+def check_decoded_memory_rows(model, idx):
+    """Decode token by token keeping the memory rows; one differentiated full stage from them
+    reproduces every step's logits."""
+    decoder = Decoder(model, idx.size(0), idx.size(1), keep_memory=True)
+    steps = torch.stack([decoder.step(idx[:, t]) for t in range(idx.size(1))], dim=1)
+    rows = decoder.memory_rows()
+    assert rows.shape == (idx.size(0), idx.size(1), model.config.n_embd)
+    out = run_schedule(model, idx, tokens(B=B, seed=7), FullSequence(0), memory=rows)
+    assert maxdiff(out.logits, steps) <= TOL, "full stage from decoded memory rows"
+    out.loss.backward()  # the rows are normal tensors: autograd can save them
+    model.zero_grad()
 
 
 def test_the_covering_set_covers_every_option_value():

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from lrt_lab import LRT, MemoryConfig, preset
@@ -115,6 +116,65 @@ def test_matmul_flops_match_torch_flop_counter(mem, spec):
     measured = sum(v for k, v in fwd.get_flop_counts()["Global"].items() if "mm" in str(k))
     assert measured == expected
     assert sum(bwd.get_flop_counts()["Global"].values()) == 2 * measured
+
+
+class MatmulFlops(TorchDispatchMode):
+    """2 * m * k * n per matrix multiply, counted at dispatch (FlopCounterMode's module tracker
+    cannot follow a forward run under inference mode, as Rollout's rollout is)."""
+
+    def __init__(self):
+        super().__init__()
+        self.flops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+            a, b = args[-2], args[-1]
+            self.flops += 2 * a.shape[0] * a.shape[1] * b.shape[1]
+        elif func is torch.ops.aten.linear.default:  # not decomposed under inference mode
+            x, w = args[0], args[1]
+            self.flops += 2 * x.numel() * w.shape[0]
+        return out
+
+
+@pytest.mark.parametrize("G", [1, 2])
+def test_rollout_flops_are_the_sweeps_plus_a_forward_only_rollout(G):
+    """Rollout(G)'s matrix multiplies: G full differentiated passes (backward 2x of those only)
+    plus the rollout's forward through the blocks below the split, counted by hand here; the plan
+    charges that rollout as split / n_layer of a forward."""
+    model = LRT(preset("small", memory=MemoryConfig(), vocab_size=64))
+    B, T = 2, 8
+    idx = torch.randint(0, 64, (B, T))
+    with MatmulFlops() as fwd:
+        out = run_schedule(model, idx, idx, parse_schedule(f"rollout:{G}"))
+    with MatmulFlops() as bwd:
+        out.loss.backward()
+    split = model.deferred_layers(1)
+    named = dict(model.named_parameters())
+    lower = sum(p.numel() for n, p in named.items()
+                if any(n.startswith((f"blocks.{l}.", f"memory.gates.{l}.")) for l in range(split))
+                and p.ndim == 2)
+    rec = sum(p.numel() for n, p in named.items() if ".k_rec." in n or ".v_rec." in n)
+    counts = fl.count_params(model)
+    # the rollout: every position through blocks [0, split), W_rec m from position 1 on (0 reads zero memory)
+    rollout = 2 * B * (lower * T + rec * (T - 1))
+    sweeps = 2 * B * counts["matmul"] * T * G   # every sweep reads the rolled-out memory: nothing skipped
+    assert fwd.flops == sweeps + rollout
+    # backward: 2x the sweeps, less the input gradient of W_rec m in the first sweep (its rows are
+    # the rollout's, detached: nothing upstream to reach)
+    assert bwd.flops == 2 * sweeps - 2 * B * T * rec
+    assert fl.rollout_forwards(model, f"rollout:{G}") == split / model.config.n_layer == 0.5
+    assert fl.token_forwards(f"rollout:{G}", T) == G
+
+
+def test_rollout_trains_in_the_launcher(tmp_path):
+    st.train(st.parse_args(synthetic_args(tmp_path, "rollout", "--schedule", "rollout:2")))
+    cfg = Run(tmp_path / "rollout").config
+    assert cfg["schedule"] == "rollout:2" and cfg["accounting"]["rollout_forwards"] > 0
+    losses = train_losses(tmp_path / "rollout")
+    assert len(losses) == 3 and all(math.isfinite(l) for l in losses)
+    assert "val_bpb_stage_1" in Run(tmp_path / "rollout").summary["eval"] or \
+        any("stage" in k for k in Run(tmp_path / "rollout").summary)
 
 
 # The launcher ---------------------------------------------------------------------------------------
@@ -328,7 +388,7 @@ def test_ratio_params_and_data_plan():
 
 
 @pytest.mark.parametrize("spec,memory_unused", [("interleaved:2", False), ("onepass", True), ("fullseq:0", True),
-                                                ("chunked:16", True), ("chunked:4", False)])
+                                                ("chunked:16", True), ("chunked:4", False), ("rollout:1", False)])
 def test_unused_parameters_from_one_backward(spec, memory_unused):
     """DDP needs find_unused_parameters exactly when a step leaves parameters without a gradient:
     not only OnePass, also fullseq:0 and chunked:C with C >= T (one chunk: memory never read)."""
