@@ -4,7 +4,9 @@ Names (TASK_NAMES):
   a5_prefix, z60_prefix, s5_prefix, a4xz5_prefix, d30_prefix
                  prefix products over A5 (the paper's task), Z60 (the paper's commutative
                  control), S5, A4 x Z5 and D30 (solvable non-abelian controls of order 60);
-  group_prefix   prefix products over any group `get_group` can build: option group="S4";
+                 option supervise_every=k: only every k-th position counts (loss, accuracy, pos@90);
+  group_prefix   prefix products over any group `get_group` can build: option group="S4"
+                 (and supervise_every);
   copy           synthetic copying, option alphabet_size (default 16);
   flipflop       flip-flop language modelling, option p_ignore (default 0.8);
   text_bytes     next-byte prediction on an offline corpus (BPB), option corpus ("stdlib" or "pydoc").
@@ -34,8 +36,8 @@ _PREFIX_GROUPS = {
 
 TASK_NAMES = (*_PREFIX_GROUPS, "group_prefix", "copy", "flipflop", "text_bytes")
 
-_OPTIONS = {name: () for name in _PREFIX_GROUPS}
-_OPTIONS.update({"group_prefix": ("group",), "copy": ("alphabet_size",), "flipflop": ("p_ignore",),
+_OPTIONS = {name: ("supervise_every",) for name in _PREFIX_GROUPS}
+_OPTIONS.update({"group_prefix": ("group", "supervise_every"), "copy": ("alphabet_size",), "flipflop": ("p_ignore",),
                  "text_bytes": ("corpus",)})
 _CURRICULUM_OPTIONS = ("curriculum_start", "curriculum_steps", "curriculum_schedule")
 
@@ -76,14 +78,16 @@ def make_task(name: str, length: int, **options) -> Task:
     options = dict(options)
     curriculum = _curriculum(length, options)
     if name in _PREFIX_GROUPS:
-        return PrefixProductTask(get_group(_PREFIX_GROUPS[name]), length, name=name, curriculum=curriculum)
+        return PrefixProductTask(get_group(_PREFIX_GROUPS[name]), length, name=name, curriculum=curriculum,
+                                 **options)
     if name == "group_prefix":
         group = options.get("group")
         if group is None:
             raise ValueError("group=None is invalid; allowed: a group name like 'S4' or a Group (required for "
                              "task 'group_prefix')")
         group = group if isinstance(group, Group) else get_group(group)
-        return PrefixProductTask(group, length, name="group_prefix", curriculum=curriculum)
+        options.pop("group")
+        return PrefixProductTask(group, length, name="group_prefix", curriculum=curriculum, **options)
     if name == "copy":
         return CopyTask(length, curriculum=curriculum, **options)
     if name == "text_bytes":

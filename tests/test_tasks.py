@@ -331,3 +331,24 @@ def test_readme_snippet():
     assert batch.inputs.shape == (32, 4)
     evals = make_eval_sets(task, n=256)
     assert {k: tuple(v.inputs.shape) for k, v in evals.items()} == {64: (256, 64), 128: (256, 128), 256: (256, 256)}
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_supervise_every_counts_only_every_kth_position(k):
+    """The mask counts positions t with (t + 1) % k == 0 (written out as a list here); the targets
+    stay the running products everywhere, so the state still has to be carried in between."""
+    task = make_task("a5_prefix", 12, supervise_every=k)
+    batch = task.sample(3, torch.Generator().manual_seed(0))
+    counted = [t for t in range(12) if (t + 1) % k == 0]
+    assert [t for t in range(12) if batch.loss_mask[0, t]] == counted
+    assert bool((batch.loss_mask == batch.loss_mask[:1]).all())
+    plain = make_task("a5_prefix", 12).sample(3, torch.Generator().manual_seed(0))
+    assert torch.equal(batch.inputs, plain.inputs) and torch.equal(batch.targets, plain.targets)
+    # accuracy and pos@90 see only the counted positions: perfect there, wrong elsewhere -> all of T
+    from lrt_lab.metrics import per_position_accuracy, pos_at
+    logits = torch.full((3, 12, task.vocab_size), -10.0)
+    wrong = (batch.targets + 1) % task.vocab_size
+    logits.scatter_(2, torch.where(batch.loss_mask, batch.targets, wrong)[..., None], 10.0)
+    acc = per_position_accuracy(logits, batch.targets, batch.loss_mask)
+    assert pos_at(acc, 0.9, skip_nan=True) == 12
+    assert pos_at(per_position_accuracy(logits, batch.targets), 0.9) == (0 if k > 1 else 12)

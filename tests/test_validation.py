@@ -29,6 +29,7 @@ from lrt_lab.sweep import expand, validate_spec
 from lrt_lab.train import TrainConfig
 from lrt_lab.validation import TRAIN_SEED_LIMIT
 from lrt_tasks import make_task
+from lrt_tasks.registry import _OPTIONS
 from lrt_tasks.evaluation import EVAL_SEED_OFFSET, eval_seed
 from lrt_tasks.text import TextBytesTask
 
@@ -297,25 +298,29 @@ def test_generate_rejects_bad_sampling_options_by_name(model, name, data):
 
 
 # Task options ------------------------------------------------------------------------------------
-TASK_OPTIONS = {"group_prefix": "group", "copy": "alphabet_size", "flipflop": "p_ignore", "text_bytes": "corpus",
-                "a5_prefix": "curriculum_start"}
+# every (task, option) the registry declares, curriculum options on one task (all tasks share them)
+TASK_OPTIONS = sorted({(task, option) for task, options in _OPTIONS.items() for option in options}
+                      | {("a5_prefix", "curriculum_start")})
 
 
 @FAST
-@given(task=st.sampled_from(sorted(TASK_OPTIONS)), value=ANY_VALUE)
-def test_task_options_of_the_wrong_kind_are_rejected_by_name(task, value):
-    option = TASK_OPTIONS[task]
+@given(task_option=st.sampled_from(TASK_OPTIONS), value=ANY_VALUE)
+def test_task_options_of_the_wrong_kind_are_rejected_by_name(task_option, value):
+    task, option = task_option
     valid = {"group": lambda v: False,  # no generated value spells a group (the alphabet has no digits after A/S/Z/D)
              "alphabet_size": lambda v: isinstance(v, int) and not isinstance(v, bool) and 2 <= v <= 2**20,
              "p_ignore": lambda v: _is_finite_number(v) and 0 <= v < 1,
              "corpus": lambda v: v in ("stdlib", "pydoc") and isinstance(v, str),
-             "curriculum_start": lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 8}
+             "curriculum_start": lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 8,
+             "supervise_every": lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 8}
     assume(not valid[option](value))
     if option == "group" and isinstance(value, str) and re.fullmatch(r"([asdzASDZ]\d+)(x[asdzASDZ]\d+)*", value):
         return  # a spelled group (possibly valid): not what this test generates
     options = {option: value}
     if option == "curriculum_start":
         options["curriculum_steps"] = 10
+    if task == "group_prefix" and option != "group":
+        options["group"] = "S3"
     with pytest.raises(ValueError) as err:
         make_task(task, 8, **options)
     _assert_names(err, option)
