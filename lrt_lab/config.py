@@ -59,6 +59,11 @@ class MemoryConfig:
                      after the block: the paper's text), "normed" (its RMS norm: what the paper's
                      released code feeds back; with source_layer = n_layer it is the LM head's
                      input), "attn_out" (the block's attention output).
+    update:          how m_t is formed from the source activation h_t: "overwrite" (m_t = h_t, the
+                     paper) or "gated" (m_t = z * m + (1 - z) * h_t, z = sigmoid(W_z h_t) per channel,
+                     m the memory position t read, i.e. m_{t-lag}: a GRU-like memory that updates
+                     itself, an exponential moving average when W_z is constant; W_z zero-initialised,
+                     so z starts at 1/2). An extension beyond the paper.
     reset_memory_at_bos: zero the injected memory when its source position lies in an earlier
                      document (documents start at ModelConfig.bos_token_id). Off by default, as in
                      the paper's packed-row pretraining, where memory crosses document boundaries.
@@ -79,6 +84,7 @@ class MemoryConfig:
     queries: bool = field(default=False, metadata={"choices": (True, False)})
     source_tap: str = field(default="resid", metadata={"choices": ("resid", "normed", "attn_out")})
     gate_channels: int | None = field(default=None, metadata={"choices": (None, 32)})
+    update: str = field(default="overwrite", metadata={"choices": ("overwrite", "gated")})
 
     def __post_init__(self):
         check_fields(self, "memory.")  # types, finite numbers, declared choices (any field)

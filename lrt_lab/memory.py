@@ -7,7 +7,8 @@ The backbone calls five methods and knows nothing else about the memory:
     inject_residual(l, x, m)        -> x              x + gamma_l * m (sec. 2.2)
     gate_values(l, h)               -> (g_loc, g_rec) 2 * sigmoid(W_g h[:gate_channels]) per KV head (eq. 3)
     inject_qkv(l, q, k, v, mem, g)  -> (q, k, v)      g_loc * local + g_rec * W_rec m (eqs. 2, 4)
-    emit(outputs)                   -> m_t            from the source blocks' activations
+    emit(outputs, read)             -> m_t            from the source blocks' activations (and, for a
+                                                      memory that updates itself, what t read)
     source_layers                                     the one statement of which blocks feed m_t
 
 Every schedule, the Exact split (`LRT.deferred_layers`), the decoder, the hook points, the
@@ -81,6 +82,8 @@ class MemoryPathway(nn.Module):
         self.gates = (nn.ModuleList(nn.Linear(self.gate_channels, 2 * Hkv, bias=False) for _ in range(L))
                       if m.gated else None)
         self.source_weights = nn.Parameter(torch.zeros(m.source_avg)) if m.source_avg > 1 else None
+        # the gated update's W_z: z = sigmoid(W_z h_t) per channel (config: update="gated")
+        self.update_gate = nn.Linear(d, d, bias=False) if m.update == "gated" else None
         self.lag_weights = nn.Parameter(torch.zeros(m.lag_avg)) if m.lag_avg > 1 else None
 
     def param_roles(self) -> dict[str, str]:
@@ -88,7 +91,8 @@ class MemoryPathway(nn.Module):
         matrices are hidden matrices (Muon, as in the paper's released code, where the gates stay
         unsaturated), gamma and the mixing weights are scalars."""
         return {"gamma": "scalar", "source_weights": "scalar", "lag_weights": "scalar",
-                "q_rec.*": "matrix", "k_rec.*": "matrix", "v_rec.*": "matrix", "gates.*": "matrix"}
+                "q_rec.*": "matrix", "k_rec.*": "matrix", "v_rec.*": "matrix", "gates.*": "matrix",
+                "update_gate.*": "matrix"}
 
     @torch.no_grad()
     def reset_parameters(self):
@@ -104,6 +108,8 @@ class MemoryPathway(nn.Module):
                     nn.init.uniform_(lin.weight, -s, s)
         for gate in self.gates or []:
             nn.init.zeros_(gate.weight)  # 2*sigmoid(0) = 1: neutral gates (eq. 3)
+        if self.update_gate is not None:
+            nn.init.zeros_(self.update_gate.weight)  # z = 1/2: keep half, take half
         for w in (self.source_weights, self.lag_weights):
             if w is not None:
                 w.zero_()  # a uniform average to start
@@ -182,11 +188,19 @@ class MemoryPathway(nn.Module):
             return out.attn_out
         return out.x
 
-    def emit(self, outputs: dict) -> torch.Tensor:
+    def emit(self, outputs: dict, read: MemoryRead) -> torch.Tensor:
         """m_t from the outputs of the source blocks {layer: BlockOutput} (a learned softmax
-        average when memory.source_avg > 1)."""
+        average when memory.source_avg > 1) and `read`, the memory the positions read: with
+        update="gated", m_t = z * m_{t-lag} + (1 - z) * h_t, z = sigmoid(W_z h_t)."""
         taps = [self.tap(outputs[l]) for l in self.source_layers]
         if len(taps) == 1:
-            return taps[0]
-        w = self.source_weights.softmax(0).to(taps[0].dtype)
-        return sum(wi * t for wi, t in zip(w, taps))
+            h = taps[0]
+        else:
+            w = self.source_weights.softmax(0).to(taps[0].dtype)
+            h = sum(wi * t for wi, t in zip(w, taps))
+        if self.update_gate is None:
+            return h
+        z = torch.sigmoid(self.update_gate(h))
+        if read.zero:  # nothing written yet: the kept part is zero
+            return (1 - z) * h
+        return z * read.m + (1 - z) * h

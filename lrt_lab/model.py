@@ -288,7 +288,7 @@ class LRT(nn.Module):
             if len(sources) != len(self.memory.source_layers):
                 raise ValueError(f"layers={layers} is invalid; allowed: a range holding all of the source "
                                  f"blocks {self.memory.source_layers} or none of them")
-            mem_out = self.hook_mem_out(self.memory.emit(sources), positions=P)
+            mem_out = self.hook_mem_out(self.memory.emit(sources, ctx.memory), positions=P)
         buffer = buffer.updated(P, k_all, v_all, mem_out)
         if layers.stop < self.config.n_layer:
             return x, buffer

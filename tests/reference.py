@@ -133,10 +133,14 @@ class NaiveLRT:
                 sources.append(tap)
         if m is not None:
             if m.source_avg == 1:
-                fresh["mem"][t] = sources[0]
+                h_src = sources[0]
             else:
                 w = torch.softmax(W["memory.source_weights"], 0)
-                fresh["mem"][t] = sum(w[j] * sources[j] for j in range(m.source_avg))
+                h_src = sum(w[j] * sources[j] for j in range(m.source_avg))
+            if m.update == "gated":  # m_t = z m_{t-lag} + (1 - z) h_t, z = sigmoid(W_z h_t)
+                z = torch.sigmoid(W["memory.update_gate.weight"] @ h_src)
+                h_src = z * mem + (1 - z) * h_src
+            fresh["mem"][t] = h_src
         logits = W["lm_head.weight"] @ rms(x)
         if c.softcap is not None:
             logits = c.softcap * torch.tanh(logits / c.softcap)
