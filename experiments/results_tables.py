@@ -1,10 +1,13 @@
 """The README's "Results" tables, from a run store (default: the committed `experiments/results/`).
 
-    python experiments/results_tables.py [STORE]
+    python experiments/results_tables.py [STORE] [--figures DIR]
 
-Prints Markdown: A5 state tracking (experiments/a5_cpu.toml), the Z60 control
+Prints Markdown: A5 state tracking (experiments/a5_cpu.toml, the factor study a5_study*.toml and
+the trainer frontier a5_trainer_frontier.toml), the truncated-gradient study (a5_truncation.toml:
+which Rollout(G) learns with every k-th position supervised), the Z60 control
 (experiments/z60_control.toml), gap recovery on byte-level text (experiments/gap_recovery.toml),
-each next to the paper's figure. Cells are mean [95% t-interval over seeds] (n seeds); a single
+each next to the paper's figure. --figures DIR also writes the trainer-frontier figure
+(DIR/a5_trainer_frontier.png; the README shows docs/a5_trainer_frontier.png). Cells are mean [95% t-interval over seeds] (n seeds); a single
 seed shows its value alone. Everything comes from lrt_lab's public tools: the run store
 (`load_runs`), `seed_stats` and the gap analysis (`collect_bpb`, `gap_recovery`).
 """
@@ -18,7 +21,7 @@ import pandas as pd
 
 from lrt_lab.analysis import seed_stats
 from lrt_lab.analysis.gap import collect_bpb, gap_recovery
-from lrt_lab.report import memory_label, model_label, steps_suffix
+from lrt_lab.report import frontier_points, memory_label, method_label, model_label, steps_suffix, supervised_every
 from lrt_lab.results import load_runs
 
 # Paper, app. "Non-Commutative State Tracking" (depth 4, d 256, trained at length 64, pos@90 out of 64
@@ -35,6 +38,11 @@ def cell(row, fmt="{:.1f}") -> str:
     return f"{fmt.format(row['mean'])} [{fmt.format(row['ci_low'])}, {fmt.format(row['ci_high'])}] (n={row['n']})"
 
 
+def whole(v) -> str:
+    """An integer figure, or "-" where the run did not measure it."""
+    return "-" if pd.isna(v) else str(int(v))
+
+
 def markdown(rows: list[list[str]], header: list[str]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
@@ -42,8 +50,10 @@ def markdown(rows: list[list[str]], header: list[str]) -> str:
 
 
 def state_tracking_tables(df: pd.DataFrame, task: str, paper: dict | None) -> str | None:
-    """One table per training length (the A5 CPU runs at 8, the factor study at 16, ...)."""
+    """One table per training length (the A5 CPU runs at 8, the factor study at 16, ...), of the
+    runs with every position supervised (the others: `truncation_table`)."""
     sub = df[df["config.train.task"] == task]
+    sub = sub[sub.apply(supervised_every, axis=1) == 1]
     if sub.empty:
         return None
     return "\n\n".join(state_tracking_table(sub[sub["config.train.length"] == L], task, paper)
@@ -104,6 +114,90 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
     return title + "\n\n" + markdown(rows, header)
 
 
+def frontier_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16) -> str | None:
+    """The trainer frontier (`lrt_lab.report.frontier_points`): per trainer, the compute and wall
+    clock of its runs and exact pos@90 at every evaluated length, per seed; cheapest first."""
+    points = frontier_points(df, task, length)
+    if points.empty:
+        return None
+    lengths = sorted(int(c.split("@")[1]) for c in points if c.startswith("pos90_exact@"))
+    rows = []
+    for trainer, runs in points.groupby("trainer", sort=False):
+        runs = runs.sort_values("seed")
+        per_seed = ", ".join("/".join(whole(v) for v in r) for r in runs[[f"pos90_exact@{n}" for n in lengths]]
+                             .to_numpy())
+        learned = sum(int(v) == length for v in runs[f"pos90_exact@{length}"])
+        rows.append([trainer, f"{runs['compute'].mean():.1f}", f"{runs['wall_min'].mean():.0f}",
+                     ", ".join(str(int(s)) for s in runs["seed"]), per_seed, f"{learned} of {len(runs)}"])
+    header = ["trainer", "compute (M token-forwards)", "wall clock (min, mean)", "seeds",
+              "exact pos@90 at " + " / ".join(map(str, lengths)) + " per seed", f"seeds at pos@90 = {length}"]
+    return markdown(rows, header)
+
+
+def truncation_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16) -> str | None:
+    """Which trainer learns when only every k-th position is supervised: exact pos@90 per seed
+    at every evaluated length, one row per LRT trainer (paper preset and init), one column per k."""
+    sub = df[(df["config.train.task"] == task) & (df["config.train.length"] == length)]
+    sub = sub.assign(k=sub.apply(supervised_every, axis=1))
+    if sub.empty or (sub["k"] == 1).all():
+        return None
+    points = frontier_points(df, task, length)  # k = 1: the frontier's runs (baseline LRT only)
+    ks = sorted(sub["k"].unique())
+    lengths = sorted(int(c.split("@")[1]) for c in points if c.startswith("pos90_exact@"))
+    cols = [f"summary.eval.pos90_exact@{n}" for n in lengths]
+    trained = sub[(sub["k"] > 1) & (sub["config.kind"] == "lrt")]
+    trainers = sorted(set(trained.apply(method_label, axis=1)), key=lambda m: (m.startswith("lrt exact"), m))
+    rows = []
+    for trainer in trainers:
+        row = [trainer]
+        for k in ks:
+            if k == 1:
+                runs = points[points["trainer"] == trainer].sort_values("seed")
+                vals = runs[[c.removeprefix("summary.eval.") for c in cols]].to_numpy()
+            else:
+                runs = trained[(trained["k"] == k) & (trained.apply(method_label, axis=1) == trainer)]
+                vals = runs.sort_values("config.train.seed")[cols].to_numpy()
+            row.append(", ".join("/".join(whole(v) for v in r) for r in vals) or "-")
+        rows.append(row)
+    header = ["trainer"] + [f"k = {k}" for k in ks]
+    note = (f"Exact pos@90 at {' / '.join(map(str, lengths))} per seed (positions counted: every k-th; "
+            f"pos@{90} = {length} means every counted position up to {length} is at >= 90%).")
+    return note + "\n\n" + markdown(rows, header)
+
+
+def frontier_figure(df: pd.DataFrame, path, task: str = "a5_prefix", length: int = 16) -> None:
+    """Exact pos@90 at each evaluated length (columns) against compute and wall clock (rows), one
+    point per trainer and seed."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    points = frontier_points(df, task, length)
+    lengths = sorted(int(c.split("@")[1]) for c in points if c.startswith("pos90_exact@"))
+    trainers = list(dict.fromkeys(points.sort_values("compute")["trainer"]))
+    colors = dict(zip(trainers, plt.get_cmap("tab10").colors))
+    fig, axes = plt.subplots(2, len(lengths), figsize=(4.2 * len(lengths), 7), sharey="col", squeeze=False)
+    for row, (x, xlabel) in enumerate((("compute", "training compute (M token-forwards)"),
+                                       ("wall_min", "wall clock of the run (min, 2-core CPU)"))):
+        for col, n in enumerate(lengths):
+            ax = axes[row][col]
+            for trainer in trainers:
+                p = points[points["trainer"] == trainer]
+                jitter = (p["seed"] - 1) * 0.25  # seeds with equal pos@90 stay visible
+                ax.scatter(p[x], p[f"pos90_exact@{n}"] + jitter, color=colors[trainer], label=trainer, s=36,
+                           alpha=0.85, edgecolor="black", linewidth=0.4)
+            ax.axhline(n, color="grey", linewidth=0.6, linestyle=":")
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(f"exact pos@90 at {n}")
+            ax.set_title(f"evaluated at {n} ({n // length}x the training length)")
+            ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(5, len(labels)), fontsize=9, frameon=False)
+    fig.suptitle(f"{task}: trainers at length {length} (one point per seed; dotted: the evaluated length)")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def gap_table(df: pd.DataFrame) -> str | None:
     sub = df[df["config.train.task"] == "text_bytes"]
     if sub.empty:
@@ -128,16 +222,26 @@ def gap_table(df: pd.DataFrame) -> str | None:
                                            "paper"])
 
 
-def main(store: str = "experiments/results") -> None:
+def main(store: str = "experiments/results", figures: str | None = None) -> None:
     df = load_runs(store)
     if df.empty:
         raise SystemExit(f"store={store!r}: no complete runs")
     for title, text in (("A5 state tracking", state_tracking_tables(df, "a5_prefix", PAPER_A5)),
+                        ("A5 trainer frontier at length 16", frontier_table(df)),
+                        ("A5 with every k-th position supervised", truncation_table(df)),
                         ("Z60 control (abelian, same order)", state_tracking_tables(df, "z60_prefix", None)),
                         ("Gap recovery on byte-level text", gap_table(df))):
         if text is not None:
             print(f"### {title}\n\n{text}\n")
+    if figures is not None:
+        frontier_figure(df, f"{figures}/a5_trainer_frontier.png")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    args = sys.argv[1:]
+    figures = None
+    if "--figures" in args:
+        i = args.index("--figures")
+        figures = args[i + 1] if i + 1 < len(args) else "docs"
+        del args[i:i + 2]
+    main(*args[:1], figures=figures)

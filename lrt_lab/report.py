@@ -10,8 +10,9 @@ import pandas as pd
 from .groups import INTERVAL_NOTE, group_labels, method_label
 from .results import Run, load_runs
 
-__all__ = ["comparison_table", "default_metric", "format_mean_ci", "format_mean_std", "memory_label",
-           "method_label", "model_label", "print_report", "print_run", "run_figures"]
+__all__ = ["comparison_table", "default_metric", "format_mean_ci", "format_mean_std", "frontier_points",
+           "memory_label", "method_label", "model_label", "print_report", "print_run", "run_figures",
+           "supervised_every"]
 
 
 def memory_label(row) -> str:
@@ -46,6 +47,47 @@ def model_label(row) -> str:
             if isinstance(value, str) and value != default:  # NaN: a run from before the field
                 text += f", {value}"
     return text + ")"
+
+
+def supervised_every(row) -> int:
+    """The task option supervise_every of a run (1: every position counts, also for runs and tasks
+    without the option)."""
+    k = row.get("config.train.task_options.supervise_every")
+    return 1 if k is None or pd.isna(k) else int(k)
+
+
+def frontier_points(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16) -> pd.DataFrame:
+    """One row per run of the trainer frontier: the runs of `task` trained at `length` with every
+    position supervised that differ only in their trainer (the plain transformer, or an LRT of the
+    paper preset and init with nothing else overridden); a trainer run for a different number of
+    steps than the rest of its method is its own trainer ("lrt interleaved:2 (3000 steps)").
+
+    Columns: trainer, seed, compute (M token-forwards the trainer ran), wall_min (the run's own
+    wall clock), and pos90_exact@N / pos90_parallel@N at every evaluated length N."""
+    if df.empty or "config.train.task" not in df:
+        return pd.DataFrame()
+    sub = df[(df["config.train.task"] == task) & (df["config.train.length"] == length)].copy()
+    sub = sub[sub.apply(supervised_every, axis=1) == 1]
+    plain = sub["config.kind"] == "transformer"
+    model = sub.apply(model_label, axis=1)
+    memory = sub.apply(memory_label, axis=1)
+    n_layer = sub["config.model.n_layer"].astype(int).astype(str)
+    baseline_lrt = (model == sub.apply(method_label, axis=1) + " (" + n_layer + " layers)") & \
+        (memory == "paper preset, paper init (gamma 0.1, uniform W_rec)")
+    sub = sub[plain | ((sub["config.kind"] == "lrt") & baseline_lrt)]
+    if sub.empty:
+        return pd.DataFrame()
+    method = sub.apply(method_label, axis=1)
+    evals = [c for c in sub.columns if c.startswith(("summary.eval.pos90_exact@", "summary.eval.pos90_parallel@"))
+             and sub[c].notna().any()]
+    out = pd.DataFrame({
+        "trainer": method + steps_suffix(sub, method),
+        "seed": sub["config.train.seed"].astype(int),
+        "compute": sub["summary.compute_tokens"] / 1e6,
+        "wall_min": sub["summary.wall_time_s"] / 60,
+        **{c.removeprefix("summary.eval."): sub[c] for c in evals},
+    })
+    return out.sort_values(["compute", "trainer", "seed"]).reset_index(drop=True)
 
 
 def steps_suffix(df: pd.DataFrame, by) -> pd.Series:

@@ -32,8 +32,8 @@ def _runs_by_method(task: str) -> dict:
         if not (folder / "summary.json").is_file():
             continue
         config = json.loads((folder / "config.json").read_text())
-        if config["train"]["task"] != task:
-            continue
+        if config["train"]["task"] != task or config["train"]["task_options"].get("supervise_every", 1) != 1:
+            continue  # (every k-th position supervised: the truncation table's)
         kind, schedule = config["kind"], config["schedule"]
         method = kind if schedule == "onepass" and kind != "lrt" else f"{kind} {schedule}"
         mem = config["model"].get("memory") or {}
@@ -123,3 +123,70 @@ def test_gap_table_recovered_fraction_matches_the_bpb_tables():
         cells = _row(table, method)
         assert cells[2].startswith(f"{100 * statistics.mean(fractions):.0f}%"), (method, cells)
         assert f"(n={len(seeds)})" in cells[2]
+
+
+def test_frontier_points_are_the_runs_that_differ_only_in_their_trainer():
+    """From the files: A5 at length 16, every position supervised, the transformer or an LRT of
+    the paper preset with no override; a method whose runs differ in steps is split by steps."""
+    from lrt_lab.report import frontier_points
+    expect = []
+    for folder in sorted(STORE.iterdir()):
+        if not (folder / "summary.json").is_file():
+            continue
+        config = json.loads((folder / "config.json").read_text())
+        train = config["train"]
+        if (train["task"], train["length"]) != ("a5_prefix", 16) or "supervise_every" in train["task_options"]:
+            continue
+        if train.get("overrides") or (config["kind"] == "lrt" and train.get("memory_preset", "paper") != "paper"):
+            continue
+        summary = json.loads((folder / "summary.json").read_text())
+        method = "transformer" if config["kind"] == "transformer" else f"lrt {config['schedule']}"
+        expect.append((method, train["steps"], train["seed"], summary["compute_tokens"] / 1e6,
+                       summary["eval"]["pos90_exact@16"], summary["eval"]["pos90_exact@64"]))
+    assert expect, "no A5 length-16 runs in the store"
+    points = frontier_points(load_runs(STORE))
+    got = sorted((t.split(" (")[0], s, c, p16, p64) for t, s, c, p16, p64 in
+                 points[["trainer", "seed", "compute", "pos90_exact@16", "pos90_exact@64"]].itertuples(index=False))
+    assert got == pytest.approx(sorted((m, s, c, p16, p64) for m, _, s, c, p16, p64 in expect))
+    steps = defaultdict(set)
+    for m, n, *_ in expect:
+        steps[m].add(n)
+    for trainer in points["trainer"]:  # "(N steps)" exactly where a method's runs differ in steps
+        assert ("steps)" in trainer) == (len(steps[trainer.split(" (")[0]]) > 1), trainer
+
+
+def test_frontier_table_and_figure_are_built_from_the_points(tmp_path):
+    tables = _tables_module()
+    df = load_runs(STORE)
+    from lrt_lab.report import frontier_points
+    points = frontier_points(df)
+    table = tables.frontier_table(df)
+    for trainer, runs in points.groupby("trainer"):
+        cells = _row(table, trainer)
+        assert cells[1] == f"{runs['compute'].mean():.1f}"
+        assert cells[5] == f"{int((runs['pos90_exact@16'] == 16).sum())} of {len(runs)}"
+    tables.frontier_figure(df, tmp_path / "frontier.png")
+    assert (tmp_path / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_truncation_table_lists_every_supervised_every_kth_run():
+    """Each run with supervise_every = k > 1 appears in the k column of its trainer's row, its
+    exact pos@90 per evaluated length; absent such runs, there is no table."""
+    counted = defaultdict(list)
+    for folder in sorted(STORE.iterdir()):
+        if not (folder / "summary.json").is_file():
+            continue
+        config = json.loads((folder / "config.json").read_text())
+        k = config["train"]["task_options"].get("supervise_every", 1)
+        if config["train"]["task"] == "a5_prefix" and k > 1:
+            ev = json.loads((folder / "summary.json").read_text())["eval"]
+            counted[(f"lrt {config['schedule']}", k)].append(f"{ev['pos90_exact@16']}/{ev['pos90_exact@32']}/"
+                                                             f"{ev['pos90_exact@64']}")
+    table = _tables_module().truncation_table(load_runs(STORE))
+    if not counted:
+        assert table is None
+        return
+    header = [c.strip() for c in table.splitlines()[2].strip("|").split("|")]
+    for (trainer, k), cells in counted.items():
+        row = _row(table, trainer)
+        assert sorted(row[header.index(f"k = {k}")].split(", ")) == sorted(cells), (trainer, k)
