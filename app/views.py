@@ -666,7 +666,8 @@ def probes_page(ctx: Context) -> None:
                "the previous step's state) and position.")
 
 
-from lrt_app.convergence import convergence_page  # noqa: E402 (FixedPoint runs; issue 18)
+from lrt_app.convergence import convergence_page  # noqa: E402 (FixedPoint runs)
+from lrt_app.frontier import frontier_page  # noqa: E402
 
 PAGES = {
     "Runs": runs_page,
@@ -676,6 +677,7 @@ PAGES = {
     "Gap recovery": gap_page,
     "Probes": probes_page,
     "Convergence": convergence_page,
+    "Trainer frontier": frontier_page,
 }
 
 

@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from lrt_lab.results import Run, write_table  # noqa: E402
+from lrt_lab.results import Run, load_runs, write_table  # noqa: E402
 from lrt_lab.train import TrainConfig, train  # noqa: E402
 
 APP = str(Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py")
@@ -109,7 +109,7 @@ def test_every_page_renders(store, monkeypatch):
     at = run_app(monkeypatch, store)
     assert_clean(at)
     assert [t.label for t in at.tabs] == ["Runs", "Training curves", "Length generalisation", "Depth x length",
-                                         "Gap recovery", "Probes", "Convergence"]
+                                         "Gap recovery", "Probes", "Convergence", "Trainer frontier"]
     assert sorted(runs_table(at)["run"]) == sorted(COMPLETE_RUNS + [UNKNOWN_RUN])
     shown = " ".join(m.value for m in at.tabs[0].markdown)
     assert all(name in shown for name in COMPLETE_RUNS)
@@ -119,7 +119,8 @@ def test_every_page_renders(store, monkeypatch):
     assert "still-running" in " ".join(i.value for i in at.info)
     # Every chart page drew its charts, analysis pages included.
     n_charts = {"Training curves": 1, "Length generalisation": 2, "Depth x length": 2, "Gap recovery": 1, "Probes": 1,
-                "Convergence": 0}  # no FixedPoint run in this store
+                "Convergence": 0,  # no FixedPoint run in this store
+                "Trainer frontier": 1}
     for tab in at.tabs[1:]:
         charts = [e for e in tab if getattr(e, "type", "") == "vega_lite_chart"]
         assert len(charts) == n_charts[tab.label], tab.label
@@ -336,3 +337,26 @@ def test_the_dashboard_ends_with_its_launcher(tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_trainer_frontier_on_the_committed_store(monkeypatch):
+    """The committed A5 study: the page opens on a5_prefix at length 16, one point per frontier run,
+    and follows the controls."""
+    from lrt_lab.report import frontier_points
+    store = Path(__file__).resolve().parents[1] / "experiments" / "results"
+    at = run_app(monkeypatch, store)
+    assert_clean(at)
+    (tab,) = [t for t in at.tabs if t.label == "Trainer frontier"]
+    assert tab.selectbox(key="frontier_task").value == ("a5_prefix", 16)
+    charts = [e for e in tab if getattr(e, "type", "") == "vega_lite_chart"]
+    assert len(charts) == 1
+    expect = frontier_points(load_runs(store), "a5_prefix", 16)
+    summary = tab.dataframe[0].value
+    assert sorted(summary["trainer"]) == sorted(expect["trainer"].unique())
+    assert summary["seeds"].sum() == len(expect)
+    assert summary.set_index("trainer")["learned"].to_dict() == (
+        (expect["pos90_exact@16"] == 16).groupby(expect["trainer"]).sum().to_dict())
+    tab.selectbox(key="frontier_length").set_value(64)
+    tab.radio(key="frontier_x").set_value("wall clock")
+    at.run()
+    assert_clean(at)

@@ -27,7 +27,8 @@ WINDOW = (1400, 1000)
 CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--disable-dev-shm-usage", f"--window-size={WINDOW[0]},{WINDOW[1]}"]
-TABS = ["Runs", "Training curves", "Length generalisation", "Depth x length", "Gap recovery", "Probes"]
+TABS = ["Runs", "Training curves", "Length generalisation", "Depth x length", "Gap recovery", "Probes", "Convergence",
+        "Trainer frontier"]
 COMMITTED_STORE = Path(__file__).resolve().parent.parent / "experiments" / "results"
 
 pytestmark = pytest.mark.slow
@@ -262,4 +263,5 @@ def test_every_tab_on_the_committed_store(committed_server, browser, tmp_path):
         assert "could not be drawn" not in text and "Traceback" not in text, title
     assert "Gap recovery" in texts["Gap recovery"] and "Train/inference mismatch" in texts["Gap recovery"]
     assert "No run shown has BPB tables" not in texts["Gap recovery"]
+    assert "lrt fixedpoint:0.01:16" in texts["Trainer frontier"] and "exact pos@90 at 16" in texts["Trainer frontier"]
     assert not _console_errors(browser), _console_errors(browser)
