@@ -1,6 +1,7 @@
 """The core's invariants (docs/design.md), in float64 on tiny random models with every pathway active."""
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -350,3 +351,22 @@ def test_same_seed_gives_the_same_backbone_with_or_without_memory():
     lrt_state = lrt.state_dict()
     for name, p in plain.state_dict().items():
         assert torch.equal(p, lrt_state[name]), name
+
+
+@pytest.mark.parametrize("temperature, top_k", [(1.0, None), (0.5, None), (2.0, 3), (0.7, 1), (1.3, 5)])
+def test_sampling_draws_from_the_tempered_top_k_distribution(temperature, top_k):
+    """sample_next over many rows of the same logits: tokens outside the top k never appear, and
+    each token's frequency is within 5 standard errors of softmax(logits / temperature) restricted
+    to the top k (written out here by sorting, not with topk)."""
+    from lrt_lab.decode import sample_next
+    logits = torch.tensor([2.0, -1.0, 0.5, 1.5, -0.3, 0.0, 1.0, -2.0])
+    n = 40_000
+    draws = sample_next(logits.expand(n, -1), temperature, top_k, torch.Generator().manual_seed(0))
+    freq = torch.bincount(draws, minlength=8).double() / n
+    keep = sorted(range(8), key=lambda i: -logits[i].item())[:top_k or 8]
+    weights = torch.tensor([math.exp(logits[i].item() / temperature) if i in keep else 0.0 for i in range(8)],
+                           dtype=torch.float64)
+    p = weights / weights.sum()
+    assert (freq[p == 0] == 0).all()
+    se = (p * (1 - p) / n).sqrt()
+    assert ((freq - p).abs() <= 5 * se + 1e-12).all(), (freq, p)
