@@ -106,7 +106,7 @@ def cmd_sweep(a) -> int:
     spec = load_spec(a.spec)
     if a.device:  # e.g. --device cuda for a spec written device-neutral
         spec.setdefault("train", {})["device"] = a.device
-    run_sweep(spec, out=a.out, dry_run=a.dry_run, time_limit_s=a.time_limit)
+    run_sweep(spec, out=a.out, dry_run=a.dry_run, time_limit_s=a.time_limit, progress=not a.quiet)
     return 0
 
 
@@ -143,6 +143,8 @@ def cmd_app(a) -> int:
 
 def build_parser() -> Parser:
     parser = Parser(prog="lrt-lab", description="Latent Recurrent Transformer research sandbox.")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an unexpected failure (also: LRT_LAB_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     p = sub.add_parser("train", help="train one model on a toy task into the run store")
@@ -156,6 +158,7 @@ def build_parser() -> Parser:
     p.add_argument("--device", default=None, help="auto, cpu or cuda for every run (default: the spec's)")
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="stop after this many seconds, the run in progress checkpointed; run again to continue")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (a line per finished run still)")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("demo", help="the main job: transformer vs LRT on a state-tracking task, in minutes")
@@ -164,7 +167,7 @@ def build_parser() -> Parser:
     p.add_argument("--quiet", action="store_true", help="no progress bars, only the table and the summary")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("report", help="a comparison table over the runs in a store (mean, 95% t-interval over seeds)")
+    p = sub.add_parser("report", help="a comparison table over the runs in a store (mean, 95%% t-interval over seeds)")
     p.add_argument("runs", nargs="?", default="runs", help="run store directory")
     p.add_argument("--metric", default=None, help="summary column to compare (default: pos@90 with exact decoding, one every run has)")
     p.add_argument("--group-by", default=None,
@@ -190,17 +193,39 @@ def build_parser() -> Parser:
     return parser
 
 
+CONTINUE = {"train": "continue it with the same command and --resume",
+            "sweep": "run the same command again to continue"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    import os
     parser = build_parser()
     args = parser.parse_args(argv)
+    debug = args.debug or os.environ.get("LRT_LAB_DEBUG", "") not in ("", "0")
     try:
         return args.func(args)
-    except (ValueError, OSError) as e:  # OSError: a path the system refuses (permissions, full disk)
-        print(f"lrt-lab: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
     except KeyboardInterrupt:
-        print("lrt-lab: interrupted (resume with --resume)", file=sys.stderr)
+        print(f"lrt-lab: interrupted ({CONTINUE.get(args.command, 'nothing was lost')})", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - every failure is one line naming its cause (--debug: traceback)
+        if debug:
+            raise
+        print(f"lrt-lab: error: {describe_failure(e, args.command)}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(e, (ValueError, OSError)) else 1
+
+
+def describe_failure(e: BaseException, command: str) -> str:
+    """One line: what failed and what to do."""
+    import errno
+    if isinstance(e, (ValueError, OSError)) and not (isinstance(e, OSError) and e.errno == errno.ENOSPC):
+        return str(e)  # bad input, a refused path, a claimed run: the message names it already
+    if isinstance(e, OSError):  # a full disk
+        return f"{e.strerror or e}" if "disk full" in str(e) else f"disk full ({e}); free space and try again"
+    name = type(e).__name__
+    if isinstance(e, MemoryError) or "OutOfMemory" in name or "out of memory" in str(e).lower():
+        return (f"out of memory ({name}); lower --batch-size, --length or --eval-lengths, or use a larger "
+                f"device; {CONTINUE.get(command, 'try again')}")
+    return f"{name}: {str(e).splitlines()[0][:300] if str(e) else 'no message'} (run with --debug for the traceback)"
 
 
 if __name__ == "__main__":

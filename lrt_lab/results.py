@@ -36,6 +36,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from .claims import Claim, acquire
+
 CONFIG, METRICS, SUMMARY, TABLES, CHECKPOINTS = "config.json", "metrics.jsonl", "summary.json", "tables", "checkpoints"
 
 
@@ -50,9 +52,22 @@ def _clean(obj):
     return obj
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def respect_umask(path, directory: bool = False) -> None:
+    """Give a file or folder made by tempfile (0600 / 0700 whatever the umask) the permissions a
+    plain open / mkdir would have: a store shared by a group stays readable by it."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
 def write_json(path: Path, obj) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    respect_umask(tmp)
     with os.fdopen(fd, "w") as f:
         json.dump(_clean(obj), f, indent=2, sort_keys=True)
         f.flush()
@@ -66,6 +81,7 @@ def write_table(run_dir: Path, name: str, df: pd.DataFrame) -> Path:
     tables.mkdir(exist_ok=True)
     path = tables / f"{name}.csv"
     fd, tmp = tempfile.mkstemp(dir=tables, prefix=f".{name}.", suffix=".tmp")
+    respect_umask(tmp)
     with os.fdopen(fd, "w") as f:
         df.to_csv(f, index=False)
     os.replace(tmp, path)
@@ -169,20 +185,43 @@ class Run:
     @classmethod
     def create(cls, root, name: str, config: dict) -> "Run":
         """Make root/name with config.json in one atomic rename; fails if it already exists."""
+        run, claim = cls._assemble(root, name, config, claimed=False)
+        return run
+
+    @classmethod
+    def create_claimed(cls, root, name: str, config: dict) -> tuple["Run", Claim]:
+        """Run.create with this process's claim inside the folder before it appears (one writer
+        per run, `lrt_lab.claims`): (the run, the claim to release when done)."""
+        return cls._assemble(root, name, config, claimed=True)
+
+    @classmethod
+    def _assemble(cls, root, name: str, config: dict, claimed: bool):
         root = Path(root)
         root.mkdir(parents=True, exist_ok=True)
         final = root / name
         if final.exists():
             raise FileExistsError(f"run folder {final} already exists (use --resume to continue it)")
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}."))
+        claim = None
         try:
+            respect_umask(tmp, directory=True)
+            if claimed:
+                claim = acquire(tmp)
             write_json(tmp / CONFIG, config)
             (tmp / METRICS).touch()
-            os.rename(tmp, final)
+            try:
+                os.rename(tmp, final)  # fails when another process made `final` meanwhile
+            except OSError as e:
+                if final.exists():
+                    raise FileExistsError(f"run folder {final} already exists (made by another process just "
+                                          "now)") from None
+                raise e
         except BaseException:
+            if claim is not None:
+                claim.release()
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return cls(final)
+        return cls(final), (claim.moved_to(final) if claim is not None else None)
 
     @property
     def config(self) -> dict:
@@ -233,6 +272,12 @@ class Run:
         d = self.path / CHECKPOINTS
         d.mkdir(exist_ok=True)
         return d
+
+    @property
+    def status(self) -> str:
+        """"complete", "diverged" (summary.json written with that status), or "incomplete"."""
+        summary = self.summary
+        return "incomplete" if summary is None else summary.get("status", "complete")
 
     def checkpoints(self) -> list[Path]:
         """The run's checkpoint files, oldest first."""
@@ -308,21 +353,25 @@ def load_runs(root, include_incomplete: bool = False) -> pd.DataFrame:
     root = Path(root)
     rows, skipped = [], []
     if root.is_dir():
-        for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        for d in sorted(p for p in root.iterdir() if not p.name.startswith(".") and _is_dir(p)):
             cfg_path = d / CONFIG
-            if not cfg_path.exists():
-                skipped.append((d.name, "no config.json (not a run folder, or half-written)"))
-                continue
             try:
+                if not cfg_path.exists():
+                    skipped.append((d.name, "no config.json (not a run folder, or half-written)"))
+                    continue
                 run = Run(d)
                 config, summary = run.config, run.summary
             except DamagedFileError as e:
                 skipped.append((d.name, f"damaged: {e}"))
                 continue
+            except OSError as e:  # a folder this user cannot read (another user's run, lost+found)
+                skipped.append((d.name, f"unreadable: {e.strerror or type(e).__name__}"))
+                continue
             if summary is None and not include_incomplete:
                 skipped.append((d.name, "incomplete: no summary.json (running, or killed; --resume it)"))
                 continue
-            row = {"run": d.name, "path": str(d), "status": "complete" if summary is not None else "incomplete"}
+            status = "incomplete" if summary is None else summary.get("status", "complete")
+            row = {"run": d.name, "path": str(d), "status": status}
             row.update(_flatten(config, "config."))
             row.update(_flatten(summary or {}, "summary."))
             rows.append(row)
@@ -332,6 +381,13 @@ def load_runs(root, include_incomplete: bool = False) -> pd.DataFrame:
         if not reason.startswith("incomplete"):
             warnings.warn(f"skipped run folder {name!r}: {reason}", stacklevel=2)
     return df
+
+
+def _is_dir(p: Path) -> bool:
+    try:
+        return p.is_dir()
+    except OSError:
+        return True  # cannot even stat it: listed, then skipped with the reason
 
 
 def load_metrics(run, kind: str | None = None) -> pd.DataFrame:

@@ -19,8 +19,15 @@
     overrides = { n_layer = 4 }
 
 A run already complete in the store is skipped; an incomplete one is resumed from its checkpoint.
-`time_limit_s` (`--time-limit`) bounds one invocation's wall time: the run in progress is
-checkpointed when it runs out, and the next invocation continues it (experiments/run_paper_a5.sh).
+A run's identity is its whole config: a complete run whose config.json differs from what the spec
+builds now (say `steps` or `batch_size` changed) stops the sweep before anything trains, naming
+the differing fields (rename the run with `name_prefix`, or use another store). Several sweeps may
+share a store: each run folder is claimed by the process that trains it (`lrt_lab.claims`), a
+sweep skips the runs another live process is training and comes back to them at the end, waiting
+until they are complete (or their owner is gone, when it takes them over). A run that diverges
+(NaN loss) is recorded as such and the grid goes on. `time_limit_s` (`--time-limit`), SIGTERM and
+SIGUSR1 end an invocation the same way: the run in progress is checkpointed, and the next
+invocation continues it (experiments/run_paper_a5.sh).
 """
 
 from __future__ import annotations
@@ -35,9 +42,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from .claims import RunClaimedError, claimed_by_other
 from .results import Run
-from .train import TrainConfig, prepare, train
+from .train import StopRequest, TrainConfig, config_differences, prepare, train
 from .validation import check_out_dir
+
+WAIT_S = 15.0  # how often a sweep looks again at a run another process trains
 
 SWEEP_KEYS = {"out", "tasks", "models", "schedules", "seeds", "name_prefix"}
 TRAIN_KEYS = {f.name for f in dataclasses.fields(TrainConfig)} - {"task", "model", "schedule", "seed", "name"}
@@ -141,9 +151,11 @@ def expand(spec: dict) -> list[TrainConfig]:
 
 
 def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False,
-              time_limit_s: float | None = None) -> list[Run]:
-    """Train every run of the grid not yet complete. With time_limit_s, stop (checkpointed) once
-    that many seconds have passed; the Runs returned then include incomplete ones."""
+              time_limit_s: float | None = None, progress: bool = True, wait_s: float = WAIT_S) -> list[Run]:
+    """Train every run of the grid not yet complete. With time_limit_s (or on SIGTERM / SIGUSR1),
+    stop (checkpointed) once that many seconds have passed; the Runs returned then include
+    incomplete ones. Runs other processes are training are done last: waited for, or taken over
+    when their owner is gone."""
     from tqdm.auto import tqdm
 
     if time_limit_s is not None and not (isinstance(time_limit_s, (int, float)) and time_limit_s > 0):
@@ -157,28 +169,83 @@ def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False,
             prepare(cfg)
         except ValueError as e:
             raise ValueError(f"run {cfg.run_name}: {e}") from None
-    runs = []
+    check_unchanged(configs, Path(out))
     if dry_run:
         for cfg in configs:
-            state = "complete" if (Path(out) / cfg.run_name / "summary.json").exists() else "todo"
-            print(f"{state:9s} {cfg.run_name}")
-        return runs
-    bar = tqdm(configs, desc="sweep", unit="run", dynamic_ncols=True)
-    for cfg in bar:
-        folder = Path(out) / cfg.run_name
-        bar.set_postfix_str(cfg.run_name)
-        if (folder / "summary.json").exists():
-            runs.append(Run(folder))
-            continue
-        if deadline is not None and time.monotonic() >= deadline:
-            # out of time: later invocations continue from here; this run and the ones after it are
-            # returned as they stand (incomplete), so a caller looping until every run is complete
-            # does not stop early when checking the grid alone used up the time
-            runs.append(Run(folder))
-            continue
-        runs.append(train(cfg, out=out, resume=folder.exists(), progress=False, deadline=deadline))
+            print(f"{run_state(Path(out) / cfg.run_name):9s} {cfg.run_name}")
+        return []
+    stop = StopRequest()
+    bar = tqdm(total=len(configs), desc="sweep", unit="run", dynamic_ncols=True, disable=not progress)
+    runs: dict[str, Run] = {}
+    pending = list(configs)
+    with stop.installed():
+        while pending and not stopped(stop, deadline):
+            waiting = []
+            for cfg in pending:
+                if stopped(stop, deadline):
+                    waiting.append(cfg)
+                    continue
+                folder = Path(out) / cfg.run_name
+                bar.set_postfix_str(cfg.run_name)
+                if (folder / "summary.json").exists():
+                    runs[cfg.run_name] = Run(folder)
+                    bar.update(1)
+                    continue
+                if claimed_by_other(folder):
+                    waiting.append(cfg)
+                    continue
+                try:
+                    run = train(cfg, out=out, resume=(folder / "config.json").exists(), progress=False,
+                                deadline=deadline, stop=stop)
+                except (RunClaimedError, FileExistsError):  # another process took it just now
+                    waiting.append(cfg)
+                    continue
+                runs[cfg.run_name] = run
+                if run.is_complete:
+                    bar.update(1)
+                    tqdm.write(f"{run.status:9s} {run.name}", file=sys.stderr)
+            if waiting and len(waiting) == len(pending) and not stopped(stop, deadline):
+                owners = "; ".join(f"{c.run_name} ({claimed_by_other(Path(out) / c.run_name) or 'free now'})"
+                                   for c in waiting[:3])
+                tqdm.write(f"sweep: waiting for {len(waiting)} run(s) other processes train: {owners}",
+                           file=sys.stderr)
+                time.sleep(wait_s)
+            pending = waiting
     bar.close()
+    for cfg in configs:
+        runs.setdefault(cfg.run_name, Run(Path(out) / cfg.run_name))
     done = sum((Path(out) / c.run_name / "summary.json").exists() for c in configs)
-    print(f"sweep: {done} of {len(configs)} runs complete in {out}" + ("" if done == len(configs) else
+    why = f" (stopped on {stop.requested})" if stop.requested else ""
+    print(f"sweep: {done} of {len(configs)} runs complete in {out}{why}" + ("" if done == len(configs) else
           "; run the same command again to continue"))
-    return runs
+    return [runs[c.run_name] for c in configs]
+
+
+def stopped(stop: StopRequest, deadline: float | None) -> bool:
+    return stop.requested is not None or (deadline is not None and time.monotonic() >= deadline)
+
+
+def run_state(folder: Path) -> str:
+    """complete / diverged / claimed / partial / todo, for --dry-run."""
+    if (folder / "summary.json").exists():
+        return Run(folder).status
+    if claimed_by_other(folder):
+        return "claimed"
+    return "partial" if (folder / "config.json").exists() else "todo"
+
+
+def check_unchanged(configs: list[TrainConfig], out: Path) -> None:
+    """Refuse a grid whose complete runs were trained with another config than the spec builds now
+    (their names leave out steps, batch size, rates and overrides)."""
+    changed = []
+    for cfg in configs:
+        folder = out / cfg.run_name
+        if not (folder / "summary.json").exists():
+            continue
+        diffs = config_differences(Run(folder).config.get("train", {}), cfg.to_dict())
+        if diffs:
+            changed.append(f"{cfg.run_name} ({'; '.join(diffs[:4])})")
+    if changed:
+        raise ValueError(f"{len(changed)} complete run(s) in {out} were trained with another config than the spec "
+                         f"gives now: {' | '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}; keep the spec, "
+                         "or give the changed runs new names (sweep.name_prefix) or another --out")

@@ -24,14 +24,19 @@ directly to `train(..., task=...)`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import importlib.metadata
 import json
 import math
 import os
 import re
+import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -47,6 +52,7 @@ from .decode import Decoder
 from .metrics import per_position_accuracy, pos_at
 from .model import LRT
 from .optim import build_optimizers
+from .claims import acquire
 from .results import Run
 from .schedules import IGNORE_INDEX, OnePass, parse_schedule, run_schedule
 from .validation import (TRAIN_SEED_LIMIT, check_fields, check_int, check_out_dir, check_token_ids, fail, is_int,
@@ -325,14 +331,69 @@ def save_checkpoint(run: Run, step: int, model, opts, generator, elapsed: float,
     try:
         torch.save(state, tmp)
         os.replace(tmp, d / f"step_{step:07d}.pt")
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)  # a full checkpoint's worth of disk, otherwise never reclaimed
+        if disk_full(e, d):
+            raise OSError(errno.ENOSPC, f"disk full while writing the checkpoint of step {step} in {d}: free "
+                                        "space there, then run the same command again (train: with --resume)") from None
         raise
     for old in sorted(d.glob("step_*.pt"))[:-keep]:
         old.unlink()
 
 
 # The loop ---------------------------------------------------------------------------------------
+def disk_full(error: BaseException, folder: Path) -> bool:
+    """Whether a failed write was a full disk: ENOSPC, or torch's serializer failing ("unexpected
+    pos", "file write failed") on a filesystem with (almost) no space left."""
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return True
+    if isinstance(error, RuntimeError):
+        try:
+            return shutil.disk_usage(folder).free < 64 * 2**20
+        except OSError:
+            return False
+    return False
+
+
+def diverged(run: Run, cfg: TrainConfig, step: int, loss: float, elapsed: float, counters: dict, bar) -> Run:
+    """End a run whose loss became NaN or inf: summary.json says so (status "diverged", the step and
+    the loss), so a sweep goes on to its next run and a re-run does not train it again."""
+    if bar is not None:
+        bar.close()
+    run.write_summary({"status": "diverged", "steps": cfg.steps, "diverged_at_step": step,
+                       "diverged_loss": str(loss), "wall_time_s": elapsed, "tokens": counters["tokens"],
+                       "compute_tokens": counters["compute_tokens"]})
+    print(f"{run.name}: diverged at step {step} (loss {loss}); summary.json status 'diverged'. Lower --lr-scale "
+          "(or the learning rates) and train it under a new name", file=sys.stderr)
+    return run
+
+
+class StopRequest:
+    """Set by SIGTERM or SIGUSR1 (a scheduler's warning before preemption or the time limit): the
+    training loop then checkpoints at the end of its step and returns, like --time-limit."""
+
+    SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGUSR1") if hasattr(signal, n))
+
+    def __init__(self):
+        self.requested: str | None = None
+
+    def request(self, signum, frame=None) -> None:
+        self.requested = signal.Signals(signum).name
+
+    @contextlib.contextmanager
+    def installed(self):
+        """Handle SIGTERM / SIGUSR1 while inside (main thread only; elsewhere a no-op)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {s: signal.signal(s, self.request) for s in self.SIGNALS}
+        try:
+            yield self
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -370,8 +431,10 @@ def prepare(cfg: TrainConfig, task=None):
     return task, model, schedule
 
 
-def open_for_resume(root: Path, cfg: TrainConfig) -> Run:
-    """The run folder `--resume` continues; ValueError saying what is missing or which arguments differ."""
+def open_for_resume(root: Path, cfg: TrainConfig, config: dict | None = None) -> Run:
+    """The run folder `--resume` continues; ValueError saying what is missing or which arguments
+    differ. With `config` (what train would write now), the whole config.json must match it, so
+    a hand-edited model or schedule is refused too."""
     run = Run(root / cfg.run_name)
     if not (run.path / "config.json").is_file():
         origin = "derived from the arguments; pass --name NAME" if cfg.name is None else "given by --name"
@@ -387,7 +450,36 @@ def open_for_resume(root: Path, cfg: TrainConfig) -> Run:
                  for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
         raise ValueError(f"--resume: the arguments differ from {run.path / 'config.json'} ({'; '.join(diffs)}); "
                          "resume with the same ones")
+    if config is not None:
+        diffs = config_differences(run.config, config)
+        if diffs:
+            raise ValueError(f"--resume: {run.path / 'config.json'} differs from the config these arguments build "
+                             f"({'; '.join(diffs[:6])}); was it edited? Restore it or start a new run")
     return run
+
+
+def config_differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
+    """'field: saved value in config.json, value now' for every leaf that differs (JSON-normalised)."""
+    saved, now = json.loads(json.dumps(saved)), json.loads(json.dumps(now, default=str))
+    out = []
+    for key in sorted(set(saved) | set(now)):
+        a, b = saved.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_differences(a, b, f"{prefix}{key}.")
+        elif a != b and not (isinstance(a, float) and isinstance(b, float) and math.isclose(a, b, rel_tol=1e-12)):
+            out.append(f"{prefix}{key}: {a!r} in config.json, {b!r} now")
+    return out
+
+
+def remove_empty_folder(folder: Path) -> None:
+    """A folder named like the run but empty (left by a tool, or made by hand) is not a run:
+    remove it so the run can be created; a non-empty one that is not a run is refused."""
+    if folder.is_dir() and not (folder / "config.json").exists():
+        try:
+            folder.rmdir()
+        except OSError:
+            raise ValueError(f"{folder} exists and is not a run folder (no config.json) but is not empty; "
+                             "move it away or choose another --name / --out") from None
 
 
 def restore_checkpoint(run: Run, model, opts, generator, device) -> dict | None:
@@ -439,15 +531,23 @@ def _progress_bar(total: int, initial: int, desc: str):
 
 
 def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: bool = False,
-          progress: bool = True, stop_after: int | None = None, deadline: float | None = None) -> Run:
-    """Train one run into out/<cfg.run_name>; returns the Run (complete unless stop_after hit).
+          progress: bool = True, stop_after: int | None = None, deadline: float | None = None,
+          stop: "StopRequest | None" = None) -> Run:
+    """Train one run into out/<cfg.run_name>; returns the Run (complete unless stopped early).
 
     resume: continue the run folder from its latest readable checkpoint (metrics after it are
     dropped so every step is logged exactly once; temporary files of a killed process are
-    removed). stop_after: stop (without a summary) after that many steps, as a killed run would.
-    deadline: a time.monotonic() value; the first step that ends after it is the last,
-    checkpointed, so a run can be trained in segments of bounded wall time
-    (lrt-lab sweep --time-limit) and continued with resume=True.
+    removed); a complete run is returned untouched. stop_after: stop (without a summary) after
+    that many steps, as a killed run would. deadline: a time.monotonic() value; the first step
+    that ends after it is the last, checkpointed, so a run can be trained in segments of bounded
+    wall time (lrt-lab sweep --time-limit) and continued with resume=True. stop: a StopRequest
+    whose signals (SIGTERM, SIGUSR1, what schedulers send before preemption or the time limit)
+    end the run the same way at the end of the current step; by default train installs one for
+    its own duration when it runs in the main thread.
+
+    One writer per run (`lrt_lab.claims`): the folder is claimed before anything is written;
+    RunClaimedError (a ValueError) when another live process trains it. A loss that becomes NaN
+    or inf ends the run with summary status "diverged" (its step and loss recorded).
     """
     if stop_after is not None:
         check_int("stop_after", stop_after, 0)
@@ -458,11 +558,28 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
               "kind": cfg.model, "schedule": schedule.spec, "schedule_cost": schedule.cost,
               "forwards_per_token": getattr(model, "forwards_per_token", 1), "task_vocab_size": task.vocab_size}
     if resume:
-        run = open_for_resume(root, cfg)
-        run.remove_temp_files()  # left by a killed process (a full checkpoint each)
+        run = open_for_resume(root, cfg, config)
+        claim = acquire(run.path)
+        if run.is_complete:  # nothing to do, and nothing is touched
+            claim.release()
+            return run
     else:
-        run = Run.create(root, cfg.run_name, config)
+        remove_empty_folder(root / cfg.run_name)
+        run, claim = Run.create_claimed(root, cfg.run_name, config)
+    own_stop = stop is None
+    stop = StopRequest() if own_stop else stop
+    try:
+        with stop.installed() if own_stop else contextlib.nullcontext():
+            return _train_claimed(cfg, run, task, schedule, device, resume, progress, stop_after, deadline, stop)
+    finally:
+        claim.release()
 
+
+def _train_claimed(cfg: TrainConfig, run: Run, task, schedule, device, resume: bool, progress: bool,
+                   stop_after: int | None, deadline: float | None, stop_request: "StopRequest") -> Run:
+    """The training loop of a claimed run folder (see `train`)."""
+    if resume:
+        run.remove_temp_files()  # left by a killed process (a full checkpoint each)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, task.vocab_size).to(device)  # re-init under the run's seed
     opts = make_optimizers(model, cfg)
@@ -517,7 +634,14 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
             record.update(measured_record(result.measured, step_cost, dt))
         if not math.isfinite(record["loss"]):
             run.log(record)
-            raise FloatingPointError(f"loss became {record['loss']} at step {step}; lower --lr-scale")
+            return diverged(run, cfg, step, record["loss"], time.perf_counter() - t0, counters, bar)
+        if deadline is not None and time.monotonic() >= deadline and step < stop:
+            stop = step  # out of time: checkpoint here, resume later
+        if stop_request.requested and step < stop:
+            stop = step  # SIGTERM / SIGUSR1: the same as running out of time
+        # the checkpoint comes before the evaluation, so a failing or killed evaluation loses no training
+        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == stop:
+            save_checkpoint(run, step, model, opts, generator, time.perf_counter() - t0, counters)
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
             results = evaluate(model, schedule, eval_sets, cfg.eval_exact, autocast=autocast)
             last_eval = eval_record(results)
@@ -531,13 +655,12 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
                 post["pos@90"] = last_eval[key]
             bar.set_postfix(post, refresh=False)  # shown at the bar's own rate, not once per step
             bar.update(1)
-        if deadline is not None and time.monotonic() >= deadline and step < stop:
-            stop = step  # out of time: checkpoint here, resume later
-        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == stop:
-            save_checkpoint(run, step, model, opts, generator, time.perf_counter() - t0, counters)
     if bar is not None:
         bar.close()
     if step < cfg.steps:
+        if stop_request.requested:
+            print(f"{run.name}: stopped at step {step} on {stop_request.requested}, checkpointed; run the same "
+                  "command again (train: with --resume) to continue", file=sys.stderr)
         return run  # stopped early on request: resumable, no summary
     if results is None:  # resumed at the very end: nothing evaluated in this process yet
         results = evaluate(model, schedule, eval_sets, cfg.eval_exact, autocast=autocast)
