@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from .validation import check_fields, check_int, fail  # noqa: F401  (fail, check_int: re-exported for tasks)
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _check_choice(name: str, value, choices: tuple) -> None:
     # type-strict: 1 is not True, and 0.0 is not False
     if not any(type(value) is type(c) and value == c for c in choices):
@@ -98,6 +101,9 @@ class MemoryConfig:
         if (not isinstance(self.gamma_init, (int, float)) or isinstance(self.gamma_init, bool)
                 or not math.isfinite(self.gamma_init)):
             fail("memory.gamma_init", self.gamma_init, "a finite number")
+        if abs(self.gamma_init) > FLOAT32_MAX:  # the parameter is float32 (or bf16) in training
+            fail("memory.gamma_init", self.gamma_init, f"a number of magnitude <= {FLOAT32_MAX:.3g} (it must be "
+                 "finite as float32, the dtype it is trained in)")
         if not self.residual and self.kv == "none" and not self.queries:
             fail("memory.kv", self.kv, "'both', 'keys' or 'values' when memory.residual is False "
                   "(with neither pathway, use memory=None for a plain transformer)")

@@ -416,6 +416,7 @@ def prepare(cfg: TrainConfig, task=None):
         fail("vocab_size", model.config.vocab_size,
              f"an integer >= {task.vocab_size}, the vocabulary of task {cfg.task!r}")
     schedule = parse_schedule(cfg.schedule)
+    check_memory_fits(cfg, model.config, schedule)
     start_length = task.length_at(0) if hasattr(task, "length_at") else cfg.length
     for length in sorted({start_length, cfg.length, *cfg.eval_lengths}):
         schedule.stages(length)  # e.g. Interleaved(S) needs S <= every length it will see
@@ -429,6 +430,52 @@ def prepare(cfg: TrainConfig, task=None):
         task.sample(1, torch.Generator().manual_seed(cfg.seed), length=length)
     make_eval_sets(task, cfg.eval_lengths, 1, seed=0)
     return task, model, schedule
+
+
+EVAL_CHUNK = 128   # evaluation sequences per forward (evaluate's chunk)
+
+
+def memory_estimate(cfg: TrainConfig, config: ModelConfig, schedule) -> dict[str, float]:
+    """Bytes of the largest things a run allocates (a rough upper bound, float32): training keeps
+    ~20 d floats per token and layer for the backward (residuals, q/k/v, attention and MLP
+    activations) for every stage, the logits and their gradient, and one layer's attention
+    scores B x heads x T x T at a time where a kernel materialises them; evaluation runs
+    EVAL_CHUNK sequences at the longest evaluation length (and a decoding cache for them)."""
+    d, L, V, H = config.n_embd, config.n_layer, config.vocab_size, config.n_head
+    stages = max(1.0, float(schedule.cost))
+    B, T = cfg.batch_size, cfg.length
+    train = 4 * B * T * (20 * d * L + 3 * V) * stages + 4 * B * H * T * T + T * T
+    n, T_eval = min(cfg.eval_size, EVAL_CHUNK), max(cfg.eval_lengths)
+    evaluation = 4 * n * T_eval * (4 * d * L + 2 * V) + 4 * n * H * T_eval * T_eval + T_eval * T_eval
+    return {"train": train, "eval": evaluation}
+
+
+def available_memory(device: str) -> float:
+    """Bytes of memory the run can use: the GPU's on CUDA, else the machine's physical memory."""
+    if resolve_device(device).type == "cuda":
+        return float(torch.cuda.get_device_properties(0).total_memory)
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return float("inf")  # unknown: do not refuse
+
+
+def check_memory_fits(cfg: TrainConfig, config: ModelConfig, schedule, fraction: float = 0.8) -> None:
+    """Refuse, before anything is written, a run whose estimated memory exceeds `fraction` of
+    what the device has (memory_estimate): a 100,000-token length or a batch of a million would
+    otherwise fail minutes in, or in the final evaluation."""
+    have = available_memory(cfg.device)
+    need = memory_estimate(cfg, config, schedule)
+    gib = lambda b: f"{b / 2**30:.1f} GiB"
+    if need["train"] > fraction * have:
+        fail("length" if cfg.length ** 2 > cfg.batch_size * cfg.length else "batch_size",
+             cfg.length if cfg.length ** 2 > cfg.batch_size * cfg.length else cfg.batch_size,
+             f"a size that fits in memory: length={cfg.length} with batch_size={cfg.batch_size} needs about "
+             f"{gib(need['train'])} for training (estimate), this device has {gib(have)}; lower length or batch_size")
+    if need["eval"] > fraction * have:
+        fail("eval_lengths", cfg.eval_lengths,
+             f"lengths that fit in memory: evaluating at {max(cfg.eval_lengths)} needs about {gib(need['eval'])} "
+             f"(estimate), this device has {gib(have)}; lower eval_lengths")
 
 
 def open_for_resume(root: Path, cfg: TrainConfig, config: dict | None = None) -> Run:
@@ -639,6 +686,7 @@ def _train_claimed(cfg: TrainConfig, run: Run, task, schedule, device, resume: b
             stop = step  # out of time: checkpoint here, resume later
         if stop_request.requested and step < stop:
             stop = step  # SIGTERM / SIGUSR1: the same as running out of time
+        run.log(record)
         # the checkpoint comes before the evaluation, so a failing or killed evaluation loses no training
         if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == stop:
             save_checkpoint(run, step, model, opts, generator, time.perf_counter() - t0, counters)
@@ -647,7 +695,6 @@ def _train_claimed(cfg: TrainConfig, run: Run, task, schedule, device, resume: b
             last_eval = eval_record(results)
             run.log({"kind": "eval", "step": step, "tokens": counters["tokens"],
                      "compute_tokens": counters["compute_tokens"], "time": time.perf_counter() - t0, **last_eval})
-        run.log(record)
         if bar is not None:
             post = {"loss": f"{record['loss']:.3f}", "tok/s": f"{record['tokens_per_s']:.0f}"}
             key = f"pos90_exact@{cfg.eval_lengths[0]}"
