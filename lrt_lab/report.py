@@ -194,7 +194,9 @@ def format_mean_std(mean: float, std: float) -> str:
 
 def print_report(root, metric: str | None = None, group_by: str | None = None) -> pd.DataFrame:
     """Print comparison_table: one row per group, `mean [95% t-interval] (n)` and std; returns it."""
-    table = comparison_table(load_runs(root), metric, group_by)
+    runs = load_runs(root)
+    diverged = sorted(runs.loc[runs["status"] == "diverged", "run"]) if "status" in runs else []
+    table = comparison_table(runs[runs["status"] != "diverged"] if diverged else runs, metric, group_by)
     metric = table.attrs["metric"]
     keys = ["group"] if group_by is None else [k.strip() for k in group_by.split(",")]
     shown = table[keys].copy()
@@ -212,6 +214,9 @@ def print_report(root, metric: str | None = None, group_by: str | None = None) -
     if table.attrs["lacking"]:
         print(f"\n{len(table.attrs['lacking'])} run(s) have no {metric} and are not counted: "
               + ", ".join(table.attrs["lacking"]))
+    if diverged:
+        print(f"\n{len(diverged)} run(s) diverged (NaN or inf loss; summary.json status 'diverged') and are not "
+              "counted: " + ", ".join(diverged))
     return table
 
 

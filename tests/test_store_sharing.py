@@ -203,6 +203,13 @@ def test_a_diverging_run_is_recorded_and_its_grid_goes_on(tmp_path):
     assert dict(zip(load_runs(tmp_path)["run"], load_runs(tmp_path)["status"]))[wild] == "diverged"
     run_sweep(body, out=str(tmp_path), progress=False)  # a re-run does not train it again
     assert Run(tmp_path / wild).summary == summary
+    from lrt_lab.report import print_report
+    import contextlib
+    import io
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        print_report(tmp_path)
+    assert f"1 run(s) diverged" in text.getvalue() and wild in text.getvalue()
 
 
 def test_a_full_disk_during_a_checkpoint_is_one_line_that_says_so(tmp_path, monkeypatch, capsys):
