@@ -106,7 +106,13 @@ def cmd_sweep(a) -> int:
     spec = load_spec(a.spec)
     if a.device:  # e.g. --device cuda for a spec written device-neutral
         spec.setdefault("train", {})["device"] = a.device
-    run_sweep(spec, out=a.out, dry_run=a.dry_run, time_limit_s=a.time_limit, progress=not a.quiet)
+    slurm = None
+    if a.slurm is not None:
+        from .parallel import parse_slurm
+        slurm = parse_slurm(a.slurm)
+    run_sweep(spec, out=a.out, dry_run=a.dry_run, time_limit_s=a.time_limit, progress=not a.quiet,
+              workers=a.workers, threads_per_run=a.threads_per_run, gpus_per_run=a.gpus_per_run,
+              address=a.address, slurm=slurm)
     return 0
 
 
@@ -159,6 +165,17 @@ def build_parser() -> Parser:
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="stop after this many seconds, the run in progress checkpointed; run again to continue")
     p.add_argument("--quiet", action="store_true", help="no progress bar (a line per finished run still)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="runs at a time, as Ray tasks (needs the [cluster] extra); 1: one after another, no Ray")
+    p.add_argument("--threads-per-run", type=int, default=None,
+                   help="CPU threads of each run with --workers (default: cores / workers)")
+    p.add_argument("--gpus-per-run", type=float, default=0.0, help="GPUs each run asks Ray for (e.g. 1)")
+    p.add_argument("--address", default=None,
+                   help="a running Ray cluster: auto, or ray://host:port (the store must be on a filesystem "
+                        "every node sees)")
+    p.add_argument("--slurm", default=None, metavar="KEY=VALUE,...",
+                   help="submit the grid to Slurm as a job array through submitit (the [slurm] extra), e.g. "
+                        "partition=gpu,gpus_per_node=1,timeout_min=240,slurm_array_parallelism=8")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("demo", help="the main job: transformer vs LRT on a state-tracking task, in minutes")

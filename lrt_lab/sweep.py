@@ -45,7 +45,7 @@ else:  # pragma: no cover
 from .claims import RunClaimedError, claimed_by_other
 from .results import Run
 from .train import StopRequest, TrainConfig, config_differences, prepare, train
-from .validation import check_out_dir
+from .validation import check_int, check_out_dir
 
 WAIT_S = 15.0  # how often a sweep looks again at a run another process trains
 
@@ -151,11 +151,17 @@ def expand(spec: dict) -> list[TrainConfig]:
 
 
 def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False,
-              time_limit_s: float | None = None, progress: bool = True, wait_s: float = WAIT_S) -> list[Run]:
+              time_limit_s: float | None = None, progress: bool = True, wait_s: float = WAIT_S,
+              workers: int = 1, threads_per_run: int | None = None, gpus_per_run: float = 0.0,
+              address: str | None = None, slurm: dict | None = None) -> list[Run]:
     """Train every run of the grid not yet complete. With time_limit_s (or on SIGTERM / SIGUSR1),
     stop (checkpointed) once that many seconds have passed; the Runs returned then include
     incomplete ones. Runs other processes are training are done last: waited for, or taken over
-    when their owner is gone."""
+    when their owner is gone.
+
+    workers > 1 or an address: the runs are Ray tasks, `workers` at a time, each with
+    threads_per_run CPU threads and gpus_per_run GPUs (`lrt_lab.parallel`); slurm: submitit
+    parameters, the grid goes to Slurm as a job array (the jobs are returned, not waited for)."""
     from tqdm.auto import tqdm
 
     if time_limit_s is not None and not (isinstance(time_limit_s, (int, float)) and time_limit_s > 0):
@@ -174,6 +180,22 @@ def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False,
         for cfg in configs:
             print(f"{run_state(Path(out) / cfg.run_name):9s} {cfg.run_name}")
         return []
+    check_int("workers", workers, 1)
+    if threads_per_run is not None:
+        check_int("threads_per_run", threads_per_run, 1)
+    if slurm is not None or workers > 1 or address is not None:
+        from . import parallel
+        todo = parallel.pending_runs(configs, out)
+        if slurm is not None:
+            jobs = parallel.run_on_slurm(todo, out, slurm)
+            print(f"sweep: submitted {len(jobs)} run(s) to Slurm as a job array ({len(configs) - len(todo)} "
+                  f"already complete); run the same command again once they finish to check the grid")
+            return [Run(Path(out) / c.run_name) for c in configs]
+        parallel.run_on_ray(todo, out, workers, threads_per_run, gpus_per_run, address, progress)
+        done = sum((Path(out) / c.run_name / "summary.json").exists() for c in configs)
+        print(f"sweep: {done} of {len(configs)} runs complete in {out}" + ("" if done == len(configs) else
+              "; run the same command again to continue"))
+        return [Run(Path(out) / c.run_name) for c in configs]
     stop = StopRequest()
     bar = tqdm(total=len(configs), desc="sweep", unit="run", dynamic_ncols=True, disable=not progress)
     runs: dict[str, Run] = {}

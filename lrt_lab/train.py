@@ -355,12 +355,18 @@ def disk_full(error: BaseException, folder: Path) -> bool:
     return False
 
 
+def trained_by() -> dict:
+    """Which host and process trained a run (a sweep spreads runs over processes and nodes)."""
+    import socket
+    return {"host": socket.gethostname(), "pid": os.getpid(), "finished": time.time()}
+
+
 def diverged(run: Run, cfg: TrainConfig, step: int, loss: float, elapsed: float, counters: dict, bar) -> Run:
     """End a run whose loss became NaN or inf: summary.json says so (status "diverged", the step and
     the loss), so a sweep goes on to its next run and a re-run does not train it again."""
     if bar is not None:
         bar.close()
-    run.write_summary({"status": "diverged", "steps": cfg.steps, "diverged_at_step": step,
+    run.write_summary({"status": "diverged", "steps": cfg.steps, "diverged_at_step": step, "trained_by": trained_by(),
                        "diverged_loss": str(loss), "wall_time_s": elapsed, "tokens": counters["tokens"],
                        "compute_tokens": counters["compute_tokens"]})
     print(f"{run.name}: diverged at step {step} (loss {loss}); summary.json status 'diverged'. Lower --lr-scale "
@@ -716,7 +722,7 @@ def _train_claimed(cfg: TrainConfig, run: Run, task, schedule, device, resume: b
     tail = train_losses[-max(1, len(train_losses) // 20):]
     if hasattr(schedule, "run"):  # dynamic: the mean cost of the steps it ran, not the upper bound
         cost = counters["compute_tokens"] / max(counters["tokens"], 1)
-    run.write_summary({"status": "complete", "steps": cfg.steps, "final_loss": sum(tail) / len(tail),
+    run.write_summary({"status": "complete", "steps": cfg.steps, "trained_by": trained_by(), "final_loss": sum(tail) / len(tail),
                        "wall_time_s": time.perf_counter() - t0, "tokens": counters["tokens"],
                        "compute_tokens": counters["compute_tokens"], "schedule_cost": cost,
                        "forwards_per_token": getattr(model, "forwards_per_token", 1), "eval": eval_record(results)})

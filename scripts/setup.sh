@@ -37,6 +37,8 @@ if [[ -z $PYTHON ]] || ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (
 fi
 PYTHON=$("$PYTHON" -c 'import sys; print(sys.executable)')  # the real interpreter, not a shim: fast to start
 EXTRAS="dev,app,notebooks"
+# the tests also cover the parallel sweeps (Ray) and Slurm job arrays (submitit, its local executor)
+[[ $target == test ]] && EXTRAS="$EXTRAS,cluster,slurm"
 STAMP=.setup-stamp   # in .gitignore; records what was installed, so a second run can skip pip
 read -r -a pip_extra <<< "${PIP_EXTRA:-}"
 
@@ -57,13 +59,24 @@ stamp_line() {
   sum=$(sha256sum pyproject.toml | cut -d' ' -f1)
   echo "$sum extras=$EXTRAS python=$PYTHON"
 }
+# A stamp covers this run when it names the same pyproject.toml and interpreter and at least these
+# extras (after `make test`, `make demo` installs nothing more).
+stamp_covers() {
+  local want have extra
+  want=$(stamp_line)
+  [[ ${1%% extras=*} == "${want%% extras=*}" && ${1##* python=} == "${want##* python=}" ]] || return 1
+  have=",$(sed -E 's/.* extras=([^ ]*) python=.*/\1/' <<< "$1"),"
+  for extra in ${EXTRAS//,/ }; do
+    [[ $have == *",$extra,"* ]] || return 1
+  done
+}
 # `import lrt_lab` succeeds from the repository root even when nothing is installed (the folder is
 # on sys.path), so ask for the installed distribution instead, and that it is this clone's (editable).
 # From / : the repository's own lrt_lab.egg-info (left by pip) would otherwise answer for it.
 project_installed() {
   local here
   here=$("$PYTHON" -c 'import pathlib; print(pathlib.Path.cwd().as_uri())')
-  (( !assume_missing )) && [[ -f $STAMP && "$(cat "$STAMP")" == "$(stamp_line)" ]] && (cd / && "$PYTHON" -c "
+  (( !assume_missing )) && [[ -f $STAMP ]] && stamp_covers "$(cat "$STAMP")" && (cd / && "$PYTHON" -c "
 import importlib.metadata as m, json, sys
 m.distribution('pytest')
 url = json.loads(m.distribution('lrt-lab').read_text('direct_url.json') or '{}').get('url')

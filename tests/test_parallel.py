@@ -1,0 +1,104 @@
+"""Sweeps spread over processes (Ray, `--workers N`) and Slurm job arrays (submitit, tested with its
+local executor): the same results as one process, each run trained once, dead tasks retried."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from lrt_lab.claims import CLAIM
+from lrt_lab.results import Run, load_metrics
+from lrt_lab.sweep import expand, run_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def spec(steps=60, seeds=(0, 1)):
+    return {"sweep": {"tasks": ["a5_prefix"], "models": ["transformer", "lrt"], "seeds": list(seeds)},
+            "train": {"length": 8, "preset": "tiny", "steps": steps, "batch_size": 4, "eval_size": 4,
+                      "eval_lengths": [8], "eval_every": 0, "checkpoint_every": 10, "device": "cpu"}}
+
+
+def steps_and_losses(folder):
+    m = load_metrics(folder, kind="train")
+    return m["step"].tolist(), m["loss"].tolist()
+
+
+def test_workers_one_never_imports_ray(tmp_path):
+    code = ("import sys; from lrt_lab.sweep import run_sweep; from test_parallel import spec; "
+            f"run_sweep(spec(steps=3, seeds=(0,)), out={str(tmp_path)!r}, progress=False); "
+            "print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "tests", capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+@pytest.mark.slow
+def test_two_workers_train_in_two_processes_at_once_with_one_process_results(tmp_path):
+    pytest.importorskip("ray")
+    body = spec()
+    run_sweep(body, out=str(tmp_path / "one"), progress=False)
+    runs = run_sweep(body, out=str(tmp_path / "two"), progress=False, workers=2, threads_per_run=1)
+    assert all(r.is_complete for r in runs) and len(runs) == 4
+    pids = {r.summary["trained_by"]["pid"] for r in runs}
+    assert len(pids) == 2 and os.getpid() not in pids  # two worker processes, not this one
+    # at once: each worker's runs overlap the other's in time (start = finish - wall time)
+    spans = sorted((r.summary["trained_by"]["finished"] - r.summary["wall_time_s"], r.summary["trained_by"]["finished"])
+                   for r in runs)
+    assert any(a_end > b_start for (a_start, a_end), (b_start, b_end) in zip(spans, spans[1:]))
+    for r in runs:
+        assert steps_and_losses(r.path)[0] == list(range(1, 61))
+        assert steps_and_losses(r.path)[1] == pytest.approx(steps_and_losses(tmp_path / "one" / r.name)[1], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_a_task_whose_worker_is_killed_is_retried_from_its_checkpoint(tmp_path):
+    pytest.importorskip("ray")
+    body = spec(steps=200, seeds=(0,))
+    body["sweep"]["models"] = ["lrt"]
+    (cfg,) = expand(body)
+    folder = tmp_path / cfg.run_name
+    killed = {}
+
+    def kill_once():  # the worker holding the run's claim, once it has trained a while
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            claim, metrics = folder / CLAIM, folder / "metrics.jsonl"
+            if claim.exists() and metrics.exists() and len(metrics.read_text().splitlines()) >= 25:
+                pid = json.loads(claim.read_text())["pid"]
+                os.kill(pid, signal.SIGKILL)
+                killed["pid"] = pid
+                return
+            time.sleep(0.1)
+    killer = threading.Thread(target=kill_once)
+    killer.start()
+    (run,) = run_sweep(body, out=str(tmp_path), progress=False, workers=2, threads_per_run=1)
+    killer.join()
+    assert "pid" in killed
+    assert run.is_complete and run.summary["trained_by"]["pid"] != killed["pid"]
+    assert steps_and_losses(folder)[0] == list(range(1, 201))  # every step once, after the retry
+
+
+def test_slurm_job_array_through_submitit_local_executor(tmp_path):
+    submitit = pytest.importorskip("submitit")
+    from lrt_lab.parallel import SlurmGridPoint, parse_slurm, run_on_slurm
+    assert parse_slurm("partition=gpu,gpus_per_node=1,timeout_min=240") == {
+        "partition": "gpu", "gpus_per_node": 1, "timeout_min": 240}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_slurm("partition")
+    configs = expand(spec(steps=20, seeds=(0,)))
+    executor = submitit.LocalExecutor(folder=str(tmp_path / "jobs"))
+    jobs = run_on_slurm(configs, str(tmp_path / "store"), {"timeout_min": 10}, executor=executor)
+    results = [j.result() for j in jobs]
+    assert sorted(r["status"] for r in results) == ["complete", "complete"]
+    assert all(Run(tmp_path / "store" / c.run_name).is_complete for c in configs)
+    # a preemption warning: the job hands back the same grid point, to resume from its checkpoint
+    again = SlurmGridPoint().checkpoint(configs[0], str(tmp_path / "store"), None)
+    assert isinstance(again, submitit.helpers.DelayedSubmission) and again.args[0] == configs[0]
