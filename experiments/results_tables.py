@@ -53,7 +53,6 @@ def state_tracking_tables(df: pd.DataFrame, task: str, paper: dict | None) -> st
     """One table per training length (the A5 CPU runs at 8, the factor study at 16, ...), of the
     runs with every position supervised (the others: `truncation_table`)."""
     sub = df[df["config.train.task"] == task]
-    sub = sub[sub.apply(supervised_every, axis=1) == 1]
     if sub.empty:
         return None
     return "\n\n".join(state_tracking_table(sub[sub["config.train.length"] == L], task, paper)
@@ -61,7 +60,9 @@ def state_tracking_tables(df: pd.DataFrame, task: str, paper: dict | None) -> st
 
 
 def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str | None:
+    """The runs of `task` with every position supervised (the others: `truncation_table`)."""
     sub = df[df["config.train.task"] == task].copy()
+    sub = sub[sub.apply(supervised_every, axis=1) == 1] if not sub.empty else sub
     if sub.empty:
         return None
     # the label groups seeds: the model (what the paper's figures are keyed by), the number of steps
