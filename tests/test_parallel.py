@@ -102,3 +102,30 @@ def test_slurm_job_array_through_submitit_local_executor(tmp_path):
     # a preemption warning: the job hands back the same grid point, to resume from its checkpoint
     again = SlurmGridPoint().checkpoint(configs[0], str(tmp_path / "store"), None)
     assert isinstance(again, submitit.helpers.DelayedSubmission) and again.args[0] == configs[0]
+
+
+@pytest.mark.slow
+def test_sigterm_on_the_driver_cancels_and_the_next_invocation_continues(tmp_path):
+    pytest.importorskip("ray")
+    body = spec(steps=1000, seeds=(0,))
+    lines = ["[sweep]", 'tasks = ["a5_prefix"]', 'models = ["transformer", "lrt"]', "seeds = [0]", "[train]"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in body["train"].items()]
+    (tmp_path / "grid.toml").write_text("\n".join(lines) + "\n")
+    args = [sys.executable, "-m", "lrt_lab.cli", "sweep", str(tmp_path / "grid.toml"), "--out", str(tmp_path / "s"),
+            "--workers", "2", "--threads-per-run", "1", "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    driver = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not any(
+            len(p.read_text().splitlines()) >= 20 for p in (tmp_path / "s").glob("*/metrics.jsonl")):
+        time.sleep(0.2)
+    driver.send_signal(signal.SIGTERM)
+    out, err = driver.communicate(timeout=120)
+    assert driver.returncode == 0, err[-2000:]
+    assert "run the same command again" in out
+    runs = [Run(p) for p in (tmp_path / "s").iterdir() if p.is_dir()]
+    assert runs and not any(r.is_complete for r in runs)
+    # the next invocation (one process) continues each run from its checkpoint: every step once
+    finished = run_sweep(body, out=str(tmp_path / "s"), progress=False)
+    for run in finished:
+        assert run.is_complete and steps_and_losses(run.path)[0] == list(range(1, 1001))
