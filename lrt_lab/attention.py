@@ -19,6 +19,7 @@ Tensors use the flash-attn layout (B, T, H, head_dim); keys/values may have fewe
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -153,6 +154,25 @@ def pick_backend(q: torch.Tensor, q_pos: range, n_keys: int, window: int | None 
         # bias for a chunk, no mask for one decoding query (its window is cut by slicing keys)
         return "sdpa"
     return "flex"  # strided subsets and sliding windows: block-sparse, no dense T x T mask
+
+
+def attend_explicit(q, k, v, q_pos: range, window: int | None, on_scores=None, on_pattern=None) -> torch.Tensor:
+    """The same attention as `attend`, written out so its scores and pattern can be read or replaced
+    (TransformerLens's hook_attn_scores / hook_pattern): scores (B, H, Tq, Tk) = q k^T / sqrt(D),
+    -inf where a key is invisible; pattern = softmax(scores). on_scores / on_pattern map the tensor
+    to its replacement. Slower than the fused kernels: used only while such a hook is active."""
+    group = q.size(2) // k.size(2)
+    kh = k.repeat_interleave(group, dim=2) if group > 1 else k
+    vh = v.repeat_interleave(group, dim=2) if group > 1 else v
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, kh) / math.sqrt(q.size(-1))
+    visible = visible_mask(q_pos, k.size(1), window, q.device)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    if on_scores is not None:
+        scores = on_scores(scores)
+    pattern = torch.softmax(scores, dim=-1)
+    if on_pattern is not None:
+        pattern = on_pattern(pattern)
+    return torch.einsum("bhqk,bkhd->bqhd", pattern, vh)
 
 
 def attend(q, k, v, q_pos, window: int | None = None, backend: str = "auto") -> torch.Tensor:

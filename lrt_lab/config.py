@@ -123,9 +123,23 @@ class MemoryConfig:
         return self.gate and (self.uses_kv or self.queries)
 
     @property
+    def read_offsets(self) -> range:
+        """How far back a position's memory reaches: position t reads m_{t-o} for o in this range
+        (sec. 2; m_{t-lag} .. m_{t-lag-lag_avg+1}). The one statement every exactness rule derives
+        from: the decoder keeps `history` rows, and a chunk of at most `exact_chunk` positions never
+        reads a row written inside itself (the Exact split and Chunked's exact limit, sec. 3.2).
+        A mechanism that reads further back or nearer widens this range and nothing else."""
+        return range(self.lag, self.lag + self.lag_avg)
+
+    @property
     def history(self) -> int:
         """How many past memory rows a position can read: the decoder keeps only these."""
-        return self.lag + self.lag_avg - 1
+        return self.read_offsets.stop - 1
+
+    @property
+    def exact_chunk(self) -> int:
+        """The longest chunk whose positions read only rows written before it: the nearest offset."""
+        return self.read_offsets.start
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,19 @@
 A `HookPoint` is an identity module placed where an activation is formed; its name is its module
 path, in TransformerLens's convention: `hook_embed`, `hook_mem_in` (the memory m_{t-lag} each
 position reads), `blocks.{l}.hook_mem_in` (the same quantity as layer l reads it),
-`blocks.{l}.hook_resid_pre`, `blocks.{l}.attn.hook_q` / `hook_k` / `hook_v` (after the memory
-injection, QK-norm and RoPE: what attention sees), `blocks.{l}.attn.hook_gate_local` /
-`hook_gate_rec` (the gates 2*sigmoid(W_g x), per KV head), `blocks.{l}.hook_attn_out`,
-`blocks.{l}.hook_mlp_out`, `blocks.{l}.hook_resid_post`, `hook_mem_out` (the m_t a position emits).
+`blocks.{l}.hook_resid_pre` (the block's input), `blocks.{l}.hook_resid_injected` (alpha x + beta x0
++ gamma m: the stream with the memory injected, what attention's norm reads),
+`blocks.{l}.attn.hook_q` / `hook_k` / `hook_v` (with the memory injected, before QK-norm and RoPE),
+`blocks.{l}.attn.hook_rot_q` / `hook_rot_k` (after them: what attention sees),
+`blocks.{l}.attn.hook_attn_scores` / `hook_pattern` (B, heads, q, k; attention is written out only
+while one of them is hooked), `blocks.{l}.attn.hook_z` (the heads' outputs before c_proj),
+`blocks.{l}.attn.hook_gate_local` / `hook_gate_rec` (the gates 2*sigmoid(W_g x), per KV head),
+`blocks.{l}.hook_attn_out`, `blocks.{l}.hook_mlp_out`, `blocks.{l}.hook_resid_post`, `hook_mem_out`
+(the m_t a position emits). `LRT.run_with_cache(idx, schedule)` returns (logits, cache) as
+TransformerLens's does.
+The memory pathway declares the hook points of its own values (`memory.hook_source`, the source
+activation before any update; `memory.hook_update_gate`, z of update="gated"; lrt_lab.memory), so
+a new mechanism's internal values are hookable without touching the backbone.
 
 Because hook points are modules called by every stage, one mechanism serves every training
 schedule, prefill strategy and decoding step. Each call passes the stage's positions as the keyword
@@ -15,31 +24,70 @@ schedule, prefill strategy and decoding step. Each call passes the stage's posit
     with hooks(model, {"hook_mem_in": zero_at(range(5, 9))}):   # ablate the memory read at 5..8
         out = run_schedule(model, idx, targets, Exact())
 
-A hook function is `fn(activation, positions) -> replacement or None` (None keeps the value).
+A hook function is `fn(activation, positions) -> replacement or None` (None keeps the value), or
+in TransformerLens's form `fn(activation, hook)` (its second parameter named `hook`): `hook.name`
+is the hook point's name and `hook.positions` the stage's positions.
 A pass whose rows are not the model's output (PonderLM's init pass over the tokens alone) calls
 its hook points with `positions=None`; `hooks` and `capture` skip those calls.
+
+Activations are position-major (B, |P|, ...), except the attention scores and pattern, which keep
+TransformerLens's layout (B, heads, queries, keys): a stage's queries against the keys 0..P[-1].
+`capture` and `run_with_cache` assemble them to (B, heads, T, T).
 """
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.modules.module as _module_hooks  # the global hook registries nn.Module.__call__ reads
 
+from .positions import assemble
+
 HookFn = Callable[[torch.Tensor, range], "torch.Tensor | None"]
+# hook points whose activations are (B, heads, queries, keys): positions on dim 2, keys on dim 3
+ATTENTION_MAPS = ("hook_attn_scores", "hook_pattern")
+
+
+@dataclass(frozen=True)
+class Hook:
+    """What a TransformerLens-style hook function `fn(activation, hook)` receives."""
+
+    name: str        # the hook point's name, e.g. "blocks.0.attn.hook_pattern"
+    positions: range  # the sequence positions of the activation's rows
+
+    def layer(self) -> int | None:
+        """The block index in the name (TransformerLens's `hook.layer()`), or None."""
+        parts = self.name.split(".")
+        return int(parts[1]) if len(parts) > 2 and parts[0] == "blocks" else None
+
+
+def takes_hook(fn) -> bool:
+    """Whether fn is written in TransformerLens's form fn(activation, hook)."""
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature: the positions form
+        return False
+    return len(params) >= 2 and params[1] == "hook"
 
 
 class HookPoint(nn.Module):
     """Identity; exists so forward hooks can read or replace the activation passing through."""
 
+    @property
+    def active(self) -> bool:
+        """Whether any hook would see this point's calls (its own, or a global module hook)."""
+        return bool(self._forward_hooks or self._forward_pre_hooks or _module_hooks._global_forward_hooks
+                    or _module_hooks._global_forward_pre_hooks)
+
     def __call__(self, x: torch.Tensor, positions: range | None) -> torch.Tensor:
         # a model calls ~10 hook points per block and stage; with no hook anywhere, skip nn.Module's
         # call machinery (a few microseconds each: measurable in launch-bound decoding and Exact)
-        if not (self._forward_hooks or self._forward_pre_hooks or _module_hooks._global_forward_hooks
-                or _module_hooks._global_forward_pre_hooks):
+        if not self.active:
             return x
         return super().__call__(x, positions=positions)
 
@@ -62,16 +110,20 @@ def _resolve(model: nn.Module, names) -> dict[str, HookPoint]:
 
 @contextmanager
 def hooks(model: nn.Module, fns: dict[str, HookFn]):
-    """Run `fns[name](activation, positions)` at each named hook point while the block runs."""
+    """Run `fns[name](activation, positions)` (or `fn(activation, hook)`, TransformerLens's form)
+    at each named hook point while the block runs."""
     if not isinstance(fns, dict) or not all(callable(f) for f in fns.values()):
-        raise ValueError("hooks is invalid; allowed: a dict {hook name: fn(activation, positions)}")
+        raise ValueError("hooks is invalid; allowed: a dict {hook name: fn(activation, positions) "
+                         "or fn(activation, hook)}")
     points = _resolve(model, list(fns))
     handles = []
     try:
         for name, fn in fns.items():
-            def call(module, args, kwargs, output, fn=fn):
+            def call(module, args, kwargs, output, fn=fn, name=name, tl_form=takes_hook(fn)):
                 positions = kwargs["positions"]
-                return None if positions is None else fn(output, positions)
+                if positions is None:
+                    return None
+                return fn(output, Hook(name, positions)) if tl_form else fn(output, positions)
             handles.append(points[name].register_forward_hook(call, with_kwargs=True))
         yield
     finally:
@@ -96,9 +148,23 @@ class Capture:
     def assembled(self, T: int) -> dict[str, torch.Tensor]:
         """(B, T, ...) per name, each position taken from the last call that computed it (as a
         schedule's final logits are); longer where the calls' positions are rows beyond T
-        (PonderLM's blocks run over (N+1) rows per token)."""
-        from .schedules import assemble
-        return {name: assemble(parts, max(T, max(P.stop for P, _ in parts))) for name, parts in self.calls.items()}
+        (PonderLM's blocks run over (N+1) rows per token). Attention scores and patterns come out
+        (B, heads, T, T), keys a stage did not see filled as masked (-inf scores, 0 weight)."""
+        out = {}
+        for name, parts in self.calls.items():
+            n = max(T, max(P.stop for P, _ in parts))
+            if name.rsplit(".", 1)[-1] in ATTENTION_MAPS:
+                fill = float("-inf") if name.endswith("hook_attn_scores") else 0.0
+                parts = [(P, _keys_padded(x, n, fill).transpose(1, 2)) for P, x in parts]
+                out[name] = assemble(parts, n).transpose(1, 2)
+            else:
+                out[name] = assemble(parts, n)
+        return out
+
+
+def _keys_padded(x: torch.Tensor, n_keys: int, fill: float) -> torch.Tensor:
+    """(B, H, q, k) padded with `fill` to n_keys keys (a stage sees the keys up to its last query)."""
+    return torch.nn.functional.pad(x, (0, n_keys - x.size(-1)), value=fill)
 
 
 @contextmanager

@@ -11,6 +11,12 @@ The backbone calls five methods and knows nothing else about the memory:
                                                       memory that updates itself, what t read)
     source_layers                                     the one statement of which blocks feed m_t
 
+How far back a position's memory reaches is stated once, by the config (`MemoryConfig.read_offsets`):
+`read` reads those rows, and the Exact split, Chunked's exact limit and the decoder's ring follow.
+The pathway's own hook points (`memory.hook_source`, and `memory.hook_update_gate` for
+update="gated") are modules of this class, called with `read.positions`: a new mechanism declares
+its internal values' hook points here, next to its math, and `lrt_lab.hooks` finds them by name.
+
 Every schedule, the Exact split (`LRT.deferred_layers`), the decoder, the hook points, the
 parameter report and the optimizer roles (`param_roles`) follow from these, so a new mechanism is
 written here (plus its `MemoryConfig` field) and nowhere else.
@@ -26,6 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ModelConfig
+from .hooks import HookPoint
 
 
 def norm(x: torch.Tensor) -> torch.Tensor:
@@ -43,6 +50,13 @@ class MemoryRead:
     # nothing has been written yet (an init stage): m is zero, so every term it feeds is zero and
     # is skipped (exact, and the init stage costs what the plain model's forward does)
     zero: bool = False
+    # the stage's positions as its hook points report them (None: a pass hooks skip); the
+    # pathway's own hook points are called with them
+    positions: range | None = None
+
+    def patched(self, m: torch.Tensor) -> "MemoryRead":
+        """The same read with m replaced (a hook's intervention): derived values are recomputed."""
+        return MemoryRead(m, positions=self.positions)
 
 
 def gated_sum(local, rec, g_loc, g_rec, drop_local: bool) -> torch.Tensor:
@@ -85,6 +99,9 @@ class MemoryPathway(nn.Module):
         # the gated update's W_z: z = sigmoid(W_z h_t) per channel (config: update="gated")
         self.update_gate = nn.Linear(d, d, bias=False) if m.update == "gated" else None
         self.lag_weights = nn.Parameter(torch.zeros(m.lag_avg)) if m.lag_avg > 1 else None
+        # hook points of the pathway's own values (module paths memory.hook_*)
+        self.hook_source = HookPoint()  # h_t: the source taps mixed, before any update
+        self.hook_update_gate = HookPoint() if self.update_gate is not None else None  # z
 
     def param_roles(self) -> dict[str, str]:
         """Optimizer role of every parameter (lrt_lab.optim): the projections and the gate
@@ -115,20 +132,24 @@ class MemoryPathway(nn.Module):
                 w.zero_()  # a uniform average to start
 
     # Reading ------------------------------------------------------------------------------------
-    def read(self, buffer, P: range, batch: int, like: torch.Tensor) -> MemoryRead:
-        """m_{t-lag} for t in P, or the learned average of m_{t-lag} .. m_{t-lag-lag_avg+1};
-        zero before position 0, before anything was written (an init stage), and, with
-        reset_memory_at_bos, across document boundaries."""
-        mcfg = self.config.memory
-        rows = buffer.read_memory(P, mcfg.lag, mcfg.lag_avg)
+    def read(self, buffer, P: range, batch: int, like: torch.Tensor,
+             hook_positions: range | None = None) -> MemoryRead:
+        """m_{t-lag} for t in P, or the learned average of m_{t-lag} .. m_{t-lag-lag_avg+1}
+        (`MemoryConfig.read_offsets`); zero before position 0, before anything was written (an
+        init stage), and, with reset_memory_at_bos, across document boundaries. hook_positions:
+        what the pathway's hook points report for this stage (None: hooks skip it)."""
+        offsets = self.config.memory.read_offsets
+        rows = buffer.read_memory(P, offsets.start, len(offsets))
         if rows is None:
-            return MemoryRead(like.new_zeros(batch, len(P), self.config.n_embd), zero=True)
-        valid = buffer.memory_valid(P, mcfg.lag, mcfg.lag_avg)
+            zeros = like.new_zeros(batch, len(P), self.config.n_embd)
+            return MemoryRead(zeros, zero=True, positions=hook_positions)
+        valid = buffer.memory_valid(P, offsets.start, len(offsets))
         if valid is not None:
             rows = rows * valid[..., None].to(rows.dtype)
-        if mcfg.lag_avg == 1:
-            return MemoryRead(rows[:, :, 0])
-        return MemoryRead(torch.einsum("bpnd,n->bpd", rows, self.lag_weights.softmax(0).to(rows.dtype)))
+        if len(offsets) == 1:
+            return MemoryRead(rows[:, :, 0], positions=hook_positions)
+        mixed = torch.einsum("bpnd,n->bpd", rows, self.lag_weights.softmax(0).to(rows.dtype))
+        return MemoryRead(mixed, positions=hook_positions)
 
     # Injection ----------------------------------------------------------------------------------
     def inject_residual(self, l: int, x: torch.Tensor, mem: MemoryRead) -> torch.Tensor:
@@ -198,9 +219,10 @@ class MemoryPathway(nn.Module):
         else:
             w = self.source_weights.softmax(0).to(taps[0].dtype)
             h = sum(wi * t for wi, t in zip(w, taps))
+        h = self.hook_source(h, positions=read.positions)
         if self.update_gate is None:
             return h
-        z = torch.sigmoid(self.update_gate(h))
+        z = self.hook_update_gate(torch.sigmoid(self.update_gate(h)), positions=read.positions)
         if read.zero:  # nothing written yet: the kept part is zero
             return (1 - z) * h
         return z * read.m + (1 - z) * h

@@ -7,8 +7,8 @@ is the plain transformer baseline, so both share every line of the backbone.
 
 The backbone (`Block`, `Attention`, `MLP`) are ordinary modules with a `forward`, called as modules
 by every stage, so module hooks, activation checkpointing and per-block compilation work. All the
-LRT's own math lives in `lrt_lab.memory.MemoryPathway` (the extension point); a block calls it at
-three places, for a position t reading m = m_{t-lag}:
+LRT's own math lives in `lrt_lab.memory.MemoryPathway` (the extension point): a stage calls its
+`read` (m = m_{t-lag} for each position t) and `emit` (m_t), and a block calls it at three places:
 - residual injection (sec. 2.2):  x_bar = alpha_l * x + beta_l * x0 + gamma_l * m
 - gated KV projection (sec. 2.1, eqs. 2-4): k~ = g_loc * k_local + g_rec * W_k,rec m (same for v),
   (g_loc, g_rec) = 2 * sigmoid(W_g x) per KV head, W_g zero-initialised;
@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import attend
+from .attention import attend, attend_explicit
 from .buffer import DecodeCache, SequenceBuffer
 from .config import ModelConfig
 from .hooks import HookPoint
@@ -124,7 +124,11 @@ class Attention(nn.Module):
         self.c_proj = nn.Linear(config.n_head * config.head_dim, d, bias=False)
         self.ve_gate = (nn.Linear(min(VE_GATE_CHANNELS, d), config.n_kv_head, bias=False)
                         if config.use_value_embeds else None)
-        names = ["hook_q", "hook_k", "hook_v"]
+        # TransformerLens's names: hook_q / hook_k before QK-norm and RoPE (with the memory
+        # injected), hook_rot_q / hook_rot_k what attention sees; hook_z the heads' outputs before
+        # c_proj; hook_attn_scores / hook_pattern (B, H, q, k) computed only while hooked
+        names = ["hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_attn_scores", "hook_pattern",
+                 "hook_z"]
         if config.memory is not None and config.memory.gated:
             names += ["hook_gate_local", "hook_gate_rec"]
         for name in names:
@@ -148,16 +152,23 @@ class Attention(nn.Module):
                 g_loc = self.hook_gate_local(g_loc, positions=ctx.hook_positions)
                 g_rec = self.hook_gate_rec(g_rec, positions=ctx.hook_positions)
             q, k, v = ctx.pathway.inject_qkv(self.layer, q, k, v, memory, g_loc, g_rec)
-        # QK-norm, then RoPE at t: the recurrent key is encoded at t like the local one (eq. 5)
-        q = apply_rotary(norm(q), ctx.cos, ctx.sin).to(v.dtype)
-        k = apply_rotary(norm(k), ctx.cos, ctx.sin).to(v.dtype)
         hp = ctx.hook_positions
         q, k, v = self.hook_q(q, positions=hp), self.hook_k(k, positions=hp), self.hook_v(v, positions=hp)
+        # QK-norm, then RoPE at t: the recurrent key is encoded at t like the local one (eq. 5)
+        q = self.hook_rot_q(apply_rotary(norm(q), ctx.cos, ctx.sin).to(v.dtype), positions=hp)
+        k = self.hook_rot_k(apply_rotary(norm(k), ctx.cos, ctx.sin).to(v.dtype), positions=hp)
         K, V = ctx.buffer.splice_kv(self.layer, P, k, v)
         Ks, Vs = (K, V) if K.size(1) == P.stop else (K[:, :P.stop], V[:, :P.stop])
         window = self.window if self.window is None else self.window * ctx.rows_per_token
-        y = attend(q, Ks, Vs, P, window)
+        y = self.hook_z(self._attend(q, Ks, Vs, P, window, hp), positions=hp)
         return self.c_proj(y.reshape(B, n, -1)), K, V
+
+    def _attend(self, q, K, V, P: range, window: int | None, hp: range | None) -> torch.Tensor:
+        """The fused kernels, or the written-out attention while its scores or pattern are hooked."""
+        if not (self.hook_attn_scores.active or self.hook_pattern.active):
+            return attend(q, K, V, P, window)
+        return attend_explicit(q, K, V, P, window, on_scores=lambda s: self.hook_attn_scores(s, positions=hp),
+                               on_pattern=lambda a: self.hook_pattern(a, positions=hp))
 
 
 class MLP(nn.Module):
@@ -178,7 +189,9 @@ class Block(nn.Module):
         self.layer = layer
         self.attn = Attention(config, layer)
         self.mlp = MLP(config)
-        names = ["hook_resid_pre", "hook_attn_out", "hook_mlp_out", "hook_resid_post"]
+        # hook_resid_pre: the block's input; hook_resid_injected: what attention's norm reads,
+        # alpha x + beta x0 (+ gamma m: the memory injected, sec. 2.2)
+        names = ["hook_resid_pre", "hook_resid_injected", "hook_attn_out", "hook_mlp_out", "hook_resid_post"]
         if config.memory is not None:
             names.append("hook_mem_in")
         for name in names:
@@ -189,6 +202,7 @@ class Block(nn.Module):
         """x_bar = alpha x + beta x0 (+ gamma m), then attention and MLP; alpha, beta: this layer's
         scalars (None: 1 and 0); value_embed: this layer's value embedding of the tokens."""
         P = ctx.hook_positions
+        x = self.hook_resid_pre(x, positions=P)
         if beta is not None:  # alpha x + beta x0 in two kernels (decoding is launch-bound)
             x = beta * ctx.x0 + x if alpha is None else torch.addcmul(beta * ctx.x0, alpha, x)
         elif alpha is not None:
@@ -197,9 +211,9 @@ class Block(nn.Module):
         if memory is not None:
             m = self.hook_mem_in(memory.m, positions=P)
             if m is not memory.m:  # patched for this layer only: its projections follow the patch
-                memory = MemoryRead(m)
+                memory = memory.patched(m)
             x = ctx.pathway.inject_residual(self.layer, x, memory)
-        x = self.hook_resid_pre(x, positions=P)
+        x = self.hook_resid_injected(x, positions=P)
         attn_out, K, V = self.attn(norm(x), ctx, memory, value_embed)
         attn_out = self.hook_attn_out(attn_out, positions=P)
         x = x + attn_out
@@ -326,9 +340,9 @@ class LRT(nn.Module):
     def _read_memory(self, buffer, P: range, like: torch.Tensor) -> MemoryRead | None:
         if self.memory is None:
             return None
-        mem = self.memory.read(buffer, P, like.size(0), like)
+        mem = self.memory.read(buffer, P, like.size(0), like, hook_positions=P)
         m = self.hook_mem_in(mem.m, positions=P)
-        return mem if m is mem.m else MemoryRead(m)
+        return mem if m is mem.m else mem.patched(m)
 
     def _check_layers(self, layers, resid) -> range:
         L = self.config.n_layer
@@ -345,9 +359,10 @@ class LRT(nn.Module):
         the source layers), or None. Only the source blocks and those below them at position t
         feed m_t; the blocks above read m_{t-lag} but feed nothing sequential, so they can run for
         every position in one parallel stage once the lower blocks have run chunk by chunk (same
-        logits). That holds while chunk <= lag: a longer chunk reads zero memory inside itself
-        (sec. 3.2), which a pass over the finished memory would not reproduce."""
-        if self.memory is None or chunk > self.config.memory.lag:
+        logits). That holds while chunk <= memory.exact_chunk (the nearest row a position reads): a
+        longer chunk reads zero memory inside itself (sec. 3.2), which a pass over the finished
+        memory would not reproduce."""
+        if self.memory is None or chunk > self.config.memory.exact_chunk:
             return None
         split = max(self.memory.source_layers) + 1
         return split if split < self.config.n_layer else None
@@ -364,6 +379,18 @@ class LRT(nn.Module):
         """Run a schedule (default OnePass) on idx; returns a ScheduleOutput (logits, loss, ...)."""
         from .schedules import OnePass, run_schedule
         return run_schedule(self, idx, targets, schedule or OnePass(), cache=cache)
+
+    def run_with_cache(self, idx, schedule=None, targets=None, names=None):
+        """TransformerLens's `run_with_cache`: (logits, cache) for a schedule (default OnePass),
+        cache[name] a (B, T, ...) activation per hook point (attention scores and patterns
+        (B, heads, T, T)). names: the hook points to record (default: all). Attention is written
+        out only in the layers whose scores or pattern are recorded; the rest keep the fast kernels."""
+        from .hooks import capture, hook_points
+        from .schedules import OnePass, run_schedule
+        names = list(hook_points(self)) if names is None else list(names)
+        with capture(self, names) as recorded:
+            out = run_schedule(self, idx, targets, schedule or OnePass())
+        return out.logits, recorded.assembled(idx.size(1))
 
     def empty_buffer(self, tokens: torch.Tensor, memory: torch.Tensor | None = None) -> SequenceBuffer:
         """The buffer a schedule starts from: no K/V, and zero memory or the rows `memory`

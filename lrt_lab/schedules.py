@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .buffer import compute_dtype
+from .positions import assemble
 from .hooks import capture
 from .validation import check_targets, check_token_ids, vocab_size_of
 
@@ -476,21 +477,6 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
 
 
-def assemble(parts: list[tuple[range, torch.Tensor]], T: int) -> torch.Tensor:
-    """(B, T, ...) from per-stage tensors at their positions; later stages win."""
-    last_P, last = parts[-1]
-    if last_P == range(0, T):
-        return last
-    if all(P.step == 1 for P, _ in parts) and [P.start for P, _ in parts] == [0] + [P.stop for P, _ in parts[:-1]] \
-            and parts[-1][0].stop == T:
-        return torch.cat([t for _, t in parts], dim=1)  # contiguous tiling (Chunked, Exact)
-    ref = parts[0][1]
-    out = ref.new_zeros((ref.size(0), T) + tuple(ref.shape[2:]))
-    for P, t in parts:
-        out[:, P.start:P.stop:P.step] = t
-    return out
-
-
 def _check_inputs(model, idx, targets):
     vocab_size = vocab_size_of(model)
     check_token_ids("idx", idx, vocab_size)
@@ -501,7 +487,7 @@ def _check_inputs(model, idx, targets):
         check_targets("targets", targets, tuple(idx.shape), vocab_size, IGNORE_INDEX)
 
 
-def _as_schedule(schedule) -> Schedule:
+def as_schedule(schedule) -> Schedule:
     """A schedule object, or a CLI spelling like "exact" or "interleaved:2" parsed with parse_schedule."""
     if schedule is None:
         return OnePass()
@@ -514,7 +500,7 @@ def _as_schedule(schedule) -> Schedule:
 
 
 def _deferred_split(model, schedule: Schedule) -> int | None:
-    """The block index Exact / Chunked(C <= lag) may split the stack at (`LRT.deferred_layers`),
+    """The block index Exact / Chunked(C <= memory.exact_chunk) may split the stack at (`LRT.deferred_layers`),
     or None."""
     if not isinstance(schedule, Chunked) or not hasattr(model, "deferred_layers"):
         return None
@@ -561,11 +547,11 @@ def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None, 
     `Decoder(..., keep_memory=True)` produced (`memory_rows()`): the paper's SFT/RL recipe (sec.
     "SFT and Reinforcement Learning"), and a way to score decoded sequences in one parallel pass
     (`FullSequence(0)` from them gives the decoder's logits). Stages read them wherever nothing was
-    written yet; schedules that compute every row they read (Exact, Chunked(C <= lag), Rollout)
+    written yet; schedules that compute every row they read (Exact, Chunked(C <= exact_chunk), Rollout)
     give the same result with or without them.
     """
     _check_inputs(model, idx, targets)
-    schedule = _as_schedule(schedule)
+    schedule = as_schedule(schedule)
     memory = _check_memory(model, idx, memory)
     if cache is not None and not isinstance(cache, dict):
         raise ValueError(f"cache={type(cache).__name__} is invalid; allowed: a dict (filled with the hooks) or None")

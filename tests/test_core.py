@@ -69,9 +69,10 @@ def test_limits_coincide(name):
     for sched in (Chunked(1), Interleaved(T), FullSequence(T)):
         assert maxdiff(run_schedule(model, idx, None, sched).logits, exact) <= TOL, sched
     assert maxdiff(decode_all(model, idx), exact) <= TOL
-    # chunks no longer than the lag are exact too: memory never crosses inside a chunk
-    lag = CONFIGS[name].lag
-    assert maxdiff(run_schedule(model, idx, None, Chunked(lag)).logits, exact) <= TOL
+    # chunks no longer than the nearest row read are exact too: memory never crosses inside a chunk
+    chunk = CONFIGS[name].exact_chunk
+    assert chunk == CONFIGS[name].lag  # the nearest row a position reads is m_{t-lag}
+    assert maxdiff(run_schedule(model, idx, None, Chunked(chunk)).logits, exact) <= TOL
 
 
 @pytest.mark.parametrize("name", ["default", "source1_lag2", "layerwise", "averages", "keys_replace",
@@ -133,9 +134,9 @@ def test_exact_defers_the_blocks_above_the_source_layer(name):
         assert (g is None) == (want is None), n
         if g is not None:
             assert maxdiff(g, want) <= 1e-9, n
-    # chunks up to the lag split too (memory never crosses inside them); longer ones must not
-    lag = CONFIGS[name].lag
-    assert model.deferred_layers(lag) == split and model.deferred_layers(lag + 1) is None
+    # chunks up to the nearest row read split too (memory never crosses inside them); longer ones must not
+    chunk = CONFIGS[name].exact_chunk
+    assert model.deferred_layers(chunk) == split and model.deferred_layers(chunk + 1) is None
     # the split never applies to a model whose source is its top block
     top = make_model(dataclasses.replace(CONFIGS[name], source_layer=3, source_avg=1))
     assert top.deferred_layers(1) is None

@@ -118,3 +118,121 @@ def test_decoding_runs_without_autograd_yet_its_captures_and_caches_serve_traini
     out = run_schedule(model, idx, idx, Interleaved(2))
     out.loss.backward()
     assert all(p.grad is not None for p in model.memory.parameters())
+
+
+def test_the_memory_pathway_declares_hook_points_for_its_own_values():
+    """memory.hook_source and memory.hook_update_gate are the pathway's modules: capturing them
+    gives h_t and z = sigmoid(W_z h_t), and forcing z to 1 keeps the (zero) initial memory
+    forever, in a schedule and in the decoder alike."""
+    from lrt_lab.hooks import capture
+    model = make_model(MemoryConfig(update="gated"))
+    assert {"memory.hook_source", "memory.hook_update_gate"} <= {n for n, _ in model.named_modules()}
+    idx = tokens(B=2, T=6)
+    with capture(model, ["memory.hook_source", "memory.hook_update_gate", "hook_mem_out"]) as cap:
+        run_schedule(model, idx, None, Exact())
+    acts = cap.assembled(6)
+    W_z = model.memory.update_gate.weight.detach()
+    assert maxdiff(acts["memory.hook_update_gate"], torch.sigmoid(acts["memory.hook_source"] @ W_z.T)) <= TOL
+    keep_all = {"memory.hook_update_gate": lambda z, positions: torch.ones_like(z)}
+    with hooks(model, keep_all), capture(model, ["hook_mem_out"]) as cap:
+        run_schedule(model, idx, None, Exact())
+        dec = Decoder(model, 2, 6)
+        for t in range(6):
+            dec.step(idx[:, t])
+    assert all(x.abs().max().item() == 0 for _, x in cap.calls["hook_mem_out"])
+    assert acts["hook_mem_out"].abs().max().item() > 0  # without the hook the memory is not zero
+
+
+def test_run_with_cache_attention_patterns_match_decoding_and_leave_the_logits_alone():
+    """run_with_cache records (B, heads, T, T) patterns: rows sum to 1 over visible keys only, Exact's
+    equal the decoder's step by step, and the written-out attention they need (hook_z, logits)
+    equals the fused kernels' (a second code path)."""
+    from lrt_lab.hooks import capture
+    from lrt_lab.schedules import OnePass
+    model = make_model(MemoryConfig(), n_layer=2, window_pattern="SL", short_window=3)
+    B, T = 2, 7
+    idx = tokens(B=B, T=T)
+    fast = run_schedule(model, idx, None, Exact()).logits
+    with capture(model, ["blocks.0.attn.hook_z", "blocks.1.attn.hook_z"]) as cap:
+        run_schedule(model, idx, None, Exact())
+    z_fast = cap.assembled(T)
+    logits, cache = model.run_with_cache(idx, schedule=Exact())
+    assert maxdiff(logits, fast) <= TOL
+    H = model.config.n_head
+    for l, window in ((0, 3), (1, None)):
+        pattern = cache[f"blocks.{l}.attn.hook_pattern"]
+        assert pattern.shape == (B, H, T, T)
+        q, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
+        visible = (k <= q) & ((q - k < window) if window else True)
+        assert pattern[..., ~visible].abs().max() == 0
+        assert maxdiff(pattern.sum(-1), torch.ones(B, H, T, dtype=pattern.dtype)) <= TOL
+        assert torch.isinf(cache[f"blocks.{l}.attn.hook_attn_scores"][..., ~visible]).all()
+        assert maxdiff(cache[f"blocks.{l}.attn.hook_z"], z_fast[f"blocks.{l}.attn.hook_z"]) <= TOL
+    with capture(model, ["blocks.1.attn.hook_pattern"]) as cap:
+        dec = Decoder(model, B, T)
+        for t in range(T):
+            dec.step(idx[:, t])
+    assert maxdiff(cap.assembled(T)["blocks.1.attn.hook_pattern"], cache["blocks.1.attn.hook_pattern"]) <= TOL
+    # OnePass reads no memory: its pattern differs from Exact's (the memory reaches the keys)
+    _, one = model.run_with_cache(idx, schedule=OnePass(), names=["blocks.1.attn.hook_pattern"])
+    assert list(one) == ["blocks.1.attn.hook_pattern"]
+    assert maxdiff(one["blocks.1.attn.hook_pattern"], cache["blocks.1.attn.hook_pattern"]) > 1e-3
+
+
+def test_a_pattern_intervention_changes_the_output_as_attention_would():
+    """Replacing layer 1's pattern by uniform weights over the visible keys gives the mean of the
+    visible values (hook_v) per head, which the test computes from the captured values."""
+    model = make_model(MemoryConfig(), n_layer=2, window_pattern="LL")
+    idx = tokens(B=1, T=5)
+
+    def uniform(pattern, hook):
+        assert hook.name == "blocks.1.attn.hook_pattern" and hook.layer() == 1
+        visible = (pattern > 0).to(pattern.dtype)
+        return visible / visible.sum(-1, keepdim=True)
+
+    with hooks(model, {"blocks.1.attn.hook_pattern": uniform}):
+        _, cache = model.run_with_cache(idx, schedule=Exact(), names=["blocks.1.attn.hook_z",
+                                                                      "blocks.1.attn.hook_v"])
+    z, v = cache["blocks.1.attn.hook_z"], cache["blocks.1.attn.hook_v"]
+    group = model.config.n_head // model.config.n_kv_head
+    v = v.repeat_interleave(group, dim=2)
+    means = torch.stack([v[:, :t + 1].mean(1) for t in range(5)], 1)
+    assert maxdiff(z, means) <= TOL
+
+
+def test_transformerlens_style_hooks_see_name_and_positions_and_replace():
+    """fn(act, hook) gets the hook's name and the stage's positions; its return replaces the
+    activation exactly as the positions form does."""
+    model = make_model(MemoryConfig(source_layer=2))
+    idx = tokens(B=2, T=6)
+    seen = []
+
+    def ablate(act, hook):
+        seen.append((hook.name, hook.positions))
+        return torch.zeros_like(act)
+
+    with hooks(model, {"hook_mem_in": ablate}):
+        tl_form = run_schedule(model, idx, None, Interleaved(2)).logits
+    with hooks(model, {"hook_mem_in": zero_at(range(6))}):
+        positions_form = run_schedule(model, idx, None, Interleaved(2)).logits
+    assert maxdiff(tl_form, positions_form) <= TOL
+    assert seen == [("hook_mem_in", range(0, 6)), ("hook_mem_in", range(0, 6, 2)), ("hook_mem_in", range(1, 6, 2))]
+
+
+def test_resid_pre_is_the_block_input_and_q_k_hooks_sit_before_rope():
+    """hook_resid_pre is the block's input: alpha x + beta x0 + gamma m rebuilt from it is
+    hook_resid_injected. hook_q is before QK-norm and RoPE: at position 0 (no rotation) hook_rot_q
+    is hook_q RMS-normalised per head, and every hook_rot_q head vector has norm sqrt(head_dim)."""
+    model = make_model(MemoryConfig())
+    idx = tokens(B=2, T=6)
+    _, c = model.run_with_cache(idx, schedule=Exact())
+    for l in range(model.config.n_layer):
+        alpha, beta, gamma = model.resid_lambdas[l], model.x0_lambdas[l], model.memory.gamma[l]
+        rebuilt = alpha * c[f"blocks.{l}.hook_resid_pre"] + beta * c["hook_embed"] + gamma * c[f"blocks.{l}.hook_mem_in"]
+        assert maxdiff(rebuilt, c[f"blocks.{l}.hook_resid_injected"]) <= TOL
+        q, rot_q = c[f"blocks.{l}.attn.hook_q"], c[f"blocks.{l}.attn.hook_rot_q"]
+        D = q.size(-1)
+        assert maxdiff(rot_q.norm(dim=-1), torch.full(rot_q.shape[:-1], D ** 0.5, dtype=q.dtype)) <= TOL
+        q0 = q[:, 0] / q[:, 0].pow(2).mean(-1, keepdim=True).sqrt()
+        assert maxdiff(rot_q[:, 0], q0) <= TOL
+        assert maxdiff(q.norm(dim=-1), torch.full(q.shape[:-1], D ** 0.5, dtype=q.dtype)) > 1e-3

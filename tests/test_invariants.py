@@ -121,8 +121,12 @@ def check_invariants(memory: MemoryConfig):
     idx = tokens(B=B)
     with torch.no_grad():
         exact = run_schedule(model, idx, None, Exact()).logits
-        for sched in (Chunked(1), Chunked(memory.lag), Interleaved(T), FullSequence(T)):
+        for sched in (Chunked(1), Chunked(memory.exact_chunk), Interleaved(T), FullSequence(T)):
             assert close(run_schedule(model, idx, None, sched).logits, exact), sched
+        # exact_chunk is the longest exact chunk: one more position reads zero memory inside itself
+        if not close(run_schedule(model, idx, None, FullSequence(0)).logits, exact):  # memory matters
+            longer = run_schedule(model, idx, None, Chunked(memory.exact_chunk + 1)).logits
+            assert not close(longer, exact), "Chunked(exact_chunk + 1) matched Exact"
         assert close(decode_all(model, idx), exact), "decoder"
         # hook points: captured, or replaced by an equal tensor everywhere, change nothing
         cache = {}

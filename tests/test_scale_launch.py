@@ -41,7 +41,7 @@ def test_gate_statistics_match_the_models_own_gates():
     cache = {}
     run_schedule(model, idx, None, parse_schedule("interleaved:2"), cache=cache)
     for l, frac in enumerate(stats["saturated_per_layer"]):
-        h = torch.nn.functional.rms_norm(cache[f"blocks.{l}.hook_resid_pre"], (model.config.n_embd,))
+        h = torch.nn.functional.rms_norm(cache[f"blocks.{l}.hook_resid_injected"], (model.config.n_embd,))
         g = 2 * torch.sigmoid(h @ model.memory.gates[l].weight.T)
         assert frac == pytest.approx(((g < 0.05) | (g > 1.95)).float().mean().item())
     assert 0 < stats["saturated"] < 1
