@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pandas as pd
 
@@ -146,3 +147,41 @@ def group_labels(df: pd.DataFrame, exclude=()) -> pd.Series:
             extra = [f"{_field_name(c) or c}=unset" for c in chosen if _missing(groups.at[i, c])]
             labels[i] = " | ".join([labels[i], *extra])
     return labels
+
+
+# Metric columns of a load_runs table --------------------------------------------------------------
+def eval_columns(df: pd.DataFrame, prefix: str = "summary.eval.") -> list[str]:
+    return sorted((c for c in df.columns if c.startswith(prefix)), key=_length_key)
+
+
+def _length_key(col: str):
+    m = re.search(r"(.*)@(\d+)$", col)
+    return (m.group(1), int(m.group(2))) if m else (col, 0)
+
+
+AT_TRAIN_LENGTH = "summary.eval.pos90_exact@train_length"
+
+
+def with_train_length_metric(df: pd.DataFrame) -> pd.DataFrame:
+    """Adds AT_TRAIN_LENGTH: each run's pos@90 (exact decoding) at its own training length, the
+    one evaluation every run has when the store mixes tasks trained at different lengths."""
+    df = df.copy()
+    if "config.train.length" not in df.columns:
+        return df
+    values = []
+    for _, row in df.iterrows():
+        length = row["config.train.length"]
+        col = f"summary.eval.pos90_exact@{int(length)}" if not pd.isna(length) else None
+        values.append(row[col] if col in df.columns else math.nan)
+    df[AT_TRAIN_LENGTH] = pd.to_numeric(pd.Series(values, index=df.index), errors="coerce")
+    return df
+
+
+def default_metric(df: pd.DataFrame) -> str:
+    """The first pos@90 (exact decoding) column every run has; else pos@90 at each run's training
+    length (AT_TRAIN_LENGTH, when every run has that); else the final training loss."""
+    for col in [c for c in eval_columns(df) if "pos90_exact@" in c] + [AT_TRAIN_LENGTH, "summary.final_loss"]:
+        if col in df.columns and df[col].notna().all():
+            return col
+    raise ValueError("metric: no summary column is set for every run; pass --metric with a summary column "
+                     f"(e.g. {', '.join(eval_columns(df)[:4]) or 'summary.final_loss'})")

@@ -7,7 +7,9 @@ import re
 
 import pandas as pd
 
-from .groups import INTERVAL_NOTE, group_labels, method_label
+from .analysis.stats import seed_stats
+from .groups import (AT_TRAIN_LENGTH, INTERVAL_NOTE, default_metric, eval_columns, group_labels,
+                     method_label, with_train_length_metric)
 from .results import Run, load_runs
 
 __all__ = ["comparison_table", "default_metric", "format_mean_ci", "format_mean_std", "frontier_points",
@@ -98,43 +100,6 @@ def steps_suffix(df: pd.DataFrame, by) -> pd.Series:
     return df["config.train.steps"].map(lambda n: f" ({int(n)} steps)").where(mixed, "")
 
 
-def eval_columns(df: pd.DataFrame, prefix: str = "summary.eval.") -> list[str]:
-    return sorted((c for c in df.columns if c.startswith(prefix)), key=_length_key)
-
-
-def _length_key(col: str):
-    m = re.search(r"(.*)@(\d+)$", col)
-    return (m.group(1), int(m.group(2))) if m else (col, 0)
-
-
-AT_TRAIN_LENGTH = "summary.eval.pos90_exact@train_length"
-
-
-def with_train_length_metric(df: pd.DataFrame) -> pd.DataFrame:
-    """Adds AT_TRAIN_LENGTH: each run's pos@90 (exact decoding) at its own training length, the
-    one evaluation every run has when the store mixes tasks trained at different lengths."""
-    df = df.copy()
-    if "config.train.length" not in df.columns:
-        return df
-    values = []
-    for _, row in df.iterrows():
-        length = row["config.train.length"]
-        col = f"summary.eval.pos90_exact@{int(length)}" if not pd.isna(length) else None
-        values.append(row[col] if col in df.columns else math.nan)
-    df[AT_TRAIN_LENGTH] = pd.to_numeric(pd.Series(values, index=df.index), errors="coerce")
-    return df
-
-
-def default_metric(df: pd.DataFrame) -> str:
-    """The first pos@90 (exact decoding) column every run has; else pos@90 at each run's training
-    length (AT_TRAIN_LENGTH, when every run has that); else the final training loss."""
-    for col in [c for c in eval_columns(df) if "pos90_exact@" in c] + [AT_TRAIN_LENGTH, "summary.final_loss"]:
-        if col in df.columns and df[col].notna().all():
-            return col
-    raise ValueError("metric: no summary column is set for every run; pass --metric with a summary column "
-                     f"(e.g. {', '.join(eval_columns(df)[:4]) or 'summary.final_loss'})")
-
-
 def runs_lacking(df: pd.DataFrame, metric: str) -> list[str]:
     """Names of the runs with no value for `metric`."""
     return df.loc[df[metric].isna(), "run"].tolist() if "run" in df.columns else []
@@ -147,8 +112,6 @@ def comparison_table(df: pd.DataFrame, metric: str | None = None, group_by: str 
     differs), as in the dashboard and lrt_lab.analysis.seed_stats; or a comma list of columns
     ("method" is what was trained). The runs without a value for `metric` are listed in
     .attrs["lacking"]; metric None picks one every run has (default_metric)."""
-    from .analysis.stats import seed_stats
-
     if df.empty:
         raise ValueError("runs: the store has no complete runs")
     df = with_train_length_metric(df)

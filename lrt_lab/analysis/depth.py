@@ -18,6 +18,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from ..groups import default_metric
 from .stats import method_column, seed_stats
 
 DEPTH = "config.model.n_layer"
@@ -27,7 +28,6 @@ TASK = "config.train.task"
 def depth_table(df: pd.DataFrame, metric: str | None = None, confidence: float = 0.95) -> pd.DataFrame:
     """Mean, std, CI over seeds of `metric` (default: the first summary.eval.pos90_exact@L column)
     per (task, method, depth)."""
-    from ..report import default_metric
     if df.empty:
         raise ValueError("df is empty; allowed: load_runs of a store with complete runs")
     metric = metric or default_metric(df)

@@ -62,8 +62,8 @@ def bpb_of(model, inputs, targets, schedule, chunk: int = 64, bytes_per_token: f
 def _bpb_of(model, inputs, targets, schedule, chunk: int, bytes_per_token: float) -> dict:
     import torch
     from ..schedules import IGNORE_INDEX, run_schedule
-    from .probes import resolve_schedule
-    schedule = resolve_schedule(schedule)
+    from ..schedules import as_schedule
+    schedule = as_schedule(schedule)
     T = inputs.size(1)
     stages = schedule.stages(T)
     was_training = model.training
@@ -111,7 +111,7 @@ def evaluate_bpb(run_or_model, schedule=None, eval_batch=None, n_sequences: int 
     """
     from ..model import LRT
     from ..schedules import Chunked, Exact
-    from .probes import resolve_schedule
+    from ..schedules import as_schedule
     from .store import as_run, eval_batch as make_eval_batch, load_model, load_task
 
     run = None
@@ -126,7 +126,7 @@ def evaluate_bpb(run_or_model, schedule=None, eval_batch=None, n_sequences: int 
             schedule = run.config["schedule"]
         if eval_batch is None:
             eval_batch = make_eval_batch(load_task(run), length or run.config["train"]["length"], n_sequences)
-    schedule = resolve_schedule(schedule)
+    schedule = as_schedule(schedule)
     inputs, targets = _inputs_targets(eval_batch)
     par = bpb_of(model, inputs, targets, schedule, chunk, bytes_per_token)
     if not model.config.is_lrt or isinstance(schedule, Exact) or (isinstance(schedule, Chunked) and schedule.C == 1):

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model import LRT
-from ..schedules import OnePass, parse_schedule, run_schedule
+from ..schedules import OnePass, as_schedule, parse_schedule, run_schedule
 
 CONTROLS = ("majority", "shuffled_labels", "random_init")
 
@@ -47,28 +47,16 @@ def default_sites(model) -> list[str]:
     return sites
 
 
-def resolve_schedule(schedule, model=None):
-    """A Schedule from a Schedule, a spec string ("exact", "interleaved:2", ...) or None (OnePass)."""
-    if schedule is None:
-        return OnePass()
-    if isinstance(schedule, str):
-        return parse_schedule(schedule)
-    if not hasattr(schedule, "stages"):
-        raise ValueError(f"schedule={schedule!r} is invalid; allowed: a Schedule or a spec like 'exact', "
-                         "'interleaved:2', 'fullseq:3', 'onepass'")
-    return schedule
-
-
 def decoding_label(schedule) -> str:
     """A table-name-safe label: 'exact', 'interleaved_2', 'onepass', ..."""
-    return resolve_schedule(schedule).spec.replace(":", "_").replace(",", "-")
+    return as_schedule(schedule).spec.replace(":", "_").replace(",", "-")
 
 
 @torch.no_grad()
 def collect_activations(model, inputs: torch.Tensor, schedule="exact", sites=None, chunk: int = 256) -> dict:
     """{site: (B, T, ...) float tensor on the CPU} under `schedule` (a parallel schedule, or
     "exact" = exact recurrent decoding; for a plain transformer every schedule is its forward)."""
-    schedule = resolve_schedule(schedule)
+    schedule = as_schedule(schedule)
     if not model.config.is_lrt:
         schedule = OnePass()  # no memory: every schedule gives the same activations
     sites = list(sites) if sites is not None else default_sites(model)
@@ -241,7 +229,7 @@ def probe_model(model, inputs: torch.Tensor, state: torch.Tensor, schedule="exac
         raise ValueError(f"controls={sorted(bad)} is invalid; allowed: {', '.join(CONTROLS)}")
     if state is None:
         raise ValueError("state is None: this task defines no latent state to probe (tasks' Batch.state)")
-    schedule = resolve_schedule(schedule)
+    schedule = as_schedule(schedule)
     sites = list(sites) if sites is not None else default_sites(model)
     positions = choose_positions(inputs.size(1), max_positions)
     n_classes = int(torch.as_tensor(state).max()) + 1
