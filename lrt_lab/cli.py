@@ -82,7 +82,8 @@ def add_log_arguments(p: argparse.ArgumentParser):
                    help="also mirror every metrics line, the config and the summary to W&B (offline unless "
                         "WANDB_API_KEY is set) or TensorBoard (<run>/tensorboard); repeatable; needs the "
                         "[wandb] / [tensorboard] extra")
-    p.add_argument("--wandb-project", default=None, help="W&B project (default: $WANDB_PROJECT, else lrt_lab)")
+    p.add_argument("--wandb-project", default=None,
+                   help="W&B project (default: $WANDB_PROJECT, else lrt_lab)")
 
 
 def mirror_settings_from_args(a) -> MirrorSettings:

@@ -2,8 +2,8 @@
 and/or TensorBoard while it trains (`lrt-lab train/sweep --log wandb --log tensorboard`).
 
 The run store stays the source of truth: every record is written there first, then mirrored. A
-mirror that fails (a full disk under its folder, a network error online) warns once and is dropped;
-the run goes on. A mirror is not part of a run's identity, so it is never in TrainConfig: train()
+mirror that fails (a full disk under its folder, a network error online) is dropped with one warning
+line; the run goes on. A mirror is not part of a run's identity, so it is never in TrainConfig: train()
 and run_sweep() take the names as an argument of their own.
 
 - TensorBoard writes <run folder>/tensorboard (`tensorboard --logdir runs/` shows every run):
@@ -15,8 +15,9 @@ and run_sweep() take the names as an argument of their own.
   $WANDB_PROJECT, else "lrt_lab"; the group is the run's config group (`groups.group_name`), so
   the seeds of one config share it. The W&B run id is kept in the run folder, and a resumed run
   continues that W&B run; steps W&B already holds when it resumes (online) are not sent again.
-  Offline, each process writes its own offline-run folder with that id, and W&B keeps the
-  first value it receives for a step when they are synced.
+  Offline, each process writes its own offline-run folder under that id: the steps a killed
+  process logged after its last checkpoint are logged again by the next one, so they can be in
+  two folders (with the same values when training is deterministic, as on CPU).
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ class TensorBoardMirror:
     def start(self, config: dict, run_name: str, group: str) -> None:
         self.resuming = any(self.folder.glob("events.out.tfevents.*"))
         # the config once per run, at step 0: a resumed run's earlier events hold it already
-        self.config_text = None if self.resuming else _markdown_json({"run": run_name, "group": group, **config})
+        described = {"run": run_name, "group": group, **config}
+        self.config_text = None if self.resuming else _markdown_json(described)
 
     def _open(self, first_step: int | None):
         from torch.utils.tensorboard import SummaryWriter

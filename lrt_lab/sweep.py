@@ -195,7 +195,8 @@ def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False,
             print(f"sweep: submitted {len(jobs)} run(s) to Slurm as a job array ({len(configs) - len(todo)} "
                   f"already complete); run the same command again once they finish to check the grid")
             return [Run(Path(out) / c.run_name) for c in configs]
-        parallel.run_on_ray(todo, out, workers, threads_per_run, gpus_per_run, address, progress, log=mirroring)
+        parallel.run_on_ray(todo, out, workers, threads_per_run, gpus_per_run, address, progress,
+                            log=mirroring)
         done = sum((Path(out) / c.run_name / "summary.json").exists() for c in configs)
         print(f"sweep: {done} of {len(configs)} runs complete in {out}" + ("" if done == len(configs) else
               "; run the same command again to continue"))

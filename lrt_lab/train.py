@@ -628,7 +628,8 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
     try:
         with stop.installed() if own_stop else contextlib.nullcontext(), \
                 mirrored(run, mirroring, config) as logged_run:  # the store, then the mirrors
-            _train_claimed(cfg, logged_run, task, schedule, device, resume, progress, stop_after, deadline, stop)
+            _train_claimed(cfg, logged_run, task, schedule, device, resume, progress, stop_after, deadline,
+                           stop)
             return run
     finally:
         claim.release()
