@@ -25,8 +25,8 @@ RUN_NAME = "a5_prefix-L8-tiny-lrt-interleaved_2-s0"
 
 
 def tiny_cfg(**kw):
-    base = dict(task="a5_prefix", length=8, preset="tiny", steps=6, batch_size=4, eval_every=3, eval_lengths=(8,),
-                eval_size=4, checkpoint_every=2)
+    base = dict(task="a5_prefix", length=8, preset="tiny", steps=6, batch_size=4, eval_every=3,
+                eval_lengths=(8,), eval_size=4, checkpoint_every=2)
     return TrainConfig(**{**base, **kw})
 
 
@@ -153,7 +153,8 @@ def offline_run(run: Run, index: int = 0) -> dict:
     return out
 
 
-def test_wandb_offline_run_folder_holds_the_config_every_metrics_line_and_the_summary(tmp_path, offline_wandb):
+def test_wandb_offline_run_folder_holds_the_config_every_metrics_line_and_the_summary(tmp_path,
+                                                                                       offline_wandb):
     assert main(["train", *TINY, "--out", str(tmp_path / "runs"), "--log", "wandb"]) == 0
     run = Run(tmp_path / "runs" / RUN_NAME)
     wb = offline_run(run)
@@ -176,7 +177,8 @@ def test_wandb_resume_continues_the_same_wandb_run(tmp_path, offline_wandb):
     assert second["folders"] == 2 and first["run"].run_id == second["run"].run_id  # one W&B run, two segments
     assert sorted(first["history"]["train/loss"]) == [1, 2, 3]
     assert sorted(second["history"]["train/loss"]) == [4, 5, 6]
-    assert {**first["history"]["train/loss"], **second["history"]["train/loss"]} == store_scalars(run)["train/loss"]
+    both = {**first["history"]["train/loss"], **second["history"]["train/loss"]}
+    assert both == store_scalars(run)["train/loss"]
     assert "final_loss" not in first["summary"] and second["summary"]["status"] == "complete"
 
 
@@ -191,7 +193,26 @@ def test_a_sweeps_seeds_share_one_wandb_group_named_after_their_config_group(tmp
     assert {wb.run_group for wb in wbs} == {group_name(runs[0].config)} == {group_name(runs[1].config)}
     assert len({wb.run_id for wb in wbs}) == 2 and {wb.project for wb in wbs} == {"grid"}
     # another config of the same sweep is another group
-    assert group_name({**runs[0].config, "train": {**runs[0].config["train"], "steps": 5}}) != wbs[0].run_group
+    longer = {**runs[0].config, "train": {**runs[0].config["train"], "steps": 5}}
+    assert group_name(longer) != wbs[0].run_group
+
+
+def test_a_diverged_run_ends_its_mirrors_with_its_status(tmp_path, offline_wandb):
+    pytest.importorskip("tensorboard")
+    run = train(tiny_cfg(steps=20, lr_scale=1e30), out=tmp_path / "runs", progress=False,
+                log=["wandb", "tensorboard"])
+    summary = run.summary
+    assert summary["status"] == "diverged"
+    wb = offline_run(run)
+    assert wb["summary"]["status"] == "diverged"
+    assert wb["summary"]["diverged_at_step"] == summary["diverged_at_step"]
+    (exit_record,) = [r for r in wandb_records(next((run.path / "wandb").glob("offline-run-*/run-*.wandb")))
+                      if r.WhichOneof("record_type") == "exit"]
+    assert exit_record.exit.exit_code == 1  # W&B shows it failed
+    losses = tensorboard_scalars(tensorboard_events(run.path / "tensorboard"))["train/loss"]
+    assert losses[-1][0] == summary["diverged_at_step"]
+    assert not np.isfinite(losses[-1][1])  # the loss that ended it (null in the store: JSON has no NaN)
+    assert wb["history"]["train/loss"].keys() == {step for step, _ in losses}
 
 
 def test_wandb_is_offline_without_an_api_key():
@@ -213,7 +234,8 @@ def test_a_missing_package_is_one_line_naming_the_extra_and_nothing_is_written(t
     args = ["train", *TINY] if command == "train" else ["sweep", str(spec), "--quiet"]
     assert main([*args, "--out", str(tmp_path / "runs"), "--log", name]) == 2
     err = capsys.readouterr().err
-    assert err == f"lrt-lab: error: --log {name}: the {name} package is not installed; pip install 'lrt-lab[{name}]'\n"
+    assert err == (f"lrt-lab: error: --log {name}: the {name} package is not installed; "
+                   f"pip install 'lrt-lab[{name}]'\n")
     assert not (tmp_path / "runs").exists()
 
 
@@ -257,7 +279,8 @@ def test_a_failing_mirror_is_dropped_with_one_warning_line_and_the_others_go_on(
     failing, recording = FailingAt(2), Recording()
     mirrors = Mirrors({"tensorboard": failing, "wandb": recording}, "r").start({}, "r", "g")
     for step in (1, 2, 3):
-        mirrors.log({"kind": "train", "step": step, "loss": 1.0 / step, "stage_losses": [0.5], "converged": True})
+        record = {"kind": "train", "step": step, "loss": 1.0 / step, "stage_losses": [0.5], "converged": True}
+        mirrors.log(record)
     mirrors.finish({"status": "complete"})
     mirrors.finish(None)  # what leaving train() does: nothing more once a summary ended them
     err = capsys.readouterr().err
