@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .mirrors import MIRROR_PACKAGES, MirrorSettings
 from .train import TrainConfig, parse_value
 
 EXIT_USAGE = 2
@@ -76,6 +77,19 @@ def add_train_arguments(p: argparse.ArgumentParser):
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def add_log_arguments(p: argparse.ArgumentParser):
+    p.add_argument("--log", action="append", choices=tuple(MIRROR_PACKAGES), default=None,
+                   help="also mirror every metrics line, the config and the summary to W&B (offline unless "
+                        "WANDB_API_KEY is set) or TensorBoard (<run>/tensorboard); repeatable; needs the "
+                        "[wandb] / [tensorboard] extra")
+    p.add_argument("--wandb-project", default=None,
+                   help="W&B project (default: $WANDB_PROJECT, else lrt_lab)")
+
+
+def mirror_settings_from_args(a) -> MirrorSettings:
+    return MirrorSettings(tuple(a.log or ()), wandb_project=a.wandb_project)
+
+
 def train_config_from_args(a) -> TrainConfig:
     task_options = key_values(a.task_opt, "--task-opt")
     if a.curriculum:
@@ -96,7 +110,7 @@ def cmd_train(a) -> int:
     from .train import train
     from .report import print_run
     cfg = train_config_from_args(a)
-    run = train(cfg, out=a.out, resume=a.resume, progress=not a.quiet)
+    run = train(cfg, out=a.out, resume=a.resume, progress=not a.quiet, log=mirror_settings_from_args(a))
     print_run(run)
     return 0
 
@@ -112,7 +126,7 @@ def cmd_sweep(a) -> int:
         slurm = parse_slurm(a.slurm)
     run_sweep(spec, out=a.out, dry_run=a.dry_run, time_limit_s=a.time_limit, progress=not a.quiet,
               workers=a.workers, threads_per_run=a.threads_per_run, gpus_per_run=a.gpus_per_run,
-              address=a.address, slurm=slurm)
+              address=a.address, slurm=slurm, log=mirror_settings_from_args(a))
     return 0
 
 
@@ -155,6 +169,7 @@ def build_parser() -> Parser:
 
     p = sub.add_parser("train", help="train one model on a toy task into the run store")
     add_train_arguments(p)
+    add_log_arguments(p)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("sweep", help="train a grid (tasks x models x schedules x seeds) from a TOML spec")
@@ -176,6 +191,7 @@ def build_parser() -> Parser:
     p.add_argument("--slurm", default=None, metavar="KEY=VALUE,...",
                    help="submit the grid to Slurm as a job array through submitit (the [slurm] extra), e.g. "
                         "partition=gpu,gpus_per_node=1,timeout_min=240,slurm_array_parallelism=8")
+    add_log_arguments(p)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("demo", help="the main job: transformer vs LRT on a state-tracking task, in minutes")

@@ -14,11 +14,14 @@ Light on purpose (pandas only): the dashboard imports it without paying for torc
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
 
 import pandas as pd
+
+from .results import _flatten
 
 # Config fields that name a run instead of configuring it: never part of a group.
 IDENTITY_FIELDS = ("config.train.seed", "config.train.name")
@@ -78,6 +81,20 @@ def group_keys(df: pd.DataFrame) -> pd.Series:
         return pd.Series([], index=df.index, dtype=object)
     return pd.Series([json.dumps({c: _canonical(row[c]) for c in cols}, sort_keys=True, default=str)
                       for _, row in df[cols].iterrows()], index=df.index, dtype=object)
+
+
+def group_name(config: dict, limit: int = 128) -> str:
+    """A name for the group of a run with this config.json, computed from that run alone (each
+    process of a sweep names its own run's group): what was trained, then a digest of the group
+    key, so runs share the name exactly when `lrt-lab report` pools them as seeds. At most
+    `limit` characters (W&B's bound on a group name)."""
+    config = json.loads(json.dumps(config, default=str))  # as config.json reads back: tuples become lists
+    row = pd.DataFrame([_flatten(config, "config.")])
+    digest = hashlib.sha1(group_keys(row).iloc[0].encode()).hexdigest()[:8]
+    train = config.get("train", {})
+    what = " ".join(str(v) for v in (train.get("task"), f"L{train.get('length')}", train.get("preset"),
+                                     method_label(row.iloc[0])) if v is not None)
+    return f"{what[:limit - len(digest) - 1]} {digest}"
 
 
 def _field_name(col: str) -> str:

@@ -27,12 +27,13 @@ RETRIES = 2          # times a grid point whose worker died (killed, node lost, 
 WAIT_S = 15.0        # before submitting again a run another process was training
 
 
-def train_grid_point(cfg: TrainConfig, out: str, threads: int | None = None, deadline_s: float | None = None) -> dict:
+def train_grid_point(cfg: TrainConfig, out: str, threads: int | None = None, deadline_s: float | None = None,
+                     log=()) -> dict:
     """Train (or resume) one run of a grid; returns {"run", "status", "host", "pid"[, "error"]}.
 
     status: "complete" / "diverged" (summary written), "incomplete" (stopped by a signal or the
     deadline: checkpointed), "claimed" (another live process trains it), "failed" (an error,
-    recorded in the run folder's last_error.json)."""
+    recorded in the run folder's last_error.json). log: the run's mirrors (train's `log`)."""
     import torch
     if threads:
         torch.set_num_threads(threads)
@@ -40,7 +41,8 @@ def train_grid_point(cfg: TrainConfig, out: str, threads: int | None = None, dea
     where = {"run": cfg.run_name, "host": socket.gethostname(), "pid": os.getpid()}
     deadline = None if deadline_s is None else time.monotonic() + deadline_s
     try:
-        run = train(cfg, out=out, resume=(folder / "config.json").exists(), progress=False, deadline=deadline)
+        run = train(cfg, out=out, resume=(folder / "config.json").exists(), progress=False, deadline=deadline,
+                    log=log)
     except (RunClaimedError, FileExistsError):
         return {**where, "status": "claimed"}
     except Exception as e:  # noqa: BLE001 - recorded, and the grid goes on
@@ -53,7 +55,7 @@ def train_grid_point(cfg: TrainConfig, out: str, threads: int | None = None, dea
 
 def run_on_ray(configs: list[TrainConfig], out: str, workers: int, threads_per_run: int | None = None,
                gpus_per_run: float = 0.0, address: str | None = None, progress: bool = True,
-               retries: int = RETRIES, wait_s: float = WAIT_S) -> list[dict]:
+               retries: int = RETRIES, wait_s: float = WAIT_S, log=()) -> list[dict]:
     """Train `configs` as Ray tasks, at most `workers` at a time, each with its CPU threads and
     GPUs; returns one result per run (train_grid_point). Ctrl-C or SIGTERM cancels the tasks
     (checkpointed runs continue on the next invocation)."""
@@ -75,7 +77,7 @@ def run_on_ray(configs: list[TrainConfig], out: str, workers: int, threads_per_r
             while (todo or running) and not stop.requested:
                 while todo and len(running) < workers:
                     cfg = todo.pop(0)
-                    running[task.remote(cfg, out, threads)] = cfg
+                    running[task.remote(cfg, out, threads, log=log)] = cfg
                 done, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
                 for ref in done:
                     cfg = running.pop(ref)
@@ -126,16 +128,16 @@ class SlurmGridPoint:
     preemption or the time limit (SIGUSR1 / SIGTERM): the run has checkpointed (train's stop
     request) and the job is requeued with the same arguments, to resume from that checkpoint."""
 
-    def __call__(self, cfg: TrainConfig, out: str, threads: int | None = None) -> dict:
-        return train_grid_point(cfg, out, threads)
+    def __call__(self, cfg: TrainConfig, out: str, threads: int | None = None, log=()) -> dict:
+        return train_grid_point(cfg, out, threads, log=log)
 
-    def checkpoint(self, cfg: TrainConfig, out: str, threads: int | None = None):
+    def checkpoint(self, cfg: TrainConfig, out: str, threads: int | None = None, log=()):
         import submitit
-        return submitit.helpers.DelayedSubmission(self, cfg, out, threads)
+        return submitit.helpers.DelayedSubmission(self, cfg, out, threads, log)
 
 
 def run_on_slurm(configs: list[TrainConfig], out: str, slurm: dict, folder: str | None = None,
-                 executor=None) -> list:
+                 executor=None, log=()) -> list:
     """Submit the grid as one job array (`slurm_array_parallelism` bounds it); returns the jobs.
     `executor`: a submitit executor to use instead of Slurm's (tests use submitit's local one)."""
     import submitit
@@ -151,7 +153,7 @@ def run_on_slurm(configs: list[TrainConfig], out: str, slurm: dict, folder: str 
             pass  # a local executor has no array parallelism
     threads = params.get("cpus_per_task")
     with executor.batch():
-        jobs = [executor.submit(SlurmGridPoint(), cfg, out, threads) for cfg in configs]
+        jobs = [executor.submit(SlurmGridPoint(), cfg, out, threads, log) for cfg in configs]
     return jobs
 
 

@@ -43,6 +43,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from .claims import RunClaimedError, claimed_by_other
+from .mirrors import mirror_settings
 from .results import Run
 from .train import StopRequest, TrainConfig, config_differences, prepare, train
 from .validation import check_int, check_out_dir
@@ -153,7 +154,7 @@ def expand(spec: dict) -> list[TrainConfig]:
 def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False,
               time_limit_s: float | None = None, progress: bool = True, wait_s: float = WAIT_S,
               workers: int = 1, threads_per_run: int | None = None, gpus_per_run: float = 0.0,
-              address: str | None = None, slurm: dict | None = None) -> list[Run]:
+              address: str | None = None, slurm: dict | None = None, log=()) -> list[Run]:
     """Train every run of the grid not yet complete. With time_limit_s (or on SIGTERM / SIGUSR1),
     stop (checkpointed) once that many seconds have passed; the Runs returned then include
     incomplete ones. Runs other processes are training are done last: waited for, or taken over
@@ -161,7 +162,9 @@ def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False,
 
     workers > 1 or an address: the runs are Ray tasks, `workers` at a time, each with
     threads_per_run CPU threads and gpus_per_run GPUs (`lrt_lab.parallel`); slurm: submitit
-    parameters, the grid goes to Slurm as a job array (the jobs are returned, not waited for)."""
+    parameters, the grid goes to Slurm as a job array (the jobs are returned, not waited for).
+    log: mirrors for every run (train's `log`; not part of the grid's configs): the seeds of one
+    config share a W&B group."""
     from tqdm.auto import tqdm
 
     if time_limit_s is not None and not (isinstance(time_limit_s, (int, float)) and time_limit_s > 0):
@@ -176,6 +179,7 @@ def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False,
         except ValueError as e:
             raise ValueError(f"run {cfg.run_name}: {e}") from None
     check_unchanged(configs, Path(out))
+    mirroring = mirror_settings(log)  # a missing package fails before the first run
     if dry_run:
         for cfg in configs:
             print(f"{run_state(Path(out) / cfg.run_name):9s} {cfg.run_name}")
@@ -187,11 +191,12 @@ def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False,
         from . import parallel
         todo = parallel.pending_runs(configs, out)
         if slurm is not None:
-            jobs = parallel.run_on_slurm(todo, out, slurm)
+            jobs = parallel.run_on_slurm(todo, out, slurm, log=mirroring)
             print(f"sweep: submitted {len(jobs)} run(s) to Slurm as a job array ({len(configs) - len(todo)} "
                   f"already complete); run the same command again once they finish to check the grid")
             return [Run(Path(out) / c.run_name) for c in configs]
-        parallel.run_on_ray(todo, out, workers, threads_per_run, gpus_per_run, address, progress)
+        parallel.run_on_ray(todo, out, workers, threads_per_run, gpus_per_run, address, progress,
+                            log=mirroring)
         done = sum((Path(out) / c.run_name / "summary.json").exists() for c in configs)
         print(f"sweep: {done} of {len(configs)} runs complete in {out}" + ("" if done == len(configs) else
               "; run the same command again to continue"))
@@ -218,7 +223,7 @@ def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False,
                     continue
                 try:
                     run = train(cfg, out=out, resume=(folder / "config.json").exists(), progress=False,
-                                deadline=deadline, stop=stop)
+                                deadline=deadline, stop=stop, log=mirroring)
                 except (RunClaimedError, FileExistsError):  # another process took it just now
                     waiting.append(cfg)
                     continue

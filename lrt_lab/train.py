@@ -50,6 +50,7 @@ from .config import MEMORY_PRESETS, PRESETS, MemoryConfig, ModelConfig, preset
 from .config import memory_preset as make_memory
 from .decode import Decoder
 from .metrics import per_position_accuracy, pos_at
+from .mirrors import mirror_settings, mirrored
 from .model import LRT
 from .optim import build_optimizers
 from .claims import acquire
@@ -585,7 +586,7 @@ def _progress_bar(total: int, initial: int, desc: str):
 
 def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: bool = False,
           progress: bool = True, stop_after: int | None = None, deadline: float | None = None,
-          stop: "StopRequest | None" = None) -> Run:
+          stop: "StopRequest | None" = None, log=()) -> Run:
     """Train one run into out/<cfg.run_name>; returns the Run (complete unless stopped early).
 
     resume: continue the run folder from its latest readable checkpoint (metrics after it are
@@ -596,7 +597,9 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
     wall time (lrt-lab sweep --time-limit) and continued with resume=True. stop: a StopRequest
     whose signals (SIGTERM, SIGUSR1, what schedulers send before preemption or the time limit)
     end the run the same way at the end of the current step; by default train installs one for
-    its own duration when it runs in the main thread.
+    its own duration when it runs in the main thread. log: mirrors the metrics lines, config and
+    summary also go to ("wandb", "tensorboard", or a mirrors.MirrorSettings); not part of the
+    run's config. A resumed run continues its mirrors (lrt_lab.mirrors).
 
     One writer per run (`lrt_lab.claims`): the folder is claimed before anything is written;
     RunClaimedError (a ValueError) when another live process trains it. A loss that becomes NaN
@@ -605,6 +608,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
     if stop_after is not None:
         check_int("stop_after", stop_after, 0)
     task, model, schedule = prepare(cfg, task)
+    mirroring = mirror_settings(log)  # a missing package fails here, before anything is written
     device = resolve_device(cfg.device)
     root = check_out_dir("out", out)
     config = {"train": cfg.to_dict(), "model": model.config.to_dict(), "params": model.param_report(),
@@ -622,8 +626,11 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
     own_stop = stop is None
     stop = StopRequest() if own_stop else stop
     try:
-        with stop.installed() if own_stop else contextlib.nullcontext():
-            return _train_claimed(cfg, run, task, schedule, device, resume, progress, stop_after, deadline, stop)
+        with stop.installed() if own_stop else contextlib.nullcontext(), \
+                mirrored(run, mirroring, config) as logged_run:  # the store, then the mirrors
+            _train_claimed(cfg, logged_run, task, schedule, device, resume, progress, stop_after, deadline,
+                           stop)
+            return run
     finally:
         claim.release()
 

@@ -37,8 +37,9 @@ if [[ -z $PYTHON ]] || ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (
 fi
 PYTHON=$("$PYTHON" -c 'import sys; print(sys.executable)')  # the real interpreter, not a shim: fast to start
 EXTRAS="dev,app,notebooks"
-# the tests also cover the parallel sweeps (Ray) and Slurm job arrays (submitit, its local executor)
-[[ $target == test ]] && EXTRAS="$EXTRAS,cluster,slurm"
+# the tests also cover the parallel sweeps (Ray), Slurm job arrays (submitit, its local executor) and
+# the W&B / TensorBoard mirrors (they read back what those packages wrote)
+[[ $target == test ]] && EXTRAS="$EXTRAS,cluster,slurm,wandb,tensorboard"
 STAMP=.setup-stamp   # in .gitignore; records what was installed, so a second run can skip pip
 read -r -a pip_extra <<< "${PIP_EXTRA:-}"
 

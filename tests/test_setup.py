@@ -60,8 +60,10 @@ def test_overrides_and_the_browser_step(tmp_path):
                            PIP_EXTRA="--no-cache-dir")
     assert proc.returncode == 0, proc.stderr
     assert _torch_command(commands) == "install torch==2.5.1 --index-url https://example.invalid/cu121 --no-cache-dir"
-    # the tests also cover parallel sweeps (Ray) and Slurm job arrays (submitit): make test installs them
-    assert any(c.endswith("install -e .[dev,app,notebooks,cluster,slurm] --no-cache-dir") for c in commands)
+    # the tests also cover parallel sweeps (Ray), Slurm job arrays (submitit) and the W&B / TensorBoard
+    # mirrors: make test installs them
+    assert any(c.endswith("install -e .[dev,app,notebooks,cluster,slurm,wandb,tensorboard] --no-cache-dir")
+               for c in commands)
     if os.geteuid() == 0 and any(Path(p, "apt-get").exists() for p in os.environ["PATH"].split(os.pathsep)):
         assert commands[-1].endswith("apt-get install -y chromium chromium-driver")
     else:
