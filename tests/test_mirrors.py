@@ -131,12 +131,27 @@ def wandb_records(run_file: Path) -> list:
     return records
 
 
+def finished_records(run_file: Path, timeout_s: float = 60.0) -> list:
+    """The records once W&B's service has written the run's exit record: offline, `run.finish()`
+    returns before that process has flushed the file (seen with wandb 0.31 on a loaded machine)."""
+    import time
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            records = wandb_records(run_file)
+        except Exception:  # noqa: BLE001 (a record still being written does not parse yet)
+            records = []
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
 def offline_run(run: Run, index: int = 0) -> dict:
     """One offline W&B run under the run folder: its run record, config, history and summary."""
     folders = sorted((run.path / "wandb").glob("offline-run-*"))
     (run_file,) = folders[index].glob("run-*.wandb")
     out = {"run": None, "config": {}, "history": {}, "summary": {}, "folders": len(folders)}
-    for record in wandb_records(run_file):
+    for record in finished_records(run_file):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             out["run"] = record.run
@@ -206,7 +221,7 @@ def test_a_diverged_run_ends_its_mirrors_with_its_status(tmp_path, offline_wandb
     wb = offline_run(run)
     assert wb["summary"]["status"] == "diverged"
     assert wb["summary"]["diverged_at_step"] == summary["diverged_at_step"]
-    (exit_record,) = [r for r in wandb_records(next((run.path / "wandb").glob("offline-run-*/run-*.wandb")))
+    (exit_record,) = [r for r in finished_records(next((run.path / "wandb").glob("offline-run-*/run-*.wandb")))
                       if r.WhichOneof("record_type") == "exit"]
     assert exit_record.exit.exit_code == 1  # W&B shows it failed
     losses = tensorboard_scalars(tensorboard_events(run.path / "tensorboard"))["train/loss"]
