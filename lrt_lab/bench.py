@@ -47,7 +47,7 @@ from .decode import Decoder
 from .model import LRT
 from .optim import ROLES, build_optimizers
 from .schedules import Chunked, Exact, FixedPoint, FullSequence, Interleaved, OnePass, Rollout, run_schedule
-from .train import optimizer_step
+from .optim import optimizer_step
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,12 @@ class HookPoint(nn.Module):
         return bool(self._forward_hooks or self._forward_pre_hooks or _module_hooks._global_forward_hooks
                     or _module_hooks._global_forward_pre_hooks)
 
+    @property
+    def hooked(self) -> bool:
+        """Whether a hook is registered on this point itself (global module hooks, e.g. torch's
+        FLOP counter or a profiler, do not count): what decides whether attention is written out."""
+        return bool(self._forward_hooks or self._forward_pre_hooks)
+
     def __call__(self, x: torch.Tensor, positions: range | None) -> torch.Tensor:
         # a model calls ~10 hook points per block and stage; with no hook anywhere, skip nn.Module's
         # call machinery (a few microseconds each: measurable in launch-bound decoding and Exact)

@@ -165,7 +165,7 @@ class Attention(nn.Module):
 
     def _attend(self, q, K, V, P: range, window: int | None, hp: range | None) -> torch.Tensor:
         """The fused kernels, or the written-out attention while its scores or pattern are hooked."""
-        if not (self.hook_attn_scores.active or self.hook_pattern.active):
+        if not (self.hook_attn_scores.hooked or self.hook_pattern.hooked):
             return attend(q, K, V, P, window)
         return attend_explicit(q, K, V, P, window, on_scores=lambda s: self.hook_attn_scores(s, positions=hp),
                                on_pattern=lambda a: self.hook_pattern(a, positions=hp))

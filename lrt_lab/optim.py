@@ -143,3 +143,43 @@ def gate_saturation(gates: list[torch.Tensor], low: float = 0.05, high: float = 
     (almost) no gradient."""
     values = torch.cat([g.detach().flatten().float() for g in gates])
     return ((values < low) | (values > high)).float().mean().item()
+
+
+# The learning-rate schedule (paper app. A), shared by the toy loop and scale/ --------------------------
+def lr_multiplier(step: int, total: int, warmdown_frac: float) -> float:
+    """No warm-up; linear warm-down to zero over the final `warmdown_frac` of training."""
+    start = total * (1 - warmdown_frac)
+    if step < start or warmdown_frac == 0:
+        return 1.0
+    return max(0.0, (total - step) / (total * warmdown_frac))
+
+
+def muon_momentum(step: int, warmup_steps: int = 300) -> float:
+    """Muon's momentum, 0.85 -> 0.95 linearly over the first warmup_steps (app. A)."""
+    return 0.85 + 0.10 * (min(step / warmup_steps, 1.0) if warmup_steps else 1.0)
+
+
+def set_lr_schedule(opts, step: int, total_steps: int, warmdown_frac: float, momentum_warmup_steps: int = 300,
+                    muon_weight_decay: float | None = None) -> float:
+    """Set every group's rate to its initial rate x lr_multiplier, Muon's momentum (and its weight
+    decay, when given) for `step`; returns the multiplier."""
+    mult = lr_multiplier(step, total_steps, warmdown_frac)
+    for opt in opts:
+        for g in opt.param_groups:
+            g["lr"] = g["initial_lr"] * mult
+        if isinstance(opt, torch.optim.Muon):
+            for g in opt.param_groups:
+                g["momentum"] = muon_momentum(step, momentum_warmup_steps)
+                if muon_weight_decay is not None:
+                    g["weight_decay"] = muon_weight_decay
+    return mult
+
+
+def optimizer_step(opts, params, grad_clip: float = 0.0) -> None:
+    """Clip the gradient norm of `params` (when grad_clip > 0), step every optimizer, clear grads."""
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    for opt in opts:
+        opt.step()
+    for opt in opts:
+        opt.zero_grad(set_to_none=True)

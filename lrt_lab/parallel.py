@@ -21,7 +21,8 @@ from pathlib import Path
 
 from .claims import RunClaimedError
 from .results import Run, write_json
-from .train import StopRequest, TrainConfig, train
+from .stopping import StopRequest
+from .train import TrainConfig, train
 
 RETRIES = 2          # times a grid point whose worker died (killed, node lost, out of memory) is retried
 WAIT_S = 15.0        # before submitting again a run another process was training

@@ -45,7 +45,9 @@ else:  # pragma: no cover
 from .claims import RunClaimedError, claimed_by_other
 from .mirrors import mirror_settings
 from .results import Run
-from .train import StopRequest, TrainConfig, config_differences, prepare, train
+from .checkpoints import config_differences
+from .stopping import StopRequest
+from .train import TrainConfig, prepare, train
 from .validation import check_int, check_out_dir
 
 WAIT_S = 15.0  # how often a sweep looks again at a run another process trains

@@ -26,38 +26,31 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import importlib.metadata
 import json
 import math
 import os
 import re
-import shutil
-import signal
 import sys
-import tempfile
-import threading
 import time
-import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import pandas as pd
 import torch
 
 from .baselines import BASELINE_KINDS, build_baseline, is_baseline_kind
+from .checkpoints import open_for_resume, remove_empty_folder, restore_checkpoint, save_checkpoint
+from .claims import acquire
 from .config import MEMORY_PRESETS, PRESETS, MemoryConfig, ModelConfig, preset
 from .config import memory_preset as make_memory
-from .decode import Decoder
-from .metrics import per_position_accuracy, pos_at
+from .evaluation import eval_record, evaluate, per_position_table
 from .mirrors import mirror_settings, mirrored
 from .model import LRT
-from .optim import build_optimizers
-from .claims import acquire
+from .optim import build_optimizers, optimizer_step, set_lr_schedule
+from .resources import check_memory_fits, resolve_device
 from .results import Run
-from .schedules import IGNORE_INDEX, OnePass, parse_schedule, run_schedule
-from .validation import (TRAIN_SEED_LIMIT, check_fields, check_int, check_out_dir, check_token_ids, fail, is_int,
-                         vocab_size_of)
+from .schedules import IGNORE_INDEX, parse_schedule, run_schedule
+from .stopping import StopRequest
+from .validation import TRAIN_SEED_LIMIT, check_fields, check_int, check_out_dir, fail, is_int
 
 MODEL_KINDS = ("transformer", "lrt")  # plus the baselines' spellings, lrt_lab.baselines.BASELINE_KINDS
 
@@ -201,47 +194,11 @@ def make_optimizers(model, cfg: TrainConfig) -> list[torch.optim.Optimizer]:
     return build_optimizers(model, lrs, weight_decay=cfg.weight_decay)
 
 
-def lr_multiplier(step: int, total: int, warmdown_frac: float) -> float:
-    """No warm-up; linear warm-down to zero over the final `warmdown_frac` of training."""
-    start = total * (1 - warmdown_frac)
-    if step < start or warmdown_frac == 0:
-        return 1.0
-    return max(0.0, (total - step) / (total * warmdown_frac))
-
-
-def set_schedules(opts, step: int, cfg: TrainConfig) -> float:
-    mult = lr_multiplier(step, cfg.steps, cfg.warmdown_frac)
-    for opt in opts:
-        for g in opt.param_groups:
-            g["lr"] = g["initial_lr"] * mult
-        if isinstance(opt, torch.optim.Muon):
-            frac = min(step / 300, 1.0)  # Muon momentum 0.85 -> 0.95 over 300 steps (app. A)
-            for g in opt.param_groups:
-                g["momentum"] = 0.85 + 0.10 * frac
-    return mult
-
-
-# Evaluation -------------------------------------------------------------------------------------
-def optimizer_step(opts, params, grad_clip: float = 0.0) -> None:
-    """Clip the gradient norm of `params` (when grad_clip > 0), step every optimizer, clear grads."""
-    if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(params, grad_clip)
-    for opt in opts:
-        opt.step()
-    for opt in opts:
-        opt.zero_grad(set_to_none=True)
+# One step ---------------------------------------------------------------------------------------
 
 
 def _masked_targets(batch) -> torch.Tensor:
     return batch.targets.masked_fill(~batch.loss_mask, IGNORE_INDEX)
-
-
-@torch.no_grad()
-def exact_logits(model, inputs: torch.Tensor) -> torch.Tensor:
-    """Logits under exact recurrent decoding: one Decoder step per position."""
-    check_token_ids("inputs", inputs, vocab_size_of(model))  # once, not once per position (a sync each on CUDA)
-    dec = Decoder(model, inputs.size(0), inputs.size(1))
-    return torch.stack([dec.step(inputs[:, t], check_values=False) for t in range(inputs.size(1))], dim=1)
 
 
 @torch.no_grad()
@@ -257,103 +214,7 @@ def measured_record(measured: dict, step_cost: float, step_s: float) -> dict:
     return record
 
 
-def evaluate(model, schedule, eval_sets: dict, exact: bool = True, chunk: int = 128, autocast=None) -> dict:
-    """{length: {"parallel": acc[T], "exact": acc[T]}} per-position accuracy (CPU float tensors).
-
-    For a model without memory, exact decoding equals the parallel forward (tested in
-    tests/test_core.py and tests/test_baselines.py), so it is not recomputed, unless the model
-    says its parallel forward only approximates its decoding (`has_sequential_decoding`, ponder).
-    """
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    out = {}
-    for length, batch in eval_sets.items():
-        accs = {"parallel": [], "exact": []}
-        for i in range(0, batch.inputs.size(0), chunk):
-            inputs = batch.inputs[i:i + chunk].to(device)
-            targets = batch.targets[i:i + chunk].to(device)
-            mask = batch.loss_mask[i:i + chunk].to(device)
-            with autocast or _nullcontext():
-                par = run_schedule(model, inputs, None, schedule).logits
-                accs["parallel"].append((per_position_accuracy(par, targets, mask), mask.sum(0)))
-                if exact and (getattr(model.config, "is_lrt", False)
-                              or getattr(model, "has_sequential_decoding", False)):
-                    ex = exact_logits(model, inputs)
-                    accs["exact"].append((per_position_accuracy(ex, targets, mask), mask.sum(0)))
-        res = {}
-        for mode, parts in accs.items():
-            if not parts:
-                continue
-            num = sum(torch.nan_to_num(a.float().cpu()) * n.cpu() for a, n in parts)
-            den = sum(n.cpu() for _, n in parts)
-            res[mode] = torch.where(den > 0, num / den.clamp(min=1), torch.full_like(num, float("nan")))
-        if "exact" not in res:
-            res["exact"] = res["parallel"]
-        out[length] = res
-    model.train(was_training)
-    return out
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-def eval_record(results: dict) -> dict:
-    rec = {}
-    for length, res in results.items():
-        for mode, acc in res.items():
-            rec[f"pos90_{mode}@{length}"] = pos_at(acc, 0.9, skip_nan=True)
-            rec[f"acc_{mode}@{length}"] = float(torch.nanmean(acc))
-    return rec
-
-
-def per_position_table(results: dict) -> pd.DataFrame:
-    rows = []
-    for length, res in results.items():
-        for mode, acc in res.items():
-            for p, a in enumerate(acc.tolist()):
-                rows.append({"length": length, "mode": mode, "position": p + 1, "accuracy": a})
-    return pd.DataFrame(rows)
-
-
-# Checkpoints ------------------------------------------------------------------------------------
-def save_checkpoint(run: Run, step: int, model, opts, generator, elapsed: float, counters: dict, keep: int = 2):
-    d = run.checkpoint_dir()
-    state = {"step": step, "model": model.state_dict(), "optimizers": [o.state_dict() for o in opts],
-             "generator": generator.get_state(), "torch_rng": torch.get_rng_state(),
-             "elapsed": elapsed, "counters": counters}
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".ckpt.", suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, d / f"step_{step:07d}.pt")
-    except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)  # a full checkpoint's worth of disk, otherwise never reclaimed
-        if disk_full(e, d):
-            raise OSError(errno.ENOSPC, f"disk full while writing the checkpoint of step {step} in {d}: free "
-                                        "space there, then run the same command again (train: with --resume)") from None
-        raise
-    for old in sorted(d.glob("step_*.pt"))[:-keep]:
-        old.unlink()
-
-
 # The loop ---------------------------------------------------------------------------------------
-def disk_full(error: BaseException, folder: Path) -> bool:
-    """Whether a failed write was a full disk: ENOSPC, or torch's serializer failing ("unexpected
-    pos", "file write failed") on a filesystem with (almost) no space left."""
-    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-        return True
-    if isinstance(error, RuntimeError):
-        try:
-            return shutil.disk_usage(folder).free < 64 * 2**20
-        except OSError:
-            return False
-    return False
 
 
 def trained_by() -> dict:
@@ -373,38 +234,6 @@ def diverged(run: Run, cfg: TrainConfig, step: int, loss: float, elapsed: float,
     print(f"{run.name}: diverged at step {step} (loss {loss}); summary.json status 'diverged'. Lower --lr-scale "
           "(or the learning rates) and train it under a new name", file=sys.stderr)
     return run
-
-
-class StopRequest:
-    """Set by SIGTERM or SIGUSR1 (a scheduler's warning before preemption or the time limit): the
-    training loop then checkpoints at the end of its step and returns, like --time-limit."""
-
-    SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGUSR1") if hasattr(signal, n))
-
-    def __init__(self):
-        self.requested: str | None = None
-
-    def request(self, signum, frame=None) -> None:
-        self.requested = signal.Signals(signum).name
-
-    @contextlib.contextmanager
-    def installed(self):
-        """Handle SIGTERM / SIGUSR1 while inside (main thread only; elsewhere a no-op)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield self
-            return
-        previous = {s: signal.signal(s, self.request) for s in self.SIGNALS}
-        try:
-            yield self
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def prepare(cfg: TrainConfig, task=None):
@@ -437,137 +266,6 @@ def prepare(cfg: TrainConfig, task=None):
         task.sample(1, torch.Generator().manual_seed(cfg.seed), length=length)
     make_eval_sets(task, cfg.eval_lengths, 1, seed=0)
     return task, model, schedule
-
-
-EVAL_CHUNK = 128   # evaluation sequences per forward (evaluate's chunk)
-
-
-def memory_estimate(cfg: TrainConfig, config: ModelConfig, schedule) -> dict[str, float]:
-    """Bytes of the largest things a run allocates (a rough upper bound, float32): training keeps
-    ~20 d floats per token and layer for the backward (residuals, q/k/v, attention and MLP
-    activations) for every stage, the logits and their gradient, and one layer's attention
-    scores B x heads x T x T at a time where a kernel materialises them; evaluation runs
-    EVAL_CHUNK sequences at the longest evaluation length (and a decoding cache for them)."""
-    d, L, V, H = config.n_embd, config.n_layer, config.vocab_size, config.n_head
-    stages = max(1.0, float(schedule.cost))
-    B, T = cfg.batch_size, cfg.length
-    train = 4 * B * T * (20 * d * L + 3 * V) * stages + 4 * B * H * T * T + T * T
-    n, T_eval = min(cfg.eval_size, EVAL_CHUNK), max(cfg.eval_lengths)
-    evaluation = 4 * n * T_eval * (4 * d * L + 2 * V) + 4 * n * H * T_eval * T_eval + T_eval * T_eval
-    return {"train": train, "eval": evaluation}
-
-
-def available_memory(device: str) -> float:
-    """Bytes of memory the run can use: the GPU's on CUDA, else the machine's physical memory."""
-    if resolve_device(device).type == "cuda":
-        return float(torch.cuda.get_device_properties(0).total_memory)
-    try:
-        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return float("inf")  # unknown: do not refuse
-
-
-def check_memory_fits(cfg: TrainConfig, config: ModelConfig, schedule, fraction: float = 0.8) -> None:
-    """Refuse, before anything is written, a run whose estimated memory exceeds `fraction` of
-    what the device has (memory_estimate): a 100,000-token length or a batch of a million would
-    otherwise fail minutes in, or in the final evaluation."""
-    have = available_memory(cfg.device)
-    need = memory_estimate(cfg, config, schedule)
-    gib = lambda b: f"{b / 2**30:.1f} GiB"
-    if need["train"] > fraction * have:
-        fail("length" if cfg.length ** 2 > cfg.batch_size * cfg.length else "batch_size",
-             cfg.length if cfg.length ** 2 > cfg.batch_size * cfg.length else cfg.batch_size,
-             f"a size that fits in memory: length={cfg.length} with batch_size={cfg.batch_size} needs about "
-             f"{gib(need['train'])} for training (estimate), this device has {gib(have)}; lower length or batch_size")
-    if need["eval"] > fraction * have:
-        fail("eval_lengths", cfg.eval_lengths,
-             f"lengths that fit in memory: evaluating at {max(cfg.eval_lengths)} needs about {gib(need['eval'])} "
-             f"(estimate), this device has {gib(have)}; lower eval_lengths")
-
-
-def open_for_resume(root: Path, cfg: TrainConfig, config: dict | None = None) -> Run:
-    """The run folder `--resume` continues; ValueError saying what is missing or which arguments
-    differ. With `config` (what train would write now), the whole config.json must match it, so
-    a hand-edited model or schedule is refused too."""
-    run = Run(root / cfg.run_name)
-    if not (run.path / "config.json").is_file():
-        origin = "derived from the arguments; pass --name NAME" if cfg.name is None else "given by --name"
-        runs = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) \
-            if root.is_dir() else []
-        listing = f"; run folders in {root}: {', '.join(runs[:8])}{' ...' if len(runs) > 8 else ''}" if runs else ""
-        raise ValueError(f"--resume: no run folder {run.path} (its name {cfg.run_name!r} is {origin}){listing}")
-    saved = run.config.get("train")
-    now = json.loads(json.dumps(cfg.to_dict()))
-    if saved != now:
-        saved = saved if isinstance(saved, dict) else {}
-        diffs = [f"{k}: {saved.get(k)!r} in config.json, {now.get(k)!r} now"
-                 for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
-        raise ValueError(f"--resume: the arguments differ from {run.path / 'config.json'} ({'; '.join(diffs)}); "
-                         "resume with the same ones")
-    if config is not None:
-        diffs = config_differences(run.config, config)
-        if diffs:
-            raise ValueError(f"--resume: {run.path / 'config.json'} differs from the config these arguments build "
-                             f"({'; '.join(diffs[:6])}); was it edited? Restore it or start a new run")
-    return run
-
-
-def config_differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
-    """'field: saved value in config.json, value now' for every leaf that differs (JSON-normalised)."""
-    saved, now = json.loads(json.dumps(saved)), json.loads(json.dumps(now, default=str))
-    out = []
-    for key in sorted(set(saved) | set(now)):
-        a, b = saved.get(key), now.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += config_differences(a, b, f"{prefix}{key}.")
-        elif a != b and not (isinstance(a, float) and isinstance(b, float) and math.isclose(a, b, rel_tol=1e-12)):
-            out.append(f"{prefix}{key}: {a!r} in config.json, {b!r} now")
-    return out
-
-
-def remove_empty_folder(folder: Path) -> None:
-    """A folder named like the run but empty (left by a tool, or made by hand) is not a run:
-    remove it so the run can be created; a non-empty one that is not a run is refused."""
-    if folder.is_dir() and not (folder / "config.json").exists():
-        try:
-            folder.rmdir()
-        except OSError:
-            raise ValueError(f"{folder} exists and is not a run folder (no config.json) but is not empty; "
-                             "move it away or choose another --name / --out") from None
-
-
-def restore_checkpoint(run: Run, model, opts, generator, device) -> dict | None:
-    """Load the newest checkpoint that loads into model/opts/generator; older ones kept beside it
-    (save_checkpoint keeps two) are the fallback for a truncated or damaged newest one.
-
-    Returns the checkpoint's state (step, elapsed, counters, path) or None when the run has no
-    checkpoint. ValueError when checkpoints exist but none loads: nothing is deleted, so the user
-    decides (remove checkpoints/ to restart from step 0).
-    """
-    ckpts = run.checkpoints()
-    failures = []
-    for path in reversed(ckpts):
-        try:
-            state = torch.load(path, map_location=device, weights_only=False)
-            model.load_state_dict(state["model"])
-            if len(state["optimizers"]) != len(opts):
-                raise ValueError(f"{len(state['optimizers'])} optimizer states for {len(opts)} optimizers")
-            for opt, s in zip(opts, state["optimizers"]):
-                opt.load_state_dict(s)
-            generator.set_state(state["generator"])
-            torch.set_rng_state(state["torch_rng"])
-            state = {"step": int(state["step"]), "elapsed": float(state["elapsed"]),
-                     "counters": dict(state["counters"]), "path": path}
-        except Exception as e:  # noqa: BLE001  (a damaged file can fail in any of torch's loaders)
-            failures.append(f"{path.name}: {type(e).__name__}: {str(e)[:120]}")
-            warnings.warn(f"checkpoint {path} is unreadable ({type(e).__name__}); trying the one before it",
-                          stacklevel=2)
-            continue
-        return state
-    if failures:
-        raise ValueError(f"--resume: no readable checkpoint in {run.path / 'checkpoints'} ({'; '.join(failures)}); "
-                         "remove that folder to restart the run from step 0")
-    return None
 
 
 def _progress_bar(total: int, initial: int, desc: str):
@@ -635,102 +333,151 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
         claim.release()
 
 
+@dataclass
+class LoopState:
+    """What the training loop carries from one step to the next."""
+
+    step: int                 # steps done
+    stop: int                 # the step this process stops after (cfg.steps, or earlier on request)
+    counters: dict            # tokens and compute_tokens so far
+    t0: float                 # perf_counter() at step 0 (a resumed run's earlier time included)
+    last_eval: dict = field(default_factory=dict)
+    results: dict | None = None  # the latest evaluation (evaluate's output)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+
 def _train_claimed(cfg: TrainConfig, run: Run, task, schedule, device, resume: bool, progress: bool,
-                   stop_after: int | None, deadline: float | None, stop_request: "StopRequest") -> Run:
+                   stop_after: int | None, deadline: float | None, stop_request: StopRequest) -> Run:
     """The training loop of a claimed run folder (see `train`)."""
+    model, opts, generator, state = _start(cfg, run, task, device, resume)
+    if state is None:  # complete: nothing to do
+        return run
+    eval_sets = make_eval_sets(task, cfg.eval_lengths, cfg.eval_size, seed=0)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else None
+    if cfg.compile:
+        model.stage = torch.compile(model.stage)  # compiles the one primitive every stage uses
+    stop = cfg.steps if stop_after is None else min(cfg.steps, state["step"] + stop_after)
+    loop = LoopState(state["step"], stop, state["counters"], time.perf_counter() - state["elapsed"])
+    bar = _progress_bar(cfg.steps, loop.step, run.name) if progress else None
+    model.train()
+    while loop.step < loop.stop:
+        record = _train_step(cfg, model, opts, task, schedule, generator, device, autocast, loop)
+        if not math.isfinite(record["loss"]):
+            run.log(record)
+            return diverged(run, cfg, loop.step, record["loss"], loop.elapsed(), loop.counters, bar)
+        if loop.step < loop.stop and ((deadline is not None and time.monotonic() >= deadline)
+                                      or stop_request.requested):
+            loop.stop = loop.step  # out of time, SIGTERM or SIGUSR1: checkpoint here, resume later
+        run.log(record)
+        # the checkpoint comes before the evaluation, so a failing or killed evaluation loses no training
+        if (cfg.checkpoint_every and loop.step % cfg.checkpoint_every == 0) or loop.step == loop.stop:
+            save_checkpoint(run, loop.step, model, opts, generator, loop.elapsed(), loop.counters)
+        if (cfg.eval_every and loop.step % cfg.eval_every == 0) or loop.step == cfg.steps:
+            _evaluate_and_log(run, model, schedule, eval_sets, cfg, autocast, loop)
+        _show_progress(bar, record, loop.last_eval, cfg)
+    if bar is not None:
+        bar.close()
+    if loop.step < cfg.steps:
+        if stop_request.requested:
+            print(f"{run.name}: stopped at step {loop.step} on {stop_request.requested}, checkpointed; run the "
+                  "same command again (train: with --resume) to continue", file=sys.stderr)
+        return run  # stopped early on request: resumable, no summary
+    return _finish(run, cfg, model, schedule, eval_sets, autocast, loop)
+
+
+def _start(cfg: TrainConfig, run: Run, task, device, resume: bool):
+    """(model, optimizers, data generator, state) under the run's seed, restored from the newest
+    readable checkpoint when resuming; state is {step, elapsed, counters}, None for a complete run."""
     if resume:
         run.remove_temp_files()  # left by a killed process (a full checkpoint each)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, task.vocab_size).to(device)  # re-init under the run's seed
     opts = make_optimizers(model, cfg)
     generator = torch.Generator().manual_seed(cfg.seed)
-    counters = {"tokens": 0, "compute_tokens": 0.0}
-    start, elapsed = 0, 0.0
     state = restore_checkpoint(run, model, opts, generator, device) if resume else None
     if state is not None:
-        start, elapsed, counters = state["step"], state["elapsed"], state["counters"]
-        run.truncate_metrics(start)  # steps 1..start are in the checkpoint
+        run.truncate_metrics(state["step"])  # steps 1..step are in the checkpoint
     elif resume:
         run.truncate_metrics(-1)
     if resume and not run.is_complete:  # always said: which step a resumed run continues from
-        where = f"step {start} ({state['path'].name})" if state is not None else "step 0 (no checkpoint yet)"
+        where = f"step {state['step']} ({state['path'].name})" if state is not None else "step 0 (no checkpoint yet)"
         print(f"resuming {run.name} from {where}", file=sys.stderr)
     if run.is_complete:
-        return run
+        return model, opts, generator, None
+    return model, opts, generator, state or {"step": 0, "elapsed": 0.0, "counters": {"tokens": 0,
+                                                                                     "compute_tokens": 0.0}}
 
-    eval_sets = make_eval_sets(task, cfg.eval_lengths, cfg.eval_size, seed=0)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else None)
-    if cfg.compile:
-        model.stage = torch.compile(model.stage)  # compiles the one primitive every stage uses
-    cost = schedule.cost * getattr(model, "forward_cost", 1.0)
-    bar = _progress_bar(cfg.steps, start, run.name) if progress else None
-    last_eval, results = {}, None
-    model.train()
-    step = start
-    stop = cfg.steps if stop_after is None else min(cfg.steps, start + stop_after)
-    t0 = time.perf_counter() - elapsed
-    while step < stop:
-        length = task.length_at(step) if hasattr(task, "length_at") else cfg.length
-        batch = task.sample(cfg.batch_size, generator, length=length)
-        inputs, targets = batch.inputs.to(device), _masked_targets(batch).to(device)
-        mult = set_schedules(opts, step, cfg)
-        t_step = time.perf_counter()
-        with autocast or _nullcontext():
-            result = run_schedule(model, inputs, targets, schedule)
-        result.loss.backward()
-        optimizer_step(opts, model.parameters(), cfg.grad_clip)
-        n_tokens = inputs.numel()
-        # a dynamic schedule (FixedPoint, Rollout) measures the stages it ran: account for those
-        step_cost = cost if result.measured is None else result.measured["cost"] * getattr(model, "forward_cost", 1.0)
-        counters["tokens"] += n_tokens
-        counters["compute_tokens"] += n_tokens * step_cost
-        step += 1
-        dt = time.perf_counter() - t_step
-        record = {"kind": "train", "step": step, "loss": result.loss.item(),
-                  "stage_losses": [l.item() for l in result.stage_losses], "lr_mult": mult, "length": length,
-                  "tokens": counters["tokens"], "compute_tokens": counters["compute_tokens"],
-                  "time": time.perf_counter() - t0, "tokens_per_s": n_tokens / max(dt, 1e-9)}
-        if result.measured is not None:
-            record.update(measured_record(result.measured, step_cost, dt))
-        if not math.isfinite(record["loss"]):
-            run.log(record)
-            return diverged(run, cfg, step, record["loss"], time.perf_counter() - t0, counters, bar)
-        if deadline is not None and time.monotonic() >= deadline and step < stop:
-            stop = step  # out of time: checkpoint here, resume later
-        if stop_request.requested and step < stop:
-            stop = step  # SIGTERM / SIGUSR1: the same as running out of time
-        run.log(record)
-        # the checkpoint comes before the evaluation, so a failing or killed evaluation loses no training
-        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == stop:
-            save_checkpoint(run, step, model, opts, generator, time.perf_counter() - t0, counters)
-        if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
-            results = evaluate(model, schedule, eval_sets, cfg.eval_exact, autocast=autocast)
-            last_eval = eval_record(results)
-            run.log({"kind": "eval", "step": step, "tokens": counters["tokens"],
-                     "compute_tokens": counters["compute_tokens"], "time": time.perf_counter() - t0, **last_eval})
-        if bar is not None:
-            post = {"loss": f"{record['loss']:.3f}", "tok/s": f"{record['tokens_per_s']:.0f}"}
-            key = f"pos90_exact@{cfg.eval_lengths[0]}"
-            if key in last_eval:
-                post["pos@90"] = last_eval[key]
-            bar.set_postfix(post, refresh=False)  # shown at the bar's own rate, not once per step
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    if step < cfg.steps:
-        if stop_request.requested:
-            print(f"{run.name}: stopped at step {step} on {stop_request.requested}, checkpointed; run the same "
-                  "command again (train: with --resume) to continue", file=sys.stderr)
-        return run  # stopped early on request: resumable, no summary
-    if results is None:  # resumed at the very end: nothing evaluated in this process yet
-        results = evaluate(model, schedule, eval_sets, cfg.eval_exact, autocast=autocast)
-    run.write_table("per_position", per_position_table(results))
+
+def _train_step(cfg: TrainConfig, model, opts, task, schedule, generator, device, autocast,
+                loop: LoopState) -> dict:
+    """Sample a batch, run the schedule forward and backward, step the optimizers; advances
+    `loop` (step, counters) and returns the step's metrics line."""
+    length = task.length_at(loop.step) if hasattr(task, "length_at") else cfg.length
+    batch = task.sample(cfg.batch_size, generator, length=length)
+    inputs, targets = batch.inputs.to(device), _masked_targets(batch).to(device)
+    mult = set_lr_schedule(opts, loop.step, cfg.steps, cfg.warmdown_frac)
+    t_step = time.perf_counter()
+    with autocast or contextlib.nullcontext():
+        result = run_schedule(model, inputs, targets, schedule)
+    result.loss.backward()
+    optimizer_step(opts, model.parameters(), cfg.grad_clip)
+    dt = time.perf_counter() - t_step
+    step_cost = _step_cost(model, schedule, result.measured)
+    n_tokens = inputs.numel()
+    loop.counters["tokens"] += n_tokens
+    loop.counters["compute_tokens"] += n_tokens * step_cost
+    loop.step += 1
+    record = {"kind": "train", "step": loop.step, "loss": result.loss.item(),
+              "stage_losses": [l.item() for l in result.stage_losses], "lr_mult": mult, "length": length,
+              "tokens": loop.counters["tokens"], "compute_tokens": loop.counters["compute_tokens"],
+              "time": loop.elapsed(), "tokens_per_s": n_tokens / max(dt, 1e-9)}
+    if result.measured is not None:
+        record.update(measured_record(result.measured, step_cost, dt))
+    return record
+
+
+def _step_cost(model, schedule, measured: dict | None) -> float:
+    """Forwards per token of this step: the schedule's, or what a dynamic schedule (FixedPoint,
+    Rollout) measured it ran; times the model's own cost per forward (the baselines')."""
+    cost = schedule.cost if measured is None else measured["cost"]
+    return cost * getattr(model, "forward_cost", 1.0)
+
+
+def _evaluate_and_log(run: Run, model, schedule, eval_sets: dict, cfg: TrainConfig, autocast,
+                      loop: LoopState) -> None:
+    loop.results = evaluate(model, schedule, eval_sets, cfg.eval_exact, autocast=autocast)
+    loop.last_eval = eval_record(loop.results)
+    run.log({"kind": "eval", "step": loop.step, "tokens": loop.counters["tokens"],
+             "compute_tokens": loop.counters["compute_tokens"], "time": loop.elapsed(), **loop.last_eval})
+
+
+def _show_progress(bar, record: dict, last_eval: dict, cfg: TrainConfig) -> None:
+    if bar is None:
+        return
+    post = {"loss": f"{record['loss']:.3f}", "tok/s": f"{record['tokens_per_s']:.0f}"}
+    key = f"pos90_exact@{cfg.eval_lengths[0]}"
+    if key in last_eval:
+        post["pos@90"] = last_eval[key]
+    bar.set_postfix(post, refresh=False)  # shown at the bar's own rate, not once per step
+    bar.update(1)
+
+
+def _finish(run: Run, cfg: TrainConfig, model, schedule, eval_sets: dict, autocast, loop: LoopState) -> Run:
+    """The final evaluation's per-position table and summary.json: the run is complete."""
+    if loop.results is None:  # resumed at the very end: nothing evaluated in this process yet
+        loop.results = evaluate(model, schedule, eval_sets, cfg.eval_exact, autocast=autocast)
+    run.write_table("per_position", per_position_table(loop.results))
     train_losses = [r["loss"] for r in run.metrics_records() if r.get("kind") == "train"]
     tail = train_losses[-max(1, len(train_losses) // 20):]
-    if hasattr(schedule, "run"):  # dynamic: the mean cost of the steps it ran, not the upper bound
-        cost = counters["compute_tokens"] / max(counters["tokens"], 1)
-    run.write_summary({"status": "complete", "steps": cfg.steps, "trained_by": trained_by(), "final_loss": sum(tail) / len(tail),
-                       "wall_time_s": time.perf_counter() - t0, "tokens": counters["tokens"],
-                       "compute_tokens": counters["compute_tokens"], "schedule_cost": cost,
-                       "forwards_per_token": getattr(model, "forwards_per_token", 1), "eval": eval_record(results)})
+    counters = loop.counters
+    # a dynamic schedule's cost is the mean of the steps it ran, not its upper bound
+    cost = (counters["compute_tokens"] / max(counters["tokens"], 1) if hasattr(schedule, "run")
+            else schedule.cost * getattr(model, "forward_cost", 1.0))
+    run.write_summary({"status": "complete", "steps": cfg.steps, "trained_by": trained_by(),
+                       "final_loss": sum(tail) / len(tail), "wall_time_s": loop.elapsed(),
+                       "tokens": counters["tokens"], "compute_tokens": counters["compute_tokens"],
+                       "schedule_cost": cost, "forwards_per_token": getattr(model, "forwards_per_token", 1),
+                       "eval": eval_record(loop.results)})
     return run

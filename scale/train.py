@@ -29,7 +29,7 @@ Optimisation (paper app. A "Optimization"; nanochat's recipe): Muon for the 2-D 
 value embeddings (0.3) and LM head (0.004), both scaled by (d/768)^-1/2, and the scalars (0.5; the
 residual coefficients at 0.5 x 0.01; the input-skip coefficients with betas (0.96, 0.95)). Every rate
 is scaled by sqrt(total_batch / 2^19). No warm-up; linear warm-down to zero over the final half
-(``lrt_lab.train.lr_multiplier``); Muon momentum 0.85 -> 0.95 over the first 300 steps; Muon weight
+(``lrt_lab.optim.lr_multiplier``); Muon momentum 0.85 -> 0.95 over the first 300 steps; Muon weight
 decay ``--weight-decay`` (0.2, nanochat's) x (12/L)^2, annealed linearly to zero over training.
 Gradient clipping is off by default (nanochat), ``--grad-clip`` turns it on.
 
@@ -82,7 +82,9 @@ from lrt_lab.model import LRT
 from lrt_lab.results import Run
 from lrt_lab.optim import build_optimizers
 from lrt_lab.schedules import parse_schedule
-from lrt_lab.train import lr_multiplier, model_config, optimizer_step, parse_value, save_checkpoint
+from lrt_lab.checkpoints import save_checkpoint
+from lrt_lab.optim import optimizer_step, set_lr_schedule
+from lrt_lab.train import model_config, parse_value
 
 from . import evaluate as ev
 from . import flops as fl
@@ -294,16 +296,10 @@ def weight_decay_at(step: int, args) -> float:
 
 
 def set_schedules(opts, step: int, args) -> float:
-    mult = lr_multiplier(step, args.total_steps, args.warmdown_frac)
-    for opt in opts:
-        for g in opt.param_groups:
-            g["lr"] = g["initial_lr"] * mult
-        if isinstance(opt, torch.optim.Muon):
-            frac = min(step / args.momentum_warmup_steps, 1.0) if args.momentum_warmup_steps else 1.0
-            for g in opt.param_groups:
-                g["momentum"] = 0.85 + 0.10 * frac
-                g["weight_decay"] = weight_decay_at(step, args)
-    return mult
+    """The toy loop's learning-rate schedule (lrt_lab.optim.set_lr_schedule) plus Muon's annealed
+    weight decay; returns the rate multiplier."""
+    return set_lr_schedule(opts, step, args.total_steps, args.warmdown_frac, args.momentum_warmup_steps,
+                           muon_weight_decay=weight_decay_at(step, args))
 
 
 # Arguments --------------------------------------------------------------------------------------

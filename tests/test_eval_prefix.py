@@ -7,7 +7,7 @@ import torch
 from lrt_lab import LRT, memory_preset, preset
 from lrt_lab.metrics import pos_at
 from lrt_lab.schedules import Interleaved
-from lrt_lab.train import evaluate
+from lrt_lab.evaluation import evaluate
 from lrt_tasks import make_eval_sets, make_task
 from lrt_tasks.evaluation import eval_seed
 

@@ -8,7 +8,8 @@ from lrt_lab import LRT, MemoryConfig, preset
 from lrt_lab.baselines import build_baseline
 from lrt_lab.optim import ROLES, Muon, build_optimizers, gate_saturation, newton_schulz, param_roles
 from lrt_lab.schedules import Exact, Interleaved, run_schedule
-from lrt_lab.train import TrainConfig, build_model, make_optimizers, optimizer_step, prepare, set_schedules
+from lrt_lab.optim import optimizer_step, set_lr_schedule
+from lrt_lab.train import TrainConfig, build_model, make_optimizers, prepare
 
 
 @pytest.mark.parametrize("memory", [None, MemoryConfig(), MemoryConfig(queries=True, projections="layerwise", source_layer=2,
@@ -57,7 +58,7 @@ def test_gates_stay_unsaturated_after_60_steps_of_the_toy_a5_recipe():
     opts = make_optimizers(model, cfg)
     gen = torch.Generator().manual_seed(0)
     for step in range(60):
-        set_schedules(opts, step, cfg)
+        set_lr_schedule(opts, step, cfg.steps, cfg.warmdown_frac)
         b = task.sample(256, gen, length=task.length_at(step))
         run_schedule(model, b.inputs, b.targets, schedule).loss.backward()
         optimizer_step(opts, list(model.parameters()), cfg.grad_clip)

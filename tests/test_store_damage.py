@@ -273,7 +273,7 @@ def test_resume_with_no_readable_checkpoint_fails_and_deletes_nothing(tmp_path):
 
 def test_a_failed_checkpoint_write_leaves_no_temp_file(tmp_path, monkeypatch):
     import torch
-    from lrt_lab.train import save_checkpoint
+    from lrt_lab.checkpoints import save_checkpoint
     run = Run.create(tmp_path, "r", {"train": {}})
 
     def full_disk(obj, f, *a, **k):

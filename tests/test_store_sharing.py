@@ -213,12 +213,12 @@ def test_a_diverging_run_is_recorded_and_its_grid_goes_on(tmp_path):
 
 
 def test_a_full_disk_during_a_checkpoint_is_one_line_that_says_so(tmp_path, monkeypatch, capsys):
-    import lrt_lab.train as train_module
+    import lrt_lab.checkpoints as checkpoints_module
 
     def cut_short(*a, **k):
         raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 4096 vs 3992")
-    monkeypatch.setattr(train_module.torch, "save", cut_short)
-    monkeypatch.setattr(train_module.shutil, "disk_usage", lambda p: type("Usage", (), {"free": 0})())
+    monkeypatch.setattr(checkpoints_module.torch, "save", cut_short)
+    monkeypatch.setattr(checkpoints_module.shutil, "disk_usage", lambda p: type("Usage", (), {"free": 0})())
     code = main(["train", "--task", "a5_prefix", *TINY, "--steps", "12", "--checkpoint-every", "5", "--eval-every",
                  "0", "--name", "r", "--out", str(tmp_path)])
     err = capsys.readouterr().err

@@ -15,7 +15,8 @@ import torch
 from lrt_lab.cli import main
 from lrt_lab.results import Run, load_metrics, load_runs, load_table
 from lrt_lab.sweep import expand, run_sweep, validate_spec
-from lrt_lab.train import TrainConfig, lr_multiplier, train
+from lrt_lab.optim import lr_multiplier
+from lrt_lab.train import TrainConfig, train
 
 
 def tiny_cfg(**kw):
