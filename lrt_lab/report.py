@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 
 import pandas as pd
@@ -11,9 +12,9 @@ import pandas as pd
 from .groups import IDENTITY_FIELDS, INTERVAL_NOTE, _canonical, group_labels, method_label
 from .results import Run, load_runs
 
-__all__ = ["comparison_table", "default_metric", "format_mean_ci", "format_mean_std", "frontier_points",
-           "memory_label", "method_keys", "method_label", "method_labels", "model_label", "print_report",
-           "print_run", "run_figures", "supervised_every"]
+__all__ = ["compare_table", "comparison_table", "default_metric", "format_mean_ci", "format_mean_std",
+           "frontier_points", "memory_label", "method_keys", "method_label", "method_labels", "model_label",
+           "print_report", "print_run", "run_figures", "studies_by_recency", "supervised_every"]
 
 
 def memory_label(row) -> str:
@@ -261,6 +262,9 @@ BOOKKEEPING = ("config.train.checkpoint_every", "config.train.eval_every", "conf
 LABEL_ORDER = ("config.train.preset", "config.train.memory_preset", "config.train.overrides.",
                "config.train.task_options.", "config.train.steps", "config.train.", "config.model.")
 LABEL_PREFIXES = ("config.train.task_options.", "config.train.overrides.", "config.train.", "config.model.")
+# The evaluation lengths a study compares, as multiples of its training length.
+LENGTH_MULTIPLES = (1, 2, 4)
+COMPARE_METRICS = ("pos90_exact", "pos90_parallel")
 
 
 def method_frame(df: pd.DataFrame) -> pd.DataFrame:
@@ -360,3 +364,91 @@ def _is_reference(value, column: pd.Series, methods: pd.DataFrame) -> bool:
     most_shared = len(counts) == 1 or counts.iloc[0] > counts.iloc[1]
     return most_shared and not _unset(value) and str(value) == counts.index[0]
 
+
+def study_runs(df: pd.DataFrame, task: str, length: int) -> pd.DataFrame:
+    if df.empty or "config.train.task" not in df or "config.train.length" not in df:
+        return df.iloc[:0]
+    return df[(df["config.train.task"] == task) & (df["config.train.length"] == length)]
+
+
+def compare_lengths(df: pd.DataFrame, length: int) -> list[int]:
+    """The evaluation lengths at 1x / 2x / 4x the training length that some run of `df` measured."""
+    def measured(column: str) -> bool:
+        return column in df and df[column].notna().any()
+
+    return [m * length for m in LENGTH_MULTIPLES
+            if any(measured(f"summary.eval.{metric}@{m * length}") for metric in COMPARE_METRICS)]
+
+
+def compare_table(df: pd.DataFrame, task: str, length: int) -> pd.DataFrame:
+    """One row per method (method_labels) of the runs of `task` trained at `length`, cheapest first.
+
+    Columns: method, n (runs), seeds (sorted), then for each figure F: F.mean, F.ci_low, F.ci_high
+    (the 95% t-interval over seeds of lrt_lab.analysis.stats.mean_ci, NaN for one seed) and
+    F.per_seed (a tuple in the order of `seeds`). The figures: pos90_exact@N and pos90_parallel@N at
+    every length of compare_lengths, acc_exact@L and acc_parallel@L at the training length L,
+    compute (M token-forwards the trainer ran) and wall_min (each run's wall clock, minutes)."""
+    from .analysis.stats import mean_ci
+
+    runs = study_runs(df, task, length)
+    if runs.empty:
+        return pd.DataFrame()
+    runs = runs.assign(_method=method_labels(runs)).sort_values("config.train.seed")
+    figures = _compare_figures(runs, length)
+    rows = []
+    for method, sub in runs.groupby("_method", sort=False):
+        row = {"method": method, "n": len(sub), "seeds": tuple(int(s) for s in sub["config.train.seed"])}
+        for name, values in figures.items():
+            per_seed = values[sub.index]
+            stats = mean_ci(per_seed)
+            row |= {f"{name}.mean": stats["mean"], f"{name}.ci_low": stats["ci_low"],
+                    f"{name}.ci_high": stats["ci_high"], f"{name}.per_seed": tuple(per_seed.tolist())}
+        rows.append(row)
+    return pd.DataFrame(rows).sort_values(["compute.mean", "method"]).reset_index(drop=True)
+
+
+def _compare_figures(runs: pd.DataFrame, length: int) -> dict[str, pd.Series]:
+    """figure name -> its value per run (NaN where a run did not measure it)."""
+    def column(name: str) -> pd.Series:
+        if name not in runs:
+            return pd.Series(math.nan, index=runs.index)
+        return pd.to_numeric(runs[name], errors="coerce")
+
+    figures = {f"{metric}@{n}": column(f"summary.eval.{metric}@{n}")
+               for metric in COMPARE_METRICS for n in compare_lengths(runs, length)}
+    figures |= {f"acc_{mode}@{length}": column(f"summary.eval.acc_{mode}@{length}")
+                for mode in ("exact", "parallel")}
+    figures["compute"] = column("summary.compute_tokens") / 1e6
+    figures["wall_min"] = column("summary.wall_time_s") / 60
+    return figures
+
+
+def finished_order(df: pd.DataFrame, mtime=None) -> pd.Series:
+    """A sortable (recorded, time) per run, later runs larger: summary.trained_by.finished where the
+    run recorded it, else the modification time of its summary.json. A run that records the time was
+    trained after every run that does not (the field came later), and a copied or checked-out store
+    gives its files new modification times, so a recorded time always ranks above a file's."""
+    mtime = mtime or _summary_mtime
+    finished = df["summary.trained_by.finished"] if "summary.trained_by.finished" in df else \
+        pd.Series(math.nan, index=df.index)
+    return pd.Series([(True, float(t)) if not _unset(t) else (False, mtime(path))
+                      for t, path in zip(finished, df.get("path", pd.Series("", index=df.index)))],
+                     index=df.index, dtype=object)
+
+
+def _summary_mtime(path) -> float:
+    try:
+        return os.stat(os.path.join(str(path), "summary.json")).st_mtime
+    except OSError:
+        return 0.0
+
+
+def studies_by_recency(df: pd.DataFrame, mtime=None) -> list[tuple[str, int]]:
+    """(task, training length) pairs of `df`, the study whose latest run finished last first."""
+    if df.empty or "config.train.task" not in df or "config.train.length" not in df:
+        return []
+    known = df[df["config.train.task"].notna() & df["config.train.length"].notna()]
+    latest = known.assign(_finished=finished_order(known, mtime)).groupby(
+        ["config.train.task", "config.train.length"])["_finished"].max()
+    return [(str(task), int(length)) for (task, length), _ in
+            sorted(latest.items(), key=lambda item: item[1], reverse=True)]
