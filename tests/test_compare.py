@@ -2,8 +2,8 @@
 
 Unit checks of lrt_lab.report's method_labels on generated runs tables, then a store written file by
 file into tmp_path (config.json and summary.json, no training) whose figures the test knows: the
-row table's means, intervals and per-seed values are checked against values computed here, and its
-most recent study must come first.
+row table's means, intervals and per-seed values are checked against values computed here, and the
+dashboard must open on that store's most recent study with the table and the frontier scatter.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import math
 import os
 import random
 import statistics
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -211,6 +212,35 @@ def test_the_most_recent_study_comes_first(tmp_path):
         os.utime(folder / "summary.json", (mtime, mtime))
     assert studies_by_recency(load_runs(bare)) == [("a5_prefix", 4), ("a5_prefix", 32)]
     assert old.exists()
+
+
+def test_the_dashboard_opens_on_the_compare_view(tmp_path, monkeypatch):
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+
+    store = write_store(tmp_path / "store")
+    monkeypatch.setenv("LRT_RUNS", str(store))
+    monkeypatch.setattr(sys, "argv", ["streamlit_app.py"])
+    app = Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py"
+    at = AppTest.from_file(str(app), default_timeout=60).run()
+    assert not at.exception, [e.value for e in at.exception]
+    compare = at.tabs[0]
+    assert compare.label == "Compare"
+    assert not compare.error, [e.value for e in compare.error]
+    assert compare.selectbox(key="compare_study").value == ("a5_prefix", L)
+    shown = compare.dataframe[0].value.set_index("method")
+    assert sorted(shown.index) == sorted(LABELS.values())
+    # lrt rollout:1 at 4x: seeds 32, 4, 9 -> mean 15, listed in seed order after the interval
+    lo, hi = t_interval([32, 4, 9])
+    cell = shown.loc["lrt rollout:1", f"exact pos@90 at {4 * L} (4x)"]
+    assert cell == f"15 [{lo:.3g}, {hi:.3g}] · 32, 4, 9"
+    assert shown.loc["lrt rollout:1 | supervise_every=2", "seeds"] == "0"
+    assert len([e for e in compare if getattr(e, "type", "") == "vega_lite_chart"]) == 1
+    compare.selectbox(key="compare_study").set_value(("a5_prefix", 16))
+    compare.radio(key="compare_x").set_value("wall clock")
+    at.run()
+    assert not at.exception and not at.tabs[0].error
+    assert list(at.tabs[0].dataframe[0].value["method"]) == ["lrt exact"]
 
 
 COMMITTED_STORE = Path(__file__).resolve().parent.parent / "experiments" / "results"
