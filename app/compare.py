@@ -20,6 +20,8 @@ from lrt_lab.report import COMPARE_METRICS, compare_lengths, compare_table, form
 
 DECODINGS = {"exact": "pos90_exact", "parallel": "pos90_parallel"}
 SPENT = ("compute", "wall_min")
+ROW_PX = 35  # a row of st.dataframe
+MAX_METHOD_PX = 420
 
 
 def study_name(study: tuple[str, int]) -> str:
@@ -39,14 +41,14 @@ def seed_cell(row, figure: str, per_seed: bool = True, digits: int = 3) -> str:
 
 
 def figure_columns(length: int, lengths: list[int]) -> dict[str, str]:
-    """compare_table figure -> the column title the page shows."""
-    columns = {}
+    """compare_table figure -> the column title the page shows, in the page's order: the short cost
+    columns first, so that they stay in view next to the method while pos@90 scrolls."""
+    columns = {"compute": "compute (M token-forwards)", "wall_min": "wall clock (min)"}
     for metric in COMPARE_METRICS:
         decoding = metric.split("_", 1)[1]
         columns |= {f"{metric}@{n}": f"{decoding} pos@90 at {n} ({n // length}x)" for n in lengths}
     columns |= {f"acc_exact@{length}": f"exact accuracy at {length}",
-                f"acc_parallel@{length}": f"parallel accuracy at {length}",
-                "compute": "compute (M token-forwards)", "wall_min": "wall clock (min)"}
+                f"acc_parallel@{length}": f"parallel accuracy at {length}"}
     return columns
 
 
@@ -91,7 +93,11 @@ def compare_page(ctx) -> None:
     lengths = compare_lengths(runs, length)
     table = compare_table(ctx.shown, task, length)
     st.subheader(f"Methods: {study_name(study)}")
-    st.dataframe(display_table(table, length, lengths), hide_index=True)
+    shown = display_table(table, length, lengths)
+    # every row in view (no inner scrolling), the method pinned while the figures scroll sideways
+    method_width = min(MAX_METHOD_PX, 24 + 7 * int(shown["method"].str.len().max()))
+    st.dataframe(shown, hide_index=True, height=ROW_PX * (len(shown) + 1) + 3, column_config={
+        "method": st.column_config.TextColumn(pinned=True, width=method_width)})
     st.caption(f"One row per method (runs that differ only by seed), cheapest first; {len(runs)} runs. "
                "Cells: mean [95% t-interval over seeds] · the value of each seed, in the order of *seeds*; "
                "a single seed shows its value. A method is named by what tells it apart from the others "
