@@ -27,8 +27,8 @@ WINDOW = (1400, 1000)
 CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--disable-dev-shm-usage", f"--window-size={WINDOW[0]},{WINDOW[1]}"]
-TABS = ["Compare", "Runs", "Training curves", "Length generalisation", "Depth x length", "Gap recovery", "Probes",
-        "Convergence", "Trainer frontier"]
+TABS = ["Compare", "Runs", "Training curves", "Length generalisation", "Depth x length", "Gap recovery",
+        "Probes", "Convergence", "Trainer frontier"]
 COMMITTED_STORE = Path(__file__).resolve().parent.parent / "experiments" / "results"
 
 pytestmark = pytest.mark.slow
