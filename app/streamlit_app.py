@@ -1,4 +1,5 @@
-"""lrt_lab dashboard: runs, training curves, length generalisation, depth x length, gap recovery, probes.
+"""lrt_lab dashboard: compare (the most recent study), runs, training curves, length generalisation,
+depth x length, gap recovery, probes, convergence, trainer frontier.
 
     lrt-lab app --runs DIR
     streamlit run app/streamlit_app.py -- --runs DIR

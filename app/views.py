@@ -666,10 +666,13 @@ def probes_page(ctx: Context) -> None:
                "the previous step's state) and position.")
 
 
+from lrt_app.compare import compare_page  # noqa: E402
 from lrt_app.convergence import convergence_page  # noqa: E402 (FixedPoint runs)
 from lrt_app.frontier import frontier_page  # noqa: E402
 
+# Compare comes first: the dashboard opens on the store's most recent study.
 PAGES = {
+    "Compare": compare_page,
     "Runs": runs_page,
     "Training curves": curves_page,
     "Length generalisation": length_page,

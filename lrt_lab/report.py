@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
 
 import pandas as pd
 
-from .analysis.stats import seed_stats
-from .groups import (AT_TRAIN_LENGTH, INTERVAL_NOTE, default_metric, eval_columns, group_labels,
-                     method_label, with_train_length_metric)
+from .analysis.stats import mean_ci, seed_stats
+from .groups import (AT_TRAIN_LENGTH, IDENTITY_FIELDS, INTERVAL_NOTE, _canonical, default_metric, eval_columns,
+                     group_labels, method_label, with_train_length_metric)
 from .results import Run, load_runs
 
-__all__ = ["comparison_table", "default_metric", "format_mean_ci", "format_mean_std", "frontier_points",
-           "memory_label", "method_label", "model_label", "print_report", "print_run", "run_figures",
-           "supervised_every"]
+__all__ = ["compare_table", "comparison_table", "default_metric", "format_mean_ci", "format_mean_std",
+           "frontier_points", "memory_label", "method_keys", "method_label", "method_labels", "model_label",
+           "print_report", "print_run", "run_figures", "studies_by_recency", "supervised_every"]
 
 
 def memory_label(row) -> str:
@@ -203,3 +205,212 @@ def print_run(run: Run) -> None:
           f"(x{s['schedule_cost']:g} compute)")
     print(run_figures(run).to_string())
     print(f"run folder: {run.path}")
+
+
+# Comparing the methods of one study -----------------------------------------------------------------
+# A study is the runs of one task trained at one length; a method is what a run asked for: the model
+# kind, the trainer and every training option (preset, memory preset, overrides, task options, steps,
+# ...), so the runs of a method differ only by seed and name. The model config follows from those
+# options and the code that built it, and counts only where every run of a kind records a field: a
+# run that lacks one was trained before the field existed (config.model.memory.update) and built what
+# its default builds now, so it stays a seed of its method.
+
+# Training options that only repeat config.kind / config.schedule, or name a run instead of configuring it.
+ASKED_REPEATS = IDENTITY_FIELDS + ("config.train.model", "config.train.schedule")
+# Options that change neither the model trained nor what is measured: named only where nothing else
+# tells two methods apart (runs of an older sweep may have checkpointed less often, say).
+BOOKKEEPING = ("config.train.checkpoint_every", "config.train.eval_every", "config.train.device",
+               "config.train.compile")
+# Reading order of the fields a label names after the method.
+LABEL_ORDER = ("config.train.preset", "config.train.memory_preset", "config.train.overrides.",
+               "config.train.task_options.", "config.train.steps", "config.train.", "config.model.")
+LABEL_PREFIXES = ("config.train.task_options.", "config.train.overrides.", "config.train.", "config.model.")
+# The evaluation lengths a study compares, as multiples of its training length.
+LENGTH_MULTIPLES = (1, 2, 4)
+COMPARE_METRICS = ("pos90_exact", "pos90_parallel")
+
+
+def method_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """The config fields that define a method, one row per run, one spelling per value (None: unset)."""
+    asked = [c for c in df.columns if c in ("config.kind", "config.schedule")
+             or (c.startswith("config.train.") and c not in ASKED_REPEATS)]
+    frame = pd.DataFrame({c: _canonical_values(df[c]) for c in asked}, index=df.index)
+    if "config.train.memory_preset" in frame:
+        # runs from before presets built the "paper" memory (memory_label); a model without memory has none
+        lrt = (df["config.kind"] == "lrt") if "config.kind" in df else pd.Series(False, index=df.index)
+        presets = [("paper" if v is None else v) if is_lrt else None
+                   for v, is_lrt in zip(frame["config.train.memory_preset"], lrt)]
+        frame["config.train.memory_preset"] = pd.Series(presets, index=df.index, dtype=object)
+    kinds = df["config.kind"].fillna("?") if "config.kind" in df else pd.Series("?", index=df.index)
+    for c in (c for c in df.columns if c.startswith("config.model.")):
+        recorded = df[c].notna().groupby(kinds).transform("all")  # by every run of its kind
+        if recorded.any():
+            values = [v if keep else None for v, keep in zip(_canonical_values(df[c]), recorded)]
+            frame[c] = pd.Series(values, index=df.index, dtype=object)
+    return frame
+
+
+def _canonical_values(column: pd.Series) -> pd.Series:
+    """Python values, not a pandas dtype: 4 stays 4 (not 4.0) and an unset field stays None (not NaN)."""
+    return pd.Series([_canonical(v) for v in column.astype(object)], index=column.index, dtype=object)
+
+
+def method_keys(df: pd.DataFrame) -> pd.Series:
+    """One string per run, equal for the runs of one method (method_frame's fields)."""
+    frame = method_frame(df)
+    return pd.Series([json.dumps(row, sort_keys=True, default=str) for row in frame.to_dict("records")],
+                     index=df.index, dtype=object)
+
+
+def method_labels(df: pd.DataFrame) -> pd.Series:
+    """A short label per run, the same for the runs of one method: `lrt rollout:1`, then the training
+    options whose values differ between the methods of `df` (the selection being compared), each named
+    only where a method departs from the reference: unset (the default) where some method leaves the
+    option unset, else the value most methods share (none on a tie). So `lrt interleaved:2 | steps=3000`
+    next to `lrt rollout:1`, never the whole config. Options that change neither what is trained nor
+    what is measured (BOOKKEEPING), then the model config, are named only where they alone tell methods
+    apart."""
+    if df.empty:
+        return pd.Series([], index=df.index, dtype=object)
+    frame, keys = method_frame(df), method_keys(df)
+    methods = frame.assign(_key=keys, _base=df.apply(method_label, axis=1).values).drop_duplicates("_key")
+    varying = _ordered_label_fields([c for c in frame.columns if c not in ("config.kind", "config.schedule")
+                                     and methods[c].map(str).nunique() > 1])
+    chosen = [c for c in varying if c not in BOOKKEEPING and not c.startswith("config.model.")]
+    for c in (c for c in varying if c not in chosen):  # in reading order: bookkeeping, then the model
+        if _distinct_labels(methods, chosen) == len(methods):
+            break
+        if _distinct_labels(methods, chosen + [c]) > _distinct_labels(methods, chosen):
+            chosen.append(c)
+    labels = {r["_key"]: _label(r, chosen, methods) for _, r in methods.iterrows()}
+    clashing = pd.Series(labels).duplicated(keep=False)
+    for key in clashing[clashing].index:  # e.g. a field unset in one and at its default in the other
+        labels[key] = _label(methods[methods["_key"] == key].iloc[0], varying, methods, spell_out=True)
+    return keys.map(labels)
+
+
+def _distinct_labels(methods: pd.DataFrame, fields: list[str]) -> int:
+    return len({_label(r, fields, methods) for _, r in methods.iterrows()})
+
+
+def _ordered_label_fields(cols: list[str]) -> list[str]:
+    ordered = [c for p in LABEL_ORDER for c in cols if c == p or (p.endswith(".") and c.startswith(p))]
+    return list(dict.fromkeys(ordered))
+
+
+def _unset(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _label(row, fields: list[str], methods: pd.DataFrame, spell_out: bool = False) -> str:
+    parts = [row["_base"]]
+    same_kind = methods["config.kind"] == row["config.kind"] if "config.kind" in methods else True
+    for c in fields:
+        value = row[c]
+        if methods.loc[same_kind, c].isna().all():
+            continue  # a field no method of this kind sets (the memory preset of a plain transformer)
+        if not spell_out and _is_reference(value, methods[c], methods):
+            continue
+        name = next((c[len(p):] for p in LABEL_PREFIXES if c.startswith(p)), c)
+        parts.append(f"{name}={'default' if _unset(value) else value}")
+    return " | ".join(parts)
+
+
+def _is_reference(value, column: pd.Series, methods: pd.DataFrame) -> bool:
+    """Whether `value` is the one a label leaves unsaid: unset (the default) where some method of the
+    kinds the field applies to leaves it unset, else the value strictly most methods share."""
+    if "config.kind" in methods:
+        column = column[methods["config.kind"].isin(set(methods.loc[column.notna(), "config.kind"]))]
+    if column.isna().any():
+        return _unset(value)
+    counts = column.map(str).value_counts()
+    most_shared = len(counts) == 1 or counts.iloc[0] > counts.iloc[1]
+    return most_shared and not _unset(value) and str(value) == counts.index[0]
+
+
+def study_runs(df: pd.DataFrame, task: str, length: int) -> pd.DataFrame:
+    if df.empty or "config.train.task" not in df or "config.train.length" not in df:
+        return df.iloc[:0]
+    return df[(df["config.train.task"] == task) & (df["config.train.length"] == length)]
+
+
+def compare_lengths(df: pd.DataFrame, length: int) -> list[int]:
+    """The evaluation lengths at 1x / 2x / 4x the training length that some run of `df` measured."""
+    def measured(column: str) -> bool:
+        return column in df and df[column].notna().any()
+
+    return [m * length for m in LENGTH_MULTIPLES
+            if any(measured(f"summary.eval.{metric}@{m * length}") for metric in COMPARE_METRICS)]
+
+
+def compare_table(df: pd.DataFrame, task: str, length: int) -> pd.DataFrame:
+    """One row per method (method_labels) of the runs of `task` trained at `length`, cheapest first.
+
+    Columns: method, n (runs), seeds (sorted), then for each figure F: F.mean, F.ci_low, F.ci_high
+    (the 95% t-interval over seeds of lrt_lab.analysis.stats.mean_ci, NaN for one seed) and
+    F.per_seed (a tuple in the order of `seeds`). The figures: pos90_exact@N and pos90_parallel@N at
+    every length of compare_lengths, acc_exact@L and acc_parallel@L at the training length L,
+    compute (M token-forwards the trainer ran) and wall_min (each run's wall clock, minutes)."""
+
+    runs = study_runs(df, task, length)
+    if runs.empty:
+        return pd.DataFrame()
+    runs = runs.assign(_method=method_labels(runs)).sort_values("config.train.seed")
+    figures = _compare_figures(runs, length)
+    rows = []
+    for method, sub in runs.groupby("_method", sort=False):
+        row = {"method": method, "n": len(sub), "seeds": tuple(int(s) for s in sub["config.train.seed"])}
+        for name, values in figures.items():
+            per_seed = values[sub.index]
+            stats = mean_ci(per_seed)
+            row |= {f"{name}.mean": stats["mean"], f"{name}.ci_low": stats["ci_low"],
+                    f"{name}.ci_high": stats["ci_high"], f"{name}.per_seed": tuple(per_seed.tolist())}
+        rows.append(row)
+    return pd.DataFrame(rows).sort_values(["compute.mean", "method"]).reset_index(drop=True)
+
+
+def _compare_figures(runs: pd.DataFrame, length: int) -> dict[str, pd.Series]:
+    """figure name -> its value per run (NaN where a run did not measure it)."""
+    def column(name: str) -> pd.Series:
+        if name not in runs:
+            return pd.Series(math.nan, index=runs.index)
+        return pd.to_numeric(runs[name], errors="coerce")
+
+    figures = {f"{metric}@{n}": column(f"summary.eval.{metric}@{n}")
+               for metric in COMPARE_METRICS for n in compare_lengths(runs, length)}
+    figures |= {f"acc_{mode}@{length}": column(f"summary.eval.acc_{mode}@{length}")
+                for mode in ("exact", "parallel")}
+    figures["compute"] = column("summary.compute_tokens") / 1e6
+    figures["wall_min"] = column("summary.wall_time_s") / 60
+    return figures
+
+
+def finished_order(df: pd.DataFrame, mtime=None) -> pd.Series:
+    """A sortable (recorded, time) per run, later runs larger: summary.trained_by.finished where the
+    run recorded it, else the modification time of its summary.json. A run that records the time was
+    trained after every run that does not (the field came later), and a copied or checked-out store
+    gives its files new modification times, so a recorded time always ranks above a file's."""
+    mtime = mtime or _summary_mtime
+    finished = df["summary.trained_by.finished"] if "summary.trained_by.finished" in df else \
+        pd.Series(math.nan, index=df.index)
+    return pd.Series([(True, float(t)) if not _unset(t) else (False, mtime(path))
+                      for t, path in zip(finished, df.get("path", pd.Series("", index=df.index)))],
+                     index=df.index, dtype=object)
+
+
+def _summary_mtime(path) -> float:
+    try:
+        return os.stat(os.path.join(str(path), "summary.json")).st_mtime
+    except OSError:
+        return 0.0
+
+
+def studies_by_recency(df: pd.DataFrame, mtime=None) -> list[tuple[str, int]]:
+    """(task, training length) pairs of `df`, the study whose latest run finished last first."""
+    if df.empty or "config.train.task" not in df or "config.train.length" not in df:
+        return []
+    known = df[df["config.train.task"].notna() & df["config.train.length"].notna()]
+    latest = known.assign(_finished=finished_order(known, mtime)).groupby(
+        ["config.train.task", "config.train.length"])["_finished"].max()
+    return [(str(task), int(length)) for (task, length), _ in
+            sorted(latest.items(), key=lambda item: item[1], reverse=True)]

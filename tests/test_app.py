@@ -97,50 +97,60 @@ def sidebar_multiselect(at: AppTest, label: str):
     return widget
 
 
+def page(at: AppTest, label: str):
+    """The tab titled `label` (Compare comes first, so tabs are found by title, not position)."""
+    (found,) = [t for t in at.tabs if t.label == label]
+    return found
+
+
 def runs_table(at: AppTest) -> pd.DataFrame:
-    return at.tabs[0].dataframe[1].value  # [0] is the groups of seeds
+    return page(at, "Runs").dataframe[1].value  # [0] is the groups of seeds
 
 
 def groups_table(at: AppTest) -> pd.DataFrame:
-    return at.tabs[0].dataframe[0].value
+    return page(at, "Runs").dataframe[0].value
 
 
 def test_every_page_renders(store, monkeypatch):
     at = run_app(monkeypatch, store)
     assert_clean(at)
-    assert [t.label for t in at.tabs] == ["Runs", "Training curves", "Length generalisation", "Depth x length",
-                                         "Gap recovery", "Probes", "Convergence", "Trainer frontier"]
+    assert [t.label for t in at.tabs] == ["Compare", "Runs", "Training curves", "Length generalisation",
+                                         "Depth x length", "Gap recovery", "Probes", "Convergence",
+                                         "Trainer frontier"]
     assert sorted(runs_table(at)["run"]) == sorted(COMPLETE_RUNS + [UNKNOWN_RUN])
-    shown = " ".join(m.value for m in at.tabs[0].markdown)
+    shown = " ".join(m.value for m in page(at, "Runs").markdown)
     assert all(name in shown for name in COMPLETE_RUNS)
     # The awkward folders: one clear message each, no traceback.
     warnings = " ".join(w.value for w in at.warning)
     assert "half-written" in warnings and "mystery:7" in warnings
     assert "still-running" in " ".join(i.value for i in at.info)
     # Every chart page drew its charts, analysis pages included.
-    n_charts = {"Training curves": 1, "Length generalisation": 2, "Depth x length": 2, "Gap recovery": 1, "Probes": 1,
+    n_charts = {"Compare": 1,  # the frontier scatter of the store's one study
+                "Training curves": 1, "Length generalisation": 2, "Depth x length": 2, "Gap recovery": 1,
+                "Probes": 1,
                 "Convergence": 0,  # no FixedPoint run in this store
                 "Trainer frontier": 1}
-    for tab in at.tabs[1:]:
+    for tab in [t for t in at.tabs if t.label != "Runs"]:
         charts = [e for e in tab if getattr(e, "type", "") == "vega_lite_chart"]
         assert len(charts) == n_charts[tab.label], tab.label
-    assert "n_layer=2" in " ".join(i.value for i in at.tabs[3].info)  # one depth only: the hint says so
+    # one depth only: the hint says so
+    assert "n_layer=2" in " ".join(i.value for i in page(at, "Depth x length").info)
     # Config diff of the runs shown: the keys that differ, one column per run.
-    diff = at.tabs[0].table[0].value
+    diff = page(at, "Runs").table[0].value
     assert {"kind", "train.seed", "schedule"} <= set(diff.index)
     assert set(COMPLETE_RUNS) <= set(diff.columns)
 
     # Every control at once, then one rerun (each rerun redraws all six pages).
-    at.tabs[1].radio(key="curve_x").set_value("compute")
-    at.tabs[1].selectbox(key="curve_metric").set_value("pos90_exact@12")
-    at.tabs[1].checkbox(key="curve_seeds").check()
-    at.tabs[3].radio(key="depth_mode").set_value("parallel")
-    at.tabs[3].radio(key="depth_measure").set_value("fraction")
+    page(at, "Training curves").radio(key="curve_x").set_value("compute")
+    page(at, "Training curves").selectbox(key="curve_metric").set_value("pos90_exact@12")
+    page(at, "Training curves").checkbox(key="curve_seeds").check()
+    page(at, "Depth x length").radio(key="depth_mode").set_value("parallel")
+    page(at, "Depth x length").radio(key="depth_measure").set_value("fraction")
     at.sidebar.checkbox(key="include_incomplete").check()
     at.run()
     assert_clean(at)
     assert "still-running" in set(runs_table(at)["run"])
-    assert len([e for e in at.tabs[1] if getattr(e, "type", "") == "vega_lite_chart"]) == 1
+    assert len([e for e in page(at, "Training curves") if getattr(e, "type", "") == "vega_lite_chart"]) == 1
 
 
 def test_filters_and_selection(store, monkeypatch):
@@ -148,7 +158,8 @@ def test_filters_and_selection(store, monkeypatch):
     sidebar_multiselect(at, "runs").set_value([LRT_RUNS[0], TRANSFORMER_RUN]).run()
     assert_clean(at)
     assert sorted(runs_table(at)["run"]) == sorted([LRT_RUNS[0], TRANSFORMER_RUN])
-    assert sorted(at.tabs[0].table[0].value.columns) == sorted([LRT_RUNS[0], TRANSFORMER_RUN])  # config diff
+    diff = page(at, "Runs").table[0].value  # config diff
+    assert sorted(diff.columns) == sorted([LRT_RUNS[0], TRANSFORMER_RUN])
 
     sidebar_multiselect(at, "model").set_value(["lrt"])  # a new filter resets the run selection
     sidebar_multiselect(at, "seed").set_value([1])
@@ -162,7 +173,7 @@ def test_filters_and_selection(store, monkeypatch):
     at.run()
     assert_clean(at)
     assert list(runs_table(at)["run"]) == [TRANSFORMER_RUN]
-    assert at.tabs[0].json  # one run: its full config instead of a diff
+    assert page(at, "Runs").json  # one run: its full config instead of a diff
 
 
 def test_compute_axis_is_baseline_equivalent(store):
@@ -208,9 +219,9 @@ def test_analysis_pages_hint_when_no_tables(store, tmp_path, monkeypatch):
     shutil.copytree(store / TRANSFORMER_RUN, bare / TRANSFORMER_RUN)  # a store with no analysis tables
     at = run_app(monkeypatch, bare)
     assert_clean(at)
-    assert "No run shown has BPB tables" in " ".join(i.value for i in at.tabs[4].info)
-    assert "No probe tables yet" in " ".join(i.value for i in at.tabs[5].info)
-    assert "Config diff" in [h.value for h in at.tabs[0].subheader]
+    assert "No run shown has BPB tables" in " ".join(i.value for i in page(at, "Gap recovery").info)
+    assert "No probe tables yet" in " ".join(i.value for i in page(at, "Probes").info)
+    assert "Config diff" in [h.value for h in page(at, "Runs").subheader]
 
 
 def test_analysis_table_readers():

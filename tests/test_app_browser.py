@@ -27,8 +27,8 @@ WINDOW = (1400, 1000)
 CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--disable-dev-shm-usage", f"--window-size={WINDOW[0]},{WINDOW[1]}"]
-TABS = ["Runs", "Training curves", "Length generalisation", "Depth x length", "Gap recovery", "Probes", "Convergence",
-        "Trainer frontier"]
+TABS = ["Compare", "Runs", "Training curves", "Length generalisation", "Depth x length", "Gap recovery",
+        "Probes", "Convergence", "Trainer frontier"]
 COMMITTED_STORE = Path(__file__).resolve().parent.parent / "experiments" / "results"
 
 pytestmark = pytest.mark.slow
@@ -264,4 +264,6 @@ def test_every_tab_on_the_committed_store(committed_server, browser, tmp_path):
     assert "Gap recovery" in texts["Gap recovery"] and "Train/inference mismatch" in texts["Gap recovery"]
     assert "No run shown has BPB tables" not in texts["Gap recovery"]
     assert "lrt fixedpoint:0.01:16" in texts["Trainer frontier"] and "exact pos@90 at 16" in texts["Trainer frontier"]
+    # the dashboard opens on the most recent study, its methods in short labels
+    assert "Methods: a5_prefix at length 16" in texts["Compare"] and "Trainer frontier" in texts["Compare"]
     assert not _console_errors(browser), _console_errors(browser)

@@ -122,7 +122,8 @@ def test_the_dashboard_shows_two_groups_of_two(two_by_two, monkeypatch):
     app = str(Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py")
     at = AppTest.from_file(app, default_timeout=60).run()
     assert not at.exception and not at.error
-    shown = at.tabs[0].dataframe[0].value
+    (runs_tab,) = [t for t in at.tabs if t.label == "Runs"]
+    shown = runs_tab.dataframe[0].value
     assert sorted(shown["group"]) == ["lrt exact", "lrt exact | memory.source_layer=2"]
     assert shown["runs"].tolist() == [2, 2]
 

@@ -1,0 +1,135 @@
+"""Dashboard page: compare the methods of one study (a task trained at one length).
+
+It opens on the store's most recent study (`lrt_lab.report.studies_by_recency`): one row per method
+(`lrt_lab.report.compare_table`: the runs that differ only by seed), with exact and parallel pos@90
+at 1x / 2x / 4x the training length as mean [95% t-interval] and the value of each seed, accuracy,
+compute and wall clock; then the trainer-frontier scatter of those runs. Methods are named by
+`lrt_lab.report.method_labels`: only what differs between the methods of the study shown.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import streamlit as st
+
+from lrt_app.frontier import AXES
+from lrt_lab.report import COMPARE_METRICS, compare_lengths, compare_table, format_mean_ci, method_labels, \
+    studies_by_recency, study_runs
+
+DECODINGS = {"exact": "pos90_exact", "parallel": "pos90_parallel"}
+SPENT = ("compute", "wall_min")
+ROW_PX = 35  # a row of st.dataframe
+MAX_METHOD_PX = 420
+
+
+def study_name(study: tuple[str, int]) -> str:
+    return f"{study[0]} at length {study[1]}"
+
+
+def seed_cell(row, figure: str, per_seed: bool = True, digits: int = 3) -> str:
+    """`mean [lo, hi] · v1, v2, v3` (seeds in the row's order); a single seed reads as its value."""
+    mean = row[f"{figure}.mean"]
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "-"
+    cell = format_mean_ci(mean, row[f"{figure}.ci_low"], row[f"{figure}.ci_high"])
+    values = [v for v in row[f"{figure}.per_seed"] if not math.isnan(v)]
+    if len(values) < 2 or not per_seed:
+        return cell
+    return f"{cell} · " + ", ".join(f"{v:.{digits}g}" for v in values)
+
+
+def figure_columns(length: int, lengths: list[int]) -> dict[str, str]:
+    """compare_table figure -> the column title the page shows, in the page's order: the short cost
+    columns first, so that they stay in view next to the method while pos@90 scrolls."""
+    columns = {"compute": "compute (M token-forwards)", "wall_min": "wall clock (min)"}
+    for metric in COMPARE_METRICS:
+        decoding = metric.split("_", 1)[1]
+        columns |= {f"{metric}@{n}": f"{decoding} pos@90 at {n} ({n // length}x)" for n in lengths}
+    columns |= {f"acc_exact@{length}": f"exact accuracy at {length}",
+                f"acc_parallel@{length}": f"parallel accuracy at {length}"}
+    return columns
+
+
+def display_table(table: pd.DataFrame, length: int, lengths: list[int]) -> pd.DataFrame:
+    """compare_table as text cells: the method, its seeds, then one cell per figure."""
+    out = pd.DataFrame({"method": table["method"],
+                        "seeds": [", ".join(map(str, seeds)) for seeds in table["seeds"]]})
+    for figure, title in figure_columns(length, lengths).items():
+        if f"{figure}.mean" not in table:
+            continue
+        if figure in SPENT:  # what a method costs varies little between seeds: its mean is the figure
+            out[title] = [f"{v:.3g}" if not math.isnan(v) else "-" for v in table[f"{figure}.mean"]]
+        else:
+            per_seed = figure.startswith("pos90_")  # the seeds of a pos@90 often disagree wildly: list them
+            out[title] = [seed_cell(row, figure, per_seed) for _, row in table.iterrows()]
+    return out
+
+
+def scatter_points(runs: pd.DataFrame, lengths: list[int]) -> pd.DataFrame:
+    """One point per run: its method, seed, compute, wall clock and pos@90 per decoding and length."""
+    points = pd.DataFrame({"method": method_labels(runs), "seed": runs["config.train.seed"].astype(int),
+                           "compute": runs["summary.compute_tokens"] / 1e6,
+                           "wall_min": runs["summary.wall_time_s"] / 60})
+    for metric in COMPARE_METRICS:
+        for n in lengths:
+            column = f"summary.eval.{metric}@{n}"
+            points[f"{metric}@{n}"] = runs[column] if column in runs else math.nan
+    return points.reset_index(drop=True)
+
+
+def compare_page(ctx) -> None:
+    studies = studies_by_recency(ctx.shown)
+    if not studies:
+        st.info("No runs match the filters in the sidebar.")
+        return
+    study = st.selectbox("study: task and training length", studies, key="compare_study",
+                         format_func=lambda s: study_name(s) + (" (most recent)" if s == studies[0] else ""),
+                         help="the runs of one task trained at one length; the first is the study whose "
+                              "last run finished last")
+    task, length = study
+    runs = study_runs(ctx.shown, task, length)
+    lengths = compare_lengths(runs, length)
+    table = compare_table(ctx.shown, task, length)
+    st.subheader(f"Methods: {study_name(study)}")
+    shown = display_table(table, length, lengths)
+    # every row in view (no inner scrolling), the method pinned while the figures scroll sideways
+    method_width = min(MAX_METHOD_PX, 24 + 7 * int(shown["method"].str.len().max()))
+    st.dataframe(shown, hide_index=True, height=ROW_PX * (len(shown) + 1) + 3, column_config={
+        "method": st.column_config.TextColumn(pinned=True, width=method_width)})
+    st.caption(f"One row per method (runs that differ only by seed), cheapest first; {len(runs)} runs. "
+               "Cells: mean [95% t-interval over seeds] · the value of each seed, in the order of *seeds*; "
+               "a single seed shows its value. A method is named by what tells it apart from the others "
+               "here (unnamed fields are at their default, or the value most methods share).")
+    frontier_chart(runs, lengths, length)
+
+
+def frontier_chart(runs: pd.DataFrame, lengths: list[int], length: int) -> None:
+    from lrt_app.views import _chart, color_encoding, palette_note  # views lists this page: imported late
+
+    st.subheader("Trainer frontier")
+    if not lengths:
+        st.info(f"No run of this study measured pos@90 at {length}, {2 * length} or {4 * length}.")
+        return
+    left, middle, right = st.columns(3)
+    n = left.selectbox("evaluated at", lengths, key="compare_length",
+                       format_func=lambda v: f"{v} ({v // length}x the training length)")
+    decoding = middle.radio("decoding", list(DECODINGS), horizontal=True, key="compare_decoding")
+    axis = right.radio("x axis", list(AXES), horizontal=True, key="compare_x")
+    field, x_title = AXES[axis]
+    points = scatter_points(runs, lengths)
+    y = f"{DECODINGS[decoding]}@{n}"
+    methods = sorted(points["method"].unique())
+    palette_note(len(methods))
+    spec = {"height": 340, "data": {"name": "runs"},
+            "mark": {"type": "point", "filled": True, "size": 90, "opacity": 0.8},
+            "encoding": {"x": {"field": field, "type": "quantitative", "title": x_title},
+                         "y": {"field": y, "type": "quantitative", "title": f"{decoding} pos@90 at {n}",
+                               "scale": {"domain": [0, n]}},
+                         "color": color_encoding(methods, "method", "method"),
+                         "tooltip": [{"field": c} for c in ("method", "seed", "compute", "wall_min", y)]}}
+    _chart(spec, runs=points)
+    st.caption(f"One point per run. Up and to the left is better: the cheapest method whose points sit at "
+               f"{n} learned the task. Wall clock is each run's own (runs may have shared the machine "
+               "differently).")
