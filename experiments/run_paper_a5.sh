@@ -46,7 +46,8 @@ cd "$(dirname "$0")/.."
 SPEC=${SPEC:-experiments/a5_paper.toml}
 DEVICE=${DEVICE:-cuda}
 PY=${PYTHON:-python3}
-STORE=${STORE:-$("$PY" -c "import sys, tomllib; print(tomllib.load(open(sys.argv[1], 'rb'))['sweep']['out'])" "$SPEC")}
+SPEC_OUT="import sys, tomllib; print(tomllib.load(open(sys.argv[1], 'rb'))['sweep']['out'])"
+STORE=${STORE:-$("$PY" -c "$SPEC_OUT" "$SPEC")}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 # lrt_lab finds the tasks through the package's entry point: install it (offline, no deps) if absent
@@ -71,11 +72,12 @@ unpack() {  # a fresh machine: continue from the store the last segment packed, 
 pack() {  # prune checkpoints, then leave the store in the folder that is copied back
   for run in "$STORE"/*/; do
     if [ -f "$run/summary.json" ]; then rm -rf "$run/checkpoints"
-    elif [ -d "$run/checkpoints" ]; then ls -1 "$run"/checkpoints/step_*.pt 2>/dev/null | head -n -1 | xargs -r rm -f
+    elif [ -d "$run/checkpoints" ]; then  # keep the newest checkpoint only
+      ls -1 "$run"/checkpoints/step_*.pt 2>/dev/null | head -n -1 | xargs -r rm -f
     fi
   done
   [ -n "$PACK_DIR" ] || return 0
-  # Written aside, then renamed: a command stopped mid-pack leaves the previous parts whole, and a
+  # Written aside, then renamed: a command stopped while tar runs leaves the previous parts whole, and a
   # smaller archive leaves no stale part behind to corrupt the next `cat store.tgz.*`.
   local partial="$PACK_DIR/.partial"
   rm -rf "$partial" && mkdir "$partial"

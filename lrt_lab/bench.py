@@ -534,7 +534,10 @@ def load_results(folder) -> list[tuple[str, dict]]:
         if name.endswith(".json"):
             with open(os.path.join(folder, name)) as f:
                 results.append((name, json.load(f)))
-    return sorted(results, key=lambda nr: (nr[1]["settings"]["seq_len"], nr[1]["settings"]["batch_size"], nr[0]))
+    def shape(name_result):
+        name, result = name_result
+        return result["settings"]["seq_len"], result["settings"]["batch_size"], name
+    return sorted(results, key=shape)
 
 
 def markdown_table(results: list[tuple[str, dict]]) -> str:

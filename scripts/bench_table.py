@@ -19,8 +19,10 @@ from lrt_lab.bench import load_results, markdown_table, replace_table  # noqa: E
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bench-dir", default=str(REPO / "docs" / "bench"), help="folder of bench JSON files")
-    parser.add_argument("--page", default=str(REPO / "docs" / "performance.md"), help="markdown page to update")
+    parser.add_argument("--bench-dir", default=str(REPO / "docs" / "bench"),
+                        help="folder of bench JSON files")
+    parser.add_argument("--page", default=str(REPO / "docs" / "performance.md"),
+                        help="markdown page to update")
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when out of date")
     args = parser.parse_args(argv)
     page = Path(args.page)
@@ -28,7 +30,8 @@ def main(argv=None) -> int:
     updated = replace_table(text, markdown_table(load_results(args.bench_dir)))
     if args.check:
         if updated != text:
-            print(f"{page}: the bench table is out of date; run python scripts/bench_table.py", file=sys.stderr)
+            print(f"{page}: the bench table is out of date; run python scripts/bench_table.py",
+                  file=sys.stderr)
             return 1
         return 0
     if updated != text:

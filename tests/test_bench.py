@@ -135,7 +135,8 @@ def test_bench_table_renders_a_fresh_result_and_needs_its_markers(tmp_path):
     assert "`tiny.json`" in table and "train rollout:1" in table
     assert f"{result['train_ratio']['interleaved_2']:.2f}x" in table
     page = f"intro\n{bench.TABLE_START}\nold\n{bench.TABLE_END}\noutro\n"
-    assert bench.replace_table(page, table) == f"intro\n{bench.TABLE_START}\n{table}\n{bench.TABLE_END}\noutro\n"
+    want = f"intro\n{bench.TABLE_START}\n{table}\n{bench.TABLE_END}\noutro\n"
+    assert bench.replace_table(page, table) == want
     with pytest.raises(ValueError, match="markers"):
         bench.replace_table("no markers here", table)
 
