@@ -1,28 +1,53 @@
 #!/usr/bin/env bash
-# The paper-size A5 run (experiments/a5_paper.toml) on one GPU, in segments of bounded wall time.
+# The paper-size A5 run (experiments/a5_paper.toml) on one GPU, in resumable segments of bounded
+# wall time: for a machine that limits how long one command may run.
 #
-#   experiments/run_paper_a5.sh [SECONDS]   one segment: train until SECONDS (default 480) have
-#                                           passed, checkpoint the run in progress, exit
-#   experiments/run_paper_a5.sh --all       segments until every run is complete
+#   experiments/run_paper_a5.sh [SECONDS] [--pack DIR]   one segment: train until SECONDS (default
+#                                                        480) have passed, checkpoint, exit
+#   experiments/run_paper_a5.sh --all [--pack DIR]       segments until every run is complete
 #
-# Finished runs are skipped and the run in progress resumes from its checkpoint, so the command is
-# simply repeated (each call of the device tool may last at most 10 minutes: 480 s of training
-# leaves room for start-up and the evaluation that ends a run). Environment: SPEC (default
-# experiments/a5_paper.toml), STORE (default: the spec's out, runs/a5_paper), DEVICE (default
-# cuda), PYTHON (default python3).
+# Each invocation skips the finished runs and resumes the run in progress from its checkpoint
+# (`lrt-lab sweep --time-limit`), so the same command is repeated until it prints "runs not yet
+# complete: 0". Choose SECONDS as the machine's limit per command less about two minutes for
+# start-up and the evaluation that ends a run: 480 for a 10-minute limit.
 #
-# A fresh machine has none of the last one's files. When $OUT is set (the device tool), each
-# segment also packs the store into $OUT/store.tgz.00, .01, ... (15 MB parts; the checkpoints of
-# finished runs dropped, only the newest of the run in progress kept). On the host:
-#   cat <files_at>/store.tgz.* | tar -xz        # restores runs/a5_paper
-# and the next call names runs/a5_paper in `carry`. Finished runs go to the committed store with
+# Machines that do not keep their disk from one command to the next: --pack DIR (or PACK_DIR=DIR)
+# names a folder the machine copies back. Each segment then packs the store into DIR/store.tgz.00,
+# .01, ... (15 MB parts, for transfers that limit a file's size; the checkpoints of finished runs
+# dropped, only the newest of the run in progress kept), and an invocation that finds no store
+# but finds parts in DIR unpacks them first, so a folder copied back and forth needs nothing else.
+# Otherwise restore the store before the next command, from the repository root:
+#   cat DIR/store.tgz.* | tar -xz                 # restores runs/a5_paper
+# and bring runs/a5_paper along with the working tree. Finished runs go to the committed store with
 #   rsync -a --exclude checkpoints runs/a5_paper/ experiments/results/
+#
+# Environment: SPEC (default experiments/a5_paper.toml), STORE (default: the spec's out,
+# runs/a5_paper; relative to the repository root), DEVICE (default cuda), PYTHON (default python3),
+# PACK_DIR (default: none, the store stays where it is), SEGMENT_S (--all's segments, default 480).
 set -euo pipefail
+
+usage() { sed -n '5,7p' "$0" | sed 's/^#//' >&2; exit 2; }
+
+MODE=one SECONDS_LIMIT=480 PACK_DIR=${PACK_DIR:-}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --all) MODE=all ;;
+    --pack) [ $# -ge 2 ] || usage; PACK_DIR=$2; shift ;;
+    --pack=*) PACK_DIR=${1#--pack=} ;;
+    ''|*[!0-9]*) usage ;;  # anything but a whole number of seconds
+    *) SECONDS_LIMIT=$1 ;;
+  esac
+  shift
+done
+# The pack folder is resolved before the cd below, so a relative DIR means the caller's folder
+if [ -n "$PACK_DIR" ]; then mkdir -p "$PACK_DIR" && PACK_DIR=$(cd "$PACK_DIR" && pwd); fi
+
 cd "$(dirname "$0")/.."
 SPEC=${SPEC:-experiments/a5_paper.toml}
 DEVICE=${DEVICE:-cuda}
 PY=${PYTHON:-python3}
-STORE=${STORE:-$("$PY" -c "import sys, tomllib; print(tomllib.load(open(sys.argv[1], 'rb'))['sweep']['out'])" "$SPEC")}
+SPEC_OUT="import sys, tomllib; print(tomllib.load(open(sys.argv[1], 'rb'))['sweep']['out'])"
+STORE=${STORE:-$("$PY" -c "$SPEC_OUT" "$SPEC")}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 # lrt_lab finds the tasks through the package's entry point: install it (offline, no deps) if absent
@@ -37,19 +62,35 @@ remaining() {  # how many runs of the spec are not complete
   "$PY" -m lrt_lab.cli sweep "$SPEC" --out "$STORE" --device "$DEVICE" --dry-run | grep -c '^todo' || true
 }
 
-pack() {  # prune checkpoints, then ship the store back through $OUT
-  for run in "$STORE"/*/; do
-    if [ -f "$run/summary.json" ]; then rm -rf "$run/checkpoints"
-    elif [ -d "$run/checkpoints" ]; then ls -1 "$run"/checkpoints/step_*.pt 2>/dev/null | head -n -1 | xargs -r rm -f
-    fi
-  done
-  if [ -n "${OUT:-}" ]; then tar -cz "$STORE" | split -b 15000000 -d - "$OUT/store.tgz."; fi
+unpack() {  # a fresh machine: continue from the store the last segment packed, if it came along
+  if [ -n "$PACK_DIR" ] && [ ! -d "$STORE" ] && compgen -G "$PACK_DIR/store.tgz.*" >/dev/null; then
+    echo "restoring $STORE from $PACK_DIR/store.tgz.*"
+    cat "$PACK_DIR"/store.tgz.* | tar -xz
+  fi
 }
 
-if [ "${1:-}" = "--all" ]; then
+pack() {  # prune checkpoints, then leave the store in the folder that is copied back
+  for run in "$STORE"/*/; do
+    if [ -f "$run/summary.json" ]; then rm -rf "$run/checkpoints"
+    elif [ -d "$run/checkpoints" ]; then  # keep the newest checkpoint only
+      ls -1 "$run"/checkpoints/step_*.pt 2>/dev/null | head -n -1 | xargs -r rm -f
+    fi
+  done
+  [ -n "$PACK_DIR" ] || return 0
+  # Written aside, then renamed: a command stopped while tar runs leaves the previous parts whole, and a
+  # smaller archive leaves no stale part behind to corrupt the next `cat store.tgz.*`.
+  local partial="$PACK_DIR/.partial"
+  rm -rf "$partial" && mkdir "$partial"
+  tar -cz "$STORE" | split -b 15000000 -d - "$partial/store.tgz."
+  rm -f "$PACK_DIR"/store.tgz.*
+  mv "$partial"/store.tgz.* "$PACK_DIR"/ && rmdir "$partial"
+}
+
+unpack
+if [ "$MODE" = all ]; then
   while [ "$(remaining)" -gt 0 ]; do segment "${SEGMENT_S:-480}"; pack; done
 else
-  segment "${1:-480}"
+  segment "$SECONDS_LIMIT"
   pack
 fi
 echo "runs not yet complete: $(remaining)"

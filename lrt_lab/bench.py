@@ -64,7 +64,7 @@ class BenchPreset:
     repeats: int
     warmup: int
     exact_repeats: int      # Exact is T stages: cap its repeats (and warm-up) on slow devices
-    exact_seq_len: int      # Exact is measured at this T (the issue's "Exact training at T=256")
+    exact_seq_len: int      # Exact is measured at this T (the aim "Exact training at T=256")
 
 
 BENCH_PRESETS: dict[str, BenchPreset] = {
@@ -516,6 +516,77 @@ def format_table(result: dict) -> str:
         lines.append("peak memory (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in a["peak_memory_mib"].items()))
     lines.append(f"({result['elapsed_s']:.1f} s)")
     return "\n".join(lines)
+
+
+# The committed results as a markdown table (docs/performance.md) ---------------------------------
+# It lives here, beside the JSON layout it reads, so a change to that layout and to the table that
+# docs/performance.md shows are made in one place; scripts/bench_table.py writes it into the page
+# and tests/test_bench.py fails when the page's copy differs from what the committed JSON gives.
+TABLE_START = "<!-- bench-table:start -->"
+TABLE_END = "<!-- bench-table:end -->"
+
+
+def load_results(folder) -> list[tuple[str, dict]]:
+    """(file name, result) of every *.json in folder, shortest training length first."""
+    folder = os.fspath(folder)
+    results = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".json"):
+            with open(os.path.join(folder, name)) as f:
+                results.append((name, json.load(f)))
+    def shape(name_result):
+        name, result = name_result
+        return result["settings"]["seq_len"], result["settings"]["batch_size"], name
+    return sorted(results, key=shape)
+
+
+def markdown_table(results: list[tuple[str, dict]]) -> str:
+    """One column per bench result, one row per case: LRT / transformer ratios (whole training step,
+    forward + backward alone in brackets), with what the dynamic schedules measured."""
+    def ratio(x):
+        return f"{x:.2f}x"
+
+    def column(name, r):
+        s, a, env = r["settings"], r["absolute"], r["environment"]
+        cells = {
+            "bench JSON": f"`{name}`",
+            "machine": f"{r['device']}: {env['machine']}",
+            "threads, clock": f"{env['threads']}, {s['clock']}",
+            "torch, model, repeats": f"{env['torch']}, {s['model_preset']}, "
+                                     f"median of {s['repeats']} (Exact {s['exact_repeats']})",
+            "transformer step, ms (fwd+bwd)": f"{a['train_step_ms']['transformer']:.1f} "
+                                              f"({a['train_fwd_bwd_ms']['transformer']:.1f})",
+        }
+        for key, schedule in TRAIN_CASES.items():
+            cell = f"{ratio(r['train_ratio'][key])} ({ratio(r['train_ratio_fwd_bwd'][key])})"
+            if key == "exact" and s["exact_seq_len"] != s["seq_len"]:
+                cell += f" at T={s['exact_seq_len']}"
+            if key in r.get("sweeps_used", {}):
+                cell += f", {r['sweeps_used'][key]['median']:g} sweeps"
+            if key in r.get("rollout_share", {}):
+                cell += f", rollout {100 * r['rollout_share'][key]['median']:.0f}%"
+            cells[f"train {schedule.spec}"] = cell
+        for key, schedule in PREFILL_CASES.items():
+            cells[f"prefill {schedule.spec}"] = ratio(r["prefill_ratio"][key])
+        cells["decode tok/s, batch 1"] = ratio(r["decode_throughput_ratio"]["batch_1"])
+        cells["decode tok/s, batch N"] = (f"{ratio(r['decode_throughput_ratio']['batch_N'])} "
+                                          f"(N={s['decode_batch_N']})")
+        return cells
+
+    columns = [column(name, r) for name, r in results]
+    heads = [f"T={r['settings']['seq_len']}, B={r['settings']['batch_size']}" for _, r in results]
+    lines = ["| LRT / transformer | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    for label in columns[0] if columns else []:
+        lines.append(f"| {label} | " + " | ".join(c.get(label, "-") for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def replace_table(page: str, table: str) -> str:
+    """page with the text between TABLE_START and TABLE_END replaced by table."""
+    start, end = page.find(TABLE_START), page.find(TABLE_END)
+    if start < 0 or end < start:
+        raise ValueError(f"the page has no {TABLE_START} ... {TABLE_END} markers in that order")
+    return page[:start + len(TABLE_START)] + "\n" + table + "\n" + page[end:]
 
 
 # Command line --------------------------------------------------------------------------------------

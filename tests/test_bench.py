@@ -1,4 +1,5 @@
-"""`lrt-lab bench` runs on the tiny preset and writes the JSON the issue specifies.
+"""`lrt-lab bench` runs on the tiny preset and writes the JSON layout below (RATIO_KEYS and more);
+the committed results render into docs/performance.md's table.
 
 Benchmarks are not assertions: no timing is checked here, only that every figure exists and is a
 positive finite number.
@@ -7,6 +8,7 @@ positive finite number.
 import argparse
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -107,6 +109,36 @@ def test_cuda_without_cuda_is_a_clear_error(monkeypatch):
 def test_cli_reports_bad_arguments_as_exit_code_2(capsys):
     assert bench.run(_parse(["--device", "cpu", "--preset", "nope", "--quiet"])) == 2
     assert "preset='nope' is invalid" in capsys.readouterr().err
+
+
+# The committed results and docs/performance.md's table --------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_performance_page_shows_the_committed_bench_json():
+    """The table between the bench-table markers is what the committed JSON renders to, so the page
+    never shows hand-typed or stale figures (python scripts/bench_table.py rewrites it)."""
+    page = (REPO / "docs" / "performance.md").read_text()
+    results = bench.load_results(REPO / "docs" / "bench")
+    assert results, "no committed bench JSON in docs/bench"
+    table = bench.markdown_table(results)
+    assert bench.replace_table(page, table) == page, "run: python scripts/bench_table.py"
+    for name, _ in results:
+        assert f"`{name}`" in table
+
+
+def test_bench_table_renders_a_fresh_result_and_needs_its_markers(tmp_path):
+    result = bench.run_bench("cpu", "tiny", repeats=1, warmup=0, decode_steps=1, threads=1,
+                              json_path=tmp_path / "tiny.json")
+    table = bench.markdown_table(bench.load_results(tmp_path))
+    assert "`tiny.json`" in table and "train rollout:1" in table
+    assert f"{result['train_ratio']['interleaved_2']:.2f}x" in table
+    page = f"intro\n{bench.TABLE_START}\nold\n{bench.TABLE_END}\noutro\n"
+    want = f"intro\n{bench.TABLE_START}\n{table}\n{bench.TABLE_END}\noutro\n"
+    assert bench.replace_table(page, table) == want
+    with pytest.raises(ValueError, match="markers"):
+        bench.replace_table("no markers here", table)
 
 
 # The performance work's fast paths (lrt_lab.model/buffer/attention), beyond what test_core holds --

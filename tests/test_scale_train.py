@@ -370,10 +370,10 @@ def test_shards_tokenizer_resume_and_evaluate(tmp_path, corpus, capsys):
     assert {"seq_bpb_onepass", "seq_bpb_exact", "cont_bpb_parallel"} <= set(rec)
 
 
-# Issue 21: what would break or mislead the first GPU run ---------------------------------------------
+# What would break or mislead the first GPU run ------------------------------------------------------
 def test_ratio_params_and_data_plan():
     """Both definitions of N at 20L (the paper's text: 1.316B with embeddings; the released code:
-    matrices + LM head, 435M), and the shards best-fit cropping needs (issue: ~770 at R=20, not 520)."""
+    matrices + LM head, 435M), and the shards best-fit cropping needs (about 770 at R=20, not 520)."""
     base = fl.plan(preset("d20"), ratio=20, ratio_params="matrices")
     lrt = fl.plan(preset("d20", memory=MemoryConfig()), "interleaved:2", ratio=20, ratio_params="matrices")
     assert base.params_ratio == 435_165_440 and base.ratio_params == "matrices"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Single-GPU smoke run: d12 LRT (Interleaved(2)) and the d12 baseline for a few hundred steps each,
-# torch.compile on, bf16 autocast; then the throughput figures the issue asks for.
+# torch.compile on, bf16 autocast; then throughput, MFU and the LRT / baseline step-time ratio.
 #
 #   bash scale/launch/smoke_1gpu.sh                     # synthetic data (no download needed)
 #   DATA_DIR=~/.cache/lrt_lab/fineweb TOKENIZER_DIR=~/.cache/lrt_lab/tokenizer bash scale/launch/smoke_1gpu.sh
