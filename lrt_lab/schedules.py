@@ -335,7 +335,7 @@ class Rollout:
         rollout_s = time.perf_counter() - start
         if rows is not None:
             buffer = buffer.with_memory(rows.clone() if rows.is_inference() else rows)
-        rollout_cost = len(layers) / L if rows is not None else 0.0
+        rollout_cost = len(layers) / L * rows.size(1) / T if rows is not None else 0.0
         run = DynamicRun([], [], buffer, cost=rollout_cost)
         full = range(0, T)
         for _ in range(self.grad_sweeps):
@@ -351,7 +351,9 @@ class Rollout:
 
 @torch.inference_mode()
 def rollout_memory(model, idx: torch.Tensor) -> tuple[torch.Tensor | None, range]:
-    """(m_t for every position (B, T, d), exactly, as an inference tensor; the blocks it ran).
+    """(m_t for the positions some position reads (B, T - exact_chunk, d), exactly, as an
+    inference tensor; the blocks it ran). The last exact_chunk positions' memory is read only
+    beyond the sequence, so they are not rolled out (the sweeps that follow compute them).
 
     One position per stage, no autograd, through the blocks that feed m_t (all blocks when the
     source is the top one), into a `DecodeCache` that keeps every memory row: in-place writes, so
@@ -366,11 +368,17 @@ def rollout_memory(model, idx: torch.Tensor) -> tuple[torch.Tensor | None, range
     cache = model.new_decode_cache(B, T, device=idx.device, dtype=compute_dtype(idx.device, ref.dtype),
                                    keep_memory=True)
     with launch_bound_threads(idx.device):
-        for t in range(T):
+        for t in range(rolled_out_positions(model.config, T)):
             tokens = idx[:, t:t + 1]
             cache.append_tokens(tokens)
             model.stage(tokens, range(t, t + 1), cache, layers=layers)
     return cache.memory_rows(), layers
+
+
+def rolled_out_positions(config, T: int) -> int:
+    """How many positions Rollout rolls out: every one whose memory a later position of the
+    sequence reads, i.e. T - exact_chunk (memory.read_offsets' nearest offset), at least one."""
+    return max(1, T - config.memory.exact_chunk)
 
 
 @contextlib.contextmanager

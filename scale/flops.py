@@ -72,7 +72,7 @@ import torch
 
 from lrt_lab.config import ModelConfig
 from lrt_lab.model import LRT
-from lrt_lab.schedules import OnePass, Rollout, parse_schedule
+from lrt_lab.schedules import OnePass, Rollout, parse_schedule, rolled_out_positions
 
 H100_BF16_PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (no sparsity)
 REFERENCE_BATCH_TOKENS = 2 ** 19  # the paper's (and nanochat's) global batch
@@ -142,15 +142,18 @@ def token_forwards(schedule, seq_len: int) -> float:
     return sum(len(P) for P in stages) / seq_len
 
 
-def rollout_forwards(model_or_config, schedule=None) -> float:
+def rollout_forwards(model_or_config, schedule=None, seq_len: int | None = None) -> float:
     """Full-stack forwards per token a schedule runs without autograd (no backward): Rollout's
     rollout, through the blocks that feed m_t (split / n_layer; all of them when the source is
-    the top block); 0 for every other schedule and for a model without memory."""
+    the top block), over the positions whose memory is read (T - exact_chunk of T); 0 for every
+    other schedule and for a model without memory."""
     model = _as_model(model_or_config)
     if not isinstance(_schedule(schedule), Rollout) or model.memory is None:
         return 0.0
+    T = seq_len or model.config.sequence_len
     split = model.deferred_layers(1)
-    return (split if split is not None else model.config.n_layer) / model.config.n_layer
+    blocks = (split if split is not None else model.config.n_layer) / model.config.n_layer
+    return blocks * rolled_out_positions(model.config, T) / T
 
 
 def train_flops_per_token(model_or_config, schedule=None, seq_len: int | None = None) -> float:
@@ -159,7 +162,7 @@ def train_flops_per_token(model_or_config, schedule=None, seq_len: int | None = 
     model = _as_model(model_or_config)
     T = seq_len or model.config.sequence_len
     fwd = forward_flops_per_position(model, T)
-    return 3.0 * fwd * token_forwards(schedule, T) + fwd * rollout_forwards(model, schedule)
+    return 3.0 * fwd * token_forwards(schedule, T) + fwd * rollout_forwards(model, schedule, T)
 
 
 def official_flops_per_token(model_or_config, seq_len: int | None = None) -> float:
@@ -241,7 +244,7 @@ def plan(model_or_config, schedule=None, *, ratio: float | None = None, tokens: 
     n_tokens = steps * global_batch_tokens
     fwd = forward_flops_per_position(model, T)
     tf = token_forwards(schedule, T)
-    rollout = rollout_forwards(model, schedule)
+    rollout = rollout_forwards(model, schedule, T)
     train = 3.0 * fwd * tf + fwd * rollout
     official = 3.0 * fwd
     base = 3.0 * forward_flops_per_position(model, T, baseline=True)

@@ -141,7 +141,7 @@ class MatmulFlops(TorchDispatchMode):
 def test_rollout_flops_are_the_sweeps_plus_a_forward_only_rollout(G):
     """Rollout(G)'s matrix multiplies: G full differentiated passes (backward 2x of those only)
     plus the rollout's forward through the blocks below the split, counted by hand here; the plan
-    charges that rollout as split / n_layer of a forward."""
+    charges that rollout as split / n_layer of a forward over T - 1 of the T positions."""
     model = LRT(preset("small", memory=MemoryConfig(), vocab_size=64))
     B, T = 2, 8
     idx = torch.randint(0, 64, (B, T))
@@ -156,14 +156,15 @@ def test_rollout_flops_are_the_sweeps_plus_a_forward_only_rollout(G):
                 and p.ndim == 2)
     rec = sum(p.numel() for n, p in named.items() if ".k_rec." in n or ".v_rec." in n)
     counts = fl.count_params(model)
-    # the rollout: every position through blocks [0, split), W_rec m from position 1 on (0 reads zero memory)
-    rollout = 2 * B * (lower * T + rec * (T - 1))
+    # the rollout: positions 0 .. T-2 (the last one's memory is read by no position) through blocks
+    # [0, split), W_rec m from position 1 on (0 reads zero memory)
+    rollout = 2 * B * (lower * (T - 1) + rec * (T - 2))
     sweeps = 2 * B * counts["matmul"] * T * G   # every sweep reads the rolled-out memory: nothing skipped
     assert fwd.flops == sweeps + rollout
     # backward: 2x the sweeps, less the input gradient of W_rec m in the first sweep (its rows are
     # the rollout's, detached: nothing upstream to reach)
     assert bwd.flops == 2 * sweeps - 2 * B * T * rec
-    assert fl.rollout_forwards(model, f"rollout:{G}") == split / model.config.n_layer == 0.5
+    assert fl.rollout_forwards(model, f"rollout:{G}", T) == pytest.approx(0.5 * (T - 1) / T)
     assert fl.token_forwards(f"rollout:{G}", T) == G
 
 
