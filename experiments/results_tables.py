@@ -1,28 +1,48 @@
-"""The README's "Results" tables, from a run store (default: the committed `experiments/results/`).
+"""docs/results.md and the README's "What the sandbox found" tables, from a run store (default: the
+committed `experiments/results/`) and the committed bench results (`docs/bench/*.json`).
 
-    python experiments/results_tables.py [STORE] [--figures DIR]
+    python experiments/results_tables.py [STORE] [--figures DIR]   print every table (and draw figures)
+    python experiments/results_tables.py --write    regenerate docs/results.md, the README's block, figures
+    python experiments/results_tables.py --check    exit 1, naming the file, when either differs
 
-Prints Markdown: A5 state tracking (experiments/a5_cpu.toml, the factor study a5_study*.toml and
-the trainer frontier a5_trainer_frontier.toml), the truncated-gradient study (a5_truncation.toml:
-which Rollout(G) learns with every k-th position supervised), the Z60 control
-(experiments/z60_control.toml), gap recovery on byte-level text (experiments/gap_recovery.toml),
-each next to the paper's figure. --figures DIR also writes the trainer-frontier figure
-(DIR/a5_trainer_frontier.png; the README shows docs/a5_trainer_frontier.png). Cells are mean [95% t-interval over seeds] (n seeds); a single
-seed shows its value alone. Everything comes from lrt_lab's public tools: the run store
-(`load_runs`), `seed_stats` and the gap analysis (`collect_bpb`, `gap_recovery`).
+docs/results.md is `experiments/results_template.md` (each study's question, setup and what it shows)
+with every `<!-- table: NAME -->` line replaced by the table NAME built here; the README's compact
+tables (between `<!-- results:start -->` and `<!-- results:end -->`) are built here too, so no table
+in either file is typed by hand and tests/test_results.py fails when one is stale.
+
+The studies: A5 state tracking (experiments/a5_cpu.toml, a5_beyond.toml, the factor study
+a5_study*.toml and the trainer frontier a5_trainer_frontier.toml), the truncated-gradient study
+(a5_truncation.toml: which Rollout(G) learns with every k-th position supervised), the Z60 control
+(z60_control.toml), gap recovery on byte-level text (gap_recovery.toml, fixedpoint_text.toml), the
+looped and pondering baselines (baselines.toml), linear probes of the memory (the probe tables of the
+length-8 runs) and speed (`lrt-lab bench` JSON). Cells are mean [95% t-interval over seeds] (n seeds);
+a single seed shows its value alone. Everything comes from lrt_lab's public tools: the run store
+(`load_runs`), `seed_stats`, the gap analysis (`collect_bpb`, `gap_recovery`) and the bench table
+(`lrt_lab.bench.markdown_table`).
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import re
+import statistics
 import sys
+from pathlib import Path
 
 import pandas as pd
 
-from lrt_lab.analysis import seed_stats
-from lrt_lab.analysis.gap import collect_bpb, gap_recovery
-from lrt_lab.report import frontier_points, memory_label, method_label, model_label, steps_suffix, supervised_every
-from lrt_lab.results import load_runs
+REPO = Path(__file__).resolve().parents[1]
+if __name__ == "__main__":
+    # this checkout's lrt_lab, not another installed copy: the pages document it
+    sys.path.insert(0, str(REPO))
+
+from lrt_lab.analysis import seed_stats  # noqa: E402
+from lrt_lab.analysis.gap import collect_bpb, gap_recovery  # noqa: E402
+from lrt_lab.bench import load_results, markdown_table  # noqa: E402
+from lrt_lab.report import (frontier_points, memory_label, method_label, model_label,  # noqa: E402
+                            steps_suffix, supervised_every)
+from lrt_lab.results import load_metrics, load_runs  # noqa: E402
 
 # Paper, app. "Non-Commutative State Tracking" (depth 4, d 256, trained at length 64, pos@90 out of 64
 # with exact decoding, the same at 128 and 256) and app. "Comparison with Exact Sequential Training".
@@ -35,7 +55,8 @@ def cell(row, fmt="{:.1f}") -> str:
         return "-"
     if row["n"] < 2 or math.isnan(row["ci_low"]):
         return f"{fmt.format(row['mean'])} (n={row['n']})"
-    return f"{fmt.format(row['mean'])} [{fmt.format(row['ci_low'])}, {fmt.format(row['ci_high'])}] (n={row['n']})"
+    low, high = fmt.format(row["ci_low"]), fmt.format(row["ci_high"])
+    return f"{fmt.format(row['mean'])} [{low}, {high}] (n={row['n']})"
 
 
 def whole(v) -> str:
@@ -59,24 +80,37 @@ def state_tracking_tables(df: pd.DataFrame, task: str, paper: dict | None) -> st
                         for L in sorted(sub["config.train.length"].unique()))
 
 
-def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str | None:
-    """The runs of `task` with every position supervised (the others: `truncation_table`)."""
+def labelled(df: pd.DataFrame, task: str) -> pd.DataFrame:
+    """The runs of `task` with every position supervised, with the columns memory, model and label.
+    The label groups seeds: the model (what the paper's figures are keyed by), the number of steps
+    where runs of one model differ in it (different configs, not seeds of one), and the memory preset
+    and init (shown in their own column, so the label holds them in brackets)."""
     sub = df[df["config.train.task"] == task].copy()
     sub = sub[sub.apply(supervised_every, axis=1) == 1] if not sub.empty else sub
     if sub.empty:
-        return None
-    # the label groups seeds: the model (what the paper's figures are keyed by), the number of steps
-    # where runs of one model differ in it (different configs, not seeds of one), and the memory
-    # preset and init (shown in their own column)
+        return sub
     sub["memory"] = sub.apply(memory_label, axis=1)
     sub["model"] = sub.apply(model_label, axis=1)
     memory = sub["memory"].map(lambda m: "" if m == "-" else f" [{m}]")
     sub["label"] = sub["model"] + steps_suffix(sub, sub["model"] + memory) + memory
+    return sub
+
+
+def evaluated_lengths(sub: pd.DataFrame) -> list[int]:
+    return sorted({int(c.split("@")[1]) for c in sub.columns
+                   if c.startswith("summary.eval.pos90_exact@") and sub[c].notna().any()})
+
+
+def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str | None:
+    """The runs of `task` with every position supervised (the others: `truncation_table`)."""
+    sub = labelled(df, task)
+    if sub.empty:
+        return None
     L = int(sub["config.train.length"].iloc[0])
-    lengths = sorted({int(c.split("@")[1]) for c in sub.columns
-                      if c.startswith("summary.eval.pos90_exact@") and sub[c].notna().any()})
+    lengths = evaluated_lengths(sub)
     stats = {}
-    for metric in [f"summary.eval.pos90_exact@{n}" for n in lengths] + [f"summary.eval.acc_exact@{n}" for n in lengths]:
+    metrics = [f"summary.eval.{m}@{n}" for m in ("pos90_exact", "acc_exact") for n in lengths]
+    for metric in metrics:
         t = seed_stats(sub, metric, group_by=("label",))
         stats[metric] = {r["label"]: r for _, r in t.iterrows()}
     order = sorted(sub["label"].unique(), key=lambda s: (not s.startswith("transformer"), s))
@@ -88,7 +122,7 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
         runs = sub[sub["label"] == label].sort_values("config.train.seed")
         r.append(", ".join(str(int(v)) for v in runs[f"summary.eval.pos90_exact@{L}"]))
         # the parallel forward (the training schedule run on the whole sequence) per seed, at each length
-        cols = [f"summary.eval.pos90_parallel@{n}" for n in lengths if f"summary.eval.pos90_parallel@{n}" in runs]
+        cols = [c for c in (f"summary.eval.pos90_parallel@{n}" for n in lengths) if c in runs]
         r.append(", ".join("/".join(str(int(v)) for v in seed_row) for seed_row in runs[cols].to_numpy()))
         # training compute: token-forwards the trainer actually ran (a FixedPoint step counts its sweeps)
         r.append(f"{runs['summary.compute_tokens'].mean() / 1e6:.1f}")
@@ -99,8 +133,9 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
             own = twins[twins["memory"].str.contains("paper init")]
             r.append(paper.get(model, "-") if label in set((own if len(own) else twins)["label"]) else "-")
         rows.append(r)
-    header = (["model / trainer", "memory preset, init"] + [f"pos@90 at {n}" for n in lengths] + [f"accuracy at {lengths[0]}"]
-              + [f"pos@90 at {L} per seed", "parallel forward pos@90 per seed, at " + " / ".join(map(str, lengths)),
+    header = (["model / trainer", "memory preset, init"] + [f"pos@90 at {n}" for n in lengths]
+              + [f"accuracy at {lengths[0]}", f"pos@90 at {L} per seed",
+                 "parallel forward pos@90 per seed, at " + " / ".join(map(str, lengths)),
                  "compute (M token-forwards)"])
     if paper is not None:
         header.append("paper pos@90 (of 64, T=64)")
@@ -125,8 +160,8 @@ def frontier_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16) 
     rows = []
     for trainer, runs in points.groupby("trainer", sort=False):
         runs = runs.sort_values("seed")
-        per_seed = ", ".join("/".join(whole(v) for v in r) for r in runs[[f"pos90_exact@{n}" for n in lengths]]
-                             .to_numpy())
+        exact = runs[[f"pos90_exact@{n}" for n in lengths]].to_numpy()
+        per_seed = ", ".join("/".join(whole(v) for v in r) for r in exact)
         learned = sum(int(v) == length for v in runs[f"pos90_exact@{length}"])
         rows.append([trainer, f"{runs['compute'].mean():.1f}", f"{runs['wall_min'].mean():.0f}",
                      ", ".join(str(int(s)) for s in runs["seed"]), per_seed, f"{learned} of {len(runs)}"])
@@ -214,35 +249,335 @@ def gap_table(df: pd.DataFrame) -> str | None:
         base, exact = r["base"], r["exact"]
         ci = "" if math.isnan(r["ci_low"]) else f" [{100 * r['ci_low']:.0f}%, {100 * r['ci_high']:.0f}%]"
         seeds = ", ".join(f"{100 * v:.0f}%" for v in per_seed[per_seed["method"] == r["method"]]["recovered"])
-        rows.append([r["method"], f"{r['value']:.4f}", f"{100 * r['recovered']:.0f}%{ci} (n={int(r['n_seeds'])})",
-                     seeds, PAPER_GAP.get(r["method"], "-")])
-    head = (f"Baseline (transformer) {base:.4f} BPB, exact-trained LRT {exact:.4f} BPB (means over the paired seeds); "
-            "recovered = (baseline - method) / (baseline - exact), per seed, then averaged (95% bootstrap interval). "
-            "LRT memory: " + "; ".join(sorted({m for m in sub.apply(memory_label, axis=1) if m != "-"})) + ".")
+        runs = with_bpb[with_bpb.apply(method_label, axis=1) == r["method"]]
+        recovered = f"{100 * r['recovered']:.0f}%{ci} (n={int(r['n_seeds'])})"
+        rows.append([r["method"], f"{r['value']:.4f}", recovered,
+                     seeds, PAPER_GAP.get(r["method"], "-"), forwards_per_token(runs), sweeps_per_step(runs)])
+    memories = sorted({m for m in sub.apply(memory_label, axis=1) if m != "-"})
+    head = (f"Baseline (transformer) {base:.4f} BPB, exact-trained LRT {exact:.4f} BPB (means over the "
+            "paired seeds); recovered = (baseline - method) / (baseline - exact), per seed, then averaged "
+            "(95% bootstrap interval). LRT memory: " + "; ".join(memories) + ".")
     return head + "\n\n" + markdown(rows, ["method", "BPB (exact decoding)", "gap recovered", "per seed",
-                                           "paper"])
+                                           "paper", "cost (forwards per token)",
+                                           "sweeps per step (mean; last 50 steps)"])
 
 
-def main(store: str = "experiments/results", figures: str | None = None) -> None:
+def forwards_per_token(runs: pd.DataFrame) -> str:
+    """Token-forwards the trainer ran per training token, averaged over training and seeds (a no-grad
+    sweep through the blocks that feed the memory counts their share of the depth)."""
+    return f"{(runs['summary.compute_tokens'] / runs['summary.tokens']).mean():.2f}"
+
+
+def sweeps_per_step(runs: pd.DataFrame, last: int = 50) -> str:
+    """FixedPoint's sweeps per step, over all of training and over its last `last` steps (mean over
+    seeds); "-" for trainers whose number of passes is fixed."""
+    if not runs["config.schedule"].str.startswith("fixedpoint").all():
+        return "-"
+    sweeps = [load_metrics(run, kind="train")["sweeps"] for _, run in runs.iterrows()]
+    whole_run = statistics.mean(s.mean() for s in sweeps)
+    at_end = statistics.mean(s.iloc[-last:].mean() for s in sweeps)
+    return f"{whole_run:.1f}; {at_end:.1f}"
+
+
+
+
+def baselines_table(df: pd.DataFrame, length: int = 16) -> str | None:
+    """The looped, pondering and LRT models on S3 prefix products (experiments/baselines.toml): cost
+    per token, and accuracy and pos@90 with each model's own decoding, mean +- standard deviation
+    over seeds (the runs either learn or do not, so the spread says more than an interval)."""
+    sub = df[(df["config.train.task"] == "group_prefix") & (df["config.train.length"] == length)]
+    if sub.empty:
+        return None
+    sub = sub.assign(method=sub.apply(method_label, axis=1))
+    rows = []
+    # cheapest first, as a reader compares what each extra forward buys
+    def cost(group):
+        return group[1]["summary.schedule_cost"].mean(), group[0]
+    for method, runs in sorted(sub.groupby("method"), key=cost):
+        runs = runs.sort_values("config.train.seed")
+        row = [method, whole(runs["summary.forwards_per_token"].iloc[0]),
+               f"{runs['summary.schedule_cost'].mean():g}x"]
+        for metric, fmt in ((f"acc_exact@{length}", "{:.3f}"), (f"pos90_exact@{length}", "{:.1f}"),
+                            (f"acc_exact@{2 * length}", "{:.3f}")):
+            values = runs[f"summary.eval.{metric}"].astype(float)
+            spread = values.std() if len(values) > 1 else float("nan")
+            if metric.startswith("pos90") and values.nunique() == 1:
+                row.append(whole(values.iloc[0]))
+            else:
+                sd = "" if math.isnan(spread) else f" +- {fmt.format(spread)}"
+                row.append(fmt.format(values.mean()) + sd)
+        row.append(", ".join(f"{v:.3f}" for v in runs[f"summary.eval.acc_exact@{length}"]))
+        row.append(str(len(runs)))
+        rows.append(row)
+    return markdown(rows, ["method", "forwards / token", "training cost", f"accuracy (L={length})",
+                           f"pos@90 (L={length})", f"accuracy (L={2 * length})",
+                           f"accuracy (L={length}) per seed", "seeds"])
+
+
+def probes_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 8) -> str | None:
+    """Linear probes of the memory an LRT reads at position t (`hook_mem_in`) for the state at t-1:
+    test accuracy per position, from each probed run's tables/probe_exact.csv (exact decoding)."""
+    sub = labelled(df[df["config.train.length"] == length], task)
+    rows = []
+    lrt = sub[sub["config.kind"] == "lrt"].sort_values(["config.schedule", "label", "config.train.seed"])
+    for _, run in lrt.iterrows():
+        path = Path(run["path"]) / "tables" / "probe_exact.csv"
+        if not path.is_file():
+            continue
+        probes = pd.read_csv(path)
+        probes = probes[(probes["site"] == "hook_mem_in") & (probes["target"] == "state_prev")]
+        acc = probes[probes["control"] == "probe"].set_index("position")["accuracy"]
+        shuffled = probes[probes["control"] == "shuffled_labels"]["accuracy"]
+        where = run["model"].split("(", 1)[1].rstrip(")").split(", ", 1)  # "4 layers[, memory from block 4]"
+        name = f"LRT {run['config.schedule']}{', ' + where[1] if len(where) > 1 else ''}"
+        pos90 = whole(run[f"summary.eval.pos90_exact@{length}"])
+        rows.append([f"{name}, seed {int(run['config.train.seed'])} (pos@90 {pos90})"]
+                    + [f"{acc.get(t, float('nan')):.2f}" for t in range(2, length + 1)]
+                    + [f"{shuffled.max():.2f}"])
+    if not rows:
+        return None
+    return markdown(rows, ["memory read at position"] + [str(t) for t in range(2, length + 1)]
+                    + ["shuffled labels (max)"])
+
+
+def bench_table(bench_dir: Path = REPO / "docs" / "bench") -> str | None:
+    """The committed `lrt-lab bench --json` results: the table docs/performance.md shows."""
+    results = load_results(bench_dir) if Path(bench_dir).is_dir() else []
+    return markdown_table(results) if results else None
+
+
+def z60_table(df: pd.DataFrame) -> str | None:
+    """The Z60 control at every training length, one table per length."""
+    return state_tracking_tables(df, "z60_prefix", None)
+
+
+# The README's compact tables ---------------------------------------------------------------------
+# Per study a few rows of the full tables in docs/results.md, each linking to its section there.
+# A row names a label of `labelled` (model, then the steps where they differ) and the init its memory
+# cell must name ("-": no memory); rows missing from the store are left out.
+RESULTS_PAGE = "docs/results.md"
+A5_AT_8 = [("transformer (4 layers)", "-"), ("lrt interleaved:2 (4 layers)", "start-as-transformer"),
+           ("lrt interleaved:2 (4 layers, memory from block 4)", "start-as-transformer"),
+           ("lrt fullseq:3 (4 layers)", "start-as-transformer"),
+           ("lrt exact (4 layers)", "start-as-transformer")]
+A5_AT_16 = [("transformer (4 layers)", "-"), ("lrt interleaved:2 (4 layers) (1500 steps)", "paper init"),
+            ("lrt fixedpoint:0.1:8 (4 layers)", "paper init"),
+            ("lrt fixedpoint:0.01:16 (4 layers)", "paper init"),
+            ("lrt rollout:1 (4 layers)", "paper init"), ("lrt exact (4 layers)", "paper init")]
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def link(heading: str) -> str:
+    return f"[{heading}]({RESULTS_PAGE}#{anchor(heading)})"
+
+
+def short(label: str) -> str:
+    """A label without its depth, which every row of a compact table shares."""
+    return re.sub(r" \(\d+ layers\)", "", re.sub(r"\(\d+ layers, ", "(", label))
+
+
+def compact_state_tracking(df: pd.DataFrame, task: str, length: int, wanted) -> str | None:
+    """Exact pos@90 at 1x / 2x / 4x the training length (means), the seeds that reach the training
+    length, and the compute, for the rows `wanted` of the full table."""
+    sub = labelled(df[df["config.train.length"] == length], task)
+    if sub.empty:
+        return None
+    lengths = evaluated_lengths(sub)
+    rows = []
+    for label, init in wanted:
+        runs = sub[(sub["label"].str.split(" [", regex=False).str[0] == label)
+                   & (sub["memory"].str.contains(init, regex=False) if init != "-" else sub["memory"] == "-")]
+        if runs.empty:
+            continue
+        means = " / ".join(f"{runs[f'summary.eval.pos90_exact@{n}'].mean():.1f}" for n in lengths)
+        learned = int((runs[f"summary.eval.pos90_exact@{length}"] >= length).sum())
+        rows.append([short(label), means, f"{learned} of {len(runs)}",
+                     f"{runs['summary.compute_tokens'].mean() / 1e6:.1f}"])
+    if not rows:
+        return None
+    return markdown(rows, ["model / trainer", "exact pos@90 at " + " / ".join(map(str, lengths)) + " (mean)",
+                           f"seeds at pos@90 = {length}", "compute (M token-forwards)"])
+
+
+def compact_z60(df: pd.DataFrame) -> str | None:
+    """Every Z60 row (one per model and training length): exact pos@90 at 1x / 2x / 4x, accuracy."""
+    rows = []
+    for length in sorted(df.loc[df["config.train.task"] == "z60_prefix", "config.train.length"].unique()):
+        sub = labelled(df[df["config.train.length"] == length], "z60_prefix")
+        lengths = evaluated_lengths(sub)
+        for label, runs in sub.groupby("label", sort=True):
+            rows.append([short(label.split(" [")[0]), str(int(length)),
+                         " / ".join(f"{runs[f'summary.eval.pos90_exact@{n}'].mean():.1f}" for n in lengths),
+                         f"{runs[f'summary.eval.acc_exact@{length}'].mean():.3f}", str(len(runs))])
+    if not rows:
+        return None
+    return markdown(rows, ["model / trainer", "trained at", "exact pos@90 at 1x / 2x / 4x (mean)",
+                           "accuracy at 1x", "seeds"])
+
+
+def compact_gap(df: pd.DataFrame) -> str | None:
+    """Gap recovered per parallel trainer: the gap table's method, recovered fraction and paper."""
+    table = gap_table(df)
+    if table is None:
+        return None
+    lines = table.split("\n\n", 1)[1].splitlines()
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    return markdown([[c[0], c[2], c[5], c[4]] for c in cells],
+                    ["method", "gap recovered", "cost (forwards per token)", "paper"])
+
+
+def compact_baselines(df: pd.DataFrame) -> str | None:
+    table = baselines_table(df)
+    if table is None:
+        return None
+    lines = table.splitlines()
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    keep = [0, 2, 3, 4]  # method, training cost, accuracy and pos@90 at the training length
+    return markdown([[r[i] for i in keep] for r in cells[2:]], [cells[0][i] for i in keep])
+
+
+def compact_bench(bench_dir: Path = REPO / "docs" / "bench") -> str | None:
+    """The bench table's headline rows: the training step of the main trainers and batch-1 decoding."""
+    table = bench_table(bench_dir)
+    if table is None:
+        return None
+    lines = table.splitlines()
+    keep = ("train interleaved:2", "train fixedpoint:0.01:8", "train rollout:1", "train exact",
+            "decode tok/s, batch 1")
+    return "\n".join(lines[:2] + [line for line in lines[2:] if line.split("|")[1].strip() in keep])
+
+
+COMPACT = [  # (study, section of docs/results.md, builder, what the numbers are)
+    ("A5 state tracking at length 8", "A5 state tracking at length 8",
+     lambda df: compact_state_tracking(df, "a5_prefix", 8, A5_AT_8),
+     "depth 4, d=128, 800 steps, start-as-transformer init"),
+    ("A5 at length 16, which trainer learns", "A5 factor study at length 16",
+     lambda df: compact_state_tracking(df, "a5_prefix", 16, A5_AT_16),
+     "depth 4, d=128, 1500 steps, transformer 3000; paper preset, init"),
+    ("Z60 control (abelian, same order as A5)", "Z60 control", compact_z60,
+     "the same models and budgets as on A5"),
+    ("Gap recovery on byte-level text", "Gap recovery", compact_gap,
+     "2 layers, d=64, T=32, 300 steps; of the BPB gap to exact training"),
+    ("Baselines: looped and pondering models", "Baselines", compact_baselines,
+     "S3 prefix products at length 16, 2 layers, d=128, 300 steps"),
+    ("Speed: LRT / transformer", "Speed", lambda df: compact_bench(),
+     "one CPU thread; the whole training step, forward + backward alone in brackets"),
+]
+
+
+def compact_block(df: pd.DataFrame) -> str:
+    parts = []
+    for title, section, build, setup in COMPACT:
+        table = build(df)
+        if table is not None:
+            parts.append(f"**{title}** ({setup}).\nFull tables: {link(section)}.\n\n{table}")
+    return "\n\n".join(parts)
+
+
+# docs/results.md and the README block ------------------------------------------------------------
+TEMPLATE = REPO / "experiments" / "results_template.md"
+PLACEHOLDER = re.compile(r"^<!-- table: ([\w@.-]+) -->$", re.MULTILINE)
+BLOCK_START, BLOCK_END = "<!-- results:start -->", "<!-- results:end -->"
+GENERATED = ("<!-- Generated by experiments/results_tables.py --write from experiments/results_template.md,\n"
+             "     the run store experiments/results/ and docs/bench/*.json: edit those, not this file. "
+             "-->\n")
+FIGURES = {"docs/a5_trainer_frontier.png": frontier_figure}
+
+
+def tables(df: pd.DataFrame) -> dict:
+    """Every table a template may name: `<!-- table: NAME -->`."""
+    def at(task, length, paper=None):
+        return lambda: state_tracking_table(df[df["config.train.length"] == length], task, paper)
+    return {
+        "a5_prefix@8": at("a5_prefix", 8, PAPER_A5), "a5_prefix@16": at("a5_prefix", 16, PAPER_A5),
+        "z60_prefix@8": at("z60_prefix", 8), "z60_prefix@16": at("z60_prefix", 16),
+        "frontier": lambda: frontier_table(df), "truncation": lambda: truncation_table(df),
+        "probes": lambda: probes_table(df), "gap": lambda: gap_table(df),
+        "baselines": lambda: baselines_table(df), "bench": bench_table,
+    }
+
+
+def render_results(template: str, df: pd.DataFrame) -> str:
+    builders = tables(df)
+
+    def fill(match):
+        name = match.group(1)
+        if name not in builders:
+            raise SystemExit(f"{TEMPLATE.name}: unknown table {name!r}; known: {', '.join(builders)}")
+        table = builders[name]()
+        return table if table is not None else f"(no runs for the table {name} in the store)"
+    return GENERATED + PLACEHOLDER.sub(fill, template)
+
+
+def replace_block(page: str, block: str) -> str:
+    """page with the text between BLOCK_START and BLOCK_END replaced by block."""
+    start, end = page.find(BLOCK_START), page.find(BLOCK_END)
+    if start < 0 or end < start:
+        raise SystemExit(f"README.md has no {BLOCK_START} ... {BLOCK_END} markers in that order")
+    return page[:start + len(BLOCK_START)] + "\n" + block + "\n" + page[end:]
+
+
+def generated(store, repo: Path = REPO) -> dict[Path, str]:
+    """{file: the text it should have}: docs/results.md and README.md with its block regenerated."""
     df = load_runs(store)
     if df.empty:
-        raise SystemExit(f"store={store!r}: no complete runs")
-    for title, text in (("A5 state tracking", state_tracking_tables(df, "a5_prefix", PAPER_A5)),
-                        ("A5 trainer frontier at length 16", frontier_table(df)),
-                        ("A5 with every k-th position supervised", truncation_table(df)),
-                        ("Z60 control (abelian, same order)", state_tracking_tables(df, "z60_prefix", None)),
-                        ("Gap recovery on byte-level text", gap_table(df))):
+        raise SystemExit(f"store={str(store)!r}: no complete runs")
+    readme = repo / "README.md"
+    return {repo / "docs" / "results.md": render_results(TEMPLATE.read_text(), df),
+            readme: replace_block(readme.read_text(), compact_block(df))}
+
+
+def stale(store, repo: Path = REPO, write: bool = False) -> list[Path]:
+    """The generated files whose text differs from what `store` gives (rewritten when `write`)."""
+    out = []
+    for path, text in generated(store, repo).items():
+        if path.read_text() != text:
+            out.append(path)
+            if write:
+                path.write_text(text)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("store", nargs="?", default=str(REPO / "experiments" / "results"), help="run store")
+    parser.add_argument("--figures", nargs="?", const=str(REPO / "docs"), default=None, metavar="DIR",
+                        help="also draw the figures into DIR (default docs)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true",
+                      help="regenerate docs/results.md, the README block and the figures")
+    mode.add_argument("--check", action="store_true",
+                      help="exit 1, naming the file, when docs/results.md or the README block differs")
+    args = parser.parse_args(argv)
+    if args.write or args.check:
+        differ = stale(args.store, write=args.write)
+        # the figures are drawn, not compared: a PNG's bytes change with the matplotlib version
+        differ += [REPO / name for name in FIGURES if not args.write and not (REPO / name).is_file()]
+        if args.check:
+            for path in differ:
+                print(f"{path.relative_to(REPO)} differs from what the run store gives; "
+                      "run python experiments/results_tables.py --write", file=sys.stderr)
+            return 1 if differ else 0
+        df = load_runs(args.store)
+        for name, draw in FIGURES.items():
+            draw(df, REPO / name)
+        return 0
+    df = load_runs(args.store)
+    if df.empty:
+        raise SystemExit(f"store={args.store!r}: no complete runs")
+    for name, build in tables(df).items():
+        text = build()
         if text is not None:
-            print(f"### {title}\n\n{text}\n")
-    if figures is not None:
-        frontier_figure(df, f"{figures}/a5_trainer_frontier.png")
+            print(f"### {name}\n\n{text}\n")
+    print(f"### README block\n\n{compact_block(df)}")
+    if args.figures is not None:
+        frontier_figure(df, f"{args.figures}/a5_trainer_frontier.png")
+    return 0
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    figures = None
-    if "--figures" in args:
-        i = args.index("--figures")
-        figures = args[i + 1] if i + 1 < len(args) else "docs"
-        del args[i:i + 2]
-    main(*args[:1], figures=figures)
+    raise SystemExit(main())

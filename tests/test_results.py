@@ -1,7 +1,10 @@
-"""The committed run store (`experiments/results/`) and the README's Results tables built from it.
+"""The committed run store (`experiments/results/`), docs/results.md and the README's compact
+"What the sandbox found" tables built from it.
 
 The tables come from lrt_lab's run store and seed statistics; here each cell is recomputed from
-the runs' JSON files with the standard library alone and looked up in the printed table."""
+the runs' JSON files with the standard library alone and looked up in the printed table, and the
+committed docs/results.md and README block must be exactly what experiments/results_tables.py
+generates from the store, so no table can go stale."""
 
 import importlib.util
 import json
@@ -190,3 +193,51 @@ def test_truncation_table_lists_every_supervised_every_kth_run():
     for (trainer, k), cells in counted.items():
         row = _row(table, trainer)
         assert sorted(row[header.index(f"k = {k}")].split(", ")) == sorted(cells), (trainer, k)
+
+
+def test_results_page_and_readme_block_are_what_the_store_gives():
+    """docs/results.md and the README block regenerated from the committed store equal the committed
+    files (`python experiments/results_tables.py --write` after a change to the store or template)."""
+    tables = _tables_module()
+    differ = tables.stale(STORE)
+    assert not differ, (f"{[str(p.relative_to(ROOT)) for p in differ]} differ from what the run store gives; "
+                        "run python experiments/results_tables.py --write")
+    page = (ROOT / "docs" / "results.md").read_text()
+    assert "<!-- table:" not in page  # every placeholder of the template was filled
+    for figure in tables.FIGURES:
+        assert (ROOT / figure).is_file(), figure
+
+
+def test_one_changed_cell_is_caught(tmp_path):
+    """A copy of the committed files with one table cell changed is reported, and only that file."""
+    tables = _tables_module()
+    (tmp_path / "docs").mkdir()
+    for name in ("README.md", "docs/results.md"):
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    assert tables.stale(STORE, tmp_path) == []
+    for name in ("docs/results.md", "README.md"):
+        text = (tmp_path / name).read_text()
+        row = next(line for line in text.splitlines() if line.startswith("| transformer"))
+        cells = row.split("|")
+        cells[-2] = " 99.9 "  # the last cell of the transformer's first row
+        (tmp_path / name).write_text(text.replace(row, "|".join(cells), 1))
+        assert tables.stale(STORE, tmp_path) == [tmp_path / name], name
+        (tmp_path / name).write_text(text)
+
+
+def test_readme_compact_a5_rows_match_the_run_files():
+    """The README's A5 rows at length 16: mean exact pos@90 at 16 / 32 / 64, the seeds that reach 16
+    and the mean compute, recomputed from the runs' JSON files."""
+    tables = _tables_module()
+    block = (ROOT / "README.md").read_text().split(tables.BLOCK_START)[1].split(tables.BLOCK_END)[0]
+    a5 = block.split("**A5 at length 16")[1].split("\n\n**")[0]
+    runs = _runs_by_method("a5_prefix")[16]
+    for label, init in tables.A5_AT_16:
+        summaries = next(v for (l, i), v in runs.items() if l == label and (init == i or init in i))
+        cells = _row(a5, tables.short(label))
+        means = [statistics.mean(s["eval"][f"pos90_exact@{n}"] for s in summaries) for n in (16, 32, 64)]
+        assert cells[1] == " / ".join(f"{m:.1f}" for m in means), (label, cells)
+        learned = sum(s["eval"]["pos90_exact@16"] >= 16 for s in summaries)
+        assert cells[2] == f"{learned} of {len(summaries)}", (label, cells)
+        compute = statistics.mean(s["compute_tokens"] for s in summaries) / 1e6
+        assert cells[3] == f"{compute:.1f}", (label, cells)
