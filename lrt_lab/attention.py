@@ -43,7 +43,8 @@ def as_range(q_pos, n_queries: int) -> range:
 
 
 def visible_mask(q_pos: range, n_keys: int, window: int | None, device) -> torch.Tensor:
-    """Boolean (Tq, Tk) mask: key j is visible to query at position p iff j <= p and p - j < window."""
+    """Boolean (Tq, Tk) mask: key j is visible to query at position p iff j <= p and
+    p - j < window."""
     qp = torch.arange(q_pos.start, q_pos.stop, q_pos.step, device=device)[:, None]
     kp = torch.arange(n_keys, device=device)[None, :]
     mask = kp <= qp
@@ -69,7 +70,8 @@ def _compiled_flex():
 
 
 @functools.lru_cache(maxsize=128)
-def _cached_mask(start: int, stop: int, step: int, n_keys: int, window: int | None, device) -> torch.Tensor:
+def _cached_mask(start: int, stop: int, step: int, n_keys: int, window: int | None,
+                 device) -> torch.Tensor:
     # the same mask serves every layer with this window, and every step with these positions;
     # built outside inference mode so autograd may save it later
     with torch.inference_mode(False):
@@ -110,7 +112,8 @@ def _flash(q, k, v, q_pos: range, window: int | None) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=64)
-def _flex_block_mask(start: int, step: int, n_queries: int, n_keys: int, window: int | None, device):
+def _flex_block_mask(start: int, step: int, n_queries: int, n_keys: int, window: int | None,
+                     device):
     """FlexAttention block mask for queries at start + i*step over keys 0..n_keys-1, cached: one
     serves every layer with this window and every step with these positions, so strided stages
     skip the fully masked key blocks without building a mask per layer."""
@@ -124,7 +127,8 @@ def _flex_block_mask(start: int, step: int, n_queries: int, n_keys: int, window:
 
     # built outside inference mode (a decoder's prefill) so a training stage may reuse it
     with torch.inference_mode(False):
-        return create_block_mask(mask_mod, B=None, H=None, Q_LEN=n_queries, KV_LEN=n_keys, device=device)
+        return create_block_mask(mask_mod, B=None, H=None, Q_LEN=n_queries, KV_LEN=n_keys,
+                                 device=device)
 
 
 def _flex(q, k, v, q_pos: range, window: int | None) -> torch.Tensor:
@@ -147,7 +151,8 @@ def pick_backend(q: torch.Tensor, q_pos: range, n_keys: int, window: int | None 
     if not q.is_cuda:
         return "sdpa"
     contiguous_tail = q_pos.step == 1 and q_pos.stop == n_keys
-    if contiguous_tail and q.dtype in (torch.float16, torch.bfloat16) and _flash_attn_func() is not None:
+    half_precision = q.dtype in (torch.float16, torch.bfloat16)
+    if contiguous_tail and half_precision and _flash_attn_func() is not None:
         return "flash"
     if contiguous_tail and (len(q_pos) == 1 or not _window_active(q_pos, window)):
         # SDPA's flash/efficient kernels: is_causal for the full sequence, a lower-right causal
@@ -156,11 +161,13 @@ def pick_backend(q: torch.Tensor, q_pos: range, n_keys: int, window: int | None 
     return "flex"  # strided subsets and sliding windows: block-sparse, no dense T x T mask
 
 
-def attend_explicit(q, k, v, q_pos: range, window: int | None, on_scores=None, on_pattern=None) -> torch.Tensor:
-    """The same attention as `attend`, written out so its scores and pattern can be read or replaced
-    (TransformerLens's hook_attn_scores / hook_pattern): scores (B, H, Tq, Tk) = q k^T / sqrt(D),
-    -inf where a key is invisible; pattern = softmax(scores). on_scores / on_pattern map the tensor
-    to its replacement. Slower than the fused kernels: used only while such a hook is active."""
+def attend_explicit(q, k, v, q_pos: range, window: int | None, on_scores=None,
+                    on_pattern=None) -> torch.Tensor:
+    """The same attention as `attend`, written out so its scores and pattern can be read or
+    replaced (TransformerLens's hook_attn_scores / hook_pattern): scores (B, H, Tq, Tk) =
+    q k^T / sqrt(D), -inf where a key is invisible; pattern = softmax(scores). on_scores /
+    on_pattern map the tensor to its replacement. Slower than the fused kernels: used only while
+    such a hook is active."""
     group = q.size(2) // k.size(2)
     kh = k.repeat_interleave(group, dim=2) if group > 1 else k
     vh = v.repeat_interleave(group, dim=2) if group > 1 else v
@@ -194,9 +201,11 @@ def attend(q, k, v, q_pos, window: int | None = None, backend: str = "auto") -> 
         backend = pick_backend(q, q_pos, n_keys, window)
     if backend == "flash":
         if q_pos.step != 1 or q_pos.stop != n_keys:
-            raise ValueError("backend='flash' needs a contiguous block of queries ending at the last key")
+            raise ValueError("backend='flash' needs a contiguous block of queries ending at the "
+                             "last key")
         if _flash_attn_func() is None:
-            raise ValueError("backend='flash' needs the flash-attn package (pip install 'lrt-lab[gpu]')")
+            raise ValueError("backend='flash' needs the flash-attn package "
+                             "(pip install 'lrt-lab[gpu]')")
         return _flash(q, k, v, q_pos, window)
     if backend == "flex":
         return _flex(q, k, v, q_pos, window)

@@ -15,7 +15,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from .validation import check_fields, check_int, fail  # noqa: F401  (fail, check_int: re-exported for tasks)
+# fail and check_int are re-exported for the tasks
+from .validation import check_fields, check_int, fail  # noqa: F401
 
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -36,37 +37,39 @@ class MemoryConfig:
     source_avg:      >1 makes m_t a learned softmax average of the outputs of layers
                      source_layer-source_avg+1 .. source_layer ("learned avg. above 4 layers").
     lag:             token t reads m_{t-lag} (the temporal-source ablation: m_{t-1} .. m_{t-4}).
-    lag_avg:         >1 makes the read a learned softmax average of m_{t-lag} .. m_{t-lag-lag_avg+1}.
+    lag_avg:         >1 makes the read a learned softmax average of
+                     m_{t-lag} .. m_{t-lag-lag_avg+1}.
     residual:        residual injection x' = alpha*x + gamma*m (sec. 2.2).
     gamma_init:      initial gamma. The paper uses 0.1; a prototype on A5 learned nothing with 0.1
                      and learned well when the model started as the plain transformer
                      (gamma_init=0, rec_init="zero"), so the initialisation is a first-class option.
     kv:              which of keys/values receive the recurrent projection (sec. 2.1): "both",
                      "keys", "values", or "none".
-    kv_mode:         "add" (the paper's default) or "replace": in the first third of the layers the
-                     local K/V are replaced by the recurrent ones (the "KV replace, early 1/3 layers"
-                     ablation); the remaining layers add.
+    kv_mode:         "add" (the paper's default) or "replace": in the first third of the layers
+                     the local K/V are replaced by the recurrent ones (the "KV replace, early 1/3
+                     layers" ablation); the remaining layers add.
     projections:     "shared" (one W_k,rec / W_v,rec for all layers, +0.3% params at d20) or
                      "layerwise" (one pair per layer, +4.8%).
     gate:            dual per-KV-head gates 2*sigmoid(W_g x) (eq. 3); W_g is zero-initialised.
     rec_init:        "uniform" (like the other K/V projections) or "zero" (so the LRT starts exactly
                      as the plain transformer).
-    queries:         also inject the memory into the queries, q = g_loc * q_local + g_rec * W_q,rec m
-                     (an extension beyond the paper; the gates are the KV heads' gates, shared by the
-                     query heads of each group).
+    queries:         also inject the memory into the queries,
+                     q = g_loc * q_local + g_rec * W_q,rec m (an extension beyond the paper; the
+                     gates are the KV heads' gates, shared by the query heads of each group).
     gate_channels:   the gates read only the first gate_channels channels of the normed residual,
-                     W_g in R^{2 n_kv x gate_channels}. None (default) = all d channels, as the paper's
-                     eq. 3 writes W_g in R^{2 n_kv x d}; 32 is the paper's released code
-                     (`ve_gate_channels = 32` in its nanochat/gpt.py, as nanochat's value-embedding gate).
+                     W_g in R^{2 n_kv x gate_channels}. None (default) = all d channels, as the
+                     paper's eq. 3 writes W_g in R^{2 n_kv x d}; 32 is the paper's released code
+                     (`ve_gate_channels = 32` in its nanochat/gpt.py, as nanochat's value-embedding
+                     gate).
     source_tap:      which activation of the source layer becomes m_t: "resid" (the residual stream
                      after the block: the paper's text), "normed" (its RMS norm: what the paper's
                      released code feeds back; with source_layer = n_layer it is the LM head's
                      input), "attn_out" (the block's attention output).
     update:          how m_t is formed from the source activation h_t: "overwrite" (m_t = h_t, the
-                     paper) or "gated" (m_t = z * m + (1 - z) * h_t, z = sigmoid(W_z h_t) per channel,
-                     m the memory position t read, i.e. m_{t-lag}: a GRU-like memory that updates
-                     itself, an exponential moving average when W_z is constant; W_z zero-initialised,
-                     so z starts at 1/2). An extension beyond the paper.
+                     paper) or "gated" (m_t = z * m + (1 - z) * h_t, z = sigmoid(W_z h_t) per
+                     channel, m the memory position t read, i.e. m_{t-lag}: a GRU-like memory that
+                     updates itself, an exponential moving average when W_z is constant; W_z
+                     zero-initialised, so z starts at 1/2). An extension beyond the paper.
     reset_memory_at_bos: zero the injected memory when its source position lies in an earlier
                      document (documents start at ModelConfig.bos_token_id). Off by default, as in
                      the paper's packed-row pretraining, where memory crosses document boundaries.
@@ -102,8 +105,9 @@ class MemoryConfig:
                 or not math.isfinite(self.gamma_init)):
             fail("memory.gamma_init", self.gamma_init, "a finite number")
         if abs(self.gamma_init) > FLOAT32_MAX:  # the parameter is float32 (or bf16) in training
-            fail("memory.gamma_init", self.gamma_init, f"a number of magnitude <= {FLOAT32_MAX:.3g} (it must be "
-                 "finite as float32, the dtype it is trained in)")
+            fail("memory.gamma_init", self.gamma_init,
+                 f"a number of magnitude <= {FLOAT32_MAX:.3g} (it must be finite as float32, "
+                 "the dtype it is trained in)")
         if not self.residual and self.kv == "none" and not self.queries:
             fail("memory.kv", self.kv, "'both', 'keys' or 'values' when memory.residual is False "
                   "(with neither pathway, use memory=None for a plain transformer)")
@@ -111,7 +115,8 @@ class MemoryConfig:
     @classmethod
     def choices(cls) -> dict[str, tuple]:
         """The categorical options and their allowed values (from the fields' metadata)."""
-        return {f.name: f.metadata["choices"] for f in dataclasses.fields(cls) if "choices" in f.metadata}
+        return {f.name: f.metadata["choices"] for f in dataclasses.fields(cls)
+                if "choices" in f.metadata}
 
     @property
     def uses_kv(self) -> bool:
@@ -138,7 +143,8 @@ class MemoryConfig:
 
     @property
     def exact_chunk(self) -> int:
-        """The longest chunk whose positions read only rows written before it: the nearest offset."""
+        """The longest chunk whose positions read only rows written before it: the nearest
+        offset."""
         return self.read_offsets.start
 
 
@@ -186,7 +192,8 @@ class ModelConfig:
             check_int("short_window", self.short_window, 1)
         for name in ("use_value_embeds", "use_x0_residual", "use_resid_lambdas"):
             _check_choice(name, getattr(self, name), (True, False))
-        if self.softcap is not None and not (isinstance(self.softcap, (int, float)) and self.softcap > 0):
+        positive_number = isinstance(self.softcap, (int, float)) and self.softcap > 0
+        if self.softcap is not None and not positive_number:
             fail("softcap", self.softcap, "a positive number or None")
         if not (isinstance(self.rope_base, (int, float)) and self.rope_base > 1):
             fail("rope_base", self.rope_base, "a number > 1")
@@ -197,12 +204,14 @@ class ModelConfig:
                 fail("memory", self.memory, "a MemoryConfig or None")
             m = self.memory
             if m.source_layer is not None and m.source_layer > self.n_layer:
-                fail("memory.source_layer", m.source_layer, f"an integer in [1, n_layer={self.n_layer}]")
+                fail("memory.source_layer", m.source_layer,
+                     f"an integer in [1, n_layer={self.n_layer}]")
             if m.source_avg > self.source_layer:
                 fail("memory.source_avg", m.source_avg,
                       f"an integer in [1, source_layer={self.source_layer}]")
             if m.gate_channels is not None and m.gate_channels > self.n_embd:
-                fail("memory.gate_channels", m.gate_channels, f"None or an integer <= n_embd={self.n_embd}")
+                fail("memory.gate_channels", m.gate_channels,
+                     f"None or an integer <= n_embd={self.n_embd}")
             if m.reset_memory_at_bos and self.bos_token_id is None:
                 fail("bos_token_id", None, "a token id when memory.reset_memory_at_bos is True")
 
@@ -262,8 +271,8 @@ MEMORY_PRESETS: dict[str, str] = {
     # sec. 2 and app. "Source layer": m_t = h_t^{l_src}, the raw residual stream after block
     # l_src = round(0.6 L) (12 of 20, 14 of 24); "LRT-shared" projections (sec. 5, the default);
     # gamma_l initialised to 0.1 (eq. 6); gates 2 sigmoid(W_g x) with W_g in R^{2 n_kv x d} (eq. 3).
-    "paper": "source layer round(0.6 L), raw residual, shared projections, gamma 0.1, uniform W_rec, "
-             "gates on all d channels",
+    "paper": "source layer round(0.6 L), raw residual, shared projections, gamma 0.1, "
+             "uniform W_rec, gates on all d channels",
     # the released code: the feedback is h_final "after final norm" (the LM head's input), so
     # source_layer = L with source_tap "normed"; one K and one V projection per layer
     # (`interleaved_projections`, `interleaved_key_projections`); the gates read
@@ -282,7 +291,8 @@ def memory_preset(name: str, n_layer: int, **overrides) -> MemoryConfig:
     check_int("n_layer", n_layer, 1)
     fields = {}  # "paper" is MemoryConfig's defaults: source_layer None resolves to round(0.6 L)
     if name == "released":
-        fields = dict(source_layer=n_layer, source_tap="normed", projections="layerwise", gate_channels=32)
+        fields = dict(source_layer=n_layer, source_tap="normed", projections="layerwise",
+                      gate_channels=32)
     return MemoryConfig(**{**fields, **overrides})
 
 

@@ -17,7 +17,8 @@ import torch
 
 from .buffer import compute_dtype
 from .schedules import OnePass, run_schedule
-from .validation import TORCH_SEED_LIMIT, check_int, check_number, check_seed, check_token_ids, vocab_size_of
+from .validation import (TORCH_SEED_LIMIT, check_int, check_number, check_seed, check_token_ids,
+                         vocab_size_of)
 
 
 class Decoder:
@@ -63,8 +64,9 @@ class Decoder:
         if keys[0].dtype == want:
             return
         if self.cache.length:
-            raise ValueError(f"the decoder's cache holds {keys[0].dtype} keys but this step computes in {want}; "
-                             "allowed: decode in the autocast (or dtype) the cache was filled in")
+            raise ValueError(f"the decoder's cache holds {keys[0].dtype} keys but this step "
+                             f"computes in {want}; allowed: decode in the autocast (or dtype) the "
+                             "cache was filled in")
         self.cache = self._new_cache(self.cache.max_len, keys[0].device, want)
 
     @property
@@ -84,17 +86,20 @@ class Decoder:
     def _check_tokens(self, tokens: torch.Tensor, name: str, ndim: int, values: bool = True):
         check_token_ids(name, tokens, vocab_size_of(self.model), ndim, values=values)
         if tokens.size(0) != self.batch_size:
-            raise ValueError(f"{name} is invalid: batch size {tokens.size(0)}; allowed: the decoder's "
-                             f"batch_size={self.batch_size}")
+            raise ValueError(f"{name} is invalid: batch size {tokens.size(0)}; allowed: the "
+                             f"decoder's batch_size={self.batch_size}")
 
     @torch.inference_mode()
     def prefill(self, prompt_idx: torch.Tensor, strategy=None) -> torch.Tensor:
-        """Run `strategy` (default OnePass) on the prompt, fill the cache; returns the last logits (B, V)."""
+        """Run `strategy` (default OnePass) on the prompt, fill the cache; returns the last
+        logits (B, V)."""
         self._check_tokens(prompt_idx, "prompt_idx", 2)
         if self.cache.length:
-            raise ValueError("prefill needs an empty decoder; create a new Decoder per prompt batch")
+            raise ValueError("prefill needs an empty decoder; create a new Decoder per prompt "
+                             "batch")
         if prompt_idx.size(1) > self.cache.max_len:
-            raise ValueError(f"prompt of {prompt_idx.size(1)} tokens exceeds max_len={self.cache.max_len}")
+            raise ValueError(f"prompt of {prompt_idx.size(1)} tokens exceeds "
+                             f"max_len={self.cache.max_len}")
         self._match_compute_dtype()
         out = run_schedule(self.model, prompt_idx, None, strategy or OnePass())
         self.cache.load(out.buffer, prompt_idx)
@@ -119,7 +124,8 @@ class Decoder:
         return logits[:, 0]
 
 
-def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None, generator) -> torch.Tensor:
+def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None,
+                generator) -> torch.Tensor:
     """Greedy at temperature 0; otherwise softmax sampling, optionally restricted to the top k."""
     if temperature == 0:
         return logits.argmax(dim=-1)
@@ -143,8 +149,8 @@ def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: 
     if prompt_ids.dim() == 1:
         prompt_ids = prompt_ids[None]
     if prompt_ids.numel() == 0:
-        raise ValueError(f"prompt_ids is invalid: shape {tuple(prompt_ids.shape)}; allowed: at least one "
-                         "sequence of at least one token")
+        raise ValueError(f"prompt_ids is invalid: shape {tuple(prompt_ids.shape)}; allowed: at "
+                         "least one sequence of at least one token")
     B, T = prompt_ids.shape
     generator = None
     if seed is not None:
@@ -158,5 +164,6 @@ def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: 
         nxt = sample_next(logits, temperature, top_k, generator)
         out.append(nxt[:, None])
         if i + 1 < max_new_tokens:
-            logits = decoder.step(nxt, check_values=False)  # sampled from the logits: always in the vocabulary
+            # sampled from the logits: always in the vocabulary
+            logits = decoder.step(nxt, check_values=False)
     return torch.cat(out, dim=1)

@@ -44,7 +44,8 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
-import torch.nn.modules.module as _module_hooks  # the global hook registries nn.Module.__call__ reads
+# the global hook registries nn.Module.__call__ reads
+import torch.nn.modules.module as _module_hooks
 
 from .positions import assemble
 
@@ -81,7 +82,8 @@ class HookPoint(nn.Module):
     @property
     def active(self) -> bool:
         """Whether any hook would see this point's calls (its own, or a global module hook)."""
-        return bool(self._forward_hooks or self._forward_pre_hooks or _module_hooks._global_forward_hooks
+        return bool(self._forward_hooks or self._forward_pre_hooks
+                    or _module_hooks._global_forward_hooks
                     or _module_hooks._global_forward_pre_hooks)
 
     @property
@@ -91,8 +93,9 @@ class HookPoint(nn.Module):
         return bool(self._forward_hooks or self._forward_pre_hooks)
 
     def __call__(self, x: torch.Tensor, positions: range | None) -> torch.Tensor:
-        # a model calls ~10 hook points per block and stage; with no hook anywhere, skip nn.Module's
-        # call machinery (a few microseconds each: measurable in launch-bound decoding and Exact)
+        # a model calls ~10 hook points per block and stage; with no hook anywhere, skip
+        # nn.Module's call machinery (a few microseconds each: measurable in launch-bound
+        # decoding and Exact)
         if not self.active:
             return x
         return super().__call__(x, positions=positions)
@@ -145,7 +148,8 @@ class Capture:
 
     def record(self, name: str) -> HookFn:
         def fn(x, positions):
-            if x.is_inference():  # recorded while decoding: a normal tensor, so probes can train on it
+            # recorded while decoding: a normal tensor, so probes can train on it
+            if x.is_inference():
                 with torch.inference_mode(False):
                     x = x.clone()
             self.calls.setdefault(name, []).append((positions, x))
@@ -169,7 +173,8 @@ class Capture:
 
 
 def _keys_padded(x: torch.Tensor, n_keys: int, fill: float) -> torch.Tensor:
-    """(B, H, q, k) padded with `fill` to n_keys keys (a stage sees the keys up to its last query)."""
+    """(B, H, q, k) padded with `fill` to n_keys keys (a stage sees the keys up to its last
+    query)."""
     return torch.nn.functional.pad(x, (0, n_keys - x.size(-1)), value=fill)
 
 

@@ -10,8 +10,9 @@ def assemble(parts: list[tuple[range, torch.Tensor]], T: int) -> torch.Tensor:
     last_P, last = parts[-1]
     if last_P == range(0, T):
         return last
-    if all(P.step == 1 for P, _ in parts) and [P.start for P, _ in parts] == [0] + [P.stop for P, _ in parts[:-1]] \
-            and parts[-1][0].stop == T:
+    starts = [P.start for P, _ in parts]
+    stops = [P.stop for P, _ in parts]
+    if all(P.step == 1 for P, _ in parts) and starts == [0] + stops[:-1] and stops[-1] == T:
         return torch.cat([t for _, t in parts], dim=1)  # contiguous tiling (Chunked, Exact)
     ref = parts[0][1]
     out = ref.new_zeros((ref.size(0), T) + tuple(ref.shape[2:]))
