@@ -1,4 +1,5 @@
-"""The state a stage reads and writes (docs/design.md "One primitive: a stage over a shared buffer").
+"""The state a stage reads and writes (docs/design.md "One primitive: a stage over a shared
+buffer").
 
 For every layer, the K and V that attention sees at each position, and the memory row
 m[t] = h^src_t for every position. A stage over positions P reads memory m[t-lag] for t in P,
@@ -12,7 +13,8 @@ prefill and decoding:
   through the buffer: a refinement stage backpropagates into the stage that wrote what it read
   (paper sec. 3.1: "We backpropagate jointly through the initialization and refinement
   forwards"). Rows not yet computed hold zeros and are stored implicitly (a tensor shorter than
-  the sequence), so chunked schedules never touch positions they have not reached.
+  the sequence), so chunked schedules never touch positions they have not reached. Without
+  autograd, appends at the frontier go into preallocated `FrontierStorage` (an optimisation).
 - `DecodeCache` (generation): preallocated, written in place under inference mode. Its state is the
   standard KV cache plus the last `memory.history` source states per sequence: one d-vector with
   the default lag 1 (paper app. "Parallel prefill": "stores only one additional d-dimensional
@@ -77,7 +79,9 @@ def shifted_rows(mem: torch.Tensor, P: range, shift: int) -> torch.Tensor:
     a, step, count = P.start - shift, P.step, len(P)
     lead = min(count, -(a // step)) if a < 0 else 0        # t - shift < 0
     first = a + lead * step
-    valid = max(0, min(count - lead, (mem.size(1) - 1 - first) // step + 1)) if first < mem.size(1) else 0
+    valid = 0
+    if first < mem.size(1):
+        valid = max(0, min(count - lead, (mem.size(1) - 1 - first) // step + 1))
     trail = count - lead - valid                            # t - shift >= rows held
     if not lead and not trail:
         return mem[:, first:first + (valid - 1) * step + 1:step] if valid else mem[:, :0]
@@ -87,7 +91,8 @@ def shifted_rows(mem: torch.Tensor, P: range, shift: int) -> torch.Tensor:
         return F.pad(mem, pads)
     body = mem[:, first:first + (valid - 1) * step + 1:step] if valid else mem[:, :0]
     zeros = lambda k: mem.new_zeros((mem.size(0), k) + tuple(mem.shape[2:]))
-    return torch.cat(([zeros(lead)] if lead else []) + [body] + ([zeros(trail)] if trail else []), dim=1)
+    parts = ([zeros(lead)] if lead else []) + [body] + ([zeros(trail)] if trail else [])
+    return torch.cat(parts, dim=1)
 
 
 def document_ids(tokens: torch.Tensor, bos_token_id: int) -> torch.Tensor:
@@ -95,17 +100,55 @@ def document_ids(tokens: torch.Tensor, bos_token_id: int) -> torch.Tensor:
     return (tokens == bos_token_id).long().cumsum(dim=1)
 
 
+class FrontierStorage:
+    """Preallocated rows for no-grad appends at the frontier: an optimisation, not state.
+
+    Without autograd, a stage appending the positions right after the last row a buffer holds (a
+    chunked or exact prefill, a rollout) would copy every earlier row again with `splice`: O(t)
+    per stage, O(T^2) per sequence. Instead the rows are written into storage of `capacity` rows
+    allocated once, and the buffer holds a view of its first rows: O(|P|) per stage.
+
+    Every buffer derived from one `SequenceBuffer.empty` shares this object. That is safe because
+    a row is written in place only where no buffer shows it: the old tensor must be the view of
+    this very storage that ends at its frontier. A stage re-run from an older buffer (a branch)
+    gets fresh storage instead, so the values every buffer shows are exactly `splice`'s.
+    """
+
+    def __init__(self, capacity: int = 0):
+        self.capacity = capacity  # rows allocated at once (the sequence length; grows if exceeded)
+        # per slot (("k", layer), ("v", layer) or "mem"): the storage and the row its extent ends at
+        self._extents: dict[object, tuple[torch.Tensor, int]] = {}
+
+    def append(self, slot, old: torch.Tensor | None, P: range, new: torch.Tensor) -> torch.Tensor:
+        """splice(old, P, new), written in place when P appends to the newest extent of `slot`
+        without autograd (a differentiable splice must stay out of place)."""
+        if (torch.is_grad_enabled() or old is None or P.step != 1 or P.start != old.size(1)
+                or P.start == 0):
+            return splice(old, P, new)
+        store, frontier = self._extents.get(slot, (None, 0))
+        # only the newest extent may grow in place: a stage re-run from an older buffer (a branch)
+        # must not overwrite rows a newer buffer's views still show
+        if (store is None or frontier != P.start or store.data_ptr() != old.data_ptr()
+                or store.size(1) < P.stop or store.dtype != new.dtype
+                or store.stride() != old.stride()):
+            store = old.new_empty((old.size(0), max(P.stop, self.capacity)) + tuple(old.shape[2:]))
+            store[:, :P.start] = old
+        store[:, P.start:P.stop] = new
+        self._extents[slot] = (store, P.stop)
+        return store[:, :P.stop]
+
+
 class SequenceBuffer:
     """Functional per-batch buffer for a whole sequence; `updated` returns a new buffer."""
 
-    def __init__(self, k, v, mem, doc, scratch: dict | None = None):
+    def __init__(self, k, v, mem, doc, storage: FrontierStorage | None = None):
         self.k: list[torch.Tensor | None] = k      # per layer (B, <=T, n_kv_head, head_dim)
         self.v: list[torch.Tensor | None] = v
         self.mem: torch.Tensor | None = mem        # (B, <=T, n_embd) source states
         self.doc: torch.Tensor | None = doc        # (B, T) document ids, for reset_memory_at_bos
-        # per-run values the model derives once and every stage reuses (its fused weights);
-        # shared by all buffers `updated` derives from this one
-        self.scratch: dict = {} if scratch is None else scratch
+        # where no-grad appends at the frontier are written; shared by the buffers derived from
+        # this one (safe: see FrontierStorage)
+        self.storage = FrontierStorage() if storage is None else storage
 
     @classmethod
     def empty(cls, config: ModelConfig, tokens: torch.Tensor,
@@ -116,33 +159,16 @@ class SequenceBuffer:
         if config.memory is not None and config.memory.reset_memory_at_bos:
             doc = document_ids(tokens, config.bos_token_id)
         return cls([None] * config.n_layer, [None] * config.n_layer, memory, doc,
-                   scratch={"capacity": tokens.size(1)})
+                   FrontierStorage(capacity=tokens.size(1)))
 
     def with_memory(self, mem: torch.Tensor) -> "SequenceBuffer":
         """This buffer with its memory rows replaced by `mem` (B, <=T, d)."""
-        return SequenceBuffer(self.k, self.v, mem, self.doc, self.scratch)
-
-    def _append(self, name, old: torch.Tensor | None, P: range, new: torch.Tensor) -> torch.Tensor:
-        """splice(old, P, new); without autograd, an append at the frontier (a chunked or exact
-        prefill) writes into preallocated storage instead: O(|P|) per stage, not O(t)."""
-        if (torch.is_grad_enabled() or old is None or P.step != 1 or P.start != old.size(1)
-                or P.start == 0):
-            return splice(old, P, new)
-        store, frontier = self.scratch.get(name, (None, 0))
-        # only the newest extent may grow in place: a stage re-run from an older buffer (a branch)
-        # must not overwrite rows a newer buffer's views still show
-        if (store is None or frontier != P.start or store.data_ptr() != old.data_ptr()
-                or store.size(1) < P.stop or store.dtype != new.dtype or store.stride() != old.stride()):
-            capacity = max(P.stop, self.scratch.get("capacity", 0))
-            store = old.new_empty((old.size(0), capacity) + tuple(old.shape[2:]))
-            store[:, :P.start] = old
-        store[:, P.start:P.stop] = new
-        self.scratch[name] = (store, P.stop)
-        return store[:, :P.stop]
+        return SequenceBuffer(self.k, self.v, mem, self.doc, self.storage)
 
     def splice_kv(self, layer: int, P: range, k, v):
         """K/V for attention at P: the buffer's rows with P's rows replaced (covers >= P.stop)."""
-        return self._append(("k", layer), self.k[layer], P, k), self._append(("v", layer), self.v[layer], P, v)
+        return (self.storage.append(("k", layer), self.k[layer], P, k),
+                self.storage.append(("v", layer), self.v[layer], P, v))
 
     def read_memory(self, P: range, lag: int, n: int) -> torch.Tensor | None:
         """(B, |P|, n, d): rows m[t-lag-j] for t in P, j < n; zeros before position 0.
@@ -160,12 +186,13 @@ class SequenceBuffer:
         front = lag + n - 1
         padded = F.pad(self.doc, (front, 0), value=-1)
         here = self.doc[:, P.start:P.stop:P.step]
-        cols = [padded[:, P.start - lag - j + front: P.stop - lag - j + front: P.step] for j in range(n)]
+        shift = front - lag
+        cols = [padded[:, P.start + shift - j: P.stop + shift - j: P.step] for j in range(n)]
         return torch.stack(cols, dim=2) == here[:, :, None]
 
     def updated(self, P: range, k_full: list, v_full: list, mem_new) -> "SequenceBuffer":
-        mem = self.mem if mem_new is None else self._append("mem", self.mem, P, mem_new)
-        return SequenceBuffer(k_full, v_full, mem, self.doc, self.scratch)
+        mem = self.mem if mem_new is None else self.storage.append("mem", self.mem, P, mem_new)
+        return SequenceBuffer(k_full, v_full, mem, self.doc, self.storage)
 
 
 class DecodeCache:
@@ -191,7 +218,6 @@ class DecodeCache:
                     if config.memory is not None and config.memory.reset_memory_at_bos else None)
         self.max_len = max_len
         self.length = 0
-        self.scratch: dict = {}  # what the model derives once per decoder (its fused weights)
 
     def _check_append(self, P: range):
         if P.start != self.length or P.step != 1 or P.stop > self.max_len:
@@ -272,8 +298,9 @@ class DecodeCache:
         self.length = n
 
     def memory_rows(self) -> torch.Tensor | None:
-        """(B, length, d): every source state so far (keep_memory only; None before any was written)."""
+        """(B, length, d): every source state so far (keep_memory only; None before any was
+        written)."""
         if not self.keep_memory:
-            raise ValueError("memory_rows needs a cache made with keep_memory=True (a plain decode cache "
-                             "keeps only the last memory.history rows)")
+            raise ValueError("memory_rows needs a cache made with keep_memory=True (a plain decode "
+                             "cache keeps only the last memory.history rows)")
         return None if self.mem is None else self.mem[:, :self.length]
