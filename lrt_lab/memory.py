@@ -3,16 +3,19 @@ extension point for new ones (docs/extending.md).
 
 The backbone calls five methods and knows nothing else about the memory:
 
-    read(buffer, positions)         -> MemoryRead     what each position reads: m_{t-lag} (sec. 2)
-    inject_residual(l, x, m)        -> x              x + gamma_l * m (sec. 2.2)
-    gate_values(l, h)               -> (g_loc, g_rec) 2 * sigmoid(W_g h[:gate_channels]) per KV head (eq. 3)
-    inject_qkv(l, q, k, v, mem, g)  -> (q, k, v)      g_loc * local + g_rec * W_rec m (eqs. 2, 4)
-    emit(outputs, read)             -> m_t            from the source blocks' activations (and, for a
-                                                      memory that updates itself, what t read)
-    source_layers                                     the one statement of which blocks feed m_t
+    read(buffer, positions)        -> MemoryRead     what each position reads: m_{t-lag} (sec. 2)
+    inject_residual(l, x, m)       -> x              x + gamma_l * m (sec. 2.2)
+    gate_values(l, h)              -> (g_loc, g_rec) 2 * sigmoid(W_g h[:gate_channels]) per KV
+                                                     head (eq. 3)
+    inject_qkv(l, q, k, v, mem, g) -> (q, k, v)      g_loc * local + g_rec * W_rec m (eqs. 2, 4)
+    emit(outputs, read)            -> m_t            from the source blocks' activations (and,
+                                                     for a memory that updates itself, what t
+                                                     read)
+    source_layers                                    the one statement of which blocks feed m_t
 
-How far back a position's memory reaches is stated once, by the config (`MemoryConfig.read_offsets`):
-`read` reads those rows, and the Exact split, Chunked's exact limit and the decoder's ring follow.
+How far back a position's memory reaches is stated once, by the config
+(`MemoryConfig.read_offsets`): `read` reads those rows, and the Exact split, Chunked's exact limit
+and the decoder's ring follow.
 The pathway's own hook points (`memory.hook_source`, and `memory.hook_update_gate` for
 update="gated") are modules of this class, called with `read.positions`: a new mechanism declares
 its internal values' hook points here, next to its math, and `lrt_lab.hooks` finds them by name.
@@ -25,7 +28,7 @@ written here (plus its `MemoryConfig` field) and nowhere else.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -42,26 +45,36 @@ def norm(x: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class MemoryRead:
-    """The memory a stage's positions read, (B, |P|, d), and its recurrent projections, computed
-    once per stage when the projections are shared by every layer."""
+    """The memory m (B, |P|, d) a stage's positions read, and what every layer of the stage
+    derives from it, formed once per stage and handed to each layer with the read."""
 
     m: torch.Tensor
-    per_stage: dict = field(default_factory=dict)   # values derived from m or the weights once per stage
     # nothing has been written yet (an init stage): m is zero, so every term it feeds is zero and
     # is skipped (exact, and the init stage costs what the plain model's forward does)
     zero: bool = False
     # the stage's positions as its hook points report them (None: a pass hooks skip); the
     # pathway's own hook points are called with them
     positions: range | None = None
+    # gamma_l of every layer, split once per stage so that a layer reads its own as a view instead
+    # of launching an indexing kernel (empty: no residual injection)
+    gammas: tuple[torch.Tensor, ...] = ()
+    # W_q,rec m, W_k,rec m, W_v,rec m (B, |P|, heads, head_dim) when one projection serves every
+    # layer (projections="shared"): the first layer that needs one forms it, the others reuse it
+    # (`MemoryPathway.project_memory`); layerwise projections are formed per layer and not kept
+    q_rec: torch.Tensor | None = None
+    k_rec: torch.Tensor | None = None
+    v_rec: torch.Tensor | None = None
 
     def patched(self, m: torch.Tensor) -> "MemoryRead":
-        """The same read with m replaced (a hook's intervention): derived values are recomputed."""
-        return MemoryRead(m, positions=self.positions)
+        """The same read with m replaced (a hook's intervention): the projections of m are formed
+        again, the gammas (independent of m) are kept."""
+        return MemoryRead(m, positions=self.positions, gammas=self.gammas)
 
 
 def gated_sum(local, rec, g_loc, g_rec, drop_local: bool) -> torch.Tensor:
-    """g_loc * local + g_rec * rec (eq. 2): a gate None is 1, rec None is zero memory (W_rec 0 = 0),
-    drop_local drops the local term (the replace layers)."""
+    """g_loc * local + g_rec * rec (eq. 2) in as few kernels as the absent terms allow: a gate None
+    is 1, rec None is zero memory (W_rec 0 = 0), drop_local drops the local term (the replace
+    layers); the gated term is one fused addcmul (decoding is launch-bound)."""
     base = torch.zeros_like(local) if drop_local else (local if g_loc is None else g_loc * local)
     if rec is None:
         return base
@@ -81,7 +94,8 @@ class MemoryPathway(nn.Module):
         # which blocks (0-based) feed m_t: stated here once; the Exact split is derived from it
         self.source_layers: tuple[int, ...] = tuple(range(src - m.source_avg, src))
         # "KV replace, early 1/3 layers" (app. B): these layers take W_rec m instead of adding it
-        self.replace_layers = frozenset(range(max(1, L // 3))) if m.kv_mode == "replace" else frozenset()
+        self.replace_layers = (frozenset(range(max(1, L // 3))) if m.kv_mode == "replace"
+                               else frozenset())
         n_proj = 1 if m.projections == "shared" else L
 
         def projections(out_dim):
@@ -93,7 +107,8 @@ class MemoryPathway(nn.Module):
         self.v_rec = projections(Hkv * D) if m.kv in ("both", "values") else None
         # the gates read the first gate_channels channels (None: all d; 32: the released code)
         self.gate_channels = m.gate_channels or d
-        self.gates = (nn.ModuleList(nn.Linear(self.gate_channels, 2 * Hkv, bias=False) for _ in range(L))
+        self.gates = (nn.ModuleList(nn.Linear(self.gate_channels, 2 * Hkv, bias=False)
+                                    for _ in range(L))
                       if m.gated else None)
         self.source_weights = nn.Parameter(torch.zeros(m.source_avg)) if m.source_avg > 1 else None
         # the gated update's W_z: z = sigmoid(W_z h_t) per channel (config: update="gated")
@@ -139,26 +154,28 @@ class MemoryPathway(nn.Module):
         init stage), and, with reset_memory_at_bos, across document boundaries. hook_positions:
         what the pathway's hook points report for this stage (None: hooks skip it)."""
         offsets = self.config.memory.read_offsets
+        # a view per layer, formed here once for the whole stage (MemoryRead.gammas)
+        gammas = self.gamma.unbind(0) if self.gamma is not None else ()
         rows = buffer.read_memory(P, offsets.start, len(offsets))
         if rows is None:
             zeros = like.new_zeros(batch, len(P), self.config.n_embd)
-            return MemoryRead(zeros, zero=True, positions=hook_positions)
+            return MemoryRead(zeros, zero=True, positions=hook_positions, gammas=gammas)
         valid = buffer.memory_valid(P, offsets.start, len(offsets))
         if valid is not None:
             rows = rows * valid[..., None].to(rows.dtype)
         if len(offsets) == 1:
-            return MemoryRead(rows[:, :, 0], positions=hook_positions)
-        mixed = torch.einsum("bpnd,n->bpd", rows, self.lag_weights.softmax(0).to(rows.dtype))
-        return MemoryRead(mixed, positions=hook_positions)
+            m = rows[:, :, 0]
+        else:
+            m = torch.einsum("bpnd,n->bpd", rows, self.lag_weights.softmax(0).to(rows.dtype))
+        return MemoryRead(m, positions=hook_positions, gammas=gammas)
 
     # Injection ----------------------------------------------------------------------------------
     def inject_residual(self, l: int, x: torch.Tensor, mem: MemoryRead) -> torch.Tensor:
-        """x_bar = x + gamma_l * m (sec. 2.2; the backbone has already formed alpha_l x + beta_l x0)."""
+        """x_bar = x + gamma_l * m (sec. 2.2; the backbone has already formed
+        alpha_l x + beta_l x0)."""
         if self.gamma is None or mem.zero:
             return x
-        if "gammas" not in mem.per_stage:  # one unbind per stage, not an indexing kernel per layer
-            mem.per_stage["gammas"] = self.gamma.unbind(0)
-        return torch.addcmul(x, mem.per_stage["gammas"][l], mem.m)
+        return torch.addcmul(x, mem.gammas[l], mem.m)
 
     def gate_values(self, l: int, h: torch.Tensor):
         """(g_loc, g_rec), each (B, n, n_kv_head): 2 * sigmoid(W_g h) (eq. 3); (None, None) when
@@ -168,18 +185,23 @@ class MemoryPathway(nn.Module):
         x = h if self.gate_channels == h.size(-1) else h[..., :self.gate_channels]
         return (2 * torch.sigmoid(self.gates[l](x))).chunk(2, dim=-1)
 
-    def _project(self, name: str, l: int, mem: MemoryRead) -> torch.Tensor | None:
-        """W_name,rec m as (B, n, heads, head_dim): once per stage when shared, per layer otherwise."""
-        projs = getattr(self, name)
+    def project_memory(self, name: str, l: int, mem: MemoryRead) -> torch.Tensor | None:
+        """W_name,rec m as (B, n, heads, head_dim) for layer l, name one of "q_rec", "k_rec",
+        "v_rec" (None: zero memory). A shared projection is formed once per stage and kept in the
+        read's field of the same name; a layerwise one is formed here for its one layer."""
         if mem.zero:
             return None
-        i = 0 if len(projs) == 1 else l
-        key = (name, i)
-        out = mem.per_stage.get(key)
+        projs = getattr(self, name)
+        if len(projs) > 1:
+            return self._split_heads(projs[l](mem.m))
+        out = getattr(mem, name)
         if out is None:
-            out = projs[i](mem.m)
-            out = mem.per_stage[key] = out.view(*out.shape[:2], -1, self.config.head_dim)
+            out = self._split_heads(projs[0](mem.m))
+            setattr(mem, name, out)
         return out
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(*x.shape[:2], -1, self.config.head_dim)
 
     def inject_qkv(self, l: int, q, k, v, mem: MemoryRead, g_loc, g_rec):
         """Eqs. 2-4: k~ = g_loc * k_local + g_rec * W_k,rec m (same for v; and for q when
@@ -191,12 +213,13 @@ class MemoryPathway(nn.Module):
         if self.q_rec is not None:
             gq_loc, gq_rec, group = g_loc, g_rec, q.size(2) // k.size(2)
             if group > 1 and g_loc is not None:  # query heads share their KV head's gates (GQA)
-                gq_loc, gq_rec = g_loc.repeat_interleave(group, dim=2), g_rec.repeat_interleave(group, dim=2)
-            q = gated_sum(q, self._project("q_rec", l, mem), gq_loc, gq_rec, False)
+                gq_loc = g_loc.repeat_interleave(group, dim=2)
+                gq_rec = g_rec.repeat_interleave(group, dim=2)
+            q = gated_sum(q, self.project_memory("q_rec", l, mem), gq_loc, gq_rec, False)
         if self.k_rec is not None:
-            k = gated_sum(k, self._project("k_rec", l, mem), g_loc, g_rec, drop_local)
+            k = gated_sum(k, self.project_memory("k_rec", l, mem), g_loc, g_rec, drop_local)
         if self.v_rec is not None:
-            v = gated_sum(v, self._project("v_rec", l, mem), g_loc, g_rec, drop_local)
+            v = gated_sum(v, self.project_memory("v_rec", l, mem), g_loc, g_rec, drop_local)
         return q, k, v
 
     # Emitting -----------------------------------------------------------------------------------
