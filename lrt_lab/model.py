@@ -46,21 +46,28 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Rotary(nn.Module):
-    """Cos/sin for arbitrary positions, so decoding can run past sequence_len.
+    """Cos/sin for arbitrary positions (RoPE at t, eq. 5), so decoding can run past sequence_len.
 
     Angles are formed in float64 and only then cast, so bf16/fp32 models get correctly rounded
-    values and float64 tests are exact. The tables are cached per (device, dtype) and grown by
-    doubling (a stage slices them: no per-stage trigonometry); they are plain attributes, not
-    buffers, so `model.to(dtype)` never rounds them and they never enter a state_dict.
+    values and float64 tests are exact.
+
+    `table_cache` is a cache, not state: per (device, dtype), the tables of positions 0..n-1,
+    grown by doubling, so a stage only slices them (no per-stage trigonometry). A row depends on
+    its position, head_dim, base and dtype alone, so a cached row is exactly what a rebuild gives
+    and emptying the cache changes nothing but time. It is a plain attribute, not a buffer:
+    `model.to(dtype)` never rounds it and it never enters a state_dict.
     """
 
     def __init__(self, head_dim: int, base: float):
         super().__init__()
         self.head_dim, self.base = head_dim, base
-        self._tables: dict = {}
+        self.table_cache: dict[tuple[torch.device, torch.dtype],
+                               tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _build(self, n: int, device, dtype: torch.dtype):
-        exponent = torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float64) / self.head_dim
+        """(cos, sin), each (1, n, 1, D), for positions 0..n-1."""
+        exponent = torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float64)
+        exponent = exponent / self.head_dim                        # 2i / D
         inv_freq = self.base ** (-exponent)
         pos = torch.arange(n, device=device, dtype=torch.float64)
         angles = pos[:, None] * inv_freq[None, :]                  # (n, D/2)
@@ -70,16 +77,22 @@ class Rotary(nn.Module):
 
     def forward(self, P: range, device, dtype: torch.dtype):
         """(cos, sin), each (1, |P|, 1, D), for the positions in P."""
-        key = (torch.device(device), dtype)
-        cos, sin = self._tables.get(key, (None, None))
-        if cos is None or cos.size(1) < P.stop:
-            n = max(P.stop, 2 * cos.size(1) if cos is not None else 0, 64)
-            with torch.inference_mode(False):  # a cached table must be usable by autograd later
-                cos, sin = self._build(n, device, dtype)
-            if not torch.compiler.is_compiling():
-                self._tables[key] = (cos, sin)
+        cos, sin = self._tables(P.stop, device, dtype)
         return cos[:, P.start:P.stop:P.step], sin[:, P.start:P.stop:P.step]
 
+    def _tables(self, n: int, device, dtype: torch.dtype):
+        """(cos, sin) covering at least positions 0..n-1: from `table_cache`, else built and
+        cached (at least doubled, so a growing decoder rebuilds O(log n) times)."""
+        key = (torch.device(device), dtype)
+        cos, sin = self.table_cache.get(key, (None, None))
+        if cos is not None and cos.size(1) >= n:
+            return cos, sin
+        n = max(n, 2 * cos.size(1) if cos is not None else 0, 64)
+        with torch.inference_mode(False):  # a cached table must be usable by autograd later
+            cos, sin = self._build(n, device, dtype)
+        if not torch.compiler.is_compiling():
+            self.table_cache[key] = (cos, sin)
+        return cos, sin
 
 
 @dataclass
