@@ -1,17 +1,25 @@
-"""The Latent Recurrent Transformer: a nanochat-style decoder plus a cross-token memory pathway.
+"""The Latent Recurrent Transformer: a nanochat-style decoder plus a cross-token memory
+pathway.
 
 One compute primitive, `LRT.stage(tokens, P, buffer)`: recompute positions P against a shared
 K/V + memory buffer (docs/design.md). Training schedules, prefill strategies and decoding are all
-orders of stages (`lrt_lab.schedules`, `lrt_lab.decode`). With `config.memory=None` the same class
-is the plain transformer baseline, so both share every line of the backbone.
+orders of stages (`lrt_lab.schedules`, `lrt_lab.decode`). With `config.memory=None` the same
+class is the plain transformer baseline, so both share every line of the backbone.
 
-The backbone (`Block`, `Attention`, `MLP`) are ordinary modules with a `forward`, called as modules
-by every stage, so module hooks, activation checkpointing and per-block compilation work. All the
-LRT's own math lives in `lrt_lab.memory.MemoryPathway` (the extension point): a stage calls its
-`read` (m = m_{t-lag} for each position t) and `emit` (m_t), and a block calls it at three places:
+The forward reads top to bottom: `LRT.forward` -> `run_schedule` (the order of stages) ->
+`LRT.stage` -> `LRT.run_blocks` -> `Block.forward` -> `Attention.forward` -> `attend`. The fast
+paths sit in named functions beside the equations: `mix_residual` and `gated_sum` (fused
+kernels), `MemoryRead` (what a stage forms once for all its layers), `HookPoint.active` (hook
+points cost nothing while unhooked), `Rotary`'s table cache.
+
+The backbone (`Block`, `Attention`, `MLP`) are ordinary modules with a `forward`, called as
+modules by every stage, so module hooks, activation checkpointing and per-block compilation work.
+All the LRT's own math lives in `lrt_lab.memory.MemoryPathway` (the extension point): a stage
+calls its `read` (m = m_{t-lag} for each position t) and `emit` (m_t), and a block calls it at
+three places:
 - residual injection (sec. 2.2):  x_bar = alpha_l * x + beta_l * x0 + gamma_l * m
-- gated KV projection (sec. 2.1, eqs. 2-4): k~ = g_loc * k_local + g_rec * W_k,rec m (same for v),
-  (g_loc, g_rec) = 2 * sigmoid(W_g x) per KV head, W_g zero-initialised;
+- gated KV projection (sec. 2.1, eqs. 2-4): k~ = g_loc * k_local + g_rec * W_k,rec m (same for
+  v), (g_loc, g_rec) = 2 * sigmoid(W_g x) per KV head, W_g zero-initialised;
 - the combined key then goes through QK-norm and RoPE at t, like the local key (eq. 5);
 and the source blocks' outputs become m_t (`MemoryPathway.emit`).
 """
@@ -109,7 +117,8 @@ class StageContext:
     # buffer rows per token: sliding windows count tokens, so a stage over rows that interleave
     # other vectors with the tokens (PonderLM's thoughts) widens them by this factor
     rows_per_token: int = 1
-    hooked: bool = True              # False: a pass the hook points do not report (PonderLM's init pass)
+    # False: a pass the hook points do not report (PonderLM's init pass)
+    hooked: bool = True
 
     @property
     def hook_positions(self) -> range | None:
@@ -119,17 +128,30 @@ class StageContext:
 
 class BlockOutput(NamedTuple):
     x: torch.Tensor                  # residual stream after the block
-    k: torch.Tensor                  # the K this layer's attention saw (buffer rows with P's replaced)
+    k: torch.Tensor                  # the K this layer's attention saw (buffer, P's rows replaced)
     v: torch.Tensor
     attn_out: torch.Tensor           # the attention output added to the residual stream
 
 
+def mix_residual(x: torch.Tensor, x0: torch.Tensor, alpha, beta) -> torch.Tensor:
+    """alpha x + beta x0 (nanochat's per-layer scalars; alpha None is 1, beta None is 0).
+
+    Fused into at most two kernels (beta * x0, then one addcmul) rather than three: decoding and
+    the rollout run one position per stage, where each kernel launch costs more than its math."""
+    if beta is not None:
+        return beta * x0 + x if alpha is None else torch.addcmul(beta * x0, alpha, x)
+    return x if alpha is None else alpha * x
+
+
 class Attention(nn.Module):
+    """Causal self-attention of one layer, with the memory injected into Q/K/V (sec. 2.1)."""
+
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         d, kv = config.n_embd, config.n_kv_head * config.head_dim
         self.layer = layer
-        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim = config.head_dim
         self.window = config.window_sizes()[layer]
         self.c_q = nn.Linear(d, config.n_head * config.head_dim, bias=False)
         self.c_k = nn.Linear(d, kv, bias=False)
@@ -140,8 +162,8 @@ class Attention(nn.Module):
         # TransformerLens's names: hook_q / hook_k before QK-norm and RoPE (with the memory
         # injected), hook_rot_q / hook_rot_k what attention sees; hook_z the heads' outputs before
         # c_proj; hook_attn_scores / hook_pattern (B, H, q, k) computed only while hooked
-        names = ["hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_attn_scores", "hook_pattern",
-                 "hook_z"]
+        names = ["hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_attn_scores",
+                 "hook_pattern", "hook_z"]
         if config.memory is not None and config.memory.gated:
             names += ["hook_gate_local", "hook_gate_rec"]
         for name in names:
@@ -149,42 +171,60 @@ class Attention(nn.Module):
 
     def forward(self, h: torch.Tensor, ctx: StageContext, memory: MemoryRead | None = None,
                 value_embed: torch.Tensor | None = None):
-        """h: the normed residual stream (B, n, d) at ctx.positions. Returns (output (B, n, d),
-        the K and V attention saw, for the buffer)."""
+        """Attention of the stage's positions over the buffer, with k~ = g_loc k + g_rec W_k,rec m
+        (same for v; sec. 2.1, eqs. 2-5). h: the normed residual stream (B, n, d) at
+        ctx.positions. Returns (output (B, n, d), the K and V attention saw, for the buffer)."""
         B, n, _ = h.shape
-        P = ctx.positions
+        hp = ctx.hook_positions
         q = self.c_q(h).view(B, n, self.n_head, self.head_dim)
         k = self.c_k(h).view(B, n, self.n_kv_head, self.head_dim)
         v = self.c_v(h).view(B, n, self.n_kv_head, self.head_dim)
-        if value_embed is not None:  # nanochat's value embeddings, gated per head: 2 sigmoid(W h[:32])
-            g = 2 * torch.sigmoid(self.ve_gate(h[..., :self.ve_gate.in_features]))
-            v = torch.addcmul(v, g.unsqueeze(-1), value_embed.to(v.dtype))
+        if value_embed is not None:
+            v = self._add_value_embed(v, h, value_embed)
         if memory is not None:
-            g_loc, g_rec = ctx.pathway.gate_values(self.layer, h)
-            if g_loc is not None:
-                g_loc = self.hook_gate_local(g_loc, positions=ctx.hook_positions)
-                g_rec = self.hook_gate_rec(g_rec, positions=ctx.hook_positions)
-            q, k, v = ctx.pathway.inject_qkv(self.layer, q, k, v, memory, g_loc, g_rec)
-        hp = ctx.hook_positions
-        q, k, v = self.hook_q(q, positions=hp), self.hook_k(k, positions=hp), self.hook_v(v, positions=hp)
+            q, k, v = self._inject_memory(h, q, k, v, ctx, memory)
+        q, k, v = (self.hook_q(q, positions=hp), self.hook_k(k, positions=hp),
+                   self.hook_v(v, positions=hp))
         # QK-norm, then RoPE at t: the recurrent key is encoded at t like the local one (eq. 5)
         q = self.hook_rot_q(apply_rotary(norm(q), ctx.cos, ctx.sin).to(v.dtype), positions=hp)
         k = self.hook_rot_k(apply_rotary(norm(k), ctx.cos, ctx.sin).to(v.dtype), positions=hp)
-        K, V = ctx.buffer.splice_kv(self.layer, P, k, v)
-        Ks, Vs = (K, V) if K.size(1) == P.stop else (K[:, :P.stop], V[:, :P.stop])
-        window = self.window if self.window is None else self.window * ctx.rows_per_token
-        y = self.hook_z(self._attend(q, Ks, Vs, P, window, hp), positions=hp)
+        K, V = ctx.buffer.splice_kv(self.layer, ctx.positions, k, v)
+        y = self.hook_z(self._attend(q, K, V, ctx), positions=hp)
         return self.c_proj(y.reshape(B, n, -1)), K, V
 
-    def _attend(self, q, K, V, P: range, window: int | None, hp: range | None) -> torch.Tensor:
-        """The fused kernels, or the written-out attention while its scores or pattern are hooked."""
+    def _add_value_embed(self, v, h, value_embed) -> torch.Tensor:
+        """v + g * ve: nanochat's value embeddings, gated per KV head by g = 2 sigmoid(W h[:32]),
+        added in one fused addcmul."""
+        g = 2 * torch.sigmoid(self.ve_gate(h[..., :self.ve_gate.in_features]))
+        return torch.addcmul(v, g.unsqueeze(-1), value_embed.to(v.dtype))
+
+    def _inject_memory(self, h, q, k, v, ctx: StageContext, memory: MemoryRead):
+        """(q, k, v) with the memory gated in (eqs. 2-4), the gates (eq. 3) passed through their
+        hook points."""
+        g_loc, g_rec = ctx.pathway.gate_values(self.layer, h)
+        if g_loc is not None:
+            g_loc = self.hook_gate_local(g_loc, positions=ctx.hook_positions)
+            g_rec = self.hook_gate_rec(g_rec, positions=ctx.hook_positions)
+        return ctx.pathway.inject_qkv(self.layer, q, k, v, memory, g_loc, g_rec)
+
+    def _attend(self, q, K, V, ctx: StageContext) -> torch.Tensor:
+        """softmax(q K^T / sqrt(D)) V, causal within this layer's window, over the keys up to the
+        stage's last position: the fused kernels, or written out while its scores or pattern are
+        hooked."""
+        P, hp = ctx.positions, ctx.hook_positions
+        if K.size(1) != P.stop:  # the buffer holds rows past the stage (a prefix refined again)
+            K, V = K[:, :P.stop], V[:, :P.stop]
+        window = self.window if self.window is None else self.window * ctx.rows_per_token
         if not (self.hook_attn_scores.hooked or self.hook_pattern.hooked):
             return attend(q, K, V, P, window)
-        return attend_explicit(q, K, V, P, window, on_scores=lambda s: self.hook_attn_scores(s, positions=hp),
+        return attend_explicit(q, K, V, P, window,
+                               on_scores=lambda s: self.hook_attn_scores(s, positions=hp),
                                on_pattern=lambda a: self.hook_pattern(a, positions=hp))
 
 
 class MLP(nn.Module):
+    """nanochat's MLP: c_proj(relu(c_fc x)^2)."""
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
@@ -195,7 +235,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One layer: residual mix and memory injection, attention, MLP (pre-norm)."""
+    """One layer: residual mix and memory injection (sec. 2.2), attention (sec. 2.1), MLP."""
 
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
@@ -204,7 +244,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         # hook_resid_pre: the block's input; hook_resid_injected: what attention's norm reads,
         # alpha x + beta x0 (+ gamma m: the memory injected, sec. 2.2)
-        names = ["hook_resid_pre", "hook_resid_injected", "hook_attn_out", "hook_mlp_out", "hook_resid_post"]
+        names = ["hook_resid_pre", "hook_resid_injected", "hook_attn_out", "hook_mlp_out",
+                 "hook_resid_post"]
         if config.memory is not None:
             names.append("hook_mem_in")
         for name in names:
@@ -212,14 +253,12 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: StageContext, alpha=None, beta=None,
                 value_embed: torch.Tensor | None = None) -> BlockOutput:
-        """x_bar = alpha x + beta x0 (+ gamma m), then attention and MLP; alpha, beta: this layer's
-        scalars (None: 1 and 0); value_embed: this layer's value embedding of the tokens."""
+        """x_bar = alpha x + beta x0 + gamma m (sec. 2.2), then x_bar + attn(norm(x_bar)) and
+        the MLP, pre-norm. alpha, beta: this layer's scalars (None: 1 and 0); value_embed: this
+        layer's value embedding of the tokens."""
         P = ctx.hook_positions
         x = self.hook_resid_pre(x, positions=P)
-        if beta is not None:  # alpha x + beta x0 in two kernels (decoding is launch-bound)
-            x = beta * ctx.x0 + x if alpha is None else torch.addcmul(beta * ctx.x0, alpha, x)
-        elif alpha is not None:
-            x = alpha * x
+        x = mix_residual(x, ctx.x0, alpha, beta)
         memory = ctx.memory
         if memory is not None:
             m = self.hook_mem_in(memory.m, positions=P)
@@ -250,8 +289,10 @@ class LRT(nn.Module):
         with torch.random.fork_rng(devices=[]):
             self.wte = nn.Embedding(config.vocab_size, d)
             self.blocks = nn.ModuleList(Block(config, l) for l in range(n_layer))
-            self.value_embeds = (nn.ModuleList(nn.Embedding(config.vocab_size, config.n_kv_head * config.head_dim)
-                                               for _ in range(n_layer)) if config.use_value_embeds else None)
+            kv = config.n_kv_head * config.head_dim
+            self.value_embeds = (nn.ModuleList(nn.Embedding(config.vocab_size, kv)
+                                               for _ in range(n_layer))
+                                 if config.use_value_embeds else None)
             self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
             self.memory = MemoryPathway(config) if config.memory is not None else None
         self.resid_lambdas = nn.Parameter(torch.ones(n_layer)) if config.use_resid_lambdas else None
@@ -264,7 +305,8 @@ class LRT(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self):
-        """nanochat's init; the memory pathway's per paper sec. 2 (gates at 1, gamma at gamma_init)."""
+        """nanochat's init; the memory pathway's per paper sec. 2 (gates at 1, gamma at
+        gamma_init)."""
         s = math.sqrt(3.0 / self.config.n_embd)  # uniform with the std of N(0, 1/d)
         nn.init.normal_(self.wte.weight, std=1.0)
         nn.init.normal_(self.lm_head.weight, std=0.001)
@@ -288,14 +330,17 @@ class LRT(nn.Module):
         """Optimizer role of the backbone's parameters (patterns; lrt_lab.optim)."""
         return {"wte.weight": "embedding", "value_embeds.*": "embedding", "lm_head.weight": "head",
                 "blocks.*.attn.c_*": "matrix", "blocks.*.attn.ve_gate.weight": "matrix",
-                "blocks.*.mlp.*": "matrix", "resid_lambdas": "resid_scalar", "x0_lambdas": "x0_scalar"}
+                "blocks.*.mlp.*": "matrix", "resid_lambdas": "resid_scalar",
+                "x0_lambdas": "x0_scalar"}
 
     # The stage primitive ----------------------------------------------------------------------
     def stage(self, tokens: torch.Tensor, P: range, buffer, layers: range | None = None,
               resid: torch.Tensor | None = None):
-        """Recompute positions P (tokens: (B, |P|), the inputs at P) against `buffer`.
+        """Recompute positions P against `buffer`: embed, read m_{t-lag} (sec. 2), run the blocks,
+        write P's K/V and m_t back (docs/design.md).
 
-        Returns (logits at P: (B, |P|, V), the buffer with P's K/V and source states written).
+        tokens: (B, |P|), the inputs at P. Returns (logits at P: (B, |P|, V), the buffer with P's
+        K/V and source states written).
         layers: the contiguous blocks to run (default: all). A stage that starts above block 0
         takes `resid`, the residual stream entering its first block at P; one that stops below
         the top returns that residual stream (B, |P|, d) instead of logits. The K/V of blocks
@@ -310,38 +355,55 @@ class LRT(nn.Module):
         k_all, v_all = list(buffer.k), list(buffer.v)
         for l, k, v in zip(layers, k_new, v_new):
             k_all[l], v_all[l] = k, v
-        mem_out = None
-        if sources:
-            if len(sources) != len(self.memory.source_layers):
-                raise ValueError(f"layers={layers} is invalid; allowed: a range holding all of the source "
-                                 f"blocks {self.memory.source_layers} or none of them")
-            mem_out = self.hook_mem_out(self.memory.emit(sources, ctx.memory), positions=P)
-        buffer = buffer.updated(P, k_all, v_all, mem_out)
+        buffer = buffer.updated(P, k_all, v_all, self._emit_memory(sources, ctx, layers))
         if layers.stop < self.config.n_layer:
             return x, buffer
         return self.head(x), buffer
 
-    def run_blocks(self, x: torch.Tensor, ctx: StageContext, tokens: torch.Tensor | None, layers: range,
-                   ve_keep: torch.Tensor | None = None):
-        """The blocks `layers` over the rows of one stage: the one block loop (the LRT's stages and
-        the loop/ponder baselines' passes). tokens: the ids at the rows, for the value embeddings
-        (None: rows without a token get none); ve_keep: (1, n, 1, 1) 0/1 per row, or None (all).
+    def run_blocks(self, x: torch.Tensor, ctx: StageContext, tokens: torch.Tensor | None,
+                   layers: range, ve_keep: torch.Tensor | None = None):
+        """x through the blocks `layers` over the rows of one stage, each reading ctx.memory: the
+        one block loop (the LRT's stages and the loop/ponder baselines' passes). tokens: the ids
+        at the rows, for the value embeddings (None: rows without a token get none); ve_keep:
+        (1, n, 1, 1) 0/1 per row, or None (all).
         Returns (residual stream, [K per layer], [V per layer], {source layer: BlockOutput})."""
-        alphas = self.resid_lambdas.unbind(0) if self.resid_lambdas is not None else None
-        betas = self.x0_lambdas.unbind(0) if self.x0_lambdas is not None else None
+        alphas, betas = self._layer_scalars()
         ks, vs, sources = [], [], {}
         for l in layers:
-            ve = None
-            if self.value_embeds is not None and tokens is not None:
-                ve = self.value_embeds[l](tokens).view(*tokens.shape, self.config.n_kv_head, -1)
-                ve = ve if ve_keep is None else ve * ve_keep
-            out = self.blocks[l](x, ctx, alphas[l] if alphas else None, betas[l] if betas else None, ve)
+            ve = self._value_embed(l, tokens, ve_keep)
+            out = self.blocks[l](x, ctx, alphas[l], betas[l], ve)
             x = out.x
             ks.append(out.k)
             vs.append(out.v)
             if self.memory is not None and l in self.memory.source_layers:
                 sources[l] = out
         return x, ks, vs, sources
+
+    def _layer_scalars(self):
+        """(alpha_l per layer, beta_l per layer), None where the model has none: split once per
+        stage into views, so a layer launches no indexing kernel for its scalar."""
+        absent = (None,) * self.config.n_layer
+        alphas = self.resid_lambdas.unbind(0) if self.resid_lambdas is not None else absent
+        betas = self.x0_lambdas.unbind(0) if self.x0_lambdas is not None else absent
+        return alphas, betas
+
+    def _value_embed(self, l: int, tokens: torch.Tensor | None, ve_keep: torch.Tensor | None):
+        """Layer l's value embedding of the tokens, (B, n, n_kv_head, head_dim), zero on the rows
+        ve_keep drops; None without value embeddings or tokens."""
+        if self.value_embeds is None or tokens is None:
+            return None
+        ve = self.value_embeds[l](tokens).view(*tokens.shape, self.config.n_kv_head, -1)
+        return ve if ve_keep is None else ve * ve_keep
+
+    def _emit_memory(self, sources: dict, ctx: StageContext, layers: range):
+        """m_t at the stage's positions (`MemoryPathway.emit`), or None when the stage ran no
+        source block."""
+        if not sources:
+            return None
+        if len(sources) != len(self.memory.source_layers):
+            raise ValueError(f"layers={layers} is invalid; allowed: a range holding all of the "
+                             f"source blocks {self.memory.source_layers} or none of them")
+        return self.hook_mem_out(self.memory.emit(sources, ctx.memory), positions=ctx.positions)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits from the final residual stream: lm_head(norm(x)), soft-capped."""
@@ -351,6 +413,7 @@ class LRT(nn.Module):
         return logits
 
     def _read_memory(self, buffer, P: range, like: torch.Tensor) -> MemoryRead | None:
+        """What the positions P read (sec. 2: m_{t-lag}), after the model-level hook_mem_in."""
         if self.memory is None:
             return None
         mem = self.memory.read(buffer, P, like.size(0), like, hook_positions=P)
@@ -360,11 +423,13 @@ class LRT(nn.Module):
     def _check_layers(self, layers, resid) -> range:
         L = self.config.n_layer
         layers = range(L) if layers is None else layers
-        if not (isinstance(layers, range) and layers.step == 1 and 0 <= layers.start < layers.stop <= L):
-            raise ValueError(f"layers={layers!r} is invalid; allowed: range(a, b) with 0 <= a < b <= n_layer={L}")
+        if not (isinstance(layers, range) and layers.step == 1
+                and 0 <= layers.start < layers.stop <= L):
+            raise ValueError(f"layers={layers!r} is invalid; allowed: range(a, b) with "
+                             f"0 <= a < b <= n_layer={L}")
         if (layers.start > 0) != (resid is not None):
-            raise ValueError("resid is invalid: allowed: the residual stream (B, |P|, d) exactly when "
-                             f"layers starts above block 0 (layers={layers})")
+            raise ValueError("resid is invalid: allowed: the residual stream (B, |P|, d) exactly "
+                             f"when layers starts above block 0 (layers={layers})")
         return layers
 
     def deferred_layers(self, chunk: int = 1) -> int | None:
@@ -389,7 +454,8 @@ class LRT(nn.Module):
 
     # Conveniences ------------------------------------------------------------------------------
     def forward(self, idx, targets=None, schedule=None, cache: dict | None = None):
-        """Run a schedule (default OnePass) on idx; returns a ScheduleOutput (logits, loss, ...)."""
+        """The logits and loss of idx under a schedule of stages (default OnePass: one stage over
+        every position); returns a ScheduleOutput (logits, loss, ...)."""
         from .schedules import OnePass, run_schedule
         return run_schedule(self, idx, targets, schedule or OnePass(), cache=cache)
 
@@ -397,7 +463,8 @@ class LRT(nn.Module):
         """TransformerLens's `run_with_cache`: (logits, cache) for a schedule (default OnePass),
         cache[name] a (B, T, ...) activation per hook point (attention scores and patterns
         (B, heads, T, T)). names: the hook points to record (default: all). Attention is written
-        out only in the layers whose scores or pattern are recorded; the rest keep the fast kernels."""
+        out only in the layers whose scores or pattern are recorded; the rest keep the fast
+        kernels."""
         from .hooks import capture, hook_points
         from .schedules import OnePass, run_schedule
         names = list(hook_points(self)) if names is None else list(names)
@@ -405,7 +472,8 @@ class LRT(nn.Module):
             out = run_schedule(self, idx, targets, schedule or OnePass())
         return out.logits, recorded.assembled(idx.size(1))
 
-    def empty_buffer(self, tokens: torch.Tensor, memory: torch.Tensor | None = None) -> SequenceBuffer:
+    def empty_buffer(self, tokens: torch.Tensor,
+                     memory: torch.Tensor | None = None) -> SequenceBuffer:
         """The buffer a schedule starts from: no K/V, and zero memory or the rows `memory`
         (models with other state override this)."""
         return SequenceBuffer.empty(self.config, tokens, memory)
@@ -418,8 +486,8 @@ class LRT(nn.Module):
                            keep_memory=keep_memory)
 
     @torch.no_grad()
-    def generate(self, prompt_ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 seed: int | None = None, prefill=None):
+    def generate(self, prompt_ids, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, seed: int | None = None, prefill=None):
         """Sample continuations with one forward per generated token (recurrent decoding)."""
         from .decode import generate
         return generate(self, prompt_ids, max_new_tokens, temperature, top_k, seed, prefill)
@@ -438,6 +506,7 @@ class LRT(nn.Module):
                 "added_pct_of_total": 100.0 * added / total}
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
-        """Parameters by optimizer role (`lrt_lab.optim.param_roles`: every parameter in exactly one)."""
+        """Parameters by optimizer role (`lrt_lab.optim.param_roles`: every parameter in exactly
+        one)."""
         from .optim import grouped_parameters
         return grouped_parameters(self)
