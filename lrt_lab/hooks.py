@@ -44,8 +44,7 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
-# the global hook registries nn.Module.__call__ reads
-import torch.nn.modules.module as _module_hooks
+import torch.nn.modules.module as _module_hooks  # global hook registries nn.Module reads
 
 from .positions import assemble
 

@@ -1,5 +1,4 @@
-"""The Latent Recurrent Transformer: a nanochat-style decoder plus a cross-token memory
-pathway.
+"""The Latent Recurrent Transformer: a nanochat-style decoder with a cross-token memory pathway.
 
 One compute primitive, `LRT.stage(tokens, P, buffer)`: recompute positions P against a shared
 K/V + memory buffer (docs/design.md). Training schedules, prefill strategies and decoding are all
@@ -10,7 +9,8 @@ The forward reads top to bottom: `LRT.forward` -> `run_schedule` (the order of s
 `LRT.stage` -> `LRT.run_blocks` -> `Block.forward` -> `Attention.forward` -> `attend`. The fast
 paths sit in named functions beside the equations: `mix_residual` and `gated_sum` (fused
 kernels), `MemoryRead` (what a stage forms once for all its layers), `HookPoint.active` (hook
-points cost nothing while unhooked), `Rotary`'s table cache.
+points cost nothing while unhooked), `Rotary`'s table cache, `FrontierStorage` (in-place appends
+without autograd).
 
 The backbone (`Block`, `Attention`, `MLP`) are ordinary modules with a `forward`, called as
 modules by every stage, so module hooks, activation checkpointing and per-block compilation work.
