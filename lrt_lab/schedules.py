@@ -185,7 +185,7 @@ class FixedPoint:
 
     Gradient: truncated, like deep-equilibrium "phantom" gradients. Init and the sweeps before the
     last `grad_sweeps` run under no_grad, through the blocks up to the source layer only (all the
-    memory needs; `LRT.deferred_layers`); the last grad_sweeps sweeps run the full stack with
+    memory needs; `LRT.exact_split`); the last grad_sweeps sweeps run the full stack with
     autograd from the detached memory, so training memory is O(grad_sweeps) stages, not O(sweeps).
     With grad_sweeps >= max_sweeps nothing is truncated: init and every sweep are differentiated
     and the run equals FullSequence(k) for the k sweeps it used (loss and gradients; tested).
@@ -232,7 +232,7 @@ class FixedPoint:
         """Drive the stages on idx from `buffer` (empty); see the class docstring."""
         T, L = idx.size(1), model.config.n_layer
         full = range(0, T)
-        split = model.deferred_layers(1) if hasattr(model, "deferred_layers") else None
+        split = model.exact_split(1) if hasattr(model, "exact_split") else None
         run = DynamicRun([], [], buffer)
         residuals, per_position = [], []
 
@@ -286,7 +286,7 @@ class Rollout:
     """The exact memory, then G differentiated full-sequence sweeps from it.
 
     1. Roll the memory out exactly: one position per stage, under inference mode, through the
-       blocks that feed m_t only (`LRT.deferred_layers`), into an in-place cache (the decoder's
+       blocks that feed m_t only (`LRT.exact_split`), into an in-place cache (the decoder's
        `DecodeCache` keeping every row), so each of the T dependent stages costs what a decoding
        step through those blocks costs.
     2. G full-sequence stages with autograd, the first reading the rolled-out rows (detached), each
@@ -362,7 +362,7 @@ def rollout_memory(model, idx: torch.Tensor) -> tuple[torch.Tensor | None, range
     if getattr(model, "memory", None) is None:
         return None, range(0)
     B, T = idx.shape
-    split = model.deferred_layers(1)
+    split = model.exact_split(1)
     layers = range(0, split if split is not None else model.config.n_layer)
     ref = next(model.parameters())
     cache = model.new_decode_cache(B, T, device=idx.device, dtype=compute_dtype(idx.device, ref.dtype),
@@ -507,12 +507,12 @@ def as_schedule(schedule) -> Schedule:
     return schedule
 
 
-def _deferred_split(model, schedule: Schedule) -> int | None:
-    """The block index Exact / Chunked(C <= memory.exact_chunk) may split the stack at (`LRT.deferred_layers`),
-    or None."""
-    if not isinstance(schedule, Chunked) or not hasattr(model, "deferred_layers"):
+def _exact_split(model, schedule: Schedule) -> int | None:
+    """The block index Exact / Chunked(C <= memory.exact_chunk) may split the stack at
+    (`LRT.exact_split`), or None."""
+    if not isinstance(schedule, Chunked) or not hasattr(model, "exact_split"):
         return None
-    return model.deferred_layers(schedule.C)
+    return model.exact_split(schedule.C)
 
 
 def _run_split(model, idx: torch.Tensor, stages: list[range], split: int, buffer):
@@ -530,7 +530,7 @@ def _run_split(model, idx: torch.Tensor, stages: list[range], split: int, buffer
 
 
 def _run_stages(model, idx, schedule, stages, buffer):
-    split = _deferred_split(model, schedule)
+    split = _exact_split(model, schedule)
     if split is not None:
         logits, buffer = _run_split(model, idx, stages, split, buffer)
         return logits, [logits[:, P.start:P.stop] for P in stages], buffer

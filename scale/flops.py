@@ -151,7 +151,7 @@ def rollout_forwards(model_or_config, schedule=None, seq_len: int | None = None)
     if not isinstance(_schedule(schedule), Rollout) or model.memory is None:
         return 0.0
     T = seq_len or model.config.sequence_len
-    split = model.deferred_layers(1)
+    split = model.exact_split(1)
     blocks = (split if split is not None else model.config.n_layer) / model.config.n_layer
     return blocks * rolled_out_positions(model.config, T) / T
 

@@ -123,7 +123,7 @@ def test_truncated_gradient_flows_only_through_the_last_sweeps(G):
 
 def test_cost_counts_the_passes_run():
     model = make_model(MemoryConfig())  # 3 layers, source layer 2: no_grad passes run 2 of 3 blocks
-    split = model.deferred_layers(1)
+    split = model.exact_split(1)
     idx = tokens(T=T)
     out = run_schedule(model, idx, None, FixedPoint(0.0, 5, 2))
     # init + 3 no_grad sweeps (split/L each) + 2 full differentiated sweeps
@@ -168,7 +168,7 @@ def test_training_logs_sweeps_and_accounts_the_passes_run(tmp_path):
     run = train(cfg, out=tmp_path, progress=False)
     m = load_metrics(run, kind="train")
     model = build_model(cfg, 8)
-    frac = model.deferred_layers(1) / model.config.n_layer
+    frac = model.exact_split(1) / model.config.n_layer
     assert ((m["sweeps"] >= 1) & (m["sweeps"] <= 4)).all()
     # init + (sweeps - 1) no_grad passes through the lower blocks, then one full differentiated sweep
     expected = (1 + (m["sweeps"] - 1)) * frac + 1
