@@ -66,6 +66,7 @@ import torch
 from .buffer import DecodeCache, SequenceBuffer
 from .config import ModelConfig
 from .model import LRT, StageContext, norm
+from .validation import check_int
 
 BASELINE_KINDS = {
     "loop:N": "loop transformer, the stack applied N >= 1 times per token (N forwards per token)",
@@ -107,11 +108,6 @@ def build_baseline(kind: str, config: ModelConfig):
         return PonderLM(config, n_thoughts=n, jacobi=int(third) if third is not None else 3)
     except ValueError as e:
         raise ValueError(f"model={kind!r}: {e}") from None
-
-
-def _check_count(name: str, value, low: int):
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name}={value!r} is invalid; allowed: an integer >= {low}")
 
 
 def _check_range(name: str, value, low: int):
@@ -177,7 +173,7 @@ class LoopTransformer(_Baseline):
     """The stack applied n_loops times per token (see the module docstring)."""
 
     def __init__(self, config: ModelConfig, n_loops: int = 2, random_loops: tuple[int, int] | None = None):
-        _check_count("n_loops", n_loops, 1)
+        check_int("n_loops", n_loops, 1)
         random_loops = _check_range("random_loops", random_loops, 1)
         super().__init__(config)
         self.n_loops, self.random_loops = n_loops, random_loops
@@ -260,8 +256,8 @@ class PonderLM(_Baseline):
 
     def __init__(self, config: ModelConfig, n_thoughts: int = 1, jacobi: int = 3,
                  random_jacobi: tuple[int, int] | None = None):
-        _check_count("n_thoughts", n_thoughts, 1)
-        _check_count("jacobi", jacobi, 0)
+        check_int("n_thoughts", n_thoughts, 1)
+        check_int("jacobi", jacobi, 0)
         random_jacobi = _check_range("random_jacobi", random_jacobi, 0)
         super().__init__(config)
         self.n_thoughts, self.jacobi, self.random_jacobi = n_thoughts, jacobi, random_jacobi

@@ -23,7 +23,6 @@ Targets use -1 for positions that do not count (as nanochat does).
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -33,14 +32,9 @@ import torch.nn.functional as F
 from .buffer import compute_dtype
 from .positions import assemble
 from .hooks import capture
-from .validation import check_targets, check_token_ids, vocab_size_of
+from .validation import check_int, check_number, check_targets, check_token_ids, vocab_size_of
 
 IGNORE_INDEX = -1
-
-
-def _positive_int(name: str, value, low: int = 1):
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name}={value!r} is invalid; allowed: an integer >= {low}")
 
 
 def _finite_nonnegative(x) -> bool:
@@ -78,7 +72,7 @@ class Interleaved:
     S: int = 2
 
     def __post_init__(self):
-        _positive_int("Interleaved.S", self.S)
+        check_int("Interleaved.S", self.S, 1)
 
     def stages(self, T: int) -> list[range]:
         if self.S > T:
@@ -105,7 +99,7 @@ class FullSequence:
     weights: tuple[float, ...] | None = None
 
     def __post_init__(self):
-        _positive_int("FullSequence.K", self.K, low=0)
+        check_int("FullSequence.K", self.K, 0)
         if self.weights is not None:
             if not isinstance(self.weights, (tuple, list)):
                 raise ValueError(f"FullSequence.weights={self.weights!r} is invalid; allowed: None or a tuple of "
@@ -142,7 +136,7 @@ class Chunked:
     C: int = 64
 
     def __post_init__(self):
-        _positive_int("Chunked.C", self.C)
+        check_int("Chunked.C", self.C, 1)
 
     def stages(self, T: int) -> list[range]:
         return [range(a, min(a + self.C, T)) for a in range(0, T, self.C)]
@@ -207,12 +201,10 @@ class FixedPoint:
     grad_sweeps: int = 1
 
     def __post_init__(self):
-        if (isinstance(self.tol, bool) or not isinstance(self.tol, (int, float)) or not math.isfinite(self.tol)
-                or self.tol < 0):
-            raise ValueError(f"FixedPoint.tol={self.tol!r} is invalid; allowed: a finite number >= 0")
+        check_number("FixedPoint.tol", self.tol, 0)
         object.__setattr__(self, "tol", float(self.tol))
-        _positive_int("FixedPoint.max_sweeps", self.max_sweeps)
-        _positive_int("FixedPoint.grad_sweeps", self.grad_sweeps)
+        check_int("FixedPoint.max_sweeps", self.max_sweeps, 1)
+        check_int("FixedPoint.grad_sweeps", self.grad_sweeps, 1)
 
     def stages(self, T: int) -> list[range]:
         """The most it may run (init + max_sweeps full stages): for validation and FLOP bounds.
@@ -307,7 +299,7 @@ class Rollout:
     grad_sweeps: int = 1
 
     def __post_init__(self):
-        _positive_int("Rollout.grad_sweeps", self.grad_sweeps)
+        check_int("Rollout.grad_sweeps", self.grad_sweeps, 1)
 
     def stages(self, T: int) -> list[range]:
         """The differentiated stages (the rollout's one-position stages carry no gradient)."""

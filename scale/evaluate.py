@@ -67,7 +67,7 @@ import torch
 import torch.nn.functional as F
 
 from lrt_lab.decode import Decoder
-from lrt_lab.schedules import IGNORE_INDEX, OnePass, parse_schedule, run_schedule
+from lrt_lab.schedules import IGNORE_INDEX, as_schedule, parse_schedule, run_schedule
 from lrt_lab.validation import check_token_ids, vocab_size_of
 
 LN2 = math.log(2)
@@ -134,7 +134,7 @@ def parallel_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], to
     [] otherwise), "nats", "bytes", "tokens"}. min_position: score only targets at t >= it (to
     compare with ``sequential_bpb`` after a prompt).
     """
-    schedule = parse_schedule(schedule) if isinstance(schedule, str) else (schedule or OnePass())
+    schedule = as_schedule(schedule)
     token_bytes = _check_token_bytes(token_bytes)
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
@@ -189,7 +189,7 @@ def sequential_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], 
     """
     if not isinstance(prompt_len, int) or prompt_len < 0:
         raise ValueError(f"prompt_len={prompt_len!r} is invalid; allowed: an integer >= 0")
-    prefill = parse_schedule(prefill) if isinstance(prefill, str) else (prefill or OnePass())
+    prefill = as_schedule(prefill)
     token_bytes = _check_token_bytes(token_bytes)
     was_training = model.training
     model.eval()
@@ -278,7 +278,7 @@ def _pad(tokens: list[list[int]], pad_id: int) -> torch.Tensor:
 
 def model_forward(model, schedule=None, autocast=None) -> Callable[[torch.Tensor], torch.Tensor]:
     """A (B, T) ids -> (B, T, V) logits function: `schedule`'s parallel forward (default OnePass)."""
-    schedule = parse_schedule(schedule) if isinstance(schedule, str) else (schedule or OnePass())
+    schedule = as_schedule(schedule)
 
     @torch.no_grad()
     def forward(ids: torch.Tensor) -> torch.Tensor:
