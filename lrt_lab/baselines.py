@@ -138,11 +138,9 @@ class _LayerOffset:
 
 
 class _Baseline(LRT):
-    """The plain transformer's modules and a pass of its block stack over arbitrary input vectors."""
-
-    forwards_per_token = 1
-    forward_cost = 1.0
-    has_sequential_decoding = False
+    """The plain transformer's modules and a pass of its block stack over arbitrary input vectors.
+    The subclasses override LRT's `forward_cost` and `forwards_per_token` (and PonderLM
+    `has_sequential_decoding`): the costs the training loop and the run's config report."""
 
     def __init__(self, config: ModelConfig):
         if not isinstance(config, ModelConfig):

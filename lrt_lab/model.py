@@ -225,6 +225,13 @@ class Block(nn.Module):
 class LRT(nn.Module):
     """Decoder-only transformer with optional latent recurrence (config.memory)."""
 
+    # lrt_lab.interface.SequenceModel's costs: one pass of the stack per token, and a parallel
+    # forward that equals decoding (tested), so evaluation decodes only for the memory; the
+    # baselines override these
+    forward_cost: float = 1.0
+    forwards_per_token: int = 1
+    has_sequential_decoding: bool = False
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         if not isinstance(config, ModelConfig):

@@ -17,6 +17,10 @@ cached rollout states, paper sec. "SFT and Reinforcement Learning"). Each positi
 Interleaved(S=T) == FullSequence(K=T) == Chunked(1) == Exact == token-by-token decoding; the test
 suite holds those equalities in float64.
 
+Every schedule has `stages(T)`, `stage_weights(T)`, `cost`, `spec` and `dynamic`: False when its
+stages are known up front (run_schedule runs them), True for FixedPoint and Rollout, whose
+`run(model, idx, buffer)` decides them as it goes.
+
 Targets use -1 for positions that do not count (as nanochat does).
 """
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +55,8 @@ def _finite_nonnegative(x) -> bool:
 class OnePass:
     """The plain transformer's forward; for an LRT, one-pass prefill with zero memory."""
 
+    dynamic: ClassVar[bool] = False
+
     def stages(self, T: int) -> list[range]:
         return [range(0, T)]
 
@@ -68,6 +75,8 @@ class OnePass:
 @dataclass(frozen=True)
 class Interleaved:
     """Paper sec. 3.1: an init pass over all positions, then S strided subsets with write-back."""
+
+    dynamic: ClassVar[bool] = False
 
     S: int = 2
 
@@ -94,6 +103,8 @@ class Interleaved:
 @dataclass(frozen=True)
 class FullSequence:
     """Paper sec. 3.1 "Full-sequence refinement for S=1": K synchronous refinements after init."""
+
+    dynamic: ClassVar[bool] = False
 
     K: int = 1
     weights: tuple[float, ...] | None = None
@@ -132,6 +143,8 @@ class FullSequence:
 @dataclass(frozen=True)
 class Chunked:
     """Paper sec. 3.2: contiguous chunks in order; memory crosses only chunk boundaries."""
+
+    dynamic: ClassVar[bool] = False
 
     C: int = 64
 
@@ -196,6 +209,7 @@ class FixedPoint:
     the upper bound max_sweeps + 1.
     """
 
+    dynamic: ClassVar[bool] = True  # run() decides its stages as it goes
     tol: float = 1e-3
     max_sweeps: int = 8
     grad_sweeps: int = 1
@@ -211,6 +225,10 @@ class FixedPoint:
         What it does run is in `ScheduleOutput.stages`."""
         return [range(0, T)] * (self.max_sweeps + 1)
 
+    def stage_weights(self, T: int) -> None:
+        """None: how many stages carry a loss depends on the data (run() weighs them uniformly)."""
+        return None
+
     @property
     def cost(self) -> float:
         return float(self.max_sweeps + 1)  # upper bound; the measured cost is per step
@@ -224,7 +242,7 @@ class FixedPoint:
         """Drive the stages on idx from `buffer` (empty); see the class docstring."""
         T, L = idx.size(1), model.config.n_layer
         full = range(0, T)
-        split = model.exact_split(1) if hasattr(model, "exact_split") else None
+        split = model.exact_split(1)
         run = DynamicRun([], [], buffer)
         residuals, per_position = [], []
 
@@ -296,6 +314,7 @@ class Rollout:
     `ScheduleOutput.measured`. `cost` is the upper bound 1 + G.
     """
 
+    dynamic: ClassVar[bool] = True  # run() drives the rollout and the sweeps itself
     grad_sweeps: int = 1
 
     def __post_init__(self):
@@ -351,7 +370,7 @@ def rollout_memory(model, idx: torch.Tensor) -> tuple[torch.Tensor | None, range
     source is the top one), into a `DecodeCache` that keeps every memory row: in-place writes, so
     a stage costs the same at position 1 and at position T. (None, range(0)) for a model without a
     memory pathway (nothing to roll out)."""
-    if getattr(model, "memory", None) is None:
+    if model.memory is None:
         return None, range(0)
     B, T = idx.shape
     split = model.exact_split(1)
@@ -502,7 +521,7 @@ def as_schedule(schedule) -> Schedule:
 def _exact_split(model, schedule: Schedule) -> int | None:
     """The block index Exact / Chunked(C <= memory.exact_chunk) may split the stack at
     (`LRT.exact_split`), or None."""
-    if not isinstance(schedule, Chunked) or not hasattr(model, "exact_split"):
+    if not isinstance(schedule, Chunked):
         return None
     return model.exact_split(schedule.C)
 
@@ -577,7 +596,7 @@ def _check_memory(model, idx: torch.Tensor, memory):
     decoder is cloned: autograd cannot save one)."""
     if memory is None:
         return None
-    if getattr(model, "memory", None) is None:
+    if model.memory is None:
         raise ValueError("memory is invalid for a model without a memory pathway (config.memory=None); "
                          "allowed: None")
     B, T, d = idx.size(0), idx.size(1), model.config.n_embd
@@ -596,12 +615,12 @@ def _check_memory(model, idx: torch.Tensor, memory):
 
 
 def _execute(model, idx, schedule, memory=None):
-    """(stages, their logits, final logits, final buffer, loss weights, measurements). A schedule
-    with a `run` method decides its stages as it goes (FixedPoint, Rollout) and runs them itself;
+    """(stages, their logits, final logits, final buffer, loss weights, measurements). A dynamic
+    schedule (FixedPoint, Rollout) decides its stages as it goes and runs them itself (`run`);
     its loss is the uniform mean over the stages that returned logits."""
     T = idx.size(1)
     buffer = model.empty_buffer(idx) if memory is None else model.empty_buffer(idx, memory)
-    if hasattr(schedule, "run"):
+    if schedule.dynamic:
         ran = schedule.run(model, idx, buffer)
         logits = assemble(list(zip(ran.stages, ran.stage_logits)), T)
         return ran.stages, ran.stage_logits, logits, ran.buffer, [1.0] * len(ran.stages), ran.measured

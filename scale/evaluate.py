@@ -136,9 +136,8 @@ def parallel_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], to
     """
     schedule = as_schedule(schedule)
     token_bytes = _check_token_bytes(token_bytes)
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
+    was_training = model.training
+    model.eval()
     sums, stage_sums, tokens = None, None, 0
     try:
         for inputs, targets in batches:
@@ -150,8 +149,9 @@ def parallel_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], to
                 out = run_schedule(model, inputs, None, schedule)
             n, b = nats_and_bytes(out.logits, targets, token_bytes, mask)
             per_stage = []
-            # per-stage BPB where the stages are the same every batch (not FixedPoint's dynamic count)
-            if getattr(schedule, "stage_weights", lambda T: None)(T) is not None:
+            # per-stage BPB where the stages are the same every batch (not FixedPoint's data-dependent
+            # count, nor Chunked's chunks: stage_weights None)
+            if schedule.stage_weights(T) is not None:
                 for P, lp in zip(out.stages, out.stage_logits):
                     sl = slice(P.start, P.stop, P.step)
                     per_stage.extend(nats_and_bytes(lp, targets[:, sl], token_bytes,
@@ -163,8 +163,7 @@ def parallel_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], to
                 stage_sums = st if stage_sums is None else stage_sums + st
             tokens += targets.numel()
     finally:
-        if hasattr(model, "train"):
-            model.train(was_training)
+        model.train(was_training)
     if sums is None:
         raise ValueError("batches is empty; allowed: at least one (inputs, targets) batch")
     device = sums.device

@@ -259,3 +259,15 @@ def test_dashboard_tables_of_sweeps_and_traces():
     got = {(r.sweep, r.measure): r.value for r in t.itertuples()}
     assert got == {(0, "residual"): 2.0, (1, "residual"): 0.5, (0, "error"): 3.0, (1, "error"): 0.0}
     assert set(t["run"]) == {"fp"}
+
+
+def test_only_the_schedules_that_run_their_own_stages_are_dynamic():
+    """run_schedule and the training loop tell FixedPoint and Rollout apart by `dynamic`: they
+    decide their stages as they go (`run`); the others list them up front."""
+    specs = ["onepass", "interleaved:2", "fullseq:2", "chunked:4", "exact", "fixedpoint:0.01:4", "rollout:2"]
+    dynamic = {spec: parse_schedule(spec).dynamic for spec in specs}
+    assert dynamic == {**{s: False for s in specs[:5]}, "fixedpoint:0.01:4": True, "rollout:2": True}
+    for spec in specs:
+        schedule = parse_schedule(spec)
+        assert callable(getattr(type(schedule), "run", None)) == schedule.dynamic
+        assert schedule.stage_weights(8) is None or len(schedule.stage_weights(8)) == len(schedule.stages(8))
