@@ -225,6 +225,13 @@ class Block(nn.Module):
 class LRT(nn.Module):
     """Decoder-only transformer with optional latent recurrence (config.memory)."""
 
+    # lrt_lab.interface.SequenceModel's costs: one pass of the stack per token, and a parallel
+    # forward that equals decoding (tested), so evaluation decodes only for the memory; the
+    # baselines override these
+    forward_cost: float = 1.0
+    forwards_per_token: int = 1
+    has_sequential_decoding: bool = False
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         if not isinstance(config, ModelConfig):
@@ -286,7 +293,7 @@ class LRT(nn.Module):
         layers: the contiguous blocks to run (default: all). A stage that starts above block 0
         takes `resid`, the residual stream entering its first block at P; one that stops below
         the top returns that residual stream (B, |P|, d) instead of logits. The K/V of blocks
-        outside `layers` are left as they were (see `deferred_layers`).
+        outside `layers` are left as they were (see `exact_split`).
         """
         layers = self._check_layers(layers, resid)
         x0 = self.hook_embed(norm(self.wte(tokens)), positions=P)
@@ -299,9 +306,9 @@ class LRT(nn.Module):
             k_all[l], v_all[l] = k, v
         mem_out = None
         if sources:
-            if len(sources) != len(self.memory.source_layers):
+            if len(sources) != len(self.memory.source_blocks):
                 raise ValueError(f"layers={layers} is invalid; allowed: a range holding all of the source "
-                                 f"blocks {self.memory.source_layers} or none of them")
+                                 f"blocks {self.memory.source_blocks} or none of them")
             mem_out = self.hook_mem_out(self.memory.emit(sources, ctx.memory), positions=P)
         buffer = buffer.updated(P, k_all, v_all, mem_out)
         if layers.stop < self.config.n_layer:
@@ -326,7 +333,7 @@ class LRT(nn.Module):
             x = out.x
             ks.append(out.k)
             vs.append(out.v)
-            if self.memory is not None and l in self.memory.source_layers:
+            if self.memory is not None and l in self.memory.source_blocks:
                 sources[l] = out
         return x, ks, vs, sources
 
@@ -354,7 +361,7 @@ class LRT(nn.Module):
                              f"layers starts above block 0 (layers={layers})")
         return layers
 
-    def deferred_layers(self, chunk: int = 1) -> int | None:
+    def exact_split(self, chunk: int = 1) -> int | None:
         """Where Chunked(chunk) / Exact may split the stack (0-based index of the first block above
         the source layers), or None. Only the source blocks and those below them at position t
         feed m_t; the blocks above read m_{t-lag} but feed nothing sequential, so they can run for
@@ -364,7 +371,7 @@ class LRT(nn.Module):
         memory would not reproduce."""
         if self.memory is None or chunk > self.config.memory.exact_chunk:
             return None
-        split = max(self.memory.source_layers) + 1
+        split = max(self.memory.source_blocks) + 1
         return split if split < self.config.n_layer else None
 
     def compile_blocks(self, **options):

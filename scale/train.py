@@ -82,6 +82,7 @@ from lrt_lab.model import LRT
 from lrt_lab.results import Run
 from lrt_lab.optim import build_optimizers
 from lrt_lab.schedules import parse_schedule
+from lrt_lab.validation import check_int, check_number
 from lrt_lab.checkpoints import save_checkpoint
 from lrt_lab.optim import optimizer_step, set_lr_schedule
 from lrt_lab.train import model_config, parse_value
@@ -392,18 +393,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             raise ValueError(f"--set {item!r} is invalid; allowed: KEY=VALUE")
         overrides[key.strip()] = parse_value(value.strip())
     args.overrides = overrides
-    for name in ("total_batch_size", "device_batch_size"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: an integer >= 1")
+    for name in ("total_batch_size", "device_batch_size", "keep_checkpoints"):
+        check_int(f"--{name.replace('_', '-')}", getattr(args, name), 1)
     for name in ("eval_every", "core_every", "checkpoint_every", "seq_eval_rows", "seq_prompt", "momentum_warmup_steps"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: an integer >= 0")
-    if not 0 <= args.warmdown_frac <= 1:
-        raise ValueError(f"--warmdown-frac={args.warmdown_frac} is invalid; allowed: a number in [0, 1]")
-    if args.keep_checkpoints < 1:
-        raise ValueError(f"--keep-checkpoints={args.keep_checkpoints} is invalid; allowed: an integer >= 1")
-    if args.stop_after is not None and args.stop_after < 1:
-        raise ValueError(f"--stop-after={args.stop_after} is invalid; allowed: an integer >= 1")
+        check_int(f"--{name.replace('_', '-')}", getattr(args, name), 0)
+    check_number("--warmdown-frac", args.warmdown_frac, 0, 1)
+    if args.stop_after is not None:
+        check_int("--stop-after", args.stop_after, 1)
     if sum(v is not None for v in (args.ratio, args.tokens, args.steps)) != 1:
         raise ValueError("run length: give exactly one of --ratio, --tokens, --steps")
     if not args.synthetic and not args.dry_run and not (args.data_dir and args.tokenizer_dir):
