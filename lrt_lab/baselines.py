@@ -66,6 +66,7 @@ import torch
 from .buffer import DecodeCache, SequenceBuffer
 from .config import ModelConfig
 from .model import LRT, StageContext, norm
+from .validation import check_int
 
 BASELINE_KINDS = {
     "loop:N": "loop transformer, the stack applied N >= 1 times per token (N forwards per token)",
@@ -109,11 +110,6 @@ def build_baseline(kind: str, config: ModelConfig):
         raise ValueError(f"model={kind!r}: {e}") from None
 
 
-def _check_count(name: str, value, low: int):
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name}={value!r} is invalid; allowed: an integer >= {low}")
-
-
 def _check_range(name: str, value, low: int):
     if value is None:
         return None
@@ -142,11 +138,9 @@ class _LayerOffset:
 
 
 class _Baseline(LRT):
-    """The plain transformer's modules and a pass of its block stack over arbitrary input vectors."""
-
-    forwards_per_token = 1
-    forward_cost = 1.0
-    has_sequential_decoding = False
+    """The plain transformer's modules and a pass of its block stack over arbitrary input vectors.
+    The subclasses override LRT's `forward_cost` and `forwards_per_token` (and PonderLM
+    `has_sequential_decoding`): the costs the training loop and the run's config report."""
 
     def __init__(self, config: ModelConfig):
         if not isinstance(config, ModelConfig):
@@ -177,7 +171,7 @@ class LoopTransformer(_Baseline):
     """The stack applied n_loops times per token (see the module docstring)."""
 
     def __init__(self, config: ModelConfig, n_loops: int = 2, random_loops: tuple[int, int] | None = None):
-        _check_count("n_loops", n_loops, 1)
+        check_int("n_loops", n_loops, 1)
         random_loops = _check_range("random_loops", random_loops, 1)
         super().__init__(config)
         self.n_loops, self.random_loops = n_loops, random_loops
@@ -260,8 +254,8 @@ class PonderLM(_Baseline):
 
     def __init__(self, config: ModelConfig, n_thoughts: int = 1, jacobi: int = 3,
                  random_jacobi: tuple[int, int] | None = None):
-        _check_count("n_thoughts", n_thoughts, 1)
-        _check_count("jacobi", jacobi, 0)
+        check_int("n_thoughts", n_thoughts, 1)
+        check_int("jacobi", jacobi, 0)
         random_jacobi = _check_range("random_jacobi", random_jacobi, 0)
         super().__init__(config)
         self.n_thoughts, self.jacobi, self.random_jacobi = n_thoughts, jacobi, random_jacobi

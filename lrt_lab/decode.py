@@ -49,7 +49,7 @@ class Decoder:
         self.cache = self._new_cache(max_len, device, dtype or compute_dtype(device, ref.dtype))
 
     def _new_cache(self, max_len: int, device, dtype):
-        if not self.keep_memory or getattr(self.model, "memory", None) is None:  # no rows to keep
+        if not self.keep_memory or self.model.memory is None:  # no rows to keep
             return self.model.new_decode_cache(self.batch_size, max_len, device=device, dtype=dtype)
         return self.model.new_decode_cache(self.batch_size, max_len, device=device, dtype=dtype,
                                            keep_memory=True)
@@ -78,7 +78,7 @@ class Decoder:
         (None for a model without memory). Needs keep_memory=True."""
         if not self.keep_memory:
             raise ValueError("memory_rows needs a Decoder made with keep_memory=True")
-        if getattr(self.model, "memory", None) is None:
+        if self.model.memory is None:
             return None
         rows = self.cache.memory_rows()
         return None if rows is None else rows.clone()

@@ -11,7 +11,8 @@ The backbone calls five methods and knows nothing else about the memory:
     emit(outputs, read)            -> m_t            from the source blocks' activations (and,
                                                      for a memory that updates itself, what t
                                                      read)
-    source_layers                                    the one statement of which blocks feed m_t
+    source_blocks                                    the one statement of which blocks (0-based)
+                                                     feed m_t
 
 How far back a position's memory reaches is stated once, by the config
 (`MemoryConfig.read_offsets`): `read` reads those rows, and the Exact split, Chunked's exact limit
@@ -20,7 +21,7 @@ The pathway's own hook points (`memory.hook_source`, and `memory.hook_update_gat
 update="gated") are modules of this class, called with `read.positions`: a new mechanism declares
 its internal values' hook points here, next to its math, and `lrt_lab.hooks` finds them by name.
 
-Every schedule, the Exact split (`LRT.deferred_layers`), the decoder, the hook points, the
+Every schedule, the Exact split (`LRT.exact_split`), the decoder, the hook points, the
 parameter report and the optimizer roles (`param_roles`) follow from these, so a new mechanism is
 written here (plus its `MemoryConfig` field) and nowhere else.
 """
@@ -92,7 +93,7 @@ class MemoryPathway(nn.Module):
         H, Hkv, D = config.n_head, config.n_kv_head, config.head_dim
         src = config.source_layer  # 1-based
         # which blocks (0-based) feed m_t: stated here once; the Exact split is derived from it
-        self.source_layers: tuple[int, ...] = tuple(range(src - m.source_avg, src))
+        self.source_blocks: tuple[int, ...] = tuple(range(src - m.source_avg, src))
         # "KV replace, early 1/3 layers" (app. B): these layers take W_rec m instead of adding it
         self.replace_layers = (frozenset(range(max(1, L // 3))) if m.kv_mode == "replace"
                                else frozenset())
@@ -236,7 +237,7 @@ class MemoryPathway(nn.Module):
         """m_t from the outputs of the source blocks {layer: BlockOutput} (a learned softmax
         average when memory.source_avg > 1) and `read`, the memory the positions read: with
         update="gated", m_t = z * m_{t-lag} + (1 - z) * h_t, z = sigmoid(W_z h_t)."""
-        taps = [self.tap(outputs[l]) for l in self.source_layers]
+        taps = [self.tap(outputs[l]) for l in self.source_blocks]
         if len(taps) == 1:
             h = taps[0]
         else:

@@ -277,6 +277,13 @@ class Block(nn.Module):
 class LRT(nn.Module):
     """Decoder-only transformer with optional latent recurrence (config.memory)."""
 
+    # lrt_lab.interface.SequenceModel's costs: one pass of the stack per token, and a parallel
+    # forward that equals decoding (tested), so evaluation decodes only for the memory; the
+    # baselines override these
+    forward_cost: float = 1.0
+    forwards_per_token: int = 1
+    has_sequential_decoding: bool = False
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         if not isinstance(config, ModelConfig):
@@ -344,7 +351,7 @@ class LRT(nn.Module):
         layers: the contiguous blocks to run (default: all). A stage that starts above block 0
         takes `resid`, the residual stream entering its first block at P; one that stops below
         the top returns that residual stream (B, |P|, d) instead of logits. The K/V of blocks
-        outside `layers` are left as they were (see `deferred_layers`).
+        outside `layers` are left as they were (see `exact_split`).
         """
         layers = self._check_layers(layers, resid)
         x0 = self.hook_embed(norm(self.wte(tokens)), positions=P)
@@ -375,7 +382,7 @@ class LRT(nn.Module):
             x = out.x
             ks.append(out.k)
             vs.append(out.v)
-            if self.memory is not None and l in self.memory.source_layers:
+            if self.memory is not None and l in self.memory.source_blocks:
                 sources[l] = out
         return x, ks, vs, sources
 
@@ -400,9 +407,9 @@ class LRT(nn.Module):
         source block."""
         if not sources:
             return None
-        if len(sources) != len(self.memory.source_layers):
+        if len(sources) != len(self.memory.source_blocks):
             raise ValueError(f"layers={layers} is invalid; allowed: a range holding all of the "
-                             f"source blocks {self.memory.source_layers} or none of them")
+                             f"source blocks {self.memory.source_blocks} or none of them")
         return self.hook_mem_out(self.memory.emit(sources, ctx.memory), positions=ctx.positions)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
@@ -432,7 +439,7 @@ class LRT(nn.Module):
                              f"when layers starts above block 0 (layers={layers})")
         return layers
 
-    def deferred_layers(self, chunk: int = 1) -> int | None:
+    def exact_split(self, chunk: int = 1) -> int | None:
         """Where Chunked(chunk) / Exact may split the stack (0-based index of the first block above
         the source layers), or None. Only the source blocks and those below them at position t
         feed m_t; the blocks above read m_{t-lag} but feed nothing sequential, so they can run for
@@ -442,7 +449,7 @@ class LRT(nn.Module):
         memory would not reproduce."""
         if self.memory is None or chunk > self.config.memory.exact_chunk:
             return None
-        split = max(self.memory.source_layers) + 1
+        split = max(self.memory.source_blocks) + 1
         return split if split < self.config.n_layer else None
 
     def compile_blocks(self, **options):

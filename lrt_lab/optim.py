@@ -29,6 +29,8 @@ from fnmatch import fnmatchcase
 import torch
 import torch.nn as nn
 
+from .interface import DeclaresParamRoles
+
 ROLES = ("matrix", "embedding", "head", "scalar", "resid_scalar", "x0_scalar")
 
 
@@ -37,9 +39,8 @@ def param_roles(model: nn.Module) -> dict[str, str]:
     matches exactly one declared pattern."""
     declared = []  # (full pattern, role, declaring module)
     for prefix, module in model.named_modules():
-        roles = getattr(module, "param_roles", None)
-        if callable(roles):
-            for pattern, role in roles().items():
+        if isinstance(module, DeclaresParamRoles):
+            for pattern, role in module.param_roles().items():
                 if role not in ROLES:
                     raise ValueError(f"role {role!r} of {prefix}.{pattern} is invalid; allowed: {', '.join(ROLES)}")
                 declared.append((f"{prefix}.{pattern}" if prefix else pattern, role))

@@ -17,15 +17,19 @@ cached rollout states, paper sec. "SFT and Reinforcement Learning"). Each positi
 Interleaved(S=T) == FullSequence(K=T) == Chunked(1) == Exact == token-by-token decoding; the test
 suite holds those equalities in float64.
 
+Every schedule has `stages(T)`, `stage_weights(T)`, `cost`, `spec` and `dynamic`: False when its
+stages are known up front (run_schedule runs them), True for FixedPoint and Rollout, whose
+`run(model, idx, buffer)` decides them as it goes.
+
 Targets use -1 for positions that do not count (as nanochat does).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -33,14 +37,9 @@ import torch.nn.functional as F
 from .buffer import compute_dtype
 from .positions import assemble
 from .hooks import capture
-from .validation import check_targets, check_token_ids, vocab_size_of
+from .validation import check_int, check_number, check_targets, check_token_ids, vocab_size_of
 
 IGNORE_INDEX = -1
-
-
-def _positive_int(name: str, value, low: int = 1):
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name}={value!r} is invalid; allowed: an integer >= {low}")
 
 
 def _finite_nonnegative(x) -> bool:
@@ -55,6 +54,8 @@ def _finite_nonnegative(x) -> bool:
 @dataclass(frozen=True)
 class OnePass:
     """The plain transformer's forward; for an LRT, one-pass prefill with zero memory."""
+
+    dynamic: ClassVar[bool] = False
 
     def stages(self, T: int) -> list[range]:
         return [range(0, T)]
@@ -75,10 +76,12 @@ class OnePass:
 class Interleaved:
     """Paper sec. 3.1: an init pass over all positions, then S strided subsets with write-back."""
 
+    dynamic: ClassVar[bool] = False
+
     S: int = 2
 
     def __post_init__(self):
-        _positive_int("Interleaved.S", self.S)
+        check_int("Interleaved.S", self.S, 1)
 
     def stages(self, T: int) -> list[range]:
         if self.S > T:
@@ -101,11 +104,13 @@ class Interleaved:
 class FullSequence:
     """Paper sec. 3.1 "Full-sequence refinement for S=1": K synchronous refinements after init."""
 
+    dynamic: ClassVar[bool] = False
+
     K: int = 1
     weights: tuple[float, ...] | None = None
 
     def __post_init__(self):
-        _positive_int("FullSequence.K", self.K, low=0)
+        check_int("FullSequence.K", self.K, 0)
         if self.weights is not None:
             if not isinstance(self.weights, (tuple, list)):
                 raise ValueError(f"FullSequence.weights={self.weights!r} is invalid; allowed: None or a tuple of "
@@ -139,10 +144,12 @@ class FullSequence:
 class Chunked:
     """Paper sec. 3.2: contiguous chunks in order; memory crosses only chunk boundaries."""
 
+    dynamic: ClassVar[bool] = False
+
     C: int = 64
 
     def __post_init__(self):
-        _positive_int("Chunked.C", self.C)
+        check_int("Chunked.C", self.C, 1)
 
     def stages(self, T: int) -> list[range]:
         return [range(a, min(a + self.C, T)) for a in range(0, T, self.C)]
@@ -185,7 +192,7 @@ class FixedPoint:
 
     Gradient: truncated, like deep-equilibrium "phantom" gradients. Init and the sweeps before the
     last `grad_sweeps` run under no_grad, through the blocks up to the source layer only (all the
-    memory needs; `LRT.deferred_layers`); the last grad_sweeps sweeps run the full stack with
+    memory needs; `LRT.exact_split`); the last grad_sweeps sweeps run the full stack with
     autograd from the detached memory, so training memory is O(grad_sweeps) stages, not O(sweeps).
     With grad_sweeps >= max_sweeps nothing is truncated: init and every sweep are differentiated
     and the run equals FullSequence(k) for the k sweeps it used (loss and gradients; tested).
@@ -202,22 +209,25 @@ class FixedPoint:
     the upper bound max_sweeps + 1.
     """
 
+    dynamic: ClassVar[bool] = True  # run() decides its stages as it goes
     tol: float = 1e-3
     max_sweeps: int = 8
     grad_sweeps: int = 1
 
     def __post_init__(self):
-        if (isinstance(self.tol, bool) or not isinstance(self.tol, (int, float)) or not math.isfinite(self.tol)
-                or self.tol < 0):
-            raise ValueError(f"FixedPoint.tol={self.tol!r} is invalid; allowed: a finite number >= 0")
+        check_number("FixedPoint.tol", self.tol, 0)
         object.__setattr__(self, "tol", float(self.tol))
-        _positive_int("FixedPoint.max_sweeps", self.max_sweeps)
-        _positive_int("FixedPoint.grad_sweeps", self.grad_sweeps)
+        check_int("FixedPoint.max_sweeps", self.max_sweeps, 1)
+        check_int("FixedPoint.grad_sweeps", self.grad_sweeps, 1)
 
     def stages(self, T: int) -> list[range]:
         """The most it may run (init + max_sweeps full stages): for validation and FLOP bounds.
         What it does run is in `ScheduleOutput.stages`."""
         return [range(0, T)] * (self.max_sweeps + 1)
+
+    def stage_weights(self, T: int) -> None:
+        """None: how many stages carry a loss depends on the data (run() weighs them uniformly)."""
+        return None
 
     @property
     def cost(self) -> float:
@@ -232,7 +242,7 @@ class FixedPoint:
         """Drive the stages on idx from `buffer` (empty); see the class docstring."""
         T, L = idx.size(1), model.config.n_layer
         full = range(0, T)
-        split = model.deferred_layers(1) if hasattr(model, "deferred_layers") else None
+        split = model.exact_split(1)
         run = DynamicRun([], [], buffer)
         residuals, per_position = [], []
 
@@ -286,7 +296,7 @@ class Rollout:
     """The exact memory, then G differentiated full-sequence sweeps from it.
 
     1. Roll the memory out exactly: one position per stage, under inference mode, through the
-       blocks that feed m_t only (`LRT.deferred_layers`), into an in-place cache (the decoder's
+       blocks that feed m_t only (`LRT.exact_split`), into an in-place cache (the decoder's
        `DecodeCache` keeping every row), so each of the T dependent stages costs what a decoding
        step through those blocks costs.
     2. G full-sequence stages with autograd, the first reading the rolled-out rows (detached), each
@@ -304,10 +314,11 @@ class Rollout:
     `ScheduleOutput.measured`. `cost` is the upper bound 1 + G.
     """
 
+    dynamic: ClassVar[bool] = True  # run() drives the rollout and the sweeps itself
     grad_sweeps: int = 1
 
     def __post_init__(self):
-        _positive_int("Rollout.grad_sweeps", self.grad_sweeps)
+        check_int("Rollout.grad_sweeps", self.grad_sweeps, 1)
 
     def stages(self, T: int) -> list[range]:
         """The differentiated stages (the rollout's one-position stages carry no gradient)."""
@@ -359,10 +370,10 @@ def rollout_memory(model, idx: torch.Tensor) -> tuple[torch.Tensor | None, range
     source is the top one), into a `DecodeCache` that keeps every memory row: in-place writes, so
     a stage costs the same at position 1 and at position T. (None, range(0)) for a model without a
     memory pathway (nothing to roll out)."""
-    if getattr(model, "memory", None) is None:
+    if model.memory is None:
         return None, range(0)
     B, T = idx.shape
-    split = model.deferred_layers(1)
+    split = model.exact_split(1)
     layers = range(0, split if split is not None else model.config.n_layer)
     ref = next(model.parameters())
     cache = model.new_decode_cache(B, T, device=idx.device, dtype=compute_dtype(idx.device, ref.dtype),
@@ -507,12 +518,12 @@ def as_schedule(schedule) -> Schedule:
     return schedule
 
 
-def _deferred_split(model, schedule: Schedule) -> int | None:
-    """The block index Exact / Chunked(C <= memory.exact_chunk) may split the stack at (`LRT.deferred_layers`),
-    or None."""
-    if not isinstance(schedule, Chunked) or not hasattr(model, "deferred_layers"):
+def _exact_split(model, schedule: Schedule) -> int | None:
+    """The block index Exact / Chunked(C <= memory.exact_chunk) may split the stack at
+    (`LRT.exact_split`), or None."""
+    if not isinstance(schedule, Chunked):
         return None
-    return model.deferred_layers(schedule.C)
+    return model.exact_split(schedule.C)
 
 
 def _run_split(model, idx: torch.Tensor, stages: list[range], split: int, buffer):
@@ -530,7 +541,7 @@ def _run_split(model, idx: torch.Tensor, stages: list[range], split: int, buffer
 
 
 def _run_stages(model, idx, schedule, stages, buffer):
-    split = _deferred_split(model, schedule)
+    split = _exact_split(model, schedule)
     if split is not None:
         logits, buffer = _run_split(model, idx, stages, split, buffer)
         return logits, [logits[:, P.start:P.stop] for P in stages], buffer
@@ -585,7 +596,7 @@ def _check_memory(model, idx: torch.Tensor, memory):
     decoder is cloned: autograd cannot save one)."""
     if memory is None:
         return None
-    if getattr(model, "memory", None) is None:
+    if model.memory is None:
         raise ValueError("memory is invalid for a model without a memory pathway (config.memory=None); "
                          "allowed: None")
     B, T, d = idx.size(0), idx.size(1), model.config.n_embd
@@ -604,12 +615,12 @@ def _check_memory(model, idx: torch.Tensor, memory):
 
 
 def _execute(model, idx, schedule, memory=None):
-    """(stages, their logits, final logits, final buffer, loss weights, measurements). A schedule
-    with a `run` method decides its stages as it goes (FixedPoint, Rollout) and runs them itself;
+    """(stages, their logits, final logits, final buffer, loss weights, measurements). A dynamic
+    schedule (FixedPoint, Rollout) decides its stages as it goes and runs them itself (`run`);
     its loss is the uniform mean over the stages that returned logits."""
     T = idx.size(1)
     buffer = model.empty_buffer(idx) if memory is None else model.empty_buffer(idx, memory)
-    if hasattr(schedule, "run"):
+    if schedule.dynamic:
         ran = schedule.run(model, idx, buffer)
         logits = assemble(list(zip(ran.stages, ran.stage_logits)), T)
         return ran.stages, ran.stage_logits, logits, ran.buffer, [1.0] * len(ran.stages), ran.measured

@@ -19,7 +19,7 @@ evaluation length with the training schedule's parallel forward *and* with exact
 
 Tasks come from a provider registered under the `lrt_lab.tasks` entry point (the built-in `lrt_tasks`, the tasks/ folder
 package registers itself), so lrt_lab never imports the task code; a Task object can also be passed
-directly to `train(..., task=...)`.
+directly to `train(..., task=...)` (what it must provide: `lrt_lab.interface.Task`).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from .claims import acquire
 from .config import MEMORY_PRESETS, PRESETS, MemoryConfig, ModelConfig, preset
 from .config import memory_preset as make_memory
 from .evaluation import eval_record, evaluate, per_position_table
+from .interface import Task
 from .mirrors import mirror_settings, mirrored
 from .model import LRT
 from .optim import build_optimizers, optimizer_step, set_lr_schedule
@@ -243,6 +244,9 @@ def prepare(cfg: TrainConfig, task=None):
     sweep can check every run of its grid first; train() builds the real one under the run's seed.
     """
     task = task if task is not None else make_task(cfg)
+    if not isinstance(task, Task):  # a task passed in by hand fails here, not at the step that reads it
+        fail("task", task, "a task with name, length, min_length, vocab_size, length_at(step) and "
+                           "sample(...) (lrt_lab.interface.Task; lrt_tasks.Task provides them)")
     if cfg.model != "lrt" and cfg.schedule != "onepass":
         raise ValueError(f"schedule={cfg.schedule!r} is invalid for model={cfg.model!r} (it has no memory; "
                          "a baseline's own training forward is its stage); allowed: onepass")
@@ -253,12 +257,12 @@ def prepare(cfg: TrainConfig, task=None):
              f"an integer >= {task.vocab_size}, the vocabulary of task {cfg.task!r}")
     schedule = parse_schedule(cfg.schedule)
     check_memory_fits(cfg, model.config, schedule)
-    start_length = task.length_at(0) if hasattr(task, "length_at") else cfg.length
+    start_length = task.length_at(0)
     for length in sorted({start_length, cfg.length, *cfg.eval_lengths}):
         schedule.stages(length)  # e.g. Interleaved(S) needs S <= every length it will see
     # One sequence at every length the run will sample (training and evaluation), so a length the
     # task cannot make (below its minimum, beyond a corpus split) fails here and not at step N.
-    min_length = getattr(task, "min_length", 1)
+    min_length = task.min_length
     for n in cfg.eval_lengths:
         if n < min_length:
             fail("eval_lengths", cfg.eval_lengths, f"integers >= {min_length}, the shortest sequence of task {cfg.task!r}")
@@ -311,7 +315,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
     root = check_out_dir("out", out)
     config = {"train": cfg.to_dict(), "model": model.config.to_dict(), "params": model.param_report(),
               "kind": cfg.model, "schedule": schedule.spec, "schedule_cost": schedule.cost,
-              "forwards_per_token": getattr(model, "forwards_per_token", 1), "task_vocab_size": task.vocab_size}
+              "forwards_per_token": model.forwards_per_token, "task_vocab_size": task.vocab_size}
     if resume:
         run = open_for_resume(root, cfg, config)
         claim = acquire(run.path)
@@ -414,7 +418,7 @@ def _train_step(cfg: TrainConfig, model, opts, task, schedule, generator, device
                 loop: LoopState) -> dict:
     """Sample a batch, run the schedule forward and backward, step the optimizers; advances
     `loop` (step, counters) and returns the step's metrics line."""
-    length = task.length_at(loop.step) if hasattr(task, "length_at") else cfg.length
+    length = task.length_at(loop.step)
     batch = task.sample(cfg.batch_size, generator, length=length)
     inputs, targets = batch.inputs.to(device), _masked_targets(batch).to(device)
     mult = set_lr_schedule(opts, loop.step, cfg.steps, cfg.warmdown_frac)
@@ -442,7 +446,7 @@ def _step_cost(model, schedule, measured: dict | None) -> float:
     """Forwards per token of this step: the schedule's, or what a dynamic schedule (FixedPoint,
     Rollout) measured it ran; times the model's own cost per forward (the baselines')."""
     cost = schedule.cost if measured is None else measured["cost"]
-    return cost * getattr(model, "forward_cost", 1.0)
+    return cost * model.forward_cost
 
 
 def _evaluate_and_log(run: Run, model, schedule, eval_sets: dict, cfg: TrainConfig, autocast,
@@ -473,11 +477,11 @@ def _finish(run: Run, cfg: TrainConfig, model, schedule, eval_sets: dict, autoca
     tail = train_losses[-max(1, len(train_losses) // 20):]
     counters = loop.counters
     # a dynamic schedule's cost is the mean of the steps it ran, not its upper bound
-    cost = (counters["compute_tokens"] / max(counters["tokens"], 1) if hasattr(schedule, "run")
-            else schedule.cost * getattr(model, "forward_cost", 1.0))
+    cost = (counters["compute_tokens"] / max(counters["tokens"], 1) if schedule.dynamic
+            else schedule.cost * model.forward_cost)
     run.write_summary({"status": "complete", "steps": cfg.steps, "trained_by": trained_by(),
                        "final_loss": sum(tail) / len(tail), "wall_time_s": loop.elapsed(),
                        "tokens": counters["tokens"], "compute_tokens": counters["compute_tokens"],
-                       "schedule_cost": cost, "forwards_per_token": getattr(model, "forwards_per_token", 1),
+                       "schedule_cost": cost, "forwards_per_token": model.forwards_per_token,
                        "eval": eval_record(loop.results)})
     return run

@@ -170,9 +170,9 @@ def _describe(x) -> str:
     return f"a {type(x).__name__}"
 
 
-def vocab_size_of(model) -> int | None:
-    """The model's vocabulary size, or None for a duck-typed model whose config does not say."""
-    return getattr(getattr(model, "config", None), "vocab_size", None)
+def vocab_size_of(model) -> int:
+    """The model's vocabulary size (`lrt_lab.interface.SequenceModel.config`)."""
+    return model.config.vocab_size
 
 
 def check_token_ids(name: str, ids, vocab_size: int | None, ndim: int | tuple = 2, values: bool = True) -> None:

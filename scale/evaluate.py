@@ -67,7 +67,7 @@ import torch
 import torch.nn.functional as F
 
 from lrt_lab.decode import Decoder
-from lrt_lab.schedules import IGNORE_INDEX, OnePass, parse_schedule, run_schedule
+from lrt_lab.schedules import IGNORE_INDEX, as_schedule, parse_schedule, run_schedule
 from lrt_lab.validation import check_token_ids, vocab_size_of
 
 LN2 = math.log(2)
@@ -134,11 +134,10 @@ def parallel_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], to
     [] otherwise), "nats", "bytes", "tokens"}. min_position: score only targets at t >= it (to
     compare with ``sequential_bpb`` after a prompt).
     """
-    schedule = parse_schedule(schedule) if isinstance(schedule, str) else (schedule or OnePass())
+    schedule = as_schedule(schedule)
     token_bytes = _check_token_bytes(token_bytes)
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
+    was_training = model.training
+    model.eval()
     sums, stage_sums, tokens = None, None, 0
     try:
         for inputs, targets in batches:
@@ -150,8 +149,9 @@ def parallel_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], to
                 out = run_schedule(model, inputs, None, schedule)
             n, b = nats_and_bytes(out.logits, targets, token_bytes, mask)
             per_stage = []
-            # per-stage BPB where the stages are the same every batch (not FixedPoint's dynamic count)
-            if getattr(schedule, "stage_weights", lambda T: None)(T) is not None:
+            # per-stage BPB where the stages are the same every batch (not FixedPoint's data-dependent
+            # count, nor Chunked's chunks: stage_weights None)
+            if schedule.stage_weights(T) is not None:
                 for P, lp in zip(out.stages, out.stage_logits):
                     sl = slice(P.start, P.stop, P.step)
                     per_stage.extend(nats_and_bytes(lp, targets[:, sl], token_bytes,
@@ -163,8 +163,7 @@ def parallel_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], to
                 stage_sums = st if stage_sums is None else stage_sums + st
             tokens += targets.numel()
     finally:
-        if hasattr(model, "train"):
-            model.train(was_training)
+        model.train(was_training)
     if sums is None:
         raise ValueError("batches is empty; allowed: at least one (inputs, targets) batch")
     device = sums.device
@@ -189,7 +188,7 @@ def sequential_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], 
     """
     if not isinstance(prompt_len, int) or prompt_len < 0:
         raise ValueError(f"prompt_len={prompt_len!r} is invalid; allowed: an integer >= 0")
-    prefill = parse_schedule(prefill) if isinstance(prefill, str) else (prefill or OnePass())
+    prefill = as_schedule(prefill)
     token_bytes = _check_token_bytes(token_bytes)
     was_training = model.training
     model.eval()
@@ -278,7 +277,7 @@ def _pad(tokens: list[list[int]], pad_id: int) -> torch.Tensor:
 
 def model_forward(model, schedule=None, autocast=None) -> Callable[[torch.Tensor], torch.Tensor]:
     """A (B, T) ids -> (B, T, V) logits function: `schedule`'s parallel forward (default OnePass)."""
-    schedule = parse_schedule(schedule) if isinstance(schedule, str) else (schedule or OnePass())
+    schedule = as_schedule(schedule)
 
     @torch.no_grad()
     def forward(ids: torch.Tensor) -> torch.Tensor:

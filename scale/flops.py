@@ -72,7 +72,7 @@ import torch
 
 from lrt_lab.config import ModelConfig
 from lrt_lab.model import LRT
-from lrt_lab.schedules import OnePass, Rollout, parse_schedule, rolled_out_positions
+from lrt_lab.schedules import Rollout, as_schedule, rolled_out_positions
 
 H100_BF16_PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (no sparsity)
 REFERENCE_BATCH_TOKENS = 2 ** 19  # the paper's (and nanochat's) global batch
@@ -81,10 +81,6 @@ RATIO_PARAMS = ("total", "matrices")
 # packing at T = 2048 crops ~35% of the tokens it reads
 SHARD_TOKENS_ESTIMATE = 250e6 / 4.8
 BEST_FIT_CROP_FRACTION = 0.35
-
-
-def _schedule(schedule):
-    return parse_schedule(schedule) if isinstance(schedule, str) else (schedule or OnePass())
 
 
 def _as_model(model_or_config) -> LRT:
@@ -138,7 +134,7 @@ def forward_flops_per_position(model_or_config, seq_len: int | None = None, base
 
 def token_forwards(schedule, seq_len: int) -> float:
     """Positions computed per token by a schedule: sum over its stages of |P|, divided by T."""
-    stages = _schedule(schedule).stages(seq_len)
+    stages = as_schedule(schedule).stages(seq_len)
     return sum(len(P) for P in stages) / seq_len
 
 
@@ -148,10 +144,10 @@ def rollout_forwards(model_or_config, schedule=None, seq_len: int | None = None)
     the top block), over the positions whose memory is read (T - exact_chunk of T); 0 for every
     other schedule and for a model without memory."""
     model = _as_model(model_or_config)
-    if not isinstance(_schedule(schedule), Rollout) or model.memory is None:
+    if not isinstance(as_schedule(schedule), Rollout) or model.memory is None:
         return 0.0
     T = seq_len or model.config.sequence_len
-    split = model.deferred_layers(1)
+    split = model.exact_split(1)
     blocks = (split if split is not None else model.config.n_layer) / model.config.n_layer
     return blocks * rolled_out_positions(model.config, T) / T
 

@@ -69,7 +69,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -82,6 +82,7 @@ from lrt_lab.model import LRT
 from lrt_lab.results import Run
 from lrt_lab.optim import build_optimizers
 from lrt_lab.schedules import parse_schedule
+from lrt_lab.validation import check_int, check_number
 from lrt_lab.checkpoints import save_checkpoint
 from lrt_lab.optim import optimizer_step, set_lr_schedule
 from lrt_lab.train import model_config, parse_value
@@ -392,18 +393,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             raise ValueError(f"--set {item!r} is invalid; allowed: KEY=VALUE")
         overrides[key.strip()] = parse_value(value.strip())
     args.overrides = overrides
-    for name in ("total_batch_size", "device_batch_size"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: an integer >= 1")
+    for name in ("total_batch_size", "device_batch_size", "keep_checkpoints"):
+        check_int(f"--{name.replace('_', '-')}", getattr(args, name), 1)
     for name in ("eval_every", "core_every", "checkpoint_every", "seq_eval_rows", "seq_prompt", "momentum_warmup_steps"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: an integer >= 0")
-    if not 0 <= args.warmdown_frac <= 1:
-        raise ValueError(f"--warmdown-frac={args.warmdown_frac} is invalid; allowed: a number in [0, 1]")
-    if args.keep_checkpoints < 1:
-        raise ValueError(f"--keep-checkpoints={args.keep_checkpoints} is invalid; allowed: an integer >= 1")
-    if args.stop_after is not None and args.stop_after < 1:
-        raise ValueError(f"--stop-after={args.stop_after} is invalid; allowed: an integer >= 1")
+        check_int(f"--{name.replace('_', '-')}", getattr(args, name), 0)
+    check_number("--warmdown-frac", args.warmdown_frac, 0, 1)
+    if args.stop_after is not None:
+        check_int("--stop-after", args.stop_after, 1)
     if sum(v is not None for v in (args.ratio, args.tokens, args.steps)) != 1:
         raise ValueError("run length: give exactly one of --ratio, --tokens, --steps")
     if not args.synthetic and not args.dry_run and not (args.data_dir and args.tokenizer_dir):
@@ -563,7 +559,101 @@ def train(args: argparse.Namespace) -> Path | None:
         teardown_distributed(ctx)
 
 
+@dataclass
+class Setup:
+    """What a run is, decided before anything is written (a dry run stops here)."""
+
+    schedule: object
+    tokenizer: object
+    vocab: int
+    config: object          # the ModelConfig
+    seq_len: int
+    accum: int              # gradient accumulation steps per optimizer step
+    plan: object            # lrt_scale.flops.Plan: steps, tokens, FLOPs
+    data_plan: dict
+    backends: dict          # the attention kernel each stage kind dispatches to
+
+
+@dataclass
+class ScaleLoop:
+    """What the loop carries from step to step."""
+
+    step: int
+    start: int              # the step this process started (or resumed) at
+    stop: int               # the step this process stops after
+    counters: dict          # tokens, compute_tokens, flops
+    t0: float               # perf_counter() at step 0 (a resumed run's earlier time included)
+    data_epoch: int = 0
+    last_eval: dict = field(default_factory=dict)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+
 def _train(args, ctx: DistContext) -> Path | None:
+    """One run (see `train`): plan, open the run folder, build and restore, loop, summarise."""
+    setup = _setup(args, ctx)
+    if args.dry_run:
+        return None
+    run, ckpt_path, complete = _open_run(args, ctx, setup)
+    if complete:
+        ctx.print0(f"{run.path} is already complete")
+        return run.path
+    torch.manual_seed(args.seed)
+    with torch.device(ctx.device):
+        model = LRT(setup.config)
+    opts = make_optimizers(model, args)
+    if args.synthetic:
+        data = SyntheticData(setup.vocab, setup.seq_len, args.device_batch_size, ctx.rank, ctx.world_size,
+                             args.seed, args.synthetic, ctx.device)
+    else:
+        data = LoaderData(args.data_dir, setup.tokenizer, args.device_batch_size, setup.seq_len, ctx)
+    start, elapsed, counters = _restore(ckpt_path, model, opts, data, ctx)
+    if ckpt_path is not None:
+        ctx.print0(f"resumed {run.path} at step {start} from {ckpt_path}")
+    if ctx.rank == 0 and args.resume:
+        run.truncate_metrics(start)  # steps after the checkpoint are redone and logged again
+    val_batches, token_bytes, _ = make_batches(args.data_dir, args.tokenizer_dir, setup.vocab,
+                                               args.device_batch_size, setup.seq_len, ctx, args.seed,
+                                               args.synthetic)
+    autocast = autocast_for(ctx.device, args.dtype)
+    net, ddp = _distributed(model, setup, ctx, autocast)
+    if args.compile:
+        model.stage = torch.compile(model.stage, dynamic=False)
+    stop = setup.plan.steps if args.stop_after is None else min(setup.plan.steps, start + args.stop_after)
+    loop = ScaleLoop(start, start, stop, counters, time.perf_counter() - elapsed,
+                     data.progress().get("data_epoch", 0))
+
+    def evaluate_and_log(core: bool, sequential: bool) -> None:
+        loop.last_eval = _evaluate_and_log(run, model, args, ctx, setup, val_batches, token_bytes,
+                                           autocast, loop, core, sequential)
+
+    model.train()
+    while loop.step < loop.stop:
+        record = _train_step(args, ctx, setup, model, net, ddp, opts, data, autocast, loop)
+        _log_step(run, args, ctx, setup, record, loop)
+        final = loop.step == setup.plan.steps
+        # the checkpoint first: an evaluation that fails or runs out of memory loses no training
+        if (args.checkpoint_every and loop.step % args.checkpoint_every == 0) or loop.step == loop.stop:
+            _checkpoint(run, model, opts, data, ctx, args, loop)
+        do_eval = final or (args.eval_every and loop.step % args.eval_every == 0)
+        do_core = final or (args.core_every and loop.step % args.core_every == 0)
+        if do_eval or do_core:
+            evaluate_and_log(core=do_core, sequential=final)
+    if loop.step < setup.plan.steps:
+        ctx.print0(f"stopped at step {loop.step} of {setup.plan.steps}; continue with --resume")
+        return run.path
+    if start == setup.plan.steps:  # resumed after the last step (killed before the summary): evaluate now
+        evaluate_and_log(core=True, sequential=True)
+    if ctx.rank == 0:
+        _write_summary(run, args, ctx, setup, data, loop)
+    _barrier(ctx)
+    return run.path
+
+
+def _setup(args, ctx: DistContext) -> Setup:
+    """The tokenizer, model config, accumulation and the FLOP/data plan of a run, printed; the
+    checks that would otherwise fail after the first step (vocabulary, prompt length, CORE bundle)."""
     schedule = parse_schedule(args.schedule)
     tokenizer = None
     if args.synthetic or args.dry_run:
@@ -572,13 +662,14 @@ def _train(args, ctx: DistContext) -> Path | None:
         tokenizer = load_tokenizer(args.tokenizer_dir)
         vocab = args.vocab_size or tokenizer.vocab_size
         if vocab < tokenizer.vocab_size:
-            raise ValueError(f"--vocab-size={vocab} is invalid; allowed: >= the tokenizer's {tokenizer.vocab_size}")
+            raise ValueError(f"--vocab-size={vocab} is invalid; allowed: >= the tokenizer's "
+                             f"{tokenizer.vocab_size}")
     config = build_config(args, vocab)
-    seq_len = config.sequence_len
-    args.seq_len = seq_len
+    seq_len = args.seq_len = config.sequence_len
     args.n_layer = config.n_layer
     if args.seq_eval_rows and args.seq_prompt >= seq_len:
-        raise ValueError(f"--seq-prompt={args.seq_prompt} is invalid; allowed: 0 <= seq_prompt < seq_len={seq_len}")
+        raise ValueError(f"--seq-prompt={args.seq_prompt} is invalid; allowed: 0 <= seq_prompt < "
+                         f"seq_len={seq_len}")
     accum = _grad_accum(args, seq_len, ctx.world_size)
     plan = fl.plan(config, schedule, ratio=args.ratio, tokens=args.tokens, steps=args.steps,
                    global_batch_tokens=args.total_batch_size, seq_len=seq_len, ratio_params=args.ratio_params)
@@ -587,8 +678,8 @@ def _train(args, ctx: DistContext) -> Path | None:
                f"{args.device_batch_size} x {seq_len} per rank, {accum} accumulation steps -> "
                f"{args.total_batch_size:,} tokens per step")
     ctx.print0(fl.format_plan(plan))
-    backends = attention_dispatch(config, schedule, ctx.device,
-                                  torch.bfloat16 if autocast_for(ctx.device, args.dtype) else torch.float32)
+    dtype = torch.bfloat16 if autocast_for(ctx.device, args.dtype) else torch.float32
+    backends = attention_dispatch(config, schedule, ctx.device, dtype)
     ctx.print0("attention kernels chosen: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in backends.items()))
     if args.core_bundle:
         ev.load_bundle(args.core_bundle)  # a broken bundle fails now, not after the last step
@@ -597,217 +688,202 @@ def _train(args, ctx: DistContext) -> Path | None:
         from .data import resolve_shards
         have = len(resolve_shards(args.data_dir, "train"))
         if have < data_plan["train_shards"]:
-            ctx.print0(f"warning: data: {have} train shards in {args.data_dir}, ~{data_plan['train_shards']} needed "
-                       f"with best-fit cropping: the run will start another epoch (logged as data_epoch)")
-    if args.dry_run:
-        return None
+            ctx.print0(f"warning: data: {have} train shards in {args.data_dir}, ~{data_plan['train_shards']} "
+                       "needed with best-fit cropping: the run will start another epoch (logged as data_epoch)")
+    return Setup(schedule, tokenizer, vocab, config, seq_len, accum, plan, data_plan, backends)
 
-    name = run_name(args)
-    root = Path(args.out)
-    train_args = stored_args(args)
+
+def _open_run(args, ctx: DistContext, setup: Setup) -> tuple[Run, str | None, bool]:
+    """(the run, its newest checkpoint or None, whether it is complete): a new run folder with its
+    config, or with --resume the existing one, whose stored arguments must match (rank 0 decides)."""
+    name, root, train_args = run_name(args), Path(args.out), stored_args(args)
     with torch.device("meta"):
-        meta_model = LRT(config)
-    run_config = {"train": train_args, "model": config.to_dict(), "params": meta_model.param_report(),
-                  "kind": args.model, "schedule": schedule.spec, "schedule_cost": schedule.cost,
+        params = LRT(setup.config).param_report()
+    run_config = {"train": train_args, "model": setup.config.to_dict(), "params": params,
+                  "kind": args.model, "schedule": setup.schedule.spec, "schedule_cost": setup.schedule.cost,
                   "forwards_per_token": 1, "task": train_args["task"], "world_size": ctx.world_size,
-                  "grad_accum": accum, "accounting": plan.to_dict(), "data_plan": data_plan,
-                  "attention_dispatch": backends, "torch": torch.__version__}
-    del meta_model
+                  "grad_accum": setup.accum, "accounting": setup.plan.to_dict(), "data_plan": setup.data_plan,
+                  "attention_dispatch": setup.backends, "torch": torch.__version__}
 
-    def open_run():
-        if args.resume:
-            run = Run(root / name)
-            if not (run.path / "config.json").exists():
-                raise ValueError(f"--resume: no run folder at {run.path}")
-            if run.config["train"] != train_args:
-                diff = sorted(k for k in set(run.config["train"]) | set(train_args)
-                              if run.config["train"].get(k) != train_args.get(k))
-                raise ValueError(f"--resume: arguments differ from {run.path}/config.json in {diff}; resume with the same ones")
-            ckpt = run.latest_checkpoint()
-            return str(run.path), (str(ckpt) if ckpt else None), run.is_complete
-        run = Run.create(root, name, run_config)
-        return str(run.path), None, False
+    def open_on_rank0():
+        if not args.resume:
+            return str(Run.create(root, name, run_config).path), None, False
+        run = Run(root / name)
+        if not (run.path / "config.json").exists():
+            raise ValueError(f"--resume: no run folder at {run.path}")
+        if run.config["train"] != train_args:
+            diff = sorted(k for k in set(run.config["train"]) | set(train_args)
+                          if run.config["train"].get(k) != train_args.get(k))
+            raise ValueError(f"--resume: arguments differ from {run.path}/config.json in {diff}; "
+                             "resume with the same ones")
+        ckpt = run.latest_checkpoint()
+        return str(run.path), (str(ckpt) if ckpt else None), run.is_complete
 
-    run_path, ckpt_path, complete = _on_rank0(ctx, open_run)
-    run = Run(run_path)
-    if complete:
-        ctx.print0(f"{run.path} is already complete")
-        return run.path
+    run_path, ckpt_path, complete = _on_rank0(ctx, open_on_rank0)
+    return Run(run_path), ckpt_path, complete
 
-    torch.manual_seed(args.seed)
-    with torch.device(ctx.device):
-        model = LRT(config)
-    opts = make_optimizers(model, args)
-    if args.synthetic:
-        data = SyntheticData(vocab, seq_len, args.device_batch_size, ctx.rank, ctx.world_size, args.seed,
-                             args.synthetic, ctx.device)
-    else:
-        data = LoaderData(args.data_dir, tokenizer, args.device_batch_size, seq_len, ctx)
-    counters = {"tokens": 0, "compute_tokens": 0.0, "flops": 0.0}
-    start, elapsed = 0, 0.0
-    if ckpt_path is not None:
-        state = torch.load(ckpt_path, map_location=ctx.device, weights_only=False)
-        model.load_state_dict(state["model"])
-        for opt, s in zip(opts, state["optimizers"]):
-            opt.load_state_dict(s)
-        start, elapsed = state["step"], state["elapsed"]
-        counters = dict(state["counters"])
-        del state  # the loaded tensors (a full model + optimizer state) would stay on the GPU for the whole run
-        data_states = counters.pop("data", None)
-        saved_world = counters.pop("world_size", ctx.world_size)
-        if data_states is not None and any(s is not None for s in data_states):
-            if saved_world != ctx.world_size:
-                raise ValueError(f"--resume: the checkpoint was written by {saved_world} ranks, this run has "
-                                 f"{ctx.world_size}; the data loader can only resume with the same world size")
-            data.load_state_dict(data_states[ctx.rank])
-        ctx.print0(f"resumed {run.path} at step {start} from {ckpt_path}")
-    if ctx.rank == 0 and args.resume:
-        run.truncate_metrics(start)  # steps after the checkpoint are redone and logged again
 
-    val_batches, token_bytes, _ = make_batches(args.data_dir, args.tokenizer_dir, vocab, args.device_batch_size,
-                                               seq_len, ctx, args.seed, args.synthetic)
-    autocast = autocast_for(ctx.device, args.dtype)
-    raw_model = model
-    ddp = None
-    if ctx.distributed:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        unused = unused_parameters(model, schedule, seq_len, vocab, ctx.device, autocast)
-        if unused:
-            ctx.print0(f"DDP: {len(unused)} parameters get no gradient under {schedule.spec} "
-                       f"(find_unused_parameters on): {', '.join(unused[:6])}{' ...' if len(unused) > 6 else ''}")
-        ddp = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-                  find_unused_parameters=bool(unused))
-    if args.compile:
-        raw_model.stage = torch.compile(raw_model.stage, dynamic=False)
-    net = ddp or model
+def _restore(ckpt_path: str | None, model, opts, data, ctx: DistContext) -> tuple[int, float, dict]:
+    """(step, elapsed seconds, counters) from a checkpoint (model, optimizers and this rank's data
+    loader restored), or a fresh start."""
+    if ckpt_path is None:
+        return 0, 0.0, {"tokens": 0, "compute_tokens": 0.0, "flops": 0.0}
+    state = torch.load(ckpt_path, map_location=ctx.device, weights_only=False)
+    model.load_state_dict(state["model"])
+    for opt, s in zip(opts, state["optimizers"]):
+        opt.load_state_dict(s)
+    start, elapsed, counters = state["step"], state["elapsed"], dict(state["counters"])
+    del state  # the loaded tensors (a full model + optimizer state) would stay on the GPU for the whole run
+    data_states = counters.pop("data", None)
+    saved_world = counters.pop("world_size", ctx.world_size)
+    if data_states is not None and any(s is not None for s in data_states):
+        if saved_world != ctx.world_size:
+            raise ValueError(f"--resume: the checkpoint was written by {saved_world} ranks, this run has "
+                             f"{ctx.world_size}; the data loader can only resume with the same world size")
+        data.load_state_dict(data_states[ctx.rank])
+    return start, elapsed, counters
 
-    def checkpoint(step):
-        states = [data.state_dict()]
-        if ctx.distributed:
-            states = [None] * ctx.world_size
-            dist.all_gather_object(states, data.state_dict())
-        if ctx.rank == 0:
-            save_checkpoint(run, step, raw_model, opts, torch.Generator(), time.perf_counter() - t0,
-                            {**counters, "data": states, "world_size": ctx.world_size}, keep=args.keep_checkpoints)
-        _barrier(ctx)
 
-    def evaluate_and_log(step: int, core: bool, sequential: bool) -> dict:
-        rec = _evaluate(raw_model, args, ctx, schedule, val_batches, token_bytes, tokenizer, autocast, seq_len,
-                        core=core, sequential=sequential)
-        core_table = rec.pop("_core_table", None)
-        if ctx.rank == 0:
-            run.log({"kind": "eval", "step": step, "tokens": counters["tokens"],
-                     "compute_tokens": counters["compute_tokens"], "flops": counters["flops"],
-                     "time": time.perf_counter() - t0, **rec})
-            ctx.print0("eval step {}: {}".format(step, ", ".join(
-                f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in rec.items())))
-            if core_table is not None:
-                run.write_table("core", pd.DataFrame([
-                    {"task": k, "accuracy": core_table["accuracy"][k], "centered": core_table["centered"][k]}
-                    for k in core_table["accuracy"]]))
-        return rec
+def _distributed(model, setup: Setup, ctx: DistContext, autocast):
+    """(the module to call, the DDP wrapper or None): DDP across ranks, with find_unused_parameters
+    only when the schedule leaves some parameter without gradient (measured, not assumed)."""
+    if not ctx.distributed:
+        return model, None
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    unused = unused_parameters(model, setup.schedule, setup.seq_len, setup.vocab, ctx.device, autocast)
+    if unused:
+        ctx.print0(f"DDP: {len(unused)} parameters get no gradient under {setup.schedule.spec} "
+                   f"(find_unused_parameters on): {', '.join(unused[:6])}{' ...' if len(unused) > 6 else ''}")
+    ddp = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+              find_unused_parameters=bool(unused))
+    return ddp, ddp
 
-    flops_per_step = plan.flops_per_step
-    compute_per_step = args.total_batch_size * plan.train_flops_per_token / plan.baseline_train_flops_per_token
-    step_times, last_eval = [], {}
-    data_epoch = data.progress().get("data_epoch", 0)
-    step = start
-    stop = plan.steps if args.stop_after is None else min(plan.steps, start + args.stop_after)
+
+def _train_step(args, ctx: DistContext, setup: Setup, model, net, ddp, opts, data, autocast,
+                loop: ScaleLoop) -> dict:
+    """One optimizer step over `accum` micro batches (DDP syncs on the last); advances `loop` and
+    returns the step's metrics line (the loss averaged over micro batches and ranks)."""
+    mult = set_schedules(opts, loop.step, args)
     cuda = ctx.device.type == "cuda"
-    t0 = time.perf_counter() - elapsed
-    model.train()
-    while step < stop:
-        mult = set_schedules(opts, step, args)
-        if cuda:
-            torch.cuda.synchronize()
-        t_step = time.perf_counter()
-        loss_sum = None
-        for micro in range(accum):
-            x, y = data.batch(step, micro)
-            sync = contextlib.nullcontext() if ddp is None or micro == accum - 1 else ddp.no_sync()
-            with sync:
-                with autocast or contextlib.nullcontext():
-                    out = net(x, y, schedule)
-                (out.loss / accum).backward()
-            losses = torch.stack([out.loss.detach().float()] + [l.detach().float() for l in out.stage_losses])
-            loss_sum = losses if loss_sum is None else loss_sum + losses
-            # this micro step's logits (every stage's and the merged ones) and K/V buffers would
-            # otherwise stay alive through the next forward: several GiB at 20L
-            del out, x, y
-        optimizer_step(opts, raw_model.parameters(), args.grad_clip)
-        loss_vec = loss_sum / accum
-        if ctx.distributed:
-            dist.all_reduce(loss_vec)
-            loss_vec /= ctx.world_size
-        loss_vals = loss_vec.tolist()  # synchronises the device
-        if cuda:
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t_step
-        step += 1
-        step_times.append(dt)
-        counters["tokens"] += args.total_batch_size
-        counters["flops"] += flops_per_step
-        counters["compute_tokens"] += compute_per_step
-        record = {"kind": "train", "step": step, "loss": loss_vals[0], "stage_losses": loss_vals[1:],
-                  "tokens": counters["tokens"], "compute_tokens": counters["compute_tokens"],
-                  "flops": counters["flops"], "tokens_per_s": args.total_batch_size / dt,
-                  "mfu": fl.mfu(flops_per_step / dt, args.peak_flops, ctx.world_size), "step_time_s": dt,
-                  "time": time.perf_counter() - t0, "lr_mult": mult, **data.progress()}
-        if cuda:
-            record["peak_mem_gib"] = torch.cuda.max_memory_allocated(ctx.device) / 2 ** 30
-        if record.get("data_epoch", 0) > data_epoch:
-            data_epoch = record["data_epoch"]
-            ctx.print0(f"warning: data: rank 0 started epoch {data_epoch} at step {step}: the train shards are "
-                       f"used up and tokens repeat")
-        if step == start + 1 and args.compile:
-            ctx.print0(f"compile: {compile_stats()} after the first step ({dt:.1f} s)")
-        if not math.isfinite(record["loss"]):
-            if ctx.rank == 0:
-                run.log(record)
-            raise FloatingPointError(f"loss became {record['loss']} at step {step}")
-        if ctx.rank == 0:
-            run.log(record)
-            if step == 1 or step % args.log_every == 0 or step == stop:
-                ctx.print0(f"step {step:6d}/{plan.steps} | loss {record['loss']:.4f} | lr x{mult:.3f} | "
-                           f"{dt * 1000:8.1f} ms | {record['tokens_per_s']:,.0f} tok/s | mfu {record['mfu'] * 100:.2f}%")
-        final = step == plan.steps
-        # the checkpoint first: an evaluation that fails or runs out of memory loses no training
-        if (args.checkpoint_every and step % args.checkpoint_every == 0) or step == stop:
-            checkpoint(step)
-        do_eval = final or (args.eval_every and step % args.eval_every == 0)
-        do_core = final or (args.core_every and step % args.core_every == 0)
-        if do_eval or do_core:
-            last_eval = evaluate_and_log(step, core=do_core, sequential=final)
-    if step < plan.steps:
-        ctx.print0(f"stopped at step {step} of {plan.steps}; continue with --resume")
-        return run.path
-    if start == plan.steps:  # resumed after the last step (killed before the summary): evaluate now
-        last_eval = evaluate_and_log(step, core=True, sequential=True)
+    if cuda:
+        torch.cuda.synchronize()
+    t_step = time.perf_counter()
+    loss_sum = None
+    for micro in range(setup.accum):
+        x, y = data.batch(loop.step, micro)
+        sync = contextlib.nullcontext() if ddp is None or micro == setup.accum - 1 else ddp.no_sync()
+        with sync:
+            with autocast or contextlib.nullcontext():
+                out = net(x, y, setup.schedule)
+            (out.loss / setup.accum).backward()  # outside autocast, as torch recommends
+        losses = torch.stack([out.loss.detach().float()] + [l.detach().float() for l in out.stage_losses])
+        loss_sum = losses if loss_sum is None else loss_sum + losses
+        # this micro step's logits (every stage's and the merged ones) and K/V buffers would
+        # otherwise stay alive through the next forward: several GiB at 20L
+        del out, x, y
+    optimizer_step(opts, model.parameters(), args.grad_clip)
+    loss_vec = loss_sum / setup.accum
+    if ctx.distributed:
+        dist.all_reduce(loss_vec)
+        loss_vec /= ctx.world_size
+    loss_vals = loss_vec.tolist()  # synchronises the device
+    if cuda:
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t_step
+    loop.step += 1
+    plan, counters = setup.plan, loop.counters
+    counters["tokens"] += args.total_batch_size
+    counters["flops"] += plan.flops_per_step
+    counters["compute_tokens"] += (args.total_batch_size * plan.train_flops_per_token
+                                   / plan.baseline_train_flops_per_token)
+    record = {"kind": "train", "step": loop.step, "loss": loss_vals[0], "stage_losses": loss_vals[1:],
+              "tokens": counters["tokens"], "compute_tokens": counters["compute_tokens"],
+              "flops": counters["flops"], "tokens_per_s": args.total_batch_size / dt,
+              "mfu": fl.mfu(plan.flops_per_step / dt, args.peak_flops, ctx.world_size), "step_time_s": dt,
+              "time": loop.elapsed(), "lr_mult": mult, **data.progress()}
+    if cuda:
+        record["peak_mem_gib"] = torch.cuda.max_memory_allocated(ctx.device) / 2 ** 30
+    return record
+
+
+def _log_step(run: Run, args, ctx: DistContext, setup: Setup, record: dict, loop: ScaleLoop) -> None:
+    """Rank 0 logs the line (and prints it every log_every steps); a new data epoch and the first
+    compiled step are reported; a non-finite loss is logged, then raises."""
+    step = loop.step
+    if record.get("data_epoch", 0) > loop.data_epoch:
+        loop.data_epoch = record["data_epoch"]
+        ctx.print0(f"warning: data: rank 0 started epoch {loop.data_epoch} at step {step}: the train shards "
+                   "are used up and tokens repeat")
+    if step == loop.start + 1 and args.compile:
+        ctx.print0(f"compile: {compile_stats()} after the first step ({record['step_time_s']:.1f} s)")
     if ctx.rank == 0:
-        records = [r for r in run.metrics_records() if r.get("kind") == "train"]
-        tail = [r["loss"] for r in records[-max(1, len(records) // 20):]]
-        times = [r["step_time_s"] for r in records]
-        steady = times[min(10, len(times) // 4):] or times  # leave out compile / warm-up steps
-        mean_dt = sum(steady) / len(steady)
-        run.write_summary({
-            "status": "complete", "steps": plan.steps, "final_loss": sum(tail) / len(tail),
-            "wall_time_s": time.perf_counter() - t0, "tokens": counters["tokens"],
-            "compute_tokens": counters["compute_tokens"], "flops": counters["flops"],
-            "ratio": plan.ratio, "compute_ratio": plan.compute_ratio, "schedule_cost": schedule.cost,
-            "forwards_per_token": 1, "step_time_s": mean_dt, "step_time_median_s": statistics.median(steady),
-            "tokens_per_s": args.total_batch_size / mean_dt,
-            "mfu": fl.mfu(flops_per_step / mean_dt, args.peak_flops, ctx.world_size),
-            "world_size": ctx.world_size, "device": str(torch.cuda.get_device_name(ctx.device)) if cuda else "cpu",
-            "peak_mem_gib": torch.cuda.max_memory_allocated(ctx.device) / 2 ** 30 if cuda else None,
-            "compile": {"enabled": bool(args.compile), **compile_stats()}, "attention_dispatch": backends,
-            "data": data.progress(), "eval": last_eval,
-            "eval_errors": {k[len("error_"):]: v for k, v in last_eval.items() if k.startswith("error_")}})
-        ctx.print0(f"done: {run.path} (summary.json; final val_bpb {last_eval.get('val_bpb', float('nan')):.4f})")
-        if any(k.startswith("error_") for k in last_eval):
-            ctx.print0(f"warning: part of the final evaluation failed (summary.json eval_errors); the weights are "
-                       f"in {run.checkpoint_dir()}: redo it with python -m lrt_scale.evaluate --run-dir {run.path} ...")
+        run.log(record)
+    if not math.isfinite(record["loss"]):
+        raise FloatingPointError(f"loss became {record['loss']} at step {step}")
+    if ctx.rank == 0 and (step == 1 or step % args.log_every == 0 or step == loop.stop):
+        ctx.print0(f"step {step:6d}/{setup.plan.steps} | loss {record['loss']:.4f} | lr x{record['lr_mult']:.3f} | "
+                   f"{record['step_time_s'] * 1000:8.1f} ms | {record['tokens_per_s']:,.0f} tok/s | "
+                   f"mfu {record['mfu'] * 100:.2f}%")
+
+
+def _checkpoint(run: Run, model, opts, data, ctx: DistContext, args, loop: ScaleLoop) -> None:
+    """Rank 0 saves the model, optimizers and every rank's data-loader state."""
+    states = [data.state_dict()]
+    if ctx.distributed:
+        states = [None] * ctx.world_size
+        dist.all_gather_object(states, data.state_dict())
+    if ctx.rank == 0:
+        save_checkpoint(run, loop.step, model, opts, torch.Generator(), loop.elapsed(),
+                        {**loop.counters, "data": states, "world_size": ctx.world_size},
+                        keep=args.keep_checkpoints)
     _barrier(ctx)
-    return run.path
+
+
+def _evaluate_and_log(run: Run, model, args, ctx: DistContext, setup: Setup, val_batches, token_bytes,
+                      autocast, loop: ScaleLoop, core: bool, sequential: bool) -> dict:
+    """Validation BPB (and CORE, and sequential decoding when asked) logged by rank 0."""
+    rec = _evaluate(model, args, ctx, setup.schedule, val_batches, token_bytes, setup.tokenizer, autocast,
+                    setup.seq_len, core=core, sequential=sequential)
+    core_table = rec.pop("_core_table", None)
+    if ctx.rank == 0:
+        counters = loop.counters
+        run.log({"kind": "eval", "step": loop.step, "tokens": counters["tokens"],
+                 "compute_tokens": counters["compute_tokens"], "flops": counters["flops"],
+                 "time": loop.elapsed(), **rec})
+        ctx.print0("eval step {}: {}".format(loop.step, ", ".join(
+            f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in rec.items())))
+        if core_table is not None:
+            run.write_table("core", pd.DataFrame([
+                {"task": k, "accuracy": core_table["accuracy"][k], "centered": core_table["centered"][k]}
+                for k in core_table["accuracy"]]))
+    return rec
+
+
+def _write_summary(run: Run, args, ctx: DistContext, setup: Setup, data, loop: ScaleLoop) -> None:
+    """summary.json: final loss, steady-state step time, throughput and MFU, the last evaluation."""
+    records = [r for r in run.metrics_records() if r.get("kind") == "train"]
+    tail = [r["loss"] for r in records[-max(1, len(records) // 20):]]
+    times = [r["step_time_s"] for r in records]
+    steady = times[min(10, len(times) // 4):] or times  # leave out compile / warm-up steps
+    mean_dt = sum(steady) / len(steady)
+    cuda, plan, counters, last_eval = ctx.device.type == "cuda", setup.plan, loop.counters, loop.last_eval
+    run.write_summary({
+        "status": "complete", "steps": plan.steps, "final_loss": sum(tail) / len(tail),
+        "wall_time_s": loop.elapsed(), "tokens": counters["tokens"],
+        "compute_tokens": counters["compute_tokens"], "flops": counters["flops"],
+        "ratio": plan.ratio, "compute_ratio": plan.compute_ratio, "schedule_cost": setup.schedule.cost,
+        "forwards_per_token": 1, "step_time_s": mean_dt, "step_time_median_s": statistics.median(steady),
+        "tokens_per_s": args.total_batch_size / mean_dt,
+        "mfu": fl.mfu(plan.flops_per_step / mean_dt, args.peak_flops, ctx.world_size),
+        "world_size": ctx.world_size, "device": str(torch.cuda.get_device_name(ctx.device)) if cuda else "cpu",
+        "peak_mem_gib": torch.cuda.max_memory_allocated(ctx.device) / 2 ** 30 if cuda else None,
+        "compile": {"enabled": bool(args.compile), **compile_stats()}, "attention_dispatch": setup.backends,
+        "data": data.progress(), "eval": last_eval,
+        "eval_errors": {k[len("error_"):]: v for k, v in last_eval.items() if k.startswith("error_")}})
+    ctx.print0(f"done: {run.path} (summary.json; final val_bpb {last_eval.get('val_bpb', float('nan')):.4f})")
+    if any(k.startswith("error_") for k in last_eval):
+        ctx.print0("warning: part of the final evaluation failed (summary.json eval_errors); the weights are "
+                   f"in {run.checkpoint_dir()}: redo it with python -m lrt_scale.evaluate --run-dir {run.path} ...")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -248,3 +248,47 @@ def test_ponder_capture_is_per_row_under_any_chunking():
         run_schedule(model, idx, None, schedule, cache=cache)
         caps.append(cache["blocks.0.hook_resid_pre"])
     assert caps[0].shape == (2, 2 * T, model.config.n_embd) and maxdiff(*caps) <= TOL
+
+
+# The model interface -------------------------------------------------------------------------------
+def _members(protocol) -> set[str]:
+    """The names a Protocol declares: its annotated attributes and its methods."""
+    methods = {n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_")}
+    return set(protocol.__annotations__) | methods
+
+
+@pytest.mark.parametrize("build", [lambda c: LRT(c.replace(memory=MemoryConfig())), LRT,
+                                   lambda c: LoopTransformer(c, 2), lambda c: PonderLM(c, 1)],
+                         ids=["lrt", "transformer", "loop", "ponder"])
+def test_every_model_kind_implements_the_sequence_model_interface(build):
+    from lrt_lab.interface import DeclaresParamRoles, SequenceModel
+    model = build(config())
+    assert isinstance(model, SequenceModel) and isinstance(model, DeclaresParamRoles)
+    assert {"config", "memory", "stage", "empty_buffer", "new_decode_cache", "exact_split", "forward_cost",
+            "forwards_per_token", "has_sequential_decoding", "param_roles"} <= _members(SequenceModel)
+    missing = [name for name in _members(SequenceModel) if not hasattr(model, name)]
+    assert not missing
+    assert isinstance(model.forward_cost, float) and isinstance(model.forwards_per_token, int)
+    assert isinstance(model.has_sequential_decoding, bool)
+    split = model.exact_split(1)
+    assert split is None if model.memory is None else 0 < split < model.config.n_layer
+
+
+def test_no_getattr_or_hasattr_reads_a_model_member():
+    """Callers read the interface's members plainly (lrt_lab/interface.py): a getattr/hasattr on a
+    model, or on one of the interface's member names, would bring the duck typing back."""
+    import re
+    from pathlib import Path
+
+    from lrt_lab.interface import SequenceModel, Task
+
+    root = Path(__file__).resolve().parents[1]
+    names = _members(SequenceModel) | _members(Task) | {"run", "stage_weights", "dynamic"}
+    call = re.compile(r"\b(?:getattr|hasattr)\(\s*([^,()]+(?:\([^()]*\))?[^,()]*),\s*['\"](\w+)['\"]")
+    found = []
+    for path in sorted([*(root / "lrt_lab").rglob("*.py"), *(root / "scale").rglob("*.py")]):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            for obj, attr in call.findall(line):
+                if re.search(r"\bmodel\b", obj) or attr in names:
+                    found.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
+    assert not found, "\n".join(found)

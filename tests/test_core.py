@@ -114,7 +114,7 @@ def test_exact_defers_the_blocks_above_the_source_layer(name):
     """run_schedule's Exact runs blocks 1..source_layer per position and the rest in one parallel
     stage; logits, loss and every gradient equal the plain per-position loop over the whole stack."""
     model = make_model(CONFIGS[name])
-    split = model.deferred_layers(1)
+    split = model.exact_split(1)
     assert split == model.config.source_layer < model.config.n_layer
     idx, targets = tokens(), tokens(seed=5)
     targets[1, 2] = -1
@@ -136,10 +136,10 @@ def test_exact_defers_the_blocks_above_the_source_layer(name):
             assert maxdiff(g, want) <= 1e-9, n
     # chunks up to the nearest row read split too (memory never crosses inside them); longer ones must not
     chunk = CONFIGS[name].exact_chunk
-    assert model.deferred_layers(chunk) == split and model.deferred_layers(chunk + 1) is None
+    assert model.exact_split(chunk) == split and model.exact_split(chunk + 1) is None
     # the split never applies to a model whose source is its top block
     top = make_model(dataclasses.replace(CONFIGS[name], source_layer=3, source_avg=1))
-    assert top.deferred_layers(1) is None
+    assert top.exact_split(1) is None
 
 
 def test_stage_layer_ranges_are_checked():

@@ -123,7 +123,7 @@ def test_truncated_gradient_flows_only_through_the_last_sweeps(G):
 
 def test_cost_counts_the_passes_run():
     model = make_model(MemoryConfig())  # 3 layers, source layer 2: no_grad passes run 2 of 3 blocks
-    split = model.deferred_layers(1)
+    split = model.exact_split(1)
     idx = tokens(T=T)
     out = run_schedule(model, idx, None, FixedPoint(0.0, 5, 2))
     # init + 3 no_grad sweeps (split/L each) + 2 full differentiated sweeps
@@ -168,7 +168,7 @@ def test_training_logs_sweeps_and_accounts_the_passes_run(tmp_path):
     run = train(cfg, out=tmp_path, progress=False)
     m = load_metrics(run, kind="train")
     model = build_model(cfg, 8)
-    frac = model.deferred_layers(1) / model.config.n_layer
+    frac = model.exact_split(1) / model.config.n_layer
     assert ((m["sweeps"] >= 1) & (m["sweeps"] <= 4)).all()
     # init + (sweeps - 1) no_grad passes through the lower blocks, then one full differentiated sweep
     expected = (1 + (m["sweeps"] - 1)) * frac + 1
@@ -259,3 +259,15 @@ def test_dashboard_tables_of_sweeps_and_traces():
     got = {(r.sweep, r.measure): r.value for r in t.itertuples()}
     assert got == {(0, "residual"): 2.0, (1, "residual"): 0.5, (0, "error"): 3.0, (1, "error"): 0.0}
     assert set(t["run"]) == {"fp"}
+
+
+def test_only_the_schedules_that_run_their_own_stages_are_dynamic():
+    """run_schedule and the training loop tell FixedPoint and Rollout apart by `dynamic`: they
+    decide their stages as they go (`run`); the others list them up front."""
+    specs = ["onepass", "interleaved:2", "fullseq:2", "chunked:4", "exact", "fixedpoint:0.01:4", "rollout:2"]
+    dynamic = {spec: parse_schedule(spec).dynamic for spec in specs}
+    assert dynamic == {**{s: False for s in specs[:5]}, "fixedpoint:0.01:4": True, "rollout:2": True}
+    for spec in specs:
+        schedule = parse_schedule(spec)
+        assert callable(getattr(type(schedule), "run", None)) == schedule.dynamic
+        assert schedule.stage_weights(8) is None or len(schedule.stage_weights(8)) == len(schedule.stages(8))

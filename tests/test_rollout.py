@@ -43,7 +43,7 @@ def test_rolled_out_rows_are_exacts_memory(name):
     exact = run_schedule(model, idx, None, Exact()).buffer.mem
     read = T - CONFIGS[name].lag  # the rows some position of the sequence reads: m_0 .. m_{T-1-lag}
     assert rows.shape == exact[:, :read].shape and maxdiff(rows, exact[:, :read]) <= TOL
-    assert layers == range(0, model.deferred_layers(1))  # only the blocks that feed m_t
+    assert layers == range(0, model.exact_split(1))  # only the blocks that feed m_t
 
 
 @pytest.mark.parametrize("G", [1, 2, 3])

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from lrt_lab import LRT, MemoryConfig, preset
+from lrt_lab.interface import SequenceModel
 from lrt_lab.schedules import Exact, Interleaved, OnePass
 from lrt_scale import evaluate as ev
 
@@ -32,13 +33,17 @@ class _StubCache:
 
 
 class FixedLM(torch.nn.Module):
-    """The same next-token distribution at every position, whatever the context."""
+    """The same next-token distribution at every position, whatever the context: a model of its own
+    (not an LRT) that implements lrt_lab.interface.SequenceModel."""
+
+    memory = None
+    forward_cost, forwards_per_token, has_sequential_decoding = 1.0, 1, False
 
     def __init__(self, probs):
         super().__init__()
         self.register_buffer("logp", torch.tensor(probs, dtype=torch.float64).log())
         self.anchor = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))  # Decoder reads a dtype/device
-        self.config = SimpleNamespace(is_lrt=False)
+        self.config = SimpleNamespace(is_lrt=False, vocab_size=len(probs))
 
     def empty_buffer(self, idx):
         return None
@@ -48,6 +53,15 @@ class FixedLM(torch.nn.Module):
 
     def new_decode_cache(self, batch_size, max_len, device=None, dtype=None):
         return _StubCache(max_len)
+
+    def exact_split(self, chunk=1):
+        return None
+
+    def param_roles(self):
+        return {"anchor": "scalar"}
+
+    def param_report(self):
+        return {"total": 1}
 
 
 class CharTokenizer:
@@ -74,6 +88,7 @@ INPUTS = torch.zeros(2, 4, dtype=torch.long)
 
 def test_bpb_of_a_model_with_known_probabilities():
     model = FixedLM(P)
+    assert isinstance(model, SequenceModel)  # a model outside lrt_lab needs only the interface
     batches = [(INPUTS, TARGETS)]
     # bits: (1 + 2 + 3) + (1 + 1 + 2) = 10; bytes: (2 + 1 + 3) + (2 + 2 + 1) = 11
     assert ev.parallel_bpb(model, batches, TOKEN_BYTES)["bpb"] == pytest.approx(10 / 11, abs=1e-12)

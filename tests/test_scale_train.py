@@ -149,7 +149,7 @@ def test_rollout_flops_are_the_sweeps_plus_a_forward_only_rollout(G):
         out = run_schedule(model, idx, idx, parse_schedule(f"rollout:{G}"))
     with MatmulFlops() as bwd:
         out.loss.backward()
-    split = model.deferred_layers(1)
+    split = model.exact_split(1)
     named = dict(model.named_parameters())
     lower = sum(p.numel() for n, p in named.items()
                 if any(n.startswith((f"blocks.{l}.", f"memory.gates.{l}.")) for l in range(split))

@@ -277,3 +277,19 @@ def test_progress_bar_is_rate_limited_off_a_terminal(monkeypatch):
     bar.close()
     assert bar.mininterval == 30.0
     assert log.getvalue().count("\r") <= 3  # the first draw, the last, and at most one more
+
+
+def test_a_task_without_the_task_interface_fails_before_anything_is_written(tmp_path):
+    from lrt_lab.train import make_task, prepare
+
+    class NoCurriculum:  # what an older hand-written task looked like: no length_at, no min_length
+        def __init__(self, task):
+            self.name, self.length, self.vocab_size = task.name, task.length, task.vocab_size
+            self.sample = task.sample
+
+    cfg = tiny_cfg()
+    task = make_task(cfg)
+    assert prepare(cfg, task)[0] is task  # every built-in task implements lrt_lab.interface.Task
+    with pytest.raises(ValueError, match="task=.*length_at"):
+        train(cfg, out=tmp_path, task=NoCurriculum(task), progress=False)
+    assert not (tmp_path / cfg.run_name).exists()
