@@ -1,19 +1,23 @@
 """Training schedules and prefill strategies: orders of stages over a shared buffer.
 
-| schedule            | stages (position sets)                              | loss                                 |
-|---------------------|-----------------------------------------------------|--------------------------------------|
-| OnePass()           | all positions, zero memory                          | mean CE                              |
-| Interleaved(S)      | init: all; then {t : t % S == s}, s = 0..S-1        | (L_init + sum_s L_s) / (S+1)  (sec 3.1) |
-| FullSequence(K, w)  | init: all; then K synchronous full refinements      | uniform mean, or sum w_k L_k / sum w_k (app. C.1) |
-| Chunked(C)          | contiguous chunks of C in order, no init            | mean CE over positions (sec. 3.2)    |
-| Exact()             | Chunked(1): one position per stage                  | mean CE over positions               |
-| FixedPoint(tol,N,G) | init; full refinements until the memory changes    | uniform mean over the differentiated |
-|                     | by <= tol, at most N (dynamic; last G differentiated)| stages (the last G; all if G >= N)  |
-| Rollout(G)          | exact rollout of the memory without autograd (one   | uniform mean over the G stages;      |
-|                     | position per stage, source blocks only), then G full| == FixedPoint(0, T+G, G)             |
+| schedule            | stages (position sets)                     | loss                         |
+|---------------------|--------------------------------------------|------------------------------|
+| OnePass()           | all positions, zero memory                 | mean CE                      |
+| Interleaved(S)      | init: all; then {t : t % S == s}, s < S    | (L_init + sum_s L_s) / (S+1) |
+|                     |                                            | (sec. 3.1)                   |
+| FullSequence(K, w)  | init: all; then K synchronous refinements  | uniform mean, or             |
+|                     |                                            | sum w_k L_k / sum w_k (C.1)  |
+| Chunked(C)          | contiguous chunks of C in order, no init   | mean CE (sec. 3.2)           |
+| Exact()             | Chunked(1): one position per stage         | mean CE                      |
+| FixedPoint(tol,N,G) | init; full refinements until the memory    | uniform mean over the last G |
+|                     | changes by <= tol, at most N (dynamic)     | (differentiated) stages      |
+| Rollout(G)          | exact memory rollout without autograd (one | uniform mean over the G      |
+|                     | position per stage, source blocks), then G | stages; == FixedPoint(0,     |
+|                     | differentiated full sweeps                 | T+G, G)                      |
 
 Any schedule can start from memory rows the caller supplies (`run_schedule(..., memory=rows)`;
-cached rollout states, paper sec. "SFT and Reinforcement Learning"). Each position's final logits come from the last stage that computed it. In the limit,
+cached rollout states, paper sec. "SFT and Reinforcement Learning"). Each position's final logits
+come from the last stage that computed it. In the limit,
 Interleaved(S=T) == FullSequence(K=T) == Chunked(1) == Exact == token-by-token decoding; the test
 suite holds those equalities in float64.
 
@@ -113,16 +117,16 @@ class FullSequence:
         check_int("FullSequence.K", self.K, 0)
         if self.weights is not None:
             if not isinstance(self.weights, (tuple, list)):
-                raise ValueError(f"FullSequence.weights={self.weights!r} is invalid; allowed: None or a tuple of "
-                                 f"K+1 = {self.K + 1} non-negative numbers")
+                raise ValueError(f"FullSequence.weights={self.weights!r} is invalid; allowed: "
+                                 f"None or a tuple of K+1 = {self.K + 1} non-negative numbers")
             w = tuple(self.weights)
             object.__setattr__(self, "weights", w)
             if len(w) != self.K + 1:
-                raise ValueError(f"FullSequence.weights has {len(w)} entries; allowed: exactly K+1 = "
-                                 f"{self.K + 1} (init + each refinement)")
+                raise ValueError(f"FullSequence.weights has {len(w)} entries; allowed: exactly "
+                                 f"K+1 = {self.K + 1} (init + each refinement)")
             if not all(_finite_nonnegative(x) for x in w) or not 0 < sum(w) < float("inf"):
-                raise ValueError(f"FullSequence.weights={w} is invalid; allowed: finite non-negative numbers "
-                                 "with a positive (finite) sum")
+                raise ValueError(f"FullSequence.weights={w} is invalid; allowed: finite "
+                                 "non-negative numbers with a positive (finite) sum")
 
     def stages(self, T: int) -> list[range]:
         return [range(0, T)] * (self.K + 1)
@@ -286,8 +290,9 @@ class FixedPoint:
             for _ in range(self.grad_sweeps):
                 buffer, converged = sweep(differentiated, buffer)
         run.buffer = buffer
-        run.measured = {"sweeps": len(residuals), "residuals": residuals, "converged": bool(converged),
-                        "cost": run.cost, "residual_per_position": torch.stack(per_position)}
+        run.measured = {"sweeps": len(residuals), "residuals": residuals,
+                        "converged": bool(converged), "cost": run.cost,
+                        "residual_per_position": torch.stack(per_position)}
         return run
 
 
@@ -376,8 +381,8 @@ def rollout_memory(model, idx: torch.Tensor) -> tuple[torch.Tensor | None, range
     split = model.exact_split(1)
     layers = range(0, split if split is not None else model.config.n_layer)
     ref = next(model.parameters())
-    cache = model.new_decode_cache(B, T, device=idx.device, dtype=compute_dtype(idx.device, ref.dtype),
-                                   keep_memory=True)
+    dtype = compute_dtype(idx.device, ref.dtype)
+    cache = model.new_decode_cache(B, T, device=idx.device, dtype=dtype, keep_memory=True)
     with launch_bound_threads(idx.device):
         for t in range(rolled_out_positions(model.config, T)):
             tokens = idx[:, t:t + 1]
@@ -412,9 +417,11 @@ def launch_bound_threads(device: torch.device):
 
 
 @torch.no_grad()
-def memory_change(prev: torch.Tensor | None, new: torch.Tensor | None) -> tuple[float, torch.Tensor]:
+def memory_change(prev: torch.Tensor | None,
+                  new: torch.Tensor | None) -> tuple[float, torch.Tensor]:
     """(r, r_t): the largest change of the memory between two sweeps relative to the batch's RMS
-    memory norm (FixedPoint), and per position (T,) the largest over the batch. None is zero memory."""
+    memory norm (FixedPoint), and per position (T,) the largest over the batch. None is zero
+    memory."""
     if new is None:  # no memory pathway: nothing can change
         return 0.0, torch.zeros(0)
     dtype = torch.promote_types(new.dtype, torch.float32)  # bf16 memory measured in fp32, fp64 kept
@@ -469,9 +476,10 @@ class ScheduleOutput:
     stage_losses: list[torch.Tensor]        # one per stage (Chunked/Exact: one, the mean)
     stages: list[range]                     # the position set of each stage
     stage_logits: list[torch.Tensor]        # logits of each stage at its positions
-    buffer: object                          # the final SequenceBuffer (prefill hands it to decoding)
-    measured: dict | None = None            # dynamic schedules: what they measured (FixedPoint: sweeps,
-                                            # residuals, converged, cost); None for the static ones
+    buffer: object                          # the final SequenceBuffer (prefill hands it on)
+    # dynamic schedules: what they measured (FixedPoint: sweeps, residuals, converged, cost;
+    # Rollout: cost, rollout_cost, rollout_s, grad_sweeps); None for the static ones
+    measured: dict | None = None
 
 
 @dataclass
@@ -500,21 +508,23 @@ def _check_inputs(model, idx, targets):
     vocab_size = vocab_size_of(model)
     check_token_ids("idx", idx, vocab_size)
     if idx.size(0) < 1 or idx.size(1) < 1:
-        raise ValueError(f"idx is invalid: shape {tuple(idx.shape)}; allowed: at least one sequence and one "
-                         "position (B >= 1, T >= 1)")
+        raise ValueError(f"idx is invalid: shape {tuple(idx.shape)}; allowed: at least one "
+                         "sequence and one position (B >= 1, T >= 1)")
     if targets is not None:
         check_targets("targets", targets, tuple(idx.shape), vocab_size, IGNORE_INDEX)
 
 
 def as_schedule(schedule) -> Schedule:
-    """A schedule object, or a CLI spelling like "exact" or "interleaved:2" parsed with parse_schedule."""
+    """A schedule object, or a CLI spelling ("exact", "interleaved:2", ...) parsed by
+    parse_schedule: the one resolver every entry point uses."""
     if schedule is None:
         return OnePass()
     if isinstance(schedule, str):
         return parse_schedule(schedule)
     if not isinstance(schedule, (OnePass, Interleaved, FullSequence, Chunked, FixedPoint, Rollout)):
-        raise ValueError(f"schedule={schedule!r} is invalid; allowed: OnePass(), Interleaved(S), FullSequence(K), "
-                         f"Chunked(C), Exact(), FixedPoint(tol, N, G), Rollout(G), or a string: {SCHEDULE_SPELLINGS}")
+        raise ValueError(f"schedule={schedule!r} is invalid; allowed: OnePass(), Interleaved(S), "
+                         "FullSequence(K), Chunked(C), Exact(), FixedPoint(tol, N, G), Rollout(G), "
+                         f"or a string: {SCHEDULE_SPELLINGS}")
     return schedule
 
 
@@ -552,8 +562,9 @@ def _run_stages(model, idx, schedule, stages, buffer):
     return assemble(list(zip(stages, stage_logits)), idx.size(1)), stage_logits, buffer
 
 
-def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None, schedule: Schedule | str | None = None,
-                 cache: dict | None = None, memory: torch.Tensor | None = None) -> ScheduleOutput:
+def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                 schedule: Schedule | str | None = None, cache: dict | None = None,
+                 memory: torch.Tensor | None = None) -> ScheduleOutput:
     """Run `schedule` (default OnePass; a string like "exact" is parsed) on idx (B, T); optionally
     compute its training loss. Token ids and targets are checked against the model's vocabulary.
 
@@ -566,17 +577,19 @@ def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None, 
     `Decoder(..., keep_memory=True)` produced (`memory_rows()`): the paper's SFT/RL recipe (sec.
     "SFT and Reinforcement Learning"), and a way to score decoded sequences in one parallel pass
     (`FullSequence(0)` from them gives the decoder's logits). Stages read them wherever nothing was
-    written yet; schedules that compute every row they read (Exact, Chunked(C <= exact_chunk), Rollout)
-    give the same result with or without them.
+    written yet; schedules that compute every row they read (Exact, Chunked(C <= exact_chunk),
+    Rollout) give the same result with or without them.
     """
     _check_inputs(model, idx, targets)
     schedule = as_schedule(schedule)
     memory = _check_memory(model, idx, memory)
     if cache is not None and not isinstance(cache, dict):
-        raise ValueError(f"cache={type(cache).__name__} is invalid; allowed: a dict (filled with the hooks) or None")
+        raise ValueError(f"cache={type(cache).__name__} is invalid; allowed: a dict (filled with "
+                         "the hooks) or None")
     T = idx.size(1)
     with capture(model) if cache is not None else contextlib.nullcontext() as recorded:
-        stages, stage_logits, logits, buffer, weights, measured = _execute(model, idx, schedule, memory)
+        ran = _execute(model, idx, schedule, memory)
+    stages, stage_logits, logits, buffer, weights, measured = ran
     if cache is not None:
         cache.update(recorded.assembled(T))
     loss, stage_losses = None, []
@@ -597,16 +610,17 @@ def _check_memory(model, idx: torch.Tensor, memory):
     if memory is None:
         return None
     if model.memory is None:
-        raise ValueError("memory is invalid for a model without a memory pathway (config.memory=None); "
-                         "allowed: None")
+        raise ValueError("memory is invalid for a model without a memory pathway "
+                         "(config.memory=None); allowed: None")
     B, T, d = idx.size(0), idx.size(1), model.config.n_embd
     if (not isinstance(memory, torch.Tensor) or memory.dim() != 3 or not memory.is_floating_point()
             or memory.size(0) != B or not 1 <= memory.size(1) <= T or memory.size(2) != d):
         shape = tuple(memory.shape) if isinstance(memory, torch.Tensor) else type(memory).__name__
-        raise ValueError(f"memory is invalid: {shape}; allowed: a floating tensor (B={B}, 1..T={T}, d={d}) "
-                         "of memory rows")
+        raise ValueError(f"memory is invalid: {shape}; allowed: a floating tensor "
+                         f"(B={B}, 1..T={T}, d={d}) of memory rows")
     if memory.device != idx.device:
-        raise ValueError(f"memory is invalid: on {memory.device}; allowed: the device of idx ({idx.device})")
+        raise ValueError(f"memory is invalid: on {memory.device}; allowed: the device of idx "
+                         f"({idx.device})")
     if not bool(torch.isfinite(memory).all()):
         raise ValueError("memory is invalid: it holds NaN or inf; allowed: finite memory rows")
     if memory.is_inference() and not torch.is_inference_mode_enabled():
@@ -623,7 +637,8 @@ def _execute(model, idx, schedule, memory=None):
     if schedule.dynamic:
         ran = schedule.run(model, idx, buffer)
         logits = assemble(list(zip(ran.stages, ran.stage_logits)), T)
-        return ran.stages, ran.stage_logits, logits, ran.buffer, [1.0] * len(ran.stages), ran.measured
+        weights = [1.0] * len(ran.stages)
+        return ran.stages, ran.stage_logits, logits, ran.buffer, weights, ran.measured
     stages = schedule.stages(T)
     logits, stage_logits, buffer = _run_stages(model, idx, schedule, stages, buffer)
     return stages, stage_logits, logits, buffer, schedule.stage_weights(T), None
