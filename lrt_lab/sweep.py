@@ -167,20 +167,11 @@ def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False,
     parameters, the grid goes to Slurm as a job array (the jobs are returned, not waited for).
     log: mirrors for every run (train's `log`; not part of the grid's configs): the seeds of one
     config share a W&B group."""
-    from tqdm.auto import tqdm
-
     if time_limit_s is not None and not (isinstance(time_limit_s, (int, float)) and time_limit_s > 0):
         raise ValueError(f"time_limit_s={time_limit_s!r} is invalid; allowed: a number of seconds > 0")
     deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
     out = out or spec["sweep"].get("out", "runs")
-    check_out_dir("out", out)
-    configs = expand(spec)
-    for cfg in configs:  # every run of the grid is checked before the first one writes anything
-        try:
-            prepare(cfg)
-        except ValueError as e:
-            raise ValueError(f"run {cfg.run_name}: {e}") from None
-    check_unchanged(configs, Path(out))
+    configs = checked_grid(spec, out)
     mirroring = mirror_settings(log)  # a missing package fails before the first run
     if dry_run:
         for cfg in configs:
@@ -190,64 +181,96 @@ def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False,
     if threads_per_run is not None:
         check_int("threads_per_run", threads_per_run, 1)
     if slurm is not None or workers > 1 or address is not None:
-        from . import parallel
-        todo = parallel.pending_runs(configs, out)
-        if slurm is not None:
-            jobs = parallel.run_on_slurm(todo, out, slurm, log=mirroring)
-            print(f"sweep: submitted {len(jobs)} run(s) to Slurm as a job array ({len(configs) - len(todo)} "
-                  f"already complete); run the same command again once they finish to check the grid")
-            return [Run(Path(out) / c.run_name) for c in configs]
+        return _run_elsewhere(configs, out, workers, threads_per_run, gpus_per_run, address, slurm,
+                              progress, mirroring)
+    stop = StopRequest()
+    with stop.installed():
+        runs = _run_here(configs, out, deadline, stop, progress, wait_s, mirroring)
+    _say_done(configs, out, f" (stopped on {stop.requested})" if stop.requested else "")
+    return [runs.get(c.run_name) or Run(Path(out) / c.run_name) for c in configs]
+
+
+def checked_grid(spec: dict, out: str) -> list[TrainConfig]:
+    """The grid's configs, every run checked before the first one writes anything, and none of
+    the complete ones changed by the spec (`check_unchanged`)."""
+    check_out_dir("out", out)
+    configs = expand(spec)
+    for cfg in configs:
+        try:
+            prepare(cfg)
+        except ValueError as e:
+            raise ValueError(f"run {cfg.run_name}: {e}") from None
+    check_unchanged(configs, Path(out))
+    return configs
+
+
+def _run_elsewhere(configs, out, workers, threads_per_run, gpus_per_run, address, slurm, progress,
+                   mirroring) -> list[Run]:
+    """The runs not yet complete as Ray tasks (waited for) or a Slurm job array (submitted)."""
+    from . import parallel
+    todo = parallel.pending_runs(configs, out)
+    if slurm is not None:
+        jobs = parallel.run_on_slurm(todo, out, slurm, log=mirroring)
+        print(f"sweep: submitted {len(jobs)} run(s) to Slurm as a job array ({len(configs) - len(todo)} "
+              f"already complete); run the same command again once they finish to check the grid")
+    else:
         parallel.run_on_ray(todo, out, workers, threads_per_run, gpus_per_run, address, progress,
                             log=mirroring)
-        done = sum((Path(out) / c.run_name / "summary.json").exists() for c in configs)
-        print(f"sweep: {done} of {len(configs)} runs complete in {out}" + ("" if done == len(configs) else
-              "; run the same command again to continue"))
-        return [Run(Path(out) / c.run_name) for c in configs]
-    stop = StopRequest()
+        _say_done(configs, out)
+    return [Run(Path(out) / c.run_name) for c in configs]
+
+
+def _run_here(configs, out, deadline, stop: StopRequest, progress: bool, wait_s: float,
+              mirroring) -> dict[str, Run]:
+    """Train the grid in this process, one run at a time; runs other processes hold are passed
+    over, and come back when everything else is done (waited for, or taken over)."""
+    from tqdm.auto import tqdm
     bar = tqdm(total=len(configs), desc="sweep", unit="run", dynamic_ncols=True, disable=not progress)
     runs: dict[str, Run] = {}
     pending = list(configs)
-    with stop.installed():
-        while pending and not stopped(stop, deadline):
-            waiting = []
-            for cfg in pending:
-                if stopped(stop, deadline):
-                    waiting.append(cfg)
-                    continue
-                folder = Path(out) / cfg.run_name
-                bar.set_postfix_str(cfg.run_name)
-                if (folder / "summary.json").exists():
-                    runs[cfg.run_name] = Run(folder)
-                    bar.update(1)
-                    continue
-                if claimed_by_other(folder):
-                    waiting.append(cfg)
-                    continue
-                try:
-                    run = train(cfg, out=out, resume=(folder / "config.json").exists(), progress=False,
-                                deadline=deadline, stop=stop, log=mirroring)
-                except (RunClaimedError, FileExistsError):  # another process took it just now
-                    waiting.append(cfg)
-                    continue
-                runs[cfg.run_name] = run
-                if run.is_complete:
-                    bar.update(1)
-                    tqdm.write(f"{run.status:9s} {run.name}", file=sys.stderr)
-            if waiting and len(waiting) == len(pending) and not stopped(stop, deadline):
-                owners = "; ".join(f"{c.run_name} ({claimed_by_other(Path(out) / c.run_name) or 'free now'})"
-                                   for c in waiting[:3])
-                tqdm.write(f"sweep: waiting for {len(waiting)} run(s) other processes train: {owners}",
-                           file=sys.stderr)
-                time.sleep(wait_s)
-            pending = waiting
+    while pending and not stopped(stop, deadline):
+        waiting = [cfg for cfg in pending if not _train_or_skip(cfg, out, deadline, stop, bar, runs, mirroring)]
+        if waiting and len(waiting) == len(pending) and not stopped(stop, deadline):
+            owners = "; ".join(f"{c.run_name} ({claimed_by_other(Path(out) / c.run_name) or 'free now'})"
+                               for c in waiting[:3])
+            tqdm.write(f"sweep: waiting for {len(waiting)} run(s) other processes train: {owners}",
+                       file=sys.stderr)
+            time.sleep(wait_s)
+        pending = waiting
     bar.close()
-    for cfg in configs:
-        runs.setdefault(cfg.run_name, Run(Path(out) / cfg.run_name))
+    return runs
+
+
+def _train_or_skip(cfg: TrainConfig, out, deadline, stop: StopRequest, bar, runs: dict, mirroring) -> bool:
+    """Train one run of the grid (resuming its folder) unless it is complete; False when it must
+    wait: out of time, or another process holds its claim."""
+    from tqdm.auto import tqdm
+    if stopped(stop, deadline):
+        return False
+    folder = Path(out) / cfg.run_name
+    bar.set_postfix_str(cfg.run_name)
+    if (folder / "summary.json").exists():
+        runs[cfg.run_name] = Run(folder)
+        bar.update(1)
+        return True
+    if claimed_by_other(folder):
+        return False
+    try:
+        run = train(cfg, out=out, resume=(folder / "config.json").exists(), progress=False,
+                    deadline=deadline, stop=stop, log=mirroring)
+    except (RunClaimedError, FileExistsError):  # another process took it just now
+        return False
+    runs[cfg.run_name] = run
+    if run.is_complete:
+        bar.update(1)
+        tqdm.write(f"{run.status:9s} {run.name}", file=sys.stderr)
+    return True
+
+
+def _say_done(configs, out, why: str = "") -> None:
     done = sum((Path(out) / c.run_name / "summary.json").exists() for c in configs)
-    why = f" (stopped on {stop.requested})" if stop.requested else ""
-    print(f"sweep: {done} of {len(configs)} runs complete in {out}{why}" + ("" if done == len(configs) else
-          "; run the same command again to continue"))
-    return [runs[c.run_name] for c in configs]
+    print(f"sweep: {done} of {len(configs)} runs complete in {out}{why}"
+          + ("" if done == len(configs) else "; run the same command again to continue"))
 
 
 def stopped(stop: StopRequest, deadline: float | None) -> bool:
