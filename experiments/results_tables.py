@@ -190,14 +190,18 @@ def truncation_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16
             if k == 1:
                 runs = points[points["trainer"] == trainer].sort_values("seed")
                 vals = runs[[c.removeprefix("summary.eval.") for c in cols]].to_numpy()
+                losses = runs["final_loss"].to_numpy()
             else:
                 runs = trained[(trained["k"] == k) & (trained.apply(method_label, axis=1) == trainer)]
-                vals = runs.sort_values("config.train.seed")[cols].to_numpy()
-            row.append(", ".join("/".join(whole(v) for v in r) for r in vals) or "-")
+                runs = runs.sort_values("config.train.seed")
+                vals, losses = runs[cols].to_numpy(), runs["summary.final_loss"].to_numpy()
+            row.append(", ".join(f"{'/'.join(whole(v) for v in r)} ({loss:.2f})"
+                                 for r, loss in zip(vals, losses)) or "-")
         rows.append(row)
     header = ["trainer"] + [f"k = {k}" for k in ks]
-    note = (f"Exact pos@90 at {' / '.join(map(str, lengths))} per seed (positions counted: every k-th; "
-            f"pos@{90} = {length} means every counted position up to {length} is at >= 90%).")
+    note = (f"Exact pos@90 at {' / '.join(map(str, lengths))} per seed, and in brackets the final training "
+            f"loss (positions counted: every k-th; pos@{90} = {length} means every counted position up "
+            f"to {length} is at >= 90%; chance is ln 60 = 4.09).")
     return note + "\n\n" + markdown(rows, header)
 
 

@@ -67,7 +67,8 @@ def frontier_points(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16)
     steps than the rest of its method is its own trainer ("lrt interleaved:2 (3000 steps)").
 
     Columns: trainer, seed, compute (M token-forwards the trainer ran), wall_min (the run's own
-    wall clock), and pos90_exact@N / pos90_parallel@N at every evaluated length N."""
+    wall clock), final_loss (training), and pos90_exact@N / pos90_parallel@N at every evaluated
+    length N."""
     if df.empty or "config.train.task" not in df:
         return pd.DataFrame()
     sub = df[(df["config.train.task"] == task) & (df["config.train.length"] == length)].copy()
@@ -89,6 +90,7 @@ def frontier_points(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16)
         "seed": sub["config.train.seed"].astype(int),
         "compute": sub["summary.compute_tokens"] / 1e6,
         "wall_min": sub["summary.wall_time_s"] / 60,
+        "final_loss": sub["summary.final_loss"],
         **{c.removeprefix("summary.eval."): sub[c] for c in evals},
     })
     return out.sort_values(["compute", "trainer", "seed"]).reset_index(drop=True)
