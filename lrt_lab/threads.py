@@ -1,0 +1,71 @@
+"""How many CPU threads torch gets: the cores free when a command starts, not every core there is.
+
+torch starts one OpenMP thread per core. When other jobs already hold those cores, the extra
+threads do not just wait: at every barrier they spin for a thread that is not running, and a small
+model slows by 5x or more (FullSequence(3) on 2 cores fell from 8.5 to 1.5 steps/s beside two
+2-thread jobs) where one thread would have lost little. Reads only os and the environment, so it
+can run before torch is imported.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+DEFAULT_CAP = 4  # the demo's models are small: past a few threads the gain is nothing
+
+
+class ThreadChoice(NamedTuple):
+    threads: int | None  # None: leave torch's setting alone (it already follows OMP_NUM_THREADS)
+    why: str             # one phrase for a log line, e.g. "2 usable cores, 1 busy (load 1.2)"
+
+
+def choose_threads(requested: int | None = None, *, cap: int = DEFAULT_CAP, env=None,
+                   usable_cores: int | None = None, machine_cores: int | None = None,
+                   load_1min: float | None = None) -> ThreadChoice:
+    """Threads for torch: an explicit request, else the user's OMP_NUM_THREADS, else the free cores.
+
+    requested (a --threads flag) wins, then a non-empty OMP_NUM_THREADS in env (threads None: torch
+    has read it already). Otherwise: the cores this process may run on (its CPU affinity, which
+    taskset or a container can narrow below os.cpu_count()) less the ones other processes keep busy,
+    at least 1 and at most `cap`. Busy cores come from the 1-minute load average, which counts the
+    whole machine: it is scaled to the share of the machine's cores this process may use, then
+    rounded (a core busy more than half the time counts as taken). The load average trails a
+    change by about a minute, so a job started just before is undercounted.
+    The keyword arguments other than cap replace what is read from the system (for tests).
+    """
+    env = os.environ if env is None else env
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"threads={requested!r} is invalid; allowed: an integer >= 1")
+        return ThreadChoice(requested, "set by --threads")
+    if env.get("OMP_NUM_THREADS", "").strip():
+        return ThreadChoice(None, "set by OMP_NUM_THREADS")
+    usable = usable_cores if usable_cores is not None else _usable_cores()
+    machine = max(machine_cores if machine_cores is not None else (os.cpu_count() or usable), usable)
+    load = load_1min if load_1min is not None else _load_1min()
+    busy = min(usable, round(load * usable / machine))
+    threads = max(1, min(cap, usable - busy))
+    return ThreadChoice(threads, f"{usable} usable core{'s' * (usable != 1)}, {busy} busy (load {load:.1f})")
+
+
+def apply_threads(choice: ThreadChoice) -> int:
+    """Set torch's thread count from a choice (None: unchanged); returns the count torch now uses."""
+    import torch
+    if choice.threads is not None:
+        torch.set_num_threads(choice.threads)
+    return torch.get_num_threads()
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # macOS and Windows have no affinity call
+        return os.cpu_count() or 1
+
+
+def _load_1min() -> float:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # Windows has no load average: assume the machine is idle
+        return 0.0
