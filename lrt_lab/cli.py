@@ -237,7 +237,8 @@ def build_parser() -> Parser:
 
 
 CONTINUE = {"train": "continue it with the same command and --resume",
-            "sweep": "run the same command again to continue"}
+            "sweep": "run the same command again to continue",
+            "demo": "run the same command again to continue"}
 
 
 def main(argv: list[str] | None = None) -> int:

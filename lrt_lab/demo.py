@@ -136,6 +136,8 @@ def _run_demo(out: str, quick: bool, quiet: bool, choice: ThreadChoice) -> pd.Da
         if quiet:
             print(f"training {cfg.run_name} ...", flush=True)
         runs.append(train(cfg, out=out, resume=folder.exists(), progress=not quiet))
+        if runs[-1].status == "incomplete":  # stopped by SIGTERM / SIGUSR1: the user wants the demo to end
+            raise KeyboardInterrupt(f"{cfg.run_name} stopped")
     table = side_by_side(runs)
     with pd.option_context("display.max_colwidth", 40, "display.width", 120):
         print("\n" + table.to_string())

@@ -266,6 +266,18 @@ def test_demo_threads_follow_the_policy(monkeypatch, capsys, tmp_path):
     assert torch.get_num_threads() == saved
 
 
+def test_a_stopped_demo_run_ends_the_demo(monkeypatch, tmp_path):
+    """SIGTERM stops the run in progress (checkpointed); the demo must not go on to the next one."""
+    from types import SimpleNamespace
+    from lrt_lab import demo
+    trained = []
+    stopped = SimpleNamespace(status="incomplete")
+    monkeypatch.setattr(demo, "train", lambda cfg, **kw: trained.append(cfg) or stopped)
+    with pytest.raises(KeyboardInterrupt):
+        demo.run_demo(out=str(tmp_path), quick=True, quiet=True, threads=1)
+    assert len(trained) == 1
+
+
 def test_progress_bar_is_rate_limited_off_a_terminal(monkeypatch):
     import io
     from lrt_lab.train import _progress_bar
