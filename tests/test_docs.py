@@ -11,6 +11,7 @@ One rule per block, decided by its fence and the line before it:
   `python -m lrt_lab.cli ...`) names a real subcommand and its real flags (read from the parser
   `lrt_lab.cli.build_parser` builds), every `make TARGET` is a Makefile target, and every path of a
   repository file they name exists. `...`, `SPEC` and other placeholders are allowed as arguments.
+  A `python -c PROGRAM` command is run like a ```python block.
 - an untagged block is text (program output, a layout, a usage synopsis) and is not checked.
 
 A block in any other language fails until a rule for it is added here.
@@ -157,16 +158,20 @@ def test_every_block_not_run_is_listed_once():
         assert len(matches) == 1, f"NOT_RUN entry {(doc, phrase)} matches {matches or 'no block'}: update it"
 
 
+def run_program(source: str, name: str, folder: Path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", source], cwd=folder, env=env, capture_output=True,
+                          text=True, timeout=PROGRAM_TIMEOUT_S)
+    assert done.returncode == 0, f"{name} failed:\n{done.stderr[-3000:]}"
+
+
 @pytest.mark.parametrize("block", blocks_where(is_program))
 def test_program_runs(block, tmp_path):
     why = reason_not_run(block)
     if why:
         pytest.skip(f"not run: {why}")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", block.text], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=PROGRAM_TIMEOUT_S)
-    assert done.returncode == 0, f"{block.name} failed:\n{done.stderr[-3000:]}"
+    run_program(block.text, block.name, tmp_path)
 
 
 # Shell commands ------------------------------------------------------------------------------------
@@ -181,6 +186,8 @@ def shell_commands(text: str) -> list[list[str]]:
             words = shlex.split(pending, comments=True)
         except ValueError:  # a quote still open: the command goes on on the next line
             continue
+        while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):  # VAR=value before the command
+            words = words[1:]
         if words:
             commands.append(words)
         pending = ""
@@ -213,7 +220,7 @@ def unknown_lrt_lab_flags(arguments: list[str]) -> list[str]:
     if any(a.nargs == "..." for a in command._actions):  # e.g. analyze: the rest goes to its own parser
         return []
     known = option_strings(command)
-    return [w for w in words[1:] if w.startswith("-") and w.split("=")[0] not in known and w != "..."]
+    return [w for w in words[1:] if re.match(r"--?[A-Za-z]", w) and w.split("=")[0] not in known]
 
 
 def makefile_targets() -> set[str]:
@@ -248,12 +255,25 @@ def test_shell_checks_catch_what_drifted():
     assert len(problems_of_shell_block("python -m lrt_lab.cli demo --fast")) == 1
     assert len(problems_of_shell_block("make benchmarks")) == 1
     assert len(problems_of_shell_block("lrt-lab sweep experiments/no_such_spec.toml")) == 1
+    assert len(problems_of_shell_block("OMP_NUM_THREADS=1 lrt-lab demo --fast")) == 1
 
 
 @pytest.mark.parametrize("block", blocks_where(lambda b: b.language in SHELL))
 def test_shell_block_names_real_commands(block):
     problems = problems_of_shell_block(block.text)
     assert not problems, f"{block.name}:\n" + "\n".join(problems)
+
+
+def python_c_programs(text: str) -> list[str]:
+    """The PROGRAM of every `python -c PROGRAM` command of a shell block."""
+    return [words[2] for words in shell_commands(text)
+            if words[0] in ("python", "python3") and len(words) > 2 and words[1] == "-c"]
+
+
+@pytest.mark.parametrize("block", blocks_where(lambda b: b.language in SHELL and python_c_programs(b.text)))
+def test_python_c_commands_run(block, tmp_path):
+    for program in python_c_programs(block.text):
+        run_program(program, block.name, tmp_path)
 
 
 # Coverage of the rules -------------------------------------------------------------------------------
