@@ -9,8 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .mirrors import MIRROR_PACKAGES, MirrorSettings
-from .train import TrainConfig, parse_value
+from .threads import wait_passively_when_busy
+
+# Before the imports below load torch: its OpenMP runtime reads OMP_WAIT_POLICY once, when it loads.
+wait_passively_when_busy()
+
+from .mirrors import MIRROR_PACKAGES, MirrorSettings  # noqa: E402
+from .train import TrainConfig, parse_value  # noqa: E402
 
 EXIT_USAGE = 2
 

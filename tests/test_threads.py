@@ -1,10 +1,12 @@
 """The thread policy: explicit settings win, otherwise torch gets the cores other processes leave free."""
 
+import os
+
 import pytest
 import torch
 
 from lrt_lab.cli import build_parser
-from lrt_lab.threads import apply_threads, choose_threads
+from lrt_lab.threads import apply_threads, choose_threads, wait_passively_when_busy
 
 NO_ENV: dict = {}
 
@@ -75,3 +77,41 @@ def test_apply_threads_sets_torch_and_none_leaves_it():
 def test_demo_and_train_take_threads(command):
     assert build_parser().parse_args([*command, "--threads", "3"]).threads == 3
     assert build_parser().parse_args(command).threads is None
+
+
+def wait_policy_set(env, load, torch_loaded=False):
+    done = wait_passively_when_busy(env, torch_loaded=torch_loaded, usable_cores=2, machine_cores=2,
+                                    load_1min=load)
+    assert done == (env.get("OMP_WAIT_POLICY") == "PASSIVE")
+    return done
+
+
+def test_idle_openmp_threads_sleep_only_on_a_busy_machine():
+    assert wait_policy_set({}, load=2.0)
+    assert not wait_policy_set({}, load=0.4)  # idle: spinning is fastest, keep the default
+
+
+def test_a_user_s_wait_policy_wins_and_a_loaded_torch_is_left_alone():
+    env = {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert not wait_policy_set(env, load=6.0) and env["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert not wait_policy_set({"GOMP_SPINCOUNT": "10000"}, load=6.0)
+    assert not wait_policy_set({}, load=6.0, torch_loaded=True)  # too late: libgomp read it already
+
+
+def test_the_cli_sets_the_wait_policy_before_torch_loads():
+    """Through OpenMP's own report of its settings, in a fresh interpreter on a machine made busy.
+
+    libgomp reports OMP_WAIT_POLICY as 'PASSIVE' even when unset; what changes is its spin count
+    (300000 by default, 0 when passive)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    program = ("import os; os.getloadavg = lambda: (64.0, 64.0, 64.0)\n"
+               "import runpy, sys; sys.argv = ['lrt-lab', 'report', '--help']\n"
+               "runpy.run_module('lrt_lab.cli', run_name='__main__')")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    repo = Path(__file__).resolve().parent.parent
+    env["OMP_DISPLAY_ENV"] = "VERBOSE"
+    done = subprocess.run([sys.executable, "-c", program], env=env, cwd=repo, capture_output=True, text=True,
+                          timeout=120)
+    assert "GOMP_SPINCOUNT = '0'" in done.stdout + done.stderr, done.stderr[-2000:]
