@@ -9,8 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .mirrors import MIRROR_PACKAGES, MirrorSettings
-from .train import TrainConfig, parse_value
+from .threads import wait_passively_when_busy
+
+# Before the imports below load torch: its OpenMP runtime reads OMP_WAIT_POLICY once, when it loads.
+wait_passively_when_busy()
+
+from .mirrors import MIRROR_PACKAGES, MirrorSettings  # noqa: E402
+from .train import TrainConfig, parse_value  # noqa: E402
 
 EXIT_USAGE = 2
 
@@ -75,6 +80,13 @@ def add_train_arguments(p: argparse.ArgumentParser):
     p.add_argument("--out", default="runs", help="run store directory")
     p.add_argument("--resume", action="store_true", help="continue the run folder from its last checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_threads_argument(p)
+
+
+def add_threads_argument(p: argparse.ArgumentParser):
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: $OMP_NUM_THREADS if set, else the cores free at the start, "
+                        "at most 4)")
 
 
 def add_log_arguments(p: argparse.ArgumentParser):
@@ -109,7 +121,9 @@ def train_config_from_args(a) -> TrainConfig:
 def cmd_train(a) -> int:
     from .train import train
     from .report import print_run
+    from .threads import apply_threads, choose_threads
     cfg = train_config_from_args(a)
+    apply_threads(choose_threads(a.threads))
     run = train(cfg, out=a.out, resume=a.resume, progress=not a.quiet, log=mirror_settings_from_args(a))
     print_run(run)
     return 0
@@ -132,7 +146,7 @@ def cmd_sweep(a) -> int:
 
 def cmd_demo(a) -> int:
     from .demo import run_demo
-    run_demo(out=a.out, quick=a.quick, quiet=a.quiet)
+    run_demo(out=a.out, quick=a.quick, quiet=a.quiet, threads=a.threads)
     return 0
 
 
@@ -198,6 +212,7 @@ def build_parser() -> Parser:
     p.add_argument("--out", default="runs", help="run store directory")
     p.add_argument("--quick", action="store_true", help="a much shorter run (smoke test, not a result)")
     p.add_argument("--quiet", action="store_true", help="no progress bars, only the table and the summary")
+    add_threads_argument(p)
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("report", help="a comparison table over the runs in a store (mean, 95%% t-interval over seeds)")
@@ -227,7 +242,8 @@ def build_parser() -> Parser:
 
 
 CONTINUE = {"train": "continue it with the same command and --resume",
-            "sweep": "run the same command again to continue"}
+            "sweep": "run the same command again to continue",
+            "demo": "run the same command again to continue"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,6 @@ uses exact recurrent decoding: the way the model would really be used.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import torch
 
 from .report import run_figures
 from .results import Run, load_table
+from .threads import ThreadChoice, apply_threads, choose_threads
 from .train import TrainConfig, train
 
 TRAIN_LENGTH = 12
@@ -100,42 +100,32 @@ def _params(run: Run) -> str:
     return f"{p['total']:,}" + (f" (+{p['added_pct_of_baseline']:.1f}% memory)" if p["added"] else "")
 
 
-def demo_threads() -> int | None:
-    """Threads for the demo: the user's OMP_NUM_THREADS if set (None: leave torch alone), else at most 4.
-
-    torch defaults to every core; these models are small, so past a few threads the gain is
-    nothing and on a shared machine the contention costs more.
-    """
-    if os.environ.get("OMP_NUM_THREADS"):
-        return None
-    return min(os.cpu_count() or 1, 4)
-
-
-def run_demo(out: str = "runs", quick: bool = False, quiet: bool = False) -> pd.DataFrame:
+def run_demo(out: str = "runs", quick: bool = False, quiet: bool = False,
+             threads: int | None = None) -> pd.DataFrame:
     """Train (or reuse) the three demo runs in `out` and print their side-by-side table.
 
     quiet: no progress bars (the header, the table and the summary are still printed).
+    threads: CPU threads (default: the cores free at the start, at most 4; lrt_lab.threads).
     """
-    threads, saved = demo_threads(), torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
+    choice, saved = choose_threads(threads), torch.get_num_threads()
+    apply_threads(choice)
     try:
-        return _run_demo(out, quick, quiet)
+        return _run_demo(out, quick, quiet, choice)
     finally:
         torch.set_num_threads(saved)  # a process-wide setting: give it back to the caller
 
 
-def _threads_label() -> str:
+def _threads_label(choice: ThreadChoice) -> str:
     n = torch.get_num_threads()
-    return f"{n} CPU thread{'' if n == 1 else 's'}; OMP_NUM_THREADS sets {'it' if n == 1 else 'them'}"
+    return f"{n} CPU thread{'' if n == 1 else 's'}: {choice.why}; --threads or OMP_NUM_THREADS sets it"
 
 
-def _run_demo(out: str, quick: bool, quiet: bool) -> pd.DataFrame:
+def _run_demo(out: str, quick: bool, quiet: bool, choice: ThreadChoice) -> pd.DataFrame:
     t0 = time.perf_counter()
     print(f"lrt-lab demo: S3 prefix products (non-commutative state tracking), trained at length {TRAIN_LENGTH} "
           f"with a 4 -> {TRAIN_LENGTH} curriculum,\nevaluated at lengths {EVAL_LENGTHS} with the training "
           "schedule's parallel forward and with exact recurrent decoding "
-          f"({_threads_label()}).\n")
+          f"({_threads_label(choice)}).\n")
     runs = []
     for cfg in demo_configs(quick):
         folder = Path(out) / cfg.run_name
@@ -146,6 +136,8 @@ def _run_demo(out: str, quick: bool, quiet: bool) -> pd.DataFrame:
         if quiet:
             print(f"training {cfg.run_name} ...", flush=True)
         runs.append(train(cfg, out=out, resume=folder.exists(), progress=not quiet))
+        if runs[-1].status == "incomplete":  # stopped by SIGTERM / SIGUSR1: the user wants the demo to end
+            raise KeyboardInterrupt(f"{cfg.run_name} stopped")
     table = side_by_side(runs)
     with pd.option_context("display.max_colwidth", 40, "display.width", 120):
         print("\n" + table.to_string())

@@ -254,15 +254,29 @@ def test_demo_quick_trains_three_models_and_reuses_them(tmp_path, capsys):
     assert capsys.readouterr().out.count("already trained") == 3
 
 
-def test_demo_threads_follow_omp_num_threads(monkeypatch):
-    from lrt_lab.demo import demo_threads
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert demo_threads() is None  # the user's choice: left alone
-    monkeypatch.delenv("OMP_NUM_THREADS")
-    monkeypatch.setattr("os.cpu_count", lambda: 64)
-    assert demo_threads() == 4
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
-    assert demo_threads() == 2
+def test_demo_threads_follow_the_policy(monkeypatch, capsys, tmp_path):
+    """The demo asks lrt_lab.threads, says what it chose, and gives torch its setting back."""
+    import torch
+    from lrt_lab import demo
+    seen = []
+    monkeypatch.setattr(demo, "_run_demo", lambda out, quick, quiet, choice: seen.append(
+        (torch.get_num_threads(), demo._threads_label(choice))))
+    saved = torch.get_num_threads()
+    demo.run_demo(out=str(tmp_path), threads=1)
+    assert seen == [(1, "1 CPU thread: set by --threads; --threads or OMP_NUM_THREADS sets it")]
+    assert torch.get_num_threads() == saved
+
+
+def test_a_stopped_demo_run_ends_the_demo(monkeypatch, tmp_path):
+    """SIGTERM stops the run in progress (checkpointed); the demo must not go on to the next one."""
+    from types import SimpleNamespace
+    from lrt_lab import demo
+    trained = []
+    stopped = SimpleNamespace(status="incomplete")
+    monkeypatch.setattr(demo, "train", lambda cfg, **kw: trained.append(cfg) or stopped)
+    with pytest.raises(KeyboardInterrupt):
+        demo.run_demo(out=str(tmp_path), quick=True, quiet=True, threads=1)
+    assert len(trained) == 1
 
 
 def test_progress_bar_is_rate_limited_off_a_terminal(monkeypatch):
