@@ -36,9 +36,9 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHELL = ("bash", "sh", "console")
 KNOWN_LANGUAGES = ("python", "", *SHELL)
 
-# Complete-looking ```python blocks that are not run: (file, a phrase unique to the block) -> why.
+# Complete-looking ```python blocks that are not run: (file name, a phrase unique to the block) -> why.
 NOT_RUN = {
-    ("README.md", "DistributedPackingLoader(data_dir"):
+    ("scale.md", "DistributedPackingLoader(data_dir"):
         "a sketch of the pretraining data path: needs FineWeb shards on disk (data_dir), a trained "
         "tokenizer, a checkpoint dict (ckpt) and a CUDA device",
 }
