@@ -174,7 +174,7 @@ def test_frontier_table_and_figure_are_built_from_the_points(tmp_path):
 
 def test_truncation_table_lists_every_supervised_every_kth_run():
     """Each run with supervise_every = k > 1 appears in the k column of its trainer's row, its
-    exact pos@90 per evaluated length; absent such runs, there is no table."""
+    exact pos@90 per evaluated length and its final training loss; absent such runs, no table."""
     counted = defaultdict(list)
     for folder in sorted(STORE.iterdir()):
         if not (folder / "summary.json").is_file():
@@ -182,9 +182,11 @@ def test_truncation_table_lists_every_supervised_every_kth_run():
         config = json.loads((folder / "config.json").read_text())
         k = config["train"]["task_options"].get("supervise_every", 1)
         if config["train"]["task"] == "a5_prefix" and k > 1:
-            ev = json.loads((folder / "summary.json").read_text())["eval"]
-            counted[(f"lrt {config['schedule']}", k)].append(f"{ev['pos90_exact@16']}/{ev['pos90_exact@32']}/"
-                                                             f"{ev['pos90_exact@64']}")
+            summary = json.loads((folder / "summary.json").read_text())
+            ev = summary["eval"]
+            counted[(f"lrt {config['schedule']}", k)].append(
+                f"{ev['pos90_exact@16']}/{ev['pos90_exact@32']}/{ev['pos90_exact@64']} "
+                f"({summary['final_loss']:.2f})")
     table = _tables_module().truncation_table(load_runs(STORE))
     if not counted:
         assert table is None
