@@ -226,7 +226,6 @@ class PonderDecodeCache:
         self.stride = stride
         self.rows = DecodeCache(config, batch_size, max_len * stride, device=device, dtype=dtype)
         self.max_len = max_len
-        self.scratch: dict = {}
 
     @property
     def length(self) -> int:

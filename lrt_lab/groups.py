@@ -59,7 +59,7 @@ def _missing(v) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
-def _canonical(v):
+def canonical(v):
     """One spelling per value, so 4, 4.0 and "4" from different JSON files compare equal-ish:
     pandas turns an int column with a gap into floats."""
     if _missing(v):
@@ -79,7 +79,7 @@ def group_keys(df: pd.DataFrame) -> pd.Series:
     cols = config_columns(df)
     if df.empty:
         return pd.Series([], index=df.index, dtype=object)
-    return pd.Series([json.dumps({c: _canonical(row[c]) for c in cols}, sort_keys=True, default=str)
+    return pd.Series([json.dumps({c: canonical(row[c]) for c in cols}, sort_keys=True, default=str)
                       for _, row in df[cols].iterrows()], index=df.index, dtype=object)
 
 
@@ -107,7 +107,7 @@ def _field_name(col: str) -> str:
 
 
 def _text(v) -> str:
-    v = _canonical(v)
+    v = canonical(v)
     return str(v)
 
 
@@ -129,7 +129,7 @@ def group_labels(df: pd.DataFrame, exclude=()) -> pd.Series:
     if df.empty:
         return pd.Series([], index=df.index, dtype=object)
     cols = [c for c in config_columns(df) if c not in exclude]
-    groups = df[cols].map(_canonical).astype(object) if cols else pd.DataFrame(index=df.index)
+    groups = df[cols].map(canonical).astype(object) if cols else pd.DataFrame(index=df.index)
     reps = groups.drop_duplicates()  # one row per group
     n_groups = len(reps)
     methods = df.apply(method_label, axis=1)

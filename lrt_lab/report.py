@@ -10,7 +10,7 @@ import re
 import pandas as pd
 
 from .analysis.stats import mean_ci, seed_stats
-from .groups import (AT_TRAIN_LENGTH, IDENTITY_FIELDS, INTERVAL_NOTE, _canonical, default_metric, eval_columns,
+from .groups import (AT_TRAIN_LENGTH, IDENTITY_FIELDS, INTERVAL_NOTE, canonical, default_metric, eval_columns,
                      group_labels, method_label, with_train_length_metric)
 from .results import Run, load_runs
 
@@ -254,7 +254,7 @@ def method_frame(df: pd.DataFrame) -> pd.DataFrame:
 
 def _canonical_values(column: pd.Series) -> pd.Series:
     """Python values, not a pandas dtype: 4 stays 4 (not 4.0) and an unset field stays None (not NaN)."""
-    return pd.Series([_canonical(v) for v in column.astype(object)], index=column.index, dtype=object)
+    return pd.Series([canonical(v) for v in column.astype(object)], index=column.index, dtype=object)
 
 
 def method_keys(df: pd.DataFrame) -> pd.Series:

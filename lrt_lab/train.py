@@ -478,7 +478,7 @@ def _finish(run: Run, cfg: TrainConfig, model, schedule, eval_sets: dict, autoca
     counters = loop.counters
     # a dynamic schedule's cost is the mean of the steps it ran, not its upper bound
     cost = (counters["compute_tokens"] / max(counters["tokens"], 1) if schedule.dynamic
-            else schedule.cost * model.forward_cost)
+            else _step_cost(model, schedule, None))
     run.write_summary({"status": "complete", "steps": cfg.steps, "trained_by": trained_by(),
                        "final_loss": sum(tail) / len(tail), "wall_time_s": loop.elapsed(),
                        "tokens": counters["tokens"], "compute_tokens": counters["compute_tokens"],
