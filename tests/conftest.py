@@ -1,5 +1,17 @@
-import pytest
-import torch
+import os
+
+# Under pytest-xdist each worker gets one torch thread: two workers with two OpenMP threads each
+# on two cores oversubscribe them, and a small model then runs several times slower (the threads
+# spin at every barrier for one that is not running). Set before torch is imported, so libgomp
+# and subprocesses the tests start read it too; a user's own OMP_NUM_THREADS wins.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(config, items):
