@@ -49,7 +49,7 @@ from .mirrors import mirror_settings, mirrored
 from .model import LRT
 from .optim import build_optimizers, optimizer_step, set_lr_schedule
 from .resources import check_memory_fits, resolve_device
-from .results import Run
+from .results import Run, diverged_line
 from .schedules import IGNORE_INDEX, parse_schedule, run_schedule
 from .stopping import StopRequest
 from .validation import TRAIN_SEED_LIMIT, check_fields, check_int, check_out_dir, fail, is_int
@@ -230,11 +230,11 @@ def diverged(run: Run, cfg: TrainConfig, step: int, loss: float, elapsed: float,
     the loss), so a sweep goes on to its next run and a re-run does not train it again."""
     if bar is not None:
         bar.close()
-    run.write_summary({"status": "diverged", "steps": cfg.steps, "diverged_at_step": step, "trained_by": trained_by(),
-                       "diverged_loss": str(loss), "wall_time_s": elapsed, "tokens": counters["tokens"],
-                       "compute_tokens": counters["compute_tokens"]})
-    print(f"{run.name}: diverged at step {step} (loss {loss}); summary.json status 'diverged'. Lower --lr-scale "
-          "(or the learning rates) and train it under a new name", file=sys.stderr)
+    summary = {"status": "diverged", "steps": cfg.steps, "diverged_at_step": step,
+               "trained_by": trained_by(), "diverged_loss": str(loss), "wall_time_s": elapsed,
+               "tokens": counters["tokens"], "compute_tokens": counters["compute_tokens"]}
+    run.write_summary(summary)
+    print(diverged_line(run.name, summary), file=sys.stderr)
     return run
 
 

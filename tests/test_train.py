@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
+from lrt_lab import exitcodes
 from lrt_lab.cli import main
 from lrt_lab.results import Run, load_metrics, load_runs, load_table
 from lrt_lab.sweep import expand, run_sweep, validate_spec
@@ -324,9 +325,11 @@ def test_a_stopped_demo_run_ends_the_demo(monkeypatch, tmp_path):
     trained = []
     stopped = SimpleNamespace(status="incomplete")
     monkeypatch.setattr(demo, "train", lambda cfg, **kw: trained.append(cfg) or stopped)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(demo.DemoStopped) as e:
         demo.run_demo(out=str(tmp_path), quick=True, quiet=True, threads=1)
-    assert len(trained) == 1
+    assert len(trained) == 1 and e.value.status == "incomplete"
+    code = main(["demo", "--quick", "--quiet", "--threads", "1", "--out", str(tmp_path)])
+    assert code == exitcodes.INCOMPLETE
 
 
 def test_progress_bar_is_rate_limited_off_a_terminal(monkeypatch):
