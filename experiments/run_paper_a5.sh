@@ -7,8 +7,8 @@
 #   experiments/run_paper_a5.sh --all [--pack DIR]       segments until every run is complete
 #
 # Each invocation skips the finished runs and resumes the run in progress from its checkpoint
-# (`lrt-lab sweep --time-limit`), so the same command is repeated until it prints "runs not yet
-# complete: 0". Choose SECONDS as the machine's limit per command less about two minutes for
+# (`lrt-lab sweep --time-limit`, which exits 3 while runs are left: lrt_lab.exitcodes), so the
+# same command is repeated until it prints "runs not yet complete: 0". Choose SECONDS as the machine's limit per command less about two minutes for
 # start-up and the evaluation that ends a run: 480 for a 10-minute limit.
 #
 # Machines that do not keep their disk from one command to the next: --pack DIR (or PACK_DIR=DIR)
@@ -54,12 +54,14 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 "$PY" -c "import importlib.metadata as m, sys; sys.exit(not list(m.entry_points(group='lrt_lab.tasks')))" \
   || "$PY" -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
 
-segment() {  # one bounded segment of the sweep
+segment() {  # one bounded segment of the sweep; its exit status: 0 all complete, 3 runs left, 4 all
+  # finished and some diverged (lrt_lab.exitcodes); the caller decides what 3 and 4 mean to it
   "$PY" -m lrt_lab.cli sweep "$SPEC" --out "$STORE" --device "$DEVICE" --time-limit "$1"
 }
 
-remaining() {  # how many runs of the spec are not complete
-  "$PY" -m lrt_lab.cli sweep "$SPEC" --out "$STORE" --device "$DEVICE" --dry-run | grep -c '^todo' || true
+remaining() {  # how many runs of the spec are not finished (todo, partial, claimed)
+  "$PY" -m lrt_lab.cli sweep "$SPEC" --out "$STORE" --device "$DEVICE" --dry-run \
+    | grep -cvE '^(complete|diverged) ' || true
 }
 
 unpack() {  # a fresh machine: continue from the store the last segment packed, if it came along
@@ -87,10 +89,16 @@ pack() {  # prune checkpoints, then leave the store in the folder that is copied
 }
 
 unpack
+status=0
 if [ "$MODE" = all ]; then
-  while [ "$(remaining)" -gt 0 ]; do segment "${SEGMENT_S:-480}"; pack; done
+  while :; do
+    status=0; segment "${SEGMENT_S:-480}" || status=$?
+    pack
+    [ "$status" -eq 3 ] || break  # 3: runs left, the next segment continues them
+  done
 else
-  segment "$SECONDS_LIMIT"
+  segment "$SECONDS_LIMIT" || status=$?
   pack
 fi
+case "$status" in 0|3|4) ;; *) exit "$status" ;; esac  # a segment that stopped early is expected
 echo "runs not yet complete: $(remaining)"

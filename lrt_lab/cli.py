@@ -2,6 +2,8 @@
 
 Every bad argument gives one `lrt-lab: error: ...` line naming the field and what is allowed,
 exits with status 2, and writes nothing (all validation happens before a run folder is made).
+The exit statuses (`lrt_lab.exitcodes`): 0 complete, 1 error, 2 refused, 3 incomplete
+(resumable), 4 diverged, 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -14,15 +16,14 @@ from .threads import wait_passively_when_busy
 # Before the imports below load torch: its OpenMP runtime reads OMP_WAIT_POLICY once, when it loads.
 wait_passively_when_busy()
 
+from . import exitcodes  # noqa: E402
 from .mirrors import MIRROR_PACKAGES, MirrorSettings  # noqa: E402
 from .train import TrainConfig, parse_value  # noqa: E402
-
-EXIT_USAGE = 2
 
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, not argparse's usage dump
-        self.exit(EXIT_USAGE, f"lrt-lab: error: {message}\n")
+        self.exit(exitcodes.USAGE, f"lrt-lab: error: {message}\n")
 
 
 def key_values(pairs: list[str], flag: str) -> dict:
@@ -119,14 +120,21 @@ def train_config_from_args(a) -> TrainConfig:
 
 
 def cmd_train(a) -> int:
+    from pathlib import Path
     from .train import train
     from .report import print_run
+    from .results import Run
     from .threads import apply_threads, choose_threads
     cfg = train_config_from_args(a)
     apply_threads(choose_threads(a.threads))
+    finished_before = a.resume and Run(Path(a.out) / cfg.run_name).is_complete
     run = train(cfg, out=a.out, resume=a.resume, progress=not a.quiet, log=mirror_settings_from_args(a))
-    print_run(run)
-    return 0
+    status = run.status
+    # A run that diverged or stopped in this process was said by train, in one line; a run found
+    # finished by --resume is said here.
+    if status == "complete" or finished_before:
+        print_run(run)
+    return exitcodes.for_statuses([status])
 
 
 def cmd_sweep(a) -> int:
@@ -138,16 +146,22 @@ def cmd_sweep(a) -> int:
     if a.slurm is not None:
         from .parallel import parse_slurm
         slurm = parse_slurm(a.slurm)
-    run_sweep(spec, out=a.out, dry_run=a.dry_run, time_limit_s=a.time_limit, progress=not a.quiet,
-              workers=a.workers, threads_per_run=a.threads_per_run, gpus_per_run=a.gpus_per_run,
-              address=a.address, slurm=slurm, log=mirror_settings_from_args(a))
-    return 0
+    runs = run_sweep(spec, out=a.out, dry_run=a.dry_run, time_limit_s=a.time_limit,
+                     progress=not a.quiet, workers=a.workers, threads_per_run=a.threads_per_run,
+                     gpus_per_run=a.gpus_per_run, address=a.address, slurm=slurm,
+                     log=mirror_settings_from_args(a))
+    if a.dry_run:
+        return exitcodes.COMPLETE
+    return exitcodes.for_statuses(run.status for run in runs)  # what the store holds now
 
 
 def cmd_demo(a) -> int:
-    from .demo import run_demo
-    run_demo(out=a.out, quick=a.quick, quiet=a.quiet, threads=a.threads)
-    return 0
+    from .demo import DemoStopped, run_demo
+    try:
+        run_demo(out=a.out, quick=a.quick, quiet=a.quiet, threads=a.threads)
+    except DemoStopped as stopped:  # its one line is said
+        return exitcodes.for_statuses([stopped.status])
+    return exitcodes.COMPLETE
 
 
 def cmd_report(a) -> int:
@@ -181,12 +195,14 @@ def build_parser() -> Parser:
                         help="show the traceback of an unexpected failure (also: LRT_LAB_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    p = sub.add_parser("train", help="train one model on a toy task into the run store")
+    stated = dict(epilog=exitcodes.epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("train", help="train one model on a toy task into the run store", **stated)
     add_train_arguments(p)
     add_log_arguments(p)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("sweep", help="train a grid (tasks x models x schedules x seeds) from a TOML spec")
+    p = sub.add_parser("sweep", **stated,
+                       help="train a grid (tasks x models x schedules x seeds) from a TOML spec")
     p.add_argument("spec", help="path to the sweep spec (.toml); see experiments/")
     p.add_argument("--out", default=None, help="run store directory (default: the spec's sweep.out, or runs)")
     p.add_argument("--dry-run", action="store_true", help="list the runs without training")
@@ -255,12 +271,12 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except KeyboardInterrupt:
         print(f"lrt-lab: interrupted ({CONTINUE.get(args.command, 'nothing was lost')})", file=sys.stderr)
-        return 130
+        return exitcodes.INTERRUPTED
     except Exception as e:  # noqa: BLE001 - every failure is one line naming its cause (--debug: traceback)
         if debug:
             raise
         print(f"lrt-lab: error: {describe_failure(e, args.command)}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(e, (ValueError, OSError)) else 1
+        return exitcodes.USAGE if isinstance(e, (ValueError, OSError)) else exitcodes.ERROR
 
 
 def describe_failure(e: BaseException, command: str) -> str:

@@ -14,6 +14,7 @@ uses exact recurrent decoding: the way the model would really be used.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -21,12 +22,22 @@ import pandas as pd
 import torch
 
 from .report import run_figures
-from .results import Run, load_table
+from .results import Run, diverged_line, load_table
 from .threads import ThreadChoice, apply_threads, choose_threads
 from .train import TrainConfig, train
 
 TRAIN_LENGTH = 12
 EVAL_LENGTHS = (12, 24, 48)
+
+
+class DemoStopped(Exception):
+    """A demo run ended without completing: `status` is "incomplete" (stopped by SIGTERM or
+    SIGUSR1, checkpointed) or "diverged"; the demo ends there (`lrt-lab demo` exits with the
+    status's code, lrt_lab.exitcodes), its one line already said."""
+
+    def __init__(self, run_name: str, status: str):
+        super().__init__(f"{run_name} {status}")
+        self.status = status
 
 
 def demo_configs(quick: bool = False) -> list[TrainConfig]:
@@ -130,14 +141,18 @@ def _run_demo(out: str, quick: bool, quiet: bool, choice: ThreadChoice) -> pd.Da
     for cfg in demo_configs(quick):
         folder = Path(out) / cfg.run_name
         if (folder / "summary.json").exists():
+            run = Run(folder)
+            if run.status == "diverged":
+                print(diverged_line(run.name, run.summary), file=sys.stderr)
+                raise DemoStopped(run.name, run.status)
             print(f"{cfg.run_name}: already trained in {folder} (delete it to retrain)")
-            runs.append(Run(folder))
+            runs.append(run)
             continue
         if quiet:
             print(f"training {cfg.run_name} ...", flush=True)
         runs.append(train(cfg, out=out, resume=folder.exists(), progress=not quiet))
-        if runs[-1].status == "incomplete":  # stopped by SIGTERM / SIGUSR1: the user wants the demo to end
-            raise KeyboardInterrupt(f"{cfg.run_name} stopped")
+        if runs[-1].status != "complete":  # stopped (SIGTERM, SIGUSR1) or diverged: train said so
+            raise DemoStopped(cfg.run_name, runs[-1].status)
     table = side_by_side(runs)
     with pd.option_context("display.max_colwidth", 40, "display.width", 120):
         print("\n" + table.to_string())

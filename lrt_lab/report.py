@@ -6,13 +6,14 @@ import json
 import math
 import os
 import re
+import sys
 
 import pandas as pd
 
 from .analysis.stats import mean_ci, seed_stats
 from .groups import (AT_TRAIN_LENGTH, IDENTITY_FIELDS, INTERVAL_NOTE, canonical, default_metric, eval_columns,
                      group_labels, method_label, with_train_length_metric)
-from .results import Run, load_runs
+from .results import Run, diverged_line, load_runs
 
 __all__ = ["compare_table", "comparison_table", "default_metric", "format_mean_ci", "format_mean_std",
            "frontier_points", "memory_label", "method_keys", "method_label", "method_labels", "model_label",
@@ -163,6 +164,10 @@ def print_report(root, metric: str | None = None, group_by: str | None = None) -
     """Print comparison_table: one row per group, `mean [95% t-interval] (n)` and std; returns it."""
     runs = load_runs(root)
     diverged = sorted(runs.loc[runs["status"] == "diverged", "run"]) if "status" in runs else []
+    if diverged and len(diverged) == len(runs):
+        listed = ", ".join(diverged[:3]) + (" ..." if len(diverged) > 3 else "")
+        raise ValueError(f"runs: the store has no complete runs; {len(diverged)} diverged (NaN or "
+                         f"inf loss): {listed}")
     table = comparison_table(runs[runs["status"] != "diverged"] if diverged else runs, metric, group_by)
     metric = table.attrs["metric"]
     keys = ["group"] if group_by is None else [k.strip() for k in group_by.split(",")]
@@ -199,9 +204,15 @@ def run_figures(run: Run) -> pd.DataFrame:
 
 
 def print_run(run: Run) -> None:
+    """A run's figures (stdout) when it is complete; one line saying what it is otherwise: a
+    diverged run's step and loss (stderr), or that it is incomplete."""
     s = run.summary
     if s is None:
         print(f"{run.name}: incomplete (resume with --resume)")
+        return
+    if s.get("status", "complete") != "complete":  # diverged: no final loss, no evaluation
+        print(diverged_line(run.name, s) if s.get("status") == "diverged"
+              else f"{run.name}: status {s.get('status')!r} in summary.json", file=sys.stderr)
         return
     print(f"\n{run.name}: loss {s['final_loss']:.4f}, {s['wall_time_s']:.0f} s, {s['tokens']:,} tokens "
           f"(x{s['schedule_cost']:g} compute)")

@@ -302,6 +302,13 @@ class Run:
         return removed
 
 
+def diverged_line(name: str, summary: dict) -> str:
+    """The one line that says a run diverged and what to do, from its summary.json."""
+    step, loss = summary.get("diverged_at_step", "?"), summary.get("diverged_loss", "?")
+    return (f"{name}: diverged at step {step} (loss {loss}); summary.json status 'diverged'. "
+            "Lower --lr-scale (or the learning rates) and train it under a new name")
+
+
 def _read_jsonl(path: Path) -> tuple[list[dict], int]:
     """(records, dropped lines) of a metrics.jsonl. A line is dropped (and counted) unless it is
     UTF-8 JSON of sane depth holding an object whose known fields have their types

@@ -27,7 +27,9 @@ sweep skips the runs another live process is training and comes back to them at 
 until they are complete (or their owner is gone, when it takes them over). A run that diverges
 (NaN loss) is recorded as such and the grid goes on. `time_limit_s` (`--time-limit`), SIGTERM and
 SIGUSR1 end an invocation the same way: the run in progress is checkpointed, and the next
-invocation continues it (experiments/run_paper_a5.sh).
+invocation continues it (experiments/run_paper_a5.sh). `lrt-lab sweep` exits 0 only when every run
+of the grid is complete: 3 while any is unfinished (stopped, or submitted to Slurm), 4 when all are
+finished and some diverged (`lrt_lab.exitcodes`).
 """
 
 from __future__ import annotations
@@ -268,9 +270,14 @@ def _train_or_skip(cfg: TrainConfig, out, deadline, stop: StopRequest, bar, runs
 
 
 def _say_done(configs, out, why: str = "") -> None:
-    done = sum((Path(out) / c.run_name / "summary.json").exists() for c in configs)
+    statuses = {c.run_name: Run(Path(out) / c.run_name).status for c in configs}
+    done = sum(s == "complete" for s in statuses.values())
+    diverged = [name for name, s in statuses.items() if s == "diverged"]
+    listed = ", ".join(diverged[:3]) + (" ..." if len(diverged) > 3 else "")
     print(f"sweep: {done} of {len(configs)} runs complete in {out}{why}"
-          + ("" if done == len(configs) else "; run the same command again to continue"))
+          + (f"; {len(diverged)} diverged: {listed}" if diverged else "")
+          + ("" if done + len(diverged) == len(configs)
+             else "; run the same command again to continue"))
 
 
 def stopped(stop: StopRequest, deadline: float | None) -> bool:

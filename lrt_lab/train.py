@@ -33,6 +33,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -48,7 +49,7 @@ from .mirrors import mirror_settings, mirrored
 from .model import LRT
 from .optim import build_optimizers, optimizer_step, set_lr_schedule
 from .resources import check_memory_fits, resolve_device
-from .results import Run
+from .results import Run, diverged_line
 from .schedules import IGNORE_INDEX, parse_schedule, run_schedule
 from .stopping import StopRequest
 from .validation import TRAIN_SEED_LIMIT, check_fields, check_int, check_out_dir, fail, is_int
@@ -229,11 +230,11 @@ def diverged(run: Run, cfg: TrainConfig, step: int, loss: float, elapsed: float,
     the loss), so a sweep goes on to its next run and a re-run does not train it again."""
     if bar is not None:
         bar.close()
-    run.write_summary({"status": "diverged", "steps": cfg.steps, "diverged_at_step": step, "trained_by": trained_by(),
-                       "diverged_loss": str(loss), "wall_time_s": elapsed, "tokens": counters["tokens"],
-                       "compute_tokens": counters["compute_tokens"]})
-    print(f"{run.name}: diverged at step {step} (loss {loss}); summary.json status 'diverged'. Lower --lr-scale "
-          "(or the learning rates) and train it under a new name", file=sys.stderr)
+    summary = {"status": "diverged", "steps": cfg.steps, "diverged_at_step": step,
+               "trained_by": trained_by(), "diverged_loss": str(loss), "wall_time_s": elapsed,
+               "tokens": counters["tokens"], "compute_tokens": counters["compute_tokens"]}
+    run.write_summary(summary)
+    print(diverged_line(run.name, summary), file=sys.stderr)
     return run
 
 
@@ -364,6 +365,8 @@ def _train_claimed(cfg: TrainConfig, run: Run, task, schedule, device, resume: b
         model.stage = torch.compile(model.stage)  # compiles the one primitive every stage uses
     stop = cfg.steps if stop_after is None else min(cfg.steps, state["step"] + stop_after)
     loop = LoopState(state["step"], stop, state["counters"], time.perf_counter() - state["elapsed"])
+    if resume:
+        _redo_lost_evaluation(run, model, schedule, eval_sets, cfg, autocast, loop)
     bar = _progress_bar(cfg.steps, loop.step, run.name) if progress else None
     model.train()
     while loop.step < loop.stop:
@@ -375,10 +378,12 @@ def _train_claimed(cfg: TrainConfig, run: Run, task, schedule, device, resume: b
                                       or stop_request.requested):
             loop.stop = loop.step  # out of time, SIGTERM or SIGUSR1: checkpoint here, resume later
         run.log(record)
-        # the checkpoint comes before the evaluation, so a failing or killed evaluation loses no training
+        # The checkpoint comes before the evaluation, so a failing or killed evaluation (it can
+        # take longer than many steps) loses no training; the evaluation it lost is redone from
+        # that checkpoint on resume (_redo_lost_evaluation).
         if (cfg.checkpoint_every and loop.step % cfg.checkpoint_every == 0) or loop.step == loop.stop:
             save_checkpoint(run, loop.step, model, opts, generator, loop.elapsed(), loop.counters)
-        if (cfg.eval_every and loop.step % cfg.eval_every == 0) or loop.step == cfg.steps:
+        if evaluation_due(cfg, loop.step):
             _evaluate_and_log(run, model, schedule, eval_sets, cfg, autocast, loop)
         _show_progress(bar, record, loop.last_eval, cfg)
     if bar is not None:
@@ -442,6 +447,32 @@ def _train_step(cfg: TrainConfig, model, opts, task, schedule, generator, device
     return record
 
 
+def evaluation_due(cfg: TrainConfig, step: int) -> bool:
+    """Whether the loop evaluates (and logs an "eval" line) after `step`."""
+    return bool(cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps
+
+
+def _redo_lost_evaluation(run: Run, model, schedule, eval_sets: dict, cfg: TrainConfig, autocast,
+                          loop: LoopState) -> None:
+    """On resume from the checkpoint of step s: evaluate and log step s if its evaluation is due
+    and missing from metrics.jsonl (the process died during it, after the checkpoint was written).
+
+    The evaluation is a function of the model alone (fixed evaluation sets, no random draws), so
+    it is redone exactly from the checkpoint, and writing the checkpoint first stays the design
+    that loses nothing. An evaluation missing at an earlier step (a damaged metrics line) cannot
+    be redone: the model at that step is not kept, so a warning names the steps.
+    """
+    evaluated = {r.get("step") for r in run.metrics_records() if r.get("kind") == "eval"}
+    lost = [s for s in range(1, loop.step + 1) if evaluation_due(cfg, s) and s not in evaluated]
+    if loop.step in lost:
+        _evaluate_and_log(run, model, schedule, eval_sets, cfg, autocast, loop)
+    earlier = [s for s in lost if s != loop.step]
+    if earlier:
+        warnings.warn(f"{run.name}: metrics.jsonl has no evaluation at step(s) "
+                      f"{', '.join(map(str, earlier[:8]))}{' ...' if len(earlier) > 8 else ''}; "
+                      "they cannot be redone (the model at those steps is not kept)", stacklevel=3)
+
+
 def _step_cost(model, schedule, measured: dict | None) -> float:
     """Forwards per token of this step: the schedule's, or what a dynamic schedule (FixedPoint,
     Rollout) measured it ran; times the model's own cost per forward (the baselines')."""
@@ -470,7 +501,7 @@ def _show_progress(bar, record: dict, last_eval: dict, cfg: TrainConfig) -> None
 
 def _finish(run: Run, cfg: TrainConfig, model, schedule, eval_sets: dict, autocast, loop: LoopState) -> Run:
     """The final evaluation's per-position table and summary.json: the run is complete."""
-    if loop.results is None:  # resumed at the very end: nothing evaluated in this process yet
+    if loop.results is None:  # resumed at the end after its evaluation was logged: not in memory
         loop.results = evaluate(model, schedule, eval_sets, cfg.eval_exact, autocast=autocast)
     run.write_table("per_position", per_position_table(loop.results))
     train_losses = [r["loss"] for r in run.metrics_records() if r.get("kind") == "train"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lrt_lab import claims
+from lrt_lab import claims, exitcodes
 from lrt_lab.cli import build_parser, main
 from lrt_lab.results import Run, load_metrics, load_runs
 from lrt_lab.sweep import run_sweep
@@ -168,7 +168,7 @@ def test_a_termination_signal_checkpoints_the_step_it_arrived_at(tmp_path, sig):
         time.sleep(0.1)
     p.send_signal(sig)
     _, err = p.communicate(timeout=120)
-    assert p.returncode == 0, err[-2000:]
+    assert p.returncode == exitcodes.INCOMPLETE, err[-2000:]
     assert f"on {signal.Signals(sig).name}" in err and "--resume" in err
     run = Run(tmp_path / "r")
     last = train_steps(run.path)[-1]
@@ -310,3 +310,102 @@ def test_sigint_says_how_to_continue_for_each_command(monkeypatch, capsys):
     monkeypatch.setattr(cli_module, "cmd_train", interrupted)
     assert main(["sweep", "x.toml"]) == 130 and "run the same command again" in capsys.readouterr().err
     assert main(["train"]) == 130 and "--resume" in capsys.readouterr().err
+
+
+# Exit statuses: a script can tell a finished job from one to run again -----------------------------
+@pytest.mark.parametrize("command", ["train", "sweep"])
+def test_help_states_every_exit_status(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for code, meaning in exitcodes.MEANINGS.items():
+        assert f" {code} {' '.join(meaning.split())}" in text, code
+
+
+def test_a_diverged_train_ends_in_one_line_naming_the_cause(tmp_path, capsys):
+    args = ["train", "--task", "a5_prefix", *TINY, "--steps", "20", "--lr-scale", "1e20", "--eval-every", "0",
+            "--checkpoint-every", "5", "--name", "wild", "--out", str(tmp_path)]
+    assert main(args) == exitcodes.DIVERGED
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "wild: diverged at step" in err and "--lr-scale" in err
+    folder = tmp_path / "wild"
+    summary = Run(folder).summary
+    assert summary["status"] == "diverged"
+    assert train_steps(folder) == list(range(1, summary["diverged_at_step"] + 1))  # every step logged is kept
+    files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    # --resume finds it diverged: the same line and status, nothing changed
+    assert main(args + ["--resume"]) == exitcodes.DIVERGED
+    assert capsys.readouterr() == ("", err)
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == files
+    assert main(["report", str(tmp_path)]) == exitcodes.USAGE  # nothing to compare, and it says why
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "1 diverged" in err and "wild" in err
+
+
+def test_a_train_stopped_by_sigterm_exits_incomplete_until_resumed(tmp_path, monkeypatch, capsys):
+    import lrt_lab.train as train_module
+    real = train_module._train_step
+
+    def step_then_sigterm(*a, **k):  # the signal arrives during step 3
+        record = real(*a, **k)
+        if record["step"] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return record
+    monkeypatch.setattr(train_module, "_train_step", step_then_sigterm)
+    args = ["train", "--task", "a5_prefix", *TINY, "--steps", "6", "--eval-every", "0", "--name", "r",
+            "--out", str(tmp_path)]
+    assert main(args) == exitcodes.INCOMPLETE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "on SIGTERM" in err and "--resume" in err
+    assert train_steps(tmp_path / "r") == [1, 2, 3]
+    monkeypatch.undo()
+    assert main(args + ["--resume"]) == exitcodes.COMPLETE
+    assert train_steps(tmp_path / "r") == list(range(1, 7))
+
+
+def sweep_args(tmp_path, body, *extra, variants: str = "") -> list[str]:
+    path = write_spec(tmp_path / "grid.toml", body)
+    path.write_text(path.read_text() + variants)
+    return ["sweep", str(path), "--out", str(tmp_path / "store"), "--quiet", *extra]
+
+
+def test_a_sweep_stopped_by_sigterm_exits_incomplete_until_its_grid_is_complete(tmp_path, monkeypatch, capsys):
+    import lrt_lab.sweep as sweep_module
+    real = sweep_module.train
+
+    def train_then_sigterm(*a, **k):  # the signal arrives once a run is done
+        run = real(*a, **k)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return run
+    monkeypatch.setattr(sweep_module, "train", train_then_sigterm)
+    args = sweep_args(tmp_path, spec(steps=4, seeds=(0,)))
+    assert main(args) == exitcodes.INCOMPLETE
+    assert "1 of 2 runs complete" in capsys.readouterr().out
+    monkeypatch.undo()
+    assert main(args) == exitcodes.COMPLETE
+    assert main(args) == exitcodes.COMPLETE  # a finished grid stays finished
+    assert "2 of 2 runs complete" in capsys.readouterr().out
+
+
+def test_a_parallel_sweep_stopped_with_runs_left_exits_incomplete(tmp_path, monkeypatch, capsys):
+    """--workers N: the exit status is what the store holds after the driver returns; here it was
+    stopped (SIGTERM) after one run, the other task cancelled."""
+    from lrt_lab import parallel
+
+    def stopped_driver(configs, out, *a, **k):
+        return [parallel.train_grid_point(configs[0], out)] + [
+            {"run": c.run_name, "status": "incomplete"} for c in configs[1:]]
+    monkeypatch.setattr(parallel, "run_on_ray", stopped_driver)
+    assert main(sweep_args(tmp_path, spec(steps=4, seeds=(0,)), "--workers", "2")) == exitcodes.INCOMPLETE
+    assert "1 of 2 runs complete" in capsys.readouterr().out
+
+
+def test_a_sweep_with_a_diverged_run_exits_diverged_once_every_run_finished(tmp_path, capsys):
+    body = spec(steps=4, seeds=(0,))
+    body["sweep"]["models"] = ["transformer", "wild"]
+    args = sweep_args(tmp_path, body, variants='[models.wild]\nmodel = "lrt"\nlr_scale = 1e30\n')
+    assert main(args) == exitcodes.DIVERGED
+    out = capsys.readouterr().out
+    assert "1 of 2 runs complete" in out and "1 diverged" in out and "run the same command again" not in out
+    assert main(args) == exitcodes.DIVERGED  # nothing left to train: the grid's state is the same

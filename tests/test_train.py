@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
+from lrt_lab import exitcodes
 from lrt_lab.cli import main
 from lrt_lab.results import Run, load_metrics, load_runs, load_table
 from lrt_lab.sweep import expand, run_sweep, validate_spec
@@ -83,6 +84,56 @@ def test_resume_continues_exactly(tmp_path):
     steps = load_metrics(run, kind="train")["step"].tolist()
     assert steps == list(range(1, 31))
     assert train_losses(run) == pytest.approx(train_losses(full), rel=1e-6)
+
+
+class Killed(BaseException):
+    """What a SIGKILL does to the loop, in-process: nothing after it runs (no except clause)."""
+
+
+def _evaluations(run_path):
+    evals = load_metrics(run_path, kind="eval")
+    return evals[["step"] + [c for c in evals.columns if c.startswith(("acc_", "pos90_"))]]
+
+
+@pytest.mark.parametrize("lost", [1, 3])  # the evaluation at step 10 (mid-run), at 30 (the final one)
+def test_an_evaluation_killed_after_its_checkpoint_is_redone_on_resume(tmp_path, monkeypatch, lost):
+    """Killed during an evaluation, after that step's checkpoint: the resumed run's metrics hold
+    every evaluation an uninterrupted run writes, with the same figures."""
+    import lrt_lab.train as train_module
+    full = train(tiny_cfg(name="full"), out=tmp_path, progress=False)
+    real, calls = train_module.evaluate, []
+
+    def killed_on_call(*a, **k):
+        calls.append(1)
+        if len(calls) == lost:
+            raise Killed
+        return real(*a, **k)
+    monkeypatch.setattr(train_module, "evaluate", killed_on_call)
+    cfg = tiny_cfg(name="cut")
+    with pytest.raises(Killed):
+        train(cfg, out=tmp_path, progress=False)
+    monkeypatch.undo()
+    run = Run(tmp_path / "cut")
+    step = 10 * lost
+    assert run.latest_checkpoint().name == f"step_{step:07d}.pt" and not run.is_complete
+    assert step not in load_metrics(run, kind="eval").get("step", pd.Series(dtype=int)).tolist()
+    train(cfg, out=tmp_path, resume=True, progress=False)
+    assert run.is_complete and load_metrics(run, kind="train")["step"].tolist() == list(range(1, 31))
+    pd.testing.assert_frame_equal(_evaluations(run.path), _evaluations(full.path))
+    assert run.summary["eval"] == pytest.approx(full.summary["eval"])
+
+
+def test_an_evaluation_lost_before_the_restored_step_is_named(tmp_path):
+    """An evaluation missing before the checkpoint resumed from (a damaged line) cannot be redone:
+    the resume says which, and redoes nothing else."""
+    cfg = tiny_cfg(steps=10, eval_every=3, checkpoint_every=3, name="r")
+    run = train(cfg, out=tmp_path, progress=False, stop_after=7)  # checkpoints at 3, 6, 7
+    kept = [line for line in (run.path / "metrics.jsonl").read_text().splitlines()
+            if not ('"eval"' in line and '"step": 3,' in line)]
+    (run.path / "metrics.jsonl").write_text("\n".join(kept) + "\n")
+    with pytest.warns(UserWarning, match=r"no evaluation at step\(s\) 3;"):
+        train(cfg, out=tmp_path, resume=True, progress=False)
+    assert load_metrics(run, kind="eval")["step"].tolist() == [6, 9, 10]
 
 
 @pytest.mark.slow
@@ -274,9 +325,11 @@ def test_a_stopped_demo_run_ends_the_demo(monkeypatch, tmp_path):
     trained = []
     stopped = SimpleNamespace(status="incomplete")
     monkeypatch.setattr(demo, "train", lambda cfg, **kw: trained.append(cfg) or stopped)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(demo.DemoStopped) as e:
         demo.run_demo(out=str(tmp_path), quick=True, quiet=True, threads=1)
-    assert len(trained) == 1
+    assert len(trained) == 1 and e.value.status == "incomplete"
+    code = main(["demo", "--quick", "--quiet", "--threads", "1", "--out", str(tmp_path)])
+    assert code == exitcodes.INCOMPLETE
 
 
 def test_progress_bar_is_rate_limited_off_a_terminal(monkeypatch):
