@@ -64,11 +64,12 @@ def run_on_ray(configs: list[TrainConfig], out: str, workers: int, threads_per_r
     from tqdm.auto import tqdm
 
     threads = threads_per_run or max(1, (os.cpu_count() or 1) // workers)
-    if address is None:  # a local instance sized to the grid: `workers` tasks fit at once
-        ray.init(num_cpus=workers * threads, num_gpus=None if gpus_per_run else 0, include_dashboard=False,
-                 log_to_driver=False, ignore_reinit_error=True, runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}})
-    else:
-        ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
+    # Ray already running in this process (a notebook's, a test session's) is used and left
+    # running: starting a local instance costs seconds, and shutting down the caller's would
+    # break what it does next. Workers set their thread count themselves (train_grid_point).
+    started_here = not ray.is_initialized()
+    if started_here:
+        _start_ray(ray, address, workers * threads, threads, gpus_per_run)
     task = ray.remote(num_cpus=threads, num_gpus=gpus_per_run, max_retries=retries)(train_grid_point)
     todo, running, results = list(configs), {}, {}
     bar = tqdm(total=len(configs), desc="sweep", unit="run", dynamic_ncols=True, disable=not progress)
@@ -102,8 +103,17 @@ def run_on_ray(configs: list[TrainConfig], out: str, workers: int, threads_per_r
             for ref in running:
                 ray.cancel(ref, force=True)
         bar.close()
-        ray.shutdown()
+        if started_here:
+            ray.shutdown()
     return [results.get(c.run_name, {"run": c.run_name, "status": "incomplete"}) for c in configs]
+
+
+def _start_ray(ray, address: str | None, cpus: int, threads: int, gpus_per_run: float) -> None:
+    if address is None:  # a local instance sized to the grid: `workers` tasks fit at once
+        ray.init(num_cpus=cpus, num_gpus=None if gpus_per_run else 0, include_dashboard=False,
+                 log_to_driver=False, runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}})
+    else:
+        ray.init(address=address, log_to_driver=False)
 
 
 def parse_slurm(text: str) -> dict:
