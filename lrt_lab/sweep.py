@@ -229,10 +229,12 @@ def _run_here(configs, out, deadline, stop: StopRequest, progress: bool, wait_s:
     from tqdm.auto import tqdm
     bar = tqdm(total=len(configs), desc="sweep", unit="run", dynamic_ncols=True, disable=not progress)
     runs: dict[str, Run] = {}
+    trained: list[str] = []  # the runs this segment has trained (resumed or started)
     pending = list(configs)
-    while pending and not stopped(stop, deadline):
-        waiting = [cfg for cfg in pending if not _train_or_skip(cfg, out, deadline, stop, bar, runs, mirroring)]
-        if waiting and len(waiting) == len(pending) and not stopped(stop, deadline):
+    while pending and not stopped(stop, deadline, trained):
+        waiting = [cfg for cfg in pending
+                   if not _train_or_skip(cfg, out, deadline, stop, bar, runs, trained, mirroring)]
+        if waiting and len(waiting) == len(pending) and not stopped(stop, deadline, trained):
             owners = "; ".join(f"{c.run_name} ({claimed_by_other(Path(out) / c.run_name) or 'free now'})"
                                for c in waiting[:3])
             tqdm.write(f"sweep: waiting for {len(waiting)} run(s) other processes train: {owners}",
@@ -243,11 +245,13 @@ def _run_here(configs, out, deadline, stop: StopRequest, progress: bool, wait_s:
     return runs
 
 
-def _train_or_skip(cfg: TrainConfig, out, deadline, stop: StopRequest, bar, runs: dict, mirroring) -> bool:
+def _train_or_skip(cfg: TrainConfig, out, deadline, stop: StopRequest, bar, runs: dict,
+                   trained: list, mirroring) -> bool:
     """Train one run of the grid (resuming its folder) unless it is complete; False when it must
-    wait: out of time, or another process holds its claim."""
+    wait: out of time, or another process holds its claim. Appends the run's name to `trained`
+    when it trained it."""
     from tqdm.auto import tqdm
-    if stopped(stop, deadline):
+    if stopped(stop, deadline, trained):
         return False
     folder = Path(out) / cfg.run_name
     bar.set_postfix_str(cfg.run_name)
@@ -263,6 +267,7 @@ def _train_or_skip(cfg: TrainConfig, out, deadline, stop: StopRequest, bar, runs
     except (RunClaimedError, FileExistsError):  # another process took it just now
         return False
     runs[cfg.run_name] = run
+    trained.append(cfg.run_name)
     if run.is_complete:
         bar.update(1)
         tqdm.write(f"{run.status:9s} {run.name}", file=sys.stderr)
@@ -280,8 +285,13 @@ def _say_done(configs, out, why: str = "") -> None:
              else "; run the same command again to continue"))
 
 
-def stopped(stop: StopRequest, deadline: float | None) -> bool:
-    return stop.requested is not None or (deadline is not None and time.monotonic() >= deadline)
+def stopped(stop: StopRequest, deadline: float | None, trained: list | None = None) -> bool:
+    """A signal arrived, or the time limit passed. With `trained` (the runs this segment has
+    trained), the time limit stops nothing before the first: every segment then trains at least
+    one step (train checks the deadline after each step), so a limit shorter than the start-up
+    still makes progress instead of looping forever."""
+    out_of_time = deadline is not None and time.monotonic() >= deadline
+    return stop.requested is not None or (out_of_time and (trained is None or bool(trained)))
 
 
 def run_state(folder: Path) -> str:

@@ -28,7 +28,8 @@ def test_time_limited_segments_continue_exactly(tmp_path):
     segments = 0
     while not all(r.is_complete for r in run_sweep(spec, out=str(tmp_path / "seg"), time_limit_s=0.1)):
         segments += 1
-        assert segments < 200
+        # every segment trains at least one step, however slow the start-up: 40 steps, 40 segments
+        assert segments < 40
     assert segments >= 2  # the limit really cut the run
     (cfg,) = expand(spec)
     full = train(cfg, out=tmp_path / "full", progress=False)
