@@ -152,9 +152,10 @@ def group_labels(df: pd.DataFrame, exclude=()) -> pd.Series:
             break
         if c not in chosen and n_distinct(chosen + [c]) > n_distinct(chosen):
             chosen.append(c)
-    for i in df.index:
+    chosen_values = {c: groups[c].tolist() for c in chosen}  # by position: no lookup per cell
+    for pos, i in enumerate(df.index):
         for c in chosen:
-            v = groups.at[i, c]
+            v = chosen_values[c][pos]
             if _missing(v):
                 continue  # e.g. the memory settings of a plain transformer: nothing to say
             name = _field_name(c)
