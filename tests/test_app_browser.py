@@ -31,7 +31,8 @@ TABS = ["Compare", "Runs", "Training curves", "Length generalisation", "Depth x 
         "Probes", "Convergence", "Trainer frontier"]
 COMMITTED_STORE = Path(__file__).resolve().parent.parent / "experiments" / "results"
 
-pytestmark = pytest.mark.slow
+# one worker under `pytest -n 2 --dist loadgroup`, so both tests share the module's Chromium
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("app_browser")]
 
 
 def _require_browser():

@@ -229,6 +229,7 @@ def tables():
     return module
 
 
+@pytest.mark.xdist_group("results_tables")  # the module's tables fixture, built once
 def test_results_page_and_readme_block_are_what_the_store_gives(tables):
     """docs/results.md and the README block regenerated from the committed store equal the committed
     files (`python experiments/results_tables.py --write` after a change to the store or template)."""
@@ -241,6 +242,7 @@ def test_results_page_and_readme_block_are_what_the_store_gives(tables):
         assert (ROOT / figure).is_file(), figure
 
 
+@pytest.mark.xdist_group("results_tables")  # the module's tables fixture, built once
 def test_one_changed_cell_is_caught(tables, tmp_path):
     """A copy of the committed files with one table cell changed is reported, and only that file."""
     (tmp_path / "docs").mkdir()
