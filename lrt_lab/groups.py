@@ -136,9 +136,13 @@ def group_labels(df: pd.DataFrame, exclude=()) -> pd.Series:
     parts = {i: [methods[i]] for i in df.index}
     primary, secondary = _ordered_candidates(cols)
 
+    as_text = {}  # each column's values as text, built once: n_distinct runs per candidate field
+
     def n_distinct(fields):
-        keys = pd.DataFrame({"method": methods, **{c: groups[c].astype(str) for c in fields}})
-        return len(keys.drop_duplicates())
+        for c in fields:
+            if c not in as_text:
+                as_text[c] = groups[c].astype(str).tolist()
+        return len(set(zip(methods.tolist(), *(as_text[c] for c in fields))))
 
     # The task always (a label without it reads as a claim about every task); every other field
     # only where it tells groups apart that the fields before it do not, so labels stay short.
@@ -148,9 +152,10 @@ def group_labels(df: pd.DataFrame, exclude=()) -> pd.Series:
             break
         if c not in chosen and n_distinct(chosen + [c]) > n_distinct(chosen):
             chosen.append(c)
-    for i in df.index:
+    chosen_values = {c: groups[c].tolist() for c in chosen}  # by position: no lookup per cell
+    for pos, i in enumerate(df.index):
         for c in chosen:
-            v = groups.at[i, c]
+            v = chosen_values[c][pos]
             if _missing(v):
                 continue  # e.g. the memory settings of a plain transformer: nothing to say
             name = _field_name(c)

@@ -290,20 +290,22 @@ def method_labels(df: pd.DataFrame) -> pd.Series:
     varying = _ordered_label_fields([c for c in frame.columns if c not in ("config.kind", "config.schedule")
                                      and methods[c].map(str).nunique() > 1])
     chosen = [c for c in varying if c not in BOOKKEEPING and not c.startswith("config.model.")]
+    memo = {}  # what each field's column says, worked out once (_label asks per run and field)
     for c in (c for c in varying if c not in chosen):  # in reading order: bookkeeping, then the model
-        if _distinct_labels(methods, chosen) == len(methods):
+        if _distinct_labels(methods, chosen, memo) == len(methods):
             break
-        if _distinct_labels(methods, chosen + [c]) > _distinct_labels(methods, chosen):
+        if _distinct_labels(methods, chosen + [c], memo) > _distinct_labels(methods, chosen, memo):
             chosen.append(c)
-    labels = {r["_key"]: _label(r, chosen, methods) for _, r in methods.iterrows()}
+    labels = {r["_key"]: _label(r, chosen, methods, memo=memo) for _, r in methods.iterrows()}
     clashing = pd.Series(labels).duplicated(keep=False)
     for key in clashing[clashing].index:  # e.g. a field unset in one and at its default in the other
-        labels[key] = _label(methods[methods["_key"] == key].iloc[0], varying, methods, spell_out=True)
+        labels[key] = _label(methods[methods["_key"] == key].iloc[0], varying, methods, spell_out=True,
+                             memo=memo)
     return keys.map(labels)
 
 
-def _distinct_labels(methods: pd.DataFrame, fields: list[str]) -> int:
-    return len({_label(r, fields, methods) for _, r in methods.iterrows()})
+def _distinct_labels(methods: pd.DataFrame, fields: list[str], memo: dict | None = None) -> int:
+    return len({_label(r, fields, methods, memo=memo) for _, r in methods.iterrows()})
 
 
 def _ordered_label_fields(cols: list[str]) -> list[str]:
@@ -315,30 +317,43 @@ def _unset(v) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
-def _label(row, fields: list[str], methods: pd.DataFrame, spell_out: bool = False) -> str:
+def _label(row, fields: list[str], methods: pd.DataFrame, spell_out: bool = False,
+           memo: dict | None = None) -> str:
+    """memo: a dict kept across calls on the same `methods`, for the per-column facts."""
+    memo = {} if memo is None else memo
     parts = [row["_base"]]
-    same_kind = methods["config.kind"] == row["config.kind"] if "config.kind" in methods else True
+    kind = row["config.kind"] if "config.kind" in methods else None
     for c in fields:
         value = row[c]
-        if methods.loc[same_kind, c].isna().all():
+        if ("unset", kind, c) not in memo:
+            same_kind = methods["config.kind"] == kind if "config.kind" in methods else True
+            memo[("unset", kind, c)] = bool(methods.loc[same_kind, c].isna().all())
+        if memo[("unset", kind, c)]:
             continue  # a field no method of this kind sets (the memory preset of a plain transformer)
-        if not spell_out and _is_reference(value, methods[c], methods):
+        if not spell_out and _is_reference(value, methods[c], methods, memo):
             continue
         name = next((c[len(p):] for p in LABEL_PREFIXES if c.startswith(p)), c)
         parts.append(f"{name}={'default' if _unset(value) else value}")
     return " | ".join(parts)
 
 
-def _is_reference(value, column: pd.Series, methods: pd.DataFrame) -> bool:
+def _is_reference(value, column: pd.Series, methods: pd.DataFrame, memo: dict | None = None) -> bool:
     """Whether `value` is the one a label leaves unsaid: unset (the default) where some method of the
     kinds the field applies to leaves it unset, else the value strictly most methods share."""
-    if "config.kind" in methods:
-        column = column[methods["config.kind"].isin(set(methods.loc[column.notna(), "config.kind"]))]
-    if column.isna().any():
+    memo = {} if memo is None else memo
+    if ("reference", column.name) not in memo:
+        if "config.kind" in methods:
+            column = column[methods["config.kind"].isin(set(methods.loc[column.notna(), "config.kind"]))]
+        if column.isna().any():
+            memo[("reference", column.name)] = ("unset", None)
+        else:
+            counts = column.map(str).value_counts()
+            most_shared = len(counts) == 1 or counts.iloc[0] > counts.iloc[1]
+            memo[("reference", column.name)] = ("value", counts.index[0]) if most_shared else ("none", None)
+    reference, text = memo[("reference", column.name)]
+    if reference == "unset":
         return _unset(value)
-    counts = column.map(str).value_counts()
-    most_shared = len(counts) == 1 or counts.iloc[0] > counts.iloc[1]
-    return most_shared and not _unset(value) and str(value) == counts.index[0]
+    return reference == "value" and not _unset(value) and str(value) == text
 
 
 def study_runs(df: pd.DataFrame, task: str, length: int) -> pd.DataFrame:

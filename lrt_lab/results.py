@@ -133,7 +133,8 @@ def _parse_json(data: bytes, what: str):
         raise DamagedFileError(f"{what}: not valid JSON ({e.msg} at line {e.lineno})") from None
     except RecursionError:
         raise DamagedFileError(f"{what}: JSON nested too deeply") from None
-    if _depth(obj) > MAX_DEPTH:
+    # depth <= the number of brackets: most values (a metrics line) need no walk
+    if data.count(b"[") + data.count(b"{") > MAX_DEPTH and _depth(obj) > MAX_DEPTH:
         raise DamagedFileError(f"{what}: JSON nested deeper than {MAX_DEPTH} levels")
     return obj
 

@@ -81,6 +81,10 @@ def store(tmp_path_factory) -> Path:
     return build_store(tmp_path_factory.mktemp("store"))
 
 
+# the tests on `store` go to one worker under `pytest -n 2 --dist loadgroup`: it is trained once
+on_the_store = pytest.mark.xdist_group("app_store")
+
+
 def run_app(monkeypatch, runs_dir) -> AppTest:
     monkeypatch.setenv("LRT_RUNS", str(runs_dir))
     monkeypatch.setattr(sys, "argv", ["streamlit_app.py"])
@@ -111,6 +115,7 @@ def groups_table(at: AppTest) -> pd.DataFrame:
     return page(at, "Runs").dataframe[0].value
 
 
+@on_the_store
 def test_every_page_renders(store, monkeypatch):
     at = run_app(monkeypatch, store)
     assert_clean(at)
@@ -153,6 +158,7 @@ def test_every_page_renders(store, monkeypatch):
     assert len([e for e in page(at, "Training curves") if getattr(e, "type", "") == "vega_lite_chart"]) == 1
 
 
+@on_the_store
 def test_filters_and_selection(store, monkeypatch):
     at = run_app(monkeypatch, store)
     sidebar_multiselect(at, "runs").set_value([LRT_RUNS[0], TRANSFORMER_RUN]).run()
@@ -176,6 +182,7 @@ def test_filters_and_selection(store, monkeypatch):
     assert page(at, "Runs").json  # one run: its full config instead of a diff
 
 
+@on_the_store
 def test_compute_axis_is_baseline_equivalent(store):
     """x = compute puts an Interleaved(2) run at 2x its tokens; the transformer at 1x."""
     from lrt_app import data
@@ -192,6 +199,7 @@ def test_compute_axis_is_baseline_equivalent(store):
     assert (lrt["n"] == 2).all() and (lrt["lo"] <= lrt["mean"]).all() and (lrt["mean"] <= lrt["hi"]).all()
 
 
+@on_the_store
 def test_empty_missing_and_changed_store(store, tmp_path, monkeypatch):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -214,6 +222,7 @@ def test_empty_missing_and_changed_store(store, tmp_path, monkeypatch):
     assert all("could not read" in e.value or "could not be drawn" in e.value for e in at.error)
 
 
+@on_the_store
 def test_analysis_pages_hint_when_no_tables(store, tmp_path, monkeypatch):
     bare = tmp_path / "bare"
     shutil.copytree(store / TRANSFORMER_RUN, bare / TRANSFORMER_RUN)  # a store with no analysis tables

@@ -31,7 +31,8 @@ TABS = ["Compare", "Runs", "Training curves", "Length generalisation", "Depth x 
         "Probes", "Convergence", "Trainer frontier"]
 COMMITTED_STORE = Path(__file__).resolve().parent.parent / "experiments" / "results"
 
-pytestmark = pytest.mark.slow
+# one worker under `pytest -n 2 --dist loadgroup`, so both tests share the module's Chromium
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("app_browser")]
 
 
 def _require_browser():
@@ -115,8 +116,10 @@ def committed_server(tmp_path):
     yield from _serve(COMMITTED_STORE, tmp_path)
 
 
-@pytest.fixture
-def browser(tmp_path):
+@pytest.fixture(scope="module")
+def chromium(tmp_path_factory):
+    """One Chromium for the module (starting one costs seconds of CPU); tests take it through
+    `browser`, which hands it over at the window size with no console messages left over."""
     _require_browser()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -124,7 +127,8 @@ def browser(tmp_path):
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # console messages, for errors
-    for flag in CHROME_FLAGS + [f"--user-data-dir={tmp_path / 'chrome-profile'}"]:
+    profile = tmp_path_factory.mktemp("chrome-profile")
+    for flag in CHROME_FLAGS + [f"--user-data-dir={profile}"]:
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     try:
@@ -133,21 +137,54 @@ def browser(tmp_path):
         driver.quit()
 
 
+@pytest.fixture
+def browser(chromium):
+    chromium.set_window_size(*WINDOW)
+    chromium.get("about:blank")
+    chromium.get_log("browser")  # read, so a test sees only its own page's messages
+    return chromium
+
+
 # Driving the page -------------------------------------------------------------------------------
 def _body(driver) -> str:
     from selenium.webdriver.common.by import By
     return driver.find_element(By.TAG_NAME, "body").text
 
 
-def _settle(driver, pause: float = 1.5) -> None:
-    """Wait for the script run to finish (Streamlit's status widget gone), then for Vega to draw."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
+def _until(what: str, condition, timeout: float = 90, poll: float = 0.1):
+    """condition()'s first truthy value, polled; a test failure naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(poll)
 
-    time.sleep(0.5)
-    WebDriverWait(driver, 90, poll_frequency=0.25).until(
-        lambda d: not d.find_elements(By.CSS_SELECTOR, '[data-testid="stStatusWidget"]'))
-    time.sleep(pause)
+
+def _drawn(driver, panel=None) -> bool:
+    """Every chart shown has drawn its canvas (or svg) at a size, and the page is not running."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        if driver.find_elements(By.CSS_SELECTOR, '[data-testid="stStatusWidget"]'):
+            return False
+        for chart in _charts(panel if panel is not None else driver):
+            marks = chart.find_elements(By.CSS_SELECTOR, "canvas, svg.marks")
+            if not marks or not all(m.size["width"] > 0 and m.size["height"] > 0 for m in marks):
+                return False
+    except StaleElementReferenceException:  # redrawn while we looked
+        return False
+    return True
+
+
+def _settle(driver, panel=None) -> None:
+    """Wait for the script run to finish (Streamlit's status widget gone) and Vega to draw: the
+    same condition twice in a row, a poll apart, so a rerun just starting is not taken for done."""
+    _until("the page to finish running and draw", lambda: _drawn(driver, panel) and (
+        time.sleep(0.3) or _drawn(driver, panel)))
 
 
 def _open(driver, url: str) -> None:
@@ -156,7 +193,7 @@ def _open(driver, url: str) -> None:
 
     driver.set_page_load_timeout(60)
     driver.get(url)
-    WebDriverWait(driver, 90, poll_frequency=0.25).until(
+    WebDriverWait(driver, 90, poll_frequency=0.1).until(
         lambda d: d.find_elements(By.CSS_SELECTOR, '[data-testid="stDataFrame"]'))
     _settle(driver)
 
@@ -170,8 +207,9 @@ def _tab(driver, title: str):
         return found
 
     tab().click()
-    _settle(driver, 1.0)
-    return driver.find_element(By.ID, tab().get_attribute("aria-controls"))  # set on the selected tab only
+    panel = driver.find_element(By.ID, tab().get_attribute("aria-controls"))  # the selected tab's only
+    _settle(driver, panel)
+    return panel
 
 
 def _charts(panel) -> list:
@@ -183,8 +221,23 @@ def _chart_image(driver, panel) -> bytes:
     charts = _charts(panel)
     assert charts, "no chart drawn"
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", charts[0])
-    time.sleep(0.5)
+    _settle(driver, panel)
     return charts[0].screenshot_as_png
+
+
+def _redrawn(driver, title: str, before: bytes, what: str) -> tuple[object, bytes]:
+    """(panel, chart image) of tab `title` once its chart differs from `before`; fails after 30 s
+    with `what` if it never does (a control the chart ignores)."""
+    def changed():
+        panel = _tab(driver, title)
+        image = _chart_image(driver, panel)
+        if image == before:
+            return None
+        # the same image again a moment later: the chart drawn, not a frame of a rerun under way
+        time.sleep(0.3)
+        panel = _tab(driver, title)
+        return (panel, image) if _chart_image(driver, panel) == image else None
+    return _until(what, changed, timeout=30, poll=0.3)
 
 
 def _console_errors(driver) -> list[str]:
@@ -204,7 +257,8 @@ def _screenshot_every_tab(driver, name: str, tmp_path: Path) -> dict[str, str]:
         height = driver.execute_script(
             "return Math.max(...Array.from(document.querySelectorAll('section, div'), e => e.scrollHeight))")
         driver.set_window_size(WINDOW[0], min(max(WINDOW[1], int(height) + 120), 6000))
-        time.sleep(1.0)
+        time.sleep(0.3)  # the resize's relayout
+        _settle(driver, panel)
         file = SCREENSHOTS / f"{name}-{title.lower().replace(' ', '_')}.png"
         assert driver.save_screenshot(str(file))
         shutil.copy(file, tmp_path / file.name)
@@ -233,21 +287,17 @@ def test_charts_follow_every_control(server, browser, tmp_path):
     slider = panel.find_element(By.CSS_SELECTOR, '[data-testid="stSlider"] input[type="range"]')
     browser.execute_script("arguments[0].focus();", slider)
     ActionChains(browser).send_keys(Keys.END).perform()  # smoothing 0 -> 0.99
-    _settle(browser)
-    panel = _tab(browser, "Training curves")
+    panel, smoothed = _redrawn(browser, "Training curves", before,
+                               "the chart to follow the smoothing slider")
     assert panel.find_element(By.CSS_SELECTOR, '[data-testid="stSlider"] input[type="range"]').get_attribute(
         "value") == "0.99"
-    smoothed = _chart_image(browser, panel)
-    assert smoothed != before, "the chart did not follow the smoothing slider"
 
     (seed,) = [m for m in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stSidebar"] [data-testid="stMultiSelect"]')
                if m.text.splitlines()[0].strip() == "seed"]
     box = seed.find_element(By.TAG_NAME, "input")
     box.click()
     box.send_keys("0", Keys.ENTER, Keys.ESCAPE)
-    _settle(browser)
-    panel = _tab(browser, "Training curves")
-    assert _chart_image(browser, panel) != smoothed, "the chart did not follow the seed filter"
+    _redrawn(browser, "Training curves", smoothed, "the chart to follow the seed filter")
     assert not _console_errors(browser), _console_errors(browser)
 
     texts = _screenshot_every_tab(browser, "several_groups", tmp_path)

@@ -1,8 +1,9 @@
 """The notebooks in notebooks/ run top to bottom (small sizes) and are committed without outputs.
 
 Execution uses nbclient with LRT_NOTEBOOK_SMALL=1 (each notebook's first code cell reads it and
-picks tiny sizes), the `python3` kernel, and a temporary working directory, so runs land in temp
-stores and never in the repository. Equivalent by hand:
+picks tiny sizes), one `python3` kernel for all of them (its namespace emptied before each), and a
+temporary working directory per notebook, so runs land in temp stores and never in the repository.
+Equivalent by hand (a kernel per notebook):
 
     LRT_NOTEBOOK_SMALL=1 pytest --nbmake notebooks/
 """
@@ -75,22 +76,63 @@ def _kernel_available() -> str | None:
     return None
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
-def test_notebook_runs(path, tmp_path, monkeypatch):
-    nbclient = pytest.importorskip("nbclient", reason="nbclient is not installed (pip install -e '.[notebooks]')")
+# What the kernel inherits: tiny sizes, no display, one thread on shared CPUs.
+NOTEBOOK_ENV = {"LRT_NOTEBOOK_SMALL": "1", "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1",
+                "MKL_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    """One python3 kernel for the module's notebooks: starting one and importing torch, pandas and
+    matplotlib into it costs more CPU than a small notebook's cells. Each notebook still runs
+    top to bottom from an empty namespace (`%reset -f`) in a folder of its own; what survives is
+    what a kernel keeps past %reset (imported modules, torch's global settings)."""
+    nbclient = pytest.importorskip(
+        "nbclient",
+        reason="nbclient is not installed (pip install -e '.[notebooks]')")
     reason = _kernel_available()
     if reason:
         pytest.skip(reason)
-    monkeypatch.setenv("LRT_NOTEBOOK_SMALL", "1")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
-    # the kernel inherits this environment; keep it to one thread on shared CPUs
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        monkeypatch.setenv(var, "1")
+    from jupyter_client.manager import AsyncKernelManager
+    from jupyter_core.utils import run_sync
+
+    km = AsyncKernelManager(kernel_name=KERNEL)
+    with pytest.MonkeyPatch.context() as mp:
+        for var, value in NOTEBOOK_ENV.items():
+            mp.setenv(var, value)
+        run_sync(km.start_kernel)(cwd=str(tmp_path_factory.mktemp("kernel")))
+    try:
+        yield nbclient, km, run_sync
+    finally:
+        run_sync(km.shutdown_kernel)(now=True)
+
+
+def _fresh_start(folder: Path):
+    """A first cell that empties the kernel's namespace and figures and moves into `folder`."""
+    return nbformat.v4.new_code_cell(
+        "%reset -f\n"
+        "import os as _os, sys as _sys\n"
+        f"_os.chdir({str(folder)!r})\n"
+        "if 'matplotlib.pyplot' in _sys.modules:\n"
+        "    _sys.modules['matplotlib.pyplot'].close('all')\n"
+        "del _os, _sys")
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("notebooks")  # one worker under --dist loadgroup: one kernel start
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_notebook_runs(path, tmp_path, kernel):
+    nbclient, km, run_sync = kernel
+    if not run_sync(km.is_alive)():  # an earlier notebook took the kernel down: a new one for this
+        run_sync(km.restart_kernel)(now=True)
     nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name=KERNEL,
-                                     resources={"metadata": {"path": str(tmp_path)}})
-    client.execute()  # raises CellExecutionError (with the traceback) on the first failing cell
+    nb.cells.insert(0, _fresh_start(tmp_path))
+    client = nbclient.NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S, kernel_name=KERNEL)
+    try:
+        client.execute()  # raises CellExecutionError (with the traceback) on the first failing cell
+    finally:
+        if client.kc is not None:
+            client.kc.stop_channels()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if o.get("output_type") == "error"]
     assert not errors, errors

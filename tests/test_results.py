@@ -201,10 +201,38 @@ def test_truncation_table_lists_every_supervised_every_kth_run():
         assert sorted(row[header.index(f"k = {k}")].split(", ")) == sorted(cells), (trainer, k)
 
 
-def test_results_page_and_readme_block_are_what_the_store_gives():
+@pytest.fixture(scope="module")
+def tables():
+    """results_tables whose stale() builds each page from the committed store once for this module:
+    a page's tables take seconds of seed statistics and the store does not change meanwhile. The
+    store is read and every table built the first time; later calls compare against that text."""
+    module = _tables_module()
+    runs, built = {}, {}
+
+    def load_runs_once(store, *args, **kwargs):
+        key = (str(store), args, tuple(sorted(kwargs.items())))
+        if key not in runs:
+            runs[key] = load_runs(store, *args, **kwargs)
+        return runs[key]
+
+    def once(build):
+        def cached(*args):
+            key = (build.__name__, *(id(a) if hasattr(a, "columns") else a for a in args))
+            if key not in built:
+                built[key] = build(*args)
+            return built[key]
+        return cached
+
+    module.load_runs = load_runs_once  # the same frame each time, so its id keys the tables
+    module.render_results = once(module.render_results)
+    module.compact_block = once(module.compact_block)
+    return module
+
+
+@pytest.mark.xdist_group("results_tables")  # the module's tables fixture, built once
+def test_results_page_and_readme_block_are_what_the_store_gives(tables):
     """docs/results.md and the README block regenerated from the committed store equal the committed
     files (`python experiments/results_tables.py --write` after a change to the store or template)."""
-    tables = _tables_module()
     differ = tables.stale(STORE)
     assert not differ, (f"{[str(p.relative_to(ROOT)) for p in differ]} differ from what the run store gives; "
                         "run python experiments/results_tables.py --write")
@@ -214,9 +242,9 @@ def test_results_page_and_readme_block_are_what_the_store_gives():
         assert (ROOT / figure).is_file(), figure
 
 
-def test_one_changed_cell_is_caught(tmp_path):
+@pytest.mark.xdist_group("results_tables")  # the module's tables fixture, built once
+def test_one_changed_cell_is_caught(tables, tmp_path):
     """A copy of the committed files with one table cell changed is reported, and only that file."""
-    tables = _tables_module()
     (tmp_path / "docs").mkdir()
     for name in ("README.md", "docs/results.md"):
         (tmp_path / name).write_text((ROOT / name).read_text())

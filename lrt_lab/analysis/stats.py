@@ -41,8 +41,11 @@ def bootstrap_ci(values, statistic=np.mean, confidence: float = 0.95, n_resample
     if np.all(x == x[0]):
         v = float(statistic(x))
         return (v, v)
+    # numpy's reductions take axis=: scipy then resamples in one array operation instead of one
+    # Python call per resample (the same draws, the same interval, some 50x less CPU)
+    vectorized = statistic in (np.mean, np.median)
     res = sps.bootstrap((x,), statistic, confidence_level=confidence, n_resamples=n_resamples,
-                        method=method, rng=np.random.default_rng(seed), vectorized=False)
+                        method=method, rng=np.random.default_rng(seed), vectorized=vectorized)
     return (float(res.confidence_interval.low), float(res.confidence_interval.high))
 
 
