@@ -152,7 +152,8 @@ def gpu_test_files() -> list[str]:
 
 def pytest_gpu(sizes: Sizes, device, dry: bool, budget: float, res: dict) -> dict:
     # no notebooks among the gpu tests: nbmake's plugin only costs its import (seconds)
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-p", "no:nbmake"]
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+           "-p", "no:nbmake"]
     if dry:
         # collecting the whole suite imports pandas, scipy, jupyter... for files with nothing
         # to select under -m gpu: --dry collects the files that mark gpu tests

@@ -251,23 +251,30 @@ def test_optimizer_groups_follow_the_paper(tmp_path):
 
 DDP_DRIVER = """
 import json, os, sys
+import torch.distributed as dist
 from lrt_scale import train
+# one process group for every run (train joins the one it finds), kept between runs: a rank
+# that left its group while the other was still in the run's last collective reset the
+# other's connection (gloo: "Connection reset by peer")
+dist.init_process_group("gloo")
+train.teardown_distributed = lambda ctx: dist.barrier()
 for name, argv in json.loads(sys.argv[1]).items():
     if os.environ["RANK"] == "0":
         print(f"=== run {name}", flush=True)
     assert train.main(argv) == 0
+dist.destroy_process_group()
 """
 
 
 @pytest.fixture(scope="module")
 def ddp_runs(tmp_path_factory):
     """One torchrun launch, 2 gloo ranks, that trains the DDP tests' runs one after the other in
-    the same two workers (each run joins and leaves its own process group, as `lrt_scale.train`
-    does): starting torchrun and its workers costs more than the runs. Returns the runs' folder
-    and {run name: what rank 0 printed during it}."""
+    the same two workers and process group: starting torchrun and its workers costs more than
+    the runs. Returns the runs' folder and {run name: what rank 0 printed during it}."""
     out = tmp_path_factory.mktemp("ddp")
-    runs = {"ddp": synthetic_args(out, "ddp", "--total-batch-size", "64"),
-            "fullseq0": synthetic_args(out, "fullseq0", "--schedule", "fullseq:0", "--total-batch-size", "64")}
+    batch = ["--total-batch-size", "64"]
+    runs = {"ddp": synthetic_args(out, "ddp", *batch),
+            "fullseq0": synthetic_args(out, "fullseq0", "--schedule", "fullseq:0", *batch)}
     (out / "driver.py").write_text(DDP_DRIVER)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -284,7 +291,8 @@ def test_ddp_two_processes_match_one_process(tmp_path, ddp_runs):
     """torchrun, 2 ranks, gloo, 1 micro step each == 1 process, 2 micro steps, same global batch."""
     out, printed = ddp_runs
     assert "world 2 (gloo)" in printed["ddp"] and "1 accumulation steps" in printed["ddp"]
-    batch = ["--total-batch-size", "64"]  # 4 rows of 16: 2 per rank, or 2 micro steps of 2 in one process
+    # 4 rows of 16: 2 per rank, or 2 micro steps of 2 in one process
+    batch = ["--total-batch-size", "64"]
     st.train(st.parse_args(synthetic_args(tmp_path, "single", *batch)))
 
     ddp, single = final_state(out / "ddp"), final_state(tmp_path / "single")
@@ -450,8 +458,10 @@ def test_ddp_lrt_whose_memory_gets_no_gradient(ddp_runs):
     """torchrun, 2 gloo ranks, an LRT under fullseq:0: DDP without find_unused_parameters fails at
     step 2 ("Expected to have finished reduction in the prior iteration")."""
     out, printed = ddp_runs
-    assert "world 2 (gloo)" in printed["fullseq0"] and "find_unused_parameters on" in printed["fullseq0"]
-    assert [r["step"] for r in Run(out / "fullseq0").metrics_records() if r["kind"] == "train"] == [1, 2, 3]
+    assert "world 2 (gloo)" in printed["fullseq0"]
+    assert "find_unused_parameters on" in printed["fullseq0"]
+    records = Run(out / "fullseq0").metrics_records()
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3]
 
 
 def test_previous_micro_step_and_loaded_checkpoint_are_freed(tmp_path, monkeypatch):

@@ -92,7 +92,8 @@ def test_killed_training_subprocess_resumes_with_every_step_once(tmp_path):
     one), then --resume: every step of 100 is logged once. The killed run must not have finished
     first: 75 steps to go take the child far longer than the 0.05 s between looks."""
     args = ["--task", "group_prefix", "--task-opt", "group=S3", "--length", "6", "--preset", "tiny",
-            "--steps", "100", "--batch-size", "16", "--eval-every", "0", "--eval-lengths", "6", "--eval-size", "16",
+            "--steps", "100", "--batch-size", "16", "--eval-every", "0", "--eval-lengths", "6",
+            "--eval-size", "16",
             "--checkpoint-every", "10", "--name", "killed", "--out", str(tmp_path), "--quiet"]
     proc = subprocess.Popen([sys.executable, "-m", "lrt_lab.cli", "train", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -244,8 +245,9 @@ def test_demo_quick_trains_three_models_and_reuses_them(tmp_path, capsys, monkey
     from lrt_lab import demo
     from lrt_lab.demo import run_demo
     configs = demo.demo_configs
-    monkeypatch.setattr(demo, "demo_configs", lambda quick=False: [dataclasses.replace(
-        c, steps=8, task_options={**c.task_options, "curriculum_steps": 3}) for c in configs(quick)])
+    monkeypatch.setattr(demo, "demo_configs", lambda quick=False: [
+        dataclasses.replace(c, steps=8, task_options={**c.task_options, "curriculum_steps": 3})
+        for c in configs(quick)])
     table = run_demo(out=str(tmp_path), quick=True, quiet=True)
     printed = capsys.readouterr()
     assert list(table.columns) == ["demo-transformer-quick", "demo-lrt-interleaved2-quick", "demo-lrt-fullseq3-quick"]
