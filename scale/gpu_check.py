@@ -5,7 +5,8 @@
 
 Sections (each with a time budget; one that fails or runs out of time is recorded, the others go on):
 
-- ``pytest_gpu``: the CUDA tests (``pytest -m gpu``; ``--dry`` only collects them).
+- ``pytest_gpu``: the CUDA tests (``pytest -m gpu``; ``--dry`` only collects them, from the
+  test files that mark any).
 - ``attention``: which kernel each stage kind of onepass / interleaved:2 / chunked / rollout:1 / decoding actually
   runs (torch.profiler's op names), next to what ``lrt_lab.attention.pick_backend`` asks for.
 - ``attention_parity``: flash-attn, FlexAttention and SDPA in bf16 against an fp32 reference
@@ -142,10 +143,23 @@ def _train(model, opts, args, schedule, data, steps: int, accum: int, autocast, 
 
 
 # Sections -----------------------------------------------------------------------------------------
+def gpu_test_files() -> list[str]:
+    """The test files that mark a test gpu (all of tests/ if none is found)."""
+    marked = [str(f) for f in sorted((REPO / "tests").glob("test_*.py"))
+              if "mark.gpu" in f.read_text(encoding="utf-8")]
+    return marked or [str(REPO / "tests")]
+
+
 def pytest_gpu(sizes: Sizes, device, dry: bool, budget: float, res: dict) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", str(REPO / "tests")]
+    # no notebooks among the gpu tests: nbmake's plugin only costs its import (seconds)
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+           "-p", "no:nbmake"]
     if dry:
-        cmd.append("--collect-only")
+        # collecting the whole suite imports pandas, scipy, jupyter... for files with nothing
+        # to select under -m gpu: --dry collects the files that mark gpu tests
+        cmd += [*gpu_test_files(), "--collect-only"]
+    else:
+        cmd.append(str(REPO / "tests"))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=budget)
     last = (proc.stdout.strip().splitlines() or [""])[-1]

@@ -154,7 +154,7 @@ def check_invariants(memory: MemoryConfig):
         return
     for name, p in model.memory.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
-    check_prefill_handoff(model, idx[:3])
+    check_prefill_handoff(model, idx[:3], exact[:3])
     # the independent per-position reference, for the exact recurrence and a parallel schedule
     one = tokens(B=1, T=6)
     naive = NaiveLRT(model)
@@ -169,28 +169,39 @@ PREFILLS = (OnePass(), Interleaved(2), FullSequence(1), Chunked(2), Exact(), Fix
 EXACT_PREFILLS = (Exact, FixedPoint, Rollout)  # FixedPoint at tol 0 with T sweeps
 
 
-def continued_on_a_sequence_buffer(model, idx, strategy, p):
-    """(the prompt's last logits, the logits of each later position): `strategy` on idx[:, :p],
-    then one position per stage on the same functional SequenceBuffer (the second code path)."""
-    prompt = run_schedule(model, idx[:, :p], None, strategy)
-    buf = prompt.buffer
-    buf = SequenceBuffer(buf.k, buf.v, buf.mem, model.empty_buffer(idx).doc)  # documents of the whole row
+def continued_on_a_sequence_buffer(model, idx, strategies, p):
+    """[(the prompt's last logits, the logits of each later position)] per strategy: `strategy`
+    on idx[:, :p], then one position per stage on the same functional SequenceBuffer (the second
+    code path). The strategies' buffers are stacked along the batch and stepped together (rows
+    never interact: the same logits as one continuation per strategy, in one pass)."""
+    bufs = [run_schedule(model, idx[:, :p], None, s) for s in strategies]
+    last = [out.logits[:, -1] for out in bufs]
+    bufs = [out.buffer for out in bufs]
+
+    def stacked(tensors):
+        assert all(t is None for t in tensors) or all(t is not None for t in tensors)
+        return None if tensors[0] is None else torch.cat(tensors)
+    rows = idx.repeat(len(bufs), 1)
+    buf = SequenceBuffer([stacked([b.k[l] for b in bufs]) for l in range(len(bufs[0].k))],
+                         [stacked([b.v[l] for b in bufs]) for l in range(len(bufs[0].v))],
+                         stacked([b.mem for b in bufs]),
+                         model.empty_buffer(rows).doc)  # documents of the whole row
     steps = []
     for t in range(p, idx.size(1)):
-        logits, buf = model.stage(idx[:, t:t + 1], range(t, t + 1), buf)
+        logits, buf = model.stage(rows[:, t:t + 1], range(t, t + 1), buf)
         steps.append(logits[:, 0])
-    return prompt.logits[:, -1], torch.stack(steps, dim=1)
+    return list(zip(last, torch.stack(steps, dim=1).chunk(len(bufs))))
 
 
-def check_prefill_handoff(model, idx):
+def check_prefill_handoff(model, idx, exact):
     """Every prefill strategy at several prompt lengths, then decoding: the Decoder (DecodeCache,
-    `load`) against the SequenceBuffer continuation; exact strategies also against Exact."""
-    exact = run_schedule(model, idx, None, Exact()).logits
+    `load`) against the SequenceBuffer continuation; exact strategies also against Exact
+    (`exact`: its logits on idx)."""
     for p in (1, 4, idx.size(1) - 1):
-        for strategy in PREFILLS:
-            if isinstance(strategy, Interleaved) and strategy.S > p:
-                continue  # (more subsets than prompt positions: refused)
-            ref_last, ref_steps = continued_on_a_sequence_buffer(model, idx, strategy, p)
+        # (Interleaved with more subsets than prompt positions is refused)
+        strategies = [s for s in PREFILLS if not (isinstance(s, Interleaved) and s.S > p)]
+        refs = continued_on_a_sequence_buffer(model, idx, strategies, p)
+        for strategy, (ref_last, ref_steps) in zip(strategies, refs):
             for keep in ((False, True) if isinstance(strategy, Interleaved) else (False,)):
                 decoder = Decoder(model, idx.size(0), idx.size(1), keep_memory=keep)
                 last = decoder.prefill(idx[:, :p], strategy)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -56,15 +57,22 @@ def check_report(out, sections):
     assert report["dry"] and list(report["sections"]) == sections
     failed = {k: v.get("error") for k, v in report["sections"].items() if not v.get("ok", "error" not in v)}
     assert not failed
-    assert "## memory" in (out / "gpu_check.md").read_text()
+    assert all(f"## {name}: ok" in (out / "gpu_check.md").read_text() for name in sections)
     return report
 
 
-def test_gpu_check_dry_runs_every_section_but_pytest(tmp_path):
-    """--dry on CPU, tiny sizes: the same code as on the H100 except the CUDA kernels."""
-    sections = [s for s in gpu_check.SECTIONS if s != "pytest_gpu"]
-    assert gpu_check.main(["--dry", "--out", str(tmp_path), "--sections", ",".join(sections)]) == 0
-    report = check_report(tmp_path, sections)
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """One --dry run of every section on CPU, tiny sizes (the same code as on the H100 except the
+    CUDA kernels), read by the tests below: (main's exit status, report folder)."""
+    out = tmp_path_factory.mktemp("gpu_check_dry")
+    return gpu_check.main(["--dry", "--out", str(out)]), out
+
+
+def test_gpu_check_dry_runs_every_section(dry_run):
+    status, out = dry_run
+    assert status == 0
+    report = check_report(out, list(gpu_check.SECTIONS))
     sec = report["sections"]
     assert sec["attention_parity"]["cases"]["strided"]["sdpa"]["ok"]
     assert sec["compile"]["max_abs_loss_diff"] < 1e-4 and sec["compile"]["graph_breaks"] == 0
@@ -73,11 +81,18 @@ def test_gpu_check_dry_runs_every_section_but_pytest(tmp_path):
     assert set(d12["sequential_bpb"]["bits_per_token"]) >= {"onepass", "interleaved:2", "exact"}
     assert 0 <= d12["gates_after_training"]["saturated"] <= 1 and d12["step_time_ratio"]["lrt_over_transformer"] > 0
     assert any("scaled_dot_product" in op for op in sec["attention"]["ran"]["interleaved:2"])
+
+
+def test_gpu_check_dry_collects_the_gpu_tests(dry_run):
+    """The pytest_gpu section under --dry: `pytest -m gpu --collect-only` on the files that mark
+    gpu tests selects some and fails on none."""
+    status, out = dry_run
+    summary = json.loads((out / "gpu_check.json").read_text())["sections"]["pytest_gpu"]["summary"]
+    selected = re.match(r"(\d+)(/\d+)? tests? collected", summary)
+    assert status == 0 and selected and int(selected.group(1)) > 0, summary
+
+
+def test_gpu_check_runs_only_the_sections_named(tmp_path):
+    assert gpu_check.main(["--dry", "--out", str(tmp_path), "--sections", "attention_parity"]) == 0
+    check_report(tmp_path, ["attention_parity"])
     assert gpu_check.main(["--dry", "--out", str(tmp_path), "--sections", "memory,nope"]) == 2
-
-
-@pytest.mark.slow
-def test_gpu_check_dry_end_to_end(tmp_path):
-    assert gpu_check.main(["--dry", "--out", str(tmp_path)]) == 0
-    report = check_report(tmp_path, list(gpu_check.SECTIONS))
-    assert "tests collected" in report["sections"]["pytest_gpu"]["summary"]

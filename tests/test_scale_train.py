@@ -249,26 +249,60 @@ def test_optimizer_groups_follow_the_paper(tmp_path):
     assert st.weight_decay_at(0, args) == pytest.approx(0.2 / 4)  # x (12/L)^2
 
 
-@pytest.mark.slow
-def test_ddp_two_processes_match_one_process(tmp_path):
-    """torchrun, 2 ranks, gloo, 1 micro step each == 1 process, 2 micro steps, same global batch."""
+DDP_DRIVER = """
+import json, os, sys
+import torch.distributed as dist
+from lrt_scale import train
+# one process group for every run (train joins the one it finds), kept between runs: a rank
+# that left its group while the other was still in the run's last collective reset the
+# other's connection (gloo: "Connection reset by peer")
+dist.init_process_group("gloo")
+train.teardown_distributed = lambda ctx: dist.barrier()
+for name, argv in json.loads(sys.argv[1]).items():
+    if os.environ["RANK"] == "0":
+        print(f"=== run {name}", flush=True)
+    assert train.main(argv) == 0
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory):
+    """One torchrun launch, 2 gloo ranks, that trains the DDP tests' runs one after the other in
+    the same two workers and process group: starting torchrun and its workers costs more than
+    the runs. Returns the runs' folder and {run name: what rank 0 printed during it}."""
+    out = tmp_path_factory.mktemp("ddp")
+    batch = ["--total-batch-size", "64"]
+    runs = {"ddp": synthetic_args(out, "ddp", *batch),
+            "fullseq0": synthetic_args(out, "fullseq0", "--schedule", "fullseq:0", *batch)}
+    (out / "driver.py").write_text(DDP_DRIVER)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    batch = ["--total-batch-size", "64"]  # 4 rows of 16: 2 per rank, or 2 micro steps of 2 in one process
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "lrt_scale.train",
-           *synthetic_args(tmp_path, "ddp", *batch)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(out / "driver.py"), json.dumps(runs)]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "world 2 (gloo)" in proc.stdout and "1 accumulation steps" in proc.stdout
+    printed = dict(re.findall(r"^=== run (\w+)\n(.*?)(?=^=== run |\Z)", proc.stdout, re.M | re.S))
+    assert list(printed) == list(runs), proc.stdout[-3000:]
+    return out, printed
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_match_one_process(tmp_path, ddp_runs):
+    """torchrun, 2 ranks, gloo, 1 micro step each == 1 process, 2 micro steps, same global batch."""
+    out, printed = ddp_runs
+    assert "world 2 (gloo)" in printed["ddp"] and "1 accumulation steps" in printed["ddp"]
+    # 4 rows of 16: 2 per rank, or 2 micro steps of 2 in one process
+    batch = ["--total-batch-size", "64"]
     st.train(st.parse_args(synthetic_args(tmp_path, "single", *batch)))
 
-    ddp, single = final_state(tmp_path / "ddp"), final_state(tmp_path / "single")
+    ddp, single = final_state(out / "ddp"), final_state(tmp_path / "single")
     assert ddp["step"] == single["step"] == 3
     for k, v in single["model"].items():
         torch.testing.assert_close(ddp["model"][k], v, rtol=0, atol=1e-5)
-    assert train_losses(tmp_path / "ddp") == pytest.approx(train_losses(tmp_path / "single"), abs=1e-5)
-    cfg = Run(tmp_path / "ddp").config
+    assert train_losses(out / "ddp") == pytest.approx(train_losses(tmp_path / "single"), abs=1e-5)
+    cfg = Run(out / "ddp").config
     assert cfg["world_size"] == 2 and cfg["grad_accum"] == 1 and Run(tmp_path / "single").config["grad_accum"] == 2
-    records = Run(tmp_path / "ddp").metrics_records()  # rank 0 alone writes: one record per step
+    records = Run(out / "ddp").metrics_records()  # rank 0 alone writes: one record per step
     assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3]
     assert {"loss", "tokens", "flops", "mfu", "tokens_per_s", "time", "lr_mult", "compute_tokens"} <= set(records[0])
     assert [r["kind"] for r in records].count("eval") == 1
@@ -331,7 +365,23 @@ def write_core_bundle(root: Path) -> Path:
     return b
 
 
+@pytest.fixture
+def small_loader_buffer(monkeypatch):
+    """The runs' loaders (training, validation, lrt_scale.evaluate's) buffer 32 documents instead
+    of 1,000: the corpus holds 20 training and a few validation documents, so every loader would
+    tokenize it about 50 times over before its first row (most of these tests' time), and the
+    buffer's size changes nothing they check."""
+    from lrt_scale import loader
+
+    class SmallBuffer(loader.DistributedPackingLoader):
+        def __init__(self, *args, buffer_docs: int = 32, **kwargs):
+            super().__init__(*args, buffer_docs=buffer_docs, **kwargs)
+
+    monkeypatch.setattr(loader, "DistributedPackingLoader", SmallBuffer)
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("small_loader_buffer")
 def test_shards_tokenizer_resume_and_evaluate(tmp_path, corpus, capsys):
     """Real data: the loader's state rides in the checkpoint (resume is exact), BPB uses the
     tokenizer's byte lengths, CORE runs at the end, and lrt_scale.evaluate reads the run back."""
@@ -404,16 +454,14 @@ def test_unused_parameters_from_one_backward(spec, memory_unused):
 
 
 @pytest.mark.slow
-def test_ddp_lrt_whose_memory_gets_no_gradient(tmp_path):
+def test_ddp_lrt_whose_memory_gets_no_gradient(ddp_runs):
     """torchrun, 2 gloo ranks, an LRT under fullseq:0: DDP without find_unused_parameters fails at
     step 2 ("Expected to have finished reduction in the prior iteration")."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "lrt_scale.train",
-           *synthetic_args(tmp_path, "fullseq0", "--schedule", "fullseq:0", "--total-batch-size", "64")]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "find_unused_parameters on" in proc.stdout
-    assert [r["step"] for r in Run(tmp_path / "fullseq0").metrics_records() if r["kind"] == "train"] == [1, 2, 3]
+    out, printed = ddp_runs
+    assert "world 2 (gloo)" in printed["fullseq0"]
+    assert "find_unused_parameters on" in printed["fullseq0"]
+    records = Run(out / "fullseq0").metrics_records()
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3]
 
 
 def test_previous_micro_step_and_loaded_checkpoint_are_freed(tmp_path, monkeypatch):
@@ -467,6 +515,7 @@ def test_synthetic_validation_does_not_depend_on_world_size():
     assert rows(1) == rows(2) and len(rows(1)) == 8
 
 
+@pytest.mark.usefixtures("small_loader_buffer")
 def test_failing_core_keeps_the_weights_and_writes_the_summary(tmp_path, corpus):
     """A CORE item that fails to score (here: a multiple-choice item without choices) used to raise
     before the final checkpoint: no weights, no summary, and --resume failed the same way."""

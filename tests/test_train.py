@@ -34,7 +34,8 @@ def train_losses(run):
 
 def test_loss_falls_on_a_learnable_task(tmp_path):
     # S3 prefix products at length 2: position 1 copies its input, position 2 is a 6x6 table
-    run = train(tiny_cfg(length=2, steps=150, batch_size=64, eval_lengths=(2,), checkpoint_every=0,
+    # (learnt within 60 steps: the last 10 losses average 0.08x the first 10, accuracy 1.0)
+    run = train(tiny_cfg(length=2, steps=60, batch_size=64, eval_lengths=(2,), checkpoint_every=0,
                          task_options={"group": "S3"}), out=tmp_path, progress=False)
     losses = train_losses(run)
     assert sum(losses[-10:]) / 10 < 0.5 * sum(losses[:10]) / 10
@@ -138,23 +139,27 @@ def test_an_evaluation_lost_before_the_restored_step_is_named(tmp_path):
 
 @pytest.mark.slow
 def test_killed_training_subprocess_resumes_with_every_step_once(tmp_path):
+    """SIGKILL once 25 steps are logged (checkpoints every 10: some steps logged past the last
+    one), then --resume: every step of 100 is logged once. The killed run must not have finished
+    first: 75 steps to go take the child far longer than the 0.05 s between looks."""
     args = ["--task", "group_prefix", "--task-opt", "group=S3", "--length", "6", "--preset", "tiny",
-            "--steps", "400", "--batch-size", "16", "--eval-every", "0", "--eval-lengths", "6", "--eval-size", "16",
-            "--checkpoint-every", "20", "--name", "killed", "--out", str(tmp_path), "--quiet"]
+            "--steps", "100", "--batch-size", "16", "--eval-every", "0", "--eval-lengths", "6",
+            "--eval-size", "16",
+            "--checkpoint-every", "10", "--name", "killed", "--out", str(tmp_path), "--quiet"]
     proc = subprocess.Popen([sys.executable, "-m", "lrt_lab.cli", "train", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics = tmp_path / "killed" / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 50:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 25:
             break
-        time.sleep(0.2)
+        time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (tmp_path / "killed" / "summary.json").exists()
     assert main(["train", *args, "--resume"]) == 0
     steps = load_metrics(tmp_path / "killed", kind="train")["step"].tolist()
-    assert steps == list(range(1, 401))
+    assert steps == list(range(1, 101))
 
 
 def test_load_runs_skips_half_written_folders(tmp_path):
@@ -268,8 +273,10 @@ def test_bad_sweep_specs_name_the_field(spec, field):
 def test_lrt_starting_as_the_plain_model_learns_at_least_as_fast_per_step(tmp_path):
     """A raw 0.1*h memory stalled a prototype; an LRT whose memory pathway starts at zero
     (gamma_init=0, rec_init=zero) is the plain model at step 0 and must not learn slower per step.
-    Same seed, so same backbone weights and the same batches; S3 prefix products at length 6."""
-    common = dict(steps=120, batch_size=64, eval_every=0, eval_lengths=(6,), checkpoint_every=0,
+    Same seed, so same backbone weights and the same batches; S3 prefix products at length 6.
+    60 steps show it as well as 120 did: the LRT's mean loss over the last 10 is 0.92x the plain
+    model's (0.89x over the last 20 of 120)."""
+    common = dict(steps=60, batch_size=64, eval_every=0, eval_lengths=(6,), checkpoint_every=0,
                   task_options={"group": "S3"}, preset="small", overrides={"n_layer": 2})
     plain = train(tiny_cfg(model="transformer", schedule="onepass", name="plain", **common), out=tmp_path,
                   progress=False)
@@ -277,13 +284,21 @@ def test_lrt_starting_as_the_plain_model_learns_at_least_as_fast_per_step(tmp_pa
     lrt = train(tiny_cfg(name="lrt", **{**common, "overrides": overrides}), out=tmp_path, progress=False)
     first_plain, first_lrt = train_losses(plain)[0], train_losses(lrt)[0]
     assert first_lrt == pytest.approx(first_plain, rel=1e-5)  # identical models at step 0
-    tail = lambda r: sum(train_losses(r)[-20:]) / 20
+    tail = lambda r: sum(train_losses(r)[-10:]) / 10
     assert tail(lrt) <= tail(plain) * 1.02
 
 
 @pytest.mark.slow
-def test_demo_quick_trains_three_models_and_reuses_them(tmp_path, capsys):
+def test_demo_quick_trains_three_models_and_reuses_them(tmp_path, capsys, monkeypatch):
+    """The quick demo's three runs, table and reuse. What is checked is the layout, not what the
+    models learn: 8 steps each instead of the quick demo's 40 (training was most of the time)."""
+    import dataclasses
+    from lrt_lab import demo
     from lrt_lab.demo import run_demo
+    configs = demo.demo_configs
+    monkeypatch.setattr(demo, "demo_configs", lambda quick=False: [
+        dataclasses.replace(c, steps=8, task_options={**c.task_options, "curriculum_steps": 3})
+        for c in configs(quick)])
     table = run_demo(out=str(tmp_path), quick=True, quiet=True)
     printed = capsys.readouterr()
     assert list(table.columns) == ["demo-transformer-quick", "demo-lrt-interleaved2-quick", "demo-lrt-fullseq3-quick"]
