@@ -23,7 +23,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 BACKENDS = ("auto", "sdpa", "flash", "flex")
 
@@ -96,6 +95,8 @@ def _sdpa(q, k, v, q_pos: range, window: int | None) -> torch.Tensor:
     elif q.is_cuda and q_pos.step == 1 and q_pos.stop == n_keys and window_inactive and not gqa:
         # a chunk ending at the last key: causal aligned bottom-right, which SDPA runs on its
         # fused kernels without materialising a mask (its flash path ignores enable_gqa: MHA only)
+        # imported here: the module loads torch._dynamo (about 2 s on CPU) for a GPU-only path
+        from torch.nn.attention.bias import causal_lower_right
         bias = causal_lower_right(len(q_pos), n_keys)
         y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias, enable_gqa=gqa)
     else:
