@@ -118,14 +118,16 @@ def test_slurm_job_array_through_submitit_local_executor(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_on_the_driver_cancels_and_the_next_invocation_continues(tmp_path):
-    pytest.importorskip("ray")
+@pytest.mark.xdist_group("ray")
+def test_sigterm_on_the_driver_cancels_and_the_next_invocation_continues(tmp_path, ray_instance):
+    """The driver joins the module's running Ray instance (`--address auto`, as on a cluster), so
+    the test pays for no second instance."""
     body = spec(steps=400, seeds=(0,))  # stopped at step ~20: far from the end at any speed
     lines = ["[sweep]", 'tasks = ["a5_prefix"]', 'models = ["transformer", "lrt"]', "seeds = [0]", "[train]"]
     lines += [f"{k} = {json.dumps(v)}" for k, v in body["train"].items()]
     (tmp_path / "grid.toml").write_text("\n".join(lines) + "\n")
     args = [sys.executable, "-m", "lrt_lab.cli", "sweep", str(tmp_path / "grid.toml"), "--out", str(tmp_path / "s"),
-            "--workers", "2", "--threads-per-run", "1", "--quiet"]
+            "--workers", "2", "--threads-per-run", "1", "--address", "auto", "--quiet"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     driver = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
