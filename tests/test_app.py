@@ -359,6 +359,7 @@ def test_the_dashboard_ends_with_its_launcher(tmp_path):
             parent.kill()
 
 
+@pytest.mark.slow
 def test_trainer_frontier_on_the_committed_store(monkeypatch):
     """The committed A5 study: the page opens on a5_prefix at length 16, one point per frontier run,
     and follows the controls."""

@@ -67,6 +67,7 @@ def test_bench_tiny_writes_valid_json(tmp_path, capsys):
     assert "rollout:1" in table and "of fwd+bwd wall time" in table
 
 
+@pytest.mark.slow
 def test_bench_runs_at_the_a5_study_shape():
     """--seq-len 16 --batch-size 256 (the A5 study's shape) on the bench preset's model."""
     result = bench.run_bench("cpu", "cpu", seq_len=16, batch_size=256, prompt_len=16, decode_batch=2,

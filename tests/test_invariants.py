@@ -283,5 +283,6 @@ def test_random_draws_do_not_move_when_a_field_is_added():
 
 @pytest.mark.parametrize("memory", random_configs(), ids=lambda c: ",".join(
     f"{f.name}={getattr(c, f.name)}" for f in dataclasses.fields(c) if getattr(c, f.name) != f.default))
+@pytest.mark.slow
 def test_invariants_hold_for_random_combinations(memory):
     check_invariants(memory)

@@ -43,6 +43,7 @@ def steps_and_losses(folder):
     return m["step"].tolist(), m["loss"].tolist()
 
 
+@pytest.mark.slow
 def test_workers_one_never_imports_ray(tmp_path):
     code = ("import sys; from lrt_lab.sweep import run_sweep; from test_parallel import spec; "
             f"run_sweep(spec(steps=3, seeds=(0,)), out={str(tmp_path)!r}, progress=False); "
@@ -99,6 +100,7 @@ def test_a_task_whose_worker_is_killed_is_retried_from_its_checkpoint(tmp_path, 
     assert steps_and_losses(folder)[0] == list(range(1, 201))  # every step once, after the retry
 
 
+@pytest.mark.slow
 def test_slurm_job_array_through_submitit_local_executor(tmp_path):
     submitit = pytest.importorskip("submitit")
     from lrt_lab.parallel import SlurmGridPoint, parse_slurm, run_on_slurm

@@ -69,6 +69,7 @@ def dry_run(tmp_path_factory):
     return gpu_check.main(["--dry", "--out", str(out)]), out
 
 
+@pytest.mark.slow
 def test_gpu_check_dry_runs_every_section(dry_run):
     status, out = dry_run
     assert status == 0
@@ -83,6 +84,7 @@ def test_gpu_check_dry_runs_every_section(dry_run):
     assert any("scaled_dot_product" in op for op in sec["attention"]["ran"]["interleaved:2"])
 
 
+@pytest.mark.slow
 def test_gpu_check_dry_collects_the_gpu_tests(dry_run):
     """The pytest_gpu section under --dry: `pytest -m gpu --collect-only` on the files that mark
     gpu tests selects some and fails on none."""

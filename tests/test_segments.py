@@ -23,6 +23,7 @@ SPEC = {
 }
 
 
+@pytest.mark.slow
 def test_time_limited_segments_continue_exactly(tmp_path):
     spec = validate_spec(SPEC)
     segments = 0

@@ -61,6 +61,7 @@ def cli(*args, env=None, **kw):
 
 
 # One writer per run --------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_two_concurrent_sweeps_train_each_run_once_like_a_sequential_sweep(tmp_path):
     body = spec(steps=60)  # long enough that both processes reach runs the other is training
     path = write_spec(tmp_path / "grid.toml", body)
@@ -78,6 +79,7 @@ def test_two_concurrent_sweeps_train_each_run_once_like_a_sequential_sweep(tmp_p
         assert not (shared / name / claims.CLAIM).exists()  # released
 
 
+@pytest.mark.slow
 def test_a_second_writer_gets_one_line_naming_the_owner(tmp_path, capsys):
     first = train(tiny_cfg(steps=5, name="r"), out=tmp_path, progress=False, stop_after=2)
     with claims.acquire(first.path):  # this process trains it now
@@ -157,6 +159,7 @@ def test_an_edited_config_is_refused_on_resume(tmp_path):
 
 
 # Faults -------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_a_termination_signal_checkpoints_the_step_it_arrived_at(tmp_path, sig):
     args = ["train", "--task", "a5_prefix", *TINY, "--steps", "3000", "--eval-every", "0", "--checkpoint-every",
