@@ -5,7 +5,10 @@ picks tiny sizes), one `python3` kernel for all of them (its namespace emptied b
 temporary working directory per notebook, so runs land in temp stores and never in the repository.
 Equivalent by hand (a kernel per notebook):
 
-    LRT_NOTEBOOK_SMALL=1 pytest --nbmake notebooks/
+    LRT_NOTEBOOK_SMALL=1 pytest -p nbmake --nbmake notebooks/
+
+(pyproject.toml turns the nbmake plugin off for the suite, whose collection it slowed by seconds
+per process; -p nbmake turns it back on.)
 """
 
 from __future__ import annotations
@@ -15,7 +18,17 @@ from pathlib import Path
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat", reason="nbformat is not installed (pip install -e '.[notebooks]')")
+
+
+@pytest.fixture(scope="session")
+def nbformat():
+    """Imported by the tests that read a notebook, not at collection: nbformat's schema validation
+    (jsonschema with its URI grammars) takes seconds to import, which every pytest-xdist worker
+    would pay to collect this file."""
+    return pytest.importorskip("nbformat", reason="nbformat is not installed (pip install -e '.[notebooks]')")
+
+# one pytest-xdist worker (under --dist loadgroup) imports nbformat and starts the kernel
+pytestmark = pytest.mark.xdist_group("notebooks")
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
@@ -33,7 +46,7 @@ def test_notebooks_present():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
-def test_notebook_outputs_stripped(path):
+def test_notebook_outputs_stripped(path, nbformat):
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
     for i, cell in enumerate(nb.cells):
@@ -44,7 +57,7 @@ def test_notebook_outputs_stripped(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
-def test_notebook_small_parameter(path):
+def test_notebook_small_parameter(path, nbformat):
     """The first code cell reads LRT_NOTEBOOK_SMALL, so the suite can run the notebook quickly."""
     nb = nbformat.read(path, as_version=4)
     first = next(c for c in nb.cells if c.cell_type == "code")
@@ -52,7 +65,7 @@ def test_notebook_small_parameter(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
-def test_notebooks_use_public_api_only(path):
+def test_notebooks_use_public_api_only(path, nbformat):
     nb = nbformat.read(path, as_version=4)
     src = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert not re.search(r"""["']\.{0,2}/?results[/"']""", src), "notebooks must not write into the repository's results/"
@@ -107,7 +120,7 @@ def kernel(tmp_path_factory):
         run_sync(km.shutdown_kernel)(now=True)
 
 
-def _fresh_start(folder: Path):
+def _fresh_start(folder: Path, nbformat):
     """A first cell that empties the kernel's namespace and figures and moves into `folder`."""
     return nbformat.v4.new_code_cell(
         "%reset -f\n"
@@ -119,14 +132,13 @@ def _fresh_start(folder: Path):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("notebooks")  # one worker under --dist loadgroup: one kernel start
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
-def test_notebook_runs(path, tmp_path, kernel):
+def test_notebook_runs(path, tmp_path, kernel, nbformat):
     nbclient, km, run_sync = kernel
     if not run_sync(km.is_alive)():  # an earlier notebook took the kernel down: a new one for this
         run_sync(km.restart_kernel)(now=True)
     nb = nbformat.read(path, as_version=4)
-    nb.cells.insert(0, _fresh_start(tmp_path))
+    nb.cells.insert(0, _fresh_start(tmp_path, nbformat))
     client = nbclient.NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S, kernel_name=KERNEL)
     try:
         client.execute()  # raises CellExecutionError (with the traceback) on the first failing cell

@@ -77,3 +77,24 @@ def test_bad_arguments_are_refused(tmp_path):
     assert proc.returncode == 2 and "--frobnicate" in proc.stderr
     proc, commands = _plan(tmp_path, "--assume-missing")  # would install for real: refused
     assert proc.returncode == 2 and not commands
+
+
+def test_a_hung_test_ends_with_its_stack_well_before_ci_gives_up(tmp_path):
+    """pyproject.toml gives every test a time limit (pytest-timeout) far below CI's 90 minutes,
+    and under that configuration a test that hangs fails with a line saying so and where it hung,
+    instead of holding the run until CI kills it. The limit is shortened here (-o timeout=2) so
+    the hang is seen in seconds; the test file is outside tests/, so no torch is imported."""
+    import time
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11's tomllib reads pyproject.toml")
+    repo = SETUP.parent.parent
+    ini = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert 0 < ini["timeout"] <= 5400 / 6  # the whole suite takes minutes; one test, at most 15
+    (tmp_path / "test_hang.py").write_text("import time\n\ndef test_hangs():\n    time.sleep(120)\n")
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-c", str(repo / "pyproject.toml"),
+                           "--rootdir", str(tmp_path), "-n", "0", "-p", "no:cacheprovider",
+                           "-o", "timeout=2", str(tmp_path / "test_hang.py")],
+                          capture_output=True, text=True, timeout=100, cwd=tmp_path)
+    assert time.monotonic() - start < 60
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert "Timeout" in proc.stdout and "test_hang.py" in proc.stdout and "1 failed" in proc.stdout
