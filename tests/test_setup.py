@@ -98,3 +98,16 @@ def test_a_hung_test_ends_with_its_stack_well_before_ci_gives_up(tmp_path):
     assert time.monotonic() - start < 60
     assert proc.returncode == 1, proc.stdout[-2000:]
     assert "Timeout" in proc.stdout and "test_hang.py" in proc.stdout and "1 failed" in proc.stdout
+
+
+@pytest.mark.xdist_group("grouping_check")
+def test_pytest_xdist_honours_the_suites_groups(request):
+    """The suite's costly shared fixtures (one Ray instance, one Chromium, one notebook kernel)
+    are built once only if --dist loadgroup sends each xdist_group to one worker; a pytest and
+    pytest-xdist pair that ignores the groups still passes every test, only slower, so this says
+    so. xdist marks a grouped test by appending @GROUP to its id."""
+    if not getattr(request.config.option, "loadgroup", False):  # set in each xdist worker
+        pytest.skip("not run by pytest-xdist with --dist loadgroup (pyproject.toml's default)")
+    assert request.node.nodeid.endswith("@grouping_check"), (
+        f"{request.node.nodeid}: pytest-xdist ignored the test's group; see pytest's bound in "
+        "pyproject.toml")
