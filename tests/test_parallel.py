@@ -124,7 +124,7 @@ def test_slurm_job_array_through_submitit_local_executor(tmp_path):
 def test_sigterm_on_the_driver_cancels_and_the_next_invocation_continues(tmp_path, ray_instance):
     """The driver joins the module's running Ray instance (`--address auto`, as on a cluster), so
     the test pays for no second instance."""
-    body = spec(steps=400, seeds=(0,))  # stopped at step ~20: far from the end at any speed
+    body = spec(steps=250, seeds=(0,))  # stopped at step ~20: far from the end at any speed
     lines = ["[sweep]", 'tasks = ["a5_prefix"]', 'models = ["transformer", "lrt"]', "seeds = [0]", "[train]"]
     lines += [f"{k} = {json.dumps(v)}" for k, v in body["train"].items()]
     (tmp_path / "grid.toml").write_text("\n".join(lines) + "\n")
@@ -145,4 +145,4 @@ def test_sigterm_on_the_driver_cancels_and_the_next_invocation_continues(tmp_pat
     # the next invocation (one process) continues each run from its checkpoint: every step once
     finished = run_sweep(body, out=str(tmp_path / "s"), progress=False)
     for run in finished:
-        assert run.is_complete and steps_and_losses(run.path)[0] == list(range(1, 401))
+        assert run.is_complete and steps_and_losses(run.path)[0] == list(range(1, 251))
