@@ -64,7 +64,7 @@ def run_on_ray(configs: list[TrainConfig], out: str, workers: int, threads_per_r
     from tqdm.auto import tqdm
 
     threads = threads_per_run or max(1, (os.cpu_count() or 1) // workers)
-    # Ray already running in this process (a notebook's, a test session's) is used and left
+    # Ray already running in this process (a notebook's, a test fixture's) is used and left
     # running: starting a local instance costs seconds, and shutting down the caller's would
     # break what it does next. Workers set their thread count themselves (train_grid_point).
     started_here = not ray.is_initialized()

@@ -13,7 +13,7 @@ import pandas as pd
 from .analysis.stats import mean_ci, seed_stats
 from .groups import (AT_TRAIN_LENGTH, IDENTITY_FIELDS, INTERVAL_NOTE, canonical, default_metric, eval_columns,
                      group_labels, method_label, with_train_length_metric)
-from .results import Run, diverged_line, load_runs
+from .results import Run, diverged_line, first_names, load_runs
 
 __all__ = ["compare_table", "comparison_table", "default_metric", "format_mean_ci", "format_mean_std",
            "frontier_points", "memory_label", "method_keys", "method_label", "method_labels", "model_label",
@@ -165,9 +165,8 @@ def print_report(root, metric: str | None = None, group_by: str | None = None) -
     runs = load_runs(root)
     diverged = sorted(runs.loc[runs["status"] == "diverged", "run"]) if "status" in runs else []
     if diverged and len(diverged) == len(runs):
-        listed = ", ".join(diverged[:3]) + (" ..." if len(diverged) > 3 else "")
         raise ValueError(f"runs: the store has no complete runs; {len(diverged)} diverged (NaN or "
-                         f"inf loss): {listed}")
+                         f"inf loss): {first_names(diverged)}")
     table = comparison_table(runs[runs["status"] != "diverged"] if diverged else runs, metric, group_by)
     metric = table.attrs["metric"]
     keys = ["group"] if group_by is None else [k.strip() for k in group_by.split(",")]

@@ -310,6 +310,11 @@ def diverged_line(name: str, summary: dict) -> str:
             "Lower --lr-scale (or the learning rates) and train it under a new name")
 
 
+def first_names(names: list[str], most: int = 3) -> str:
+    """`a, b, c ...`: the first `most` run names of a list, for a one-line message."""
+    return ", ".join(names[:most]) + (" ..." if len(names) > most else "")
+
+
 def _read_jsonl(path: Path) -> tuple[list[dict], int]:
     """(records, dropped lines) of a metrics.jsonl. A line is dropped (and counted) unless it is
     UTF-8 JSON of sane depth holding an object whose known fields have their types

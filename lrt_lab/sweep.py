@@ -46,7 +46,7 @@ else:  # pragma: no cover
 
 from .claims import RunClaimedError, claimed_by_other
 from .mirrors import mirror_settings
-from .results import Run
+from .results import Run, first_names
 from .checkpoints import config_differences
 from .stopping import StopRequest
 from .train import TrainConfig, prepare, train
@@ -278,9 +278,8 @@ def _say_done(configs, out, why: str = "") -> None:
     statuses = {c.run_name: Run(Path(out) / c.run_name).status for c in configs}
     done = sum(s == "complete" for s in statuses.values())
     diverged = [name for name, s in statuses.items() if s == "diverged"]
-    listed = ", ".join(diverged[:3]) + (" ..." if len(diverged) > 3 else "")
     print(f"sweep: {done} of {len(configs)} runs complete in {out}{why}"
-          + (f"; {len(diverged)} diverged: {listed}" if diverged else "")
+          + (f"; {len(diverged)} diverged: {first_names(diverged)}" if diverged else "")
           + ("" if done + len(diverged) == len(configs)
              else "; run the same command again to continue"))
 

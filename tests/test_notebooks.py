@@ -20,7 +20,7 @@ import pytest
 
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def nbformat():
     """Imported by the tests that read a notebook, not at collection: nbformat's schema validation
     (jsonschema with its URI grammars) takes seconds to import, which every pytest-xdist worker
