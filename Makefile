@@ -16,9 +16,9 @@ setup-demo:
 setup-test:
 	@bash scripts/setup.sh test
 
-# `python -m lrt_lab.cli` is the `lrt-lab` entry point, and works where pip's scripts folder is not on PATH.
+# `python -m lrt_lab` is the `lrt-lab` entry point, and works where pip's scripts folder is not on PATH.
 demo: setup-demo
-	$(PYTHON) -m lrt_lab.cli demo $(ARGS)
+	$(PYTHON) -m lrt_lab demo $(ARGS)
 
 test: setup-test
 	$(PYTHON) -m pytest -q $(ARGS)

@@ -1,10 +1,10 @@
 """Dashboard page: compare the methods of one study (a task trained at one length).
 
-It opens on the store's most recent study (`lrt_lab.report.studies_by_recency`): one row per method
-(`lrt_lab.report.compare_table`: the runs that differ only by seed), with exact and parallel pos@90
+It opens on the store's most recent study (`lrt_lab.store.report.studies_by_recency`): one row per method
+(`lrt_lab.store.report.compare_table`: the runs that differ only by seed), with exact and parallel pos@90
 at 1x / 2x / 4x the training length as mean [95% t-interval] and the value of each seed, accuracy,
 compute and wall clock; then the trainer-frontier scatter of those runs. Methods are named by
-`lrt_lab.report.method_labels`: only what differs between the methods of the study shown.
+`lrt_lab.store.report.method_labels`: only what differs between the methods of the study shown.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from lrt_app.frontier import AXES
-from lrt_lab.report import COMPARE_METRICS, compare_lengths, compare_table, format_mean_ci, method_labels, \
+from lrt_lab.store.report import COMPARE_METRICS, compare_lengths, compare_table, format_mean_ci, method_labels, \
     studies_by_recency, study_runs
 
 DECODINGS = {"exact": "pos90_exact", "parallel": "pos90_parallel"}

@@ -1,6 +1,6 @@
 """Dashboard page: the trainer frontier. Which trainer is the cheapest that learns the task?
 
-One point per run that differs from the others only in its trainer (`lrt_lab.report.frontier_points`:
+One point per run that differs from the others only in its trainer (`lrt_lab.store.report.frontier_points`:
 the plain transformer, or an LRT of the paper preset and init with nothing overridden), exact-decoding
 pos@90 at an evaluation length against the compute the trainer ran or the run's wall clock. The same
 selection draws docs/a5_trainer_frontier.png (experiments/results_tables.py --figures docs).
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from lrt_lab.report import frontier_points
+from lrt_lab.store.report import frontier_points
 
 AXES = {"compute": ("compute", "training compute (M token-forwards)"),
         "wall clock": ("wall_min", "wall clock of the run (min)")}

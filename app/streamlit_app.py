@@ -5,7 +5,7 @@ depth x length, gap recovery, probes, convergence, trainer frontier.
     streamlit run app/streamlit_app.py -- --runs DIR
 
 The store is `--runs DIR`, else $LRT_RUNS, else ./runs (./results when there is no ./runs), and can be
-changed in the sidebar. The app reads only the run store, through lrt_lab.results.
+changed in the sidebar. The app reads only the run store, through lrt_lab.store.results.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ if _ROOT not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from lrt_app import data, views  # noqa: E402
+from lrt_app import store_data, views  # noqa: E402
 
 
 def sidebar() -> tuple[str, bool]:
     st.sidebar.title("lrt_lab")
     if "runs_dir" not in st.session_state:
-        st.session_state["runs_dir"] = data.default_runs_dir(sys.argv[1:])
+        st.session_state["runs_dir"] = store_data.default_runs_dir(sys.argv[1:])
     root = st.sidebar.text_input("run store", key="runs_dir", help="folder of run folders (lrt-lab train --out)")
     incomplete = st.sidebar.checkbox("include incomplete runs", value=False, key="include_incomplete",
                                      help="runs still training (or killed): curves only, no final figures")
@@ -39,11 +39,11 @@ def select_runs(runs):
     """Sidebar filters (empty = all) and a run selection; returns the runs shown."""
     st.sidebar.subheader("Filters")
     selections = {}
-    for label, column in data.FILTERS.items():
-        options = data.filter_options(runs, column)
+    for label, column in store_data.FILTERS.items():
+        options = store_data.filter_options(runs, column)
         selections[column] = st.sidebar.multiselect(label, options, key=views.data_key(f"filter_{label}", options),
                                                     placeholder="all")
-    filtered = data.filter_runs(runs, selections)
+    filtered = store_data.filter_runs(runs, selections)
     names = list(filtered["run"])
     picked = st.sidebar.multiselect("runs", names, key=views.data_key("runs", names), placeholder="all matching runs",
                                     help="narrow to these runs (empty: every run that matches the filters)")
@@ -62,7 +62,7 @@ def main() -> None:
                 f"`lrt-lab train --out {root} ...` or `lrt-lab demo --out {root}`, or enter another folder "
                 "in the sidebar.")
         return
-    runs, skipped = data.cached_runs(root, incomplete, data.store_signature(root))
+    runs, skipped = store_data.cached_runs(root, incomplete, store_data.store_signature(root))
     ctx = views.Context(root=root, runs=runs, shown=runs, skipped=skipped)
     views.store_messages(ctx)
     if runs.empty:

@@ -1,5 +1,5 @@
 """The dashboard's pages. Each takes the Context (store, runs shown) and draws with Streamlit;
-the numbers come from lrt_app.data.
+the numbers come from lrt_app.store_data.
 
 Charts are plain Vega-Lite specs drawn in the browser (st.vega_lite_chart, data shipped as Arrow):
 cheap on the server, with tooltips and zoom, and one colour per group of seeds on every page.
@@ -23,16 +23,16 @@ from dataclasses import dataclass, field
 import pandas as pd
 import streamlit as st
 
-from lrt_app import data
+from lrt_app import store_data
 
 # Where the analysis tables come from: shown when a store has none yet.
-HINT_PROBES = ("No probe tables yet: run `python -m lrt_lab.analysis probe RUN_FOLDER [RUN_FOLDER ...]` (it writes "
+HINT_PROBES = ("No probe tables yet: run `lrt-lab analyze probe RUN_FOLDER [RUN_FOLDER ...]` (it writes "
                "`tables/probe_<decoding>.csv` into each run: site, position, control, accuracy), then press Reload.")
 HINT_GAP = ("No run shown has BPB tables: train the gap sweep (`lrt-lab sweep experiments/gap_recovery.toml`), then "
-            "run `python -m lrt_lab.analysis gap STORE`, which evaluates each run's final checkpoint into its "
+            "run `lrt-lab analyze gap STORE`, which evaluates each run's final checkpoint into its "
             "`tables/bpb.csv`; this page computes gap recovery, mismatch and refinement from those tables.")
 HINT_DEPTH = ("Only one depth in the runs shown ({depths}): train the same task at several depths "
-              "(`lrt-lab sweep experiments/depth_sweep.toml`), then `python -m lrt_lab.analysis depth STORE` "
+              "(`lrt-lab sweep experiments/depth_sweep.toml`), then `lrt-lab analyze depth STORE` "
               "for the depth-sweep table.")
 MAX_DIFF_RUNS = 12
 # 20 colours that stay apart on a white background (tab10, then darker and brighter ones).
@@ -55,7 +55,7 @@ class Context:
 
     def color(self, title: str = "group of seeds") -> dict:
         """Colour encoding by group of seeds, the same colour for a group on every chart."""
-        groups = sorted(set(data.group_labels(self.shown))) if not self.shown.empty else []
+        groups = sorted(set(store_data.group_labels(self.shown))) if not self.shown.empty else []
         return color_encoding(groups, title)
 
 
@@ -236,21 +236,21 @@ def runs_page(ctx: Context) -> None:
     st.subheader("Groups of seeds")
     st.caption("A group is every run whose config differs only by seed (and name); each group is named by the "
                "config fields that tell the groups shown apart. Every page pools seeds by this rule.")
-    st.dataframe(data.group_overview(ctx.shown), hide_index=True)
+    st.dataframe(store_data.group_overview(ctx.shown), hide_index=True)
     st.subheader("Runs")
-    st.dataframe(data.runs_overview(ctx.shown), hide_index=True)
+    st.dataframe(store_data.runs_overview(ctx.shown), hide_index=True)
     names = list(ctx.shown["run"])
     st.markdown("**Runs shown:** " + ", ".join(f"`{n}`" for n in names))
 
     st.subheader("Config diff")
     if len(names) == 1:
         st.caption("One run shown: its full config (select two or more runs to see what differs).")
-        st.json(data.config_of(ctx.shown.iloc[0]), expanded=1)
+        st.json(store_data.config_of(ctx.shown.iloc[0]), expanded=1)
         return
     diff_runs = ctx.shown.head(MAX_DIFF_RUNS)
     if len(ctx.shown) > MAX_DIFF_RUNS:
         st.caption(f"The first {MAX_DIFF_RUNS} of {len(ctx.shown)} runs (narrow the selection in the sidebar).")
-    diff = data.config_diff(diff_runs)
+    diff = store_data.config_diff(diff_runs)
     if diff.empty:
         st.info("The runs shown have identical configs.")
     else:
@@ -263,8 +263,8 @@ def curves_page(ctx: Context) -> None:
     if not _needs_runs(ctx):
         return
     c1, c2, c3 = st.columns([2, 3, 2])
-    metric = c1.selectbox("metric", data.metric_options(ctx.shown), key="curve_metric")
-    x_axis = c2.radio("x axis", list(data.X_AXES), horizontal=True, key="curve_x",
+    metric = c1.selectbox("metric", store_data.metric_options(ctx.shown), key="curve_metric")
+    x_axis = c2.radio("x axis", list(store_data.X_AXES), horizontal=True, key="curve_x",
                       help="compute: baseline-equivalent tokens, i.e. tokens x schedule cost "
                            "(an Interleaved(2) run is plotted at 2x its tokens, as in the paper); "
                            "wall-clock: seconds since the run started")
@@ -272,20 +272,20 @@ def curves_page(ctx: Context) -> None:
                           disabled=metric != "loss", help="exponential moving average of the training loss "
                                                           "(debiased, as in TensorBoard)")
     c4, c5, c6, c7 = st.columns([2, 1, 1, 2])
-    band_kind = c4.radio("band", list(data.BANDS), horizontal=True, key="curve_band",
+    band_kind = c4.radio("band", list(store_data.BANDS), horizontal=True, key="curve_band",
                          help="shaded band around the mean over seeds")
     log_y = c5.checkbox("log y", value=False, key="curve_log")
     show_runs = c6.checkbox("show each seed", value=False, key="curve_seeds")
     markers = c7.checkbox("curriculum switches", value=True, key="curve_curriculum",
                           help="dotted vertical lines where the training length steps up (the loss jumps there)")
-    long, notes = data.curves(ctx.shown, metric, x_axis, smoothing)
+    long, notes = store_data.curves(ctx.shown, metric, x_axis, smoothing)
     for note in notes:
         st.caption(note)
     if long.empty:
         st.info(f"No {metric} records in the runs shown.")
         return
-    band = data.seed_band(long, band=band_kind)
-    switches = data.curriculum_switches(ctx.shown, x_axis) if markers and metric == "loss" else None
+    band = store_data.seed_band(long, band=band_kind)
+    switches = store_data.curriculum_switches(ctx.shown, x_axis) if markers and metric == "loss" else None
     color = ctx.color()
     palette_note(len(color["scale"]["domain"]))
     tasks = sorted(band["task"].unique())
@@ -296,19 +296,19 @@ def curves_page(ctx: Context) -> None:
                      None if switches is None else switches[switches["task"] == task],
                      metric, x_axis, only_groups(color, set(band.loc[band["task"] == task, "group"])), band_kind,
                      log_y, show_runs)
-    about = data.BANDS[band_kind]
+    about = store_data.BANDS[band_kind]
     st.caption("Lines: mean over seeds" + (f"; shaded band: {about}" if about else "")
                + "; groups with one seed are a line alone. Dotted verticals: curriculum switches (the new training "
                "length on top). Drag to pan, scroll to zoom.")
 
 
 def _curve_chart(band, long, switches, metric, x_axis, color, band_kind, log_y, show_runs) -> None:
-    x = _q("x", data.X_AXES[x_axis][1])
+    x = _q("x", store_data.X_AXES[x_axis][1])
     y_scale = {"type": "log"} if log_y else {"zero": False}
     y = _q("mean", metric + (" (log scale)" if log_y else ""), scale=y_scale)
     layers = []
     datasets = {"band": band}
-    if data.BANDS[band_kind]:
+    if store_data.BANDS[band_kind]:
         keep = "datum.n > 1" + (" && datum.lo > 0" if log_y else "")
         layers.append({"data": {"name": "band"}, "transform": [{"filter": keep}],
                        "mark": {"type": "area", "opacity": 0.18},
@@ -341,13 +341,13 @@ def length_page(ctx: Context) -> None:
         return
     color = ctx.color()
     palette_note(len(color["scale"]["domain"]))
-    figs = data.length_figures(ctx.shown)
+    figs = store_data.length_figures(ctx.shown)
     cols = [c for c in ("pos90_parallel", "pos90_exact") if c in figs.columns]
     st.subheader("pos@90 at each evaluation length")
     if figs.empty:
         st.info("No evaluation figures in the runs' summaries.")
     else:
-        st.dataframe(data.length_summary(figs), hide_index=True)
+        st.dataframe(store_data.length_summary(figs), hide_index=True)
         st.caption("Cells: mean [95% t-interval over seeds] (n seeds); one seed: its value alone.")
     if not figs.empty and cols:
         pos = (figs.groupby(["group", "length"], as_index=False)[cols].mean()
@@ -371,14 +371,14 @@ def length_page(ctx: Context) -> None:
                    "grey dotted: solved (pos@90 = length). Lengths on a log scale.")
 
     st.subheader("Per-position accuracy")
-    pp, missing = data.per_position(ctx.shown)
+    pp, missing = store_data.per_position(ctx.shown)
     if missing:
         st.caption(f"No tables/per_position.csv in: {', '.join(missing)}")
     if pp.empty:
         st.info("No per-position tables in the runs shown.")
         return
     mean = pp.groupby(["group", "length", "mode", "position"], as_index=False)["accuracy"].mean()
-    chance = data.chance_levels(ctx.shown)
+    chance = store_data.chance_levels(ctx.shown)
     refs = pd.DataFrame({"y": [0.9], "what": ["0.9 (pos@90 threshold)"]})
     if not chance.empty:
         levels = chance.groupby("chance")["group"].apply(list)
@@ -422,7 +422,7 @@ def depth_page(ctx: Context) -> None:
     measure = c2.radio("cell value", ["solved", "fraction"], horizontal=True, key="depth_measure",
                        help="solved: share of runs whose pos@90 reaches the full length; "
                             "fraction: mean pos@90 / length")
-    grid = data.solved_grid(ctx.shown, mode, measure)
+    grid = store_data.solved_grid(ctx.shown, mode, measure)
     depths = sorted(ctx.shown["n_layer"].dropna().unique().tolist())
     if grid.empty:
         st.info(f"No pos90_{mode}@L figures in the runs' summaries.")
@@ -438,9 +438,9 @@ def depth_page(ctx: Context) -> None:
                    + ("share of runs (seeds) whose pos@90 reaches the full length." if measure == "solved"
                       else "mean pos@90 / length."))
 
-    for t in data.analysis_tables(ctx.root, ctx.shown, "depth_sweep", "depth_worth"):
+    for t in store_data.analysis_tables(ctx.root, ctx.shown, "depth_sweep", "depth_worth"):
         st.subheader(f"{t['name']} ({t['owner']})")
-        raw = data.table_of(t["path"], t["name"])
+        raw = store_data.table_of(t["path"], t["name"])
         if raw is None:
             st.warning(f"{t['file']}: unreadable table")
             continue
@@ -448,7 +448,7 @@ def depth_page(ctx: Context) -> None:
             st.caption("For each LRT: the smallest transformer depth that matches it, and the depth it saves.")
             st.dataframe(raw, hide_index=True)
             continue
-        sweep, shape, msg = data.read_depth_sweep(raw)
+        sweep, shape, msg = store_data.read_depth_sweep(raw)
         if msg:
             st.warning(f"{t['file']}: {msg}")
         elif shape == "grid":
@@ -487,23 +487,23 @@ def _depth_curve(sweep: pd.DataFrame, metric: str) -> None:
 
 # Gap recovery ------------------------------------------------------------------------------------
 def gap_page(ctx: Context) -> None:
-    computed, notes = data.stored_gap(ctx.shown) if not ctx.shown.empty else ({}, [])
+    computed, notes = store_data.stored_gap(ctx.shown) if not ctx.shown.empty else ({}, [])
     if computed:
         st.caption("Computed from the runs' `tables/bpb.csv` (validation BPB with the parallel forward, with exact "
-                   "decoding and after each stage, written once per run by `python -m lrt_lab.analysis gap`), so it "
+                   "decoding and after each stage, written once per run by `lrt-lab analyze gap`), so it "
                    "follows the filters and needs no checkpoints.")
         for note in notes:
             st.caption(note)
         _gap_views(computed, "runs shown")
         return
-    tables = data.analysis_tables(ctx.root, ctx.shown, "gap_recovery", "mismatch", "refinement")
+    tables = store_data.analysis_tables(ctx.root, ctx.shown, "gap_recovery", "mismatch", "refinement")
     if not tables:
         st.info(HINT_GAP)
         return
-    st.caption("From the store's analysis tables (`.analysis/tables/`, written by `python -m lrt_lab.analysis gap`); "
+    st.caption("From the store's analysis tables (`.analysis/tables/`, written by `lrt-lab analyze gap`); "
                "the runs shown have no `tables/bpb.csv` to compute them from.")
     for t in tables:
-        raw = data.table_of(t["path"], t["name"])
+        raw = store_data.table_of(t["path"], t["name"])
         if raw is None:
             st.warning(f"{t['file']}: unreadable table")
             continue
@@ -511,7 +511,7 @@ def gap_page(ctx: Context) -> None:
             continue
         seeds = None
         if t["kind"] == "gap_recovery":
-            seeds = next((data.table_of(u["path"], u["name"]) for u in tables
+            seeds = next((store_data.table_of(u["path"], u["name"]) for u in tables
                           if u["name"] == f"{t['name']}_per_seed" and u["path"] == t["path"]), None)
         _gap_views({t["kind"]: raw, **({"gap_recovery_per_seed": seeds} if seeds is not None else {})},
                    f"{t['name']} ({t['owner']})", file=t["file"])
@@ -522,24 +522,24 @@ def _gap_views(tables: dict, source: str, file: str = "") -> None:
     raw = tables.get("gap_recovery")
     if raw is not None:
         st.subheader("Gap recovery" + (f": {source}" if file else ""))
-        bars, points, msg = data.read_gap(raw, tables.get("gap_recovery_per_seed"))
+        bars, points, msg = store_data.read_gap(raw, tables.get("gap_recovery_per_seed"))
         if msg:
             st.warning(f"{file or source}: {msg}")
         else:
             _gap_bars(bars, points)
-            about = data.gap_caption(raw)
+            about = store_data.gap_caption(raw)
             st.caption("Recovered fraction of the gap between the baseline and exact sequential training "
                        "(1 = all of it, 0 = none): (baseline - method) / (baseline - exact) per seed, seeds paired. "
                        "Bars: mean over seeds; whiskers: 95% bootstrap interval over seeds"
                        + ("; dots: individual seeds" if points is not None else "") + (f". {about}." if about else "."))
         with st.expander("table"):
             st.dataframe(raw, hide_index=True)
-    _table_section(tables.get("mismatch"), "Train/inference mismatch", source, file, data.read_mismatch,
+    _table_section(tables.get("mismatch"), "Train/inference mismatch", source, file, store_data.read_mismatch,
                    "method, parallel, exact", _mismatch_chart,
                    "Each method's metric with its training schedule's parallel forward and with exact recurrent "
                    "decoding (what generation uses); a gap between the two is the mismatch. Mean over seeds, "
                    "whiskers: 95% t-interval over seeds.")
-    _table_section(tables.get("refinement"), "BPB after each refinement", source, file, data.read_refinement,
+    _table_section(tables.get("refinement"), "BPB after each refinement", source, file, store_data.read_refinement,
                    "method, stage, stage_index, mean", _refinement_chart,
                    "BPB of the logits after each stage of the parallel schedule (init = the one-pass forward), "
                    "then under exact decoding. Mean over seeds; whiskers: 95% t-interval over seeds.")
@@ -628,14 +628,14 @@ def _gap_bars(bars: pd.DataFrame, points: pd.DataFrame | None) -> None:
 
 # Probes ------------------------------------------------------------------------------------------
 def probes_page(ctx: Context) -> None:
-    tables = data.analysis_tables(ctx.root, ctx.shown, "probe")
+    tables = store_data.analysis_tables(ctx.root, ctx.shown, "probe")
     if not tables:
         st.info(HINT_PROBES)
         return
     parts, names = [], {}
     for t in tables:
-        raw = data.table_of(t["path"], t["name"])
-        probe, msg = data.read_probe(raw, t["owner"], t["name"]) if raw is not None else (None, "unreadable table")
+        raw = store_data.table_of(t["path"], t["name"])
+        probe, msg = store_data.read_probe(raw, t["owner"], t["name"]) if raw is not None else (None, "unreadable table")
         if msg:
             st.warning(f"{t['file']}: {msg}")
             continue
@@ -667,7 +667,7 @@ def probes_page(ctx: Context) -> None:
 
 
 from lrt_app.compare import compare_page  # noqa: E402
-from lrt_app.convergence import convergence_page  # noqa: E402 (FixedPoint runs)
+from lrt_app.convergence_page import convergence_page  # noqa: E402 (FixedPoint runs)
 from lrt_app.frontier import frontier_page  # noqa: E402
 
 # Compare comes first: the dashboard opens on the store's most recent study.

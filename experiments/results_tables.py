@@ -18,7 +18,7 @@ looped and pondering baselines (baselines.toml), linear probes of the memory (th
 length-8 runs) and speed (`lrt-lab bench` JSON). Cells are mean [95% t-interval over seeds] (n seeds);
 a single seed shows its value alone. Everything comes from lrt_lab's public tools: the run store
 (`load_runs`), `seed_stats`, the gap analysis (`collect_bpb`, `gap_recovery`) and the bench table
-(`lrt_lab.bench.markdown_table`).
+(`lrt_lab.commands.bench.markdown_table`).
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ if __name__ == "__main__":
 
 from lrt_lab.analysis import seed_stats  # noqa: E402
 from lrt_lab.analysis.gap import collect_bpb, gap_recovery  # noqa: E402
-from lrt_lab.bench import load_results, markdown_table  # noqa: E402
-from lrt_lab.report import (frontier_points, memory_label, method_label, model_label,  # noqa: E402
+from lrt_lab.commands.bench import load_results, markdown_table  # noqa: E402
+from lrt_lab.store.report import (frontier_points, memory_label, method_label, model_label,  # noqa: E402
                             steps_suffix, supervised_every)
-from lrt_lab.results import load_metrics, load_runs  # noqa: E402
+from lrt_lab.store.results import load_metrics, load_runs  # noqa: E402
 
 # Paper, app. "Non-Commutative State Tracking" (depth 4, d 256, trained at length 64, pos@90 out of 64
 # with exact decoding, the same at 128 and 256) and app. "Comparison with Exact Sequential Training".
@@ -151,7 +151,7 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
 
 
 def frontier_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16) -> str | None:
-    """The trainer frontier (`lrt_lab.report.frontier_points`): per trainer, the compute and wall
+    """The trainer frontier (`lrt_lab.store.report.frontier_points`): per trainer, the compute and wall
     clock of its runs and exact pos@90 at every evaluated length, per seed; cheapest first."""
     points = frontier_points(df, task, length)
     if points.empty:

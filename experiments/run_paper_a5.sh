@@ -7,7 +7,7 @@
 #   experiments/run_paper_a5.sh --all [--pack DIR]       segments until every run is complete
 #
 # Each invocation skips the finished runs and resumes the run in progress from its checkpoint
-# (`lrt-lab sweep --time-limit`, which exits 3 while runs are left: lrt_lab.exitcodes), so the
+# (`lrt-lab sweep --time-limit`, which exits 3 while runs are left: lrt_lab.training.exitcodes), so the
 # same command is repeated until it prints "runs not yet complete: 0". Choose SECONDS as the machine's limit per command less about two minutes for
 # start-up and the evaluation that ends a run: 480 for a 10-minute limit.
 #
@@ -55,12 +55,12 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
   || "$PY" -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
 
 segment() {  # one bounded segment of the sweep; its exit status: 0 all complete, 3 runs left, 4 all
-  # finished and some diverged (lrt_lab.exitcodes); the caller decides what 3 and 4 mean to it
-  "$PY" -m lrt_lab.cli sweep "$SPEC" --out "$STORE" --device "$DEVICE" --time-limit "$1"
+  # finished and some diverged (lrt_lab.training.exitcodes); the caller decides what 3 and 4 mean to it
+  "$PY" -m lrt_lab sweep "$SPEC" --out "$STORE" --device "$DEVICE" --time-limit "$1"
 }
 
 remaining() {  # how many runs of the spec are not finished (todo, partial, claimed)
-  "$PY" -m lrt_lab.cli sweep "$SPEC" --out "$STORE" --device "$DEVICE" --dry-run \
+  "$PY" -m lrt_lab sweep "$SPEC" --out "$STORE" --device "$DEVICE" --dry-run \
     | grep -cvE '^(complete|diverged) ' || true
 }
 

@@ -70,9 +70,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from lrt_lab.config import ModelConfig
-from lrt_lab.model import LRT
-from lrt_lab.schedules import Rollout, as_schedule, rolled_out_positions
+from lrt_lab.core.config import ModelConfig
+from lrt_lab.core.model import LRT
+from lrt_lab.run.schedules import Rollout, as_schedule, rolled_out_positions
 
 H100_BF16_PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (no sparsity)
 REFERENCE_BATCH_TOKENS = 2 ** 19  # the paper's (and nanochat's) global batch

@@ -8,7 +8,7 @@ Sections (each with a time budget; one that fails or runs out of time is recorde
 - ``pytest_gpu``: the CUDA tests (``pytest -m gpu``; ``--dry`` only collects them, from the
   test files that mark any).
 - ``attention``: which kernel each stage kind of onepass / interleaved:2 / chunked / rollout:1 / decoding actually
-  runs (torch.profiler's op names), next to what ``lrt_lab.attention.pick_backend`` asks for.
+  runs (torch.profiler's op names), next to what ``lrt_lab.core.attention.pick_backend`` asks for.
 - ``attention_parity``: flash-attn, FlexAttention and SDPA in bf16 against an fp32 reference
   (explicit mask and softmax) for a full sequence, a chunk, a strided subset and a sliding window.
 - ``compile``: eager vs ``torch.compile`` losses over 20 training steps from the same weights and
@@ -45,11 +45,11 @@ import torch
 import torch.nn.functional as F
 
 from lrt_lab import LRT, MemoryConfig, preset
-from lrt_lab.attention import attend, visible_mask
-from lrt_lab.decode import Decoder
-from lrt_lab.model import norm
-from lrt_lab.optim import gate_saturation
-from lrt_lab.schedules import parse_schedule, run_schedule
+from lrt_lab.core.attention import attend, visible_mask
+from lrt_lab.run.decode import Decoder
+from lrt_lab.core.model import norm
+from lrt_lab.training.optim import gate_saturation
+from lrt_lab.run.schedules import parse_schedule, run_schedule
 
 from . import evaluate as ev
 from . import flops as fl

@@ -29,7 +29,7 @@ Optimisation (paper app. A "Optimization"; nanochat's recipe): Muon for the 2-D 
 value embeddings (0.3) and LM head (0.004), both scaled by (d/768)^-1/2, and the scalars (0.5; the
 residual coefficients at 0.5 x 0.01; the input-skip coefficients with betas (0.96, 0.95)). Every rate
 is scaled by sqrt(total_batch / 2^19). No warm-up; linear warm-down to zero over the final half
-(``lrt_lab.optim.lr_multiplier``); Muon momentum 0.85 -> 0.95 over the first 300 steps; Muon weight
+(``lrt_lab.training.optim.lr_multiplier``); Muon momentum 0.85 -> 0.95 over the first 300 steps; Muon weight
 decay ``--weight-decay`` (0.2, nanochat's) x (12/L)^2, annealed linearly to zero over training.
 Gradient clipping is off by default (nanochat), ``--grad-clip`` turns it on.
 
@@ -46,7 +46,7 @@ exact next batch). ``--synthetic`` needs no dataset: random-token rows whose sec
 first (learnable: induction), a function of (seed, step) only, split over ranks and micro steps by
 row so any world size sees the same global batch; its BPB counts 1 byte per token.
 
-Run store: rank 0 writes ``<out>/<name>/`` through ``lrt_lab.results.Run`` (the dashboard's
+Run store: rank 0 writes ``<out>/<name>/`` through ``lrt_lab.store.results.Run`` (the dashboard's
 store): config.json (arguments, model config, params, accounting), metrics.jsonl (``kind: train``
 per step: loss, stage_losses, cumulative tokens / compute_tokens / flops, the step's mfu,
 tokens_per_s and step_time_s, time since the start, lr_mult; ``kind: eval``: val_bpb,
@@ -77,15 +77,15 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from lrt_lab.config import MEMORY_PRESETS, PRESETS
-from lrt_lab.model import LRT
-from lrt_lab.results import Run
-from lrt_lab.optim import build_optimizers
-from lrt_lab.schedules import parse_schedule
-from lrt_lab.validation import check_int, check_number
-from lrt_lab.checkpoints import save_checkpoint
-from lrt_lab.optim import optimizer_step, set_lr_schedule
-from lrt_lab.train import model_config, parse_value
+from lrt_lab.core.config import MEMORY_PRESETS, PRESETS
+from lrt_lab.core.model import LRT
+from lrt_lab.store.results import Run
+from lrt_lab.training.optim import build_optimizers
+from lrt_lab.run.schedules import parse_schedule
+from lrt_lab.core.validation import check_int, check_number
+from lrt_lab.training.checkpoints import save_checkpoint
+from lrt_lab.training.optim import optimizer_step, set_lr_schedule
+from lrt_lab.training.loop import model_config, parse_value
 
 from . import evaluate as ev
 from . import flops as fl
@@ -280,7 +280,7 @@ def make_batches(data_dir, tokenizer_dir, vocab_size: int, batch_size: int, seq_
 # Optimisation -----------------------------------------------------------------------------------
 def make_optimizers(model: LRT, args) -> list[torch.optim.Optimizer]:
     """Muon + AdamW with the paper's rates and scalings (see the module docstring), by declared
-    parameter role (lrt_lab.optim: the gate matrices train with Muon, as in the released code)."""
+    parameter role (lrt_lab.training.optim: the gate matrices train with Muon, as in the released code)."""
     width = (model.config.n_embd / 768) ** -0.5
     batch = math.sqrt(args.total_batch_size / fl.REFERENCE_BATCH_TOKENS)
     lrs = {"matrix": args.matrix_lr * batch, "embedding": args.embedding_lr * width * batch,
@@ -297,7 +297,7 @@ def weight_decay_at(step: int, args) -> float:
 
 
 def set_schedules(opts, step: int, args) -> float:
-    """The toy loop's learning-rate schedule (lrt_lab.optim.set_lr_schedule) plus Muon's annealed
+    """The toy loop's learning-rate schedule (lrt_lab.training.optim.set_lr_schedule) plus Muon's annealed
     weight decay; returns the rate multiplier."""
     return set_lr_schedule(opts, step, args.total_steps, args.warmdown_frac, args.momentum_warmup_steps,
                            muon_weight_decay=weight_decay_at(step, args))
@@ -521,10 +521,10 @@ def unused_parameters(model, schedule, seq_len: int, vocab_size: int, device, au
 
 
 def attention_dispatch(config, schedule, device, dtype) -> dict:
-    """{stage kind: kernels} that lrt_lab.attention.pick_backend chooses for the schedule's stages
+    """{stage kind: kernels} that lrt_lab.core.attention.pick_backend chooses for the schedule's stages
     at T (keys cut at the stage's last position, as LRT.stage does) and for a decoding step, over
     the layers' windows. What runs is measured by the GPU check; this says what was asked for."""
-    from lrt_lab.attention import pick_backend
+    from lrt_lab.core.attention import pick_backend
     T = config.sequence_len
     q = torch.empty(0, device=device, dtype=dtype)
     windows = config.window_sizes()

@@ -4,7 +4,7 @@
     python scripts/bench_table.py --check   # exit 1 when the page's table is not what the JSON gives
 
 After committing a new `lrt-lab bench --json docs/bench/NAME.json`, run it so the page shows the
-figures of the files, never hand-typed ones. The rendering itself is lrt_lab.bench.markdown_table.
+figures of the files, never hand-typed ones. The rendering itself is lrt_lab.commands.bench.markdown_table.
 """
 
 import argparse
@@ -14,7 +14,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's lrt_lab, not another installed copy: the page documents it
 
-from lrt_lab.bench import load_results, markdown_table, replace_table  # noqa: E402
+from lrt_lab.commands.bench import load_results, markdown_table, replace_table  # noqa: E402
 
 
 def main(argv=None) -> int:

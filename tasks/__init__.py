@@ -12,7 +12,7 @@ tasks/base.py). Independent of the model code: lrt_lab never imports tasks.
 from lrt_tasks.base import Batch, Task
 from lrt_tasks.copying import CopyTask
 from lrt_tasks.curriculum import CurriculumSampler, LengthCurriculum
-from lrt_tasks.evaluation import eval_seed, make_eval_sets
+from lrt_tasks.eval_sets import eval_seed, make_eval_sets
 from lrt_tasks.flipflop import FlipFlopTask
 from lrt_tasks.prefix import PrefixProductTask
 from lrt_tasks.registry import TASK_NAMES, make_task

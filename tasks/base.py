@@ -13,7 +13,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from lrt_lab.config import check_int, fail  # noqa: F401  (the project's field-naming errors)
+from lrt_lab.core.config import check_int, fail  # noqa: F401  (the project's field-naming errors)
 
 from lrt_tasks.curriculum import LengthCurriculum
 
@@ -52,7 +52,7 @@ class Task:
     min_length: int = 1
     # True when the first L positions of a sample at length L' > L are distributed as a sample at
     # length L (targets at t depend on inputs up to t only): evaluation sets then share prefixes
-    # across lengths (tasks/evaluation.py)
+    # across lengths (tasks/eval_sets.py)
     prefix_closed: bool = False
 
     def __init__(self, length: int, curriculum: LengthCurriculum | None = None):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from lrt_lab.config import fail as _fail
+from lrt_lab.core.config import fail as _fail
 
 
 def _is_int(value) -> bool:

@@ -10,12 +10,12 @@ no download. Two corpora ship with every CPython:
   "pydoc": the English reference-manual topics in `pydoc_data.topics` (~465k characters).
 
 Tokenizer: raw UTF-8 bytes, vocab_size = 256, so every token is one byte and
-BPB = mean cross-entropy in nats / ln 2 (the paper's metric; `lrt_lab.metrics.bits_per_byte`).
+BPB = mean cross-entropy in nats / ln 2 (the paper's metric; `lrt_lab.run.metrics.bits_per_byte`).
 
 Split by file, never by offset: a file (or pydoc topic) is in the validation split when the first
 byte of sha256(its name) is < 26 (about 10%), so adding a file never moves the others.
 Which split `sample` draws from: `split="train"|"val"`, or by default the validation split when the
-generator was seeded with an evaluation seed (>= 2**62, `lrt_tasks.evaluation.EVAL_SEED_OFFSET`;
+generator was seeded with an evaluation seed (>= 2**62, `lrt_tasks.eval_sets.EVAL_SEED_OFFSET`;
 training seeds are small run seeds), so `make_eval_sets` and the training loop's evaluation read
 held-out text without any change to them.
 
@@ -36,7 +36,7 @@ import torch
 
 from lrt_tasks.base import Batch, Task, fail
 from lrt_tasks.curriculum import LengthCurriculum
-from lrt_tasks.evaluation import EVAL_SEED_OFFSET
+from lrt_tasks.eval_sets import EVAL_SEED_OFFSET
 
 CORPORA = ("stdlib", "pydoc")
 SPLITS = ("train", "val")

@@ -1,6 +1,6 @@
 """An independent, readable reference for the LRT: loops over sequences, positions, layers and heads.
 
-It shares no code with lrt_lab.model: it reads the model's weights by name and redoes the paper's
+It shares no code with lrt_lab.core.model: it reads the model's weights by name and redoes the paper's
 math (sec. 2, eqs. 1-6) one position at a time, in float64, with a hand-written softmax
 attention. A stage over positions P visits P in order; position t attends to keys s <= t inside
 its window, taking the fresh key when s is in P (already computed in this loop) and the buffer's

@@ -23,10 +23,10 @@ from lrt_lab.analysis import (ANALYSIS_DIR, analyze_depth_sweep, analyze_gap, bo
                               plot_refinement, plot_seed_stats, probe_activations, probe_model, probe_run,
                               read_store_table, recovered_fraction, refinement_table, seed_stats)
 from lrt_lab.analysis.probes import random_init_like
-from lrt_lab.decode import Decoder
-from lrt_lab.results import load_runs, load_table
-from lrt_lab.schedules import FullSequence, Interleaved, OnePass
-from lrt_lab.train import TrainConfig, train
+from lrt_lab.run.decode import Decoder
+from lrt_lab.store.results import load_runs, load_table
+from lrt_lab.run.schedules import FullSequence, Interleaved, OnePass
+from lrt_lab.training.loop import TrainConfig, train
 from lrt_tasks import make_eval_sets, make_task
 from lrt_tasks.text import decode, encode, load_corpus
 

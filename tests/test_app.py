@@ -19,8 +19,8 @@ import torch
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from lrt_lab.results import Run, load_runs, write_table  # noqa: E402
-from lrt_lab.train import TrainConfig, train  # noqa: E402
+from lrt_lab.store.results import Run, load_runs, write_table  # noqa: E402
+from lrt_lab.training.loop import TrainConfig, train  # noqa: E402
 
 APP = str(Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py")
 LRT_RUNS = ["group_prefix-L6-tiny-lrt-interleaved_2-s0", "group_prefix-L6-tiny-lrt-interleaved_2-s1"]
@@ -185,16 +185,16 @@ def test_filters_and_selection(store, monkeypatch):
 @on_the_store
 def test_compute_axis_is_baseline_equivalent(store):
     """x = compute puts an Interleaved(2) run at 2x its tokens; the transformer at 1x."""
-    from lrt_app import data
+    from lrt_app import store_data
 
-    runs, _ = data.cached_runs(str(store), False, data.store_signature(store))
+    runs, _ = store_data.cached_runs(str(store), False, store_data.store_signature(store))
     runs = runs[runs["run"].isin(COMPLETE_RUNS)]
-    tokens, _ = data.curves(runs, "loss", "tokens")
-    compute, _ = data.curves(runs, "loss", "compute")
+    tokens, _ = store_data.curves(runs, "loss", "tokens")
+    compute, _ = store_data.curves(runs, "loss", "compute")
     last_t, last_c = tokens.groupby("run")["x"].max(), compute.groupby("run")["x"].max()
     assert last_c[LRT_RUNS[0]] == 2 * last_t[LRT_RUNS[0]]
     assert last_c[TRANSFORMER_RUN] == last_t[TRANSFORMER_RUN]
-    band = data.seed_band(compute)
+    band = store_data.seed_band(compute)
     lrt = band[band["group"] == "lrt interleaved:2"]
     assert (lrt["n"] == 2).all() and (lrt["lo"] <= lrt["mean"]).all() and (lrt["mean"] <= lrt["hi"]).all()
 
@@ -235,16 +235,16 @@ def test_analysis_pages_hint_when_no_tables(store, tmp_path, monkeypatch):
 
 def test_analysis_table_readers():
     """Tolerant readers: the lrt_lab.analysis layouts, simpler ones, and a message for anything else."""
-    from lrt_app import data
+    from lrt_app import store_data
 
-    assert "site" in data.read_probe(pd.DataFrame({"foo": [1]}), "store")[1]
-    assert data.read_gap(pd.DataFrame({"x": [1]}))[2].startswith("expected columns")
-    assert data.read_depth_sweep(pd.DataFrame({"x": [1]}))[2].startswith("expected columns")
+    assert "site" in store_data.read_probe(pd.DataFrame({"foo": [1]}), "store")[1]
+    assert store_data.read_gap(pd.DataFrame({"x": [1]}))[2].startswith("expected columns")
+    assert store_data.read_depth_sweep(pd.DataFrame({"x": [1]}))[2].startswith("expected columns")
 
     probe = pd.DataFrame({"run": "r", "site": ["hook_embed", "hook_mem_in", "hook_mem_in"], "target": ["state", "state", "state_prev"],
                           "position": [2, 2, 2], "control": "probe", "accuracy": [0.2, 0.3, 0.9],
                           "decoding": "exact", "layer_index": [0, 1, 1]})
-    cells, msg = data.read_probe(probe, "r", "probe_exact")
+    cells, msg = store_data.read_probe(probe, "r", "probe_exact")
     assert msg is None and list(cells["row"]) == ["hook_embed", "hook_mem_in", "hook_mem_in (t-1)"]
     assert set(cells["label"]) == {"r (exact)"} and list(cells["row_order"]) == [0, 1, 1.5]
 
@@ -253,35 +253,35 @@ def test_analysis_table_readers():
                             {**keys, "method": "b", "recovered": 0.8, "ci_low": 0.7, "ci_high": 0.9}])
     per_seed = pd.DataFrame([{**keys, "method": m, "seed": s, "value": 9.0, "recovered": r}
                              for m, r in (("a", 0.5), ("b", 0.8)) for s in (0, 1)])
-    bars, points, msg = data.read_gap(summary, per_seed)
+    bars, points, msg = store_data.read_gap(summary, per_seed)
     assert msg is None and list(bars["label"]) == ["a", "b"] and list(points["value"]) == [0.5, 0.5, 0.8, 0.8]
     wide = pd.DataFrame({"method": ["a"], "recovered_mean": [0.5], "ci_low": [0.4], "ci_high": [0.6],
                          "seed0": [0.45], "seed1": [0.55]})
-    assert list(data.read_gap(wide)[1]["value"]) == [0.45, 0.55]
+    assert list(store_data.read_gap(wide)[1]["value"]) == [0.45, 0.55]
 
     sweep = pd.DataFrame({"task": "t", "method": ["transformer", "transformer", "lrt"], "n_layer": [1, 2, 2],
                           "mean": [1.0, 3.0, 4.0], "ci_low": [0.5, 2.5, 3.5], "ci_high": [1.5, 3.5, 4.5]})
-    curve, shape, msg = data.read_depth_sweep(sweep)
+    curve, shape, msg = store_data.read_depth_sweep(sweep)
     assert shape == "curve" and list(curve["swept"]) == [True, True, False]
-    grid, shape, msg = data.read_depth_sweep(pd.DataFrame({"depth": [2, 4], "length": [8, 8], "solved": [0.0, 1.0]}))
+    grid, shape, msg = store_data.read_depth_sweep(pd.DataFrame({"depth": [2, 4], "length": [8, 8], "solved": [0.0, 1.0]}))
     assert shape == "grid" and list(grid["value"]) == [0.0, 1.0]
 
 
 def test_default_runs_dir(tmp_path):
-    from lrt_app import data
+    from lrt_app import store_data
 
-    assert data.default_runs_dir(["--runs", "x"], {"LRT_RUNS": "y"}, tmp_path) == "x"
-    assert data.default_runs_dir(["-q", "tests/test_app.py"], {"LRT_RUNS": "y"}, tmp_path) == "y"
-    assert data.default_runs_dir([], {}, tmp_path) == "runs"
-    assert data.default_runs_dir(["--runs"], {}, tmp_path) == "runs"
+    assert store_data.default_runs_dir(["--runs", "x"], {"LRT_RUNS": "y"}, tmp_path) == "x"
+    assert store_data.default_runs_dir(["-q", "tests/test_app.py"], {"LRT_RUNS": "y"}, tmp_path) == "y"
+    assert store_data.default_runs_dir([], {}, tmp_path) == "runs"
+    assert store_data.default_runs_dir(["--runs"], {}, tmp_path) == "runs"
     (tmp_path / "experiments" / "results").mkdir(parents=True)
-    assert data.default_runs_dir([], {}, tmp_path) == "experiments/results"
+    assert store_data.default_runs_dir([], {}, tmp_path) == "experiments/results"
     (tmp_path / "runs").mkdir()
-    assert data.default_runs_dir([], {}, tmp_path) == "runs"
+    assert store_data.default_runs_dir([], {}, tmp_path) == "runs"
 
 
 def test_launcher_finds_the_app_without_importing_it(monkeypatch, capsys):
-    from lrt_lab import app_launcher
+    from lrt_lab.commands import app_launcher
 
     for name in [m for m in sys.modules if m == "app" or m.startswith("app.")]:
         monkeypatch.delitem(sys.modules, name)
@@ -302,7 +302,7 @@ def test_launcher_finds_the_app_without_importing_it(monkeypatch, capsys):
 def test_launcher_on_a_busy_port_suggests_a_free_one(monkeypatch, capsys):
     import socket
 
-    from lrt_lab import app_launcher
+    from lrt_lab.commands import app_launcher
 
     monkeypatch.setattr(app_launcher.subprocess, "Popen", lambda *a, **k: pytest.fail("started on a busy port"))
     with socket.socket() as busy:
@@ -331,7 +331,7 @@ def test_the_dashboard_ends_with_its_launcher(tmp_path):
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(Path(APP).parent.parent), "OMP_NUM_THREADS": "1",
            "STREAMLIT_SERVER_HEADLESS": "true"}
-    parent = subprocess.Popen([sys.executable, "-m", "lrt_lab.cli", "app", "--runs", str(tmp_path), "--port", str(port)],
+    parent = subprocess.Popen([sys.executable, "-m", "lrt_lab", "app", "--runs", str(tmp_path), "--port", str(port)],
                               env=env, cwd=tmp_path, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     children_file = Path(f"/proc/{parent.pid}/task/{parent.pid}/children")
     try:
@@ -363,7 +363,7 @@ def test_the_dashboard_ends_with_its_launcher(tmp_path):
 def test_trainer_frontier_on_the_committed_store(monkeypatch):
     """The committed A5 study: the page opens on a5_prefix at length 16, one point per frontier run,
     and follows the controls."""
-    from lrt_lab.report import frontier_points
+    from lrt_lab.store.report import frontier_points
     store = Path(__file__).resolve().parents[1] / "experiments" / "results"
     at = run_app(monkeypatch, store)
     assert_clean(at)

@@ -50,8 +50,8 @@ def _free_port() -> int:
 
 
 def _serve(store: Path, tmp_path: Path):
-    """`streamlit run` (through lrt_lab.app_launcher's command) over `store`; yields its URL, always stopped."""
-    from lrt_lab.app_launcher import command
+    """`streamlit run` (through lrt_lab.commands.app_launcher's command) over `store`; yields its URL, always stopped."""
+    from lrt_lab.commands.app_launcher import command
 
     port = _free_port()
     log = open(tmp_path / "streamlit.log", "w")
@@ -87,7 +87,7 @@ def _serve(store: Path, tmp_path: Path):
 def several_groups(root: Path) -> Path:
     """Tiny real runs in three groups: LRT Interleaved(2) x 2 seeds, a transformer, and the LRT
     trained exactly with its memory from block 2, x 2 seeds (each a second or two)."""
-    from lrt_lab.train import TrainConfig, train
+    from lrt_lab.training.loop import TrainConfig, train
     from test_app import build_store
 
     build_store(root, analysis=False, lrt_seeds=(0, 1))

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from lrt_lab.attention import attend
+from lrt_lab.core.attention import attend
 
 
 def naive_attend(q, k, v, positions, window):

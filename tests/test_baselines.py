@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from lrt_lab import LRT, MemoryConfig, preset
-from lrt_lab.baselines import (BASELINE_KINDS, LoopTransformer, PonderLM, build_baseline,
+from lrt_lab.core.baselines import (BASELINE_KINDS, LoopTransformer, PonderLM, build_baseline,
                                is_baseline_kind)
-from lrt_lab.decode import Decoder
-from lrt_lab.hooks import hooks, zero_at
-from lrt_lab.schedules import Chunked, Exact, Interleaved, OnePass, run_schedule
+from lrt_lab.run.decode import Decoder
+from lrt_lab.core.hooks import hooks, zero_at
+from lrt_lab.run.schedules import Chunked, Exact, Interleaved, OnePass, run_schedule
 
 T = 10
 TOL = 1e-10
@@ -261,7 +261,7 @@ def _members(protocol) -> set[str]:
                                    lambda c: LoopTransformer(c, 2), lambda c: PonderLM(c, 1)],
                          ids=["lrt", "transformer", "loop", "ponder"])
 def test_every_model_kind_implements_the_sequence_model_interface(build):
-    from lrt_lab.interface import DeclaresParamRoles, SequenceModel
+    from lrt_lab.core.interface import DeclaresParamRoles, SequenceModel
     model = build(config())
     assert isinstance(model, SequenceModel) and isinstance(model, DeclaresParamRoles)
     assert {"config", "memory", "stage", "empty_buffer", "new_decode_cache", "exact_split", "forward_cost",
@@ -275,12 +275,12 @@ def test_every_model_kind_implements_the_sequence_model_interface(build):
 
 
 def test_no_getattr_or_hasattr_reads_a_model_member():
-    """Callers read the interface's members plainly (lrt_lab/interface.py): a getattr/hasattr on a
+    """Callers read the interface's members plainly (lrt_lab/core/interface.py): a getattr/hasattr on a
     model, or on one of the interface's member names, would bring the duck typing back."""
     import re
     from pathlib import Path
 
-    from lrt_lab.interface import SequenceModel, Task
+    from lrt_lab.core.interface import SequenceModel, Task
 
     root = Path(__file__).resolve().parents[1]
     names = _members(SequenceModel) | _members(Task) | {"run", "stage_weights", "dynamic"}

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lrt_lab import bench
-from lrt_lab.hooks import capture
+from lrt_lab.commands import bench
+from lrt_lab.core.hooks import capture
 
 RATIO_KEYS = {
     "train_ratio": {"interleaved_2", "interleaved_4", "fullseq_1", "fullseq_3", "chunked_64", "exact", "fixedpoint",
@@ -142,7 +142,7 @@ def test_bench_table_renders_a_fresh_result_and_needs_its_markers(tmp_path):
         bench.replace_table("no markers here", table)
 
 
-# The performance work's fast paths (lrt_lab.model/buffer/attention), beyond what test_core holds --
+# The performance work's fast paths (lrt_lab.core.model/buffer/attention), beyond what test_core holds --
 
 import copy
 import itertools
@@ -150,9 +150,9 @@ import itertools
 import torch
 
 from lrt_lab import LRT, MemoryConfig, preset
-from lrt_lab.buffer import shifted_rows
-from lrt_lab.decode import Decoder
-from lrt_lab.schedules import Chunked, Exact, Interleaved, OnePass, run_schedule
+from lrt_lab.core.buffer import shifted_rows
+from lrt_lab.run.decode import Decoder
+from lrt_lab.run.schedules import Chunked, Exact, Interleaved, OnePass, run_schedule
 
 
 def _model(memory=MemoryConfig(), seed=0):

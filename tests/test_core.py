@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from lrt_lab import LRT, MemoryConfig, ModelConfig, preset
-from lrt_lab.decode import Decoder
-from lrt_lab.schedules import (Chunked, Exact, FullSequence, Interleaved, OnePass, parse_schedule,
+from lrt_lab.run.decode import Decoder
+from lrt_lab.run.schedules import (Chunked, Exact, FullSequence, Interleaved, OnePass, parse_schedule,
                                run_schedule)
 from reference import NaiveLRT, naive_cross_entropy
 
@@ -359,7 +359,7 @@ def test_sampling_draws_from_the_tempered_top_k_distribution(temperature, top_k)
     """sample_next over many rows of the same logits: tokens outside the top k never appear, and
     each token's frequency is within 5 standard errors of softmax(logits / temperature) restricted
     to the top k (written out here by sorting, not with topk)."""
-    from lrt_lab.decode import sample_next
+    from lrt_lab.run.decode import sample_next
     logits = torch.tensor([2.0, -1.0, 0.5, 1.5, -0.3, 0.0, 1.0, -2.0])
     n = 40_000
     draws = sample_next(logits.expand(n, -1), temperature, top_k, torch.Generator().manual_seed(0))

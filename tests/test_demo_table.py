@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from lrt_lab import demo
+from lrt_lab.commands import demo
 
 REPO = Path(__file__).resolve().parent.parent
 TOUR = REPO / "docs" / "tour.md"

@@ -8,8 +8,8 @@ One rule per block, decided by its fence and the line before it:
 - any other ```python block is a complete program: it is run in a fresh interpreter (from a
   temporary folder, the repository on PYTHONPATH), unless NOT_RUN lists it with the reason.
 - ```bash / ```sh / ```console blocks: every `lrt-lab SUBCOMMAND --flag` (and
-  `python -m lrt_lab.cli ...`) names a real subcommand and its real flags (read from the parser
-  `lrt_lab.cli.build_parser` builds), every `make TARGET` is a Makefile target, and every path of a
+  `python -m lrt_lab ...`) names a real subcommand and its real flags (read from the parser
+  `lrt_lab.commands.cli.build_parser` builds), every `make TARGET` is a Makefile target, and every path of a
   repository file they name exists. `...`, `SPEC` and other placeholders are allowed as arguments.
   A `python -c PROGRAM` command is run like a ```python block.
 - an untagged block is text (program output, a layout, a usage synopsis) and is not checked.
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from lrt_lab.cli import build_parser
+from lrt_lab.commands.cli import build_parser
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -196,10 +196,10 @@ def shell_commands(text: str) -> list[list[str]]:
 
 
 def lrt_lab_arguments(words: list[str]) -> list[str] | None:
-    """The arguments after `lrt-lab` / `python -m lrt_lab.cli`, or None for another command."""
+    """The arguments after `lrt-lab` / `python -m lrt_lab`, or None for another command."""
     if words[0] == "lrt-lab":
         return words[1:]
-    if words[:3] in (["python", "-m", "lrt_lab.cli"], ["python3", "-m", "lrt_lab.cli"]):
+    if words[:3] in (["python", "-m", "lrt_lab"], ["python3", "-m", "lrt_lab"]):
         return words[3:]
     return None
 
@@ -252,7 +252,7 @@ def test_shell_checks_catch_what_drifted():
     assert problems_of_shell_block("make demo ARGS='--quick'\nmake test") == []
     assert len(problems_of_shell_block("lrt-lab train --no-such-flag 1")) == 1
     assert len(problems_of_shell_block("lrt-lab tran --steps 1")) == 1
-    assert len(problems_of_shell_block("python -m lrt_lab.cli demo --fast")) == 1
+    assert len(problems_of_shell_block("python -m lrt_lab demo --fast")) == 1
     assert len(problems_of_shell_block("make benchmarks")) == 1
     assert len(problems_of_shell_block("lrt-lab sweep experiments/no_such_spec.toml")) == 1
     assert len(problems_of_shell_block("OMP_NUM_THREADS=1 lrt-lab demo --fast")) == 1

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lrt_lab import MemoryConfig
-from lrt_lab.schedules import (Exact, FixedPoint, FullSequence, cross_entropy, parse_schedule,
+from lrt_lab.run.schedules import (Exact, FixedPoint, FullSequence, cross_entropy, parse_schedule,
                                run_schedule)
 from test_core import CONFIGS, make_model, maxdiff, tokens
 
@@ -160,8 +160,8 @@ def test_invalid_input_names_the_field(make, field):
 
 
 def test_training_logs_sweeps_and_accounts_the_passes_run(tmp_path):
-    from lrt_lab.results import load_metrics
-    from lrt_lab.train import TrainConfig, build_model, train
+    from lrt_lab.store.results import load_metrics
+    from lrt_lab.training.loop import TrainConfig, build_model, train
     cfg = TrainConfig(task="group_prefix", task_options={"group": "S3"}, length=6, preset="tiny", model="lrt",
                       schedule="fixedpoint:0.05:4:1", steps=4, batch_size=8, eval_every=0, eval_lengths=(6,),
                       eval_size=16, checkpoint_every=0, device="cpu")
@@ -222,9 +222,9 @@ def test_sweeps_to_converge_on_a_hand_made_trace():
 
 
 def test_convergence_of_a_trained_run_from_the_cli_and_the_dashboard(tmp_path, capsys, monkeypatch):
-    from lrt_lab.analysis.__main__ import main
-    from lrt_lab.results import load_table
-    from lrt_lab.train import TrainConfig, train
+    from lrt_lab.commands.analyze import main
+    from lrt_lab.store.results import load_table
+    from lrt_lab.training.loop import TrainConfig, train
     cfg = TrainConfig(task="group_prefix", task_options={"group": "S3"}, length=6, preset="tiny", model="lrt",
                       schedule="fixedpoint:0.01:6:2", steps=3, batch_size=8, eval_every=0, eval_lengths=(6,),
                       eval_size=16, checkpoint_every=0, device="cpu")
@@ -247,7 +247,7 @@ def test_convergence_of_a_trained_run_from_the_cli_and_the_dashboard(tmp_path, c
 def test_dashboard_tables_of_sweeps_and_traces():
     import pandas as pd
     pytest.importorskip("streamlit")
-    from lrt_app.convergence import sweeps_table, trace_table
+    from lrt_app.convergence_page import sweeps_table, trace_table
     runs = pd.DataFrame({"run": ["fp", "plain"], "path": ["p/fp", "p/plain"]})
     metrics = {"p/fp": pd.DataFrame({"step": [1, 2], "loss": [1.0, 0.9], "sweeps": [4, 3], "residual": [0.1, 0.01]}),
                "p/plain": pd.DataFrame({"step": [1, 2], "loss": [1.0, 0.9]})}

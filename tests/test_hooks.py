@@ -3,9 +3,9 @@
 import torch
 
 from lrt_lab import MemoryConfig
-from lrt_lab.decode import Decoder
-from lrt_lab.hooks import hooks, patch_from, zero_at
-from lrt_lab.schedules import Exact, Interleaved, run_schedule
+from lrt_lab.run.decode import Decoder
+from lrt_lab.core.hooks import hooks, patch_from, zero_at
+from lrt_lab.run.schedules import Exact, Interleaved, run_schedule
 from test_core import make_model, maxdiff, tokens
 
 TOL = 1e-10
@@ -103,7 +103,7 @@ def test_decoding_runs_without_autograd_yet_its_captures_and_caches_serve_traini
     """Decoding runs under inference mode (no autograd bookkeeping). What it leaves behind must
     still work with autograd: activations captured while decoding train a probe, and the RoPE
     tables a prefill cached serve a training step over the same positions."""
-    from lrt_lab.hooks import capture
+    from lrt_lab.core.hooks import capture
     model = make_model(MemoryConfig())
     idx = tokens(B=2, T=6)
     with capture(model, ["blocks.1.hook_resid_post"]) as cap:
@@ -124,7 +124,7 @@ def test_the_memory_pathway_declares_hook_points_for_its_own_values():
     """memory.hook_source and memory.hook_update_gate are the pathway's modules: capturing them
     gives h_t and z = sigmoid(W_z h_t), and forcing z to 1 keeps the (zero) initial memory
     forever, in a schedule and in the decoder alike."""
-    from lrt_lab.hooks import capture
+    from lrt_lab.core.hooks import capture
     model = make_model(MemoryConfig(update="gated"))
     assert {"memory.hook_source", "memory.hook_update_gate"} <= {n for n, _ in model.named_modules()}
     idx = tokens(B=2, T=6)
@@ -147,8 +147,8 @@ def test_run_with_cache_attention_patterns_match_decoding_and_leave_the_logits_a
     """run_with_cache records (B, heads, T, T) patterns: rows sum to 1 over visible keys only, Exact's
     equal the decoder's step by step, and the written-out attention they need (hook_z, logits)
     equals the fused kernels' (a second code path)."""
-    from lrt_lab.hooks import capture
-    from lrt_lab.schedules import OnePass
+    from lrt_lab.core.hooks import capture
+    from lrt_lab.run.schedules import OnePass
     model = make_model(MemoryConfig(), n_layer=2, window_pattern="SL", short_window=3)
     B, T = 2, 7
     idx = tokens(B=B, T=T)

@@ -1,7 +1,7 @@
 """The core's invariants, generated from MemoryConfig's declared option space (not a hand list).
 
 Every categorical field declares its choices and every integer field its minimum in the dataclass
-field metadata (lrt_lab/config.py); `config_space()` reads them, so a field added to MemoryConfig is
+field metadata (lrt_lab/core/config.py); `config_space()` reads them, so a field added to MemoryConfig is
 enumerated here without editing this file. `pairwise_configs()` is a covering set: every pair of
 values of any two options (source layer and lag included) occurs in some configuration. On each, in
 float64 on a tiny model with every weight random:
@@ -34,10 +34,10 @@ import pytest
 import torch
 
 from lrt_lab import MemoryConfig, preset
-from lrt_lab.hooks import hook_points, hooks
-from lrt_lab.buffer import SequenceBuffer
-from lrt_lab.decode import Decoder
-from lrt_lab.schedules import (Chunked, Exact, FixedPoint, FullSequence, Interleaved, OnePass, Rollout,
+from lrt_lab.core.hooks import hook_points, hooks
+from lrt_lab.core.buffer import SequenceBuffer
+from lrt_lab.run.decode import Decoder
+from lrt_lab.run.schedules import (Chunked, Exact, FixedPoint, FullSequence, Interleaved, OnePass, Rollout,
                                run_schedule)
 from reference import NaiveLRT
 from test_core import decode_all, make_model, maxdiff, tokens

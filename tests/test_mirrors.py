@@ -1,4 +1,4 @@
-"""Experiment-tracking mirrors (lrt_lab.mirrors, `--log wandb` / `--log tensorboard`): what W&B and
+"""Experiment-tracking mirrors (lrt_lab.training.mirrors, `--log wandb` / `--log tensorboard`): what W&B and
 TensorBoard received is read back from the files they wrote and compared with the run store, which
 stays the source of truth. Tests that need a package skip without it; the missing-package error is
 tested with the package hidden."""
@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lrt_lab.cli import main
-from lrt_lab.groups import group_name
-from lrt_lab.mirrors import Mirrors, MirrorSettings, record_scalars, wandb_mode
-from lrt_lab.parallel import train_grid_point
-from lrt_lab.results import Run
-from lrt_lab.sweep import run_sweep
-from lrt_lab.train import TrainConfig, train
+from lrt_lab.commands.cli import main
+from lrt_lab.store.run_groups import group_name
+from lrt_lab.training.mirrors import Mirrors, MirrorSettings, record_scalars, wandb_mode
+from lrt_lab.training.parallel import train_grid_point
+from lrt_lab.store.results import Run
+from lrt_lab.training.sweep import run_sweep
+from lrt_lab.training.loop import TrainConfig, train
 
 TINY = ["--preset", "tiny", "--length", "8", "--batch-size", "4", "--eval-size", "4", "--eval-lengths", "8",
         "--steps", "6", "--eval-every", "3", "--quiet"]
@@ -309,7 +309,7 @@ def test_a_failing_mirror_is_dropped_with_one_warning_line_and_the_others_go_on(
 
 def test_a_mirror_failing_mid_run_costs_the_run_store_nothing(tmp_path, monkeypatch, capsys):
     pytest.importorskip("tensorboard")
-    from lrt_lab import mirrors
+    from lrt_lab.training import mirrors
 
     def full_disk(self, step, metrics):
         if step >= 3:

@@ -5,11 +5,11 @@ import torch
 import torch.nn as nn
 
 from lrt_lab import LRT, MemoryConfig, preset
-from lrt_lab.baselines import build_baseline
-from lrt_lab.optim import ROLES, Muon, build_optimizers, gate_saturation, newton_schulz, param_roles
-from lrt_lab.schedules import Exact, Interleaved, run_schedule
-from lrt_lab.optim import optimizer_step, set_lr_schedule
-from lrt_lab.train import TrainConfig, build_model, make_optimizers, prepare
+from lrt_lab.core.baselines import build_baseline
+from lrt_lab.training.optim import ROLES, Muon, build_optimizers, gate_saturation, newton_schulz, param_roles
+from lrt_lab.run.schedules import Exact, Interleaved, run_schedule
+from lrt_lab.training.optim import optimizer_step, set_lr_schedule
+from lrt_lab.training.loop import TrainConfig, build_model, make_optimizers, prepare
 
 
 @pytest.mark.parametrize("memory", [None, MemoryConfig(), MemoryConfig(queries=True, projections="layerwise", source_layer=2,
@@ -107,7 +107,7 @@ def test_gates_stay_unsaturated_after_3_steps_of_the_scale_recipe_at_d768():
 
 @pytest.mark.parametrize("shape,adjust", [((48, 16), None), ((16, 40), "match_rms_adamw")])
 def test_cpu_muon_follows_torch_muon(shape, adjust):
-    """lrt_lab.optim.Muon orthogonalises in float32 on CPU; torch.optim.Muon in bfloat16. Three
+    """lrt_lab.training.optim.Muon orthogonalises in float32 on CPU; torch.optim.Muon in bfloat16. Three
     steps from the same start, with momentum, weight decay and the rate scaling, must agree to
     bf16 precision: same update rule, only a more precise orthogonalisation."""
     torch.manual_seed(0)

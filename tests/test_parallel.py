@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from lrt_lab import exitcodes
-from lrt_lab.claims import CLAIM
-from lrt_lab.results import Run, load_metrics
-from lrt_lab.sweep import expand, run_sweep
+from lrt_lab.training import exitcodes
+from lrt_lab.store.claims import CLAIM
+from lrt_lab.store.results import Run, load_metrics
+from lrt_lab.training.sweep import expand, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def steps_and_losses(folder):
 
 @pytest.mark.slow
 def test_workers_one_never_imports_ray(tmp_path):
-    code = ("import sys; from lrt_lab.sweep import run_sweep; from test_parallel import spec; "
+    code = ("import sys; from lrt_lab.training.sweep import run_sweep; from test_parallel import spec; "
             f"run_sweep(spec(steps=3, seeds=(0,)), out={str(tmp_path)!r}, progress=False); "
             "print('ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "tests", capture_output=True, text=True,
@@ -103,7 +103,7 @@ def test_a_task_whose_worker_is_killed_is_retried_from_its_checkpoint(tmp_path, 
 @pytest.mark.slow
 def test_slurm_job_array_through_submitit_local_executor(tmp_path):
     submitit = pytest.importorskip("submitit")
-    from lrt_lab.parallel import SlurmGridPoint, parse_slurm, run_on_slurm
+    from lrt_lab.training.parallel import SlurmGridPoint, parse_slurm, run_on_slurm
     assert parse_slurm("partition=gpu,gpus_per_node=1,timeout_min=240") == {
         "partition": "gpu", "gpus_per_node": 1, "timeout_min": 240}
     with pytest.raises(ValueError, match="KEY=VALUE"):
@@ -128,7 +128,7 @@ def test_sigterm_on_the_driver_cancels_and_the_next_invocation_continues(tmp_pat
     lines = ["[sweep]", 'tasks = ["a5_prefix"]', 'models = ["transformer", "lrt"]', "seeds = [0]", "[train]"]
     lines += [f"{k} = {json.dumps(v)}" for k, v in body["train"].items()]
     (tmp_path / "grid.toml").write_text("\n".join(lines) + "\n")
-    args = [sys.executable, "-m", "lrt_lab.cli", "sweep", str(tmp_path / "grid.toml"), "--out", str(tmp_path / "s"),
+    args = [sys.executable, "-m", "lrt_lab", "sweep", str(tmp_path / "grid.toml"), "--out", str(tmp_path / "s"),
             "--workers", "2", "--threads-per-run", "1", "--address", "auto", "--quiet"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     driver = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

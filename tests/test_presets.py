@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from lrt_lab import LRT, MEMORY_PRESETS, MemoryConfig, memory_preset, preset
-from lrt_lab.cli import main
-from lrt_lab.memory import norm
-from lrt_lab.schedules import Exact, Interleaved, run_schedule
-from lrt_lab.sweep import expand, validate_spec
-from lrt_lab.train import TrainConfig, model_config
+from lrt_lab.commands.cli import main
+from lrt_lab.core.memory import norm
+from lrt_lab.run.schedules import Exact, Interleaved, run_schedule
+from lrt_lab.training.sweep import expand, validate_spec
+from lrt_lab.training.loop import TrainConfig, model_config
 from reference import NaiveLRT
 
 TOL = 1e-10

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lrt_lab.results import load_runs
+from lrt_lab.store.results import load_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 STORE = ROOT / "experiments" / "results"
@@ -131,7 +131,7 @@ def test_gap_table_recovered_fraction_matches_the_bpb_tables():
 def test_frontier_points_are_the_runs_that_differ_only_in_their_trainer():
     """From the files: A5 at length 16, every position supervised, the transformer or an LRT of
     the paper preset with no override; a method whose runs differ in steps is split by steps."""
-    from lrt_lab.report import frontier_points
+    from lrt_lab.store.report import frontier_points
     expect = []
     for folder in sorted(STORE.iterdir()):
         if not (folder / "summary.json").is_file():
@@ -165,7 +165,7 @@ def test_frontier_points_are_the_runs_that_differ_only_in_their_trainer():
 def test_frontier_table_and_figure_are_built_from_the_points(tmp_path):
     tables = _tables_module()
     df = load_runs(STORE)
-    from lrt_lab.report import frontier_points
+    from lrt_lab.store.report import frontier_points
     points = frontier_points(df)
     table = tables.frontier_table(df)
     for trainer, runs in points.groupby("trainer"):

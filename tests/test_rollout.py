@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from lrt_lab import MemoryConfig, preset
-from lrt_lab.baselines import LoopTransformer
-from lrt_lab.decode import Decoder
-from lrt_lab.schedules import (Exact, FixedPoint, FullSequence, Interleaved, OnePass, Rollout, parse_schedule,
+from lrt_lab.core.baselines import LoopTransformer
+from lrt_lab.run.decode import Decoder
+from lrt_lab.run.schedules import (Exact, FixedPoint, FullSequence, Interleaved, OnePass, Rollout, parse_schedule,
                                rollout_memory, run_schedule)
 from test_core import CONFIGS, make_model, maxdiff, tokens
 
@@ -98,7 +98,7 @@ def test_the_caller_thread_count_is_restored():
         torch.set_num_threads(2)
         run_schedule(model, tokens(T=T), None, Rollout())
         assert torch.get_num_threads() == 2
-        from lrt_lab.hooks import hooks
+        from lrt_lab.core.hooks import hooks
 
         def boom(x, P):
             raise RuntimeError("hook failed")
@@ -183,7 +183,7 @@ def test_memory_rows_need_keep_memory_and_are_none_without_a_memory():
 
 
 def test_rollout_trains_through_the_training_loop(tmp_path):
-    from lrt_lab.train import TrainConfig, train
+    from lrt_lab.training.loop import TrainConfig, train
     cfg = TrainConfig(task="a5_prefix", length=6, preset="small", schedule="rollout:2", steps=3, batch_size=4,
                       eval_size=4, eval_lengths=(6,), eval_every=0, checkpoint_every=0, seed=0, name="rollout")
     run = train(cfg, out=tmp_path, progress=False)

@@ -1,6 +1,6 @@
 """One grouping rule everywhere: a group is the whole config up to the seed (and name).
 
-Unit checks of lrt_lab.groups on hand-written runs tables, then a real store of two configs x two
+Unit checks of lrt_lab.store.run_groups on hand-written runs tables, then a real store of two configs x two
 seeds (the default LRT and the same LRT reading its memory from another block, which the old
 fixed-field labels pooled into one group of four) read by `lrt-lab report`, seed_stats and the
 dashboard: each must show two groups of two.
@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from lrt_lab.groups import group_keys, group_labels
+from lrt_lab.store.run_groups import group_keys, group_labels
 
 
 def table(*rows: dict) -> pd.DataFrame:
@@ -68,7 +68,7 @@ def test_an_unset_field_never_merges_two_groups():
 def two_by_two(tmp_path_factory) -> Path:
     import torch
 
-    from lrt_lab.train import TrainConfig, train
+    from lrt_lab.training.loop import TrainConfig, train
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("two_by_two")
@@ -84,8 +84,8 @@ def two_by_two(tmp_path_factory) -> Path:
 
 def test_report_and_seed_stats_show_two_groups_of_two(two_by_two, capsys):
     from lrt_lab.analysis import seed_stats
-    from lrt_lab.report import print_report
-    from lrt_lab.results import load_runs
+    from lrt_lab.store.report import print_report
+    from lrt_lab.store.results import load_runs
 
     df = load_runs(two_by_two)
     metric = "summary.eval.acc_exact@6"
@@ -107,14 +107,14 @@ def test_the_dashboard_shows_two_groups_of_two(two_by_two, monkeypatch):
     pytest.importorskip("streamlit")
     from streamlit.testing.v1 import AppTest
 
-    from lrt_app import data
+    from lrt_app import store_data
 
-    runs, _ = data.cached_runs(str(two_by_two), False, data.store_signature(two_by_two))
-    overview = data.group_overview(runs).set_index("group")
+    runs, _ = store_data.cached_runs(str(two_by_two), False, store_data.store_signature(two_by_two))
+    overview = store_data.group_overview(runs).set_index("group")
     assert overview["runs"].tolist() == [2, 2]
-    band = data.seed_band(data.curves(runs, "loss", "steps")[0])
+    band = store_data.seed_band(store_data.curves(runs, "loss", "steps")[0])
     assert set(band.groupby("group")["n"].max()) == {2}
-    figs = data.length_summary(data.length_figures(runs))
+    figs = store_data.length_summary(store_data.length_figures(runs))
     assert figs["seeds"].tolist() == [2, 2] and figs["group"].nunique() == 2
 
     monkeypatch.setenv("LRT_RUNS", str(two_by_two))
@@ -129,7 +129,7 @@ def test_the_dashboard_shows_two_groups_of_two(two_by_two, monkeypatch):
 
 
 def test_a_run_trained_longer_is_labelled_apart_from_the_seeds_of_its_group():
-    from lrt_lab.report import steps_suffix
+    from lrt_lab.store.report import steps_suffix
     df = pd.DataFrame({"label": ["a", "a", "a", "b", "b"], "config.train.steps": [1500, 1500, 3000, 1500, 1500]})
     assert steps_suffix(df, "label").tolist() == [" (1500 steps)", " (1500 steps)", " (3000 steps)", "", ""]
     # grouping by a Series (a label built on the fly) gives the same answer

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from lrt_lab import LRT, MemoryConfig, preset
-from lrt_lab.interface import SequenceModel
-from lrt_lab.schedules import Exact, Interleaved, OnePass
+from lrt_lab.core.interface import SequenceModel
+from lrt_lab.run.schedules import Exact, Interleaved, OnePass
 from lrt_scale import evaluate as ev
 
 torch.set_num_threads(1)
@@ -34,7 +34,7 @@ class _StubCache:
 
 class FixedLM(torch.nn.Module):
     """The same next-token distribution at every position, whatever the context: a model of its own
-    (not an LRT) that implements lrt_lab.interface.SequenceModel."""
+    (not an LRT) that implements lrt_lab.core.interface.SequenceModel."""
 
     memory = None
     forward_cost, forwards_per_token, has_sequential_decoding = 1.0, 1, False
@@ -274,14 +274,14 @@ def flash_dtype_rules(attend):
 def test_sequential_bpb_under_bf16_autocast_keeps_one_dtype(monkeypatch, prefill):
     """Under bf16 autocast with fp32 weights the decoder's KV cache must be bf16: an fp32 cache
     (the parameters' dtype) hands fp32 keys to bf16 queries, which flash-attn rejects."""
-    import lrt_lab.model
+    import lrt_lab.core.model
     torch.manual_seed(0)
     model = LRT(preset("tiny", memory=MemoryConfig()))
     idx = torch.randint(0, 64, (2, 17))
     batches = [(idx[:, :-1], idx[:, 1:])]
     ref = ev.sequential_bpb(copy.deepcopy(model).double(), batches, torch.ones(64, dtype=torch.long),
                             prompt_len=8, prefill=prefill)
-    monkeypatch.setattr(lrt_lab.model, "attend", flash_dtype_rules(lrt_lab.model.attend))
+    monkeypatch.setattr(lrt_lab.core.model, "attend", flash_dtype_rules(lrt_lab.core.model.attend))
     autocast = torch.autocast("cpu", dtype=torch.bfloat16)
     res = ev.sequential_bpb(model, batches, torch.ones(64, dtype=torch.long), prompt_len=8, prefill=prefill,
                             autocast=autocast)
@@ -289,7 +289,7 @@ def test_sequential_bpb_under_bf16_autocast_keeps_one_dtype(monkeypatch, prefill
 
 
 def test_decoder_refuses_to_mix_dtypes_after_filling():
-    from lrt_lab.decode import Decoder
+    from lrt_lab.run.decode import Decoder
     model = LRT(preset("tiny", memory=MemoryConfig()))
     dec = Decoder(model, 1, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16):

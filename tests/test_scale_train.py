@@ -21,8 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from lrt_lab import LRT, MemoryConfig, preset
-from lrt_lab.results import Run, load_runs
-from lrt_lab.schedules import parse_schedule, run_schedule
+from lrt_lab.store.results import Run, load_runs
+from lrt_lab.run.schedules import parse_schedule, run_schedule
 from lrt_scale import flops as fl
 from lrt_scale import train as st
 

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lrt_lab.cli import main
-from lrt_lab.report import comparison_table
-from lrt_lab.results import DamagedFileError, Run, load_metrics, load_runs, load_table
-from lrt_lab.train import TrainConfig, train
+from lrt_lab.commands.cli import main
+from lrt_lab.store.report import comparison_table
+from lrt_lab.store.results import DamagedFileError, Run, load_metrics, load_runs, load_table
+from lrt_lab.training.loop import TrainConfig, train
 
 
 def make_run(root: Path, name: str, seed: int) -> Run:
@@ -273,7 +273,7 @@ def test_resume_with_no_readable_checkpoint_fails_and_deletes_nothing(tmp_path):
 
 def test_a_failed_checkpoint_write_leaves_no_temp_file(tmp_path, monkeypatch):
     import torch
-    from lrt_lab.checkpoints import save_checkpoint
+    from lrt_lab.training.checkpoints import save_checkpoint
     run = Run.create(tmp_path, "r", {"train": {}})
 
     def full_disk(obj, f, *a, **k):

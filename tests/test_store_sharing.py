@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from lrt_lab import claims, exitcodes
-from lrt_lab.cli import build_parser, main
-from lrt_lab.results import Run, load_metrics, load_runs
-from lrt_lab.sweep import run_sweep
-from lrt_lab.train import TrainConfig, train
+from lrt_lab.store import claims
+
+from lrt_lab.training import exitcodes
+from lrt_lab.commands.cli import build_parser, main
+from lrt_lab.store.results import Run, load_metrics, load_runs
+from lrt_lab.training.sweep import run_sweep
+from lrt_lab.training.loop import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--preset", "tiny", "--length", "8", "--batch-size", "4", "--eval-size", "4", "--eval-lengths", "8",
@@ -56,7 +58,7 @@ def losses(folder) -> list[float]:
 
 def cli(*args, env=None, **kw):
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "lrt_lab.cli", *args], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "lrt_lab", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
@@ -180,7 +182,7 @@ def test_a_termination_signal_checkpoints_the_step_it_arrived_at(tmp_path, sig):
 
 
 def test_the_final_checkpoint_is_written_before_the_final_evaluation(tmp_path, monkeypatch):
-    import lrt_lab.train as train_module
+    import lrt_lab.training.loop as train_module
 
     def failing(*a, **k):
         raise RuntimeError("evaluation failed")
@@ -206,7 +208,7 @@ def test_a_diverging_run_is_recorded_and_its_grid_goes_on(tmp_path):
     assert dict(zip(load_runs(tmp_path)["run"], load_runs(tmp_path)["status"]))[wild] == "diverged"
     run_sweep(body, out=str(tmp_path), progress=False)  # a re-run does not train it again
     assert Run(tmp_path / wild).summary == summary
-    from lrt_lab.report import print_report
+    from lrt_lab.store.report import print_report
     import contextlib
     import io
     text = io.StringIO()
@@ -216,7 +218,7 @@ def test_a_diverging_run_is_recorded_and_its_grid_goes_on(tmp_path):
 
 
 def test_a_full_disk_during_a_checkpoint_is_one_line_that_says_so(tmp_path, monkeypatch, capsys):
-    import lrt_lab.checkpoints as checkpoints_module
+    import lrt_lab.training.checkpoints as checkpoints_module
 
     def cut_short(*a, **k):
         raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 4096 vs 3992")
@@ -231,7 +233,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_that_says_so(tmp_path, monk
 
 
 def test_unexpected_failures_are_one_line_with_the_traceback_behind_debug(tmp_path, monkeypatch, capsys):
-    import lrt_lab.train as train_module
+    import lrt_lab.training.loop as train_module
 
     def broken(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 10.00 GiB")
@@ -305,7 +307,7 @@ def test_every_help_exits_zero(capsys):
 
 
 def test_sigint_says_how_to_continue_for_each_command(monkeypatch, capsys):
-    import lrt_lab.cli as cli_module
+    import lrt_lab.commands.cli as cli_module
 
     def interrupted(a):
         raise KeyboardInterrupt
@@ -347,7 +349,7 @@ def test_a_diverged_train_ends_in_one_line_naming_the_cause(tmp_path, capsys):
 
 
 def test_a_train_stopped_by_sigterm_exits_incomplete_until_resumed(tmp_path, monkeypatch, capsys):
-    import lrt_lab.train as train_module
+    import lrt_lab.training.loop as train_module
     real = train_module._train_step
 
     def step_then_sigterm(*a, **k):  # the signal arrives during step 3
@@ -374,7 +376,7 @@ def sweep_args(tmp_path, body, *extra, variants: str = "") -> list[str]:
 
 
 def test_a_sweep_stopped_by_sigterm_exits_incomplete_until_its_grid_is_complete(tmp_path, monkeypatch, capsys):
-    import lrt_lab.sweep as sweep_module
+    import lrt_lab.training.sweep as sweep_module
     real = sweep_module.train
 
     def train_then_sigterm(*a, **k):  # the signal arrives once a run is done
@@ -394,7 +396,7 @@ def test_a_sweep_stopped_by_sigterm_exits_incomplete_until_its_grid_is_complete(
 def test_a_parallel_sweep_stopped_with_runs_left_exits_incomplete(tmp_path, monkeypatch, capsys):
     """--workers N: the exit status is what the store holds after the driver returns; here it was
     stopped (SIGTERM) after one run, the other task cancelled."""
-    from lrt_lab import parallel
+    from lrt_lab.training import parallel
 
     def stopped_driver(configs, out, *a, **k):
         return [parallel.train_grid_point(configs[0], out)] + [

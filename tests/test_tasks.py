@@ -345,7 +345,7 @@ def test_supervise_every_counts_only_every_kth_position(k):
     plain = make_task("a5_prefix", 12).sample(3, torch.Generator().manual_seed(0))
     assert torch.equal(batch.inputs, plain.inputs) and torch.equal(batch.targets, plain.targets)
     # accuracy and pos@90 see only the counted positions: perfect there, wrong elsewhere -> all of T
-    from lrt_lab.metrics import per_position_accuracy, pos_at
+    from lrt_lab.run.metrics import per_position_accuracy, pos_at
     logits = torch.full((3, 12, task.vocab_size), -10.0)
     wrong = (batch.targets + 1) % task.vocab_size
     logits.scatter_(2, torch.where(batch.loss_mask, batch.targets, wrong)[..., None], 10.0)

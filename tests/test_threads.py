@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lrt_lab import threads
-from lrt_lab.cli import build_parser
-from lrt_lab.threads import (CpuSample, apply_threads, busy_cores, choose_threads, sample_cpu,
+from lrt_lab.training import threads
+from lrt_lab.commands.cli import build_parser
+from lrt_lab.training.threads import (CpuSample, apply_threads, busy_cores, choose_threads, sample_cpu,
                              wait_passively_when_busy)
 
 NO_ENV: dict = {}
@@ -190,10 +190,10 @@ def test_the_cli_sets_the_wait_policy_before_torch_loads():
 
     libgomp reports OMP_WAIT_POLICY as 'PASSIVE' even when unset; what changes is its spin count
     (300000 by default, 0 when passive)."""
-    program = ("from lrt_lab import threads\n"
+    program = ("from lrt_lab.training import threads\n"
                "threads.sample_cpu = lambda: threads.CpuSample(64.0, 0.3)\n"
                "import runpy, sys; sys.argv = ['lrt-lab', 'report', '--help']\n"
-               "runpy.run_module('lrt_lab.cli', run_name='__main__')")
+               "runpy.run_module('lrt_lab', run_name='__main__')")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     env["OMP_DISPLAY_ENV"] = "VERBOSE"
     done = subprocess.run([sys.executable, "-c", program], env=env, cwd=REPO,
@@ -238,7 +238,7 @@ def choice_in_a_fresh_process(cpus):
                "spec = importlib.util.spec_from_file_location('threads', sys.argv[1])\n"
                "threads = importlib.util.module_from_spec(spec); spec.loader.exec_module(threads)\n"
                "print(repr(tuple(threads.choose_threads(env={}))))")
-    done = subprocess.run([sys.executable, "-c", program, str(REPO / "lrt_lab" / "threads.py")],
+    done = subprocess.run([sys.executable, "-c", program, str(REPO / "lrt_lab" / "training" / "threads.py")],
                           capture_output=True, text=True, timeout=60, check=True)
     return eval(done.stdout)
 

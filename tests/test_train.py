@@ -12,12 +12,12 @@ import pandas as pd
 import pytest
 import torch
 
-from lrt_lab import exitcodes
-from lrt_lab.cli import main
-from lrt_lab.results import Run, load_metrics, load_runs, load_table
-from lrt_lab.sweep import expand, run_sweep, validate_spec
-from lrt_lab.optim import lr_multiplier
-from lrt_lab.train import TrainConfig, train
+from lrt_lab.training import exitcodes
+from lrt_lab.commands.cli import main
+from lrt_lab.store.results import Run, load_metrics, load_runs, load_table
+from lrt_lab.training.sweep import expand, run_sweep, validate_spec
+from lrt_lab.training.optim import lr_multiplier
+from lrt_lab.training.loop import TrainConfig, train
 
 
 def tiny_cfg(**kw):
@@ -100,7 +100,7 @@ def _evaluations(run_path):
 def test_an_evaluation_killed_after_its_checkpoint_is_redone_on_resume(tmp_path, monkeypatch, lost):
     """Killed during an evaluation, after that step's checkpoint: the resumed run's metrics hold
     every evaluation an uninterrupted run writes, with the same figures."""
-    import lrt_lab.train as train_module
+    import lrt_lab.training.loop as train_module
     full = train(tiny_cfg(name="full"), out=tmp_path, progress=False)
     real, calls = train_module.evaluate, []
 
@@ -146,7 +146,7 @@ def test_killed_training_subprocess_resumes_with_every_step_once(tmp_path):
             "--steps", "100", "--batch-size", "16", "--eval-every", "0", "--eval-lengths", "6",
             "--eval-size", "16",
             "--checkpoint-every", "10", "--name", "killed", "--out", str(tmp_path), "--quiet"]
-    proc = subprocess.Popen([sys.executable, "-m", "lrt_lab.cli", "train", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "lrt_lab", "train", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics = tmp_path / "killed" / "metrics.jsonl"
     deadline = time.time() + 120
@@ -293,8 +293,8 @@ def test_demo_quick_trains_three_models_and_reuses_them(tmp_path, capsys, monkey
     """The quick demo's three runs, table and reuse. What is checked is the layout, not what the
     models learn: 8 steps each instead of the quick demo's 40 (training was most of the time)."""
     import dataclasses
-    from lrt_lab import demo
-    from lrt_lab.demo import run_demo
+    from lrt_lab.commands import demo
+    from lrt_lab.commands.demo import run_demo
     configs = demo.demo_configs
     monkeypatch.setattr(demo, "demo_configs", lambda quick=False: [
         dataclasses.replace(c, steps=8, task_options={**c.task_options, "curriculum_steps": 3})
@@ -321,9 +321,9 @@ def test_demo_quick_trains_three_models_and_reuses_them(tmp_path, capsys, monkey
 
 
 def test_demo_threads_follow_the_policy(monkeypatch, capsys, tmp_path):
-    """The demo asks lrt_lab.threads, says what it chose, and gives torch its setting back."""
+    """The demo asks lrt_lab.training.threads, says what it chose, and gives torch its setting back."""
     import torch
-    from lrt_lab import demo
+    from lrt_lab.commands import demo
     seen = []
     monkeypatch.setattr(demo, "_run_demo", lambda out, quick, quiet, choice: seen.append(
         (torch.get_num_threads(), demo._threads_label(choice))))
@@ -336,7 +336,7 @@ def test_demo_threads_follow_the_policy(monkeypatch, capsys, tmp_path):
 def test_a_stopped_demo_run_ends_the_demo(monkeypatch, tmp_path):
     """SIGTERM stops the run in progress (checkpointed); the demo must not go on to the next one."""
     from types import SimpleNamespace
-    from lrt_lab import demo
+    from lrt_lab.commands import demo
     trained = []
     stopped = SimpleNamespace(status="incomplete")
     monkeypatch.setattr(demo, "train", lambda cfg, **kw: trained.append(cfg) or stopped)
@@ -349,7 +349,7 @@ def test_a_stopped_demo_run_ends_the_demo(monkeypatch, tmp_path):
 
 def test_progress_bar_is_rate_limited_off_a_terminal(monkeypatch):
     import io
-    from lrt_lab.train import _progress_bar
+    from lrt_lab.training.loop import _progress_bar
     log = io.StringIO()  # not a TTY, as under CI or nohup
     monkeypatch.setattr("sys.stderr", log)
     bar = _progress_bar(400, 0, "run")
@@ -362,7 +362,7 @@ def test_progress_bar_is_rate_limited_off_a_terminal(monkeypatch):
 
 
 def test_a_task_without_the_task_interface_fails_before_anything_is_written(tmp_path):
-    from lrt_lab.train import make_task, prepare
+    from lrt_lab.training.loop import make_task, prepare
 
     class NoCurriculum:  # what an older hand-written task looked like: no length_at, no min_length
         def __init__(self, task):
@@ -371,7 +371,7 @@ def test_a_task_without_the_task_interface_fails_before_anything_is_written(tmp_
 
     cfg = tiny_cfg()
     task = make_task(cfg)
-    assert prepare(cfg, task)[0] is task  # every built-in task implements lrt_lab.interface.Task
+    assert prepare(cfg, task)[0] is task  # every built-in task implements lrt_lab.core.interface.Task
     with pytest.raises(ValueError, match="task=.*length_at"):
         train(cfg, out=tmp_path, task=NoCurriculum(task), progress=False)
     assert not (tmp_path / cfg.run_name).exists()

@@ -21,16 +21,16 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from lrt_lab import LRT
-from lrt_lab.cli import main
-from lrt_lab.config import MemoryConfig, ModelConfig, preset
-from lrt_lab.decode import Decoder, generate
-from lrt_lab.schedules import Chunked, FullSequence, Interleaved, parse_schedule, run_schedule
-from lrt_lab.sweep import expand, validate_spec
-from lrt_lab.train import TrainConfig
-from lrt_lab.validation import TRAIN_SEED_LIMIT
+from lrt_lab.commands.cli import main
+from lrt_lab.core.config import MemoryConfig, ModelConfig, preset
+from lrt_lab.run.decode import Decoder, generate
+from lrt_lab.run.schedules import Chunked, FullSequence, Interleaved, parse_schedule, run_schedule
+from lrt_lab.training.sweep import expand, validate_spec
+from lrt_lab.training.loop import TrainConfig
+from lrt_lab.core.validation import TRAIN_SEED_LIMIT
 from lrt_tasks import make_task
 from lrt_tasks.registry import _OPTIONS
-from lrt_tasks.evaluation import EVAL_SEED_OFFSET, eval_seed
+from lrt_tasks.eval_sets import EVAL_SEED_OFFSET, eval_seed
 from lrt_tasks.text import TextBytesTask
 
 # derandomize: the same examples on every run, so CI is deterministic; deadline None: the first
@@ -49,7 +49,7 @@ ANY_VALUE = st.one_of(
 NONFINITE = st.sampled_from([float("nan"), float("inf"), float("-inf"), 10**400, -(10**400)])
 
 
-# The specification (independent of lrt_lab.validation) -------------------------------------
+# The specification (independent of lrt_lab.core.validation) -------------------------------------
 def _is_finite_number(v) -> bool:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return False
@@ -256,7 +256,7 @@ def test_run_schedule_takes_a_schedule_string_and_ignores_minus_one_targets(mode
     idx = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(0))
     targets = idx.clone()
     targets[:, :2] = -1
-    from lrt_lab.schedules import Exact
+    from lrt_lab.run.schedules import Exact
     by_string, by_object = run_schedule(model, idx, targets, "exact"), run_schedule(model, idx, targets, Exact())
     assert torch.equal(by_string.logits, by_object.logits) and torch.equal(by_string.loss, by_object.loss)
     with pytest.raises(ValueError, match="schedule"):
@@ -365,7 +365,7 @@ def test_sweep_train_fields_are_validated_as_train_config_fields(data):
 
 
 def test_a_sweep_checks_every_run_before_writing_any(tmp_path):
-    from lrt_lab.sweep import run_sweep
+    from lrt_lab.training.sweep import run_sweep
     spec = validate_spec({"sweep": {"tasks": ["group_prefix", "copy"], "models": ["transformer"]},
                           "train": {"length": 4, "preset": "tiny", "steps": 1, "eval_lengths": [4], "eval_size": 2,
                                     "task_options": {"group": "S3"}, "device": "cpu"}})

@@ -6,7 +6,7 @@ bpb), store-level tables under `<store>/.analysis/tables/` (gap_recovery, mismat
 depth_sweep, depth_worth), a hidden folder that `load_runs` skips. Each has a seaborn plot function
 returning a matplotlib Figure.
 
-The names below load on first use (PEP 562), so `lrt_lab.analysis.stats` (pandas and scipy) can be
+The names below load on first use (PEP 562), so `lrt_lab.store.stats` (pandas and scipy) can be
 imported by the dashboard without importing torch.
 """
 
@@ -14,15 +14,15 @@ import importlib
 
 _LAZY = {
     **dict.fromkeys(("convergence_run", "convergence_trace", "plot_convergence", "residual_per_sweep",
-                     "sweeps_to_converge"), "convergence"),
-    **dict.fromkeys(("analyze_depth_sweep", "depth_table", "depth_worth", "min_depth", "plot_depth_curve"), "depth"),
+                     "sweeps_to_converge"), "lrt_lab.analysis.convergence"),
+    **dict.fromkeys(("analyze_depth_sweep", "depth_table", "depth_worth", "min_depth", "plot_depth_curve"), "lrt_lab.analysis.depth"),
     **dict.fromkeys(("analyze_gap", "bpb_of", "collect_bpb", "evaluate_bpb", "gap_recovery", "mismatch_table",
                      "plot_gap_recovery", "plot_mismatch", "plot_refinement", "recovered_fraction",
-                     "refinement_table"), "gap"),
+                     "refinement_table"), "lrt_lab.analysis.gap"),
     **dict.fromkeys(("collect_activations", "default_sites", "fit_probes", "plot_probe_comparison",
-                     "plot_probe_heatmap", "probe_activations", "probe_model", "probe_run"), "probes"),
-    **dict.fromkeys(("bootstrap_ci", "mean_ci", "plot_seed_stats", "seed_stats"), "stats"),
-    **dict.fromkeys(("ANALYSIS_DIR", "load_model", "load_task", "read_store_table", "write_store_table"), "store"),
+                     "plot_probe_heatmap", "probe_activations", "probe_model", "probe_run"), "lrt_lab.analysis.probes"),
+    **dict.fromkeys(("bootstrap_ci", "mean_ci", "plot_seed_stats", "seed_stats"), "lrt_lab.store.stats"),
+    **dict.fromkeys(("ANALYSIS_DIR", "load_model", "load_task", "read_store_table", "write_store_table"), "lrt_lab.analysis.loading"),
 }
 
 __all__ = sorted(_LAZY)
@@ -30,7 +30,7 @@ __all__ = sorted(_LAZY)
 
 def __getattr__(name):
     if name in _LAZY:
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'lrt_lab.analysis' has no attribute {name!r}")
 
 

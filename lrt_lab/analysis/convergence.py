@@ -20,7 +20,7 @@ import math
 import pandas as pd
 import torch
 
-from ..schedules import Exact, cross_entropy, run_schedule
+from lrt_lab.run.schedules import Exact, cross_entropy, run_schedule
 
 
 class _BatchMax:
@@ -153,8 +153,8 @@ def convergence_run(run, n_sequences: int = 128, length: int | None = None, max_
                     write: bool = True, eval_seed: int = 1) -> pd.DataFrame:
     """convergence_trace on a trained run (latest checkpoint) with a held-out batch of its task;
     writes tables/convergence.csv into the run when write=True."""
-    from ..schedules import IGNORE_INDEX
-    from .store import as_run, eval_batch, load_model, load_task
+    from lrt_lab.run.schedules import IGNORE_INDEX
+    from lrt_lab.analysis.loading import as_run, eval_batch, load_model, load_task
     run = as_run(run)
     model = load_model(run)
     batch = eval_batch(load_task(run), length or run.config["train"]["length"], n_sequences, seed=eval_seed)

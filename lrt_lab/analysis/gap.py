@@ -30,7 +30,7 @@ import pandas as pd
 # torch, the schedules and the models load inside the functions that evaluate a model, so the
 # table functions (collect_bpb, gap_recovery, mismatch_table, refinement_table) stay light enough
 # for the dashboard to compute them from stored tables without importing torch.
-from .stats import bootstrap_ci, method_column, mean_ci, seed_stats
+from lrt_lab.store.stats import bootstrap_ci, method_column, mean_ci, seed_stats
 
 LN2 = math.log(2)
 DEFAULT_GROUP = ("config.train.task", "config.train.length", "config.model.n_layer", "config.model.n_embd",
@@ -40,7 +40,7 @@ DEFAULT_GROUP = ("config.train.task", "config.train.length", "config.model.n_lay
 # BPB ------------------------------------------------------------------------------------------------
 def _ce_sum(logits, targets) -> tuple[float, int]:
     import torch.nn.functional as F
-    from ..schedules import IGNORE_INDEX
+    from lrt_lab.run.schedules import IGNORE_INDEX
     flat = targets.reshape(-1)
     total = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), flat, ignore_index=IGNORE_INDEX,
                             reduction="sum")
@@ -61,8 +61,8 @@ def bpb_of(model, inputs, targets, schedule, chunk: int = 64, bytes_per_token: f
 
 def _bpb_of(model, inputs, targets, schedule, chunk: int, bytes_per_token: float) -> dict:
     import torch
-    from ..schedules import IGNORE_INDEX, run_schedule
-    from ..schedules import as_schedule
+    from lrt_lab.run.schedules import IGNORE_INDEX, run_schedule
+    from lrt_lab.run.schedules import as_schedule
     schedule = as_schedule(schedule)
     T = inputs.size(1)
     stages = schedule.stages(T)
@@ -109,10 +109,10 @@ def evaluate_bpb(run_or_model, schedule=None, eval_batch=None, n_sequences: int 
     with write=True also tables/bpb.csv (columns mode, stage, coverage, bpb, n_tokens, schedule).
     Exact decoding is the Exact schedule, which the core tests hold equal to the Decoder.
     """
-    from ..model import LRT
-    from ..schedules import Chunked, Exact
-    from ..schedules import as_schedule
-    from .store import as_run, eval_batch as make_eval_batch, load_model, load_task
+    from lrt_lab.core.model import LRT
+    from lrt_lab.run.schedules import Chunked, Exact
+    from lrt_lab.run.schedules import as_schedule
+    from lrt_lab.analysis.loading import as_run, eval_batch as make_eval_batch, load_model, load_task
 
     run = None
     if isinstance(run_or_model, LRT):
@@ -141,7 +141,7 @@ def evaluate_bpb(run_or_model, schedule=None, eval_batch=None, n_sequences: int 
 
 
 def _inputs_targets(batch):
-    from ..schedules import IGNORE_INDEX
+    from lrt_lab.run.schedules import IGNORE_INDEX
     if isinstance(batch, (tuple, list)) and len(batch) >= 2 and not hasattr(batch, "inputs"):
         inputs, targets = batch[0], batch[1]
         mask = batch[2] if len(batch) > 2 else None
@@ -170,7 +170,7 @@ def collect_bpb(df: pd.DataFrame, compute: bool = False, **kw) -> pd.DataFrame:
     """df (load_runs) with columns bpb.parallel, bpb.exact and bpb.stage.<k> from each run's
     tables/bpb.csv; with compute=True, runs without that table are evaluated (evaluate_bpb) first.
     Stage columns are filled only for schedules whose first stage covers every position."""
-    from ..results import Run, load_table
+    from lrt_lab.store.results import Run, load_table
     df = df.copy()
     values, no_checkpoint = [], []
     for _, row in df.iterrows():
@@ -221,7 +221,7 @@ def gap_recovery(df: pd.DataFrame, metric: str = "bpb.exact", baseline: str = "t
                  exact: str = "lrt exact", group_by=DEFAULT_GROUP, confidence: float = 0.95,
                  n_resamples: int = 9999, seed_column: str = "config.train.seed") -> pd.DataFrame:
     """Recovered fraction of each method relative to `baseline` and `exact` (method labels as in
-    lrt_lab.report.method_label), per group of runs that share task/length/shape/steps.
+    lrt_lab.store.report.method_label), per group of runs that share task/length/shape/steps.
 
     Returns one row per (group, method): n_seeds, the mean metric of baseline / method / exact over
     the paired seeds, recovered (mean of the per-seed fractions), recovered_std, ci_low/ci_high
@@ -335,8 +335,8 @@ def analyze_gap(store, compute: bool = True, write: bool = True, metric: str = "
     """load_runs(store) -> BPB per run (computed and written where missing), then gap recovery,
     mismatch and refinement tables, written to <store>/.analysis/tables/{gap_recovery,
     gap_recovery_per_seed, mismatch, refinement}.csv. Returns {name: DataFrame}."""
-    from ..results import load_runs
-    from .store import write_store_table
+    from lrt_lab.store.results import load_runs
+    from lrt_lab.analysis.loading import write_store_table
     df = collect_bpb(load_runs(store), compute=compute, **kw)
     if metric not in df.columns:
         raise ValueError(f"metric={metric!r}: no run in {str(store)!r} has it (BPB needs tables/bpb.csv or a "

@@ -11,7 +11,7 @@
 # tokens/s, MFU and step time per run plus the interleaved / baseline step-time ratio.
 # Runs land in $OUT (default runs/smoke): runs/smoke/d12-lrt-interleaved_2-steps$STEPS-s0 and
 # runs/smoke/d12-transformer-steps$STEPS-s0 (config.json, metrics.jsonl, summary.json, checkpoints/),
-# readable by the dashboard (lrt-lab app, or lrt_lab.results.load_runs) and by
+# readable by the dashboard (lrt-lab app, or lrt_lab.store.results.load_runs) and by
 # `python -m lrt_scale.evaluate --run-dir <folder> ...`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -1,0 +1,87 @@
+"""What every analysis tool needs from the run store: a run's model, its task, its evaluation
+batch, and the store-level tables.
+
+Store-level tables (gap recovery, depth sweep, train/inference mismatch) live in
+`<store>/.analysis/tables/<name>.csv` (results.write_table on the folder): a hidden folder, so `load_runs` neither lists it as a run nor
+warns about it (it skips only folders whose name starts with ".").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from lrt_lab.core.config import ModelConfig
+from lrt_lab.core.model import LRT
+from lrt_lab.store.results import Run, write_table
+
+ANALYSIS_DIR = ".analysis"
+
+
+def as_run(run) -> Run:
+    """A Run from a Run, a run folder path, or a row of load_runs."""
+    if isinstance(run, Run):
+        return run
+    if isinstance(run, pd.Series):
+        return Run(run["path"])
+    if isinstance(run, (str, Path)):
+        return Run(run)
+    raise ValueError(f"run={run!r} is invalid; allowed: a Run, a run folder path, or a row of load_runs")
+
+
+def load_model(run, step: int | None = None, map_location="cpu") -> LRT:
+    """The model of a run, rebuilt from config.json, with the weights of its latest checkpoint
+    (or of `step`), in eval mode."""
+    run = as_run(run)
+    if not (run.path / "config.json").exists():
+        raise ValueError(f"run={str(run.path)!r} is invalid; allowed: a run folder with config.json")
+    if step is None:
+        ckpt = run.latest_checkpoint()
+    else:
+        ckpt = run.path / "checkpoints" / f"step_{step:07d}.pt"
+        ckpt = ckpt if ckpt.exists() else None
+    if ckpt is None:
+        have = sorted(p.name for p in (run.path / "checkpoints").glob("step_*.pt")) \
+            if (run.path / "checkpoints").exists() else []
+        raise ValueError(f"run {run.name!r} has no checkpoint{'' if step is None else f' at step {step}'} "
+                         f"(found: {', '.join(have) or 'none'}); train() writes one at the last step, "
+                         "so the run is unfinished or its checkpoints were deleted")
+    model = LRT(ModelConfig.from_dict(run.config["model"]))
+    state = torch.load(ckpt, map_location=map_location, weights_only=False)
+    model.load_state_dict(state["model"])
+    return model.eval()
+
+
+def train_config(run):
+    from lrt_lab.training.loop import TrainConfig
+    return TrainConfig(**run.config["train"])
+
+
+def load_task(run):
+    """The run's task, rebuilt through the `lrt_lab.tasks` entry point (lrt_lab imports no task code)."""
+    from lrt_lab.training.loop import make_task
+    return make_task(train_config(as_run(run)))
+
+
+def eval_batch(task, length: int, n: int, seed: int = 0):
+    """A fixed held-out batch: the task provider's evaluation set (seeds >= 2**62, never trained on)."""
+    from lrt_lab.training.loop import make_eval_sets
+    return make_eval_sets(task, (length,), n, seed=seed)[length]
+
+
+def analysis_dir(store) -> Path:
+    d = Path(store) / ANALYSIS_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def write_store_table(store, name: str, df: pd.DataFrame) -> Path:
+    """Atomically write <store>/.analysis/tables/<name>.csv (results.write_table on the hidden folder)."""
+    return write_table(analysis_dir(store), name, df)
+
+
+def read_store_table(store, name: str) -> pd.DataFrame | None:
+    path = Path(store) / ANALYSIS_DIR / "tables" / f"{name}.csv"
+    return pd.read_csv(path) if path.exists() else None

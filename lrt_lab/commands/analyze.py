@@ -1,0 +1,105 @@
+"""`lrt-lab analyze probe|gap|depth ...`: run an analysis on a run store, print its
+tables, write them (and a PNG of the plot) into the store.
+
+    lrt-lab analyze probe runs/probe/RUN_A runs/probe/RUN_B --decoding exact
+    lrt-lab analyze gap runs/gap
+    lrt-lab analyze depth runs/depth --targets 4,8
+    lrt-lab analyze convergence runs/gap/RUN_A --tols 0.1,0.01
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="lrt-lab analyze")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pr = sub.add_parser("probe", help="probe runs (tables/probe_<decoding>.csv), heatmaps side by side")
+    pr.add_argument("runs", nargs="+")
+    pr.add_argument("--decoding", default="exact", help="exact, train (the run's schedule), or a schedule spec")
+    pr.add_argument("--n-sequences", type=int, default=512)
+    pr.add_argument("--max-positions", type=int, default=16)
+    g = sub.add_parser("gap", help="BPB per run, gap recovery, mismatch, refinement (.analysis/tables/)")
+    g.add_argument("store")
+    g.add_argument("--n-sequences", type=int, default=512)
+    g.add_argument("--metric", default="bpb.exact")
+    d = sub.add_parser("depth", help="depth sweep tables (.analysis/tables/depth_sweep.csv, depth_worth.csv)")
+    d.add_argument("store")
+    d.add_argument("--metric", default=None)
+    d.add_argument("--targets", default="", help="comma-separated pos@90 targets, e.g. 4,8")
+    c = sub.add_parser("convergence", help="fixed-point sweeps on trained runs (tables/convergence.csv + PNG)")
+    c.add_argument("runs", nargs="+")
+    c.add_argument("--n-sequences", type=int, default=128)
+    c.add_argument("--max-sweeps", type=int, default=None)
+    c.add_argument("--tols", default="0.1,0.01,0.001", help="comma-separated tolerances")
+    a = p.parse_args(argv)
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import pandas as pd
+    import torch
+
+    torch.set_num_threads(1)
+    pd.set_option("display.width", 200)
+    pd.set_option("display.max_columns", 40)
+    from lrt_lab.analysis import analyze_depth_sweep
+    from lrt_lab.analysis import analyze_gap
+    from lrt_lab.analysis import plot_depth_curve
+    from lrt_lab.analysis import plot_gap_recovery
+    from lrt_lab.analysis import plot_probe_comparison
+    from lrt_lab.analysis import probe_run
+    from lrt_lab.analysis.loading import analysis_dir, as_run
+
+    try:
+        if a.cmd == "probe":
+            tables = {}
+            for r in a.runs:
+                run = as_run(r)
+                t = probe_run(run, a.decoding, n_sequences=a.n_sequences, max_positions=a.max_positions)
+                tables[run.name] = t
+                print(run.name)
+                print(t.pivot_table(index=["site", "target", "control"], columns="position",
+                                    values="accuracy").round(2).to_string())
+            out = Path(a.runs[0]).parent / "probe_heatmap.png"
+            plot_probe_comparison(tables).savefig(out, dpi=110)
+            print(f"heatmap: {out}")
+        elif a.cmd == "gap":
+            tables = analyze_gap(a.store, metric=a.metric, n_sequences=a.n_sequences)
+            for name, t in tables.items():
+                print(f"\n{name}\n{t.to_string(index=False)}")
+            if not tables["gap_recovery"].empty:
+                out = analysis_dir(a.store) / "gap_recovery.png"
+                plot_gap_recovery(tables["gap_recovery"]).savefig(out, dpi=110)
+                print(f"plot: {out}")
+        elif a.cmd == "convergence":
+            from lrt_lab.analysis.convergence import convergence_run, plot_convergence, residual_per_sweep, sweeps_to_converge
+            tols = tuple(float(x) for x in a.tols.split(",") if x.strip())
+            for r in a.runs:
+                run = as_run(r)
+                trace = convergence_run(run, n_sequences=a.n_sequences, max_sweeps=a.max_sweeps)
+                need = sweeps_to_converge(trace, tols)
+                print(run.name)
+                print(residual_per_sweep(trace).to_string(index=False))
+                print(need[need["position"] == "all"].to_string(index=False))
+                out = run.path / "convergence.png"
+                plot_convergence(trace, tols, title=run.name).savefig(out, dpi=110)
+                print(f"plot: {out}")
+        else:
+            targets = tuple(float(x) for x in a.targets.split(",") if x.strip())
+            tables = analyze_depth_sweep(a.store, a.metric, targets)
+            for name, t in tables.items():
+                print(f"\n{name}\n{t.to_string(index=False)}")
+            out = analysis_dir(a.store) / "depth_curve.png"
+            plot_depth_curve(tables["depth_sweep"]).savefig(out, dpi=110)
+            print(f"plot: {out}")
+    except ValueError as e:
+        print(f"lrt-lab analyze: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,641 @@
+"""`lrt-lab bench`: the LRT's cost next to the plain transformer's, in one process and one run.
+
+The paper's efficiency claim (app. "Measured Efficiency and Parallel Prefill") is that latent
+recurrence is cheap: about 2x token compute for interleaved S=2 training, one forward per
+generated token, baseline-cost one-pass prefill. This module measures exactly those ratios:
+
+- training step (forward + backward + optimizer: Muon for the hidden matrices, AdamW for the rest,
+  as in paper app. A) for OnePass (the plain transformer), Interleaved(2), Interleaved(4),
+  FullSequence(1), FullSequence(3), Chunked(64), Exact, FixedPoint(1e-2, 8, 1) (with the sweeps
+  it used per step: they depend on the weights, which the optimizer changes between repeats) and
+  Rollout(1), Rollout(2) (with the rollout's share of the step);
+- prefill of a prompt (default 1,024 tokens) with OnePass / Interleaved(2) / Exact;
+- decoding tokens/s at batch 1 and a larger batch;
+- peak memory on CUDA.
+
+Method: warm-up, then several repeats of every case *round-robin* (so slow drift of the machine
+hits every case alike), median; the device is synchronised around each timing (CUDA events on
+CUDA, `perf_counter` on CPU). The transformer is the same preset with `memory=None`; the LRT uses
+`MemoryConfig()` (the paper's LRT-shared). Ratios are LRT time / transformer time, except decoding
+throughput, which is LRT tokens/s / transformer tokens/s. Exact runs one stage per position, so its
+repeats are capped (`exact_repeats`); it is measured at `exact_seq_len` (default min(T, 256)) against
+a transformer step at the same length.
+
+Benchmarks are not assertions: the test suite only checks that this runs and writes valid JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+from lrt_lab.core.config import PRESETS, MemoryConfig, preset as model_preset
+from lrt_lab.core.config import fail as _fail
+from lrt_lab.run.decode import Decoder
+from lrt_lab.core.model import LRT
+from lrt_lab.training.optim import ROLES, build_optimizers
+from lrt_lab.run.schedules import Chunked, Exact, FixedPoint, FullSequence, Interleaved, OnePass, Rollout, run_schedule
+from lrt_lab.training.optim import optimizer_step
+
+
+@dataclass(frozen=True)
+class BenchPreset:
+    """A model preset plus the shapes and repeat counts of one benchmark."""
+
+    model: str              # a name in lrt_lab.core.config.PRESETS
+    seq_len: int            # training length T (also the model's sequence_len: sets the windows)
+    batch_size: int         # training batch
+    prompt_len: int         # prefill prompt length
+    prefill_batch: int      # prefill batch
+    decode_batch: int       # the "larger batch" of the decode measurement (batch 1 is always run)
+    decode_steps: int       # tokens decoded per timed repeat (after an untimed prefill of prompt_len)
+    repeats: int
+    warmup: int
+    exact_repeats: int      # Exact is T stages: cap its repeats (and warm-up) on slow devices
+    exact_seq_len: int      # Exact is measured at this T (the aim "Exact training at T=256")
+
+
+BENCH_PRESETS: dict[str, BenchPreset] = {
+    # The test suite's preset: every case runs, in a few seconds.
+    "tiny": BenchPreset(model="tiny", seq_len=16, batch_size=2, prompt_len=16, prefill_batch=1,
+                        decode_batch=2, decode_steps=4, repeats=3, warmup=1, exact_repeats=1,
+                        exact_seq_len=16),
+    # A 2-core CPU in under 2 minutes: depth 4, d 128, T 256, B 8 (nanochat-style "small").
+    "cpu": BenchPreset(model="small", seq_len=256, batch_size=8, prompt_len=1024, prefill_batch=1,
+                       decode_batch=8, decode_steps=32, repeats=5, warmup=1, exact_repeats=2,
+                       exact_seq_len=256),
+    # The paper's comparison shape on one H100/H200: d12, T 2048.
+    "d12": BenchPreset(model="d12", seq_len=2048, batch_size=8, prompt_len=1024, prefill_batch=1,
+                       decode_batch=32, decode_steps=128, repeats=10, warmup=3, exact_repeats=3,
+                       exact_seq_len=256),
+}
+BENCH_PRESETS["small"] = BENCH_PRESETS["cpu"]  # the model preset's name works too
+
+TRAIN_CASES = {  # JSON key -> schedule (the transformer runs OnePass)
+    "interleaved_2": Interleaved(2),
+    "interleaved_4": Interleaved(4),
+    "fullseq_1": FullSequence(1),
+    "fullseq_3": FullSequence(3),
+    "chunked_64": Chunked(64),
+    "exact": Exact(),
+    "fixedpoint": FixedPoint(1e-2, 8, 1),
+    "rollout_1": Rollout(1),
+    "rollout_2": Rollout(2),
+}
+PREFILL_CASES = {"onepass": OnePass(), "interleaved_2": Interleaved(2), "exact": Exact()}
+
+
+# Validation ----------------------------------------------------------------------------------------
+def _resolve_device(device) -> str:
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            _fail("device", device, "cpu (CUDA is not available)")
+        return device
+    if device != "cpu":
+        _fail("device", device, "auto, cpu" + (", cuda" if torch.cuda.is_available()
+                                               else " (CUDA is not available)"))
+    return device
+
+
+def _int_or_default(name, value, default, low):
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        _fail(name, value, f"an integer >= {low}")
+    return value
+
+
+# Timing --------------------------------------------------------------------------------------------
+class _Timer:
+    """Seconds one call takes, with the device synchronised before and after (CUDA: events).
+
+    The timed function receives `mark`: calling it splits the time there (training steps mark
+    the end of the backward pass, so the optimizer's share is reported separately)."""
+
+    def __init__(self, device: str, clock: str = "wall"):
+        self.cuda = device == "cuda"
+        # "process": CPU seconds of this process. On a shared machine, with --threads 1, it is
+        # what the run would take on an idle core (time spent descheduled is not counted).
+        self.now = time.process_time if clock == "process" else time.perf_counter
+
+    def __call__(self, fn) -> list[float]:
+        """[total, first segment, second segment, ...] in seconds."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            events = [torch.cuda.Event(enable_timing=True)]
+            events[0].record()
+
+            def mark():
+                events.append(torch.cuda.Event(enable_timing=True))
+                events[-1].record()
+            fn(mark)
+            mark()
+            events[-1].synchronize()
+            stamps = [events[0].elapsed_time(e) / 1000.0 for e in events]
+        else:
+            t0 = self.now()
+            stamps = [0.0]
+
+            def mark():
+                stamps.append(self.now() - t0)
+            fn(mark)
+            mark()
+        return [stamps[-1]] + [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+@dataclass
+class _Case:
+    name: str
+    fn: object              # () -> None, or a (setup, timed) pair for decoding
+    warmup: int
+    repeats: int
+    setup: object = None    # run untimed before each call (decoding: a fresh prefilled decoder)
+    times: list = dataclasses.field(default_factory=list)      # seconds per repeat
+    segments: list = dataclasses.field(default_factory=list)   # per repeat: seconds between marks
+    peak_mib: float | None = None
+
+
+def _run_cases(cases: list[_Case], timer: _Timer, device: str, log) -> None:
+    """Warm every case up, then run repeats round-robin, so drift of the machine hits all alike.
+
+    case.fn(mark) or, with a setup, case.fn(state, mark): `mark()` splits the timing."""
+    def call(case, arg, mark):
+        return case.fn(arg, mark) if case.setup else case.fn(mark)
+
+    for case in cases:
+        for _ in range(case.warmup):
+            arg = case.setup() if case.setup else None
+            call(case, arg, lambda: None)
+    rounds = max(c.repeats for c in cases)
+    for r in range(rounds):
+        for case in cases:
+            if r >= case.repeats:
+                continue
+            arg = case.setup() if case.setup else None
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            total, *segments = timer(lambda mark: call(case, arg, mark))
+            case.times.append(total)
+            case.segments.append(segments)
+            if device == "cuda":
+                peak = torch.cuda.max_memory_allocated() / 2**20
+                case.peak_mib = max(case.peak_mib or 0.0, peak)
+        log(f"  round {r + 1}/{rounds} done")
+
+
+# The benchmark -------------------------------------------------------------------------------------
+def _build(name: str, memory, seq_len: int, device: str, seed: int, compile_: bool) -> tuple[LRT, LRT]:
+    """(training model, inference model). On CUDA the inference copy holds bf16 weights (the
+    usual serving setup: a bf16 KV cache, no autocast casts per step); elsewhere it is the same
+    model."""
+    torch.manual_seed(seed)
+    model = LRT(model_preset(name, memory=memory, sequence_len=seq_len)).to(device)
+    infer = copy.deepcopy(model).to(torch.bfloat16) if device == "cuda" else model
+    if compile_:
+        # Compiles the stage primitive; strided and chunk stages recompile per position set, and
+        # torch.compile's first step is slow (tens of seconds on CPU, docs/design.md), so this is opt-in.
+        model.stage = torch.compile(model.stage, dynamic=False)
+        if infer is not model:
+            infer.stage = torch.compile(infer.stage, dynamic=False)
+    return model, infer
+
+
+def _optimizers(model: LRT, device: str) -> list:
+    """Paper app. A: Muon for the 2-D hidden matrices (W_rec and gates included), AdamW for the rest."""
+    lrs = {"matrix": 0.02, **{role: 3e-4 for role in ROLES if role != "matrix"}}
+    return build_optimizers(model, lrs, fused=device == "cuda" or None)
+
+
+def _autocast(device: str):
+    if device == "cuda":
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _train_step_fn(model, opts, idx, targets, schedule, device, measured: list | None = None):
+    """One training step. For a dynamic schedule, what it measured is appended to `measured`:
+    FixedPoint's sweeps used, Rollout's share of the step's wall time spent in its rollout."""
+    def step(mark):
+        start = time.perf_counter()
+        with _autocast(device):
+            out = run_schedule(model, idx, targets, schedule)
+        out.loss.backward()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+        mark()  # forward + backward | optimizer
+        optimizer_step(opts, model.parameters())
+        if measured is not None and out.measured is not None:
+            m = out.measured
+            measured.append(m["sweeps"] if "sweeps" in m else m["rollout_s"] / max(wall, 1e-12))
+    return step
+
+
+def _prefill_case(name, model, prompt, schedule, device, warmup, repeats):
+    B, n = prompt.shape
+
+    def setup():
+        return Decoder(model, B, n)
+
+    @torch.no_grad()
+    def fn(decoder, mark):
+        decoder.prefill(prompt, schedule)
+    return _Case(name, fn, warmup, repeats, setup=setup)
+
+
+def _decode_case(name, model, prompt, steps, device, warmup, repeats, vocab):
+    B, n = prompt.shape
+    g = torch.Generator(device="cpu").manual_seed(1)
+    feed = torch.randint(0, vocab, (steps, B), generator=g).to(device)
+
+    @torch.no_grad()
+    def setup():
+        decoder = Decoder(model, B, n + steps)
+        decoder.prefill(prompt)  # untimed: the decode measurement starts from a full context
+        return decoder
+
+    @torch.no_grad()
+    def fn(decoder, mark):
+        for i in range(steps):
+            decoder.step(feed[i], check_values=False)  # fixed, valid tokens: neither sampling nor input checks are measured
+    return _Case(name, fn, warmup, repeats, setup=setup)
+
+
+def run_bench(device: str = "cpu", preset: str = "small", *, seq_len: int | None = None,
+              batch_size: int | None = None, prompt_len: int | None = None,
+              decode_batch: int | None = None, decode_steps: int | None = None,
+              repeats: int | None = None, warmup: int | None = None, exact_repeats: int | None = None,
+              exact_seq_len: int | None = None, compile: bool = False, seed: int = 0,
+              threads: int | None = None, clock: str = "wall",
+              json_path: str | os.PathLike | None = None, verbose: bool = False, out=None) -> dict:
+    """Run the benchmark; returns the result dict (also written to json_path when given).
+
+    out: a text stream for the table (default: none printed; `run` prints to stdout).
+    """
+    device = _resolve_device(device)
+    if preset is None:
+        preset = "cpu" if device == "cpu" else "d12"
+    if preset not in BENCH_PRESETS:
+        _fail("preset", preset, ", ".join(BENCH_PRESETS))
+    bp = BENCH_PRESETS[preset]
+    T = _int_or_default("seq_len", seq_len, bp.seq_len, 4)   # Interleaved(4) needs T >= 4
+    B = _int_or_default("batch_size", batch_size, bp.batch_size, 1)
+    prompt_n = _int_or_default("prompt_len", prompt_len, bp.prompt_len, 2)
+    dec_B = _int_or_default("decode_batch", decode_batch, bp.decode_batch, 1)
+    dec_steps = _int_or_default("decode_steps", decode_steps, bp.decode_steps, 1)
+    reps = _int_or_default("repeats", repeats, bp.repeats, 1)
+    warm = _int_or_default("warmup", warmup, bp.warmup, 0)
+    exact_reps = min(reps, _int_or_default("exact_repeats", exact_repeats, bp.exact_repeats, 1))
+    exact_T = _int_or_default("exact_seq_len", exact_seq_len, min(T, bp.exact_seq_len), 1)
+    if exact_T > T:
+        _fail("exact_seq_len", exact_T, f"an integer in [1, seq_len={T}]")
+    if compile not in (True, False):
+        _fail("compile", compile, "True or False")
+    exact_warm = min(warm, 1)
+    threads = _int_or_default("threads", threads, None, 1)
+    if clock not in ("wall", "process") or (clock == "process" and device == "cuda"):
+        _fail("clock", clock, "wall, or process (CPU only)")
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
+    saved_threads = torch.get_num_threads()
+    if threads is not None:
+        # CPU: on a busy machine, fewer intra-op threads than cores avoids OpenMP oversubscription
+        torch.set_num_threads(threads)
+    try:
+        result = _bench(device, preset, bp, T, B, prompt_n, dec_B, dec_steps, reps, warm, exact_reps,
+                        exact_warm, exact_T, compile, seed, clock, log)
+    finally:
+        torch.set_num_threads(saved_threads)
+    if out is not None:
+        print(format_table(result), file=out)
+    if json_path is not None:
+        _write_json(result, json_path)
+    return result
+
+
+def _bench(device, preset, bp, T, B, prompt_n, dec_B, dec_steps, reps, warm, exact_reps, exact_warm,
+           exact_T, compile, seed, clock, log) -> dict:
+    vocab = PRESETS[bp.model]["vocab_size"]
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    idx = torch.randint(0, vocab, (B, T + 1), generator=gen).to(device)
+    idx, targets = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+    exact_idx, exact_targets = idx[:, :exact_T].contiguous(), targets[:, :exact_T].contiguous()
+    prompt = torch.randint(0, vocab, (bp.prefill_batch, prompt_n), generator=gen).to(device)
+    dec_prompts = {b: torch.randint(0, vocab, (b, prompt_n), generator=gen).to(device) for b in (1, dec_B)}
+
+    plain, plain_infer = _build(bp.model, None, T, device, seed, compile)
+    lrt, lrt_infer = _build(bp.model, MemoryConfig(), T, device, seed, compile)
+    plain_opts, lrt_opts = _optimizers(plain, device), _optimizers(lrt, device)
+    timer = _Timer(device, clock)
+    t_start = time.perf_counter()
+
+    # Training --------------------------------------------------------------------------------
+    train = [_Case("transformer", _train_step_fn(plain, plain_opts, idx, targets, OnePass(), device),
+                   warm, reps)]
+    if exact_T != T:
+        train.append(_Case("transformer_exact_T", _train_step_fn(plain, plain_opts, exact_idx, exact_targets,
+                                                                  OnePass(), device), warm, reps))
+    sweeps: dict[str, list] = {}   # FixedPoint: sweeps used per step
+    shares: dict[str, list] = {}   # Rollout: the rollout's share of each step's wall time
+    for key, sched in TRAIN_CASES.items():
+        if key == "exact":
+            train.append(_Case(key, _train_step_fn(lrt, lrt_opts, exact_idx, exact_targets, sched, device),
+                               exact_warm, exact_reps))
+        else:
+            used = None
+            if isinstance(sched, FixedPoint):
+                used = sweeps.setdefault(key, [])
+            elif isinstance(sched, Rollout):
+                used = shares.setdefault(key, [])
+            train.append(_Case(key, _train_step_fn(lrt, lrt_opts, idx, targets, sched, device, used), warm, reps))
+    log("training ...")
+    _run_cases(train, timer, device, log)
+
+    # Prefill and decoding (inference: no autograd) -------------------------------------------
+    prefill = [_prefill_case("transformer", plain_infer, prompt, OnePass(), device, warm, reps)]
+    for key, sched in PREFILL_CASES.items():
+        r, w = (exact_reps, exact_warm) if key == "exact" else (reps, warm)
+        prefill.append(_prefill_case(key, lrt_infer, prompt, sched, device, w, r))
+    log("prefill ...")
+    _run_cases(prefill, timer, device, log)
+
+    decode = []
+    for b in dict.fromkeys((1, dec_B)):
+        for who, model in (("transformer", plain_infer), ("lrt", lrt_infer)):
+            decode.append(_decode_case(f"{who}_batch_{b}", model, dec_prompts[b], dec_steps, device,
+                                       warm, reps, vocab))
+    log("decode ...")
+    _run_cases(decode, timer, device, log)
+    elapsed = time.perf_counter() - t_start
+
+    med = {c.name: statistics.median(c.times) for c in train}
+    fb = {c.name: statistics.median(seg[0] for seg in c.segments) for c in train}
+    opt = {c.name: statistics.median(seg[1] for seg in c.segments) for c in train}
+
+    def ratios(m):
+        base = m.get("transformer_exact_T", m["transformer"])
+        return {k: m[k] / (base if k == "exact" else m["transformer"]) for k in TRAIN_CASES}
+    train_ratio = ratios(med)
+    pmed = {c.name: statistics.median(c.times) for c in prefill}
+    prefill_ratio = {k: pmed[k] / pmed["transformer"] for k in PREFILL_CASES}
+    tps = {c.name: _batch_of(c.name) * dec_steps / statistics.median(c.times) for c in decode}
+    decode_ratio = {"batch_1": tps["lrt_batch_1"] / tps["transformer_batch_1"],
+                    "batch_N": tps[f"lrt_batch_{dec_B}"] / tps[f"transformer_batch_{dec_B}"]}
+
+    absolute = {
+        "train_step_ms": {k: 1000 * v for k, v in med.items()},
+        "train_fwd_bwd_ms": {k: 1000 * v for k, v in fb.items()},
+        "optimizer_ms": {k: 1000 * v for k, v in opt.items()},
+        "prefill_ms": {k: 1000 * v for k, v in pmed.items()},
+        "decode_tokens_per_s": {f"{who}_{key}": tps[f"{who}_batch_{b}"] for who in ("transformer", "lrt")
+                                for key, b in (("batch_1", 1), ("batch_N", dec_B))},
+    }
+    if device == "cuda":
+        absolute["peak_memory_mib"] = {f"train_{c.name}": c.peak_mib for c in train}
+        absolute["peak_memory_mib"].update({f"prefill_{c.name}": c.peak_mib for c in prefill})
+    result = {
+        "device": device,
+        "preset": preset,
+        "train_ratio": train_ratio,
+        "train_ratio_fwd_bwd": ratios(fb),  # without the optimizer (same work for both models)
+        "prefill_ratio": prefill_ratio,
+        "decode_throughput_ratio": decode_ratio,
+        "absolute": absolute,
+        # dynamic schedules: their spec and the sweeps used in every step run (warm-up included)
+        "sweeps_used": {k: {"spec": TRAIN_CASES[k].spec, "median": statistics.median(v), "samples": v}
+                        for k, v in sweeps.items()},
+        # Rollout: the fraction of the forward + backward wall time spent rolling the memory out
+        "rollout_share": {k: {"spec": TRAIN_CASES[k].spec, "median": statistics.median(v), "samples": v}
+                          for k, v in shares.items()},
+        "settings": {
+            "model_preset": bp.model, "seq_len": T, "batch_size": B, "prompt_len": prompt_n,
+            "prefill_batch": bp.prefill_batch, "decode_batch_N": dec_B, "decode_steps": dec_steps,
+            "repeats": reps, "warmup": warm, "exact_repeats": exact_reps, "exact_warmup": exact_warm,
+            "exact_seq_len": exact_T, "compile": compile, "seed": seed, "clock": clock,
+            "dtype": ("training: fp32 weights + bf16 autocast; inference: bf16 weights"
+                      if device == "cuda" else "float32"),
+            "optimizer": "Muon (matrices) + AdamW (embeddings, head, scalars)",
+        },
+        "samples_ms": {f"{group}.{c.name}": [1000 * t for t in c.times]
+                       for group, cases in (("train", train), ("prefill", prefill), ("decode", decode))
+                       for c in cases},
+        "environment": {"torch": torch.__version__, "python": platform.python_version(),
+                        "machine": _machine(device), "threads": torch.get_num_threads(),
+                        "cpu_count": os.cpu_count()},
+        "elapsed_s": elapsed,
+    }
+    return result
+
+
+def _batch_of(name: str) -> int:
+    """The batch a decode case name encodes (`lrt_batch_8` -> 8)."""
+    return int(name.rsplit("_", 1)[1])
+
+
+def _machine(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
+
+def _write_json(result: dict, path) -> None:
+    """Atomic write (write a temporary file, then rename), like the run store."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".bench-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(result, f, indent=2, allow_nan=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def format_table(result: dict) -> str:
+    s, a = result["settings"], result["absolute"]
+    lines = [f"lrt-lab bench: device={result['device']} ({result['environment']['machine']}), "
+             f"preset={result['preset']} (model {s['model_preset']}), {s['dtype']}, "
+             f"median of {s['repeats']} (Exact: {s['exact_repeats']}), {s['clock']} clock, "
+             f"{result['environment']['threads']} thread(s), torch {result['environment']['torch']}"]
+    w = 30
+
+    def row(label, value, unit, ratio, target=""):
+        r = f"{ratio:6.2f}x" if ratio is not None else "      -"
+        return f"  {label:<{w}} {value:>10.1f} {unit:<5} {r}  {target}"
+
+    lines.append(f"training step (T={s['seq_len']}, B={s['batch_size']})     step ms   ratio   "
+                 "fwd+bwd ms   ratio   optimizer ms")
+    tm, fb, op = a["train_step_ms"], a["train_fwd_bwd_ms"], a["optimizer_ms"]
+    targets = {"interleaved_2": "(paper 2.96x, aim <= 2.2x)", "fullseq_1": "(aim <= 2.2x)"}
+
+    def train_row(label, k, ratio, ratio_fb, note=""):
+        r = f"{ratio:6.2f}x" if ratio is not None else "      -"
+        rf = f"{ratio_fb:6.2f}x" if ratio_fb is not None else "      -"
+        return f"  {label:<{w}} {tm[k]:>9.1f} {r} {fb[k]:>10.1f} {rf} {op[k]:>10.1f}  {note}"
+    lines.append(train_row("transformer (OnePass)", "transformer", 1.0, 1.0))
+    used = result.get("sweeps_used", {})
+    for k in TRAIN_CASES:
+        label = k if k != "exact" else f"exact (T={s['exact_seq_len']})"
+        note = targets.get(k, "")
+        if k in used:
+            label = used[k]["spec"]
+            note = f"(sweeps used: median {used[k]['median']:g}, {min(used[k]['samples'])}-{max(used[k]['samples'])})"
+        if k in result.get("rollout_share", {}):
+            share = result["rollout_share"][k]
+            label = share["spec"]
+            note = f"(rollout: {100 * share['median']:.0f}% of fwd+bwd wall time)"
+        lines.append(train_row(label, k, result["train_ratio"][k], result["train_ratio_fwd_bwd"][k], note))
+    if "transformer_exact_T" in tm:
+        lines.append(train_row(f"transformer (T={s['exact_seq_len']})", "transformer_exact_T", None, None))
+    lines.append(f"prefill ({s['prompt_len']}-token prompt, B={s['prefill_batch']})")
+    pm = a["prefill_ms"]
+    lines.append(row("transformer (OnePass)", pm["transformer"], "ms", 1.0))
+    for k in PREFILL_CASES:
+        lines.append(row(k, pm[k], "ms", result["prefill_ratio"][k],
+                         "(paper 1.00x, aim <= 1.02x)" if k == "onepass" else ""))
+    lines.append(f"decoding ({s['decode_steps']} tokens after a {s['prompt_len']}-token prompt)"
+                 "          tok/s LRT/transformer")
+    dt = a["decode_tokens_per_s"]
+    for b, key in ((1, "batch_1"), (s["decode_batch_N"], "batch_N")):
+        lines.append(row(f"transformer, batch {b}", dt[f"transformer_{key}"], "tok/s", 1.0))
+        lines.append(row(f"LRT, batch {b}", dt[f"lrt_{key}"], "tok/s", result["decode_throughput_ratio"][key],
+                         "(paper 0.92x, aim >= 0.97x)"))
+    if "peak_memory_mib" in a:
+        lines.append("peak memory (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in a["peak_memory_mib"].items()))
+    lines.append(f"({result['elapsed_s']:.1f} s)")
+    return "\n".join(lines)
+
+
+# The committed results as a markdown table (docs/performance.md) ---------------------------------
+# It lives here, beside the JSON layout it reads, so a change to that layout and to the table that
+# docs/performance.md shows are made in one place; scripts/bench_table.py writes it into the page
+# and tests/test_bench.py fails when the page's copy differs from what the committed JSON gives.
+TABLE_START = "<!-- bench-table:start -->"
+TABLE_END = "<!-- bench-table:end -->"
+
+
+def load_results(folder) -> list[tuple[str, dict]]:
+    """(file name, result) of every *.json in folder, shortest training length first."""
+    folder = os.fspath(folder)
+    results = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".json"):
+            with open(os.path.join(folder, name)) as f:
+                results.append((name, json.load(f)))
+    def shape(name_result):
+        name, result = name_result
+        return result["settings"]["seq_len"], result["settings"]["batch_size"], name
+    return sorted(results, key=shape)
+
+
+def markdown_table(results: list[tuple[str, dict]]) -> str:
+    """One column per bench result, one row per case: LRT / transformer ratios (whole training step,
+    forward + backward alone in brackets), with what the dynamic schedules measured."""
+    def ratio(x):
+        return f"{x:.2f}x"
+
+    def column(name, r):
+        s, a, env = r["settings"], r["absolute"], r["environment"]
+        cells = {
+            "bench JSON": f"`{name}`",
+            "machine": f"{r['device']}: {env['machine']}",
+            "threads, clock": f"{env['threads']}, {s['clock']}",
+            "torch, model, repeats": f"{env['torch']}, {s['model_preset']}, "
+                                     f"median of {s['repeats']} (Exact {s['exact_repeats']})",
+            "transformer step, ms (fwd+bwd)": f"{a['train_step_ms']['transformer']:.1f} "
+                                              f"({a['train_fwd_bwd_ms']['transformer']:.1f})",
+        }
+        for key, schedule in TRAIN_CASES.items():
+            cell = f"{ratio(r['train_ratio'][key])} ({ratio(r['train_ratio_fwd_bwd'][key])})"
+            if key == "exact" and s["exact_seq_len"] != s["seq_len"]:
+                cell += f" at T={s['exact_seq_len']}"
+            if key in r.get("sweeps_used", {}):
+                cell += f", {r['sweeps_used'][key]['median']:g} sweeps"
+            if key in r.get("rollout_share", {}):
+                cell += f", rollout {100 * r['rollout_share'][key]['median']:.0f}%"
+            cells[f"train {schedule.spec}"] = cell
+        for key, schedule in PREFILL_CASES.items():
+            cells[f"prefill {schedule.spec}"] = ratio(r["prefill_ratio"][key])
+        cells["decode tok/s, batch 1"] = ratio(r["decode_throughput_ratio"]["batch_1"])
+        cells["decode tok/s, batch N"] = (f"{ratio(r['decode_throughput_ratio']['batch_N'])} "
+                                          f"(N={s['decode_batch_N']})")
+        return cells
+
+    columns = [column(name, r) for name, r in results]
+    heads = [f"T={r['settings']['seq_len']}, B={r['settings']['batch_size']}" for _, r in results]
+    lines = ["| LRT / transformer | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    for label in columns[0] if columns else []:
+        lines.append(f"| {label} | " + " | ".join(c.get(label, "-") for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def replace_table(page: str, table: str) -> str:
+    """page with the text between TABLE_START and TABLE_END replaced by table."""
+    start, end = page.find(TABLE_START), page.find(TABLE_END)
+    if start < 0 or end < start:
+        raise ValueError(f"the page has no {TABLE_START} ... {TABLE_END} markers in that order")
+    return page[:start + len(TABLE_START)] + "\n" + table + "\n" + page[end:]
+
+
+# Command line --------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`lrt-lab bench` options. Unset shape/repeat options come from the bench preset."""
+    parser.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when available)")
+    parser.add_argument("--preset", default=None,
+                        help=f"bench preset: {', '.join(BENCH_PRESETS)} (default: cpu on CPU, d12 on CUDA)")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON here")
+    parser.add_argument("--seq-len", type=int, default=None, help="training length T")
+    parser.add_argument("--batch-size", type=int, default=None, help="training batch")
+    parser.add_argument("--prompt-len", type=int, default=None,
+                        help="prefill prompt length (default 1024; the tiny preset uses 16)")
+    parser.add_argument("--decode-batch", type=int, default=None, help="the larger decode batch")
+    parser.add_argument("--decode-steps", type=int, default=None, help="tokens decoded per repeat")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per case (median)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed warm-up runs per case")
+    parser.add_argument("--exact-repeats", type=int, default=None, help="cap on Exact's repeats")
+    parser.add_argument("--exact-seq-len", type=int, default=None, help="T for Exact (default min(T, 256))")
+    parser.add_argument("--compile", action="store_true", help="experimental: torch.compile each model's stage (recompiles per position "
+                             "set; see docs/performance.md)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
+    parser.add_argument("--clock", default="wall", choices=("wall", "process"),
+                        help="CPU only: 'process' counts this process's CPU seconds (use with "
+                             "--threads 1 on a shared machine)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def run(args) -> int:
+    """Run from parsed arguments: print the table, write --json; returns the exit code."""
+    try:
+        run_bench(device=args.device, preset=args.preset, seq_len=args.seq_len, batch_size=args.batch_size,
+                  prompt_len=args.prompt_len, decode_batch=args.decode_batch, decode_steps=args.decode_steps,
+                  repeats=args.repeats, warmup=args.warmup, exact_repeats=args.exact_repeats,
+                  exact_seq_len=args.exact_seq_len, compile=args.compile, seed=args.seed,
+                  threads=args.threads, clock=args.clock,
+                  json_path=args.json, verbose=not getattr(args, "quiet", False), out=sys.stdout)
+    except ValueError as e:
+        print(f"lrt-lab bench: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="lrt-lab bench", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,113 @@
+"""What the library asks of a model and of a task, written down once as typing Protocols.
+
+Schedules (`lrt_lab.run.schedules`), the Decoder, the training loop, evaluation, the bench and scale/
+read these members with plain attribute access, so a model that lacks one fails where it is read
+instead of being silently treated as something else. `LRT` and the baselines (`LoopTransformer`,
+`PonderLM`) define every member; a new model kind implements `SequenceModel` (in practice by
+subclassing `LRT`, an `nn.Module`, as the baselines do). tests/test_baselines.py checks that each
+built-in model satisfies it.
+
+Tasks live outside lrt_lab (the `lrt_tasks` package, loaded through an entry point; lrt_lab never
+imports it), so `Task` only states what the training loop reads from one; `lrt_tasks.Task`, the
+base class of every built-in task, provides all of it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # annotations only: importing this module stays free of torch
+    import torch
+    from torch import nn
+
+    from lrt_lab.core.config import ModelConfig
+    from lrt_lab.core.memory import MemoryPathway
+
+
+@runtime_checkable
+class DeclaresParamRoles(Protocol):
+    """A module that names the optimizer role of its own parameters (`lrt_lab.training.optim`)."""
+
+    def param_roles(self) -> dict[str, str]:
+        """{parameter name pattern relative to the module: role}."""
+        ...
+
+
+@runtime_checkable
+class SequenceModel(Protocol):
+    """A model the schedules, the Decoder and the training loop can drive.
+
+    Everything is computed by `stage`: recompute positions P against a buffer (docs/design.md).
+    Models with a memory pathway (`memory` not None) also take `stage(..., layers=, resid=)` and
+    `empty_buffer(tokens, memory)` / `new_decode_cache(..., keep_memory=True)`; the library passes
+    those only when `memory` is set or `exact_split` returned a block index.
+    """
+
+    config: ModelConfig
+    # The memory pathway (its `source_blocks` feed m_t), or None for a model without memory.
+    memory: MemoryPathway | None
+    # Cost of one training forward in plain-transformer forwards over the sequence: the training
+    # loop multiplies a schedule's cost by it (loop:N costs N, ponder more).
+    forward_cost: float
+    # Forwards of the block stack per generated token at decoding time (loop:N: N, ponder:N: N+1).
+    forwards_per_token: int
+    # True when the parallel forward only approximates token-by-token decoding (ponder's Jacobi
+    # iterations): evaluation then runs the Decoder as well, as it does for the LRT.
+    has_sequential_decoding: bool
+    # nn.Module's flag and switches: evaluation puts the model in eval mode and restores it
+    training: bool
+
+    def stage(self, tokens: torch.Tensor, P: range, buffer) -> tuple[torch.Tensor, Any]:
+        """(logits at P, the buffer with P written)."""
+        ...
+
+    def empty_buffer(self, tokens: torch.Tensor) -> Any:
+        """The buffer a schedule starts from."""
+        ...
+
+    def new_decode_cache(self, batch_size: int, max_len: int, device=None, dtype=None) -> Any:
+        """The in-place state the Decoder appends to."""
+        ...
+
+    def exact_split(self, chunk: int = 1) -> int | None:
+        """The 0-based index of the first block Chunked(chunk) / Exact may run for all positions
+        at once after the blocks below it ran chunk by chunk, or None (no such split)."""
+        ...
+
+    def param_roles(self) -> dict[str, str]:
+        """Optimizer roles of the model's own parameters (`lrt_lab.training.optim`)."""
+        ...
+
+    def param_report(self) -> dict:
+        """Parameter counts for the run's config (total, baseline, added by the memory)."""
+        ...
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:
+        ...
+
+    def train(self, mode: bool = True) -> Any:
+        ...
+
+    def eval(self) -> Any:
+        ...
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What the training loop reads from a task (`lrt_tasks.Task` provides all of it).
+
+    `length_at(step)` is the training length at a step: a curriculum's, or `length` for a task
+    without one; every built-in task has it through the base class, so the loop calls it directly.
+    """
+
+    name: str
+    length: int              # the training length (a curriculum's end)
+    min_length: int          # the shortest sequence the task can make
+    vocab_size: int
+
+    def length_at(self, step: int) -> int:
+        ...
+
+    def sample(self, batch_size: int, generator, length: int | None = None) -> Any:
+        """A Batch (inputs, targets, loss_mask, state) of `length` positions."""
+        ...

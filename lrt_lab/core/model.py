@@ -1,0 +1,519 @@
+"""The Latent Recurrent Transformer: a nanochat-style decoder with a cross-token memory pathway.
+
+One compute primitive, `LRT.stage(tokens, P, buffer)`: recompute positions P against a shared
+K/V + memory buffer (docs/design.md). Training schedules, prefill strategies and decoding are all
+orders of stages (`lrt_lab.run.schedules`, `lrt_lab.run.decode`). With `config.memory=None` the same
+class is the plain transformer baseline, so both share every line of the backbone.
+
+The forward reads top to bottom: `LRT.forward` -> `run_schedule` (the order of stages) ->
+`LRT.stage` -> `LRT.run_blocks` -> `Block.forward` -> `Attention.forward` -> `attend`. The fast
+paths sit in named functions beside the equations: `mix_residual` and `gated_sum` (fused
+kernels), `MemoryRead` (what a stage forms once for all its layers), `HookPoint.active` (hook
+points cost nothing while unhooked), `Rotary`'s table cache, `FrontierStorage` (in-place appends
+without autograd).
+
+The backbone (`Block`, `Attention`, `MLP`) are ordinary modules with a `forward`, called as
+modules by every stage, so module hooks, activation checkpointing and per-block compilation work.
+All the LRT's own math lives in `lrt_lab.core.memory.MemoryPathway` (the extension point): a stage
+calls its `read` (m = m_{t-lag} for each position t) and `emit` (m_t), and a block calls it at
+three places:
+- residual injection (sec. 2.2):  x_bar = alpha_l * x + beta_l * x0 + gamma_l * m
+- gated KV projection (sec. 2.1, eqs. 2-4): k~ = g_loc * k_local + g_rec * W_k,rec m (same for
+  v), (g_loc, g_rec) = 2 * sigmoid(W_g x) per KV head, W_g zero-initialised;
+- the combined key then goes through QK-norm and RoPE at t, like the local key (eq. 5);
+and the source blocks' outputs become m_t (`MemoryPathway.emit`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from lrt_lab.core.attention import attend, attend_explicit
+from lrt_lab.core.buffer import DecodeCache, SequenceBuffer
+from lrt_lab.core.config import ModelConfig
+from lrt_lab.core.hooks import HookPoint
+from lrt_lab.core.memory import MemoryPathway, MemoryRead, norm
+
+VE_GATE_CHANNELS = 32  # nanochat gates value embeddings from the first 32 input channels
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on (B, T, H, D): rotate the pairs (x[:D/2], x[D/2:]) by the position's angles.
+
+    cos, sin: full-width tables from `Rotary` (cos = [c, c], sin = [s, -s]), so the rotation is
+    x * cos + swap_halves(x) * sin = [x1 c + x2 s, x2 c - x1 s] in three kernels."""
+    x1, x2 = x.chunk(2, dim=-1)
+    swapped = torch.cat([x2, x1], dim=-1)
+    return torch.addcmul(x * cos, swapped, sin)
+
+
+class Rotary(nn.Module):
+    """Cos/sin for arbitrary positions (RoPE at t, eq. 5), so decoding can run past sequence_len.
+
+    Angles are formed in float64 and only then cast, so bf16/fp32 models get correctly rounded
+    values and float64 tests are exact.
+
+    `table_cache` is a cache, not state: per (device, dtype), the tables of positions 0..n-1,
+    grown by doubling, so a stage only slices them (no per-stage trigonometry). A row depends on
+    its position, head_dim, base and dtype alone, so a cached row is exactly what a rebuild gives
+    and emptying the cache changes nothing but time. It is a plain attribute, not a buffer:
+    `model.to(dtype)` never rounds it and it never enters a state_dict.
+    """
+
+    def __init__(self, head_dim: int, base: float):
+        super().__init__()
+        self.head_dim, self.base = head_dim, base
+        self.table_cache: dict[tuple[torch.device, torch.dtype],
+                               tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _build(self, n: int, device, dtype: torch.dtype):
+        """(cos, sin), each (1, n, 1, D), for positions 0..n-1."""
+        exponent = torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float64)
+        exponent = exponent / self.head_dim                        # 2i / D
+        inv_freq = self.base ** (-exponent)
+        pos = torch.arange(n, device=device, dtype=torch.float64)
+        angles = pos[:, None] * inv_freq[None, :]                  # (n, D/2)
+        cos, sin = angles.cos(), angles.sin()
+        cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, -sin], -1)
+        return cos.to(dtype)[None, :, None, :], sin.to(dtype)[None, :, None, :]
+
+    def forward(self, P: range, device, dtype: torch.dtype):
+        """(cos, sin), each (1, |P|, 1, D), for the positions in P."""
+        cos, sin = self._tables(P.stop, device, dtype)
+        return cos[:, P.start:P.stop:P.step], sin[:, P.start:P.stop:P.step]
+
+    def _tables(self, n: int, device, dtype: torch.dtype):
+        """(cos, sin) covering at least positions 0..n-1: from `table_cache`, else built and
+        cached (at least doubled, so a growing decoder rebuilds O(log n) times)."""
+        key = (torch.device(device), dtype)
+        cos, sin = self.table_cache.get(key, (None, None))
+        if cos is not None and cos.size(1) >= n:
+            return cos, sin
+        n = max(n, 2 * cos.size(1) if cos is not None else 0, 64)
+        with torch.inference_mode(False):  # a cached table must be usable by autograd later
+            cos, sin = self._build(n, device, dtype)
+        if not torch.compiler.is_compiling():
+            self.table_cache[key] = (cos, sin)
+        return cos, sin
+
+
+@dataclass
+class StageContext:
+    """What every block of one stage shares (passed as an argument, never stored on a module)."""
+
+    positions: range                 # the sequence positions this stage computes (buffer rows)
+    cos: torch.Tensor                # RoPE tables at those positions
+    sin: torch.Tensor
+    buffer: object                   # SequenceBuffer or DecodeCache: K/V of every layer, memory
+    x0: torch.Tensor                 # the normed token embedding (nanochat's x0 skip)
+    memory: MemoryRead | None        # what the positions read (None: no memory pathway)
+    pathway: MemoryPathway | None
+    # buffer rows per token: sliding windows count tokens, so a stage over rows that interleave
+    # other vectors with the tokens (PonderLM's thoughts) widens them by this factor
+    rows_per_token: int = 1
+    # False: a pass the hook points do not report (PonderLM's init pass)
+    hooked: bool = True
+
+    @property
+    def hook_positions(self) -> range | None:
+        """What the hook points receive as `positions` (None: `lrt_lab.core.hooks` skips the call)."""
+        return self.positions if self.hooked else None
+
+
+class BlockOutput(NamedTuple):
+    x: torch.Tensor                  # residual stream after the block
+    k: torch.Tensor                  # the K this layer's attention saw (buffer, P's rows replaced)
+    v: torch.Tensor
+    attn_out: torch.Tensor           # the attention output added to the residual stream
+
+
+def mix_residual(x: torch.Tensor, x0: torch.Tensor, alpha, beta) -> torch.Tensor:
+    """alpha x + beta x0 (nanochat's per-layer scalars; alpha None is 1, beta None is 0).
+
+    Fused into at most two kernels (beta * x0, then one addcmul) rather than three: decoding and
+    the rollout run one position per stage, where each kernel launch costs more than its math."""
+    if beta is not None:
+        return beta * x0 + x if alpha is None else torch.addcmul(beta * x0, alpha, x)
+    return x if alpha is None else alpha * x
+
+
+class Attention(nn.Module):
+    """Causal self-attention of one layer, with the memory injected into Q/K/V (sec. 2.1)."""
+
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        d, kv = config.n_embd, config.n_kv_head * config.head_dim
+        self.layer = layer
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim = config.head_dim
+        self.window = config.window_sizes()[layer]
+        self.c_q = nn.Linear(d, config.n_head * config.head_dim, bias=False)
+        self.c_k = nn.Linear(d, kv, bias=False)
+        self.c_v = nn.Linear(d, kv, bias=False)
+        self.c_proj = nn.Linear(config.n_head * config.head_dim, d, bias=False)
+        self.ve_gate = (nn.Linear(min(VE_GATE_CHANNELS, d), config.n_kv_head, bias=False)
+                        if config.use_value_embeds else None)
+        # TransformerLens's names: hook_q / hook_k before QK-norm and RoPE (with the memory
+        # injected), hook_rot_q / hook_rot_k what attention sees; hook_z the heads' outputs before
+        # c_proj; hook_attn_scores / hook_pattern (B, H, q, k) computed only while hooked
+        names = ["hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_attn_scores",
+                 "hook_pattern", "hook_z"]
+        if config.memory is not None and config.memory.gated:
+            names += ["hook_gate_local", "hook_gate_rec"]
+        for name in names:
+            setattr(self, name, HookPoint())
+
+    def forward(self, h: torch.Tensor, ctx: StageContext, memory: MemoryRead | None = None,
+                value_embed: torch.Tensor | None = None):
+        """Attention of the stage's positions over the buffer, with k~ = g_loc k + g_rec W_k,rec m
+        (same for v; sec. 2.1, eqs. 2-5). h: the normed residual stream (B, n, d) at
+        ctx.positions. Returns (output (B, n, d), the K and V attention saw, for the buffer)."""
+        B, n, _ = h.shape
+        hp = ctx.hook_positions
+        q = self.c_q(h).view(B, n, self.n_head, self.head_dim)
+        k = self.c_k(h).view(B, n, self.n_kv_head, self.head_dim)
+        v = self.c_v(h).view(B, n, self.n_kv_head, self.head_dim)
+        if value_embed is not None:
+            v = self._add_value_embed(v, h, value_embed)
+        if memory is not None:
+            q, k, v = self._inject_memory(h, q, k, v, ctx, memory)
+        q, k, v = (self.hook_q(q, positions=hp), self.hook_k(k, positions=hp),
+                   self.hook_v(v, positions=hp))
+        # QK-norm, then RoPE at t: the recurrent key is encoded at t like the local one (eq. 5)
+        q = self.hook_rot_q(apply_rotary(norm(q), ctx.cos, ctx.sin).to(v.dtype), positions=hp)
+        k = self.hook_rot_k(apply_rotary(norm(k), ctx.cos, ctx.sin).to(v.dtype), positions=hp)
+        K, V = ctx.buffer.splice_kv(self.layer, ctx.positions, k, v)
+        y = self.hook_z(self._attend(q, K, V, ctx), positions=hp)
+        return self.c_proj(y.reshape(B, n, -1)), K, V
+
+    def _add_value_embed(self, v, h, value_embed) -> torch.Tensor:
+        """v + g * ve: nanochat's value embeddings, gated per KV head by g = 2 sigmoid(W h[:32]),
+        added in one fused addcmul."""
+        g = 2 * torch.sigmoid(self.ve_gate(h[..., :self.ve_gate.in_features]))
+        return torch.addcmul(v, g.unsqueeze(-1), value_embed.to(v.dtype))
+
+    def _inject_memory(self, h, q, k, v, ctx: StageContext, memory: MemoryRead):
+        """(q, k, v) with the memory gated in (eqs. 2-4), the gates (eq. 3) passed through their
+        hook points."""
+        g_loc, g_rec = ctx.pathway.gate_values(self.layer, h)
+        if g_loc is not None:
+            g_loc = self.hook_gate_local(g_loc, positions=ctx.hook_positions)
+            g_rec = self.hook_gate_rec(g_rec, positions=ctx.hook_positions)
+        return ctx.pathway.inject_qkv(self.layer, q, k, v, memory, g_loc, g_rec)
+
+    def _attend(self, q, K, V, ctx: StageContext) -> torch.Tensor:
+        """softmax(q K^T / sqrt(D)) V, causal within this layer's window, over the keys up to the
+        stage's last position: the fused kernels, or written out while its scores or pattern are
+        hooked."""
+        P, hp = ctx.positions, ctx.hook_positions
+        if K.size(1) != P.stop:  # the buffer holds rows past the stage (a prefix refined again)
+            K, V = K[:, :P.stop], V[:, :P.stop]
+        window = self.window if self.window is None else self.window * ctx.rows_per_token
+        if not (self.hook_attn_scores.hooked or self.hook_pattern.hooked):
+            return attend(q, K, V, P, window)
+        return attend_explicit(q, K, V, P, window,
+                               on_scores=lambda s: self.hook_attn_scores(s, positions=hp),
+                               on_pattern=lambda a: self.hook_pattern(a, positions=hp))
+
+
+class MLP(nn.Module):
+    """nanochat's MLP: c_proj(relu(c_fc x)^2)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(F.relu(self.c_fc(x)).square())
+
+
+class Block(nn.Module):
+    """One layer: residual mix and memory injection (sec. 2.2), attention (sec. 2.1), MLP."""
+
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.attn = Attention(config, layer)
+        self.mlp = MLP(config)
+        # hook_resid_pre: the block's input; hook_resid_injected: what attention's norm reads,
+        # alpha x + beta x0 (+ gamma m: the memory injected, sec. 2.2)
+        names = ["hook_resid_pre", "hook_resid_injected", "hook_attn_out", "hook_mlp_out",
+                 "hook_resid_post"]
+        if config.memory is not None:
+            names.append("hook_mem_in")
+        for name in names:
+            setattr(self, name, HookPoint())
+
+    def forward(self, x: torch.Tensor, ctx: StageContext, alpha=None, beta=None,
+                value_embed: torch.Tensor | None = None) -> BlockOutput:
+        """x_bar = alpha x + beta x0 + gamma m (sec. 2.2), then x_bar + attn(norm(x_bar)) and
+        the MLP, pre-norm. alpha, beta: this layer's scalars (None: 1 and 0); value_embed: this
+        layer's value embedding of the tokens."""
+        P = ctx.hook_positions
+        x = self.hook_resid_pre(x, positions=P)
+        x = mix_residual(x, ctx.x0, alpha, beta)
+        memory = ctx.memory
+        if memory is not None:
+            m = self.hook_mem_in(memory.m, positions=P)
+            if m is not memory.m:  # patched for this layer only: its projections follow the patch
+                memory = memory.patched(m)
+            x = ctx.pathway.inject_residual(self.layer, x, memory)
+        x = self.hook_resid_injected(x, positions=P)
+        attn_out, K, V = self.attn(norm(x), ctx, memory, value_embed)
+        attn_out = self.hook_attn_out(attn_out, positions=P)
+        x = x + attn_out
+        mlp_out = self.hook_mlp_out(self.mlp(norm(x)), positions=P)
+        x = self.hook_resid_post(x + mlp_out, positions=P)
+        return BlockOutput(x, K, V, attn_out)
+
+
+class LRT(nn.Module):
+    """Decoder-only transformer with optional latent recurrence (config.memory)."""
+
+    # lrt_lab.core.interface.SequenceModel's costs: one pass of the stack per token, and a parallel
+    # forward that equals decoding (tested), so evaluation decodes only for the memory; the
+    # baselines override these
+    forward_cost: float = 1.0
+    forwards_per_token: int = 1
+    has_sequential_decoding: bool = False
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            raise ValueError(f"config={config!r} is invalid; allowed: a ModelConfig")
+        self.config = config
+        d, n_layer = config.n_embd, config.n_layer
+        # Module constructors draw default inits we overwrite; keep them off the caller's RNG so
+        # reset_parameters alone decides the weights: the same seed gives the same backbone with
+        # or without a memory pathway (controlled LRT-vs-transformer comparisons).
+        with torch.random.fork_rng(devices=[]):
+            self.wte = nn.Embedding(config.vocab_size, d)
+            self.blocks = nn.ModuleList(Block(config, l) for l in range(n_layer))
+            kv = config.n_kv_head * config.head_dim
+            self.value_embeds = (nn.ModuleList(nn.Embedding(config.vocab_size, kv)
+                                               for _ in range(n_layer))
+                                 if config.use_value_embeds else None)
+            self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
+            self.memory = MemoryPathway(config) if config.memory is not None else None
+        self.resid_lambdas = nn.Parameter(torch.ones(n_layer)) if config.use_resid_lambdas else None
+        self.x0_lambdas = nn.Parameter(torch.zeros(n_layer)) if config.use_x0_residual else None
+        self.rotary = Rotary(config.head_dim, config.rope_base)
+        self.hook_embed = HookPoint()
+        if self.memory is not None:
+            self.hook_mem_in, self.hook_mem_out = HookPoint(), HookPoint()
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        """nanochat's init; the memory pathway's per paper sec. 2 (gates at 1, gamma at
+        gamma_init)."""
+        s = math.sqrt(3.0 / self.config.n_embd)  # uniform with the std of N(0, 1/d)
+        nn.init.normal_(self.wte.weight, std=1.0)
+        nn.init.normal_(self.lm_head.weight, std=0.001)
+        for block in self.blocks:
+            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.c_fc):
+                nn.init.uniform_(lin.weight, -s, s)
+            nn.init.zeros_(block.attn.c_proj.weight)  # blocks start as the identity
+            nn.init.zeros_(block.mlp.c_proj.weight)
+            if block.attn.ve_gate is not None:
+                nn.init.zeros_(block.attn.ve_gate.weight)
+        for emb in self.value_embeds or []:
+            nn.init.uniform_(emb.weight, -s, s)
+        if self.resid_lambdas is not None:
+            self.resid_lambdas.fill_(1.0)
+        if self.x0_lambdas is not None:
+            self.x0_lambdas.fill_(0.1)
+        if self.memory is not None:
+            self.memory.reset_parameters()
+
+    def param_roles(self) -> dict[str, str]:
+        """Optimizer role of the backbone's parameters (patterns; lrt_lab.training.optim)."""
+        return {"wte.weight": "embedding", "value_embeds.*": "embedding", "lm_head.weight": "head",
+                "blocks.*.attn.c_*": "matrix", "blocks.*.attn.ve_gate.weight": "matrix",
+                "blocks.*.mlp.*": "matrix", "resid_lambdas": "resid_scalar",
+                "x0_lambdas": "x0_scalar"}
+
+    # The stage primitive ----------------------------------------------------------------------
+    def stage(self, tokens: torch.Tensor, P: range, buffer, layers: range | None = None,
+              resid: torch.Tensor | None = None):
+        """Recompute positions P against `buffer`: embed, read m_{t-lag} (sec. 2), run the blocks,
+        write P's K/V and m_t back (docs/design.md).
+
+        tokens: (B, |P|), the inputs at P. Returns (logits at P: (B, |P|, V), the buffer with P's
+        K/V and source states written).
+        layers: the contiguous blocks to run (default: all). A stage that starts above block 0
+        takes `resid`, the residual stream entering its first block at P; one that stops below
+        the top returns that residual stream (B, |P|, d) instead of logits. The K/V of blocks
+        outside `layers` are left as they were (see `exact_split`).
+        """
+        layers = self._check_layers(layers, resid)
+        x0 = self.hook_embed(norm(self.wte(tokens)), positions=P)
+        x = x0 if resid is None else resid
+        cos, sin = self.rotary(P, x.device, x.dtype)
+        ctx = StageContext(P, cos, sin, buffer, x0, self._read_memory(buffer, P, x0), self.memory)
+        x, k_new, v_new, sources = self.run_blocks(x, ctx, tokens, layers)
+        k_all, v_all = list(buffer.k), list(buffer.v)
+        for l, k, v in zip(layers, k_new, v_new):
+            k_all[l], v_all[l] = k, v
+        buffer = buffer.updated(P, k_all, v_all, self._emit_memory(sources, ctx, layers))
+        if layers.stop < self.config.n_layer:
+            return x, buffer
+        return self.head(x), buffer
+
+    def run_blocks(self, x: torch.Tensor, ctx: StageContext, tokens: torch.Tensor | None,
+                   layers: range, ve_keep: torch.Tensor | None = None):
+        """x through the blocks `layers` over the rows of one stage, each reading ctx.memory: the
+        one block loop (the LRT's stages and the loop/ponder baselines' passes). tokens: the ids
+        at the rows, for the value embeddings (None: rows without a token get none); ve_keep:
+        (1, n, 1, 1) 0/1 per row, or None (all).
+        Returns (residual stream, [K per layer], [V per layer], {source layer: BlockOutput})."""
+        alphas, betas = self._layer_scalars()
+        ks, vs, sources = [], [], {}
+        for l in layers:
+            ve = self._value_embed(l, tokens, ve_keep)
+            out = self.blocks[l](x, ctx, alphas[l], betas[l], ve)
+            x = out.x
+            ks.append(out.k)
+            vs.append(out.v)
+            if self.memory is not None and l in self.memory.source_blocks:
+                sources[l] = out
+        return x, ks, vs, sources
+
+    def _layer_scalars(self):
+        """(alpha_l per layer, beta_l per layer), None where the model has none: split once per
+        stage into views, so a layer launches no indexing kernel for its scalar."""
+        absent = (None,) * self.config.n_layer
+        alphas = self.resid_lambdas.unbind(0) if self.resid_lambdas is not None else absent
+        betas = self.x0_lambdas.unbind(0) if self.x0_lambdas is not None else absent
+        return alphas, betas
+
+    def _value_embed(self, l: int, tokens: torch.Tensor | None, ve_keep: torch.Tensor | None):
+        """Layer l's value embedding of the tokens, (B, n, n_kv_head, head_dim), zero on the rows
+        ve_keep drops; None without value embeddings or tokens."""
+        if self.value_embeds is None or tokens is None:
+            return None
+        ve = self.value_embeds[l](tokens).view(*tokens.shape, self.config.n_kv_head, -1)
+        return ve if ve_keep is None else ve * ve_keep
+
+    def _emit_memory(self, sources: dict, ctx: StageContext, layers: range):
+        """m_t at the stage's positions (`MemoryPathway.emit`), or None when the stage ran no
+        source block."""
+        if not sources:
+            return None
+        if len(sources) != len(self.memory.source_blocks):
+            raise ValueError(f"layers={layers} is invalid; allowed: a range holding all of the "
+                             f"source blocks {self.memory.source_blocks} or none of them")
+        return self.hook_mem_out(self.memory.emit(sources, ctx.memory), positions=ctx.positions)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits from the final residual stream: lm_head(norm(x)), soft-capped."""
+        logits = self.lm_head(norm(x))
+        if self.config.softcap is not None:
+            logits = self.config.softcap * torch.tanh(logits / self.config.softcap)
+        return logits
+
+    def _read_memory(self, buffer, P: range, like: torch.Tensor) -> MemoryRead | None:
+        """What the positions P read (sec. 2: m_{t-lag}), after the model-level hook_mem_in."""
+        if self.memory is None:
+            return None
+        mem = self.memory.read(buffer, P, like.size(0), like, hook_positions=P)
+        m = self.hook_mem_in(mem.m, positions=P)
+        return mem if m is mem.m else mem.patched(m)
+
+    def _check_layers(self, layers, resid) -> range:
+        L = self.config.n_layer
+        layers = range(L) if layers is None else layers
+        if not (isinstance(layers, range) and layers.step == 1
+                and 0 <= layers.start < layers.stop <= L):
+            raise ValueError(f"layers={layers!r} is invalid; allowed: range(a, b) with "
+                             f"0 <= a < b <= n_layer={L}")
+        if (layers.start > 0) != (resid is not None):
+            raise ValueError("resid is invalid: allowed: the residual stream (B, |P|, d) exactly "
+                             f"when layers starts above block 0 (layers={layers})")
+        return layers
+
+    def exact_split(self, chunk: int = 1) -> int | None:
+        """Where Chunked(chunk) / Exact may split the stack (0-based index of the first block above
+        the source layers), or None. Only the source blocks and those below them at position t
+        feed m_t; the blocks above read m_{t-lag} but feed nothing sequential, so they can run for
+        every position in one parallel stage once the lower blocks have run chunk by chunk (same
+        logits). That holds while chunk <= memory.exact_chunk (the nearest row a position reads): a
+        longer chunk reads zero memory inside itself (sec. 3.2), which a pass over the finished
+        memory would not reproduce."""
+        if self.memory is None or chunk > self.config.memory.exact_chunk:
+            return None
+        split = max(self.memory.source_blocks) + 1
+        return split if split < self.config.n_layer else None
+
+    def compile_blocks(self, **options):
+        """Compile every block in place (torch.compile, opt-in): the eager math, generated fast.
+        Stages over new position sets recompile; the first steps are slow."""
+        for block in self.blocks:
+            block.compile(**options)
+        return self
+
+    # Conveniences ------------------------------------------------------------------------------
+    def forward(self, idx, targets=None, schedule=None, cache: dict | None = None):
+        """The logits and loss of idx under a schedule of stages (default OnePass: one stage over
+        every position); returns a ScheduleOutput (logits, loss, ...)."""
+        from lrt_lab.run.schedules import OnePass, run_schedule
+        return run_schedule(self, idx, targets, schedule or OnePass(), cache=cache)
+
+    def run_with_cache(self, idx, schedule=None, targets=None, names=None):
+        """TransformerLens's `run_with_cache`: (logits, cache) for a schedule (default OnePass),
+        cache[name] a (B, T, ...) activation per hook point (attention scores and patterns
+        (B, heads, T, T)). names: the hook points to record (default: all). Attention is written
+        out only in the layers whose scores or pattern are recorded; the rest keep the fast
+        kernels."""
+        from lrt_lab.core.hooks import capture, hook_points
+        from lrt_lab.run.schedules import OnePass, run_schedule
+        names = list(hook_points(self)) if names is None else list(names)
+        with capture(self, names) as recorded:
+            out = run_schedule(self, idx, targets, schedule or OnePass())
+        return out.logits, recorded.assembled(idx.size(1))
+
+    def empty_buffer(self, tokens: torch.Tensor,
+                     memory: torch.Tensor | None = None) -> SequenceBuffer:
+        """The buffer a schedule starts from: no K/V, and zero memory or the rows `memory`
+        (models with other state override this)."""
+        return SequenceBuffer.empty(self.config, tokens, memory)
+
+    def new_decode_cache(self, batch_size: int, max_len: int, device=None, dtype=None,
+                         keep_memory: bool = False) -> DecodeCache:
+        """The in-place state the Decoder appends to (models with other state override this);
+        keep_memory keeps every memory row it produces (`DecodeCache.memory_rows`)."""
+        return DecodeCache(self.config, batch_size, max_len, device=device, dtype=dtype,
+                           keep_memory=keep_memory)
+
+    @torch.no_grad()
+    def generate(self, prompt_ids, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, seed: int | None = None, prefill=None):
+        """Sample continuations with one forward per generated token (recurrent decoding)."""
+        from lrt_lab.run.decode import generate
+        return generate(self, prompt_ids, max_new_tokens, temperature, top_k, seed, prefill)
+
+    def param_report(self) -> dict:
+        """Parameters the memory pathway adds, absolute and relative.
+
+        The paper's "+0.3% / +4.8%" (d20 shared / layerwise) match added / total-with-memory;
+        both ratios are reported.
+        """
+        total = sum(p.numel() for p in self.parameters())
+        added = sum(p.numel() for p in self.memory.parameters()) if self.memory is not None else 0
+        baseline = total - added
+        return {"total": total, "baseline": baseline, "added": added,
+                "added_pct_of_baseline": 100.0 * added / baseline,
+                "added_pct_of_total": 100.0 * added / total}
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Parameters by optimizer role (`lrt_lab.training.optim.param_roles`: every parameter in exactly
+        one)."""
+        from lrt_lab.training.optim import grouped_parameters
+        return grouped_parameters(self)

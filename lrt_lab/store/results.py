@@ -1,0 +1,443 @@
+"""The run store: one folder per run, written atomically, read back as pandas tables.
+
+    runs/<name>/config.json     everything needed to rerun it (train config, model config, params)
+    runs/<name>/metrics.jsonl   one JSON object per logged step ({"step", "kind": "train"|"eval", ...})
+    runs/<name>/summary.json    final figures; present only once the run completed
+    runs/<name>/tables/*.csv    tables (per-position accuracy, analysis outputs)
+    runs/<name>/checkpoints/    step_XXXXXXX.pt, for --resume
+
+Every file is written to a temporary name and renamed (os.replace is atomic on POSIX), and a new
+run folder is assembled under a hidden name and renamed into place, so a killed process never
+leaves a half-written file. metrics.jsonl is the one append-only file: its last line may be cut
+by a kill; readers drop such a line and report it. Temporary files of a killed writer are
+removed when the run is resumed (`Run.remove_temp_files`).
+
+Damage never spreads: a file that is not what it should be (bytes that are not UTF-8, bad or
+too deeply nested JSON, a directory in its place, a field of the wrong type such as a list for
+summary "eval" or a string "final_loss") raises `DamagedFileError` (a ValueError) from the Run
+accessors, and the store readers skip it and report it: `load_runs` skips the run (listed in
+`df.attrs["skipped"]` with the reason, and warned), `load_metrics` drops unreadable lines
+(counted in `df.attrs["dropped_lines"]`) or returns an empty table for an unreadable file
+(`df.attrs["damaged"]`), `load_table` returns None for a damaged CSV. The other runs read as before.
+
+`load_runs(root)` -> DataFrame, one row per run (config and summary flattened with dotted
+column names); folders that are not readable runs are skipped and listed in `df.attrs["skipped"]`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+from lrt_lab.store.claims import Claim, acquire
+
+CONFIG, METRICS, SUMMARY, TABLES, CHECKPOINTS = "config.json", "metrics.jsonl", "summary.json", "tables", "checkpoints"
+
+
+def _clean(obj):
+    """JSON-safe: NaN/inf become None (JSON has no NaN), tuples become lists."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def respect_umask(path, directory: bool = False) -> None:
+    """Give a file or folder made by tempfile (0600 / 0700 whatever the umask) the permissions a
+    plain open / mkdir would have: a store shared by a group stays readable by it."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
+def write_json(path: Path, obj) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    respect_umask(tmp)
+    with os.fdopen(fd, "w") as f:
+        json.dump(_clean(obj), f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_table(run_dir: Path, name: str, df: pd.DataFrame) -> Path:
+    """Atomically write tables/<name>.csv inside a run folder."""
+    tables = Path(run_dir) / TABLES
+    tables.mkdir(exist_ok=True)
+    path = tables / f"{name}.csv"
+    fd, tmp = tempfile.mkstemp(dir=tables, prefix=f".{name}.", suffix=".tmp")
+    respect_umask(tmp)
+    with os.fdopen(fd, "w") as f:
+        df.to_csv(f, index=False)
+    os.replace(tmp, path)
+    return path
+
+
+class DamagedFileError(ValueError):
+    """A run-store file that exists but cannot be read as what it should be (bad bytes, bad JSON,
+    a directory in its place, the wrong shape). Readers of the store skip it and report it."""
+
+
+# The fields readers use, with the JSON types they must have when present (None: JSON null, for
+# NaN/inf written by _clean). Unknown fields are kept as they are.
+_NUMBER = (int, float, type(None))
+CONFIG_SCHEMA = {"train": dict, "model": dict, "params": dict, "kind": str, "schedule": str,
+                 "schedule_cost": _NUMBER, "forwards_per_token": _NUMBER, "task_vocab_size": _NUMBER}
+SUMMARY_SCHEMA = {"status": str, "steps": _NUMBER, "final_loss": _NUMBER, "wall_time_s": _NUMBER,
+                  "tokens": _NUMBER, "compute_tokens": _NUMBER, "schedule_cost": _NUMBER,
+                  "forwards_per_token": _NUMBER, "eval": dict}
+# A metrics record: the fields the training-curve readers plot (step is an integer, see _read_jsonl).
+METRICS_SCHEMA = {"step": (int,), "kind": str, "loss": _NUMBER, "tokens": _NUMBER, "compute_tokens": _NUMBER,
+                  "time": _NUMBER, "lr_mult": _NUMBER, "length": _NUMBER, "tokens_per_s": _NUMBER,
+                  "stage_losses": list}
+MAX_DEPTH = 8  # deeper JSON is not something this library writes
+
+
+def _depth(obj, limit: int = MAX_DEPTH) -> int:
+    """Nesting depth of a JSON value, counted iteratively (a deep value must not blow the stack)."""
+    deepest, stack = 0, [(obj, 0)]
+    while stack:
+        value, d = stack.pop()
+        deepest = max(deepest, d)
+        if deepest > limit:
+            break
+        if isinstance(value, dict):
+            stack.extend((v, d + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, d + 1) for v in value)
+    return deepest
+
+
+def _parse_json(data: bytes, what: str):
+    """JSON from bytes; DamagedFileError for bytes that are not UTF-8 JSON of sane depth."""
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise DamagedFileError(f"{what}: not UTF-8 ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise DamagedFileError(f"{what}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:
+        raise DamagedFileError(f"{what}: JSON nested too deeply") from None
+    # depth <= the number of brackets: most values (a metrics line) need no walk
+    if data.count(b"[") + data.count(b"{") > MAX_DEPTH and _depth(obj) > MAX_DEPTH:
+        raise DamagedFileError(f"{what}: JSON nested deeper than {MAX_DEPTH} levels")
+    return obj
+
+
+def _bad_type(obj: dict, schema: dict) -> str | None:
+    for key, types in schema.items():
+        value = obj.get(key)
+        if key in obj and (not isinstance(value, types) or isinstance(value, bool) and bool not in
+                           (types if isinstance(types, tuple) else (types,))):
+            return f"{key!r} is {type(value).__name__}"
+    return None
+
+
+def read_json(path: Path, schema: dict | None = None):
+    """A JSON file; with `schema`, an object whose listed fields have the listed types.
+
+    DamagedFileError (a ValueError) names the file and what is wrong with it.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:  # a directory in its place, unreadable
+        raise DamagedFileError(f"{path.name}: unreadable ({e.strerror or type(e).__name__})") from None
+    obj = _parse_json(data, path.name)
+    if schema is not None:
+        if not isinstance(obj, dict):
+            raise DamagedFileError(f"{path.name}: not a JSON object but {type(obj).__name__}")
+        bad = _bad_type(obj, schema)
+        if bad:
+            raise DamagedFileError(f"{path.name}: {bad}")
+        if path.name == SUMMARY:
+            ev = obj.get("eval", {})
+            odd = [k for k, v in ev.items() if not isinstance(v, (int, float, str, type(None)))]
+            if odd:
+                raise DamagedFileError(f"{path.name}: eval[{odd[0]!r}] is {type(ev[odd[0]]).__name__}, not a number")
+    return obj
+
+
+class Run:
+    """A run folder. Create with Run.create (atomic) or open an existing one with Run(path)."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @classmethod
+    def create(cls, root, name: str, config: dict) -> "Run":
+        """Make root/name with config.json in one atomic rename; fails if it already exists."""
+        run, claim = cls._assemble(root, name, config, claimed=False)
+        return run
+
+    @classmethod
+    def create_claimed(cls, root, name: str, config: dict) -> tuple["Run", Claim]:
+        """Run.create with this process's claim inside the folder before it appears (one writer
+        per run, `lrt_lab.store.claims`): (the run, the claim to release when done)."""
+        return cls._assemble(root, name, config, claimed=True)
+
+    @classmethod
+    def _assemble(cls, root, name: str, config: dict, claimed: bool):
+        root = Path(root)
+        root.mkdir(parents=True, exist_ok=True)
+        final = root / name
+        if final.exists():
+            raise FileExistsError(f"run folder {final} already exists (use --resume to continue it)")
+        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}."))
+        claim = None
+        try:
+            respect_umask(tmp, directory=True)
+            if claimed:
+                claim = acquire(tmp)
+            write_json(tmp / CONFIG, config)
+            (tmp / METRICS).touch()
+            try:
+                os.rename(tmp, final)  # fails when another process made `final` meanwhile
+            except OSError as e:
+                if final.exists():
+                    raise FileExistsError(f"run folder {final} already exists (made by another process just "
+                                          "now)") from None
+                raise e
+        except BaseException:
+            if claim is not None:
+                claim.release()
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return cls(final), (claim.moved_to(final) if claim is not None else None)
+
+    @property
+    def config(self) -> dict:
+        """config.json; DamagedFileError (a ValueError) when it is damaged."""
+        return read_json(self.path / CONFIG, CONFIG_SCHEMA)
+
+    @property
+    def summary(self) -> dict | None:
+        """summary.json, None while the run is incomplete; DamagedFileError when it is damaged."""
+        p = self.path / SUMMARY
+        return read_json(p, SUMMARY_SCHEMA) if p.exists() else None
+
+    @property
+    def is_complete(self) -> bool:
+        return (self.path / SUMMARY).exists()
+
+    def log(self, record: dict) -> None:
+        """Append one metrics record (one line, flushed), so a kill loses at most that line."""
+        line = json.dumps(_clean(record), sort_keys=True)
+        with open(self.path / METRICS, "a") as f:
+            f.write(line + "\n")
+            f.flush()
+
+    def metrics_records(self) -> list[dict]:
+        records, _ = _read_jsonl(self.path / METRICS)
+        return records
+
+    def truncate_metrics(self, last_step: int) -> None:
+        """Keep only records with step <= last_step (resume from a checkpoint at last_step)."""
+        keep = [r for r in self.metrics_records() if r.get("step", -1) <= last_step]
+        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".metrics.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            for r in keep:
+                f.write(json.dumps(r, sort_keys=True) + "\n")
+        os.replace(tmp, self.path / METRICS)
+
+    def write_summary(self, summary: dict) -> None:
+        write_json(self.path / SUMMARY, summary)
+
+    def write_table(self, name: str, df: pd.DataFrame) -> Path:
+        return write_table(self.path, name, df)
+
+    def tables(self) -> dict[str, Path]:
+        d = self.path / TABLES
+        return {p.stem: p for p in sorted(d.glob("*.csv"))} if d.exists() else {}
+
+    def checkpoint_dir(self) -> Path:
+        d = self.path / CHECKPOINTS
+        d.mkdir(exist_ok=True)
+        return d
+
+    @property
+    def status(self) -> str:
+        """"complete", "diverged" (summary.json written with that status), or "incomplete"."""
+        summary = self.summary
+        return "incomplete" if summary is None else summary.get("status", "complete")
+
+    def checkpoints(self) -> list[Path]:
+        """The run's checkpoint files, oldest first."""
+        d = self.path / CHECKPOINTS
+        return sorted(p for p in d.glob("step_*.pt") if p.is_file()) if d.is_dir() else []
+
+    def latest_checkpoint(self) -> Path | None:
+        ckpts = self.checkpoints()
+        return ckpts[-1] if ckpts else None
+
+    def remove_temp_files(self) -> list[Path]:
+        """Delete the temporary files a killed writer leaves (`.*.tmp`: checkpoints, JSON, tables,
+        metrics rewrites); the files they were meant to replace are untouched. Call only while no
+        other process writes this run (resume does)."""
+        removed = []
+        for d in (self.path, self.path / CHECKPOINTS, self.path / TABLES):
+            if d.is_dir():
+                for p in d.glob(".*.tmp"):
+                    if p.is_file():
+                        p.unlink(missing_ok=True)
+                        removed.append(p)
+        return removed
+
+
+def diverged_line(name: str, summary: dict) -> str:
+    """The one line that says a run diverged and what to do, from its summary.json."""
+    step, loss = summary.get("diverged_at_step", "?"), summary.get("diverged_loss", "?")
+    return (f"{name}: diverged at step {step} (loss {loss}); summary.json status 'diverged'. "
+            "Lower --lr-scale (or the learning rates) and train it under a new name")
+
+
+def first_names(names: list[str], most: int = 3) -> str:
+    """`a, b, c ...`: the first `most` run names of a list, for a one-line message."""
+    return ", ".join(names[:most]) + (" ..." if len(names) > most else "")
+
+
+def _read_jsonl(path: Path) -> tuple[list[dict], int]:
+    """(records, dropped lines) of a metrics.jsonl. A line is dropped (and counted) unless it is
+    UTF-8 JSON of sane depth holding an object whose known fields have their types
+    (METRICS_SCHEMA): a line cut by a kill, stray bytes, a foreign record. A file
+    that cannot be read at all (a directory in its place) raises DamagedFileError."""
+    records, bad = [], 0
+    path = Path(path)
+    if not path.exists():
+        return records, bad
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DamagedFileError(f"{path.name}: unreadable ({e.strerror or type(e).__name__})") from None
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            rec = _parse_json(line, path.name)
+        except DamagedFileError:
+            bad += 1
+            continue
+        if not isinstance(rec, dict) or _bad_type(rec, METRICS_SCHEMA):
+            bad += 1
+            continue
+        records.append(rec)
+    return records, bad
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        elif isinstance(v, list):
+            out[key] = json.dumps(v)
+        else:
+            out[key] = v
+    return out
+
+
+def load_runs(root, include_incomplete: bool = False) -> pd.DataFrame:
+    """One row per run under root: `run`, `path`, `status`, then config.* and summary.* columns.
+
+    Folders that cannot be read as runs (no or corrupt config.json, e.g. a half-written folder)
+    are skipped with a warning and listed in df.attrs["skipped"] as (folder, reason). Runs without
+    a summary (still training, or killed) are skipped too unless include_incomplete=True.
+    """
+    root = Path(root)
+    rows, skipped = [], []
+    if root.is_dir():
+        for d in sorted(p for p in root.iterdir() if not p.name.startswith(".") and _is_dir(p)):
+            cfg_path = d / CONFIG
+            try:
+                if not cfg_path.exists():
+                    skipped.append((d.name, "no config.json (not a run folder, or half-written)"))
+                    continue
+                run = Run(d)
+                config, summary = run.config, run.summary
+            except DamagedFileError as e:
+                skipped.append((d.name, f"damaged: {e}"))
+                continue
+            except OSError as e:  # a folder this user cannot read (another user's run, lost+found)
+                skipped.append((d.name, f"unreadable: {e.strerror or type(e).__name__}"))
+                continue
+            if summary is None and not include_incomplete:
+                skipped.append((d.name, "incomplete: no summary.json (running, or killed; --resume it)"))
+                continue
+            status = "incomplete" if summary is None else summary.get("status", "complete")
+            row = {"run": d.name, "path": str(d), "status": status}
+            row.update(_flatten(config, "config."))
+            row.update(_flatten(summary or {}, "summary."))
+            rows.append(row)
+    df = pd.DataFrame(rows)
+    df.attrs["skipped"] = skipped
+    for name, reason in skipped:
+        if not reason.startswith("incomplete"):
+            warnings.warn(f"skipped run folder {name!r}: {reason}", stacklevel=2)
+    return df
+
+
+def _is_dir(p: Path) -> bool:
+    try:
+        return p.is_dir()
+    except OSError:
+        return True  # cannot even stat it: listed, then skipped with the reason
+
+
+def load_metrics(run, kind: str | None = None) -> pd.DataFrame:
+    """A run's metrics.jsonl as a DataFrame (nested fields flattened); `kind` filters records.
+
+    `run` is a run folder path, a Run, or a row of load_runs. A last line cut by a kill is
+    dropped and counted in df.attrs["dropped_lines"].
+    """
+    if isinstance(run, Run):
+        path = run.path
+    elif isinstance(run, pd.Series):
+        path = Path(run["path"])
+    else:
+        path = Path(run)
+    try:
+        records, bad = _read_jsonl(path / METRICS)
+        damaged = None
+    except DamagedFileError as e:
+        records, bad, damaged = [], 0, str(e)
+        warnings.warn(f"run {path.name!r}: {damaged}; no metrics read", stacklevel=2)
+    if bad:
+        warnings.warn(f"run {path.name!r}: {bad} unreadable line(s) of {METRICS} dropped", stacklevel=2)
+    if kind is not None:
+        records = [r for r in records if r.get("kind") == kind]
+    df = pd.DataFrame([_flatten(r) for r in records])
+    df.attrs["dropped_lines"] = bad
+    df.attrs["damaged"] = damaged
+    return df
+
+
+def load_table(run, name: str) -> pd.DataFrame | None:
+    """tables/<name>.csv of a run, or None when the run has no such table."""
+    path = Path(run["path"] if isinstance(run, pd.Series) else getattr(run, "path", run)) / TABLES / f"{name}.csv"
+    if not path.exists():
+        return None
+    try:
+        return pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as e:
+        warnings.warn(f"table {path} is damaged ({type(e).__name__}); skipped", stacklevel=2)
+        return None

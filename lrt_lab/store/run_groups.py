@@ -1,0 +1,209 @@
+"""Which runs are seeds of one configuration, and how to name the groups so that they read apart.
+
+The rule, used by `lrt-lab report`, `lrt_lab.analysis.seed_stats` and the dashboard alike:
+
+- a run's **group** is its whole config (every `config.*` column of `load_runs`) except the seed
+  and the run's name, so two runs are pooled as seeds only when nothing else about them differs;
+- a group's **label** names what was trained (`method_label`: kind and schedule) and then the
+  config fields whose values differ between the groups being compared, so the same store can
+  read `lrt exact` alone, or `lrt exact | memory.source_layer=4` next to the default.
+
+Labels are made for a set of groups, not for one run: filter the runs first, then label them.
+Light on purpose (pandas only): the dashboard imports it without paying for torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+
+import pandas as pd
+
+from lrt_lab.store.results import _flatten
+
+# Config fields that name a run instead of configuring it: never part of a group.
+IDENTITY_FIELDS = ("config.train.seed", "config.train.name")
+
+# Fields written from other fields (the schedule's cost, parameter counts, the overrides that were
+# also applied to config.model, the model kind as given on the command line, the vocabulary): they
+# stay in the group key (harmless, they follow the rest) but a label never needs them.
+DERIVED_PREFIXES = ("config.params.", "config.train.overrides.", "config.schedule_cost", "config.forwards_per_token",
+                    "config.train.model", "config.train.schedule", "config.task_vocab_size",
+                    "config.model.vocab_size", "config.model.sequence_len")
+
+# The order in which fields are considered for a label: a field is added only where it tells apart
+# groups that the method and the fields before it do not (the task whenever it varies).
+PRIMARY_FIELDS = ("config.train.task", "config.train.task_options.", "config.train.length", "config.train.preset",
+                  "config.model.n_layer", "config.model.n_embd", "config.train.steps")
+SECONDARY_ORDER = ("config.model.memory.", "config.model.", "config.train.", "config.")
+
+SHORT_NAMES = {"config.train.task": "", "config.train.length": "L", "config.train.preset": "",
+               "config.model.n_layer": "layers", "config.model.n_embd": "d", "config.train.steps": "steps"}
+
+# The README's convention for "mean [interval]" cells: Student's t over seeds (lrt_lab.store.stats).
+INTERVAL_NOTE = "95% t-interval over seeds"
+
+
+def method_label(row) -> str:
+    """`transformer`, `lrt interleaved:2`, `loop:3`, ...: what was trained and how."""
+    kind = row.get("config.kind", "?")
+    sched = row.get("config.schedule", "onepass")
+    kind = "?" if _missing(kind) else kind
+    sched = "onepass" if _missing(sched) else sched
+    return kind if sched == "onepass" and kind != "lrt" else f"{kind} {sched}"
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def canonical(v):
+    """One spelling per value, so 4, 4.0 and "4" from different JSON files compare equal-ish:
+    pandas turns an int column with a gap into floats."""
+    if _missing(v):
+        return None
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+def config_columns(df: pd.DataFrame) -> list[str]:
+    """The config columns that define a group (all `config.*` but the seed and the name)."""
+    return sorted(c for c in df.columns if c.startswith("config.") and c not in IDENTITY_FIELDS)
+
+
+def group_keys(df: pd.DataFrame) -> pd.Series:
+    """One string per run, equal for runs whose configs differ only by seed and name."""
+    cols = config_columns(df)
+    if df.empty:
+        return pd.Series([], index=df.index, dtype=object)
+    return pd.Series([json.dumps({c: canonical(row[c]) for c in cols}, sort_keys=True, default=str)
+                      for _, row in df[cols].iterrows()], index=df.index, dtype=object)
+
+
+def group_name(config: dict, limit: int = 128) -> str:
+    """A name for the group of a run with this config.json, computed from that run alone (each
+    process of a sweep names its own run's group): what was trained, then a digest of the group
+    key, so runs share the name exactly when `lrt-lab report` pools them as seeds. At most
+    `limit` characters (W&B's bound on a group name)."""
+    config = json.loads(json.dumps(config, default=str))  # as config.json reads back: tuples become lists
+    row = pd.DataFrame([_flatten(config, "config.")])
+    digest = hashlib.sha1(group_keys(row).iloc[0].encode()).hexdigest()[:8]
+    train = config.get("train", {})
+    what = " ".join(str(v) for v in (train.get("task"), f"L{train.get('length')}", train.get("preset"),
+                                     method_label(row.iloc[0])) if v is not None)
+    return f"{what[:limit - len(digest) - 1]} {digest}"
+
+
+def _field_name(col: str) -> str:
+    if col in SHORT_NAMES:
+        return SHORT_NAMES[col]
+    for prefix in ("config.train.task_options.", "config.model.", "config.train.", "config."):
+        if col.startswith(prefix):
+            return col[len(prefix):]
+    return col
+
+
+def _text(v) -> str:
+    v = canonical(v)
+    return str(v)
+
+
+def _ordered_candidates(cols: list[str]) -> tuple[list[str], list[str]]:
+    """(primary, secondary) label fields, each in reading order; derived and identity fields left out."""
+    usable = [c for c in cols if not c.startswith(DERIVED_PREFIXES) and c not in ("config.kind", "config.schedule")]
+    primary = [c for p in PRIMARY_FIELDS for c in usable if (c == p or (p.endswith(".") and c.startswith(p)))]
+    rest = [c for c in usable if c not in primary]
+    secondary = [c for p in SECONDARY_ORDER for c in rest if c.startswith(p)]
+    return primary, list(dict.fromkeys(secondary))
+
+
+def group_labels(df: pd.DataFrame, exclude=()) -> pd.Series:
+    """A label per run, the same for the runs of one group and different between groups.
+
+    exclude: config columns a view shows on an axis of its own (e.g. config.model.n_layer on a
+    depth heatmap); they are left out of the labels and runs that differ only there share a label.
+    """
+    if df.empty:
+        return pd.Series([], index=df.index, dtype=object)
+    cols = [c for c in config_columns(df) if c not in exclude]
+    groups = df[cols].map(canonical).astype(object) if cols else pd.DataFrame(index=df.index)
+    reps = groups.drop_duplicates()  # one row per group
+    n_groups = len(reps)
+    methods = df.apply(method_label, axis=1)
+    parts = {i: [methods[i]] for i in df.index}
+    primary, secondary = _ordered_candidates(cols)
+
+    as_text = {}  # each column's values as text, built once: n_distinct runs per candidate field
+
+    def n_distinct(fields):
+        for c in fields:
+            if c not in as_text:
+                as_text[c] = groups[c].astype(str).tolist()
+        return len(set(zip(methods.tolist(), *(as_text[c] for c in fields))))
+
+    # The task always (a label without it reads as a claim about every task); every other field
+    # only where it tells groups apart that the fields before it do not, so labels stay short.
+    chosen = [c for c in primary[:1] if c == "config.train.task" and reps[c].astype(str).nunique() > 1]
+    for c in primary + secondary:
+        if n_distinct(chosen) >= n_groups:
+            break
+        if c not in chosen and n_distinct(chosen + [c]) > n_distinct(chosen):
+            chosen.append(c)
+    chosen_values = {c: groups[c].tolist() for c in chosen}  # by position: no lookup per cell
+    for pos, i in enumerate(df.index):
+        for c in chosen:
+            v = chosen_values[c][pos]
+            if _missing(v):
+                continue  # e.g. the memory settings of a plain transformer: nothing to say
+            name = _field_name(c)
+            parts[i].append(_text(v) if not name else f"{name}={_text(v)}")
+    labels = pd.Series({i: " | ".join(p) for i, p in parts.items()}, dtype=object).reindex(df.index)
+    # Dropping unset fields must not merge two groups: fall back to spelling them out.
+    keys = group_keys(df[[c for c in cols if not c.startswith(DERIVED_PREFIXES)]])  # derived ones follow the rest
+    clash = labels.groupby(labels).transform(lambda s: keys[s.index].nunique() > 1)
+    if clash.any():
+        for i in df.index[clash.astype(bool)]:
+            extra = [f"{_field_name(c) or c}=unset" for c in chosen if _missing(groups.at[i, c])]
+            labels[i] = " | ".join([labels[i], *extra])
+    return labels
+
+
+# Metric columns of a load_runs table --------------------------------------------------------------
+def eval_columns(df: pd.DataFrame, prefix: str = "summary.eval.") -> list[str]:
+    return sorted((c for c in df.columns if c.startswith(prefix)), key=_length_key)
+
+
+def _length_key(col: str):
+    m = re.search(r"(.*)@(\d+)$", col)
+    return (m.group(1), int(m.group(2))) if m else (col, 0)
+
+
+AT_TRAIN_LENGTH = "summary.eval.pos90_exact@train_length"
+
+
+def with_train_length_metric(df: pd.DataFrame) -> pd.DataFrame:
+    """Adds AT_TRAIN_LENGTH: each run's pos@90 (exact decoding) at its own training length, the
+    one evaluation every run has when the store mixes tasks trained at different lengths."""
+    df = df.copy()
+    if "config.train.length" not in df.columns:
+        return df
+    values = []
+    for _, row in df.iterrows():
+        length = row["config.train.length"]
+        col = f"summary.eval.pos90_exact@{int(length)}" if not pd.isna(length) else None
+        values.append(row[col] if col in df.columns else math.nan)
+    df[AT_TRAIN_LENGTH] = pd.to_numeric(pd.Series(values, index=df.index), errors="coerce")
+    return df
+
+
+def default_metric(df: pd.DataFrame) -> str:
+    """The first pos@90 (exact decoding) column every run has; else pos@90 at each run's training
+    length (AT_TRAIN_LENGTH, when every run has that); else the final training loss."""
+    for col in [c for c in eval_columns(df) if "pos90_exact@" in c] + [AT_TRAIN_LENGTH, "summary.final_loss"]:
+        if col in df.columns and df[col].notna().all():
+            return col
+    raise ValueError("metric: no summary column is set for every run; pass --metric with a summary column "
+                     f"(e.g. {', '.join(eval_columns(df)[:4]) or 'summary.final_loss'})")
