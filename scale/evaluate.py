@@ -67,7 +67,9 @@ import torch
 import torch.nn.functional as F
 
 from lrt_lab.run.decode import Decoder
-from lrt_lab.run.schedules import IGNORE_INDEX, as_schedule, parse_schedule, run_schedule
+from lrt_lab.core.loss import IGNORE_INDEX
+from lrt_lab.run.registry import as_schedule, parse_schedule
+from lrt_lab.run.runner import run_schedule
 from lrt_lab.core.validation import check_token_ids, vocab_size_of
 
 LN2 = math.log(2)

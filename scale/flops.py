@@ -23,7 +23,8 @@ FLOPs from every stage of the schedule
     with (sum_P |P|)/T = 1 for OnePass, Chunked(C) and Exact; 2 for Interleaved(S) (an init pass
     over all T plus S subsets that cover T once); K+1 for FullSequence(K); G for Rollout(G), whose
     rollout adds a forward without backward through the blocks that feed the memory:
-    f * split / n_layer per token (``rollout_forwards``). Counting only the first pass undercounts
+    f * split / n_layer per token. Each schedule states both counts (`Schedule.forwards`:
+    differentiated and inference forwards per token). Counting only the first pass undercounts
     Interleaved training by ~2x.
 
     N_matmul counts every 2-D weight used as a matrix multiply per position: attention q/k/v/out,
@@ -72,7 +73,7 @@ import torch
 
 from lrt_lab.core.config import ModelConfig
 from lrt_lab.core.model import LRT
-from lrt_lab.run.schedules import Rollout, as_schedule, rolled_out_positions
+from lrt_lab.run.registry import as_schedule
 
 H100_BF16_PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (no sparsity)
 REFERENCE_BATCH_TOKENS = 2 ** 19  # the paper's (and nanochat's) global batch
@@ -132,33 +133,14 @@ def forward_flops_per_position(model_or_config, seq_len: int | None = None, base
     return 2 * n + attention_flops_per_position(model.config, seq_len)
 
 
-def token_forwards(schedule, seq_len: int) -> float:
-    """Positions computed per token by a schedule: sum over its stages of |P|, divided by T."""
-    stages = as_schedule(schedule).stages(seq_len)
-    return sum(len(P) for P in stages) / seq_len
-
-
-def rollout_forwards(model_or_config, schedule=None, seq_len: int | None = None) -> float:
-    """Full-stack forwards per token a schedule runs without autograd (no backward): Rollout's
-    rollout, through the blocks that feed m_t (split / n_layer; all of them when the source is
-    the top block), over the positions whose memory is read (T - exact_chunk of T); 0 for every
-    other schedule and for a model without memory."""
-    model = _as_model(model_or_config)
-    if not isinstance(as_schedule(schedule), Rollout) or model.memory is None:
-        return 0.0
-    T = seq_len or model.config.sequence_len
-    split = model.exact_split(1)
-    blocks = (split if split is not None else model.config.n_layer) / model.config.n_layer
-    return blocks * rolled_out_positions(model.config, T) / T
-
-
 def train_flops_per_token(model_or_config, schedule=None, seq_len: int | None = None) -> float:
     """Training FLOPs per token: 3 x forward (backward = 2x) for every stage of the schedule, plus
     1 x forward for what runs without autograd (Rollout's rollout)."""
     model = _as_model(model_or_config)
     T = seq_len or model.config.sequence_len
     fwd = forward_flops_per_position(model, T)
-    return 3.0 * fwd * token_forwards(schedule, T) + fwd * rollout_forwards(model, schedule, T)
+    forwards = as_schedule(schedule).forwards(model, T)
+    return 3.0 * fwd * forwards.differentiated + fwd * forwards.inference
 
 
 def official_flops_per_token(model_or_config, seq_len: int | None = None) -> float:
@@ -239,8 +221,7 @@ def plan(model_or_config, schedule=None, *, ratio: float | None = None, tokens: 
         steps = max(1, math.ceil(ratio * n_ratio / global_batch_tokens))
     n_tokens = steps * global_batch_tokens
     fwd = forward_flops_per_position(model, T)
-    tf = token_forwards(schedule, T)
-    rollout = rollout_forwards(model, schedule, T)
+    tf, rollout = as_schedule(schedule).forwards(model, T)
     train = 3.0 * fwd * tf + fwd * rollout
     official = 3.0 * fwd
     base = 3.0 * forward_flops_per_position(model, T, baseline=True)
@@ -285,4 +266,4 @@ def format_plan(p: Plan) -> str:
 
 __all__ = ["BEST_FIT_CROP_FRACTION", "H100_BF16_PEAK_FLOPS", "RATIO_PARAMS", "REFERENCE_BATCH_TOKENS",
            "SHARD_TOKENS_ESTIMATE", "Plan", "attention_flops_per_position", "count_params", "data_plan", "forward_flops_per_position", "format_plan", "mfu", "official_flops_per_token",
-           "plan", "rollout_forwards", "token_forwards", "train_flops_per_token"]
+           "plan", "train_flops_per_token"]

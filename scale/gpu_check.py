@@ -49,7 +49,8 @@ from lrt_lab.core.attention import attend, visible_mask
 from lrt_lab.run.decode import Decoder
 from lrt_lab.core.model import norm
 from lrt_lab.training.optim import gate_saturation
-from lrt_lab.run.schedules import parse_schedule, run_schedule
+from lrt_lab.run.registry import parse_schedule
+from lrt_lab.run.runner import run_schedule
 
 from . import evaluate as ev
 from . import flops as fl
@@ -132,7 +133,7 @@ def _train(model, opts, args, schedule, data, steps: int, accum: int, autocast, 
         for micro in range(accum):
             x, y = data.batch(step, micro)
             with autocast or contextlib.nullcontext():
-                res = model(x, y, schedule)
+                res = run_schedule(model, x, y, schedule)
             (res.loss / accum).backward()
             total += res.loss.item() / accum
             del res

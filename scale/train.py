@@ -81,7 +81,8 @@ from lrt_lab.core.config import MEMORY_PRESETS, PRESETS
 from lrt_lab.core.model import LRT
 from lrt_lab.store.results import Run
 from lrt_lab.training.optim import build_optimizers
-from lrt_lab.run.schedules import parse_schedule
+from lrt_lab.run.registry import parse_schedule
+from lrt_lab.run.runner import Scheduled, run_schedule
 from lrt_lab.core.validation import check_int, check_number
 from lrt_lab.training.checkpoints import save_checkpoint
 from lrt_lab.training.optim import optimizer_step, set_lr_schedule
@@ -512,7 +513,7 @@ def unused_parameters(model, schedule, seq_len: int, vocab_size: int, device, au
     g = torch.Generator().manual_seed(0)
     row = torch.randint(vocab_size, (1, seq_len + 1), generator=g).to(device)
     with autocast or contextlib.nullcontext():
-        out = model(row[:, :-1], row[:, 1:], schedule)
+        out = run_schedule(model, row[:, :-1], row[:, 1:], schedule)
     out.loss.backward()
     del out
     unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
@@ -745,16 +746,18 @@ def _restore(ckpt_path: str | None, model, opts, data, ctx: DistContext) -> tupl
 
 
 def _distributed(model, setup: Setup, ctx: DistContext, autocast):
-    """(the module to call, the DDP wrapper or None): DDP across ranks, with find_unused_parameters
-    only when the schedule leaves some parameter without gradient (measured, not assumed)."""
+    """(the module to call (`net(x, y)` runs the schedule), the DDP wrapper or None): DDP across
+    ranks, with find_unused_parameters only when the schedule leaves some parameter without
+    gradient (measured, not assumed)."""
+    net = Scheduled(model, setup.schedule)
     if not ctx.distributed:
-        return model, None
+        return net, None
     from torch.nn.parallel import DistributedDataParallel as DDP
     unused = unused_parameters(model, setup.schedule, setup.seq_len, setup.vocab, ctx.device, autocast)
     if unused:
         ctx.print0(f"DDP: {len(unused)} parameters get no gradient under {setup.schedule.spec} "
                    f"(find_unused_parameters on): {', '.join(unused[:6])}{' ...' if len(unused) > 6 else ''}")
-    ddp = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+    ddp = DDP(net, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
               find_unused_parameters=bool(unused))
     return ddp, ddp
 
@@ -774,7 +777,7 @@ def _train_step(args, ctx: DistContext, setup: Setup, model, net, ddp, opts, dat
         sync = contextlib.nullcontext() if ddp is None or micro == setup.accum - 1 else ddp.no_sync()
         with sync:
             with autocast or contextlib.nullcontext():
-                out = net(x, y, setup.schedule)
+                out = net(x, y)
             (out.loss / setup.accum).backward()  # outside autocast, as torch recommends
         losses = torch.stack([out.loss.detach().float()] + [l.detach().float() for l in out.stage_losses])
         loss_sum = losses if loss_sum is None else loss_sum + losses

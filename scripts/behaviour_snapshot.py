@@ -20,7 +20,8 @@ from lrt_lab import LRT, MemoryConfig, preset
 from lrt_lab.core.baselines import build_baseline
 from lrt_lab.run.decode import Decoder
 from lrt_lab.run.evaluation import evaluate
-from lrt_lab.run.schedules import parse_schedule, run_schedule
+from lrt_lab.run.registry import parse_schedule
+from lrt_lab.run.runner import run_schedule
 
 MEMORIES = {
     "transformer": None,

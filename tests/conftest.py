@@ -14,6 +14,30 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--memory-plugin", action="append", default=[], metavar="FILE_OR_MODULE",
+                     help="load a file or module that registers a memory mechanism "
+                          "(lrt_lab.register_memory) before collection, so the generated "
+                          "invariant tests (tests/test_invariants.py) cover it")
+
+
+def pytest_configure(config):
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    for plugin in config.getoption("--memory-plugin"):
+        if plugin.endswith(".py"):
+            path = Path(plugin).resolve()
+            if not path.is_file():
+                raise pytest.UsageError(f"--memory-plugin {plugin}: no such file")
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            importlib.import_module(plugin)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -3,12 +3,14 @@
 import pytest
 import torch
 
+from lrt_lab.run.decode import generate
 from lrt_lab import LRT, MemoryConfig, preset
 from lrt_lab.core.baselines import (BASELINE_KINDS, LoopTransformer, PonderLM, build_baseline,
                                is_baseline_kind)
 from lrt_lab.run.decode import Decoder
-from lrt_lab.core.hooks import hooks, zero_at
-from lrt_lab.run.schedules import Chunked, Exact, Interleaved, OnePass, run_schedule
+from lrt_lab.run.hooks import hooks, zero_at
+from lrt_lab.run.runner import run_schedule
+from lrt_lab.run.schedules import Chunked, Exact, Interleaved, OnePass
 
 T = 10
 TOL = 1e-10
@@ -152,7 +154,7 @@ def test_ponder_prefill_then_decode_and_generate():
     last = dec.prefill(idx[:, :6], Exact())  # exact prefill (K >= N), then sequential steps
     steps = torch.stack([dec.step(idx[:, t]) for t in range(6, T)], dim=1)
     assert maxdiff(last, decoded[:, 5]) <= TOL and maxdiff(steps, decoded[:, 6:]) <= TOL
-    out = model.generate(idx[:, :3], 4, temperature=0, prefill=Exact())
+    out = generate(model, idx[:, :3], 4, temperature=0, prefill=Exact())
     assert torch.equal(out[:, 3:], decode_all(model, out[:, :-1])[:, 2:].argmax(-1))
 
 
@@ -280,10 +282,10 @@ def test_no_getattr_or_hasattr_reads_a_model_member():
     import re
     from pathlib import Path
 
-    from lrt_lab.core.interface import SequenceModel, Task
+    from lrt_lab.core.interface import Schedule, SequenceModel, Task
 
     root = Path(__file__).resolve().parents[1]
-    names = _members(SequenceModel) | _members(Task) | {"run", "stage_weights", "dynamic"}
+    names = _members(SequenceModel) | _members(Task) | _members(Schedule)
     call = re.compile(r"\b(?:getattr|hasattr)\(\s*([^,()]+(?:\([^()]*\))?[^,()]*),\s*['\"](\w+)['\"]")
     found = []
     for path in sorted([*(root / "lrt_lab").rglob("*.py"), *(root / "scale").rglob("*.py")]):

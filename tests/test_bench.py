@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from lrt_lab.commands import bench
-from lrt_lab.core.hooks import capture
+from lrt_lab.run.hooks import capture
 
 RATIO_KEYS = {
     "train_ratio": {"interleaved_2", "interleaved_4", "fullseq_1", "fullseq_3", "chunked_64", "exact", "fixedpoint",
@@ -152,7 +152,8 @@ import torch
 from lrt_lab import LRT, MemoryConfig, preset
 from lrt_lab.core.buffer import shifted_rows
 from lrt_lab.run.decode import Decoder
-from lrt_lab.run.schedules import Chunked, Exact, Interleaved, OnePass, run_schedule
+from lrt_lab.run.runner import run_schedule
+from lrt_lab.run.schedules import Chunked, Exact, Interleaved, OnePass
 
 
 def _model(memory=MemoryConfig(), seed=0):

@@ -6,10 +6,13 @@ import math
 import pytest
 import torch
 
+from lrt_lab.run.decode import generate
+from lrt_lab.training.optim import param_groups
 from lrt_lab import LRT, MemoryConfig, ModelConfig, preset
 from lrt_lab.run.decode import Decoder
-from lrt_lab.run.schedules import (Chunked, Exact, FullSequence, Interleaved, OnePass, parse_schedule,
-                               run_schedule)
+from lrt_lab.run.registry import parse_schedule
+from lrt_lab.run.runner import run_schedule
+from lrt_lab.run.schedules import Chunked, Exact, FullSequence, Interleaved, OnePass
 from reference import NaiveLRT, naive_cross_entropy
 
 T = 10
@@ -240,14 +243,14 @@ def test_prefill_then_decode_matches_reference(strategy):
 def test_generate_greedy_equals_argmax_of_exact_forward_and_is_seeded():
     model = make_model(MemoryConfig())
     prompt = tokens(B=2, T=3)
-    out = model.generate(prompt, 5, temperature=0, prefill=Exact())
+    out = generate(model, prompt, 5, temperature=0, prefill=Exact())
     exact = run_schedule(model, out[:, :-1], None, Exact()).logits
     assert torch.equal(out[:, 3:], exact[:, 2:].argmax(-1))
     # the default one-pass prefill starts decoding from zero-memory prompt states: a different path
-    onepass = model.generate(prompt, 5, temperature=0)
+    onepass = generate(model, prompt, 5, temperature=0)
     assert onepass.shape == out.shape
-    a = model.generate(prompt, 6, temperature=1.0, top_k=5, seed=11)
-    b = model.generate(prompt, 6, temperature=1.0, top_k=5, seed=11)
+    a = generate(model, prompt, 6, temperature=1.0, top_k=5, seed=11)
+    b = generate(model, prompt, 6, temperature=1.0, top_k=5, seed=11)
     assert torch.equal(a, b) and a.shape == (2, 9)
 
 
@@ -268,7 +271,7 @@ def test_param_report_counts_match_a_hand_count():
 
 def test_param_groups_partition_parameters():
     model = make_model(MemoryConfig(queries=True))
-    groups = model.param_groups()
+    groups = param_groups(model)
     ids = [id(p) for ps in groups.values() for p in ps]
     assert len(ids) == len(set(ids)) == len(list(model.parameters()))
     assert all(p.ndim == 2 for p in groups["matrix"])

@@ -5,8 +5,10 @@ import pytest
 import torch
 
 from lrt_lab import MemoryConfig
-from lrt_lab.run.schedules import (Exact, FixedPoint, FullSequence, cross_entropy, parse_schedule,
-                               run_schedule)
+from lrt_lab.core.loss import cross_entropy
+from lrt_lab.run.registry import parse_schedule
+from lrt_lab.run.runner import run_schedule
+from lrt_lab.run.schedules import Exact, FixedPoint, FullSequence
 from test_core import CONFIGS, make_model, maxdiff, tokens
 
 T = 8
@@ -43,7 +45,7 @@ def test_tol_zero_with_T_sweeps_is_exact(name, grad_sweeps):
     out = run_schedule(model, idx, None, FixedPoint(0.0, T, grad_sweeps))
     exact = run_schedule(model, idx, None, Exact()).logits
     assert maxdiff(out.logits, exact) <= TOL
-    assert out.measured["sweeps"] <= T
+    assert out.measured.sweeps <= T
 
 
 def test_loose_tolerance_stops_early_and_reports_its_residuals():
@@ -60,10 +62,10 @@ def test_loose_tolerance_stops_early_and_reports_its_residuals():
         m = out.measured
         # truncated: converge without grad (4 sweeps), then G differentiated sweeps
         expect = 4 if G >= T else 4 + G
-        assert m["sweeps"] == expect < T and m["converged"]
-        assert m["residuals"] == pytest.approx(traj[:expect], rel=1e-9, abs=1e-13)
-        assert m["residual_per_position"].shape == (expect, T)
-        assert m["residual_per_position"].amax(1).tolist() == pytest.approx(m["residuals"], rel=1e-12)
+        assert m.sweeps == expect < T and m.converged
+        assert m.residuals == pytest.approx(traj[:expect], rel=1e-9, abs=1e-13)
+        assert m.residual_per_position.shape == (expect, T)
+        assert m.residual_per_position.amax(1).tolist() == pytest.approx(m.residuals, rel=1e-12)
         # the final logits are those of FullSequence(k) for the sweeps it used
         ref = run_schedule(model, idx, None, FullSequence(expect)).logits
         assert maxdiff(out.logits, ref) <= TOL
@@ -73,7 +75,7 @@ def test_max_sweeps_caps_an_unconverged_run():
     model = make_model(CONFIGS["default"])
     idx = tokens(T=T)
     out = run_schedule(model, idx, None, FixedPoint(1e-12, 3, 1))
-    assert out.measured["sweeps"] == 3 and not out.measured["converged"]
+    assert out.measured.sweeps == 3 and not out.measured.converged
     assert maxdiff(out.logits, run_schedule(model, idx, None, FullSequence(3)).logits) <= TOL
 
 
@@ -84,7 +86,7 @@ def test_untruncated_equals_fullsequence_with_gradients(name):
     idx, targets = tokens(T=T), tokens(T=T, seed=5)
     targets[0, 2] = -1
     out = run_schedule(model, idx, targets, FixedPoint(0.3, T, T))
-    k = out.measured["sweeps"]
+    k = out.measured.sweeps
     assert 1 <= k < T  # it stopped early, so the comparison is not the trivial K = T one
     ref = run_schedule(model, idx, targets, FullSequence(k))
     assert len(out.stages) == k + 1
@@ -101,7 +103,7 @@ def test_truncated_gradient_flows_only_through_the_last_sweeps(G):
     idx, targets = tokens(T=T), tokens(T=T, seed=5)
     sched = FixedPoint(0.0, 5, G)
     out = run_schedule(model, idx, targets, sched)
-    assert out.measured["sweeps"] == 5 and len(out.stages) == G
+    assert out.measured.sweeps == 5 and len(out.stages) == G
     full = range(0, T)
     with torch.no_grad():
         buf = run_schedule(model, idx, None, FullSequence(5 - G)).buffer
@@ -127,16 +129,16 @@ def test_cost_counts_the_passes_run():
     idx = tokens(T=T)
     out = run_schedule(model, idx, None, FixedPoint(0.0, 5, 2))
     # init + 3 no_grad sweeps (split/L each) + 2 full differentiated sweeps
-    assert out.measured["cost"] == pytest.approx(4 * split / 3 + 2)
+    assert out.measured.cost == pytest.approx(4 * split / 3 + 2)
     out = run_schedule(model, idx, None, FixedPoint(0.0, 5, 5))
-    assert out.measured["cost"] == pytest.approx(6)
+    assert out.measured.cost == pytest.approx(6)
 
 
 def test_no_memory_pathway_converges_at_once():
     model = make_model(None)
     out = run_schedule(model, tokens(T=T), None, FixedPoint(0.0, 4, 1))
     # one no_grad sweep finds nothing changed, then the one differentiated sweep
-    assert out.measured["residuals"] == [0.0, 0.0] and out.measured["converged"]
+    assert out.measured.residuals == [0.0, 0.0] and out.measured.converged
 
 
 def test_parse_and_spec_round_trip():
@@ -188,7 +190,7 @@ def test_convergence_trace_against_fixedpoint_and_the_jacobi_bound():
     res = torch.tensor(trace.pivot(index="sweep", columns="position", values="residual").to_numpy())
     err = torch.tensor(trace.pivot(index="sweep", columns="position", values="error").to_numpy())
     # a second code path: FixedPoint's own per-position residuals (sweeps 1..T)
-    fp = run_schedule(model, idx, None, FixedPoint(0.0, T, T)).measured["residual_per_position"]
+    fp = run_schedule(model, idx, None, FixedPoint(0.0, T, T)).measured.residual_per_position
     assert maxdiff(res[1:fp.size(0) + 1], fp) <= 1e-9
     # Jacobi on a triangular recurrence (lag 1): position t is exact after t sweeps, not before
     for k in range(T):
@@ -261,13 +263,18 @@ def test_dashboard_tables_of_sweeps_and_traces():
     assert set(t["run"]) == {"fp"}
 
 
-def test_only_the_schedules_that_run_their_own_stages_are_dynamic():
-    """run_schedule and the training loop tell FixedPoint and Rollout apart by `dynamic`: they
-    decide their stages as they go (`run`); the others list them up front."""
-    specs = ["onepass", "interleaved:2", "fullseq:2", "chunked:4", "exact", "fixedpoint:0.01:4", "rollout:2"]
-    dynamic = {spec: parse_schedule(spec).dynamic for spec in specs}
-    assert dynamic == {**{s: False for s in specs[:5]}, "fixedpoint:0.01:4": True, "rollout:2": True}
+def test_every_registered_schedule_satisfies_the_protocol_and_spells_itself_back():
+    """run_schedule drives any object with the Schedule protocol's members through `run`: every
+    registered spelling parses to one, its `spec` parses back to an equal schedule, and its
+    stage weights (where it states them) match its stages."""
+    from lrt_lab.core.interface import Schedule
+    from lrt_lab.run.registry import SCHEDULES
+    specs = ["onepass", "interleaved:2", "fullseq:2", "fullseq:1:1,2", "chunked:4", "exact",
+             "fixedpoint:0.01:4", "fixedpoint:0.01:4:2", "rollout:2"]
+    assert {s.split(":")[0] for s in specs} == set(SCHEDULES)
     for spec in specs:
         schedule = parse_schedule(spec)
-        assert callable(getattr(type(schedule), "run", None)) == schedule.dynamic
-        assert schedule.stage_weights(8) is None or len(schedule.stage_weights(8)) == len(schedule.stages(8))
+        assert isinstance(schedule, Schedule)
+        assert schedule.spec == spec and parse_schedule(schedule.spec) == schedule
+        weights = schedule.stage_weights(8)
+        assert weights is None or len(weights) == len(schedule.stages(8))

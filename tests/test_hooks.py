@@ -2,10 +2,12 @@
 
 import torch
 
+from lrt_lab.run.runner import run_with_cache
 from lrt_lab import MemoryConfig
 from lrt_lab.run.decode import Decoder
-from lrt_lab.core.hooks import hooks, patch_from, zero_at
-from lrt_lab.run.schedules import Exact, Interleaved, run_schedule
+from lrt_lab.run.hooks import hooks, patch_from, zero_at
+from lrt_lab.run.runner import run_schedule
+from lrt_lab.run.schedules import Exact, Interleaved
 from test_core import make_model, maxdiff, tokens
 
 TOL = 1e-10
@@ -75,27 +77,29 @@ def test_unknown_hook_names_are_rejected_with_the_allowed_names():
         raise AssertionError("no error")
 
 
-def test_hook_points_honour_module_and_global_hooks_registered_directly():
-    """A HookPoint skips nn.Module's call machinery only while no hook could see it: a forward hook
-    registered on it directly, and a global module hook, both still fire (and can replace)."""
+def test_hook_points_count_the_hooks_registered_on_them():
+    """A HookPoint skips nn.Module's call machinery while nothing is registered on it, and it knows
+    that itself: a forward hook registered on it directly fires (and can replace), counts once
+    however often its handle is removed, and a point with its hooks removed is unhooked again."""
     model = make_model(MemoryConfig())
     idx = tokens(B=1, T=5)
     plain = run_schedule(model, idx, None, Exact()).logits
     point = model.blocks[0].hook_mlp_out
+    assert not point.hooked
     handle = point.register_forward_hook(lambda mod, args, kwargs, out: out * 0, with_kwargs=True)
+    pre = point.register_forward_pre_hook(lambda mod, args: None)
+    assert point.hooked and point.n_hooks == 2
     zeroed = run_schedule(model, idx, None, Exact()).logits
     handle.remove()
+    handle.remove()  # removing twice counts once
+    assert point.n_hooks == 1
+    pre.remove()
+    assert not point.hooked
     assert maxdiff(zeroed, plain) > 1e-3
     with hooks(model, {"blocks.0.hook_mlp_out": lambda x, positions: x * 0}):
+        assert point.hooked
         assert maxdiff(run_schedule(model, idx, None, Exact()).logits, zeroed) <= TOL
-    seen = []
-    handle = torch.nn.modules.module.register_module_forward_hook(
-        lambda mod, args, out: seen.append(type(mod).__name__))
-    try:
-        run_schedule(model, idx, None, Exact())
-    finally:
-        handle.remove()
-    assert "HookPoint" in seen
+    assert not point.hooked
     assert maxdiff(run_schedule(model, idx, None, Exact()).logits, plain) <= TOL
 
 
@@ -103,7 +107,7 @@ def test_decoding_runs_without_autograd_yet_its_captures_and_caches_serve_traini
     """Decoding runs under inference mode (no autograd bookkeeping). What it leaves behind must
     still work with autograd: activations captured while decoding train a probe, and the RoPE
     tables a prefill cached serve a training step over the same positions."""
-    from lrt_lab.core.hooks import capture
+    from lrt_lab.run.hooks import capture
     model = make_model(MemoryConfig())
     idx = tokens(B=2, T=6)
     with capture(model, ["blocks.1.hook_resid_post"]) as cap:
@@ -124,7 +128,7 @@ def test_the_memory_pathway_declares_hook_points_for_its_own_values():
     """memory.hook_source and memory.hook_update_gate are the pathway's modules: capturing them
     gives h_t and z = sigmoid(W_z h_t), and forcing z to 1 keeps the (zero) initial memory
     forever, in a schedule and in the decoder alike."""
-    from lrt_lab.core.hooks import capture
+    from lrt_lab.run.hooks import capture
     model = make_model(MemoryConfig(update="gated"))
     assert {"memory.hook_source", "memory.hook_update_gate"} <= {n for n, _ in model.named_modules()}
     idx = tokens(B=2, T=6)
@@ -147,7 +151,7 @@ def test_run_with_cache_attention_patterns_match_decoding_and_leave_the_logits_a
     """run_with_cache records (B, heads, T, T) patterns: rows sum to 1 over visible keys only, Exact's
     equal the decoder's step by step, and the written-out attention they need (hook_z, logits)
     equals the fused kernels' (a second code path)."""
-    from lrt_lab.core.hooks import capture
+    from lrt_lab.run.hooks import capture
     from lrt_lab.run.schedules import OnePass
     model = make_model(MemoryConfig(), n_layer=2, window_pattern="SL", short_window=3)
     B, T = 2, 7
@@ -156,7 +160,7 @@ def test_run_with_cache_attention_patterns_match_decoding_and_leave_the_logits_a
     with capture(model, ["blocks.0.attn.hook_z", "blocks.1.attn.hook_z"]) as cap:
         run_schedule(model, idx, None, Exact())
     z_fast = cap.assembled(T)
-    logits, cache = model.run_with_cache(idx, schedule=Exact())
+    logits, cache = run_with_cache(model, idx, schedule=Exact())
     assert maxdiff(logits, fast) <= TOL
     H = model.config.n_head
     for l, window in ((0, 3), (1, None)):
@@ -174,7 +178,7 @@ def test_run_with_cache_attention_patterns_match_decoding_and_leave_the_logits_a
             dec.step(idx[:, t])
     assert maxdiff(cap.assembled(T)["blocks.1.attn.hook_pattern"], cache["blocks.1.attn.hook_pattern"]) <= TOL
     # OnePass reads no memory: its pattern differs from Exact's (the memory reaches the keys)
-    _, one = model.run_with_cache(idx, schedule=OnePass(), names=["blocks.1.attn.hook_pattern"])
+    _, one = run_with_cache(model, idx, schedule=OnePass(), names=["blocks.1.attn.hook_pattern"])
     assert list(one) == ["blocks.1.attn.hook_pattern"]
     assert maxdiff(one["blocks.1.attn.hook_pattern"], cache["blocks.1.attn.hook_pattern"]) > 1e-3
 
@@ -191,7 +195,7 @@ def test_a_pattern_intervention_changes_the_output_as_attention_would():
         return visible / visible.sum(-1, keepdim=True)
 
     with hooks(model, {"blocks.1.attn.hook_pattern": uniform}):
-        _, cache = model.run_with_cache(idx, schedule=Exact(), names=["blocks.1.attn.hook_z",
+        _, cache = run_with_cache(model, idx, schedule=Exact(), names=["blocks.1.attn.hook_z",
                                                                       "blocks.1.attn.hook_v"])
     z, v = cache["blocks.1.attn.hook_z"], cache["blocks.1.attn.hook_v"]
     group = model.config.n_head // model.config.n_kv_head
@@ -225,7 +229,7 @@ def test_resid_pre_is_the_block_input_and_q_k_hooks_sit_before_rope():
     is hook_q RMS-normalised per head, and every hook_rot_q head vector has norm sqrt(head_dim)."""
     model = make_model(MemoryConfig())
     idx = tokens(B=2, T=6)
-    _, c = model.run_with_cache(idx, schedule=Exact())
+    _, c = run_with_cache(model, idx, schedule=Exact())
     for l in range(model.config.n_layer):
         alpha, beta, gamma = model.resid_lambdas[l], model.x0_lambdas[l], model.memory.gamma[l]
         rebuilt = alpha * c[f"blocks.{l}.hook_resid_pre"] + beta * c["hook_embed"] + gamma * c[f"blocks.{l}.hook_mem_in"]

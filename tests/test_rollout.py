@@ -11,8 +11,9 @@ import torch
 from lrt_lab import MemoryConfig, preset
 from lrt_lab.core.baselines import LoopTransformer
 from lrt_lab.run.decode import Decoder
-from lrt_lab.run.schedules import (Exact, FixedPoint, FullSequence, Interleaved, OnePass, Rollout, parse_schedule,
-                               rollout_memory, run_schedule)
+from lrt_lab.run.registry import parse_schedule
+from lrt_lab.run.runner import run_schedule
+from lrt_lab.run.schedules import Exact, FixedPoint, FullSequence, Interleaved, OnePass, Rollout, rollout_memory
 from test_core import CONFIGS, make_model, maxdiff, tokens
 
 T = 10
@@ -73,14 +74,14 @@ def test_measured_cost_is_the_rollout_fraction_plus_the_sweeps():
     m = out.measured
     # positions 0 .. T-2 are rolled out: the last one's memory would be read only at position T
     rolled = 2 / 3 * (T - 1) / T
-    assert m["rollout_cost"] == pytest.approx(rolled) and m["cost"] == pytest.approx(2 + rolled)
-    assert m["rollout_s"] > 0 and m["grad_sweeps"] == 2
+    assert m.rollout_cost == pytest.approx(rolled) and m.cost == pytest.approx(2 + rolled)
+    assert m.rollout_s > 0 and m.grad_sweeps == 2
     assert len(out.stages) == 2 and len(out.stage_losses) == 2
     assert out.loss.item() == pytest.approx(sum(l.item() for l in out.stage_losses) / 2, rel=1e-12)
     top = make_model(MemoryConfig(source_layer=3))  # the source is the top block: no split
-    assert run_schedule(top, tokens(T=T), None, Rollout()).measured["cost"] == pytest.approx(1 + (T - 1) / T)
+    assert run_schedule(top, tokens(T=T), None, Rollout()).measured.cost == pytest.approx(1 + (T - 1) / T)
     lag2 = make_model(MemoryConfig(source_layer=3, lag=2))  # position t reads m_{t-2}: T-2 rolled out
-    assert run_schedule(lag2, tokens(T=T), None, Rollout()).measured["cost"] == pytest.approx(1 + (T - 2) / T)
+    assert run_schedule(lag2, tokens(T=T), None, Rollout()).measured.cost == pytest.approx(1 + (T - 2) / T)
 
 
 def test_a_plain_transformer_just_runs_the_sweeps():
@@ -88,7 +89,7 @@ def test_a_plain_transformer_just_runs_the_sweeps():
     idx = tokens(T=T)
     out = run_schedule(model, idx, tokens(T=T, seed=3), Rollout(2))
     assert maxdiff(out.logits, run_schedule(model, idx, None, OnePass()).logits) <= TOL
-    assert out.measured["cost"] == 2.0 and out.measured["rollout_cost"] == 0.0
+    assert out.measured.cost == 2.0 and out.measured.rollout_cost == 0.0
 
 
 def test_the_caller_thread_count_is_restored():
@@ -98,7 +99,7 @@ def test_the_caller_thread_count_is_restored():
         torch.set_num_threads(2)
         run_schedule(model, tokens(T=T), None, Rollout())
         assert torch.get_num_threads() == 2
-        from lrt_lab.core.hooks import hooks
+        from lrt_lab.run.hooks import hooks
 
         def boom(x, P):
             raise RuntimeError("hook failed")

@@ -281,7 +281,9 @@ def test_sequential_bpb_under_bf16_autocast_keeps_one_dtype(monkeypatch, prefill
     batches = [(idx[:, :-1], idx[:, 1:])]
     ref = ev.sequential_bpb(copy.deepcopy(model).double(), batches, torch.ones(64, dtype=torch.long),
                             prompt_len=8, prefill=prefill)
-    monkeypatch.setattr(lrt_lab.core.model, "attend", flash_dtype_rules(lrt_lab.core.model.attend))
+    pick = lrt_lab.core.model.attention_kernel
+    monkeypatch.setattr(lrt_lab.core.model, "attention_kernel",
+                        lambda *args: flash_dtype_rules(pick(*args)))
     autocast = torch.autocast("cpu", dtype=torch.bfloat16)
     res = ev.sequential_bpb(model, batches, torch.ones(64, dtype=torch.long), prompt_len=8, prefill=prefill,
                             autocast=autocast)

@@ -10,7 +10,8 @@ import torch
 from torch.distributed.run import get_args_parser
 
 from lrt_lab import LRT, MemoryConfig, preset
-from lrt_lab.run.schedules import parse_schedule, run_schedule
+from lrt_lab.run.registry import parse_schedule
+from lrt_lab.run.runner import run_schedule
 from lrt_scale import evaluate, gpu_check, train
 
 

@@ -22,7 +22,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lrt_lab import LRT, MemoryConfig, preset
 from lrt_lab.store.results import Run, load_runs
-from lrt_lab.run.schedules import parse_schedule, run_schedule
+from lrt_lab.run.registry import parse_schedule
+from lrt_lab.run.runner import run_schedule
 from lrt_scale import flops as fl
 from lrt_scale import train as st
 
@@ -55,7 +56,7 @@ def test_flops_hand_count_tiny():
     assert fl.forward_flops_per_position(cfg) == 2 * lrt + attn == 54528
     expected = {"onepass": 1, "interleaved:2": 2, "interleaved:4": 2, "fullseq:3": 4, "chunked:4": 1, "exact": 1}
     for spec, forwards in expected.items():
-        assert fl.token_forwards(spec, T) == forwards
+        assert parse_schedule(spec).forwards(LRT(cfg), T) == (forwards, 0.0)
         assert fl.train_flops_per_token(cfg, spec) == 3 * (2 * lrt + attn) * forwards
     assert fl.train_flops_per_token(cfg, "interleaved:2") == 327168
     assert fl.official_flops_per_token(cfg) == 163584  # the one-pass count: half of the real cost
@@ -112,7 +113,7 @@ def test_matmul_flops_match_torch_flop_counter(mem, spec):
     counts = fl.count_params(model)
     rec = sum(p.numel() for n, p in model.named_parameters() if ".k_rec." in n or ".v_rec." in n)
     skipped = rec * len(schedule.stages(T)[0])  # the first stage reads no memory: its W_rec m is skipped
-    expected = 2 * B * (counts["matmul"] * fl.token_forwards(schedule, T) * T - skipped)
+    expected = 2 * B * (counts["matmul"] * schedule.forwards(model, T).differentiated * T - skipped)
     measured = sum(v for k, v in fwd.get_flop_counts()["Global"].items() if "mm" in str(k))
     assert measured == expected
     assert sum(bwd.get_flop_counts()["Global"].values()) == 2 * measured
@@ -164,8 +165,8 @@ def test_rollout_flops_are_the_sweeps_plus_a_forward_only_rollout(G):
     # backward: 2x the sweeps, less the input gradient of W_rec m in the first sweep (its rows are
     # the rollout's, detached: nothing upstream to reach)
     assert bwd.flops == 2 * sweeps - 2 * B * T * rec
-    assert fl.rollout_forwards(model, f"rollout:{G}", T) == pytest.approx(0.5 * (T - 1) / T)
-    assert fl.token_forwards(f"rollout:{G}", T) == G
+    differentiated, inference = parse_schedule(f"rollout:{G}").forwards(model, T)
+    assert inference == pytest.approx(0.5 * (T - 1) / T) and differentiated == G
 
 
 def test_rollout_trains_in_the_launcher(tmp_path):

@@ -24,7 +24,9 @@ from lrt_lab import LRT
 from lrt_lab.commands.cli import main
 from lrt_lab.core.config import MemoryConfig, ModelConfig, preset
 from lrt_lab.run.decode import Decoder, generate
-from lrt_lab.run.schedules import Chunked, FullSequence, Interleaved, parse_schedule, run_schedule
+from lrt_lab.run.registry import parse_schedule
+from lrt_lab.run.runner import run_schedule
+from lrt_lab.run.schedules import Chunked, FullSequence, Interleaved
 from lrt_lab.training.sweep import expand, validate_spec
 from lrt_lab.training.loop import TrainConfig
 from lrt_lab.core.validation import TRAIN_SEED_LIMIT

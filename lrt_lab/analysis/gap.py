@@ -40,7 +40,7 @@ DEFAULT_GROUP = ("config.train.task", "config.train.length", "config.model.n_lay
 # BPB ------------------------------------------------------------------------------------------------
 def _ce_sum(logits, targets) -> tuple[float, int]:
     import torch.nn.functional as F
-    from lrt_lab.run.schedules import IGNORE_INDEX
+    from lrt_lab.core.loss import IGNORE_INDEX
     flat = targets.reshape(-1)
     total = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), flat, ignore_index=IGNORE_INDEX,
                             reduction="sum")
@@ -61,8 +61,9 @@ def bpb_of(model, inputs, targets, schedule, chunk: int = 64, bytes_per_token: f
 
 def _bpb_of(model, inputs, targets, schedule, chunk: int, bytes_per_token: float) -> dict:
     import torch
-    from lrt_lab.run.schedules import IGNORE_INDEX, run_schedule
-    from lrt_lab.run.schedules import as_schedule
+    from lrt_lab.core.loss import IGNORE_INDEX
+    from lrt_lab.run.runner import run_schedule
+    from lrt_lab.run.registry import as_schedule
     schedule = as_schedule(schedule)
     T = inputs.size(1)
     stages = schedule.stages(T)
@@ -110,8 +111,8 @@ def evaluate_bpb(run_or_model, schedule=None, eval_batch=None, n_sequences: int 
     Exact decoding is the Exact schedule, which the core tests hold equal to the Decoder.
     """
     from lrt_lab.core.model import LRT
-    from lrt_lab.run.schedules import Chunked, Exact
-    from lrt_lab.run.schedules import as_schedule
+    from lrt_lab.run.schedules import Exact
+    from lrt_lab.run.registry import as_schedule
     from lrt_lab.analysis.loading import as_run, eval_batch as make_eval_batch, load_model, load_task
 
     run = None
@@ -129,7 +130,7 @@ def evaluate_bpb(run_or_model, schedule=None, eval_batch=None, n_sequences: int 
     schedule = as_schedule(schedule)
     inputs, targets = _inputs_targets(eval_batch)
     par = bpb_of(model, inputs, targets, schedule, chunk, bytes_per_token)
-    if not model.config.is_lrt or isinstance(schedule, Exact) or (isinstance(schedule, Chunked) and schedule.C == 1):
+    if not model.config.is_lrt or schedule.exact:
         exact = par["bpb"]  # no memory, or the schedule already is exact recurrence
     else:
         exact = bpb_of(model, inputs, targets, Exact(), chunk, bytes_per_token)["bpb"]
@@ -141,7 +142,7 @@ def evaluate_bpb(run_or_model, schedule=None, eval_batch=None, n_sequences: int 
 
 
 def _inputs_targets(batch):
-    from lrt_lab.run.schedules import IGNORE_INDEX
+    from lrt_lab.core.loss import IGNORE_INDEX
     if isinstance(batch, (tuple, list)) and len(batch) >= 2 and not hasattr(batch, "inputs"):
         inputs, targets = batch[0], batch[1]
         mask = batch[2] if len(batch) > 2 else None

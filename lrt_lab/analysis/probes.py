@@ -5,7 +5,7 @@ decodable, and does the LRT memory carry it to the next token?
     table = probe_model(model, batch.inputs, batch.state, "exact")    # one row per site x position x control
     fig = plot_probe_heatmap(table)
 
-Sites are hook point names (`lrt_lab.core.hooks`): "hook_embed", "blocks.{l}.hook_resid_post" for every
+Sites are hook point names (`lrt_lab.run.hooks`): "hook_embed", "blocks.{l}.hook_resid_post" for every
 layer, and for an LRT "hook_mem_in" (the memory m_{t-1} a position reads) and "hook_mem_out" (the
 source state it emits). "hook_mem_in" is probed twice: against the state at t (target "state") and against
 the state at t-1 (target "state_prev"): the question "does the memory carry it forward".
@@ -34,7 +34,9 @@ import torch
 import torch.nn.functional as F
 
 from lrt_lab.core.model import LRT
-from lrt_lab.run.schedules import OnePass, as_schedule, parse_schedule, run_schedule
+from lrt_lab.run.registry import as_schedule, parse_schedule
+from lrt_lab.run.runner import run_schedule
+from lrt_lab.run.schedules import OnePass
 
 CONTROLS = ("majority", "shuffled_labels", "random_init")
 

@@ -46,7 +46,8 @@ from lrt_lab.core.config import fail as _fail
 from lrt_lab.run.decode import Decoder
 from lrt_lab.core.model import LRT
 from lrt_lab.training.optim import ROLES, build_optimizers
-from lrt_lab.run.schedules import Chunked, Exact, FixedPoint, FullSequence, Interleaved, OnePass, Rollout, run_schedule
+from lrt_lab.run.runner import run_schedule
+from lrt_lab.run.schedules import Chunked, Exact, FixedPoint, FullSequence, Interleaved, OnePass, Rollout
 from lrt_lab.training.optim import optimizer_step
 
 
@@ -227,8 +228,9 @@ def _autocast(device: str):
 
 
 def _train_step_fn(model, opts, idx, targets, schedule, device, measured: list | None = None):
-    """One training step. For a dynamic schedule, what it measured is appended to `measured`:
-    FixedPoint's sweeps used, Rollout's share of the step's wall time spent in its rollout."""
+    """One training step; what the schedule measured beyond its cost (`Measured.record` of the
+    forward + backward time: FixedPoint's sweeps, Rollout's rollout share) is appended to
+    `measured`."""
     def step(mark):
         start = time.perf_counter()
         with _autocast(device):
@@ -239,10 +241,21 @@ def _train_step_fn(model, opts, idx, targets, schedule, device, measured: list |
         wall = time.perf_counter() - start
         mark()  # forward + backward | optimizer
         optimizer_step(opts, model.parameters())
-        if measured is not None and out.measured is not None:
-            m = out.measured
-            measured.append(m["sweeps"] if "sweeps" in m else m["rollout_s"] / max(wall, 1e-12))
+        if measured is not None:
+            measured.append(out.measured.record(wall))
     return step
+
+
+def _measured_field(measured: dict[str, list[dict]], name: str) -> dict:
+    """{case: {spec, median, samples}} of one field the schedules measured, for the cases whose
+    steps measured it."""
+    out = {}
+    for key, records in measured.items():
+        samples = [r[name] for r in records if name in r]
+        if samples:
+            out[key] = {"spec": TRAIN_CASES[key].spec, "median": statistics.median(samples),
+                        "samples": samples}
+    return out
 
 
 def _prefill_case(name, model, prompt, schedule, device, warmup, repeats):
@@ -348,18 +361,13 @@ def _bench(device, preset, bp, T, B, prompt_n, dec_B, dec_steps, reps, warm, exa
     if exact_T != T:
         train.append(_Case("transformer_exact_T", _train_step_fn(plain, plain_opts, exact_idx, exact_targets,
                                                                   OnePass(), device), warm, reps))
-    sweeps: dict[str, list] = {}   # FixedPoint: sweeps used per step
-    shares: dict[str, list] = {}   # Rollout: the rollout's share of each step's wall time
+    measured: dict[str, list[dict]] = {}  # per case, what each step measured beyond its cost
     for key, sched in TRAIN_CASES.items():
+        used = measured.setdefault(key, [])
         if key == "exact":
-            train.append(_Case(key, _train_step_fn(lrt, lrt_opts, exact_idx, exact_targets, sched, device),
-                               exact_warm, exact_reps))
+            train.append(_Case(key, _train_step_fn(lrt, lrt_opts, exact_idx, exact_targets, sched, device,
+                                                   used), exact_warm, exact_reps))
         else:
-            used = None
-            if isinstance(sched, FixedPoint):
-                used = sweeps.setdefault(key, [])
-            elif isinstance(sched, Rollout):
-                used = shares.setdefault(key, [])
             train.append(_Case(key, _train_step_fn(lrt, lrt_opts, idx, targets, sched, device, used), warm, reps))
     log("training ...")
     _run_cases(train, timer, device, log)
@@ -414,12 +422,10 @@ def _bench(device, preset, bp, T, B, prompt_n, dec_B, dec_steps, reps, warm, exa
         "prefill_ratio": prefill_ratio,
         "decode_throughput_ratio": decode_ratio,
         "absolute": absolute,
-        # dynamic schedules: their spec and the sweeps used in every step run (warm-up included)
-        "sweeps_used": {k: {"spec": TRAIN_CASES[k].spec, "median": statistics.median(v), "samples": v}
-                        for k, v in sweeps.items()},
+        # FixedPoint: its spec and the sweeps used in every step run (warm-up included)
+        "sweeps_used": _measured_field(measured, "sweeps"),
         # Rollout: the fraction of the forward + backward wall time spent rolling the memory out
-        "rollout_share": {k: {"spec": TRAIN_CASES[k].spec, "median": statistics.median(v), "samples": v}
-                          for k, v in shares.items()},
+        "rollout_share": _measured_field(measured, "rollout_share"),
         "settings": {
             "model_preset": bp.model, "seq_len": T, "batch_size": B, "prompt_len": prompt_n,
             "prefill_batch": bp.prefill_batch, "decode_batch_N": dec_B, "decode_steps": dec_steps,

@@ -183,6 +183,16 @@ def attend_explicit(q, k, v, q_pos: range, window: int | None, on_scores=None,
     return torch.einsum("bhqk,bkhd->bqhd", pattern, vh)
 
 
+KERNELS = {"sdpa": lambda: _sdpa, "flash": lambda: _flash, "flex": lambda: _flex}
+
+
+def attention_kernel(q: torch.Tensor, q_pos: range, n_keys: int, window: int | None = None):
+    """The kernel `attend` would pick for this call, as a function (q, k, v, q_pos, window) ->
+    (B, Tq, H, D): what the model's attention calls directly, its positions already a canonical
+    range (`as_range`) within the keys, so the call reaches the kernel without a dispatch frame."""
+    return KERNELS[pick_backend(q, q_pos, n_keys, window)]()
+
+
 def attend(q, k, v, q_pos, window: int | None = None, backend: str = "auto") -> torch.Tensor:
     """Causal (optionally sliding-window) attention of queries at q_pos over keys 0..Tk-1.
 

@@ -28,6 +28,13 @@ def _check_choice(name: str, value, choices: tuple) -> None:
         fail(name, value, ", ".join(repr(c) for c in choices))
 
 
+# Memory mechanisms by name: MemoryConfig.mechanism's allowed values, and the MemoryPathway class
+# each builds. Filled by `lrt_lab.core.memory.register_memory` ("lrt": the paper's pathway, and
+# any a user registers), so validation and the generated invariant tests see every one.
+# "lrt" is known before lrt_lab.core.memory (which fills in its class) is imported.
+MEMORY_MECHANISMS: dict[str, type | None] = {"lrt": None}
+
+
 @dataclass(frozen=True)
 class MemoryConfig:
     """The LRT memory pathway (paper sec. 2). Defaults are the paper's LRT-shared.
@@ -73,6 +80,9 @@ class MemoryConfig:
     reset_memory_at_bos: zero the injected memory when its source position lies in an earlier
                      document (documents start at ModelConfig.bos_token_id). Off by default, as in
                      the paper's packed-row pretraining, where memory crosses document boundaries.
+    mechanism:       the pathway class that implements the memory (`register_memory`): "lrt", the
+                     paper's (`lrt_lab.core.memory.MemoryPathway`), or one registered by name,
+                     e.g. a subclass defined in the user's own file (docs/extending.md).
     """
 
     source_layer: int | None = None
@@ -91,6 +101,7 @@ class MemoryConfig:
     source_tap: str = field(default="resid", metadata={"choices": ("resid", "normed", "attn_out")})
     gate_channels: int | None = field(default=None, metadata={"choices": (None, 32)})
     update: str = field(default="overwrite", metadata={"choices": ("overwrite", "gated")})
+    mechanism: str = field(default="lrt", metadata={"choices": MEMORY_MECHANISMS})
 
     def __post_init__(self):
         check_fields(self, "memory.")  # types, finite numbers, declared choices (any field)

@@ -1,4 +1,4 @@
-"""What the library asks of a model and of a task, written down once as typing Protocols.
+"""What the library asks of a model, a schedule and a task, written down once as typing Protocols.
 
 Schedules (`lrt_lab.run.schedules`), the Decoder, the training loop, evaluation, the bench and scale/
 read these members with plain attribute access, so a model that lacks one fails where it is read
@@ -14,7 +14,8 @@ base class of every built-in task, provides all of it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # annotations only: importing this module stays free of torch
     import torch
@@ -89,6 +90,86 @@ class SequenceModel(Protocol):
         ...
 
     def eval(self) -> Any:
+        ...
+
+
+@dataclass
+class Measured:
+    """What one run of a schedule measured. Every schedule measures its cost; one whose work
+    depends on the data (FixedPoint, Rollout) returns a subclass with what else it saw."""
+
+    cost: float  # full-stack forwards over the sequence this run computed (the loop's accounting)
+
+    def record(self, step_s: float) -> dict:
+        """Fields for the training step's metrics line beyond the cost (none here)."""
+        return {}
+
+
+@dataclass
+class ScheduleRun:
+    """What `Schedule.run` returns: the stages that produced logits, their logits at their
+    positions, the loss weight of each (None: one mean over the final logits), the final buffer
+    and what the run measured."""
+
+    stages: list[range]
+    stage_logits: list[torch.Tensor]
+    weights: list[float] | None
+    buffer: object
+    measured: Measured
+
+
+class Forwards(NamedTuple):
+    """Full-stack forwards per token of one training step."""
+
+    differentiated: float  # with autograd (a backward follows)
+    inference: float = 0.0  # without (Rollout's rollout)
+
+
+@runtime_checkable
+class Schedule(Protocol):
+    """An order of stages over one buffer: a trainer, a prefill strategy (`lrt_lab.run.schedules`).
+
+    `run_schedule` resolves a spelling through the registry (`lrt_lab.run.registry`), makes the
+    model's empty buffer, calls `run`, assembles each position's final logits from the last stage
+    that computed it and forms the loss with the weights `run` returned. Any object with these
+    members runs; deriving from `lrt_lab.run.schedules.StagedSchedule` gives all of them but
+    `stages` and `cost` (docs/extending.md, "Add a trainer").
+    """
+
+    @property
+    def spec(self) -> str:
+        """Its spelling: `parse_schedule(spec)` gives an equal schedule."""
+        ...
+
+    @property
+    def cost(self) -> float:
+        """Full-stack forwards over the sequence one step runs (the training loop's compute
+        axis); an upper bound where the data decides, the run measuring what it ran."""
+        ...
+
+    @property
+    def exact(self) -> bool:
+        """Whether it computes one position per stage, so its forward is exact recurrent
+        decoding (an analysis then need not decode again)."""
+        ...
+
+    def stages(self, T: int) -> list[range]:
+        """Its stages' position sets for T positions (where the data decides: the most it may
+        run); ValueError for a T it cannot run."""
+        ...
+
+    def stage_weights(self, T: int) -> list[float] | None:
+        """The loss weight of each stage of stages(T); None: one mean over the final logits, or
+        stages the data decides."""
+        ...
+
+    def run(self, model: SequenceModel, idx: torch.Tensor, buffer) -> ScheduleRun:
+        """Run the stages on idx from `buffer` (the model's empty buffer)."""
+        ...
+
+    def forwards(self, model: SequenceModel, T: int) -> Forwards:
+        """Full-stack forwards per token of one step, with autograd and without: the input of
+        FLOP accounting (lrt_scale.flops)."""
         ...
 
 

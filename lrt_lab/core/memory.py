@@ -19,11 +19,13 @@ How far back a position's memory reaches is stated once, by the config
 and the decoder's ring follow.
 The pathway's own hook points (`memory.hook_source`, and `memory.hook_update_gate` for
 update="gated") are modules of this class, called with `read.positions`: a new mechanism declares
-its internal values' hook points here, next to its math, and `lrt_lab.core.hooks` finds them by name.
+its internal values' hook points here, next to its math, and `lrt_lab.run.hooks` finds them by name.
 
 Every schedule, the Exact split (`LRT.exact_split`), the decoder, the hook points, the
 parameter report and the optimizer roles (`param_roles`) follow from these, so a new mechanism is
-written here (plus its `MemoryConfig` field) and nowhere else.
+written here (plus its `MemoryConfig` field) and nowhere else; or, without touching the package,
+as a subclass in the user's own file registered by name (`register_memory`), chosen with
+`MemoryConfig(mechanism=name)`.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lrt_lab.core.config import ModelConfig
-from lrt_lab.core.hooks import HookPoint
+from lrt_lab.core.config import MEMORY_MECHANISMS, ModelConfig
+from lrt_lab.core.hook_points import HookPoint
 
 
 def norm(x: torch.Tensor) -> torch.Tensor:
@@ -80,6 +82,26 @@ def gated_sum(local, rec, g_loc, g_rec, drop_local: bool) -> torch.Tensor:
     if rec is None:
         return base
     return base + rec if g_rec is None else torch.addcmul(base, g_rec, rec)
+
+
+def register_memory(name: str):
+    """Class decorator: `MemoryConfig(mechanism=name)` builds this MemoryPathway subclass. One
+    line beside a mechanism defined anywhere; the generated invariant tests then include it
+    (`pytest tests/test_invariants.py --memory-plugin FILE`, docs/extending.md)."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"name={name!r} is invalid; allowed: a Python identifier")
+
+    def register(cls):
+        if not (isinstance(cls, type) and issubclass(cls, MemoryPathway)):
+            raise ValueError(f"{cls!r} is invalid; allowed: a subclass of MemoryPathway")
+        MEMORY_MECHANISMS[name] = cls
+        return cls
+    return register
+
+
+def build_memory(config: ModelConfig) -> "MemoryPathway":
+    """The pathway `config.memory.mechanism` names."""
+    return MEMORY_MECHANISMS[config.memory.mechanism](config)
 
 
 class MemoryPathway(nn.Module):
@@ -250,3 +272,6 @@ class MemoryPathway(nn.Module):
         if read.zero:  # nothing written yet: the kept part is zero
             return (1 - z) * h
         return z * read.m + (1 - z) * h
+
+
+register_memory("lrt")(MemoryPathway)

@@ -2,15 +2,17 @@
 
 One compute primitive, `LRT.stage(tokens, P, buffer)`: recompute positions P against a shared
 K/V + memory buffer (docs/design.md). Training schedules, prefill strategies and decoding are all
-orders of stages (`lrt_lab.run.schedules`, `lrt_lab.run.decode`). With `config.memory=None` the same
+orders of stages (`lrt_lab.run.schedules`, `lrt_lab.run.decode`); the model's own `forward` is
+the simplest, one stage over every position. With `config.memory=None` the same
 class is the plain transformer baseline, so both share every line of the backbone.
 
-The forward reads top to bottom: `LRT.forward` -> `run_schedule` (the order of stages) ->
-`LRT.stage` -> `LRT.run_blocks` -> `Block.forward` -> `Attention.forward` -> `attend`. The fast
-paths sit in named functions beside the equations: `mix_residual` and `gated_sum` (fused
-kernels), `MemoryRead` (what a stage forms once for all its layers), `HookPoint.active` (hook
-points cost nothing while unhooked), `Rotary`'s table cache, `FrontierStorage` (in-place appends
-without autograd).
+The forward reads top to bottom: `LRT.forward` (one stage over every position, and the loss) ->
+`LRT.stage` -> `LRT.run_blocks` -> `Block.forward` -> `Attention.forward` -> the attention kernel
+(`attention_kernel`: SDPA, flash-attn or FlexAttention). Other orders of stages (the trainers,
+prefill, decoding) call `LRT.stage` from `lrt_lab.run`. The fast paths sit in named functions
+beside the equations: `mix_residual` and `gated_sum` (fused kernels), `MemoryRead` (what a stage
+forms once for all its layers), `HookPoint.hooked` (hook points cost nothing while unhooked),
+`Rotary`'s table cache, `FrontierStorage` (in-place appends without autograd).
 
 The backbone (`Block`, `Attention`, `MLP`) are ordinary modules with a `forward`, called as
 modules by every stage, so module hooks, activation checkpointing and per-block compilation work.
@@ -34,11 +36,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lrt_lab.core.attention import attend, attend_explicit
+from lrt_lab.core.attention import as_range, attend_explicit, attention_kernel
 from lrt_lab.core.buffer import DecodeCache, SequenceBuffer
 from lrt_lab.core.config import ModelConfig
-from lrt_lab.core.hooks import HookPoint
-from lrt_lab.core.memory import MemoryPathway, MemoryRead, norm
+from lrt_lab.core.hook_points import HookPoint
+from lrt_lab.core.loss import check_inputs, cross_entropy
+from lrt_lab.core.memory import MemoryPathway, MemoryRead, build_memory, norm
 
 VE_GATE_CHANNELS = 32  # nanochat gates value embeddings from the first 32 input channels
 
@@ -122,8 +125,13 @@ class StageContext:
 
     @property
     def hook_positions(self) -> range | None:
-        """What the hook points receive as `positions` (None: `lrt_lab.core.hooks` skips the call)."""
+        """What the hook points receive as `positions` (None: `lrt_lab.run.hooks` skips the call)."""
         return self.positions if self.hooked else None
+
+
+class Output(NamedTuple):
+    logits: torch.Tensor             # (B, T, V)
+    loss: torch.Tensor | None        # mean cross-entropy over the counted targets, or None
 
 
 class BlockOutput(NamedTuple):
@@ -189,7 +197,18 @@ class Attention(nn.Module):
         q = self.hook_rot_q(apply_rotary(norm(q), ctx.cos, ctx.sin).to(v.dtype), positions=hp)
         k = self.hook_rot_k(apply_rotary(norm(k), ctx.cos, ctx.sin).to(v.dtype), positions=hp)
         K, V = ctx.buffer.splice_kv(self.layer, ctx.positions, k, v)
-        y = self.hook_z(self._attend(q, K, V, ctx), positions=hp)
+        # softmax(q K^T / sqrt(D)) V, causal within this layer's window, over the keys up to the
+        # stage's last position: a fused kernel, or written out while scores or pattern are hooked
+        stop = ctx.positions.stop  # the buffer may hold rows past the stage (a prefix refined again)
+        Ks, Vs = (K, V) if K.size(1) == stop else (K[:, :stop], V[:, :stop])
+        P, window = as_range(ctx.positions, n), self.window
+        if window is not None:  # windows count tokens; rows may interleave other vectors
+            window *= ctx.rows_per_token
+        if self.hook_attn_scores.hooked or self.hook_pattern.hooked:
+            y = self._attend_explicit(q, Ks, Vs, P, window, hp)
+        else:
+            y = attention_kernel(q, P, Ks.size(1), window)(q, Ks, Vs, P, window)
+        y = self.hook_z(y, positions=hp)
         return self.c_proj(y.reshape(B, n, -1)), K, V
 
     def _add_value_embed(self, v, h, value_embed) -> torch.Tensor:
@@ -207,16 +226,9 @@ class Attention(nn.Module):
             g_rec = self.hook_gate_rec(g_rec, positions=ctx.hook_positions)
         return ctx.pathway.inject_qkv(self.layer, q, k, v, memory, g_loc, g_rec)
 
-    def _attend(self, q, K, V, ctx: StageContext) -> torch.Tensor:
-        """softmax(q K^T / sqrt(D)) V, causal within this layer's window, over the keys up to the
-        stage's last position: the fused kernels, or written out while its scores or pattern are
-        hooked."""
-        P, hp = ctx.positions, ctx.hook_positions
-        if K.size(1) != P.stop:  # the buffer holds rows past the stage (a prefix refined again)
-            K, V = K[:, :P.stop], V[:, :P.stop]
-        window = self.window if self.window is None else self.window * ctx.rows_per_token
-        if not (self.hook_attn_scores.hooked or self.hook_pattern.hooked):
-            return attend(q, K, V, P, window)
+    def _attend_explicit(self, q, K, V, P: range, window, hp) -> torch.Tensor:
+        """The same attention written out, its scores and pattern passed through their hook
+        points."""
         return attend_explicit(q, K, V, P, window,
                                on_scores=lambda s: self.hook_attn_scores(s, positions=hp),
                                on_pattern=lambda a: self.hook_pattern(a, positions=hp))
@@ -301,7 +313,7 @@ class LRT(nn.Module):
                                                for _ in range(n_layer))
                                  if config.use_value_embeds else None)
             self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
-            self.memory = MemoryPathway(config) if config.memory is not None else None
+            self.memory = build_memory(config) if config.memory is not None else None
         self.resid_lambdas = nn.Parameter(torch.ones(n_layer)) if config.use_resid_lambdas else None
         self.x0_lambdas = nn.Parameter(torch.zeros(n_layer)) if config.use_x0_residual else None
         self.rotary = Rotary(config.head_dim, config.rope_base)
@@ -459,25 +471,15 @@ class LRT(nn.Module):
             block.compile(**options)
         return self
 
-    # Conveniences ------------------------------------------------------------------------------
-    def forward(self, idx, targets=None, schedule=None, cache: dict | None = None):
-        """The logits and loss of idx under a schedule of stages (default OnePass: one stage over
-        every position); returns a ScheduleOutput (logits, loss, ...)."""
-        from lrt_lab.run.schedules import OnePass, run_schedule
-        return run_schedule(self, idx, targets, schedule or OnePass(), cache=cache)
-
-    def run_with_cache(self, idx, schedule=None, targets=None, names=None):
-        """TransformerLens's `run_with_cache`: (logits, cache) for a schedule (default OnePass),
-        cache[name] a (B, T, ...) activation per hook point (attention scores and patterns
-        (B, heads, T, T)). names: the hook points to record (default: all). Attention is written
-        out only in the layers whose scores or pattern are recorded; the rest keep the fast
-        kernels."""
-        from lrt_lab.core.hooks import capture, hook_points
-        from lrt_lab.run.schedules import OnePass, run_schedule
-        names = list(hook_points(self)) if names is None else list(names)
-        with capture(self, names) as recorded:
-            out = run_schedule(self, idx, targets, schedule or OnePass())
-        return out.logits, recorded.assembled(idx.size(1))
+    # The model's own forward --------------------------------------------------------------------
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> Output:
+        """One stage over every position from an empty buffer (zero memory): the plain
+        transformer's forward, and an LRT's one-pass prefill. Returns (logits (B, T, V), the mean
+        cross-entropy against targets, or None). Other orders of stages (the paper's trainers,
+        Exact) run through `lrt_lab.run_schedule(model, idx, targets, schedule)`."""
+        check_inputs(idx, targets, self.config.vocab_size)
+        logits, _ = self.stage(idx, range(0, idx.size(1)), self.empty_buffer(idx))
+        return Output(logits, None if targets is None else cross_entropy(logits, targets))
 
     def empty_buffer(self, tokens: torch.Tensor,
                      memory: torch.Tensor | None = None) -> SequenceBuffer:
@@ -492,13 +494,6 @@ class LRT(nn.Module):
         return DecodeCache(self.config, batch_size, max_len, device=device, dtype=dtype,
                            keep_memory=keep_memory)
 
-    @torch.no_grad()
-    def generate(self, prompt_ids, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, seed: int | None = None, prefill=None):
-        """Sample continuations with one forward per generated token (recurrent decoding)."""
-        from lrt_lab.run.decode import generate
-        return generate(self, prompt_ids, max_new_tokens, temperature, top_k, seed, prefill)
-
     def param_report(self) -> dict:
         """Parameters the memory pathway adds, absolute and relative.
 
@@ -511,9 +506,3 @@ class LRT(nn.Module):
         return {"total": total, "baseline": baseline, "added": added,
                 "added_pct_of_baseline": 100.0 * added / baseline,
                 "added_pct_of_total": 100.0 * added / total}
-
-    def param_groups(self) -> dict[str, list[nn.Parameter]]:
-        """Parameters by optimizer role (`lrt_lab.training.optim.param_roles`: every parameter in exactly
-        one)."""
-        from lrt_lab.training.optim import grouped_parameters
-        return grouped_parameters(self)

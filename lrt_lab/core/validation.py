@@ -53,9 +53,10 @@ def check_int(name: str, value, low: int, high: int | None = None) -> None:
         fail(name, value, f"an integer in [{low}, {high if high is not None else 'inf'}]")
 
 
-def check_number(name: str, value, low: float | None = None, high: float | None = None,
-                 low_open: bool = False, high_open: bool = False) -> None:
-    """A finite real number (int or float, not bool) in [low, high] (or open at either end)."""
+def is_number(value, low: float | None = None, high: float | None = None,
+              low_open: bool = False, high_open: bool = False) -> bool:
+    """Whether value is a finite real number (int or float, not bool) in [low, high] (or open at
+    either end)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if ok:
         try:
@@ -66,7 +67,13 @@ def check_number(name: str, value, low: float | None = None, high: float | None 
         ok = value > low if low_open else value >= low
     if ok and high is not None:
         ok = value < high if high_open else value <= high
-    if not ok:
+    return ok
+
+
+def check_number(name: str, value, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, high_open: bool = False) -> None:
+    """A finite real number (int or float, not bool) in [low, high] (or open at either end)."""
+    if not is_number(value, low, high, low_open, high_open):
         lo = "" if low is None else f"{'>' if low_open else '>='} {low}"
         hi = "" if high is None else f"{'<' if high_open else '<='} {high}"
         bounds = " and ".join(b for b in (lo, hi) if b)

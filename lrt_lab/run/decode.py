@@ -8,7 +8,7 @@ the last prompt position then starts recurrent decoding.
 Prefill and steps run under `torch.inference_mode()` (no autograd bookkeeping at all: decoding is
 launch-bound, and it removes a per-op cost from every small op of a step). Their logits are
 inference tensors: read them freely; to backpropagate through one, clone it first
-(`lrt_lab.core.hooks.capture` hands out such clones). `generate` returns normal tensors.
+(`lrt_lab.run.hooks.capture` hands out such clones). `generate` returns normal tensors.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from lrt_lab.core.buffer import compute_dtype
-from lrt_lab.run.schedules import OnePass, run_schedule
+from lrt_lab.run.runner import run_schedule
+from lrt_lab.run.schedules import OnePass
 from lrt_lab.core.validation import (TORCH_SEED_LIMIT, check_int, check_number, check_seed, check_token_ids,
                          vocab_size_of)
 
@@ -138,7 +139,11 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None,
 
 def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
              top_k: int | None = None, seed: int | None = None, prefill=None) -> torch.Tensor:
-    """(B, T_prompt + max_new_tokens): the prompt followed by sampled tokens."""
+    """(B, T_prompt + max_new_tokens): the prompt followed by sampled tokens.
+
+    The prompt is prefilled with `prefill` (default OnePass: one parallel pass with zero memory,
+    an approximation of the recurrence for an LRT; Exact or Rollout compute the prompt's memory
+    exactly), then every new token is one recurrent decoding step (`Decoder.step`)."""
     check_int("max_new_tokens", max_new_tokens, 0)
     check_number("temperature", temperature, low=0)
     if top_k is not None:

@@ -21,66 +21,81 @@ come from the last stage that computed it. In the limit,
 Interleaved(S=T) == FullSequence(K=T) == Chunked(1) == Exact == token-by-token decoding; the test
 suite holds those equalities in float64.
 
-Every schedule has `stages(T)`, `stage_weights(T)`, `cost`, `spec` and `dynamic`: False when its
-stages are known up front (run_schedule runs them), True for FixedPoint and Rollout, whose
-`run(model, idx, buffer)` decides them as it goes.
-
-Targets use -1 for positions that do not count (as nanochat does).
+Every schedule satisfies `lrt_lab.core.interface.Schedule`: `spec`, `cost`, `stages(T)`,
+`stage_weights(T)`, `forwards(model, T)` and `run(model, idx, buffer)`. Those whose stages are
+known up front derive from `StagedSchedule`, whose `run` runs `stages(T)` in order; FixedPoint and
+Rollout decide their stages as they go and write their own `run`, returning what they measured
+as a typed `Measured`. Each class joins the registry (`lrt_lab.run.registry`) with its spelling.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 
 from lrt_lab.core.buffer import compute_dtype
-from lrt_lab.core.positions import assemble
-from lrt_lab.core.hooks import capture
-from lrt_lab.core.validation import check_int, check_number, check_targets, check_token_ids, vocab_size_of
-
-IGNORE_INDEX = -1
+from lrt_lab.core.interface import Forwards, Measured, ScheduleRun
+from lrt_lab.core.validation import check_int, check_number, is_number
+from lrt_lab.run.registry import register_schedule
 
 
-def _finite_nonnegative(x) -> bool:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return False
-    try:
-        return 0 <= float(x) < float("inf")  # NaN fails both comparisons; float(10**400) overflows
-    except OverflowError:
-        return False
+class StagedSchedule:
+    """A schedule whose stages are known before it runs: a subclass (a frozen dataclass) gives
+    `stages(T)` and `cost`; this base runs the stages in order, weighs their losses uniformly
+    and spells the schedule from its registered name and fields (`interleaved:2`)."""
+
+    name = ""  # set by register_schedule
+    exact = False
+
+    def stages(self, T: int) -> list[range]:
+        raise NotImplementedError
+
+    @property
+    def cost(self) -> float:
+        raise NotImplementedError
+
+    def stage_weights(self, T: int) -> list[float] | None:
+        return [1.0] * len(self.stages(T))
+
+    @property
+    def spec(self) -> str:
+        values = [getattr(self, f.name) for f in dataclasses.fields(self) if f.init]
+        return ":".join([self.name, *(f"{v:g}" if isinstance(v, float) else str(v) for v in values)])
+
+    def forwards(self, model, T: int) -> Forwards:
+        """Every stage differentiated: the positions it computes per token."""
+        return Forwards(sum(len(P) for P in self.stages(T)) / T)
+
+    def run(self, model, idx: torch.Tensor, buffer) -> ScheduleRun:
+        T = idx.size(1)
+        stages, stage_logits = self.stages(T), []
+        for P in stages:
+            logits_P, buffer = model.stage(idx[:, P.start:P.stop:P.step], P, buffer)
+            stage_logits.append(logits_P)
+        return ScheduleRun(stages, stage_logits, self.stage_weights(T), buffer, Measured(self.cost))
 
 
+@register_schedule("onepass")
 @dataclass(frozen=True)
-class OnePass:
+class OnePass(StagedSchedule):
     """The plain transformer's forward; for an LRT, one-pass prefill with zero memory."""
-
-    dynamic: ClassVar[bool] = False
 
     def stages(self, T: int) -> list[range]:
         return [range(0, T)]
-
-    def stage_weights(self, T: int) -> list[float] | None:
-        return [1.0]
 
     @property
     def cost(self) -> float:
         return 1.0
 
-    @property
-    def spec(self) -> str:
-        return "onepass"
 
-
+@register_schedule("interleaved:S")
 @dataclass(frozen=True)
-class Interleaved:
+class Interleaved(StagedSchedule):
     """Paper sec. 3.1: an init pass over all positions, then S strided subsets with write-back."""
-
-    dynamic: ClassVar[bool] = False
 
     S: int = 2
 
@@ -92,23 +107,22 @@ class Interleaved:
             raise ValueError(f"Interleaved.S={self.S} is invalid for T={T}; allowed: 1 <= S <= T")
         return [range(0, T)] + [range(s, T, self.S) for s in range(self.S)]
 
-    def stage_weights(self, T: int) -> list[float]:
-        return [1.0] * (self.S + 1)
-
     @property
     def cost(self) -> float:
         return 2.0  # one init pass + the S subsets that recompute the sequence once
 
-    @property
-    def spec(self) -> str:
-        return f"interleaved:{self.S}"
+
+def _parse_fullseq(args: list[str]) -> FullSequence:
+    """`fullseq:K[:w0,w1,...]`: the weights one argument, comma-separated."""
+    if len(args) not in (1, 2):
+        raise ValueError(f"fullseq takes 1 or 2 arguments, {len(args)} given")
+    weights = tuple(float(x) for x in args[1].split(",")) if len(args) == 2 else None
+    return FullSequence(int(args[0]), weights)
 
 
 @dataclass(frozen=True)
-class FullSequence:
+class FullSequence(StagedSchedule):
     """Paper sec. 3.1 "Full-sequence refinement for S=1": K synchronous refinements after init."""
-
-    dynamic: ClassVar[bool] = False
 
     K: int = 1
     weights: tuple[float, ...] | None = None
@@ -124,7 +138,7 @@ class FullSequence:
             if len(w) != self.K + 1:
                 raise ValueError(f"FullSequence.weights has {len(w)} entries; allowed: exactly "
                                  f"K+1 = {self.K + 1} (init + each refinement)")
-            if not all(_finite_nonnegative(x) for x in w) or not 0 < sum(w) < float("inf"):
+            if not all(is_number(x, low=0) for x in w) or not 0 < sum(w) < float("inf"):
                 raise ValueError(f"FullSequence.weights={w} is invalid; allowed: finite "
                                  "non-negative numbers with a positive (finite) sum")
 
@@ -144,11 +158,16 @@ class FullSequence:
         return f"fullseq:{self.K}{w}"
 
 
-@dataclass(frozen=True)
-class Chunked:
-    """Paper sec. 3.2: contiguous chunks in order; memory crosses only chunk boundaries."""
+register_schedule("fullseq:K[:w0,w1,...]", parse=_parse_fullseq)(FullSequence)
 
-    dynamic: ClassVar[bool] = False
+
+@register_schedule("chunked:C")
+@dataclass(frozen=True)
+class Chunked(StagedSchedule):
+    """Paper sec. 3.2: contiguous chunks in order; memory crosses only chunk boundaries.
+
+    Where the model allows it (`LRT.exact_split`: C <= the memory's exact chunk), the blocks above
+    the source layer run once for all positions after the chunks (`_run_split`)."""
 
     C: int = 64
 
@@ -166,21 +185,56 @@ class Chunked:
         return 1.0
 
     @property
-    def spec(self) -> str:
-        return f"chunked:{self.C}"
+    def exact(self) -> bool:
+        """One position per stage: its parallel forward is exact recurrent decoding."""
+        return self.C == 1
+
+    def run(self, model, idx: torch.Tensor, buffer) -> ScheduleRun:
+        split = model.exact_split(self.C)
+        if split is None:
+            return super().run(model, idx, buffer)
+        stages = self.stages(idx.size(1))
+        logits, buffer = _run_split(model, idx, stages, split, buffer)
+        stage_logits = [logits[:, P.start:P.stop] for P in stages]
+        return ScheduleRun(stages, stage_logits, None, buffer, Measured(self.cost))
 
 
+@register_schedule("exact")
 @dataclass(frozen=True)
 class Exact(Chunked):
     """Exact recurrent training: one position per stage (BPTT through the memory chain)."""
 
     C: int = field(default=1, init=False)
 
-    @property
-    def spec(self) -> str:
-        return "exact"
+
+def _run_split(model, idx: torch.Tensor, stages: list[range], split: int, buffer):
+    """Exact with the blocks above the source layer deferred: blocks [0, split) stage by stage
+    (the recurrence), then blocks [split, L) for all positions in one causal stage that
+    reads the finished memory m_{t-1}. Same logits as running every block per position (tested);
+    the sequential part shrinks to split/L of the blocks."""
+    lower, upper = range(0, split), range(split, model.config.n_layer)
+    resid = []
+    for P in stages:
+        x_P, buffer = model.stage(idx[:, P.start:P.stop], P, buffer, layers=lower)
+        resid.append(x_P)
+    full = range(0, idx.size(1))
+    return model.stage(idx, full, buffer, layers=upper, resid=torch.cat(resid, dim=1))
 
 
+@dataclass
+class FixedPointMeasured(Measured):
+    """What a FixedPoint step saw, besides its cost."""
+
+    sweeps: int = 0                     # sweeps run after init
+    residuals: list[float] = field(default_factory=list)  # the memory's change after each sweep
+    converged: bool = False             # whether the last change was <= tol
+    residual_per_position: torch.Tensor | None = None     # (sweeps, T): each sweep's per position
+
+    def record(self, step_s: float) -> dict:
+        return {"sweeps": self.sweeps, "residual": self.residuals[-1], "converged": self.converged}
+
+
+@register_schedule("fixedpoint:TOL:MAX[:G]")
 @dataclass(frozen=True)
 class FixedPoint:
     """Refine until the memory stops changing: an init stage, then full-sequence sweeps (as
@@ -209,11 +263,12 @@ class FixedPoint:
 
     Cost (training-loop accounting, in full-stack forwards over the sequence, as `cost` of the
     static schedules): each differentiated stage 1, each no_grad pass split/n_layer. It depends
-    on the data, so it is measured per step (`ScheduleOutput.measured["cost"]`); `cost` here is
+    on the data, so it is measured per step (`ScheduleOutput.measured.cost`); `cost` here is
     the upper bound max_sweeps + 1.
     """
 
-    dynamic: ClassVar[bool] = True  # run() decides its stages as it goes
+    name = "fixedpoint"
+    exact = False
     tol: float = 1e-3
     max_sweeps: int = 8
     grad_sweeps: int = 1
@@ -242,19 +297,23 @@ class FixedPoint:
         g = f":{self.grad_sweeps}" if self.grad_sweeps != 1 else ""
         return f"fixedpoint:{self.tol:g}:{self.max_sweeps}{g}"
 
-    def run(self, model, idx: torch.Tensor, buffer) -> "DynamicRun":
+    def forwards(self, model, T: int) -> Forwards:
+        """The upper bound: init and every sweep differentiated."""
+        return Forwards(float(self.max_sweeps + 1))
+
+    def run(self, model, idx: torch.Tensor, buffer) -> ScheduleRun:
         """Drive the stages on idx from `buffer` (empty); see the class docstring."""
         T, L = idx.size(1), model.config.n_layer
         full = range(0, T)
         split = model.exact_split(1)
-        run = DynamicRun([], [], buffer)
+        stages, stage_logits, cost = [], [], [0.0]
         residuals, per_position = [], []
 
         def differentiated(buf):
             logits, buf = model.stage(idx, full, buf)
-            run.stages.append(full)
-            run.stage_logits.append(logits)
-            run.cost += 1.0
+            stages.append(full)
+            stage_logits.append(logits)
+            cost[0] += 1.0
             return buf
 
         def memory_only(buf):  # a no_grad pass: only the blocks that feed m_t
@@ -262,7 +321,7 @@ class FixedPoint:
                 _, buf = model.stage(idx, full, buf)
             else:
                 _, buf = model.stage(idx, full, buf, layers=range(0, split))
-            run.cost += (split or L) / L
+            cost[0] += (split or L) / L
             return buf
 
         def sweep(step, buf):  # -> (buffer, converged)
@@ -289,13 +348,24 @@ class FixedPoint:
                         break
             for _ in range(self.grad_sweeps):
                 buffer, converged = sweep(differentiated, buffer)
-        run.buffer = buffer
-        run.measured = {"sweeps": len(residuals), "residuals": residuals,
-                        "converged": bool(converged), "cost": run.cost,
-                        "residual_per_position": torch.stack(per_position)}
-        return run
+        measured = FixedPointMeasured(cost[0], len(residuals), residuals, bool(converged),
+                                      torch.stack(per_position))
+        return ScheduleRun(stages, stage_logits, [1.0] * len(stages), buffer, measured)
 
 
+@dataclass
+class RolloutMeasured(Measured):
+    """What a Rollout step saw, besides its cost."""
+
+    rollout_cost: float = 0.0  # the rollout's share of the cost (forward only)
+    rollout_s: float = 0.0     # seconds the rollout took
+    grad_sweeps: int = 1
+
+    def record(self, step_s: float) -> dict:
+        return {"rollout_share": self.rollout_s / max(step_s, 1e-9)}
+
+
+@register_schedule("rollout[:G]")
 @dataclass(frozen=True)
 class Rollout:
     """The exact memory, then G differentiated full-sequence sweeps from it.
@@ -319,7 +389,8 @@ class Rollout:
     `ScheduleOutput.measured`. `cost` is the upper bound 1 + G.
     """
 
-    dynamic: ClassVar[bool] = True  # run() drives the rollout and the sweeps itself
+    name = "rollout"
+    exact = False  # exact logits, but through full sweeps over the rolled-out memory
     grad_sweeps: int = 1
 
     def __post_init__(self):
@@ -340,7 +411,17 @@ class Rollout:
     def spec(self) -> str:
         return f"rollout:{self.grad_sweeps}"
 
-    def run(self, model, idx: torch.Tensor, buffer) -> "DynamicRun":
+    def forwards(self, model, T: int) -> Forwards:
+        """G differentiated full sweeps, and the rollout without autograd: its share of the
+        stack (`exact_split`) over the positions it rolls out (none without a memory)."""
+        if model.memory is None:
+            return Forwards(float(self.grad_sweeps))
+        split = model.exact_split(1)
+        share = (split if split is not None else model.config.n_layer) / model.config.n_layer
+        return Forwards(float(self.grad_sweeps),
+                        share * rolled_out_positions(model.config, T) / T)
+
+    def run(self, model, idx: torch.Tensor, buffer) -> ScheduleRun:
         """Drive the rollout and the G stages on idx from `buffer` (its memory rows are replaced
         by the rollout's: every row a position reads is computed exactly)."""
         T, L = idx.size(1), model.config.n_layer
@@ -352,17 +433,14 @@ class Rollout:
         if rows is not None:
             buffer = buffer.with_memory(rows.clone() if rows.is_inference() else rows)
         rollout_cost = len(layers) / L * rows.size(1) / T if rows is not None else 0.0
-        run = DynamicRun([], [], buffer, cost=rollout_cost)
-        full = range(0, T)
+        full, stage_logits = range(0, T), []
         for _ in range(self.grad_sweeps):
             logits, buffer = model.stage(idx, full, buffer)
-            run.stages.append(full)
-            run.stage_logits.append(logits)
-            run.cost += 1.0
-        run.buffer = buffer
-        run.measured = {"cost": run.cost, "rollout_cost": rollout_cost, "rollout_s": rollout_s,
-                        "grad_sweeps": self.grad_sweeps}
-        return run
+            stage_logits.append(logits)
+        measured = RolloutMeasured(rollout_cost + self.grad_sweeps, rollout_cost, rollout_s,
+                                   self.grad_sweeps)
+        stages = [full] * self.grad_sweeps
+        return ScheduleRun(stages, stage_logits, [1.0] * self.grad_sweeps, buffer, measured)
 
 
 @torch.inference_mode()
@@ -432,213 +510,3 @@ def memory_change(prev: torch.Tensor | None,
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     per_position = (change / scale).amax(dim=0).cpu()
     return float(per_position.max()), per_position
-
-
-Schedule = OnePass | Interleaved | FullSequence | Chunked | Exact | FixedPoint | Rollout
-
-
-SCHEDULE_SPELLINGS = ("onepass, interleaved:S, fullseq:K[:w0,w1,...], chunked:C, exact, "
-                      "fixedpoint:TOL:MAX[:G], rollout[:G]")
-
-
-def parse_schedule(spec: str) -> Schedule:
-    """`onepass`, `interleaved:S`, `fullseq:K[:w0,w1,...]`, `chunked:C`, `exact`,
-    `fixedpoint:TOL:MAX[:G]`, `rollout[:G]` -> a schedule."""
-    allowed = SCHEDULE_SPELLINGS
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"schedule={spec!r} is invalid; allowed: {allowed}")
-    name, *args = spec.strip().lower().split(":")
-    try:
-        if name == "onepass" and not args:
-            return OnePass()
-        if name == "exact" and not args:
-            return Exact()
-        if name == "interleaved" and len(args) == 1:
-            return Interleaved(int(args[0]))
-        if name == "chunked" and len(args) == 1:
-            return Chunked(int(args[0]))
-        if name == "fullseq" and len(args) in (1, 2):
-            weights = tuple(float(x) for x in args[1].split(",")) if len(args) == 2 else None
-            return FullSequence(int(args[0]), weights)
-        if name == "fixedpoint" and len(args) in (2, 3):
-            return FixedPoint(float(args[0]), int(args[1]), int(args[2]) if len(args) == 3 else 1)
-        if name == "rollout" and len(args) <= 1:
-            return Rollout(int(args[0]) if args else 1)
-    except ValueError as e:
-        raise ValueError(f"schedule={spec!r} is invalid: {e}; allowed: {allowed}") from None
-    raise ValueError(f"schedule={spec!r} is invalid; allowed: {allowed}")
-
-
-@dataclass
-class ScheduleOutput:
-    logits: torch.Tensor                    # (B, T, V): final logits per position
-    loss: torch.Tensor | None               # the schedule's training loss
-    stage_losses: list[torch.Tensor]        # one per stage (Chunked/Exact: one, the mean)
-    stages: list[range]                     # the position set of each stage
-    stage_logits: list[torch.Tensor]        # logits of each stage at its positions
-    buffer: object                          # the final SequenceBuffer (prefill hands it on)
-    # dynamic schedules: what they measured (FixedPoint: sweeps, residuals, converged, cost;
-    # Rollout: cost, rollout_cost, rollout_s, grad_sweeps); None for the static ones
-    measured: dict | None = None
-
-
-@dataclass
-class DynamicRun:
-    """What a schedule that drives its own stages (`run(model, idx, buffer)`) returns: the stages
-    that produced logits (all differentiated, uniformly weighted in the loss), the final buffer,
-    the cost it ran (in full-stack forwards) and what it measured."""
-
-    stages: list[range]
-    stage_logits: list[torch.Tensor]
-    buffer: object
-    cost: float = 0.0
-    measured: dict = field(default_factory=dict)
-
-
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean CE over positions whose target is not IGNORE_INDEX (0 when none counts)."""
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()  # CE in at least fp32 (bf16 autocast logits)
-    total = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
-                            reduction="sum")
-    return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
-
-
-def _check_inputs(model, idx, targets):
-    vocab_size = vocab_size_of(model)
-    check_token_ids("idx", idx, vocab_size)
-    if idx.size(0) < 1 or idx.size(1) < 1:
-        raise ValueError(f"idx is invalid: shape {tuple(idx.shape)}; allowed: at least one "
-                         "sequence and one position (B >= 1, T >= 1)")
-    if targets is not None:
-        check_targets("targets", targets, tuple(idx.shape), vocab_size, IGNORE_INDEX)
-
-
-def as_schedule(schedule) -> Schedule:
-    """A schedule object, or a CLI spelling ("exact", "interleaved:2", ...) parsed by
-    parse_schedule: the one resolver every entry point uses."""
-    if schedule is None:
-        return OnePass()
-    if isinstance(schedule, str):
-        return parse_schedule(schedule)
-    if not isinstance(schedule, (OnePass, Interleaved, FullSequence, Chunked, FixedPoint, Rollout)):
-        raise ValueError(f"schedule={schedule!r} is invalid; allowed: OnePass(), Interleaved(S), "
-                         "FullSequence(K), Chunked(C), Exact(), FixedPoint(tol, N, G), Rollout(G), "
-                         f"or a string: {SCHEDULE_SPELLINGS}")
-    return schedule
-
-
-def _exact_split(model, schedule: Schedule) -> int | None:
-    """The block index Exact / Chunked(C <= memory.exact_chunk) may split the stack at
-    (`LRT.exact_split`), or None."""
-    if not isinstance(schedule, Chunked):
-        return None
-    return model.exact_split(schedule.C)
-
-
-def _run_split(model, idx: torch.Tensor, stages: list[range], split: int, buffer):
-    """Exact with the blocks above the source layer deferred: blocks [0, split) stage by stage
-    (the recurrence), then blocks [split, L) for all positions in one causal stage that
-    reads the finished memory m_{t-1}. Same logits as running every block per position (tested);
-    the sequential part shrinks to split/L of the blocks."""
-    lower, upper = range(0, split), range(split, model.config.n_layer)
-    resid = []
-    for P in stages:
-        x_P, buffer = model.stage(idx[:, P.start:P.stop], P, buffer, layers=lower)
-        resid.append(x_P)
-    full = range(0, idx.size(1))
-    return model.stage(idx, full, buffer, layers=upper, resid=torch.cat(resid, dim=1))
-
-
-def _run_stages(model, idx, schedule, stages, buffer):
-    split = _exact_split(model, schedule)
-    if split is not None:
-        logits, buffer = _run_split(model, idx, stages, split, buffer)
-        return logits, [logits[:, P.start:P.stop] for P in stages], buffer
-    stage_logits = []
-    for P in stages:
-        logits_P, buffer = model.stage(idx[:, P.start:P.stop:P.step], P, buffer)
-        stage_logits.append(logits_P)
-    return assemble(list(zip(stages, stage_logits)), idx.size(1)), stage_logits, buffer
-
-
-def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                 schedule: Schedule | str | None = None, cache: dict | None = None,
-                 memory: torch.Tensor | None = None) -> ScheduleOutput:
-    """Run `schedule` (default OnePass; a string like "exact" is parsed) on idx (B, T); optionally
-    compute its training loss. Token ids and targets are checked against the model's vocabulary.
-
-    cache: a dict that receives every hook point's activation (`hook_embed`, `hook_mem_in`,
-    `blocks.{l}.hook_resid_post`, ...; lrt_lab.core.hooks) as a (B, T, ...) tensor taken, like the
-    logits, from the last stage that computed each position. To intervene rather than capture, run
-    inside `lrt_lab.core.hooks.hooks(model, {...})`.
-
-    memory: memory rows (B, <=T, d) the buffer starts from instead of zeros, e.g. the rows a
-    `Decoder(..., keep_memory=True)` produced (`memory_rows()`): the paper's SFT/RL recipe (sec.
-    "SFT and Reinforcement Learning"), and a way to score decoded sequences in one parallel pass
-    (`FullSequence(0)` from them gives the decoder's logits). Stages read them wherever nothing was
-    written yet; schedules that compute every row they read (Exact, Chunked(C <= exact_chunk),
-    Rollout) give the same result with or without them.
-    """
-    _check_inputs(model, idx, targets)
-    schedule = as_schedule(schedule)
-    memory = _check_memory(model, idx, memory)
-    if cache is not None and not isinstance(cache, dict):
-        raise ValueError(f"cache={type(cache).__name__} is invalid; allowed: a dict (filled with "
-                         "the hooks) or None")
-    T = idx.size(1)
-    with capture(model) if cache is not None else contextlib.nullcontext() as recorded:
-        ran = _execute(model, idx, schedule, memory)
-    stages, stage_logits, logits, buffer, weights, measured = ran
-    if cache is not None:
-        cache.update(recorded.assembled(T))
-    loss, stage_losses = None, []
-    if targets is not None:
-        if weights is None:
-            loss = cross_entropy(logits, targets)
-            stage_losses = [loss]
-        else:
-            stage_losses = [cross_entropy(lp, targets[:, P.start:P.stop:P.step])
-                            for P, lp in zip(stages, stage_logits)]
-            loss = sum(w * l for w, l in zip(weights, stage_losses)) / sum(weights)
-    return ScheduleOutput(logits, loss, stage_losses, stages, stage_logits, buffer, measured)
-
-
-def _check_memory(model, idx: torch.Tensor, memory):
-    """The memory rows a run starts from, checked; a normal tensor (an inference tensor from a
-    decoder is cloned: autograd cannot save one)."""
-    if memory is None:
-        return None
-    if model.memory is None:
-        raise ValueError("memory is invalid for a model without a memory pathway "
-                         "(config.memory=None); allowed: None")
-    B, T, d = idx.size(0), idx.size(1), model.config.n_embd
-    if (not isinstance(memory, torch.Tensor) or memory.dim() != 3 or not memory.is_floating_point()
-            or memory.size(0) != B or not 1 <= memory.size(1) <= T or memory.size(2) != d):
-        shape = tuple(memory.shape) if isinstance(memory, torch.Tensor) else type(memory).__name__
-        raise ValueError(f"memory is invalid: {shape}; allowed: a floating tensor "
-                         f"(B={B}, 1..T={T}, d={d}) of memory rows")
-    if memory.device != idx.device:
-        raise ValueError(f"memory is invalid: on {memory.device}; allowed: the device of idx "
-                         f"({idx.device})")
-    if not bool(torch.isfinite(memory).all()):
-        raise ValueError("memory is invalid: it holds NaN or inf; allowed: finite memory rows")
-    if memory.is_inference() and not torch.is_inference_mode_enabled():
-        memory = memory.clone()
-    return memory
-
-
-def _execute(model, idx, schedule, memory=None):
-    """(stages, their logits, final logits, final buffer, loss weights, measurements). A dynamic
-    schedule (FixedPoint, Rollout) decides its stages as it goes and runs them itself (`run`);
-    its loss is the uniform mean over the stages that returned logits."""
-    T = idx.size(1)
-    buffer = model.empty_buffer(idx) if memory is None else model.empty_buffer(idx, memory)
-    if schedule.dynamic:
-        ran = schedule.run(model, idx, buffer)
-        logits = assemble(list(zip(ran.stages, ran.stage_logits)), T)
-        weights = [1.0] * len(ran.stages)
-        return ran.stages, ran.stage_logits, logits, ran.buffer, weights, ran.measured
-    stages = schedule.stages(T)
-    logits, stage_logits, buffer = _run_stages(model, idx, schedule, stages, buffer)
-    return stages, stage_logits, logits, buffer, schedule.stage_weights(T), None

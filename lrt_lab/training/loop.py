@@ -50,7 +50,9 @@ from lrt_lab.core.model import LRT
 from lrt_lab.training.optim import build_optimizers, optimizer_step, set_lr_schedule
 from lrt_lab.training.resources import check_memory_fits, resolve_device
 from lrt_lab.store.results import Run, diverged_line
-from lrt_lab.run.schedules import IGNORE_INDEX, parse_schedule, run_schedule
+from lrt_lab.core.loss import IGNORE_INDEX
+from lrt_lab.run.registry import parse_schedule
+from lrt_lab.run.runner import run_schedule
 from lrt_lab.training.stopping import StopRequest
 from lrt_lab.core.validation import TRAIN_SEED_LIMIT, check_fields, check_int, check_out_dir, fail, is_int
 
@@ -201,19 +203,6 @@ def make_optimizers(model, cfg: TrainConfig) -> list[torch.optim.Optimizer]:
 
 def _masked_targets(batch) -> torch.Tensor:
     return batch.targets.masked_fill(~batch.loss_mask, IGNORE_INDEX)
-
-
-@torch.no_grad()
-def measured_record(measured: dict, step_cost: float, step_s: float) -> dict:
-    """What a dynamic schedule measured, for a metrics line: FixedPoint's sweeps, last residual and
-    convergence; Rollout's share of the step's time spent rolling the memory out."""
-    record = {"step_cost": step_cost}
-    if "sweeps" in measured:
-        record.update(sweeps=measured["sweeps"], residual=measured["residuals"][-1],
-                      converged=measured["converged"])
-    if "rollout_s" in measured:
-        record["rollout_share"] = measured["rollout_s"] / max(step_s, 1e-9)
-    return record
 
 
 # The loop ---------------------------------------------------------------------------------------
@@ -433,7 +422,7 @@ def _train_step(cfg: TrainConfig, model, opts, task, schedule, generator, device
     result.loss.backward()
     optimizer_step(opts, model.parameters(), cfg.grad_clip)
     dt = time.perf_counter() - t_step
-    step_cost = _step_cost(model, schedule, result.measured)
+    step_cost = result.measured.cost * model.forward_cost  # the baselines' forwards cost more
     n_tokens = inputs.numel()
     loop.counters["tokens"] += n_tokens
     loop.counters["compute_tokens"] += n_tokens * step_cost
@@ -441,9 +430,10 @@ def _train_step(cfg: TrainConfig, model, opts, task, schedule, generator, device
     record = {"kind": "train", "step": loop.step, "loss": result.loss.item(),
               "stage_losses": [l.item() for l in result.stage_losses], "lr_mult": mult, "length": length,
               "tokens": loop.counters["tokens"], "compute_tokens": loop.counters["compute_tokens"],
-              "time": loop.elapsed(), "tokens_per_s": n_tokens / max(dt, 1e-9)}
-    if result.measured is not None:
-        record.update(measured_record(result.measured, step_cost, dt))
+              "time": loop.elapsed(), "tokens_per_s": n_tokens / max(dt, 1e-9),
+              # forwards per token this step ran, and what else the schedule measured
+              # (FixedPoint: sweeps, last residual, converged; Rollout: the rollout's time share)
+              "step_cost": step_cost, **result.measured.record(dt)}
     return record
 
 
@@ -473,13 +463,6 @@ def _redo_lost_evaluation(run: Run, model, schedule, eval_sets: dict, cfg: Train
                       "they cannot be redone (the model at those steps is not kept)", stacklevel=3)
 
 
-def _step_cost(model, schedule, measured: dict | None) -> float:
-    """Forwards per token of this step: the schedule's, or what a dynamic schedule (FixedPoint,
-    Rollout) measured it ran; times the model's own cost per forward (the baselines')."""
-    cost = schedule.cost if measured is None else measured["cost"]
-    return cost * model.forward_cost
-
-
 def _evaluate_and_log(run: Run, model, schedule, eval_sets: dict, cfg: TrainConfig, autocast,
                       loop: LoopState) -> None:
     loop.results = evaluate(model, schedule, eval_sets, cfg.eval_exact, autocast=autocast)
@@ -507,9 +490,8 @@ def _finish(run: Run, cfg: TrainConfig, model, schedule, eval_sets: dict, autoca
     train_losses = [r["loss"] for r in run.metrics_records() if r.get("kind") == "train"]
     tail = train_losses[-max(1, len(train_losses) // 20):]
     counters = loop.counters
-    # a dynamic schedule's cost is the mean of the steps it ran, not its upper bound
-    cost = (counters["compute_tokens"] / max(counters["tokens"], 1) if schedule.dynamic
-            else _step_cost(model, schedule, None))
+    # the mean of what the steps ran (a schedule that adapts to the data: not its upper bound)
+    cost = counters["compute_tokens"] / max(counters["tokens"], 1)
     run.write_summary({"status": "complete", "steps": cfg.steps, "trained_by": trained_by(),
                        "final_loss": sum(tail) / len(tail), "wall_time_s": loop.elapsed(),
                        "tokens": counters["tokens"], "compute_tokens": counters["compute_tokens"],

@@ -54,7 +54,7 @@ def param_roles(model: nn.Module) -> dict[str, str]:
     return out
 
 
-def grouped_parameters(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+def param_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
     """{role: [parameters]} (every role present, possibly empty)."""
     groups = {role: [] for role in ROLES}
     params = dict(model.named_parameters())
@@ -120,7 +120,7 @@ def build_optimizers(model: nn.Module, lrs: dict[str, float], *, weight_decay: f
     lrs: a learning rate for every role that has parameters; betas: AdamW betas per role where they
     differ from adam_betas (nanochat: (0.96, 0.95) for the x0 scalars). Each param group carries
     its role as "name" and its starting rate as "initial_lr" (for LR schedules)."""
-    groups = grouped_parameters(model)
+    groups = param_groups(model)
     missing = [r for r, ps in groups.items() if ps and r not in lrs]
     if missing:
         raise ValueError(f"lrs is missing roles {missing}; allowed: a rate for each of {', '.join(ROLES)}")

@@ -1,6 +1,6 @@
 """Hook points: every activation a probe or an intervention needs, by one stable name.
 
-A `HookPoint` is an identity module placed where an activation is formed; its name is its module
+A `HookPoint` (`lrt_lab.core.hook_points`) is an identity module placed where an activation is formed; its name is its module
 path, in TransformerLens's convention: `hook_embed`, `hook_mem_in` (the memory m_{t-lag} each
 position reads), `blocks.{l}.hook_mem_in` (the same quantity as layer l reads it),
 `blocks.{l}.hook_resid_pre` (the block's input), `blocks.{l}.hook_resid_injected` (alpha x + beta x0
@@ -11,8 +11,8 @@ position reads), `blocks.{l}.hook_mem_in` (the same quantity as layer l reads it
 while one of them is hooked), `blocks.{l}.attn.hook_z` (the heads' outputs before c_proj),
 `blocks.{l}.attn.hook_gate_local` / `hook_gate_rec` (the gates 2*sigmoid(W_g x), per KV head),
 `blocks.{l}.hook_attn_out`, `blocks.{l}.hook_mlp_out`, `blocks.{l}.hook_resid_post`, `hook_mem_out`
-(the m_t a position emits). `LRT.run_with_cache(idx, schedule)` returns (logits, cache) as
-TransformerLens's does.
+(the m_t a position emits). `run_with_cache(model, idx, schedule)` (lrt_lab.run.runner) returns (logits, cache) as
+TransformerLens's `model.run_with_cache` does.
 The memory pathway declares the hook points of its own values (`memory.hook_source`, the source
 activation before any update; `memory.hook_update_gate`, z of update="gated"; lrt_lab.core.memory), so
 a new mechanism's internal values are hookable without touching the backbone.
@@ -39,31 +39,17 @@ from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn as nn
-import torch.nn.modules.module as _module_hooks  # global hook registries nn.Module reads
 
+from lrt_lab.core.hook_points import Hook, HookPoint, hook_points
 from lrt_lab.core.positions import assemble
 
 HookFn = Callable[[torch.Tensor, range], "torch.Tensor | None"]
 # hook points whose activations are (B, heads, queries, keys): positions on dim 2, keys on dim 3
 ATTENTION_MAPS = ("hook_attn_scores", "hook_pattern")
-
-
-@dataclass(frozen=True)
-class Hook:
-    """What a TransformerLens-style hook function `fn(activation, hook)` receives."""
-
-    name: str        # the hook point's name, e.g. "blocks.0.attn.hook_pattern"
-    positions: range  # the sequence positions of the activation's rows
-
-    def layer(self) -> int | None:
-        """The block index in the name (TransformerLens's `hook.layer()`), or None."""
-        parts = self.name.split(".")
-        return int(parts[1]) if len(parts) > 2 and parts[0] == "blocks" else None
 
 
 def takes_hook(fn) -> bool:
@@ -73,39 +59,6 @@ def takes_hook(fn) -> bool:
     except (TypeError, ValueError):  # a builtin without a signature: the positions form
         return False
     return len(params) >= 2 and params[1] == "hook"
-
-
-class HookPoint(nn.Module):
-    """Identity; exists so forward hooks can read or replace the activation passing through."""
-
-    @property
-    def active(self) -> bool:
-        """Whether any hook would see this point's calls (its own, or a global module hook)."""
-        return bool(self._forward_hooks or self._forward_pre_hooks
-                    or _module_hooks._global_forward_hooks
-                    or _module_hooks._global_forward_pre_hooks)
-
-    @property
-    def hooked(self) -> bool:
-        """Whether a hook is registered on this point itself (global module hooks, e.g. torch's
-        FLOP counter or a profiler, do not count): what decides whether attention is written out."""
-        return bool(self._forward_hooks or self._forward_pre_hooks)
-
-    def __call__(self, x: torch.Tensor, positions: range | None) -> torch.Tensor:
-        # a model calls ~10 hook points per block and stage; with no hook anywhere, skip
-        # nn.Module's call machinery (a few microseconds each: measurable in launch-bound
-        # decoding and Exact)
-        if not self.active:
-            return x
-        return super().__call__(x, positions=positions)
-
-    def forward(self, x: torch.Tensor, positions: range | None) -> torch.Tensor:
-        return x
-
-
-def hook_points(model: nn.Module) -> dict[str, HookPoint]:
-    """Every hook point of `model` by name (its module path)."""
-    return {name: m for name, m in model.named_modules() if isinstance(m, HookPoint)}
 
 
 def _resolve(model: nn.Module, names) -> dict[str, HookPoint]:
@@ -223,3 +176,4 @@ def patch_from(source: torch.Tensor, selected=None) -> HookFn:
         out[:, local] = source[:, pos].to(device=x.device, dtype=x.dtype)
         return out
     return fn
+

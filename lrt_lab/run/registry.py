@@ -1,0 +1,133 @@
+"""Schedules by name: the one table behind `parse_schedule`, every message that lists the spellings,
+and the CLI's help.
+
+A schedule class joins it with one decorator naming its spelling, e.g.
+`@register_schedule("interleaved:S")`: `interleaved:2` then parses to `Interleaved(2)`, the
+arguments converted by the types of the dataclass's fields in order; `[...]` marks optional
+arguments (`"fixedpoint:TOL:MAX[:G]"`). A class with other needs gives `parse(args)`. Schedules
+defined outside the package register the same way (docs/extending.md); an installed package can
+also name its module under the entry point group `lrt_lab.schedules`, loaded the first time a
+spelling is not found, so sweep workers in new processes know them too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import re
+import typing
+from typing import Callable
+
+from lrt_lab.core.interface import Schedule
+
+ENTRY_POINT_GROUP = "lrt_lab.schedules"
+
+
+@dataclasses.dataclass(frozen=True)
+class Registered:
+    spelling: str                       # e.g. "fixedpoint:TOL:MAX[:G]"
+    cls: type
+    parse: Callable[[list[str]], Schedule]
+
+
+SCHEDULES: dict[str, Registered] = {}   # name -> registration, in registration order
+_entry_points_loaded = False
+
+
+def register_schedule(spelling: str, parse: Callable[[list[str]], Schedule] | None = None):
+    """Class decorator: `name[:ARG...]` in spellings parses to the class. `parse(args)` builds the
+    schedule from the arguments after the name (default: the dataclass fields in order, each
+    converted by its type; as many as the spelling names, the bracketed ones optional)."""
+    name, required, optional = _read_spelling(spelling)
+
+    def register(cls):
+        cls.name = name
+        parser = parse or _positional_parser(cls, name, required, optional)
+        SCHEDULES[name] = Registered(spelling, cls, parser)
+        return cls
+    return register
+
+
+def _read_spelling(spelling: str) -> tuple[str, int, int]:
+    """(name, required argument count, optional argument count) of `name:A:B[:C]`."""
+    m = re.fullmatch(r"([a-z_][a-z0-9_]*)((?::[^:\[\]]+)*)((?:\[:[^\]]+\])?)", spelling)
+    if m is None:
+        raise ValueError(f"spelling={spelling!r} is invalid; allowed: name[:ARG...][[:ARG...]] "
+                         "in lower case")
+    required = m.group(2).count(":")
+    optional = m.group(3).count(":")
+    return m.group(1), required, optional
+
+
+def _positional_parser(cls, name: str, required: int, optional: int):
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    hints = typing.get_type_hints(cls)
+    if required + optional > len(fields):
+        raise ValueError(f"{cls.__name__}: its spelling names {required + optional} arguments, "
+                         f"its dataclass has {len(fields)} fields")
+
+    def parse(args: list[str]):
+        if not required <= len(args) <= required + optional:
+            raise ValueError(f"{name} takes {_count(required, optional)} argument(s), "
+                             f"{len(args)} given")
+        return cls(*(_convert(hints[f.name], a) for f, a in zip(fields, args)))
+    return parse
+
+
+def _count(required: int, optional: int) -> str:
+    return str(required) if not optional else f"{required} to {required + optional}"
+
+
+def _convert(kind, text: str):
+    if kind is int:
+        return int(text)
+    if kind is float:
+        return float(text)
+    return text
+
+
+def spellings() -> str:
+    """Every registered spelling, for messages and help: "onepass, interleaved:S, ..."."""
+    return ", ".join(r.spelling for r in SCHEDULES.values())
+
+
+def parse_schedule(spec: str) -> Schedule:
+    """A registered spelling (`onepass`, `interleaved:S`, `fullseq:K[:w0,w1,...]`, `chunked:C`,
+    `exact`, `fixedpoint:TOL:MAX[:G]`, `rollout[:G]`, or one registered outside) -> a schedule."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"schedule={spec!r} is invalid; allowed: {spellings()}")
+    name, *args = spec.strip().lower().split(":")
+    if name not in SCHEDULES:
+        _load_entry_points()
+    if name not in SCHEDULES:
+        raise ValueError(f"schedule={spec!r} is invalid; allowed: {spellings()}")
+    try:
+        return SCHEDULES[name].parse(args)
+    except ValueError as e:
+        raise ValueError(f"schedule={spec!r} is invalid: {e}; allowed: {spellings()}") from None
+
+
+def _load_entry_points() -> None:
+    """Import the modules installed packages name under `lrt_lab.schedules` (once)."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        ep.load()
+
+
+def as_schedule(schedule) -> Schedule:
+    """A schedule object (anything with the `Schedule` protocol's members), a spelling parsed by
+    parse_schedule, or None (OnePass): the one resolver every entry point uses."""
+    if schedule is None:
+        return parse_schedule("onepass")
+    if isinstance(schedule, str):
+        return parse_schedule(schedule)
+    if not isinstance(schedule, Schedule):
+        missing = [m for m in ("spec", "cost", "exact", "stages", "stage_weights", "run", "forwards")
+                   if not hasattr(schedule, m)]
+        raise ValueError(f"schedule={schedule!r} is invalid (it lacks {', '.join(missing)}); "
+                         "allowed: a schedule (lrt_lab.core.interface.Schedule, e.g. Interleaved(2)) "
+                         f"or a string: {spellings()}")
+    return schedule
