@@ -104,7 +104,7 @@ def count_params(model_or_config) -> dict:
     out = {"total": 0, "baseline": 0, "matmul": 0, "matmul_baseline": 0, "embedding": 0, "scalar": 0}
     for name, p in model.named_parameters():
         n = p.numel()
-        memory = name.startswith("memory.")
+        memory = name.startswith("pathway.")  # the memory pathway's parameters
         out["total"] += n
         out["baseline"] += 0 if memory else n
         if _is_embedding(name):

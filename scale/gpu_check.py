@@ -308,7 +308,7 @@ def gate_statistics(model: LRT, idx: torch.Tensor, schedule, autocast=None, lo_h
     with torch.no_grad(), autocast or contextlib.nullcontext():
         run_schedule(model, idx, None, schedule, cache=cache)
     per_layer = [gate_saturation([cache[f"blocks.{l}.attn.hook_gate_local"], cache[f"blocks.{l}.attn.hook_gate_rec"]],
-                                 *lo_hi) for l in range(len(model.memory.gates))]
+                                 *lo_hi) for l in range(len(model.pathway.gates))]
     return {"range": list(lo_hi), "saturated_per_layer": per_layer, "saturated": sum(per_layer) / len(per_layer)}
 
 

@@ -75,7 +75,7 @@ def record(name, model, out: dict):
                      cache=cache)
     for hname, act in cache.items():
         out[f"{name}/hooks/{hname}"] = act
-    prefills = PREFILLS if model.memory is not None and kind_is_lrt(model) else ("onepass",)
+    prefills = PREFILLS if model.pathway is not None and kind_is_lrt(model) else ("onepass",)
     for prefill in prefills:
         dec = Decoder(model, B, T + 6)
         logits = dec.prefill(idx[:, :5], parse_schedule(prefill))

@@ -57,7 +57,7 @@ class NaiveLRT:
             rows.append(row if row is not None else torch.zeros(c.n_embd, dtype=torch.float64))
         if m.lag_avg == 1:
             return rows[0]
-        w = torch.softmax(self.W["memory.lag_weights"], 0)
+        w = torch.softmax(self.W["pathway.lag_weights"], 0)
         return sum(w[j] * rows[j] for j in range(m.lag_avg))
 
     def _position(self, tokens, t, P_set, buf, fresh):
@@ -76,7 +76,7 @@ class NaiveLRT:
             if c.use_x0_residual:
                 x = x + W["x0_lambdas"][l] * x0
             if m is not None and m.residual:
-                x = x + W["memory.gamma"][l] * mem
+                x = x + W["pathway.gamma"][l] * mem
             h = rms(x)
             q = (W[p + "attn.c_q.weight"] @ h).view(H, D)
             k = (W[p + "attn.c_k.weight"] @ h).view(Hkv, D)
@@ -88,19 +88,19 @@ class NaiveLRT:
                 i = 0 if m.projections == "shared" else l
                 if m.gate:
                     gc = m.gate_channels or h.numel()  # the first gate_channels channels (None: all)
-                    g = 2 * torch.sigmoid(W[f"memory.gates.{l}.weight"] @ h[:gc]).view(2, Hkv)
+                    g = 2 * torch.sigmoid(W[f"pathway.gates.{l}.weight"] @ h[:gc]).view(2, Hkv)
                     g_loc, g_rec = g[0][:, None], g[1][:, None]
                 else:
                     g_loc = g_rec = 1.0
                 replace = m.kv_mode == "replace" and l < max(1, c.n_layer // 3)
                 if m.kv in ("both", "keys"):
-                    k_rec = (W[f"memory.k_rec.{i}.weight"] @ mem).view(Hkv, D)
+                    k_rec = (W[f"pathway.k_rec.{i}.weight"] @ mem).view(Hkv, D)
                     k = (0 if replace else g_loc * k) + g_rec * k_rec
                 if m.kv in ("both", "values"):
-                    v_rec = (W[f"memory.v_rec.{i}.weight"] @ mem).view(Hkv, D)
+                    v_rec = (W[f"pathway.v_rec.{i}.weight"] @ mem).view(Hkv, D)
                     v = (0 if replace else g_loc * v) + g_rec * v_rec
                 if m.queries:  # each query head uses the gates of its KV head (GQA grouping)
-                    q_rec = (W[f"memory.q_rec.{i}.weight"] @ mem).view(H, D)
+                    q_rec = (W[f"pathway.q_rec.{i}.weight"] @ mem).view(H, D)
                     group = H // Hkv
                     for hq in range(H):
                         gl = g_loc if isinstance(g_loc, float) else g_loc[hq // group]
@@ -135,10 +135,10 @@ class NaiveLRT:
             if m.source_avg == 1:
                 h_src = sources[0]
             else:
-                w = torch.softmax(W["memory.source_weights"], 0)
+                w = torch.softmax(W["pathway.source_weights"], 0)
                 h_src = sum(w[j] * sources[j] for j in range(m.source_avg))
             if m.update == "gated":  # m_t = z m_{t-lag} + (1 - z) h_t, z = sigmoid(W_z h_t)
-                z = torch.sigmoid(W["memory.update_gate.weight"] @ h_src)
+                z = torch.sigmoid(W["pathway.update_gate.weight"] @ h_src)
                 h_src = z * mem + (1 - z) * h_src
             fresh["mem"][t] = h_src
         logits = W["lm_head.weight"] @ rms(x)

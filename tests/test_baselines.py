@@ -266,14 +266,14 @@ def test_every_model_kind_implements_the_sequence_model_interface(build):
     from lrt_lab.core.interface import DeclaresParamRoles, SequenceModel
     model = build(config())
     assert isinstance(model, SequenceModel) and isinstance(model, DeclaresParamRoles)
-    assert {"config", "memory", "stage", "empty_buffer", "new_decode_cache", "exact_split", "forward_cost",
+    assert {"config", "pathway", "stage", "empty_buffer", "new_decode_cache", "exact_split", "forward_cost",
             "forwards_per_token", "has_sequential_decoding", "param_roles"} <= _members(SequenceModel)
     missing = [name for name in _members(SequenceModel) if not hasattr(model, name)]
     assert not missing
     assert isinstance(model.forward_cost, float) and isinstance(model.forwards_per_token, int)
     assert isinstance(model.has_sequential_decoding, bool)
     split = model.exact_split(1)
-    assert split is None if model.memory is None else 0 < split < model.config.n_layer
+    assert split is None if model.pathway is None else 0 < split < model.config.n_layer
 
 
 def test_no_getattr_or_hasattr_reads_a_model_member():

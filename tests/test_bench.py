@@ -191,7 +191,7 @@ def test_decoder_sees_weight_updates_between_steps():
     with torch.no_grad():
         for block in model.blocks:
             block.attn.c_k.weight.mul_(1.5)
-        model.memory.gates[0].weight.add_(0.3)
+        model.pathway.gates[0].weight.add_(0.3)
     reference = copy.deepcopy(dec.cache)
     got = dec.step(idx[:, 3])
     want, _ = model.stage(idx[:, 3:4], range(3, 4), reference)

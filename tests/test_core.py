@@ -171,9 +171,9 @@ def test_zeroed_memory_pathway_gives_the_plain_model(name):
     plain = make_model(None, seed=3)
     lrt = make_model(CONFIGS[name], seed=4)
     missing, unexpected = lrt.load_state_dict(plain.state_dict(), strict=False)
-    assert not unexpected and all(k.startswith("memory.") for k in missing)
+    assert not unexpected and missing and all(k.startswith("pathway.") for k in missing)
     with torch.no_grad():
-        for n, p in lrt.memory.named_parameters():
+        for n, p in lrt.pathway.named_parameters():
             if n.startswith(("gamma", "k_rec", "v_rec", "gates")):
                 p.zero_()  # gamma = 0, W_rec = 0, W_g = 0 (gates at 1)
     idx = tokens()
@@ -204,7 +204,7 @@ def test_every_memory_parameter_gets_gradient(name):
     model = make_model(CONFIGS[name])
     idx, targets = tokens(), tokens(seed=5)
     run_schedule(model, idx, targets, Interleaved(2)).loss.backward()
-    for n, p in model.memory.named_parameters():
+    for n, p in model.pathway.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, n
 
 
@@ -275,10 +275,10 @@ def test_param_groups_partition_parameters():
     ids = [id(p) for ps in groups.values() for p in ps]
     assert len(ids) == len(set(ids)) == len(list(model.parameters()))
     assert all(p.ndim == 2 for p in groups["matrix"])
-    for p in (model.memory.k_rec[0].weight, model.memory.q_rec[0].weight, model.memory.gates[0].weight,
+    for p in (model.pathway.k_rec[0].weight, model.pathway.q_rec[0].weight, model.pathway.gates[0].weight,
               model.blocks[0].attn.ve_gate.weight):
         assert any(p is q for q in groups["matrix"])  # Muon gets W_rec and the gate matrices
-    assert any(p is model.memory.gamma for p in groups["scalar"])
+    assert any(p is model.pathway.gamma for p in groups["scalar"])
 
 
 @pytest.mark.parametrize("make, field", [
@@ -374,3 +374,36 @@ def test_sampling_draws_from_the_tempered_top_k_distribution(temperature, top_k)
     assert (freq[p == 0] == 0).all()
     se = (p * (1 - p) / n).sqrt()
     assert ((freq - p).abs() <= 5 * se + 1e-12).all(), (freq, p)
+
+
+def test_a_checkpoint_saved_as_model_memory_loads_into_the_pathway():
+    """State dicts written while the pathway was `model.memory` keep loading: their `memory.*` keys
+    land on `pathway.*`, weight for weight."""
+    model = make_model(MemoryConfig())
+    old = {("memory." + k[len("pathway."):] if k.startswith("pathway.") else k): v
+           for k, v in model.state_dict().items()}
+    assert any(k.startswith("memory.") for k in old)
+    fresh = make_model(MemoryConfig(), seed=1)
+    assert fresh.load_state_dict(old).missing_keys == []
+    for name, p in model.pathway.named_parameters():
+        assert torch.equal(fresh.pathway.get_parameter(name), p), name
+
+
+@pytest.mark.parametrize("memory", [None, MemoryConfig()])
+def test_the_forward_reaches_the_attention_kernel_in_six_project_frames(memory, monkeypatch):
+    """model(idx) reads top to bottom: forward, stage, run_blocks, Block, Attention, the kernel;
+    each added layer of indirection between the model and SDPA shows up here."""
+    import traceback
+    import torch.nn.functional as F
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append([f.name for f in traceback.extract_stack() if "/lrt_lab/" in f.filename])
+        return sdpa(*args, **kwargs)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    model = make_model(memory)
+    logits, loss = model(tokens(), tokens(seed=2))
+    assert seen and all(len(frames) <= 6 for frames in seen), seen[0]
+    assert torch.equal(logits, run_schedule(model, tokens(), None, OnePass()).logits)
+    assert loss is not None

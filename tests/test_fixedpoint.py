@@ -26,7 +26,7 @@ def contracting_model(name="default", factor=0.1):
     before T sweeps (the fully random one only becomes exact at sweep T)."""
     model = make_model(CONFIGS[name])
     with torch.no_grad():
-        for p in model.memory.parameters():
+        for p in model.pathway.parameters():
             p.mul_(factor)
     return model
 

@@ -121,23 +121,23 @@ def test_decoding_runs_without_autograd_yet_its_captures_and_caches_serve_traini
     assert probe.weight.grad is not None and probe.weight.grad.abs().sum() > 0
     out = run_schedule(model, idx, idx, Interleaved(2))
     out.loss.backward()
-    assert all(p.grad is not None for p in model.memory.parameters())
+    assert all(p.grad is not None for p in model.pathway.parameters())
 
 
 def test_the_memory_pathway_declares_hook_points_for_its_own_values():
-    """memory.hook_source and memory.hook_update_gate are the pathway's modules: capturing them
+    """pathway.hook_source and pathway.hook_update_gate are the pathway's modules: capturing them
     gives h_t and z = sigmoid(W_z h_t), and forcing z to 1 keeps the (zero) initial memory
     forever, in a schedule and in the decoder alike."""
     from lrt_lab.run.hooks import capture
     model = make_model(MemoryConfig(update="gated"))
-    assert {"memory.hook_source", "memory.hook_update_gate"} <= {n for n, _ in model.named_modules()}
+    assert {"pathway.hook_source", "pathway.hook_update_gate"} <= {n for n, _ in model.named_modules()}
     idx = tokens(B=2, T=6)
-    with capture(model, ["memory.hook_source", "memory.hook_update_gate", "hook_mem_out"]) as cap:
+    with capture(model, ["pathway.hook_source", "pathway.hook_update_gate", "hook_mem_out"]) as cap:
         run_schedule(model, idx, None, Exact())
     acts = cap.assembled(6)
-    W_z = model.memory.update_gate.weight.detach()
-    assert maxdiff(acts["memory.hook_update_gate"], torch.sigmoid(acts["memory.hook_source"] @ W_z.T)) <= TOL
-    keep_all = {"memory.hook_update_gate": lambda z, positions: torch.ones_like(z)}
+    W_z = model.pathway.update_gate.weight.detach()
+    assert maxdiff(acts["pathway.hook_update_gate"], torch.sigmoid(acts["pathway.hook_source"] @ W_z.T)) <= TOL
+    keep_all = {"pathway.hook_update_gate": lambda z, positions: torch.ones_like(z)}
     with hooks(model, keep_all), capture(model, ["hook_mem_out"]) as cap:
         run_schedule(model, idx, None, Exact())
         dec = Decoder(model, 2, 6)
@@ -231,7 +231,7 @@ def test_resid_pre_is_the_block_input_and_q_k_hooks_sit_before_rope():
     idx = tokens(B=2, T=6)
     _, c = run_with_cache(model, idx, schedule=Exact())
     for l in range(model.config.n_layer):
-        alpha, beta, gamma = model.resid_lambdas[l], model.x0_lambdas[l], model.memory.gamma[l]
+        alpha, beta, gamma = model.resid_lambdas[l], model.x0_lambdas[l], model.pathway.gamma[l]
         rebuilt = alpha * c[f"blocks.{l}.hook_resid_pre"] + beta * c["hook_embed"] + gamma * c[f"blocks.{l}.hook_mem_in"]
         assert maxdiff(rebuilt, c[f"blocks.{l}.hook_resid_injected"]) <= TOL
         q, rot_q = c[f"blocks.{l}.attn.hook_q"], c[f"blocks.{l}.attn.hook_rot_q"]

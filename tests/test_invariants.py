@@ -158,7 +158,7 @@ def check_invariants(memory: MemoryConfig):
         assert memory.source_tap == "attn_out" and memory.kv_mode == "replace" and \
             memory.kv in ("both", "values") and memory.source_layer == 1, memory
         return
-    for name, p in model.memory.named_parameters():
+    for name, p in model.pathway.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
     check_prefill_handoff(model, idx[:3], exact[:3])
     if memory.mechanism not in REFERENCE_MECHANISMS:  # a registered mechanism: its own math
@@ -245,7 +245,7 @@ def check_decoded_memory_rows(model, idx):
     steps = torch.stack([decoder.step(idx[:, t]) for t in range(idx.size(1))], dim=1)
     rows = decoder.memory_rows()
     assert rows.shape == (idx.size(0), idx.size(1), model.config.n_embd)
-    out = run_schedule(model, idx, tokens(B=B, seed=7), FullSequence(0), memory=rows)
+    out = run_schedule(model, idx, tokens(B=B, seed=7), FullSequence(0), memory_rows=rows)
     assert close(out.logits, steps), "full stage from decoded memory rows"
     out.loss.backward()  # the rows are normal tensors: autograd can save them
     model.zero_grad()

@@ -33,8 +33,8 @@ def test_baselines_are_covered_too():
 
 def test_an_undeclared_parameter_is_an_error():
     model = LRT(preset("tiny", memory=MemoryConfig()))
-    model.memory.extra = torch.nn.Parameter(torch.zeros(3))  # a new mechanism that forgot its role
-    with pytest.raises(ValueError, match="memory.extra"):
+    model.pathway.extra = torch.nn.Parameter(torch.zeros(3))  # a new mechanism that forgot its role
+    with pytest.raises(ValueError, match="pathway.extra"):
         param_roles(model)
 
 
@@ -96,7 +96,7 @@ def test_gates_stay_unsaturated_after_3_steps_of_the_scale_recipe_at_d768():
         x, y = data.batch(step, 0)
         run_schedule(model, x, y, schedule).loss.backward()
         st.optimizer_step(opts, model.parameters(), 0.0)
-    moved = model.memory.gates[0].weight.abs().max()
+    moved = model.pathway.gates[0].weight.abs().max()
     assert moved > 1e-3  # the gates did train
     cache = {}
     with torch.no_grad():

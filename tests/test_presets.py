@@ -58,7 +58,7 @@ def test_gates_on_32_channels_match_the_reference(sched):
     """gate_channels=32 at d=64: the gate matrices are (2 n_kv, 32), and the model equals the
     independent reference, which slices h[:32] itself."""
     model = random_model(memory_preset("released", 3))
-    assert model.memory.gates[0].weight.shape == (4, 32)
+    assert model.pathway.gates[0].weight.shape == (4, 32)
     idx = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(2))
     naive, _ = NaiveLRT(model).run(idx, [list(P) for P in sched.stages(7)])
     assert (run_schedule(model, idx, None, sched).logits - naive).abs().max().item() <= TOL
@@ -69,16 +69,16 @@ def test_gate_channels_change_the_output():
     full = random_model(MemoryConfig())
     part = random_model(MemoryConfig(gate_channels=32))
     with torch.no_grad():  # the same weights; the 32-channel gates get the first 32 columns
-        for l, g in enumerate(part.memory.gates):
-            g.weight.copy_(full.memory.gates[l].weight[:, :32])
-        part_sd = {k: v for k, v in full.state_dict().items() if not k.startswith("memory.gates")}
+        for l, g in enumerate(part.pathway.gates):
+            g.weight.copy_(full.pathway.gates[l].weight[:, :32])
+        part_sd = {k: v for k, v in full.state_dict().items() if not k.startswith("pathway.gates")}
         part.load_state_dict(part_sd, strict=False)
     idx = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(3))
     a = run_schedule(full, idx, None, Exact()).logits
     b = run_schedule(part, idx, None, Exact()).logits
     assert (a - b).abs().max().item() > 1e-3
     with torch.no_grad():  # zero the columns past 32: now the two models agree
-        for g in full.memory.gates:
+        for g in full.pathway.gates:
             g.weight[:, 32:] = 0
     a = run_schedule(full, idx, None, Exact()).logits
     assert (a - b).abs().max().item() <= TOL

@@ -56,7 +56,7 @@ def test_gradient_is_full_sequence_from_detached_exact_memory(G):
     idx, targets = tokens(T=T), tokens(T=T, seed=3)
     with torch.no_grad():
         rows = run_schedule(model, idx, None, Exact()).buffer.mem
-    ref = run_schedule(model, idx, targets, FullSequence(G - 1), memory=rows)
+    ref = run_schedule(model, idx, targets, FullSequence(G - 1), memory_rows=rows)
     out = run_schedule(model, idx, targets, Rollout(G))
     assert abs(out.loss.item() - ref.loss.item()) <= TOL
     g_out = grads(model, out.loss)
@@ -127,10 +127,10 @@ def test_decoded_rows_score_the_sequence_in_one_parallel_pass(name, prompt_len):
     logits += [decoder.step(idx[:, t]) for t in range(prompt_len, T)]
     rows = decoder.memory_rows()
     assert rows.shape == (3, T, model.config.n_embd) and not rows.is_inference()
-    out = run_schedule(model, idx, tokens(B=3, T=T, seed=3), FullSequence(0), memory=rows)
+    out = run_schedule(model, idx, tokens(B=3, T=T, seed=3), FullSequence(0), memory_rows=rows)
     assert maxdiff(out.logits, torch.stack(logits, dim=1)) <= TOL
     out.loss.backward()
-    assert model.memory.k_rec[0].weight.grad.abs().sum() > 0  # the rows feed W_k,rec: a gradient
+    assert model.pathway.k_rec[0].weight.grad.abs().sum() > 0  # the rows feed W_k,rec: a gradient
 
 
 def test_an_approximate_prefill_hands_out_its_final_rows():
@@ -149,14 +149,14 @@ def test_given_memory_is_read_and_exact_schedules_ignore_it():
     idx = tokens(T=T)
     rows = torch.randn(2, T, model.config.n_embd, dtype=torch.float64)
     plain = run_schedule(model, idx, None, FullSequence(0)).logits
-    given = run_schedule(model, idx, None, FullSequence(0), memory=rows).logits
+    given = run_schedule(model, idx, None, FullSequence(0), memory_rows=rows).logits
     assert maxdiff(plain, given) > 1e-3  # read: the init stage no longer sees zero memory
     exact = run_schedule(model, idx, None, Exact()).logits
     for sched in (Exact(), Rollout()):  # every row they read, they compute
-        assert maxdiff(run_schedule(model, idx, None, sched, memory=rows).logits, exact) <= TOL
-    short = run_schedule(model, idx, None, FullSequence(0), memory=rows[:, :4]).logits  # later rows zero
+        assert maxdiff(run_schedule(model, idx, None, sched, memory_rows=rows).logits, exact) <= TOL
+    short = run_schedule(model, idx, None, FullSequence(0), memory_rows=rows[:, :4]).logits  # later rows zero
     padded = torch.cat([rows[:, :4], torch.zeros_like(rows[:, 4:])], dim=1)
-    assert maxdiff(short, run_schedule(model, idx, None, FullSequence(0), memory=padded).logits) <= TOL
+    assert maxdiff(short, run_schedule(model, idx, None, FullSequence(0), memory_rows=padded).logits) <= TOL
 
 
 def test_given_memory_is_checked():
@@ -167,9 +167,9 @@ def test_given_memory_is_checked():
                 torch.zeros(2, T + 1, d, dtype=torch.float64), torch.zeros(2, T, d, dtype=torch.long),
                 torch.full((2, T, d), float("nan"), dtype=torch.float64), [[0.0]]):
         with pytest.raises(ValueError, match="memory"):
-            run_schedule(model, idx, None, FullSequence(0), memory=bad)
+            run_schedule(model, idx, None, FullSequence(0), memory_rows=bad)
     with pytest.raises(ValueError, match="memory pathway"):
-        run_schedule(make_model(None), idx, None, OnePass(), memory=torch.zeros(2, T, d, dtype=torch.float64))
+        run_schedule(make_model(None), idx, None, OnePass(), memory_rows=torch.zeros(2, T, d, dtype=torch.float64))
 
 
 def test_memory_rows_need_keep_memory_and_are_none_without_a_memory():
@@ -204,6 +204,6 @@ def test_the_readme_recipe_runs():
     from pathlib import Path
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     blocks = [b.split("```")[0] for b in text.split("```python\n")[1:]]
-    recipe = [b for b in blocks if "keep_memory=True" in b and "memory=rows" in b]
+    recipe = [b for b in blocks if "keep_memory=True" in b and "memory_rows=rows" in b]
     assert len(recipe) == 1
     exec(compile(recipe[0], "README.md", "exec"), {})

@@ -36,7 +36,7 @@ class FixedLM(torch.nn.Module):
     """The same next-token distribution at every position, whatever the context: a model of its own
     (not an LRT) that implements lrt_lab.core.interface.SequenceModel."""
 
-    memory = None
+    pathway = None
     forward_cost, forwards_per_token, has_sequential_decoding = 1.0, 1, False
 
     def __init__(self, probs):

@@ -36,7 +36,7 @@ def test_gate_statistics_match_the_models_own_gates():
     torch.manual_seed(0)
     model = LRT(preset("tiny", memory=MemoryConfig()))
     with torch.no_grad():
-        for gate in model.memory.gates:
+        for gate in model.pathway.gates:
             gate.weight.normal_(0, 3.0)  # far from the neutral init: some gates saturate
     idx = torch.randint(0, 64, (2, 16))
     stats = gpu_check.gate_statistics(model, idx, parse_schedule("interleaved:2"))
@@ -44,11 +44,11 @@ def test_gate_statistics_match_the_models_own_gates():
     run_schedule(model, idx, None, parse_schedule("interleaved:2"), cache=cache)
     for l, frac in enumerate(stats["saturated_per_layer"]):
         h = torch.nn.functional.rms_norm(cache[f"blocks.{l}.hook_resid_injected"], (model.config.n_embd,))
-        g = 2 * torch.sigmoid(h @ model.memory.gates[l].weight.T)
+        g = 2 * torch.sigmoid(h @ model.pathway.gates[l].weight.T)
         assert frac == pytest.approx(((g < 0.05) | (g > 1.95)).float().mean().item())
     assert 0 < stats["saturated"] < 1
     with torch.no_grad():
-        for gate in model.memory.gates:
+        for gate in model.pathway.gates:
             gate.weight.zero_()  # 2 sigmoid(0) = 1 everywhere
     assert gpu_check.gate_statistics(model, idx, parse_schedule("interleaved:2"))["saturated"] == 0
 

@@ -153,7 +153,7 @@ def test_rollout_flops_are_the_sweeps_plus_a_forward_only_rollout(G):
     split = model.exact_split(1)
     named = dict(model.named_parameters())
     lower = sum(p.numel() for n, p in named.items()
-                if any(n.startswith((f"blocks.{l}.", f"memory.gates.{l}.")) for l in range(split))
+                if any(n.startswith((f"blocks.{l}.", f"pathway.gates.{l}.")) for l in range(split))
                 and p.ndim == 2)
     rec = sum(p.numel() for n, p in named.items() if ".k_rec." in n or ".v_rec." in n)
     counts = fl.count_params(model)
@@ -451,7 +451,7 @@ def test_unused_parameters_from_one_backward(spec, memory_unused):
     assert torch.equal(torch.random.get_rng_state(), state)
     assert all(p.grad is None for p in model.parameters())
     assert bool(unused) == memory_unused
-    assert all(n.startswith("memory.") for n in unused)  # (the gates still get a gradient: they see h)
+    assert all(n.startswith("pathway.") for n in unused)  # (the gates still get a gradient: they see h)
 
 
 @pytest.mark.slow

@@ -158,7 +158,8 @@ class _Baseline(LRT):
         none); ve_keep: (1, n, 1, 1) 0/1 per row, or None (all rows). Returns (residual stream
         after the last block, per-layer K, per-layer V). hooked=False: the hook points skip this pass."""
         target = buffer if layer0 == 0 else _LayerOffset(buffer, layer0)
-        ctx = StageContext(rows, cos, sin, target, x, None, None, rows_per_token, hooked)
+        ctx = StageContext(rows, cos, sin, target, x, None, None, rows if hooked else None,
+                           rows_per_token)
         x, ks, vs, _ = self.run_blocks(x, ctx, tokens, range(self.config.n_layer), ve_keep)
         return x, ks, vs
 

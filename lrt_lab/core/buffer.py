@@ -152,18 +152,18 @@ class SequenceBuffer:
 
     @classmethod
     def empty(cls, config: ModelConfig, tokens: torch.Tensor,
-              memory: torch.Tensor | None = None) -> "SequenceBuffer":
-        """No K/V yet; memory rows `memory` (B, <=T, d) when given (cached rollout states, paper
+              memory_rows: torch.Tensor | None = None) -> "SequenceBuffer":
+        """No K/V yet; memory rows (B, <=T, d) when given (cached rollout states, paper
         sec. "SFT and Reinforcement Learning"), else none (every read is zero)."""
         doc = None
         if config.memory is not None and config.memory.reset_memory_at_bos:
             doc = document_ids(tokens, config.bos_token_id)
-        return cls([None] * config.n_layer, [None] * config.n_layer, memory, doc,
+        return cls([None] * config.n_layer, [None] * config.n_layer, memory_rows, doc,
                    FrontierStorage(capacity=tokens.size(1)))
 
-    def with_memory(self, mem: torch.Tensor) -> "SequenceBuffer":
-        """This buffer with its memory rows replaced by `mem` (B, <=T, d)."""
-        return SequenceBuffer(self.k, self.v, mem, self.doc, self.storage)
+    def with_memory_rows(self, rows: torch.Tensor) -> "SequenceBuffer":
+        """This buffer with its memory rows replaced by `rows` (B, <=T, d)."""
+        return SequenceBuffer(self.k, self.v, rows, self.doc, self.storage)
 
     def splice_kv(self, layer: int, P: range, k, v):
         """K/V for attention at P: the buffer's rows with P's rows replaced (covers >= P.stop)."""
@@ -205,7 +205,6 @@ class DecodeCache:
         shape = (batch_size, max_len, config.n_kv_head, config.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.memory = config.memory
         self.history = config.memory.history if config.memory is not None else 0
         self.keep_memory = keep_memory
         # ring of the last `history` source states: slot p % history holds m[p]. Kept whole: row p

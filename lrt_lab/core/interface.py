@@ -39,14 +39,14 @@ class SequenceModel(Protocol):
     """A model the schedules, the Decoder and the training loop can drive.
 
     Everything is computed by `stage`: recompute positions P against a buffer (docs/design.md).
-    Models with a memory pathway (`memory` not None) also take `stage(..., layers=, resid=)` and
-    `empty_buffer(tokens, memory)` / `new_decode_cache(..., keep_memory=True)`; the library passes
-    those only when `memory` is set or `exact_split` returned a block index.
+    Models with a memory pathway (`pathway` not None) also take `stage(..., layers=, resid=)` and
+    `empty_buffer(tokens, memory_rows)` / `new_decode_cache(..., keep_memory=True)`; the library
+    passes those only when `pathway` is set or `exact_split` returned a block index.
     """
 
     config: ModelConfig
     # The memory pathway (its `source_blocks` feed m_t), or None for a model without memory.
-    memory: MemoryPathway | None
+    pathway: MemoryPathway | None
     # Cost of one training forward in plain-transformer forwards over the sequence: the training
     # loop multiplies a schedule's cost by it (loop:N costs N, ponder more).
     forward_cost: float

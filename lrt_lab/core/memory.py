@@ -17,7 +17,7 @@ The backbone calls five methods and knows nothing else about the memory:
 How far back a position's memory reaches is stated once, by the config
 (`MemoryConfig.read_offsets`): `read` reads those rows, and the Exact split, Chunked's exact limit
 and the decoder's ring follow.
-The pathway's own hook points (`memory.hook_source`, and `memory.hook_update_gate` for
+The pathway's own hook points (`pathway.hook_source`, and `pathway.hook_update_gate` for
 update="gated") are modules of this class, called with `read.positions`: a new mechanism declares
 its internal values' hook points here, next to its math, and `lrt_lab.run.hooks` finds them by name.
 
@@ -31,7 +31,7 @@ as a subclass in the user's own file registered by name (`register_memory`), cho
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -61,12 +61,11 @@ class MemoryRead:
     # gamma_l of every layer, split once per stage so that a layer reads its own as a view instead
     # of launching an indexing kernel (empty: no residual injection)
     gammas: tuple[torch.Tensor, ...] = ()
-    # W_q,rec m, W_k,rec m, W_v,rec m (B, |P|, heads, head_dim) when one projection serves every
-    # layer (projections="shared"): the first layer that needs one forms it, the others reuse it
-    # (`MemoryPathway.project_memory`); layerwise projections are formed per layer and not kept
-    q_rec: torch.Tensor | None = None
-    k_rec: torch.Tensor | None = None
-    v_rec: torch.Tensor | None = None
+    # W_q,rec m, W_k,rec m, W_v,rec m (B, |P|, heads, head_dim) by projection name ("q_rec", ...)
+    # when one projection serves every layer (projections="shared"): the first layer that needs
+    # one forms it, the others reuse it (`MemoryPathway.project_memory`); layerwise projections
+    # are formed per layer and not kept
+    projected: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def patched(self, m: torch.Tensor) -> "MemoryRead":
         """The same read with m replaced (a hook's intervention): the projections of m are formed
@@ -211,17 +210,15 @@ class MemoryPathway(nn.Module):
     def project_memory(self, name: str, l: int, mem: MemoryRead) -> torch.Tensor | None:
         """W_name,rec m as (B, n, heads, head_dim) for layer l, name one of "q_rec", "k_rec",
         "v_rec" (None: zero memory). A shared projection is formed once per stage and kept in the
-        read's field of the same name; a layerwise one is formed here for its one layer."""
+        read's `projected` under its name; a layerwise one is formed here for its one layer."""
         if mem.zero:
             return None
-        projs = getattr(self, name)
+        projs = {"q_rec": self.q_rec, "k_rec": self.k_rec, "v_rec": self.v_rec}[name]
         if len(projs) > 1:
             return self._split_heads(projs[l](mem.m))
-        out = getattr(mem, name)
-        if out is None:
-            out = self._split_heads(projs[0](mem.m))
-            setattr(mem, name, out)
-        return out
+        if name not in mem.projected:
+            mem.projected[name] = self._split_heads(projs[0](mem.m))
+        return mem.projected[name]
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(*x.shape[:2], -1, self.config.head_dim)

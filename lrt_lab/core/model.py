@@ -115,18 +115,14 @@ class StageContext:
     sin: torch.Tensor
     buffer: object                   # SequenceBuffer or DecodeCache: K/V of every layer, memory
     x0: torch.Tensor                 # the normed token embedding (nanochat's x0 skip)
-    memory: MemoryRead | None        # what the positions read (None: no memory pathway)
+    read: MemoryRead | None          # what the positions read (None: no memory pathway)
     pathway: MemoryPathway | None
+    # what the hook points receive as `positions`: the stage's positions, or None for a pass whose
+    # rows are not the model's output (`lrt_lab.run.hooks` skips those calls)
+    hook_positions: range | None
     # buffer rows per token: sliding windows count tokens, so a stage over rows that interleave
-    # other vectors with the tokens (PonderLM's thoughts) widens them by this factor
+    # other vectors with the tokens widens them by this factor
     rows_per_token: int = 1
-    # False: a pass the hook points do not report (PonderLM's init pass)
-    hooked: bool = True
-
-    @property
-    def hook_positions(self) -> range | None:
-        """What the hook points receive as `positions` (None: `lrt_lab.run.hooks` skips the call)."""
-        return self.positions if self.hooked else None
 
 
 class Output(NamedTuple):
@@ -177,7 +173,7 @@ class Attention(nn.Module):
         for name in names:
             setattr(self, name, HookPoint())
 
-    def forward(self, h: torch.Tensor, ctx: StageContext, memory: MemoryRead | None = None,
+    def forward(self, h: torch.Tensor, ctx: StageContext, read: MemoryRead | None = None,
                 value_embed: torch.Tensor | None = None):
         """Attention of the stage's positions over the buffer, with k~ = g_loc k + g_rec W_k,rec m
         (same for v; sec. 2.1, eqs. 2-5). h: the normed residual stream (B, n, d) at
@@ -189,8 +185,8 @@ class Attention(nn.Module):
         v = self.c_v(h).view(B, n, self.n_kv_head, self.head_dim)
         if value_embed is not None:
             v = self._add_value_embed(v, h, value_embed)
-        if memory is not None:
-            q, k, v = self._inject_memory(h, q, k, v, ctx, memory)
+        if read is not None:
+            q, k, v = self._inject_memory(h, q, k, v, ctx, read)
         q, k, v = (self.hook_q(q, positions=hp), self.hook_k(k, positions=hp),
                    self.hook_v(v, positions=hp))
         # QK-norm, then RoPE at t: the recurrent key is encoded at t like the local one (eq. 5)
@@ -217,14 +213,14 @@ class Attention(nn.Module):
         g = 2 * torch.sigmoid(self.ve_gate(h[..., :self.ve_gate.in_features]))
         return torch.addcmul(v, g.unsqueeze(-1), value_embed.to(v.dtype))
 
-    def _inject_memory(self, h, q, k, v, ctx: StageContext, memory: MemoryRead):
+    def _inject_memory(self, h, q, k, v, ctx: StageContext, read: MemoryRead):
         """(q, k, v) with the memory gated in (eqs. 2-4), the gates (eq. 3) passed through their
         hook points."""
         g_loc, g_rec = ctx.pathway.gate_values(self.layer, h)
         if g_loc is not None:
             g_loc = self.hook_gate_local(g_loc, positions=ctx.hook_positions)
             g_rec = self.hook_gate_rec(g_rec, positions=ctx.hook_positions)
-        return ctx.pathway.inject_qkv(self.layer, q, k, v, memory, g_loc, g_rec)
+        return ctx.pathway.inject_qkv(self.layer, q, k, v, read, g_loc, g_rec)
 
     def _attend_explicit(self, q, K, V, P: range, window, hp) -> torch.Tensor:
         """The same attention written out, its scores and pattern passed through their hook
@@ -271,19 +267,26 @@ class Block(nn.Module):
         P = ctx.hook_positions
         x = self.hook_resid_pre(x, positions=P)
         x = mix_residual(x, ctx.x0, alpha, beta)
-        memory = ctx.memory
-        if memory is not None:
-            m = self.hook_mem_in(memory.m, positions=P)
-            if m is not memory.m:  # patched for this layer only: its projections follow the patch
-                memory = memory.patched(m)
-            x = ctx.pathway.inject_residual(self.layer, x, memory)
+        read = ctx.read
+        if read is not None:
+            m = self.hook_mem_in(read.m, positions=P)
+            if m is not read.m:  # patched for this layer only: its projections follow the patch
+                read = read.patched(m)
+            x = ctx.pathway.inject_residual(self.layer, x, read)
         x = self.hook_resid_injected(x, positions=P)
-        attn_out, K, V = self.attn(norm(x), ctx, memory, value_embed)
+        attn_out, K, V = self.attn(norm(x), ctx, read, value_embed)
         attn_out = self.hook_attn_out(attn_out, positions=P)
         x = x + attn_out
         mlp_out = self.hook_mlp_out(self.mlp(norm(x)), positions=P)
         x = self.hook_resid_post(x + mlp_out, positions=P)
         return BlockOutput(x, K, V, attn_out)
+
+
+def _renamed_pathway_keys(module, state_dict, prefix, *args) -> None:
+    """State dicts saved while the pathway was `model.memory`: its keys under `pathway.`."""
+    old = prefix + "memory."
+    for key in [k for k in state_dict if k.startswith(old)]:
+        state_dict[prefix + "pathway." + key[len(old):]] = state_dict.pop(key)
 
 
 class LRT(nn.Module):
@@ -313,12 +316,14 @@ class LRT(nn.Module):
                                                for _ in range(n_layer))
                                  if config.use_value_embeds else None)
             self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
-            self.memory = build_memory(config) if config.memory is not None else None
+            self.pathway = build_memory(config) if config.memory is not None else None
         self.resid_lambdas = nn.Parameter(torch.ones(n_layer)) if config.use_resid_lambdas else None
         self.x0_lambdas = nn.Parameter(torch.zeros(n_layer)) if config.use_x0_residual else None
         self.rotary = Rotary(config.head_dim, config.rope_base)
+        # checkpoints written before the pathway had its own name keep loading
+        self.register_load_state_dict_pre_hook(_renamed_pathway_keys)
         self.hook_embed = HookPoint()
-        if self.memory is not None:
+        if self.pathway is not None:
             self.hook_mem_in, self.hook_mem_out = HookPoint(), HookPoint()
         self.reset_parameters()
 
@@ -342,8 +347,8 @@ class LRT(nn.Module):
             self.resid_lambdas.fill_(1.0)
         if self.x0_lambdas is not None:
             self.x0_lambdas.fill_(0.1)
-        if self.memory is not None:
-            self.memory.reset_parameters()
+        if self.pathway is not None:
+            self.pathway.reset_parameters()
 
     def param_roles(self) -> dict[str, str]:
         """Optimizer role of the backbone's parameters (patterns; lrt_lab.training.optim)."""
@@ -369,7 +374,7 @@ class LRT(nn.Module):
         x0 = self.hook_embed(norm(self.wte(tokens)), positions=P)
         x = x0 if resid is None else resid
         cos, sin = self.rotary(P, x.device, x.dtype)
-        ctx = StageContext(P, cos, sin, buffer, x0, self._read_memory(buffer, P, x0), self.memory)
+        ctx = StageContext(P, cos, sin, buffer, x0, self._read_memory(buffer, P, x0), self.pathway, P)
         x, k_new, v_new, sources = self.run_blocks(x, ctx, tokens, layers)
         k_all, v_all = list(buffer.k), list(buffer.v)
         for l, k, v in zip(layers, k_new, v_new):
@@ -381,7 +386,7 @@ class LRT(nn.Module):
 
     def run_blocks(self, x: torch.Tensor, ctx: StageContext, tokens: torch.Tensor | None,
                    layers: range, ve_keep: torch.Tensor | None = None):
-        """x through the blocks `layers` over the rows of one stage, each reading ctx.memory: the
+        """x through the blocks `layers` over the rows of one stage, each reading ctx.read: the
         one block loop (the LRT's stages and the loop/ponder baselines' passes). tokens: the ids
         at the rows, for the value embeddings (None: rows without a token get none); ve_keep:
         (1, n, 1, 1) 0/1 per row, or None (all).
@@ -394,7 +399,7 @@ class LRT(nn.Module):
             x = out.x
             ks.append(out.k)
             vs.append(out.v)
-            if self.memory is not None and l in self.memory.source_blocks:
+            if self.pathway is not None and l in self.pathway.source_blocks:
                 sources[l] = out
         return x, ks, vs, sources
 
@@ -419,10 +424,10 @@ class LRT(nn.Module):
         source block."""
         if not sources:
             return None
-        if len(sources) != len(self.memory.source_blocks):
+        if len(sources) != len(self.pathway.source_blocks):
             raise ValueError(f"layers={layers} is invalid; allowed: a range holding all of the "
-                             f"source blocks {self.memory.source_blocks} or none of them")
-        return self.hook_mem_out(self.memory.emit(sources, ctx.memory), positions=ctx.positions)
+                             f"source blocks {self.pathway.source_blocks} or none of them")
+        return self.hook_mem_out(self.pathway.emit(sources, ctx.read), positions=ctx.positions)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits from the final residual stream: lm_head(norm(x)), soft-capped."""
@@ -433,9 +438,9 @@ class LRT(nn.Module):
 
     def _read_memory(self, buffer, P: range, like: torch.Tensor) -> MemoryRead | None:
         """What the positions P read (sec. 2: m_{t-lag}), after the model-level hook_mem_in."""
-        if self.memory is None:
+        if self.pathway is None:
             return None
-        mem = self.memory.read(buffer, P, like.size(0), like, hook_positions=P)
+        mem = self.pathway.read(buffer, P, like.size(0), like, hook_positions=P)
         m = self.hook_mem_in(mem.m, positions=P)
         return mem if m is mem.m else mem.patched(m)
 
@@ -459,9 +464,9 @@ class LRT(nn.Module):
         logits). That holds while chunk <= memory.exact_chunk (the nearest row a position reads): a
         longer chunk reads zero memory inside itself (sec. 3.2), which a pass over the finished
         memory would not reproduce."""
-        if self.memory is None or chunk > self.config.memory.exact_chunk:
+        if self.pathway is None or chunk > self.config.memory.exact_chunk:
             return None
-        split = max(self.memory.source_blocks) + 1
+        split = max(self.pathway.source_blocks) + 1
         return split if split < self.config.n_layer else None
 
     def compile_blocks(self, **options):
@@ -482,10 +487,10 @@ class LRT(nn.Module):
         return Output(logits, None if targets is None else cross_entropy(logits, targets))
 
     def empty_buffer(self, tokens: torch.Tensor,
-                     memory: torch.Tensor | None = None) -> SequenceBuffer:
-        """The buffer a schedule starts from: no K/V, and zero memory or the rows `memory`
+                     memory_rows: torch.Tensor | None = None) -> SequenceBuffer:
+        """The buffer a schedule starts from: no K/V, and zero memory or the given memory rows
         (models with other state override this)."""
-        return SequenceBuffer.empty(self.config, tokens, memory)
+        return SequenceBuffer.empty(self.config, tokens, memory_rows)
 
     def new_decode_cache(self, batch_size: int, max_len: int, device=None, dtype=None,
                          keep_memory: bool = False) -> DecodeCache:
@@ -501,7 +506,7 @@ class LRT(nn.Module):
         both ratios are reported.
         """
         total = sum(p.numel() for p in self.parameters())
-        added = sum(p.numel() for p in self.memory.parameters()) if self.memory is not None else 0
+        added = sum(p.numel() for p in self.pathway.parameters()) if self.pathway is not None else 0
         baseline = total - added
         return {"total": total, "baseline": baseline, "added": added,
                 "added_pct_of_baseline": 100.0 * added / baseline,

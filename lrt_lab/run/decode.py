@@ -29,7 +29,7 @@ class Decoder:
     under autocast, else the parameters'), settled at the first prefill or step; `dtype` fixes it.
 
     keep_memory=True keeps every memory row the decoder produces (prefill included), handed out by
-    `memory_rows()`: give them to `run_schedule(..., memory=rows)` to recompute the decoded
+    `memory_rows()`: give them to `run_schedule(..., memory_rows=rows)` to recompute the decoded
     sequence in one parallel pass (paper sec. "SFT and Reinforcement Learning"); its logits are the
     decoder's when the prompt was prefilled exactly (Exact) or stepped (an approximate prefill's
     cached keys were computed from memory its last stage had not finished). The default keeps only
@@ -50,7 +50,7 @@ class Decoder:
         self.cache = self._new_cache(max_len, device, dtype or compute_dtype(device, ref.dtype))
 
     def _new_cache(self, max_len: int, device, dtype):
-        if not self.keep_memory or self.model.memory is None:  # no rows to keep
+        if not self.keep_memory or self.model.pathway is None:  # no rows to keep
             return self.model.new_decode_cache(self.batch_size, max_len, device=device, dtype=dtype)
         return self.model.new_decode_cache(self.batch_size, max_len, device=device, dtype=dtype,
                                            keep_memory=True)
@@ -79,7 +79,7 @@ class Decoder:
         (None for a model without memory). Needs keep_memory=True."""
         if not self.keep_memory:
             raise ValueError("memory_rows needs a Decoder made with keep_memory=True")
-        if self.model.memory is None:
+        if self.model.pathway is None:
             return None
         rows = self.cache.memory_rows()
         return None if rows is None else rows.clone()

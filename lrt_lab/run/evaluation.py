@@ -47,7 +47,7 @@ def evaluate(model, schedule, eval_sets: dict, exact: bool = True, chunk: int = 
             with autocast or contextlib.nullcontext():
                 par = run_schedule(model, inputs, None, schedule).logits
                 accs["parallel"].append((per_position_accuracy(par, targets, mask), mask.sum(0)))
-                if exact and (model.memory is not None or model.has_sequential_decoding):
+                if exact and (model.pathway is not None or model.has_sequential_decoding):
                     ex = exact_logits(model, inputs)
                     accs["exact"].append((per_position_accuracy(ex, targets, mask), mask.sum(0)))
         res = {}

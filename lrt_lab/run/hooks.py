@@ -13,8 +13,8 @@ while one of them is hooked), `blocks.{l}.attn.hook_z` (the heads' outputs befor
 `blocks.{l}.hook_attn_out`, `blocks.{l}.hook_mlp_out`, `blocks.{l}.hook_resid_post`, `hook_mem_out`
 (the m_t a position emits). `run_with_cache(model, idx, schedule)` (lrt_lab.run.runner) returns (logits, cache) as
 TransformerLens's `model.run_with_cache` does.
-The memory pathway declares the hook points of its own values (`memory.hook_source`, the source
-activation before any update; `memory.hook_update_gate`, z of update="gated"; lrt_lab.core.memory), so
+The memory pathway declares the hook points of its own values (`pathway.hook_source`, the source
+activation before any update; `pathway.hook_update_gate`, z of update="gated"; lrt_lab.core.memory), so
 a new mechanism's internal values are hookable without touching the backbone.
 
 Because hook points are modules called by every stage, one mechanism serves every training

@@ -35,7 +35,7 @@ class ScheduleOutput:
 
 def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None,
                  schedule: Schedule | str | None = None, cache: dict | None = None,
-                 memory: torch.Tensor | None = None) -> ScheduleOutput:
+                 memory_rows: torch.Tensor | None = None) -> ScheduleOutput:
     """Run `schedule` (default OnePass; a string like "exact" is parsed) on idx (B, T); optionally
     compute its training loss. Token ids and targets are checked against the model's vocabulary.
 
@@ -44,7 +44,7 @@ def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None,
     logits, from the last stage that computed each position. To intervene rather than capture, run
     inside `lrt_lab.run.hooks.hooks(model, {...})`.
 
-    memory: memory rows (B, <=T, d) the buffer starts from instead of zeros, e.g. the rows a
+    memory_rows: memory rows m_t (B, <=T, d) the buffer starts from instead of zeros, e.g. the rows a
     `Decoder(..., keep_memory=True)` produced (`memory_rows()`): the paper's SFT/RL recipe (sec.
     "SFT and Reinforcement Learning"), and a way to score decoded sequences in one parallel pass
     (`FullSequence(0)` from them gives the decoder's logits). Stages read them wherever nothing was
@@ -53,12 +53,13 @@ def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None,
     """
     check_inputs(idx, targets, vocab_size_of(model))
     schedule = as_schedule(schedule)
-    memory = _check_memory(model, idx, memory)
+    memory_rows = _check_memory_rows(model, idx, memory_rows)
     if cache is not None and not isinstance(cache, dict):
         raise ValueError(f"cache={type(cache).__name__} is invalid; allowed: a dict (filled with "
                          "the hooks) or None")
     T = idx.size(1)
-    buffer = model.empty_buffer(idx) if memory is None else model.empty_buffer(idx, memory)
+    buffer = (model.empty_buffer(idx) if memory_rows is None
+              else model.empty_buffer(idx, memory_rows))
     with capture(model) if cache is not None else contextlib.nullcontext() as recorded:
         ran = schedule.run(model, idx, buffer)
     if cache is not None:
@@ -83,28 +84,28 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor, ran: ScheduleRun):
     return loss, stage_losses
 
 
-def _check_memory(model, idx: torch.Tensor, memory):
+def _check_memory_rows(model, idx: torch.Tensor, memory_rows):
     """The memory rows a run starts from, checked; a normal tensor (an inference tensor from a
     decoder is cloned: autograd cannot save one)."""
-    if memory is None:
+    if memory_rows is None:
         return None
-    if model.memory is None:
-        raise ValueError("memory is invalid for a model without a memory pathway "
+    if model.pathway is None:
+        raise ValueError("memory_rows is invalid for a model without a memory pathway "
                          "(config.memory=None); allowed: None")
     B, T, d = idx.size(0), idx.size(1), model.config.n_embd
-    if (not isinstance(memory, torch.Tensor) or memory.dim() != 3 or not memory.is_floating_point()
-            or memory.size(0) != B or not 1 <= memory.size(1) <= T or memory.size(2) != d):
-        shape = tuple(memory.shape) if isinstance(memory, torch.Tensor) else type(memory).__name__
-        raise ValueError(f"memory is invalid: {shape}; allowed: a floating tensor "
+    if (not isinstance(memory_rows, torch.Tensor) or memory_rows.dim() != 3 or not memory_rows.is_floating_point()
+            or memory_rows.size(0) != B or not 1 <= memory_rows.size(1) <= T or memory_rows.size(2) != d):
+        shape = tuple(memory_rows.shape) if isinstance(memory_rows, torch.Tensor) else type(memory_rows).__name__
+        raise ValueError(f"memory_rows is invalid: {shape}; allowed: a floating tensor "
                          f"(B={B}, 1..T={T}, d={d}) of memory rows")
-    if memory.device != idx.device:
-        raise ValueError(f"memory is invalid: on {memory.device}; allowed: the device of idx "
+    if memory_rows.device != idx.device:
+        raise ValueError(f"memory_rows is invalid: on {memory_rows.device}; allowed: the device of idx "
                          f"({idx.device})")
-    if not bool(torch.isfinite(memory).all()):
-        raise ValueError("memory is invalid: it holds NaN or inf; allowed: finite memory rows")
-    if memory.is_inference() and not torch.is_inference_mode_enabled():
-        memory = memory.clone()
-    return memory
+    if not bool(torch.isfinite(memory_rows).all()):
+        raise ValueError("memory_rows is invalid: it holds NaN or inf; allowed: finite memory rows")
+    if memory_rows.is_inference() and not torch.is_inference_mode_enabled():
+        memory_rows = memory_rows.clone()
+    return memory_rows
 
 
 def run_with_cache(model, idx: torch.Tensor, schedule=None, targets=None, names=None):

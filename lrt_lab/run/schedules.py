@@ -15,7 +15,7 @@
 |                     | position per stage, source blocks), then G | stages; == FixedPoint(0,     |
 |                     | differentiated full sweeps                 | T+G, G)                      |
 
-Any schedule can start from memory rows the caller supplies (`run_schedule(..., memory=rows)`;
+Any schedule can start from memory rows the caller supplies (`run_schedule(..., memory_rows=rows)`;
 cached rollout states, paper sec. "SFT and Reinforcement Learning"). Each position's final logits
 come from the last stage that computed it. In the limit,
 Interleaved(S=T) == FullSequence(K=T) == Chunked(1) == Exact == token-by-token decoding; the test
@@ -414,7 +414,7 @@ class Rollout:
     def forwards(self, model, T: int) -> Forwards:
         """G differentiated full sweeps, and the rollout without autograd: its share of the
         stack (`exact_split`) over the positions it rolls out (none without a memory)."""
-        if model.memory is None:
+        if model.pathway is None:
             return Forwards(float(self.grad_sweeps))
         split = model.exact_split(1)
         share = (split if split is not None else model.config.n_layer) / model.config.n_layer
@@ -431,7 +431,7 @@ class Rollout:
             torch.cuda.synchronize(rows.device)  # the rollout's share of the step is measured
         rollout_s = time.perf_counter() - start
         if rows is not None:
-            buffer = buffer.with_memory(rows.clone() if rows.is_inference() else rows)
+            buffer = buffer.with_memory_rows(rows.clone() if rows.is_inference() else rows)
         rollout_cost = len(layers) / L * rows.size(1) / T if rows is not None else 0.0
         full, stage_logits = range(0, T), []
         for _ in range(self.grad_sweeps):
@@ -453,7 +453,7 @@ def rollout_memory(model, idx: torch.Tensor) -> tuple[torch.Tensor | None, range
     source is the top one), into a `DecodeCache` that keeps every memory row: in-place writes, so
     a stage costs the same at position 1 and at position T. (None, range(0)) for a model without a
     memory pathway (nothing to roll out)."""
-    if model.memory is None:
+    if model.pathway is None:
         return None, range(0)
     B, T = idx.shape
     split = model.exact_split(1)
