@@ -67,9 +67,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from lrt_lab.core.config import ModelConfig
+from lrt_lab.core.model import LRT
 from lrt_lab.run.decode import Decoder
 from lrt_lab.run.schedules import IGNORE_INDEX, as_schedule, parse_schedule, run_schedule
 from lrt_lab.core.validation import check_token_ids, vocab_size_of
+from lrt_lab.store.results import Run
 
 from .batches import make_batches
 from .distributed import all_reduce_sum, autocast_for, rank_and_world, setup_distributed, teardown_distributed
@@ -403,9 +406,6 @@ def evaluate_core(forward, tokenizer, bundle_dir, device="cpu", max_per_task: in
 
 # Command line: evaluate a trained run ----------------------------------------------------------
 def _load_run_model(run_dir: Path, checkpoint: str | None, device: torch.device):
-    from lrt_lab.core.config import ModelConfig
-    from lrt_lab.core.model import LRT
-    from lrt_lab.store.results import Run
     run = Run(run_dir)
     if not (run.path / "config.json").is_file():
         raise ValueError(f"--run-dir: {run.path} has no config.json")

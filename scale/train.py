@@ -75,6 +75,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
+from lrt_lab.core.attention import pick_backend
 from lrt_lab.core.config import MEMORY_PRESETS, PRESETS
 from lrt_lab.core.model import LRT
 from lrt_lab.store.results import Run
@@ -345,7 +346,6 @@ def attention_dispatch(config, schedule, device, dtype) -> dict:
     """{stage kind: kernels} that lrt_lab.core.attention.pick_backend chooses for the schedule's stages
     at T (keys cut at the stage's last position, as LRT.stage does) and for a decoding step, over
     the layers' windows. What runs is measured by the GPU check; this says what was asked for."""
-    from lrt_lab.core.attention import pick_backend
     T = config.sequence_len
     q = torch.empty(0, device=device, dtype=dtype)
     windows = config.window_sizes()
