@@ -7,7 +7,7 @@ import torch
 from lrt_lab import MemoryConfig
 from lrt_lab.run.schedules import (Exact, FixedPoint, FullSequence, cross_entropy, parse_schedule,
                                run_schedule)
-from test_core import CONFIGS, make_model, maxdiff, tokens
+from helpers import CONFIGS, make_model, maxdiff, tokens
 
 T = 8
 TOL = 1e-10

@@ -6,7 +6,7 @@ from lrt_lab import MemoryConfig
 from lrt_lab.run.decode import Decoder
 from lrt_lab.core.hooks import hooks, patch_from, zero_at
 from lrt_lab.run.schedules import Exact, Interleaved, run_schedule
-from test_core import make_model, maxdiff, tokens
+from helpers import make_model, maxdiff, tokens
 
 TOL = 1e-10
 

@@ -13,7 +13,7 @@ from lrt_lab.core.baselines import LoopTransformer
 from lrt_lab.run.decode import Decoder
 from lrt_lab.run.schedules import (Exact, FixedPoint, FullSequence, Interleaved, OnePass, Rollout, parse_schedule,
                                rollout_memory, run_schedule)
-from test_core import CONFIGS, make_model, maxdiff, tokens
+from helpers import CONFIGS, make_model, maxdiff, tokens
 
 T = 10
 TOL = 1e-10
