@@ -237,7 +237,7 @@ def test_convergence_of_a_trained_run_from_the_cli_and_the_dashboard(tmp_path, c
     assert "plot:" in capsys.readouterr().out
     # the dashboard's Convergence page draws both charts from this store
     pytest.importorskip("streamlit")
-    from test_app import assert_clean, run_app
+    from app_helpers import assert_clean, run_app
     at = run_app(monkeypatch, tmp_path)
     assert_clean(at)
     (tab,) = [t for t in at.tabs if t.label == "Convergence"]
