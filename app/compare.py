@@ -14,6 +14,7 @@ import math
 import pandas as pd
 import streamlit as st
 
+from lrt_app.charts import color_encoding, draw_chart, palette_note
 from lrt_app.frontier import AXES
 from lrt_lab.store.report import COMPARE_METRICS, compare_lengths, compare_table, format_mean_ci, method_labels, \
     studies_by_recency, study_runs
@@ -106,8 +107,6 @@ def compare_page(ctx) -> None:
 
 
 def frontier_chart(runs: pd.DataFrame, lengths: list[int], length: int) -> None:
-    from lrt_app.views import _chart, color_encoding, palette_note  # views lists this page: imported late
-
     st.subheader("Trainer frontier")
     if not lengths:
         st.info(f"No run of this study measured pos@90 at {length}, {2 * length} or {4 * length}.")
@@ -129,7 +128,7 @@ def frontier_chart(runs: pd.DataFrame, lengths: list[int], length: int) -> None:
                                "scale": {"domain": [0, n]}},
                          "color": color_encoding(methods, "method", "method"),
                          "tooltip": [{"field": c} for c in ("method", "seed", "compute", "wall_min", y)]}}
-    _chart(spec, runs=points)
+    draw_chart(spec, runs=points)
     st.caption(f"One point per run. Up and to the left is better: the cheapest method whose points sit at "
                f"{n} learned the task. Wall clock is each run's own (runs may have shared the machine "
                "differently).")

@@ -1,21 +1,12 @@
 """The dashboard's pages. Each takes the Context (store, runs shown) and draws with Streamlit;
-the numbers come from lrt_app.store_data.
+the numbers come from lrt_app.store_data, the charts and colours from lrt_app.charts.
 
-Charts are plain Vega-Lite specs drawn in the browser (st.vega_lite_chart, data shipped as Arrow):
-cheap on the server, with tooltips and zoom, and one colour per group of seeds on every page.
-(Altair would build the same specs, but its import and per-chart schema validation cost seconds of
-CPU per page view on a small machine.)
-
-Every chart is given exactly the datasets its layers name, and its spec carries a digest of that
-data: Streamlit then redraws it from scratch whenever a control changes what it shows. (Updating a
-drawn chart in place failed on a dataset the spec did not use, "Unrecognized data set", and left
-the chart stale without a word.) Layouts are sized for a 1400 px window with the sidebar open:
-facets wrap, legends sit under the chart in columns, one metric family per y axis.
+Layouts are sized for a 1400 px window with the sidebar open: facets wrap, legends sit under the
+chart in columns, one metric family per y axis.
 """
 
 from __future__ import annotations
 
-import hashlib
 import traceback
 import zlib
 from dataclasses import dataclass, field
@@ -24,6 +15,10 @@ import pandas as pd
 import streamlit as st
 
 from lrt_app import store_data
+from lrt_app.charts import LEGEND, PALETTE, color_encoding, draw_chart, only_groups, palette_note
+from lrt_app.compare import compare_page
+from lrt_app.convergence_page import convergence_page  # FixedPoint runs
+from lrt_app.frontier import frontier_page
 
 # Where the analysis tables come from: shown when a store has none yet.
 HINT_PROBES = ("No probe tables yet: run `lrt-lab analyze probe RUN_FOLDER [RUN_FOLDER ...]` (it writes "
@@ -35,15 +30,8 @@ HINT_DEPTH = ("Only one depth in the runs shown ({depths}): train the same task 
               "(`lrt-lab sweep experiments/depth_sweep.toml`), then `lrt-lab analyze depth STORE` "
               "for the depth-sweep table.")
 MAX_DIFF_RUNS = 12
-# 20 colours that stay apart on a white background (tab10, then darker and brighter ones).
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf", "#000000", "#393b79", "#637939", "#e7ba52", "#843c39", "#a55194", "#6baed6", "#fd8d3c",
-           "#74c476", "#fccde5"]
-TAB10 = PALETTE[:10]
 # What fits beside Streamlit's sidebar in a 1400 px window (main column about 1000 px).
 MAIN_WIDTH = 980
-LEGEND = {"orient": "bottom", "direction": "vertical", "columns": 2, "labelLimit": 480, "symbolLimit": 0,
-          "titleOrient": "top"}
 
 
 @dataclass
@@ -57,24 +45,6 @@ class Context:
         """Colour encoding by group of seeds, the same colour for a group on every chart."""
         groups = sorted(set(store_data.group_labels(self.shown))) if not self.shown.empty else []
         return color_encoding(groups, title)
-
-
-def color_encoding(groups: list, title: str, field_name: str = "group") -> dict:
-    return {"field": field_name, "type": "nominal", "title": title, "legend": LEGEND,
-            "scale": {"domain": groups, "range": [PALETTE[i % len(PALETTE)] for i in range(len(groups))]}}
-
-
-def only_groups(color: dict, present: set) -> dict:
-    """The colour encoding narrowed to the groups a panel draws, each keeping its colour, so the
-    legend under that panel lists only what is in it."""
-    pairs = [(g, c) for g, c in zip(color["scale"]["domain"], color["scale"]["range"]) if g in present]
-    return {**color, "scale": {"domain": [g for g, _ in pairs], "range": [c for _, c in pairs]}}
-
-
-def palette_note(n_groups: int) -> None:
-    if n_groups > len(PALETTE):
-        st.caption(f"{n_groups} groups share {len(PALETTE)} colours: narrow them with the sidebar's *group* filter "
-                   "to tell every line apart.")
 
 
 def guarded(title: str, view, ctx: Context) -> None:
@@ -100,67 +70,6 @@ def _needs_runs(ctx: Context) -> bool:
 
 
 # Vega-Lite building blocks -------------------------------------------------------------------------
-def dataset_names(spec) -> set[str]:
-    """The names of the datasets a spec's layers (at any depth) read: {"data": {"name": ...}}."""
-    found = set()
-    if isinstance(spec, dict):
-        d = spec.get("data")
-        if isinstance(d, dict) and isinstance(d.get("name"), str):
-            found.add(d["name"])
-        for k, v in spec.items():
-            if k != "datasets":
-                found |= dataset_names(v)
-    elif isinstance(spec, list):
-        for v in spec:
-            found |= dataset_names(v)
-    return found
-
-
-def chart_spec(spec: dict, **datasets: pd.DataFrame) -> dict:
-    """The spec with exactly the datasets it names, and a digest of their contents in `usermeta`.
-
-    A named dataset the spec does not use makes Vega throw on Streamlit's in-place update, and a
-    spec that stays the same while its data changes is updated in place: so every chart gets only
-    its own data, and a change of data changes the spec (Streamlit then draws the chart anew)."""
-    names = dataset_names(spec)
-    missing = names - set(datasets)
-    if missing:
-        raise ValueError(f"chart reads dataset(s) {sorted(missing)} it was not given; given: {sorted(datasets)}")
-    used = {k: v.reset_index(drop=True) for k, v in datasets.items() if k in names}
-    digest = hashlib.sha1()
-    for k in sorted(used):
-        digest.update(k.encode())
-        digest.update(pd.util.hash_pandas_object(used[k].astype(str), index=False).values.tobytes())
-        digest.update(",".join(map(str, used[k].columns)).encode())
-    return {**spec, "datasets": used, "usermeta": {"data_digest": digest.hexdigest()}}
-
-
-def legend_entries(spec) -> int:
-    """The most entries any legend under the chart (LEGEND) lists: the size of its scale's domain."""
-    most = 0
-    if isinstance(spec, dict):
-        if spec.get("legend") is LEGEND and isinstance(spec.get("scale", {}).get("domain"), list):
-            most = len(spec["scale"]["domain"])
-        for k, v in spec.items():
-            if k != "datasets":
-                most = max(most, legend_entries(v))
-    elif isinstance(spec, list):
-        most = max([legend_entries(v) for v in spec] or [0])
-    return most
-
-
-def _chart(spec: dict, **datasets: pd.DataFrame) -> None:
-    """Draw a spec whose layers name their data ({"data": {"name": key}}) from `datasets`.
-
-    A chart stretched to the column is fitted, legend included, into its height: the legend under
-    it gets rows of its own added to that height, so the plot keeps its size and no entry is cut."""
-    facet = "facet" in spec or "columns" in spec
-    if not facet and "height" in spec:
-        rows = -(-legend_entries(spec) // LEGEND["columns"])
-        spec = {**spec, "height": spec["height"] + (40 + 20 * rows if rows else 0)}
-    st.vega_lite_chart(chart_spec(spec, **datasets), width="content" if facet else "stretch")
-
-
 def _q(name: str, title: str | None = None, **kw) -> dict:
     return {"field": name, "type": "quantitative", **({"title": title} if title is not None else {}), **kw}
 
@@ -219,7 +128,7 @@ def _heatmap(df: pd.DataFrame, x: str, y: str, facet: str, scheme: str, x_title:
             ],
         },
     }
-    _chart(spec, cells=df)
+    draw_chart(spec, cells=df)
 
 
 # Runs --------------------------------------------------------------------------------------------
@@ -332,7 +241,7 @@ def _curve_chart(band, long, switches, metric, x_axis, color, band_kind, log_y, 
         layers.append({"data": {"name": "switches"}, "mark": {"type": "text", "baseline": "top", "dy": 2,
                                                                "fontSize": 9, "color": "#666"},
                        "encoding": {"x": x, "y": {"value": 0}, "text": {"field": "length", "type": "nominal"}}})
-    _chart({"height": 340, "layer": layers}, **datasets)
+    draw_chart({"height": 340, "layer": layers}, **datasets)
 
 
 # Length generalisation ---------------------------------------------------------------------------
@@ -366,7 +275,7 @@ def length_page(ctx: Context) -> None:
                           "tooltip": [_tip("group", "nominal"), _tip("mode", "nominal"), _tip("length"),
                                       _tip("pos90", fmt=".3g")]}},
         ]}
-        _chart(spec, pos=pos, solved=pd.DataFrame({"length": lengths, "pos90": lengths}))
+        draw_chart(spec, pos=pos, solved=pd.DataFrame({"length": lengths, "pos90": lengths}))
         st.caption("Solid: the training schedule's parallel forward; dashed: exact recurrent decoding; "
                    "grey dotted: solved (pos@90 = length). Lengths on a log scale.")
 
@@ -407,7 +316,7 @@ def length_page(ctx: Context) -> None:
                             _tip("accuracy", fmt=".3f")]}},
         ]},
     }
-    _chart(spec, pp=cells)
+    draw_chart(spec, pp=cells)
     st.caption("Solid: parallel forward; dashed: exact decoding. Dotted: 0.9 (pos@90 is the last position before "
                "accuracy first drops below it) and chance (1 / the task's vocabulary). Panels wrap; each has its "
                "own position axis.")
@@ -480,7 +389,7 @@ def _depth_curve(sweep: pd.DataFrame, metric: str) -> None:
                       "tooltip": [_tip("group", "nominal"), _tip("depth"), _tip("mean", fmt=".3g"),
                                   _tip("ci_low", fmt=".3g"), _tip("ci_high", fmt=".3g")]}},
     ]
-    _chart({"height": 300, "layer": layers}, all=sweep, swept=sweep[sweep["swept"]], single=sweep[~sweep["swept"]])
+    draw_chart({"height": 300, "layer": layers}, all=sweep, swept=sweep[sweep["swept"]], single=sweep[~sweep["swept"]])
     st.caption("Mean over seeds with confidence intervals; a method trained at one depth (the LRT) is a diamond "
                "with a dashed line at its level.")
 
@@ -576,7 +485,7 @@ def _mismatch_chart(long: pd.DataFrame) -> None:
                       "tooltip": [_tip("label", "nominal"), _tip("decoding", "nominal"), _tip("value", fmt=".4f"),
                                   _tip("ci_low", fmt=".4f"), _tip("ci_high", fmt=".4f")]}},
     ]
-    _chart({"height": 280, "layer": layers}, mm=long)
+    draw_chart({"height": 280, "layer": layers}, mm=long)
 
 
 def _refinement_chart(ref: pd.DataFrame) -> None:
@@ -593,7 +502,7 @@ def _refinement_chart(ref: pd.DataFrame) -> None:
         {"data": {"name": "ref"}, "mark": {"type": "rule", "opacity": 0.5},
          "encoding": {"x": x, "y": _q("ci_low", scale={"zero": False}), "y2": {"field": "ci_high"}, "color": color}},
     ]
-    _chart({"height": 300, "layer": layers}, ref=ref)
+    draw_chart({"height": 300, "layer": layers}, ref=ref)
 
 
 def _gap_bars(bars: pd.DataFrame, points: pd.DataFrame | None) -> None:
@@ -623,7 +532,7 @@ def _gap_bars(bars: pd.DataFrame, points: pd.DataFrame | None) -> None:
     layers.append({"data": {"values": [{"y": 0}, {"y": 1}]}, "mark": {"type": "rule", "color": "gray",
                                                                       "strokeDash": [3, 3], "opacity": 0.6},
                    "encoding": {"y": _q("y", y_title)}})
-    _chart({"height": 300, "layer": layers}, **datasets)
+    draw_chart({"height": 300, "layer": layers}, **datasets)
 
 
 # Probes ------------------------------------------------------------------------------------------
@@ -665,10 +574,6 @@ def probes_page(ctx: Context) -> None:
     st.caption("Linear-probe test accuracy per site (layer, or the memory in / out; '(t-1)': the memory against "
                "the previous step's state) and position.")
 
-
-from lrt_app.compare import compare_page  # noqa: E402
-from lrt_app.convergence_page import convergence_page  # noqa: E402 (FixedPoint runs)
-from lrt_app.frontier import frontier_page  # noqa: E402
 
 # Compare comes first: the dashboard opens on the store's most recent study.
 PAGES = {

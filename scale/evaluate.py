@@ -53,6 +53,7 @@ For an LRT the forward is a schedule's parallel forward (default: the training s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
@@ -66,31 +67,20 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from lrt_lab.core.config import ModelConfig
+from lrt_lab.core.model import LRT
 from lrt_lab.run.decode import Decoder
 from lrt_lab.core.loss import IGNORE_INDEX
 from lrt_lab.run.registry import as_schedule, parse_schedule
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.core.validation import check_token_ids, vocab_size_of
+from lrt_lab.store.results import Run
+
+from .batches import make_batches
+from .distributed import all_reduce_sum, autocast_for, rank_and_world, setup_distributed, teardown_distributed
 
 LN2 = math.log(2)
 TASK_TYPES = ("multiple_choice", "schema", "language_modeling")
-
-
-# Distributed helpers ----------------------------------------------------------------------------
-def _dist():
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
-def _all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
-    """Sum a float64 vector over ranks (a no-op in one process). gloo and nccl both reduce float64."""
-    if _dist():
-        torch.distributed.all_reduce(values)
-    return values
-
-
-def _nullcontext():
-    import contextlib
-    return contextlib.nullcontext()
 
 
 # BPB ------------------------------------------------------------------------------------------------
@@ -147,7 +137,7 @@ def parallel_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], to
             mask = None
             if min_position:
                 mask = (torch.arange(T, device=targets.device) >= min_position)[None].expand_as(targets)
-            with autocast or _nullcontext():
+            with autocast or contextlib.nullcontext():
                 out = run_schedule(model, inputs, None, schedule)
             n, b = nats_and_bytes(out.logits, targets, token_bytes, mask)
             per_stage = []
@@ -171,7 +161,7 @@ def parallel_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], to
     device = sums.device
     packed = torch.cat([sums, stage_sums if stage_sums is not None else sums.new_zeros(0),
                         torch.tensor([float(tokens)], dtype=torch.float64, device=device)])
-    packed = _all_reduce_sum(packed).cpu().tolist()
+    packed = all_reduce_sum(packed).cpu().tolist()
     nats, nbytes, tokens = packed[0], packed[1], int(packed[-1])
     stages = packed[2:-1]
     return {"bpb": _bpb(nats, nbytes), "stages": [_bpb(stages[i], stages[i + 1]) for i in range(0, len(stages), 2)],
@@ -203,7 +193,7 @@ def sequential_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], 
             check_token_ids("inputs", inputs, vocab_size_of(model))  # once, not a sync per position on CUDA
             dec = Decoder(model, B, T)
             logits = []
-            with autocast or _nullcontext():
+            with autocast or contextlib.nullcontext():
                 if prompt_len:
                     logits.append(dec.prefill(inputs[:, :prompt_len], prefill))
                 for t in range(prompt_len, T):
@@ -218,7 +208,7 @@ def sequential_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], 
     if sums is None:
         raise ValueError("batches is empty; allowed: at least one (inputs, targets) batch")
     packed = torch.cat([sums, torch.tensor([float(tokens)], dtype=torch.float64, device=sums.device)])
-    nats, nbytes, tokens = _all_reduce_sum(packed).cpu().tolist()
+    nats, nbytes, tokens = all_reduce_sum(packed).cpu().tolist()
     return {"bpb": _bpb(nats, nbytes), "nats": nats, "bytes": nbytes, "tokens": int(tokens),
             "prompt_len": prompt_len, "prefill": prefill.spec if prompt_len else None}
 
@@ -283,7 +273,7 @@ def model_forward(model, schedule=None, autocast=None) -> Callable[[torch.Tensor
 
     @torch.no_grad()
     def forward(ids: torch.Tensor) -> torch.Tensor:
-        with autocast or _nullcontext():
+        with autocast or contextlib.nullcontext():
             return run_schedule(model, ids, None, schedule).logits
     return forward
 
@@ -375,7 +365,7 @@ def centered(accuracy: float, random_baseline_percent: float) -> float:
 
 def evaluate_task(forward, tokenizer, items: list[dict], task: dict, device="cpu", max_len: int | None = None) -> float:
     """Accuracy on a task; under torchrun each rank scores items rank, rank + world, ... ."""
-    rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if _dist() else (0, 1)
+    rank, world = rank_and_world()
     k = task["num_fewshot"]
     if k and len(items) <= k:
         raise ValueError(f"task {task['label']!r}: num_fewshot={k} needs more than {k} items, got {len(items)}")
@@ -387,7 +377,7 @@ def evaluate_task(forward, tokenizer, items: list[dict], task: dict, device="cpu
             shots = [items[j] for j in rng.sample([j for j in range(len(items)) if j != i], k)]
         correct += score_item(forward, tokenizer, items[i], task["type"], task["continuation_delimiter"], shots,
                               device, max_len)
-    total = _all_reduce_sum(torch.tensor([float(correct)], dtype=torch.float64, device=device))
+    total = all_reduce_sum(torch.tensor([float(correct)], dtype=torch.float64, device=device))
     return float(total.item()) / len(items)
 
 
@@ -418,9 +408,6 @@ def evaluate_core(forward, tokenizer, bundle_dir, device="cpu", max_per_task: in
 
 # Command line: evaluate a trained run ----------------------------------------------------------
 def _load_run_model(run_dir: Path, checkpoint: str | None, device: torch.device):
-    from lrt_lab.core.config import ModelConfig
-    from lrt_lab.core.model import LRT
-    from lrt_lab.store.results import Run
     run = Run(run_dir)
     if not (run.path / "config.json").is_file():
         raise ValueError(f"--run-dir: {run.path} has no config.json")
@@ -463,7 +450,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.core_schedule != "train":
         parse_schedule(args.core_schedule)  # a bad spec fails before the model is loaded
 
-    from lrt_scale.train import autocast_for, make_batches, setup_distributed, teardown_distributed
     ctx = setup_distributed(args.device)
     try:
         run, cfg, model, step = _load_run_model(Path(args.run_dir), args.checkpoint, ctx.device)

@@ -55,6 +55,8 @@ from lrt_lab.run.runner import run_schedule
 from . import evaluate as ev
 from . import flops as fl
 from . import train as st
+from .batches import SyntheticData
+from .distributed import autocast_for, select_device, synchronize
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER = {"step_time_ratio": 2.96, "decode_ratio": 0.92}
@@ -101,11 +103,6 @@ def _deadline(budget_s: float):
     return check
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _model(name: str, lrt: bool, sizes: Sizes, device, seed: int = 0) -> LRT:
     torch.manual_seed(seed)
     cfg = preset(name, memory=MemoryConfig() if lrt else None, sequence_len=sizes.seq_len, vocab_size=sizes.vocab)
@@ -127,7 +124,7 @@ def _train(model, opts, args, schedule, data, steps: int, accum: int, autocast, 
         if check:
             check(f"step {step}")
         st.set_schedules(opts, step, args)
-        _sync(device)
+        synchronize(device)
         t = time.perf_counter()
         total = 0.0
         for micro in range(accum):
@@ -138,7 +135,7 @@ def _train(model, opts, args, schedule, data, steps: int, accum: int, autocast, 
             total += res.loss.item() / accum
             del res
         st.optimizer_step(opts, model.parameters(), 0.0)
-        _sync(device)
+        synchronize(device)
         out.append({"loss": total, "dt": time.perf_counter() - t})
     return out
 
@@ -173,7 +170,7 @@ def attention_backends(sizes: Sizes, device, dry: bool, budget: float, res: dict
     """Kernels that run per stage kind (profiler op names with attention/flash/flex in them)."""
     from torch.profiler import ProfilerActivity, profile
     model = _model(sizes.small, True, sizes, device)
-    autocast = st.autocast_for(device)
+    autocast = autocast_for(device)
     T = sizes.seq_len
     idx = torch.randint(sizes.vocab, (1, T), device=device)
     out = res
@@ -182,10 +179,10 @@ def attention_backends(sizes: Sizes, device, dry: bool, budget: float, res: dict
     def ops(fn) -> list[str]:
         with torch.no_grad(), autocast or contextlib.nullcontext():
             fn()  # warm (FlexAttention compiles on first use)
-            _sync(device)
+            synchronize(device)
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 fn()
-                _sync(device)
+                synchronize(device)
         names = {e.key for e in prof.key_averages()}
         return sorted(n for n in names if any(w in n.lower() for w in ("attention", "flash", "flex", "attn")))
 
@@ -247,9 +244,9 @@ def compile_parity(sizes: Sizes, device, dry: bool, budget: float, res: dict) ->
             torch._dynamo.reset()
             counters.clear()
             model.stage = torch.compile(model.stage, dynamic=False, backend="eager" if dry else "inductor")
-        data = st.SyntheticData(sizes.vocab, sizes.seq_len, sizes.compile_rows, 0, 1, 0, "copy", device)
+        data = SyntheticData(sizes.vocab, sizes.seq_len, sizes.compile_rows, 0, 1, 0, "copy", device)
         losses[mode] = [r["loss"] for r in _train(model, opts, args, parse_schedule("interleaved:2"), data,
-                                                   sizes.compile_steps, 1, st.autocast_for(device), device, check)]
+                                                   sizes.compile_steps, 1, autocast_for(device), device, check)]
     stats = st.compile_stats()
     diff = max(abs(a - b) for a, b in zip(losses["eager"], losses["compiled"]))
     res.update({"max_abs_loss_diff": diff, **stats, "recompiles": max(0, stats["unique_graphs"] - 1),
@@ -275,14 +272,14 @@ def peak_memory(sizes: Sizes, device, dry: bool, budget: float, res: dict) -> di
                 opts, args = _optimizers(model, sizes.big, 10)
                 if compiled:
                     model.stage = torch.compile(model.stage, dynamic=False, backend="eager" if dry else "inductor")
-                data = st.SyntheticData(sizes.vocab, sizes.seq_len, B, 0, 1, 0, "copy", device)
+                data = SyntheticData(sizes.vocab, sizes.seq_len, B, 0, 1, 0, "copy", device)
                 ddp_buckets = sum(p.numel() * p.element_size() for p in model.parameters())
                 if cuda:
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats(device)
                 row = {"kind": kind, "compile": compiled, "device_batch": B}
                 try:
-                    steps = _train(model, opts, args, parse_schedule(spec), data, 2, 1, st.autocast_for(device),
+                    steps = _train(model, opts, args, parse_schedule(spec), data, 2, 1, autocast_for(device),
                                    device)
                     row["step_s"] = steps[-1]["dt"]
                     if cuda:
@@ -314,7 +311,7 @@ def gate_statistics(model: LRT, idx: torch.Tensor, schedule, autocast=None, lo_h
 
 def d12_training(sizes: Sizes, device, dry: bool, budget: float, res: dict) -> dict:
     check = _deadline(budget)
-    autocast = st.autocast_for(device)
+    autocast = autocast_for(device)
     rows = sizes.rows
     accum = max(1, sizes.gate_batch_rows // rows)
     times = {}
@@ -323,7 +320,7 @@ def d12_training(sizes: Sizes, device, dry: bool, budget: float, res: dict) -> d
         model = _model(sizes.small, kind == "lrt", sizes, device)
         opts, args = _optimizers(model, sizes.small, steps)
         model.stage = torch.compile(model.stage, dynamic=False, backend="eager" if dry else "inductor")
-        data = st.SyntheticData(sizes.vocab, sizes.seq_len, rows, 0, 1, 0, "copy", device)
+        data = SyntheticData(sizes.vocab, sizes.seq_len, rows, 0, 1, 0, "copy", device)
         log = _train(model, opts, args, parse_schedule(spec), data, steps, accum, autocast, device, check)
         steady = [r["dt"] for r in log[min(3, len(log) - 1):]]
         times[kind] = sum(steady) / len(steady)
@@ -339,7 +336,7 @@ def d12_training(sizes: Sizes, device, dry: bool, budget: float, res: dict) -> d
     res["step_time_ratio"] = {"lrt_over_transformer": times["lrt"] / times["transformer"],
                               "paper": PAPER["step_time_ratio"]}
     res["tokens_per_step"] = rows * accum * sizes.seq_len
-    val = st.SyntheticData(sizes.vocab, sizes.seq_len, sizes.seq_rows, 0, 1, 1, "copy", device, split="val")
+    val = SyntheticData(sizes.vocab, sizes.seq_len, sizes.seq_rows, 0, 1, 1, "copy", device, split="val")
     x, y = val.block(0)
     res["gates_after_training"] = gate_statistics(trained, x, parse_schedule("interleaved:2"), autocast)
 
@@ -351,11 +348,11 @@ def d12_training(sizes: Sizes, device, dry: bool, budget: float, res: dict) -> d
             dec = Decoder(model, sizes.decode_rows, sizes.prompt + sizes.decode_steps)
             dec.prefill(prompt)
             feed = prompt[:, 0]
-            _sync(device)
+            synchronize(device)
             t = time.perf_counter()
             for _ in range(sizes.decode_steps):
                 dec.step(feed)
-            _sync(device)
+            synchronize(device)
         speed[kind] = sizes.decode_rows * sizes.decode_steps / (time.perf_counter() - t)
     res["decode"] = {"tokens_per_s": speed, "lrt_over_transformer": speed["lrt"] / speed["transformer"],
                      "paper": PAPER["decode_ratio"]}
@@ -397,16 +394,14 @@ def markdown(report: dict) -> str:
 
 
 def run_check(out: Path, dry: bool, only: list[str] | None = None, log=print) -> dict:
-    device = torch.device("cpu" if dry else "cuda")
     if not dry and not torch.cuda.is_available():
         raise ValueError("device: CUDA is not available; allowed: a CUDA machine, or --dry on CPU")
+    device = select_device("cpu" if dry else "cuda")  # CUDA: matmuls in TF32, as in the runs
     sizes = DRY if dry else Sizes()
     out.mkdir(parents=True, exist_ok=True)
     report = {"dry": dry, "device": torch.cuda.get_device_name(device) if not dry else "cpu",
               "torch": torch.__version__, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "sizes": asdict(sizes),
               "sections": {}, "recommended_device_batch": None}
-    if not dry:
-        torch.set_float32_matmul_precision("high")
     for name, fn in SECTIONS.items():
         if only and name not in only:
             continue

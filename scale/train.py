@@ -60,15 +60,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import math
-import os
 import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -77,6 +75,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
+from lrt_lab.core.attention import pick_backend
 from lrt_lab.core.config import MEMORY_PRESETS, PRESETS
 from lrt_lab.core.model import LRT
 from lrt_lab.store.results import Run
@@ -90,192 +89,15 @@ from lrt_lab.training.loop import model_config, parse_value
 
 from . import evaluate as ev
 from . import flops as fl
+from .batches import SYNTHETIC_KINDS, LoaderData, SyntheticData, load_tokenizer, make_batches
+from .distributed import (DistContext, autocast_for, barrier, on_rank0, setup_distributed, synchronize,
+                          teardown_distributed)
 
 # Arguments that may differ between a run and its --resume (they do not change what is trained).
 # device_batch_size too: the global batch (and the data stream, split by rows) does not depend on it,
 # so a resume may lower it after an out-of-memory error.
 RUNTIME_ARGS = ("resume", "stop_after", "threads", "dry_run", "log_every", "compile", "keep_checkpoints",
                 "device_batch_size")
-SYNTHETIC_KINDS = ("copy", "random")
-
-
-# Distributed setup ------------------------------------------------------------------------------
-@dataclass
-class DistContext:
-    rank: int
-    world_size: int
-    local_rank: int
-    device: torch.device
-    distributed: bool
-    backend: str | None
-
-    def print0(self, *args, **kwargs):
-        if self.rank == 0:
-            print(*args, **kwargs, flush=True)
-
-
-def setup_distributed(device: str = "auto") -> DistContext:
-    """Join the process group torchrun describes (WORLD_SIZE > 1), or run as one process."""
-    if device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device={device!r} is invalid; allowed: auto, cpu, cuda")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' is invalid; allowed: auto, cpu (CUDA is not available)")
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    if use_cuda:
-        torch.cuda.set_device(local_rank)
-        dev = torch.device("cuda", local_rank)
-        torch.set_float32_matmul_precision("high")
-    else:
-        dev = torch.device("cpu")
-    backend = None
-    if world > 1:
-        backend = "nccl" if use_cuda else "gloo"
-        if not dist.is_initialized():
-            dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30),
-                                    **({"device_id": dev} if use_cuda else {}))
-        rank, world = dist.get_rank(), dist.get_world_size()
-    return DistContext(rank, world, local_rank, dev, world > 1, backend)
-
-
-def teardown_distributed(ctx: DistContext) -> None:
-    if ctx.distributed and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def _barrier(ctx: DistContext):
-    if ctx.distributed:
-        dist.barrier()
-
-
-def _on_rank0(ctx: DistContext, fn: Callable):
-    """Run fn on rank 0 and hand its result (or its error) to every rank."""
-    box = [None, None]
-    if ctx.rank == 0:
-        try:
-            box[0] = fn()
-        except Exception as e:  # noqa: BLE001 - re-raised on every rank below
-            box[1] = f"{type(e).__name__}: {e}"
-            if not ctx.distributed:
-                raise
-    if ctx.distributed:
-        dist.broadcast_object_list(box, src=0)
-    if box[1] is not None:
-        raise RuntimeError(f"rank 0 failed: {box[1]}")
-    return box[0]
-
-
-def autocast_for(device: torch.device, dtype: str = "auto"):
-    """bf16 autocast on CUDA (the paper's mixed precision) unless --dtype float32; none on CPU by default."""
-    if dtype not in ("auto", "float32", "bfloat16"):
-        raise ValueError(f"dtype={dtype!r} is invalid; allowed: auto, float32, bfloat16")
-    if dtype == "float32" or (dtype == "auto" and device.type != "cuda"):
-        return None
-    return torch.autocast(device.type, dtype=torch.bfloat16)
-
-
-# Data -------------------------------------------------------------------------------------------
-class SyntheticData:
-    """Rows of T+1 tokens, a function of (seed, step) only; rank r's micro step m takes rows
-    [(m * world + r) * B, ... + B) of the step's global batch, so the global batch does not depend on
-    how it is split. "copy": the second half of each row repeats the first (learnable); "random":
-    i.i.d. uniform tokens."""
-
-    def __init__(self, vocab_size: int, seq_len: int, batch_size: int, rank: int, world_size: int,
-                 seed: int = 0, kind: str = "copy", device="cpu", split: str = "train"):
-        if kind not in SYNTHETIC_KINDS:
-            raise ValueError(f"synthetic={kind!r} is invalid; allowed: {', '.join(SYNTHETIC_KINDS)}")
-        self.V, self.T, self.B = vocab_size, seq_len, batch_size
-        self.rank, self.world = rank, world_size
-        self.seed, self.kind, self.device = seed, kind, torch.device(device)
-        self.offset = 0 if split == "train" else 1 << 40  # validation rows never overlap training rows
-
-    def rows(self, index: int, first_row: int, n_rows: int) -> torch.Tensor:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.offset + index)
-        n = first_row + n_rows
-        if self.kind == "random":
-            rows = torch.randint(self.V, (n, self.T + 1), generator=g)
-        else:
-            half = torch.randint(self.V, (n, (self.T + 2) // 2), generator=g)
-            rows = torch.cat([half, half], dim=1)[:, :self.T + 1]
-        return rows[first_row:]
-
-    def batch(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-        first = (micro * self.world + self.rank) * self.B
-        rows = self.rows(step, first, self.B).to(self.device)
-        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
-
-    def block(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows [0, B) of batch `index`, whatever the rank (validation: the caller spreads blocks)."""
-        rows = self.rows(index, 0, self.B).to(self.device)
-        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
-
-    def state_dict(self):
-        return None  # stateless: batches are a function of the step
-
-    def load_state_dict(self, state):
-        pass
-
-    def progress(self) -> dict:
-        return {}
-
-
-class LoaderData:
-    """lrt_scale.loader.DistributedPackingLoader behind the same interface (its state resumes exactly)."""
-
-    def __init__(self, data_dir, tokenizer, batch_size: int, seq_len: int, ctx: DistContext, state=None):
-        from .loader import DistributedPackingLoader
-        self.loader = DistributedPackingLoader(data_dir, tokenizer, batch_size, seq_len, rank=ctx.rank,
-                                               world_size=ctx.world_size, split="train", device=ctx.device,
-                                               state=state)
-
-    def batch(self, step: int, micro: int):
-        return next(self.loader)
-
-    def progress(self) -> dict:
-        """This rank's data epoch and the share of the tokens read that best-fit packing cropped."""
-        stats = self.loader.stats
-        return {"data_epoch": self.loader.epoch,
-                "data_crop_frac": stats["tokens_cropped"] / max(1, stats["tokens_read"])}
-
-    def state_dict(self):
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state):
-        self.loader.load_state_dict(state)
-
-
-def load_tokenizer(tokenizer_dir):
-    from .tokenizer import Tokenizer
-    return Tokenizer.load(Path(tokenizer_dir).expanduser())
-
-
-def make_batches(data_dir, tokenizer_dir, vocab_size: int, batch_size: int, seq_len: int, ctx: DistContext,
-                 seed: int = 0, synthetic: str | None = None):
-    """(val_batches(n) -> iterator of n (inputs, targets) batches on this rank, token_bytes, tokenizer).
-
-    Every call of val_batches starts the validation split from its beginning, so each evaluation
-    sees the same tokens. Synthetic data has no tokenizer and counts 1 byte per token."""
-    if synthetic:
-        val = SyntheticData(vocab_size, seq_len, batch_size, ctx.rank, ctx.world_size, seed, synthetic,
-                            ctx.device, split="val")
-
-        def synthetic_batches(n: int) -> Iterator:
-            # rank r's i-th batch is block i * world + r of B rows: any world size covers the same
-            # n * world blocks, so val_bpb does not depend on how many ranks evaluate
-            return (val.block(i * ctx.world_size + ctx.rank) for i in range(n))
-        return synthetic_batches, torch.ones(vocab_size, dtype=torch.long), None
-    if not data_dir or not tokenizer_dir:
-        raise ValueError("data: give --data-dir and --tokenizer-dir, or --synthetic")
-    from .loader import DistributedPackingLoader
-    tokenizer = load_tokenizer(tokenizer_dir)
-
-    def loader_batches(n: int) -> Iterator:
-        loader = DistributedPackingLoader(data_dir, tokenizer, batch_size, seq_len, rank=ctx.rank,
-                                          world_size=ctx.world_size, split="val", device=ctx.device)
-        return (next(loader) for _ in range(n))
-    return loader_batches, tokenizer.token_bytes(), tokenizer
 
 
 # Optimisation -----------------------------------------------------------------------------------
@@ -525,7 +347,6 @@ def attention_dispatch(config, schedule, device, dtype) -> dict:
     """{stage kind: kernels} that lrt_lab.core.attention.pick_backend chooses for the schedule's stages
     at T (keys cut at the stage's last position, as LRT.stage does) and for a decoding step, over
     the layers' windows. What runs is measured by the GPU check; this says what was asked for."""
-    from lrt_lab.core.attention import pick_backend
     T = config.sequence_len
     q = torch.empty(0, device=device, dtype=dtype)
     windows = config.window_sizes()
@@ -648,7 +469,7 @@ def _train(args, ctx: DistContext) -> Path | None:
         evaluate_and_log(core=True, sequential=True)
     if ctx.rank == 0:
         _write_summary(run, args, ctx, setup, data, loop)
-    _barrier(ctx)
+    barrier(ctx)
     return run.path
 
 
@@ -720,7 +541,7 @@ def _open_run(args, ctx: DistContext, setup: Setup) -> tuple[Run, str | None, bo
         ckpt = run.latest_checkpoint()
         return str(run.path), (str(ckpt) if ckpt else None), run.is_complete
 
-    run_path, ckpt_path, complete = _on_rank0(ctx, open_on_rank0)
+    run_path, ckpt_path, complete = on_rank0(ctx, open_on_rank0)
     return Run(run_path), ckpt_path, complete
 
 
@@ -768,8 +589,7 @@ def _train_step(args, ctx: DistContext, setup: Setup, model, net, ddp, opts, dat
     returns the step's metrics line (the loss averaged over micro batches and ranks)."""
     mult = set_schedules(opts, loop.step, args)
     cuda = ctx.device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
+    synchronize(ctx.device)
     t_step = time.perf_counter()
     loss_sum = None
     for micro in range(setup.accum):
@@ -790,8 +610,7 @@ def _train_step(args, ctx: DistContext, setup: Setup, model, net, ddp, opts, dat
         dist.all_reduce(loss_vec)
         loss_vec /= ctx.world_size
     loss_vals = loss_vec.tolist()  # synchronises the device
-    if cuda:
-        torch.cuda.synchronize()
+    synchronize(ctx.device)
     dt = time.perf_counter() - t_step
     loop.step += 1
     plan, counters = setup.plan, loop.counters
@@ -839,7 +658,7 @@ def _checkpoint(run: Run, model, opts, data, ctx: DistContext, args, loop: Scale
         save_checkpoint(run, loop.step, model, opts, torch.Generator(), loop.elapsed(),
                         {**loop.counters, "data": states, "world_size": ctx.world_size},
                         keep=args.keep_checkpoints)
-    _barrier(ctx)
+    barrier(ctx)
 
 
 def _evaluate_and_log(run: Run, model, args, ctx: DistContext, setup: Setup, val_batches, token_bytes,

@@ -18,11 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from lrt_lab.core.config import fail as _fail
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+from lrt_lab.core.validation import fail, is_int
 
 
 SCHEDULES = ("doubling", "linear")
@@ -32,14 +28,14 @@ class LengthCurriculum:
     """Maps a training step to a sequence length; see the module docstring for the schedules."""
 
     def __init__(self, start_length: int, end_length: int, steps: int, schedule: str = "doubling"):
-        if not _is_int(end_length) or end_length < 1:
-            _fail("end_length", end_length, "an integer >= 1")
-        if not _is_int(start_length) or not 1 <= start_length <= end_length:
-            _fail("start_length", start_length, f"an integer in [1, end_length={end_length}]")
-        if not _is_int(steps) or steps < 0:
-            _fail("steps", steps, "an integer >= 0")
+        if not is_int(end_length) or end_length < 1:
+            fail("end_length", end_length, "an integer >= 1")
+        if not is_int(start_length) or not 1 <= start_length <= end_length:
+            fail("start_length", start_length, f"an integer in [1, end_length={end_length}]")
+        if not is_int(steps) or steps < 0:
+            fail("steps", steps, "an integer >= 0")
         if schedule not in SCHEDULES:
-            _fail("schedule", schedule, ", ".join(repr(s) for s in SCHEDULES))
+            fail("schedule", schedule, ", ".join(repr(s) for s in SCHEDULES))
         self.start_length = start_length
         self.end_length = end_length
         self.steps = steps
@@ -52,8 +48,8 @@ class LengthCurriculum:
             n *= 2
 
     def length_at(self, step: int) -> int:
-        if not _is_int(step) or step < 0:
-            _fail("step", step, "an integer >= 0")
+        if not is_int(step) or step < 0:
+            fail("step", step, "an integer >= 0")
         if step >= self.steps or not self.stages:
             return self.end_length
         if self.schedule == "linear":

@@ -88,7 +88,7 @@ def several_groups(root: Path) -> Path:
     """Tiny real runs in three groups: LRT Interleaved(2) x 2 seeds, a transformer, and the LRT
     trained exactly with its memory from block 2, x 2 seeds (each a second or two)."""
     from lrt_lab.training.loop import TrainConfig, train
-    from test_app import build_store
+    from app_helpers import build_store
 
     build_store(root, analysis=False, lrt_seeds=(0, 1))
     for seed in (0, 1):

@@ -13,54 +13,10 @@ from lrt_lab.run.decode import Decoder
 from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import Chunked, Exact, FullSequence, Interleaved, OnePass
+from helpers import CONFIGS, T, decode_all, make_model, maxdiff, tokens
 from reference import NaiveLRT, naive_cross_entropy
 
-T = 10
 TOL = 1e-10
-
-CONFIGS = {
-    "default": MemoryConfig(),
-    "source1_lag2": MemoryConfig(source_layer=1, lag=2),
-    "layerwise": MemoryConfig(projections="layerwise"),
-    "averages": MemoryConfig(source_layer=2, source_avg=2, lag_avg=3),
-    "keys_replace": MemoryConfig(kv="keys", kv_mode="replace"),
-    "values_nogate": MemoryConfig(kv="values", gate=False),
-    "residual_only": MemoryConfig(kv="none"),
-    "kv_only": MemoryConfig(residual=False),
-    "reset_at_bos": MemoryConfig(reset_memory_at_bos=True),
-}
-
-
-def make_model(memory, seed=0, **overrides):
-    """A tiny float64 model with every weight random, so no pathway hides behind a zero init."""
-    fields = dict(n_layer=3, window_pattern="SL", short_window=4)
-    fields.update(overrides)
-    if memory is not None and memory.reset_memory_at_bos:
-        fields["bos_token_id"] = 0
-    cfg = preset("tiny", memory=memory, **fields)
-    torch.manual_seed(seed)
-    model = LRT(cfg).double()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.4)
-    return model
-
-
-def tokens(B=2, T=T, vocab=64, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, vocab, (B, T), generator=g)
-    if T > 4:
-        idx[:, 4] = 0  # a BOS mid-sequence, so reset_memory_at_bos has something to do
-    return idx
-
-
-def decode_all(model, idx):
-    dec = Decoder(model, idx.size(0), idx.size(1))
-    return torch.stack([dec.step(idx[:, t]) for t in range(idx.size(1))], dim=1)
-
-
-def maxdiff(a, b):
-    return (a - b).abs().max().item()
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

@@ -9,7 +9,7 @@ from lrt_lab.core.loss import cross_entropy
 from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import Exact, FixedPoint, FullSequence
-from test_core import CONFIGS, make_model, maxdiff, tokens
+from helpers import CONFIGS, make_model, maxdiff, tokens
 
 T = 8
 TOL = 1e-10
@@ -239,7 +239,7 @@ def test_convergence_of_a_trained_run_from_the_cli_and_the_dashboard(tmp_path, c
     assert "plot:" in capsys.readouterr().out
     # the dashboard's Convergence page draws both charts from this store
     pytest.importorskip("streamlit")
-    from test_app import assert_clean, run_app
+    from app_helpers import assert_clean, run_app
     at = run_app(monkeypatch, tmp_path)
     assert_clean(at)
     (tab,) = [t for t in at.tabs if t.label == "Convergence"]

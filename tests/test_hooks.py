@@ -8,7 +8,7 @@ from lrt_lab.run.decode import Decoder
 from lrt_lab.run.hooks import hooks, patch_from, zero_at
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import Exact, Interleaved
-from test_core import make_model, maxdiff, tokens
+from helpers import make_model, maxdiff, tokens
 
 TOL = 1e-10
 

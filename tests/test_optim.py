@@ -84,12 +84,13 @@ def test_gates_stay_unsaturated_after_3_steps_of_the_scale_recipe_at_d768():
     at the scalar rate, 85% were at this shape (2 blocks of 64 positions, 4 rows: 82%; with Muon
     0.0% at both shapes and in the full 12-block d12, README)."""
     from lrt_scale import train as st
+    from lrt_scale.batches import SyntheticData
     torch.manual_seed(0)
     model = LRT(preset("d12", memory=MemoryConfig(), n_layer=1, sequence_len=16, vocab_size=512))
     args = st.parse_args(["--preset", "d12", "--synthetic", "--steps", "3"])
     args.n_layer, args.total_steps, args.seq_len = 12, 3, 16  # d12's weight decay
     opts = st.make_optimizers(model, args)
-    data = st.SyntheticData(512, 16, 2, 0, 1, 0, "copy", "cpu")
+    data = SyntheticData(512, 16, 2, 0, 1, 0, "copy", "cpu")
     schedule = Interleaved(2)
     for step in range(3):
         st.set_schedules(opts, step, args)

@@ -14,7 +14,7 @@ from lrt_lab.run.decode import Decoder
 from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import Exact, FixedPoint, FullSequence, Interleaved, OnePass, Rollout, rollout_memory
-from test_core import CONFIGS, make_model, maxdiff, tokens
+from helpers import CONFIGS, make_model, maxdiff, tokens
 
 T = 10
 TOL = 1e-10

@@ -26,6 +26,8 @@ from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import run_schedule
 from lrt_scale import flops as fl
 from lrt_scale import train as st
+from lrt_scale.batches import make_batches
+from lrt_scale.distributed import DistContext
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
@@ -509,8 +511,8 @@ def test_synthetic_validation_does_not_depend_on_world_size():
     def rows(world):
         out = []
         for rank in range(world):
-            ctx = st.DistContext(rank, world, rank, torch.device("cpu"), world > 1, None)
-            batches, _, _ = st.make_batches(None, None, 64, 2, 16, ctx, seed=3, synthetic="copy")
+            ctx = DistContext(rank, world, rank, torch.device("cpu"), world > 1, None)
+            batches, _, _ = make_batches(None, None, 64, 2, 16, ctx, seed=3, synthetic="copy")
             out += [r for x, y in batches(4 // world) for r in torch.cat([x, y[:, -1:]], 1).tolist()]
         return sorted(out)
     assert rows(1) == rows(2) and len(rows(1)) == 8

@@ -16,16 +16,10 @@ import math
 from dataclasses import dataclass, field
 
 # fail and check_int are re-exported for the tasks
-from lrt_lab.core.validation import check_fields, check_int, fail  # noqa: F401
+from lrt_lab.core.validation import check_choice, check_fields, check_int, fail  # noqa: F401
 
 
 FLOAT32_MAX = 3.4028234663852886e38
-
-
-def _check_choice(name: str, value, choices: tuple) -> None:
-    # type-strict: 1 is not True, and 0.0 is not False
-    if not any(type(value) is type(c) and value == c for c in choices):
-        fail(name, value, ", ".join(repr(c) for c in choices))
 
 
 # Memory mechanisms by name: MemoryConfig.mechanism's allowed values, and the MemoryPathway class
@@ -202,7 +196,7 @@ class ModelConfig:
         if self.short_window is not None:
             check_int("short_window", self.short_window, 1)
         for name in ("use_value_embeds", "use_x0_residual", "use_resid_lambdas"):
-            _check_choice(name, getattr(self, name), (True, False))
+            check_choice(name, getattr(self, name), (True, False))
         positive_number = isinstance(self.softcap, (int, float)) and self.softcap > 0
         if self.softcap is not None and not positive_number:
             fail("softcap", self.softcap, "a positive number or None")

@@ -343,12 +343,16 @@ def _read_jsonl(path: Path) -> tuple[list[dict], int]:
     return records, bad
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
+def flatten_dict(d: dict, prefix: str = "") -> dict:
+    """A nested dict as one level with dotted keys, each under `prefix`: {"train": {"seed": 0}}
+    with prefix "config." gives {"config.train.seed": 0}. A list becomes its JSON text, so every
+    value fits one DataFrame cell. load_runs names its config./summary. columns so, and load_metrics
+    a record's nested fields."""
     out = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
+            out.update(flatten_dict(v, key + "."))
         elif isinstance(v, list):
             out[key] = json.dumps(v)
         else:
@@ -385,8 +389,8 @@ def load_runs(root, include_incomplete: bool = False) -> pd.DataFrame:
                 continue
             status = "incomplete" if summary is None else summary.get("status", "complete")
             row = {"run": d.name, "path": str(d), "status": status}
-            row.update(_flatten(config, "config."))
-            row.update(_flatten(summary or {}, "summary."))
+            row.update(flatten_dict(config, "config."))
+            row.update(flatten_dict(summary or {}, "summary."))
             rows.append(row)
     df = pd.DataFrame(rows)
     df.attrs["skipped"] = skipped
@@ -425,7 +429,7 @@ def load_metrics(run, kind: str | None = None) -> pd.DataFrame:
         warnings.warn(f"run {path.name!r}: {bad} unreadable line(s) of {METRICS} dropped", stacklevel=2)
     if kind is not None:
         records = [r for r in records if r.get("kind") == kind]
-    df = pd.DataFrame([_flatten(r) for r in records])
+    df = pd.DataFrame([flatten_dict(r) for r in records])
     df.attrs["dropped_lines"] = bad
     df.attrs["damaged"] = damaged
     return df

@@ -21,7 +21,7 @@ import re
 
 import pandas as pd
 
-from lrt_lab.store.results import _flatten
+from lrt_lab.store.results import flatten_dict
 
 # Config fields that name a run instead of configuring it: never part of a group.
 IDENTITY_FIELDS = ("config.train.seed", "config.train.name")
@@ -89,7 +89,7 @@ def group_name(config: dict, limit: int = 128) -> str:
     key, so runs share the name exactly when `lrt-lab report` pools them as seeds. At most
     `limit` characters (W&B's bound on a group name)."""
     config = json.loads(json.dumps(config, default=str))  # as config.json reads back: tuples become lists
-    row = pd.DataFrame([_flatten(config, "config.")])
+    row = pd.DataFrame([flatten_dict(config, "config.")])
     digest = hashlib.sha1(group_keys(row).iloc[0].encode()).hexdigest()[:8]
     train = config.get("train", {})
     what = " ".join(str(v) for v in (train.get("task"), f"L{train.get('length')}", train.get("preset"),
