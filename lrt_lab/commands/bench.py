@@ -43,6 +43,7 @@ import torch
 
 from lrt_lab.core.config import PRESETS, MemoryConfig, preset as model_preset
 from lrt_lab.core.config import fail as _fail
+from lrt_lab.core.interface import Schedule
 from lrt_lab.run.decode import Decoder
 from lrt_lab.core.model import LRT
 from lrt_lab.training.optim import ROLES, build_optimizers
@@ -246,14 +247,14 @@ def _train_step_fn(model, opts, idx, targets, schedule, device, measured: list |
     return step
 
 
-def _measured_field(measured: dict[str, list[dict]], name: str) -> dict:
+def _measured_field(measured: dict[str, list[dict]], name: str, schedules: dict[str, Schedule]) -> dict:
     """{case: {spec, median, samples}} of one field the schedules measured, for the cases whose
     steps measured it."""
     out = {}
     for key, records in measured.items():
         samples = [r[name] for r in records if name in r]
         if samples:
-            out[key] = {"spec": TRAIN_CASES[key].spec, "median": statistics.median(samples),
+            out[key] = {"spec": schedules[key].spec, "median": statistics.median(samples),
                         "samples": samples}
     return out
 
@@ -288,6 +289,37 @@ def _decode_case(name, model, prompt, steps, device, warmup, repeats, vocab):
     return _Case(name, fn, warmup, repeats, setup=setup)
 
 
+# Settings ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BenchSettings:
+    """Everything one benchmark run uses, checked: `run_bench` builds it from its arguments, the
+    unset ones taken from the bench preset."""
+
+    device: str                 # "cpu" or "cuda" ("auto" resolved)
+    preset: str                 # the bench preset's name
+    bench_preset: BenchPreset
+    seq_len: int                # training length T
+    batch_size: int             # training batch B
+    prompt_len: int
+    decode_batch: int           # the larger decode batch (batch 1 is always run)
+    decode_steps: int
+    repeats: int
+    warmup: int
+    exact_repeats: int          # <= repeats: for schedules that run one position per stage
+    exact_warmup: int
+    exact_seq_len: int          # <= seq_len: the length those schedules train at
+    compile: bool
+    seed: int
+    clock: str                  # "wall" or "process"
+    train_cases: tuple[tuple[str, Schedule], ...]  # (JSON key, the LRT's schedule), in timing order
+
+    def repeats_of(self, schedule: Schedule) -> tuple[int, int]:
+        """(warm-up, repeats) of a case: capped where the schedule runs one position per stage."""
+        if schedule.exact:
+            return self.exact_warmup, self.exact_repeats
+        return self.warmup, self.repeats
+
+
 def run_bench(device: str = "cpu", preset: str = "small", *, seq_len: int | None = None,
               batch_size: int | None = None, prompt_len: int | None = None,
               decode_batch: int | None = None, decode_steps: int | None = None,
@@ -299,37 +331,18 @@ def run_bench(device: str = "cpu", preset: str = "small", *, seq_len: int | None
 
     out: a text stream for the table (default: none printed; `run` prints to stdout).
     """
-    device = _resolve_device(device)
-    if preset is None:
-        preset = "cpu" if device == "cpu" else "d12"
-    if preset not in BENCH_PRESETS:
-        _fail("preset", preset, ", ".join(BENCH_PRESETS))
-    bp = BENCH_PRESETS[preset]
-    T = _int_or_default("seq_len", seq_len, bp.seq_len, 4)   # Interleaved(4) needs T >= 4
-    B = _int_or_default("batch_size", batch_size, bp.batch_size, 1)
-    prompt_n = _int_or_default("prompt_len", prompt_len, bp.prompt_len, 2)
-    dec_B = _int_or_default("decode_batch", decode_batch, bp.decode_batch, 1)
-    dec_steps = _int_or_default("decode_steps", decode_steps, bp.decode_steps, 1)
-    reps = _int_or_default("repeats", repeats, bp.repeats, 1)
-    warm = _int_or_default("warmup", warmup, bp.warmup, 0)
-    exact_reps = min(reps, _int_or_default("exact_repeats", exact_repeats, bp.exact_repeats, 1))
-    exact_T = _int_or_default("exact_seq_len", exact_seq_len, min(T, bp.exact_seq_len), 1)
-    if exact_T > T:
-        _fail("exact_seq_len", exact_T, f"an integer in [1, seq_len={T}]")
-    if compile not in (True, False):
-        _fail("compile", compile, "True or False")
-    exact_warm = min(warm, 1)
+    settings = _settings(device, preset, seq_len=seq_len, batch_size=batch_size, prompt_len=prompt_len,
+                         decode_batch=decode_batch, decode_steps=decode_steps, repeats=repeats,
+                         warmup=warmup, exact_repeats=exact_repeats, exact_seq_len=exact_seq_len,
+                         compile=compile, seed=seed, clock=clock)
     threads = _int_or_default("threads", threads, None, 1)
-    if clock not in ("wall", "process") or (clock == "process" and device == "cuda"):
-        _fail("clock", clock, "wall, or process (CPU only)")
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
     saved_threads = torch.get_num_threads()
     if threads is not None:
         # CPU: on a busy machine, fewer intra-op threads than cores avoids OpenMP oversubscription
         torch.set_num_threads(threads)
     try:
-        result = _bench(device, preset, bp, T, B, prompt_n, dec_B, dec_steps, reps, warm, exact_reps,
-                        exact_warm, exact_T, compile, seed, clock, log)
+        result = _bench(settings, log)
     finally:
         torch.set_num_threads(saved_threads)
     if out is not None:
@@ -339,111 +352,217 @@ def run_bench(device: str = "cpu", preset: str = "small", *, seq_len: int | None
     return result
 
 
-def _bench(device, preset, bp, T, B, prompt_n, dec_B, dec_steps, reps, warm, exact_reps, exact_warm,
-           exact_T, compile, seed, clock, log) -> dict:
-    vocab = PRESETS[bp.model]["vocab_size"]
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    idx = torch.randint(0, vocab, (B, T + 1), generator=gen).to(device)
+def _settings(device, preset, *, seq_len, batch_size, prompt_len, decode_batch, decode_steps, repeats,
+              warmup, exact_repeats, exact_seq_len, compile, seed, clock) -> BenchSettings:
+    """run_bench's arguments, each checked (ValueError naming the field), the unset ones from the
+    bench preset."""
+    device = _resolve_device(device)
+    if preset is None:
+        preset = "cpu" if device == "cpu" else "d12"
+    if preset not in BENCH_PRESETS:
+        _fail("preset", preset, ", ".join(BENCH_PRESETS))
+    bp = BENCH_PRESETS[preset]
+    T = _int_or_default("seq_len", seq_len, bp.seq_len, 4)   # Interleaved(4) needs T >= 4
+    shapes = dict(batch_size=_int_or_default("batch_size", batch_size, bp.batch_size, 1),
+                  prompt_len=_int_or_default("prompt_len", prompt_len, bp.prompt_len, 2),
+                  decode_batch=_int_or_default("decode_batch", decode_batch, bp.decode_batch, 1),
+                  decode_steps=_int_or_default("decode_steps", decode_steps, bp.decode_steps, 1))
+    reps = _int_or_default("repeats", repeats, bp.repeats, 1)
+    warm = _int_or_default("warmup", warmup, bp.warmup, 0)
+    exact_reps = min(reps, _int_or_default("exact_repeats", exact_repeats, bp.exact_repeats, 1))
+    exact_T = _int_or_default("exact_seq_len", exact_seq_len, min(T, bp.exact_seq_len), 1)
+    if exact_T > T:
+        _fail("exact_seq_len", exact_T, f"an integer in [1, seq_len={T}]")
+    if compile not in (True, False):
+        _fail("compile", compile, "True or False")
+    if clock not in ("wall", "process") or (clock == "process" and device == "cuda"):
+        _fail("clock", clock, "wall, or process (CPU only)")
+    return BenchSettings(device, preset, bp, T, **shapes, repeats=reps, warmup=warm,
+                         exact_repeats=exact_reps, exact_warmup=min(warm, 1), exact_seq_len=exact_T,
+                         compile=compile, seed=seed, clock=clock,
+                         train_cases=tuple(TRAIN_CASES.items()))
+
+
+# The run -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Inputs:
+    """The tokens every case reads, drawn once from the seed."""
+
+    vocab: int
+    idx: torch.Tensor               # (B, T) training inputs
+    targets: torch.Tensor
+    exact_idx: torch.Tensor         # their first exact_seq_len positions
+    exact_targets: torch.Tensor
+    prompt: torch.Tensor            # (prefill_batch, prompt_len)
+    decode_prompts: dict            # decode batch -> (batch, prompt_len)
+
+
+@dataclass(frozen=True)
+class _Models:
+    """The transformer and the LRT: each a training model, its optimizers and an inference copy."""
+
+    plain: LRT
+    plain_infer: LRT
+    plain_opts: list
+    lrt: LRT
+    lrt_infer: LRT
+    lrt_opts: list
+
+
+def _inputs(s: BenchSettings) -> _Inputs:
+    vocab = PRESETS[s.bench_preset.model]["vocab_size"]
+    gen = torch.Generator(device="cpu").manual_seed(s.seed)
+
+    def tokens(*shape):
+        return torch.randint(0, vocab, shape, generator=gen).to(s.device)
+    idx = tokens(s.batch_size, s.seq_len + 1)
     idx, targets = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
-    exact_idx, exact_targets = idx[:, :exact_T].contiguous(), targets[:, :exact_T].contiguous()
-    prompt = torch.randint(0, vocab, (bp.prefill_batch, prompt_n), generator=gen).to(device)
-    dec_prompts = {b: torch.randint(0, vocab, (b, prompt_n), generator=gen).to(device) for b in (1, dec_B)}
+    n = s.exact_seq_len
+    return _Inputs(vocab, idx, targets, idx[:, :n].contiguous(), targets[:, :n].contiguous(),
+                   tokens(s.bench_preset.prefill_batch, s.prompt_len),
+                   {b: tokens(b, s.prompt_len) for b in (1, s.decode_batch)})
 
-    plain, plain_infer = _build(bp.model, None, T, device, seed, compile)
-    lrt, lrt_infer = _build(bp.model, MemoryConfig(), T, device, seed, compile)
-    plain_opts, lrt_opts = _optimizers(plain, device), _optimizers(lrt, device)
-    timer = _Timer(device, clock)
+
+def _models(s: BenchSettings) -> _Models:
+    plain, plain_infer = _build(s.bench_preset.model, None, s.seq_len, s.device, s.seed, s.compile)
+    lrt, lrt_infer = _build(s.bench_preset.model, MemoryConfig(), s.seq_len, s.device, s.seed, s.compile)
+    return _Models(plain, plain_infer, _optimizers(plain, s.device),
+                   lrt, lrt_infer, _optimizers(lrt, s.device))
+
+
+def _training_cases(s: BenchSettings, inputs: _Inputs, m: _Models,
+                    measured: dict[str, list[dict]]) -> list[_Case]:
+    """The transformer's step (OnePass; again at exact_seq_len when that is shorter), then the
+    LRT's for each training case; what each LRT step measured beyond its cost goes to
+    measured[key]."""
+    def step(model, opts, schedule, at_exact_len, used=None):
+        idx, targets = ((inputs.exact_idx, inputs.exact_targets) if at_exact_len
+                        else (inputs.idx, inputs.targets))
+        return _train_step_fn(model, opts, idx, targets, schedule, s.device, used)
+
+    cases = [_Case("transformer", step(m.plain, m.plain_opts, OnePass(), False), s.warmup, s.repeats)]
+    if s.exact_seq_len != s.seq_len:
+        cases.append(_Case("transformer_exact_T", step(m.plain, m.plain_opts, OnePass(), True),
+                           s.warmup, s.repeats))
+    for key, schedule in s.train_cases:
+        fn = step(m.lrt, m.lrt_opts, schedule, schedule.exact, measured.setdefault(key, []))
+        cases.append(_Case(key, fn, *s.repeats_of(schedule)))
+    return cases
+
+
+def _prefill_cases(s: BenchSettings, inputs: _Inputs, m: _Models) -> list[_Case]:
+    """The transformer's OnePass prefill, then the LRT's with each of PREFILL_CASES (inference
+    copies: no autograd)."""
+    cases = [_prefill_case("transformer", m.plain_infer, inputs.prompt, OnePass(), s.device,
+                           s.warmup, s.repeats)]
+    for key, schedule in PREFILL_CASES.items():
+        cases.append(_prefill_case(key, m.lrt_infer, inputs.prompt, schedule, s.device,
+                                   *s.repeats_of(schedule)))
+    return cases
+
+
+def _decode_cases(s: BenchSettings, inputs: _Inputs, m: _Models) -> list[_Case]:
+    """Decoding at batch 1 and the larger batch, transformer then LRT (named `lrt_batch_8`)."""
+    return [_decode_case(f"{who}_batch_{b}", model, inputs.decode_prompts[b], s.decode_steps,
+                         s.device, s.warmup, s.repeats, inputs.vocab)
+            for b in dict.fromkeys((1, s.decode_batch))
+            for who, model in (("transformer", m.plain_infer), ("lrt", m.lrt_infer))]
+
+
+def _bench(s: BenchSettings, log) -> dict:
+    """Time the training, prefill and decode cases, each group round-robin; the result dict."""
+    inputs, models = _inputs(s), _models(s)
+    timer = _Timer(s.device, s.clock)
     t_start = time.perf_counter()
-
-    # Training --------------------------------------------------------------------------------
-    train = [_Case("transformer", _train_step_fn(plain, plain_opts, idx, targets, OnePass(), device),
-                   warm, reps)]
-    if exact_T != T:
-        train.append(_Case("transformer_exact_T", _train_step_fn(plain, plain_opts, exact_idx, exact_targets,
-                                                                  OnePass(), device), warm, reps))
     measured: dict[str, list[dict]] = {}  # per case, what each step measured beyond its cost
-    for key, sched in TRAIN_CASES.items():
-        used = measured.setdefault(key, [])
-        if key == "exact":
-            train.append(_Case(key, _train_step_fn(lrt, lrt_opts, exact_idx, exact_targets, sched, device,
-                                                   used), exact_warm, exact_reps))
-        else:
-            train.append(_Case(key, _train_step_fn(lrt, lrt_opts, idx, targets, sched, device, used), warm, reps))
+    train = _training_cases(s, inputs, models, measured)
     log("training ...")
-    _run_cases(train, timer, device, log)
-
-    # Prefill and decoding (inference: no autograd) -------------------------------------------
-    prefill = [_prefill_case("transformer", plain_infer, prompt, OnePass(), device, warm, reps)]
-    for key, sched in PREFILL_CASES.items():
-        r, w = (exact_reps, exact_warm) if key == "exact" else (reps, warm)
-        prefill.append(_prefill_case(key, lrt_infer, prompt, sched, device, w, r))
+    _run_cases(train, timer, s.device, log)
+    prefill = _prefill_cases(s, inputs, models)
     log("prefill ...")
-    _run_cases(prefill, timer, device, log)
-
-    decode = []
-    for b in dict.fromkeys((1, dec_B)):
-        for who, model in (("transformer", plain_infer), ("lrt", lrt_infer)):
-            decode.append(_decode_case(f"{who}_batch_{b}", model, dec_prompts[b], dec_steps, device,
-                                       warm, reps, vocab))
+    _run_cases(prefill, timer, s.device, log)
+    decode = _decode_cases(s, inputs, models)
     log("decode ...")
-    _run_cases(decode, timer, device, log)
-    elapsed = time.perf_counter() - t_start
+    _run_cases(decode, timer, s.device, log)
+    return _result(s, train, prefill, decode, measured, time.perf_counter() - t_start)
 
-    med = {c.name: statistics.median(c.times) for c in train}
-    fb = {c.name: statistics.median(seg[0] for seg in c.segments) for c in train}
-    opt = {c.name: statistics.median(seg[1] for seg in c.segments) for c in train}
 
-    def ratios(m):
-        base = m.get("transformer_exact_T", m["transformer"])
-        return {k: m[k] / (base if k == "exact" else m["transformer"]) for k in TRAIN_CASES}
-    train_ratio = ratios(med)
-    pmed = {c.name: statistics.median(c.times) for c in prefill}
-    prefill_ratio = {k: pmed[k] / pmed["transformer"] for k in PREFILL_CASES}
-    tps = {c.name: _batch_of(c.name) * dec_steps / statistics.median(c.times) for c in decode}
-    decode_ratio = {"batch_1": tps["lrt_batch_1"] / tps["transformer_batch_1"],
-                    "batch_N": tps[f"lrt_batch_{dec_B}"] / tps[f"transformer_batch_{dec_B}"]}
+# The result ----------------------------------------------------------------------------------------
+def _medians(cases: list[_Case], segment: int | None = None) -> dict[str, float]:
+    """Median seconds per case: of the whole call, or of one segment between its marks."""
+    if segment is None:
+        return {c.name: statistics.median(c.times) for c in cases}
+    return {c.name: statistics.median(seg[segment] for seg in c.segments) for c in cases}
 
-    absolute = {
-        "train_step_ms": {k: 1000 * v for k, v in med.items()},
-        "train_fwd_bwd_ms": {k: 1000 * v for k, v in fb.items()},
-        "optimizer_ms": {k: 1000 * v for k, v in opt.items()},
-        "prefill_ms": {k: 1000 * v for k, v in pmed.items()},
-        "decode_tokens_per_s": {f"{who}_{key}": tps[f"{who}_batch_{b}"] for who in ("transformer", "lrt")
-                                for key, b in (("batch_1", 1), ("batch_N", dec_B))},
-    }
-    if device == "cuda":
-        absolute["peak_memory_mib"] = {f"train_{c.name}": c.peak_mib for c in train}
-        absolute["peak_memory_mib"].update({f"prefill_{c.name}": c.peak_mib for c in prefill})
-    result = {
-        "device": device,
-        "preset": preset,
-        "train_ratio": train_ratio,
-        "train_ratio_fwd_bwd": ratios(fb),  # without the optimizer (same work for both models)
-        "prefill_ratio": prefill_ratio,
-        "decode_throughput_ratio": decode_ratio,
+
+def _ms(seconds: dict[str, float]) -> dict[str, float]:
+    return {k: 1000 * v for k, v in seconds.items()}
+
+
+def _train_ratios(s: BenchSettings, seconds: dict[str, float]) -> dict[str, float]:
+    """LRT / transformer per training case; a case at exact_seq_len against the transformer there."""
+    base = seconds["transformer"]
+    exact_base = seconds.get("transformer_exact_T", base)
+    return {key: seconds[key] / (exact_base if schedule.exact else base) for key, schedule in s.train_cases}
+
+
+def _decode_tokens_per_s(s: BenchSettings, decode: list[_Case]) -> dict[str, float]:
+    """{transformer,lrt}_{batch_1,batch_N}: tokens per second of each decode case."""
+    tps = {c.name: _batch_of(c.name) * s.decode_steps / statistics.median(c.times) for c in decode}
+    return {f"{who}_{key}": tps[f"{who}_batch_{b}"] for who in ("transformer", "lrt")
+            for key, b in (("batch_1", 1), ("batch_N", s.decode_batch))}
+
+
+def _result(s: BenchSettings, train: list[_Case], prefill: list[_Case], decode: list[_Case],
+            measured: dict[str, list[dict]], elapsed: float) -> dict:
+    """The JSON layout: ratios, absolute figures, what the schedules measured, settings, samples."""
+    step, fwd_bwd, pre = _medians(train), _medians(train, 0), _medians(prefill)
+    tokens_per_s = _decode_tokens_per_s(s, decode)
+    absolute = {"train_step_ms": _ms(step), "train_fwd_bwd_ms": _ms(fwd_bwd),
+                "optimizer_ms": _ms(_medians(train, 1)), "prefill_ms": _ms(pre),
+                "decode_tokens_per_s": tokens_per_s}
+    if s.device == "cuda":
+        absolute["peak_memory_mib"] = {f"{group}_{c.name}": c.peak_mib
+                                       for group, cases in (("train", train), ("prefill", prefill))
+                                       for c in cases}
+    schedules = dict(s.train_cases)
+    return {
+        "device": s.device,
+        "preset": s.preset,
+        "train_ratio": _train_ratios(s, step),
+        "train_ratio_fwd_bwd": _train_ratios(s, fwd_bwd),  # without the optimizer (same work for both models)
+        "prefill_ratio": {k: pre[k] / pre["transformer"] for k in PREFILL_CASES},
+        "decode_throughput_ratio": {key: tokens_per_s[f"lrt_{key}"] / tokens_per_s[f"transformer_{key}"]
+                                    for key in ("batch_1", "batch_N")},
         "absolute": absolute,
         # FixedPoint: its spec and the sweeps used in every step run (warm-up included)
-        "sweeps_used": _measured_field(measured, "sweeps"),
+        "sweeps_used": _measured_field(measured, "sweeps", schedules),
         # Rollout: the fraction of the forward + backward wall time spent rolling the memory out
-        "rollout_share": _measured_field(measured, "rollout_share"),
-        "settings": {
-            "model_preset": bp.model, "seq_len": T, "batch_size": B, "prompt_len": prompt_n,
-            "prefill_batch": bp.prefill_batch, "decode_batch_N": dec_B, "decode_steps": dec_steps,
-            "repeats": reps, "warmup": warm, "exact_repeats": exact_reps, "exact_warmup": exact_warm,
-            "exact_seq_len": exact_T, "compile": compile, "seed": seed, "clock": clock,
-            "dtype": ("training: fp32 weights + bf16 autocast; inference: bf16 weights"
-                      if device == "cuda" else "float32"),
-            "optimizer": "Muon (matrices) + AdamW (embeddings, head, scalars)",
-        },
+        "rollout_share": _measured_field(measured, "rollout_share", schedules),
+        "settings": _settings_record(s),
         "samples_ms": {f"{group}.{c.name}": [1000 * t for t in c.times]
                        for group, cases in (("train", train), ("prefill", prefill), ("decode", decode))
                        for c in cases},
         "environment": {"torch": torch.__version__, "python": platform.python_version(),
-                        "machine": _machine(device), "threads": torch.get_num_threads(),
+                        "machine": _machine(s.device), "threads": torch.get_num_threads(),
                         "cpu_count": os.cpu_count()},
         "elapsed_s": elapsed,
     }
-    return result
+
+
+def _settings_record(s: BenchSettings) -> dict:
+    """The settings as the JSON records them."""
+    bp = s.bench_preset
+    return {
+        "model_preset": bp.model, "seq_len": s.seq_len, "batch_size": s.batch_size,
+        "prompt_len": s.prompt_len, "prefill_batch": bp.prefill_batch, "decode_batch_N": s.decode_batch,
+        "decode_steps": s.decode_steps, "repeats": s.repeats, "warmup": s.warmup,
+        "exact_repeats": s.exact_repeats, "exact_warmup": s.exact_warmup,
+        "exact_seq_len": s.exact_seq_len, "compile": s.compile, "seed": s.seed, "clock": s.clock,
+        "dtype": ("training: fp32 weights + bf16 autocast; inference: bf16 weights"
+                  if s.device == "cuda" else "float32"),
+        "optimizer": "Muon (matrices) + AdamW (embeddings, head, scalars)",
+    }
 
 
 def _batch_of(name: str) -> int:
