@@ -8,7 +8,9 @@ generated token, baseline-cost one-pass prefill. This module measures exactly th
   as in paper app. A) for OnePass (the plain transformer), Interleaved(2), Interleaved(4),
   FullSequence(1), FullSequence(3), Chunked(64), Exact, FixedPoint(1e-2, 8, 1) (with the sweeps
   it used per step: they depend on the weights, which the optimizer changes between repeats) and
-  Rollout(1), Rollout(2) (with the rollout's share of the step);
+  Rollout(1), Rollout(2) (with the rollout's share of the step), and any schedule the caller adds
+  (`run_bench(schedules=[...])`: a registered spelling, one registered outside the package too,
+  or a schedule object), keyed by its spec;
 - prefill of a prompt (default 1,024 tokens) with OnePass / Interleaved(2) / Exact;
 - decoding tokens/s at batch 1 and a larger batch;
 - peak memory on CUDA.
@@ -19,7 +21,7 @@ CUDA, `perf_counter` on CPU). The transformer is the same preset with `memory=No
 `MemoryConfig()` (the paper's LRT-shared). Ratios are LRT time / transformer time, except decoding
 throughput, which is LRT tokens/s / transformer tokens/s. Exact runs one stage per position, so its
 repeats are capped (`exact_repeats`); it is measured at `exact_seq_len` (default min(T, 256)) against
-a transformer step at the same length.
+a transformer step at the same length; so is every added schedule whose `exact` is true.
 
 Benchmarks are not assertions: the test suite only checks that this runs and writes valid JSON.
 """
@@ -47,6 +49,7 @@ from lrt_lab.core.interface import Schedule
 from lrt_lab.run.decode import Decoder
 from lrt_lab.core.model import LRT
 from lrt_lab.training.optim import ROLES, build_optimizers
+from lrt_lab.run.registry import as_schedule
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import Chunked, Exact, FixedPoint, FullSequence, Interleaved, OnePass, Rollout
 from lrt_lab.training.optim import optimizer_step
@@ -325,16 +328,19 @@ def run_bench(device: str = "cpu", preset: str = "small", *, seq_len: int | None
               decode_batch: int | None = None, decode_steps: int | None = None,
               repeats: int | None = None, warmup: int | None = None, exact_repeats: int | None = None,
               exact_seq_len: int | None = None, compile: bool = False, seed: int = 0,
-              threads: int | None = None, clock: str = "wall",
+              threads: int | None = None, clock: str = "wall", schedules=(),
               json_path: str | os.PathLike | None = None, verbose: bool = False, out=None) -> dict:
     """Run the benchmark; returns the result dict (also written to json_path when given).
 
+    schedules: more LRT training cases after TRAIN_CASES, each a registered spelling
+    ("interleaved:3", one registered outside the package too) or a schedule object, keyed by its
+    spec in train_ratio and the rest of the result.
     out: a text stream for the table (default: none printed; `run` prints to stdout).
     """
     settings = _settings(device, preset, seq_len=seq_len, batch_size=batch_size, prompt_len=prompt_len,
                          decode_batch=decode_batch, decode_steps=decode_steps, repeats=repeats,
                          warmup=warmup, exact_repeats=exact_repeats, exact_seq_len=exact_seq_len,
-                         compile=compile, seed=seed, clock=clock)
+                         compile=compile, seed=seed, clock=clock, schedules=schedules)
     threads = _int_or_default("threads", threads, None, 1)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
     saved_threads = torch.get_num_threads()
@@ -353,7 +359,7 @@ def run_bench(device: str = "cpu", preset: str = "small", *, seq_len: int | None
 
 
 def _settings(device, preset, *, seq_len, batch_size, prompt_len, decode_batch, decode_steps, repeats,
-              warmup, exact_repeats, exact_seq_len, compile, seed, clock) -> BenchSettings:
+              warmup, exact_repeats, exact_seq_len, compile, seed, clock, schedules) -> BenchSettings:
     """run_bench's arguments, each checked (ValueError naming the field), the unset ones from the
     bench preset."""
     device = _resolve_device(device)
@@ -380,7 +386,31 @@ def _settings(device, preset, *, seq_len, batch_size, prompt_len, decode_batch, 
     return BenchSettings(device, preset, bp, T, **shapes, repeats=reps, warmup=warm,
                          exact_repeats=exact_reps, exact_warmup=min(warm, 1), exact_seq_len=exact_T,
                          compile=compile, seed=seed, clock=clock,
-                         train_cases=tuple(TRAIN_CASES.items()))
+                         train_cases=_train_cases(schedules, T, exact_T))
+
+
+def _train_cases(schedules, T: int, exact_T: int) -> tuple[tuple[str, Schedule], ...]:
+    """TRAIN_CASES, then each added schedule (a spelling or a schedule object) keyed by its spec;
+    each checked to run at the length it will train at, so a mistake stops the run before any
+    timing."""
+    if isinstance(schedules, str) or hasattr(schedules, "spec"):
+        schedules = [schedules]  # one spelling or one schedule
+    cases = dict(TRAIN_CASES)
+    taken = {"transformer", "transformer_exact_T", *cases, *(s.spec for s in cases.values())}
+    for given in schedules or ():
+        schedule = as_schedule(given)
+        key = schedule.spec
+        if key in taken:
+            _fail("schedules", key, "a schedule not timed already: none of the default cases ("
+                  + ", ".join(s.spec for s in TRAIN_CASES.values()) + "), none added twice")
+        n = exact_T if schedule.exact else T
+        try:
+            schedule.stages(n)
+        except ValueError as e:
+            _fail("schedules", key, f"a schedule that runs at T={n} ({e})")
+        taken.add(key)
+        cases[key] = schedule
+    return tuple(cases.items())
 
 
 # The run -------------------------------------------------------------------------------------------
@@ -551,9 +581,9 @@ def _result(s: BenchSettings, train: list[_Case], prefill: list[_Case], decode: 
 
 
 def _settings_record(s: BenchSettings) -> dict:
-    """The settings as the JSON records them."""
+    """The settings as the JSON records them; with schedules added, how each of those ran."""
     bp = s.bench_preset
-    return {
+    record = {
         "model_preset": bp.model, "seq_len": s.seq_len, "batch_size": s.batch_size,
         "prompt_len": s.prompt_len, "prefill_batch": bp.prefill_batch, "decode_batch_N": s.decode_batch,
         "decode_steps": s.decode_steps, "repeats": s.repeats, "warmup": s.warmup,
@@ -563,6 +593,12 @@ def _settings_record(s: BenchSettings) -> dict:
                   if s.device == "cuda" else "float32"),
         "optimizer": "Muon (matrices) + AdamW (embeddings, head, scalars)",
     }
+    added = {key: (s.exact_seq_len if schedule.exact else s.seq_len, *s.repeats_of(schedule))
+             for key, schedule in s.train_cases if key not in TRAIN_CASES}
+    if added:
+        record["schedules"] = {key: {"seq_len": n, "warmup": warm, "repeats": reps}
+                               for key, (n, warm, reps) in added.items()}
+    return record
 
 
 def _batch_of(name: str) -> int:
@@ -588,42 +624,22 @@ def _write_json(result: dict, path) -> None:
     os.replace(tmp, path)
 
 
+_LABEL_WIDTH = 30  # the table's first column
+
+
 def format_table(result: dict) -> str:
     s, a = result["settings"], result["absolute"]
     lines = [f"lrt-lab bench: device={result['device']} ({result['environment']['machine']}), "
              f"preset={result['preset']} (model {s['model_preset']}), {s['dtype']}, "
              f"median of {s['repeats']} (Exact: {s['exact_repeats']}), {s['clock']} clock, "
              f"{result['environment']['threads']} thread(s), torch {result['environment']['torch']}"]
-    w = 30
+    w = _LABEL_WIDTH
 
     def row(label, value, unit, ratio, target=""):
         r = f"{ratio:6.2f}x" if ratio is not None else "      -"
         return f"  {label:<{w}} {value:>10.1f} {unit:<5} {r}  {target}"
 
-    lines.append(f"training step (T={s['seq_len']}, B={s['batch_size']})     step ms   ratio   "
-                 "fwd+bwd ms   ratio   optimizer ms")
-    tm, fb, op = a["train_step_ms"], a["train_fwd_bwd_ms"], a["optimizer_ms"]
-    targets = {"interleaved_2": "(paper 2.96x, aim <= 2.2x)", "fullseq_1": "(aim <= 2.2x)"}
-
-    def train_row(label, k, ratio, ratio_fb, note=""):
-        r = f"{ratio:6.2f}x" if ratio is not None else "      -"
-        rf = f"{ratio_fb:6.2f}x" if ratio_fb is not None else "      -"
-        return f"  {label:<{w}} {tm[k]:>9.1f} {r} {fb[k]:>10.1f} {rf} {op[k]:>10.1f}  {note}"
-    lines.append(train_row("transformer (OnePass)", "transformer", 1.0, 1.0))
-    used = result.get("sweeps_used", {})
-    for k in TRAIN_CASES:
-        label = k if k != "exact" else f"exact (T={s['exact_seq_len']})"
-        note = targets.get(k, "")
-        if k in used:
-            label = used[k]["spec"]
-            note = f"(sweeps used: median {used[k]['median']:g}, {min(used[k]['samples'])}-{max(used[k]['samples'])})"
-        if k in result.get("rollout_share", {}):
-            share = result["rollout_share"][k]
-            label = share["spec"]
-            note = f"(rollout: {100 * share['median']:.0f}% of fwd+bwd wall time)"
-        lines.append(train_row(label, k, result["train_ratio"][k], result["train_ratio_fwd_bwd"][k], note))
-    if "transformer_exact_T" in tm:
-        lines.append(train_row(f"transformer (T={s['exact_seq_len']})", "transformer_exact_T", None, None))
+    lines += _train_rows(result)
     lines.append(f"prefill ({s['prompt_len']}-token prompt, B={s['prefill_batch']})")
     pm = a["prefill_ms"]
     lines.append(row("transformer (OnePass)", pm["transformer"], "ms", 1.0))
@@ -641,6 +657,46 @@ def format_table(result: dict) -> str:
         lines.append("peak memory (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in a["peak_memory_mib"].items()))
     lines.append(f"({result['elapsed_s']:.1f} s)")
     return "\n".join(lines)
+
+
+def _train_rows(result: dict) -> list[str]:
+    """The training step's lines of the table: the transformer, then every case of train_ratio
+    (the default ones, then the added ones), with what the dynamic schedules measured."""
+    s, a = result["settings"], result["absolute"]
+    tm, fb, op = a["train_step_ms"], a["train_fwd_bwd_ms"], a["optimizer_ms"]
+    targets = {"interleaved_2": "(paper 2.96x, aim <= 2.2x)", "fullseq_1": "(aim <= 2.2x)"}
+
+    def train_row(label, k, ratio, ratio_fb, note=""):
+        r = f"{ratio:6.2f}x" if ratio is not None else "      -"
+        rf = f"{ratio_fb:6.2f}x" if ratio_fb is not None else "      -"
+        return f"  {label:<{_LABEL_WIDTH}} {tm[k]:>9.1f} {r} {fb[k]:>10.1f} {rf} {op[k]:>10.1f}  {note}"
+    lines = [f"training step (T={s['seq_len']}, B={s['batch_size']})     step ms   ratio   "
+             "fwd+bwd ms   ratio   optimizer ms", train_row("transformer (OnePass)", "transformer", 1.0, 1.0)]
+    used = result.get("sweeps_used", {})
+    for k in result["train_ratio"]:
+        n = _case_seq_len(result, k)
+        label = f"{k} (T={n})" if k == "exact" or n != s["seq_len"] else k
+        note = targets.get(k, "")
+        if k in used:
+            label = used[k]["spec"]
+            note = f"(sweeps used: median {used[k]['median']:g}, {min(used[k]['samples'])}-{max(used[k]['samples'])})"
+        if k in result.get("rollout_share", {}):
+            share = result["rollout_share"][k]
+            label = share["spec"]
+            note = f"(rollout: {100 * share['median']:.0f}% of fwd+bwd wall time)"
+        lines.append(train_row(label, k, result["train_ratio"][k], result["train_ratio_fwd_bwd"][k], note))
+    if "transformer_exact_T" in tm:
+        lines.append(train_row(f"transformer (T={s['exact_seq_len']})", "transformer_exact_T", None, None))
+    return lines
+
+
+def _case_seq_len(result: dict, key: str) -> int:
+    """The length a training case ran at: exact_seq_len for Exact and for an added schedule that
+    runs one position per stage, else seq_len."""
+    s = result["settings"]
+    if key == "exact":
+        return s["exact_seq_len"]
+    return s.get("schedules", {}).get(key, {}).get("seq_len", s["seq_len"])
 
 
 # The committed results as a markdown table (docs/performance.md) ---------------------------------
@@ -667,43 +723,59 @@ def load_results(folder) -> list[tuple[str, dict]]:
 
 def markdown_table(results: list[tuple[str, dict]]) -> str:
     """One column per bench result, one row per case: LRT / transformer ratios (whole training step,
-    forward + backward alone in brackets), with what the dynamic schedules measured."""
+    forward + backward alone in brackets), with what the dynamic schedules measured; a case that
+    only some results timed (an added schedule) shows "-" in the others."""
+    columns = [_markdown_column(name, r) for name, r in results]
+    heads = [f"T={r['settings']['seq_len']}, B={r['settings']['batch_size']}" for _, r in results]
+    lines = ["| LRT / transformer | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    for label in _row_labels(columns):
+        lines.append(f"| {label} | " + " | ".join(c.get(label, "-") for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def _markdown_column(name: str, r: dict) -> dict[str, str]:
+    """{row label: cell} of one result."""
     def ratio(x):
         return f"{x:.2f}x"
 
-    def column(name, r):
-        s, a, env = r["settings"], r["absolute"], r["environment"]
-        cells = {
-            "bench JSON": f"`{name}`",
-            "machine": f"{r['device']}: {env['machine']}",
-            "threads, clock": f"{env['threads']}, {s['clock']}",
-            "torch, model, repeats": f"{env['torch']}, {s['model_preset']}, "
-                                     f"median of {s['repeats']} (Exact {s['exact_repeats']})",
-            "transformer step, ms (fwd+bwd)": f"{a['train_step_ms']['transformer']:.1f} "
-                                              f"({a['train_fwd_bwd_ms']['transformer']:.1f})",
-        }
-        for key, schedule in TRAIN_CASES.items():
-            cell = f"{ratio(r['train_ratio'][key])} ({ratio(r['train_ratio_fwd_bwd'][key])})"
-            if key == "exact" and s["exact_seq_len"] != s["seq_len"]:
-                cell += f" at T={s['exact_seq_len']}"
-            if key in r.get("sweeps_used", {}):
-                cell += f", {r['sweeps_used'][key]['median']:g} sweeps"
-            if key in r.get("rollout_share", {}):
-                cell += f", rollout {100 * r['rollout_share'][key]['median']:.0f}%"
-            cells[f"train {schedule.spec}"] = cell
-        for key, schedule in PREFILL_CASES.items():
-            cells[f"prefill {schedule.spec}"] = ratio(r["prefill_ratio"][key])
-        cells["decode tok/s, batch 1"] = ratio(r["decode_throughput_ratio"]["batch_1"])
-        cells["decode tok/s, batch N"] = (f"{ratio(r['decode_throughput_ratio']['batch_N'])} "
-                                          f"(N={s['decode_batch_N']})")
-        return cells
+    s, a, env = r["settings"], r["absolute"], r["environment"]
+    cells = {
+        "bench JSON": f"`{name}`",
+        "machine": f"{r['device']}: {env['machine']}",
+        "threads, clock": f"{env['threads']}, {s['clock']}",
+        "torch, model, repeats": f"{env['torch']}, {s['model_preset']}, "
+                                 f"median of {s['repeats']} (Exact {s['exact_repeats']})",
+        "transformer step, ms (fwd+bwd)": f"{a['train_step_ms']['transformer']:.1f} "
+                                          f"({a['train_fwd_bwd_ms']['transformer']:.1f})",
+    }
+    for key in r["train_ratio"]:
+        cell = f"{ratio(r['train_ratio'][key])} ({ratio(r['train_ratio_fwd_bwd'][key])})"
+        if _case_seq_len(r, key) != s["seq_len"]:
+            cell += f" at T={_case_seq_len(r, key)}"
+        if key in r.get("sweeps_used", {}):
+            cell += f", {r['sweeps_used'][key]['median']:g} sweeps"
+        if key in r.get("rollout_share", {}):
+            cell += f", rollout {100 * r['rollout_share'][key]['median']:.0f}%"
+        cells[f"train {TRAIN_CASES[key].spec if key in TRAIN_CASES else key}"] = cell  # added: key == spec
+    for key, schedule in PREFILL_CASES.items():
+        cells[f"prefill {schedule.spec}"] = ratio(r["prefill_ratio"][key])
+    cells["decode tok/s, batch 1"] = ratio(r["decode_throughput_ratio"]["batch_1"])
+    cells["decode tok/s, batch N"] = (f"{ratio(r['decode_throughput_ratio']['batch_N'])} "
+                                      f"(N={s['decode_batch_N']})")
+    return cells
 
-    columns = [column(name, r) for name, r in results]
-    heads = [f"T={r['settings']['seq_len']}, B={r['settings']['batch_size']}" for _, r in results]
-    lines = ["| LRT / transformer | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
-    for label in columns[0] if columns else []:
-        lines.append(f"| {label} | " + " | ".join(c.get(label, "-") for c in columns) + " |")
-    return "\n".join(lines)
+
+def _row_labels(columns: list[dict]) -> list[str]:
+    """Every column's row labels once, in order: a label missing from the columns before goes
+    right after the label that precedes it in its own column."""
+    labels: list[str] = []
+    for cells in columns:
+        previous = None
+        for label in cells:
+            if label not in labels:
+                labels.insert(labels.index(previous) + 1 if previous is not None else 0, label)
+            previous = label
+    return labels
 
 
 def replace_table(page: str, table: str) -> str:
