@@ -9,8 +9,8 @@ generated token, baseline-cost one-pass prefill. This module measures exactly th
   FullSequence(1), FullSequence(3), Chunked(64), Exact, FixedPoint(1e-2, 8, 1) (with the sweeps
   it used per step: they depend on the weights, which the optimizer changes between repeats) and
   Rollout(1), Rollout(2) (with the rollout's share of the step), and any schedule the caller adds
-  (`run_bench(schedules=[...])`: a registered spelling, one registered outside the package too,
-  or a schedule object), keyed by its spec;
+  (`run_bench(schedules=[...])`, `--schedules SPEC[,SPEC...]`: a registered spelling, one
+  registered outside the package too, or a schedule object), keyed by its spec;
 - prefill of a prompt (default 1,024 tokens) with OnePass / Interleaved(2) / Exact;
 - decoding tokens/s at batch 1 and a larger batch;
 - peak memory on CUDA.
@@ -35,6 +35,7 @@ import dataclasses
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
@@ -810,6 +811,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CPU only: 'process' counts this process's CPU seconds (use with "
                              "--threads 1 on a shared machine)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--schedules", action="append", default=None, metavar="SPEC[,SPEC...]",
+                        help="more LRT training cases, timed beside the default ones: schedule "
+                             "spellings, e.g. interleaved:3,chunked:8 (also those an installed package "
+                             "registers); repeatable")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -820,12 +825,18 @@ def run(args) -> int:
                   prompt_len=args.prompt_len, decode_batch=args.decode_batch, decode_steps=args.decode_steps,
                   repeats=args.repeats, warmup=args.warmup, exact_repeats=args.exact_repeats,
                   exact_seq_len=args.exact_seq_len, compile=args.compile, seed=args.seed,
-                  threads=args.threads, clock=args.clock,
+                  threads=args.threads, clock=args.clock, schedules=_split_specs(args.schedules),
                   json_path=args.json, verbose=not getattr(args, "quiet", False), out=sys.stdout)
     except ValueError as e:
         print(f"lrt-lab bench: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _split_specs(values: list[str] | None) -> list[str]:
+    """The spellings of every --schedules value: split at the commas that start a new spelling
+    (a name), not at those between fullseq's weights (`fullseq:2:1,1,2,interleaved:3`)."""
+    return [spec for value in values or () for spec in re.split(r",(?=\s*[A-Za-z_])", value)]
 
 
 def main(argv=None) -> int:
