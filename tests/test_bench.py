@@ -6,14 +6,20 @@ positive finite number.
 """
 
 import argparse
+import dataclasses
+import io
 import json
 import math
 from pathlib import Path
 
 import pytest
 
+from lrt_lab import register_schedule
 from lrt_lab.commands import bench
+from lrt_lab.core.interface import Measured
 from lrt_lab.run.hooks import capture
+from lrt_lab.run.registry import SCHEDULES
+from lrt_lab.run.schedules import StagedSchedule
 
 RATIO_KEYS = {
     "train_ratio": {"interleaved_2", "interleaved_4", "fullseq_1", "fullseq_3", "chunked_64", "exact", "fixedpoint",
@@ -110,6 +116,106 @@ def test_cuda_without_cuda_is_a_clear_error(monkeypatch):
 def test_cli_reports_bad_arguments_as_exit_code_2(capsys):
     assert bench.run(_parse(["--device", "cpu", "--preset", "nope", "--quiet"])) == 2
     assert "preset='nope' is invalid" in capsys.readouterr().err
+
+
+# Schedules added to the default training cases ----------------------------------------------------
+
+@dataclasses.dataclass
+class HalvesMeasured(Measured):
+    sweeps: int = 0  # passes over the whole sequence
+
+    def record(self, step_s: float) -> dict:
+        return {"sweeps": self.sweeps}
+
+
+@dataclasses.dataclass(frozen=True)
+class Halves(StagedSchedule):
+    """A schedule of the user's own: the whole sequence, then its first and second halves in turn,
+    `rounds` times; it reports the passes it made as sweeps, as FixedPoint does."""
+
+    rounds: int = 1
+
+    def stages(self, T: int) -> list[range]:
+        if T < 2:
+            raise ValueError(f"Halves needs T >= 2, got T={T}")
+        return [range(0, T)] + [range(0, T // 2), range(T // 2, T)] * self.rounds
+
+    @property
+    def cost(self) -> float:
+        return 1.0 + self.rounds
+
+    def run(self, model, idx, buffer):
+        out = super().run(model, idx, buffer)
+        return dataclasses.replace(out, measured=HalvesMeasured(out.measured.cost, 1 + self.rounds))
+
+
+@pytest.fixture
+def halves():
+    """Halves registered as `halves:R` for one test only (other tests list the built-in spellings)."""
+    register_schedule("halves:R")(Halves)
+    yield Halves
+    del SCHEDULES["halves"]
+
+
+def test_bench_times_a_schedule_registered_in_the_users_own_file(halves, tmp_path):
+    path, table = tmp_path / "bench.json", io.StringIO()
+    result = bench.run_bench("cpu", "tiny", repeats=1, warmup=0, decode_steps=1, threads=1,
+                             schedules=[halves(2), "halves:1"], json_path=path, out=table)
+    written = json.loads(path.read_text())
+    assert list(written["train_ratio"]) == list(result["train_ratio"])
+    assert set(written["train_ratio"]) == RATIO_KEYS["train_ratio"] | {"halves:2", "halves:1"}
+    assert list(written["train_ratio"])[-2:] == ["halves:2", "halves:1"]  # after the default cases
+    for key, sweeps in (("halves:2", 3), ("halves:1", 2)):
+        assert _positive_finite(written["train_ratio"][key])
+        assert _positive_finite(written["train_ratio_fwd_bwd"][key])
+        assert _positive_finite(written["absolute"]["train_step_ms"][key])
+        assert len(written["samples_ms"][f"train.{key}"]) == 1
+        assert written["sweeps_used"][key] == {"spec": key, "median": sweeps, "samples": [sweeps]}
+        assert written["settings"]["schedules"][key] == {"seq_len": 16, "warmup": 0, "repeats": 1}
+        assert f"  {key} " in table.getvalue() and f"sweeps used: median {sweeps}" in table.getvalue()
+    assert "| train halves:2 |" in bench.markdown_table([("bench.json", written)])
+
+
+def test_cli_adds_builtin_spellings_to_the_default_cases(tmp_path, capsys):
+    """A comma between fullseq's weights stays in its spelling; chunked:1 runs one position per
+    stage, so it trains at --exact-seq-len, as Exact does."""
+    path = tmp_path / "bench.json"
+    args = _parse(["--device", "cpu", "--preset", "tiny", "--repeats", "1", "--warmup", "0",
+                   "--decode-steps", "1", "--exact-seq-len", "8", "--json", str(path), "--quiet",
+                   "--threads", "1", "--schedules", "interleaved:3,fullseq:2:1,1,2", "--schedules", "chunked:1"])
+    assert bench.run(args) == 0
+    table = capsys.readouterr().out
+    result = json.loads(path.read_text())
+    added = ["interleaved:3", "fullseq:2:1,1,2", "chunked:1"]
+    assert list(result["train_ratio"]) == [*bench.TRAIN_CASES, *added]
+    assert all(_positive_finite(result["train_ratio"][key]) for key in added), result["train_ratio"]
+    assert {key: s["seq_len"] for key, s in result["settings"]["schedules"].items()} == \
+        {"interleaved:3": 16, "fullseq:2:1,1,2": 16, "chunked:1": 8}
+    assert "  interleaved:3 " in table and "  fullseq:2:1,1,2 " in table and "  chunked:1 (T=8) " in table
+    assert "| train chunked:1 | " in bench.markdown_table([("bench.json", result)])
+    assert "schedules" not in bench.run_bench("cpu", "tiny", repeats=1, warmup=0, decode_steps=1,
+                                              threads=1)["settings"]  # the default layout as before
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("interleaved:3,nope:2", "schedule='nope:2' is invalid; allowed: onepass, interleaved:S"),
+    ("interleaved:99", "schedules='interleaved:99' is invalid; allowed: a schedule that runs at T=16"),
+    ("interleaved:2", "schedules='interleaved:2' is invalid; allowed: a schedule not timed already"),
+    ("chunked:8,chunked:8", "schedules='chunked:8' is invalid; allowed: a schedule not timed already"),
+])
+def test_cli_refuses_a_bad_schedule_before_timing_anything(spec, message, monkeypatch, capsys):
+    timed = []
+    monkeypatch.setattr(bench, "_run_cases", lambda cases, *rest: timed.append(cases))
+    assert bench.run(_parse(["--device", "cpu", "--preset", "tiny", "--schedules", spec])) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("lrt-lab bench: error: ") and message in captured.err
+    assert captured.err.count("\n") == 1 and captured.out == ""  # one line; no progress, no table
+    assert not timed
+
+
+def test_run_bench_refuses_what_is_not_a_schedule():
+    with pytest.raises(ValueError, match=r"^schedule=.* lacks spec, cost"):
+        bench.run_bench("cpu", "tiny", schedules=[object()])
 
 
 # The committed results and docs/performance.md's table --------------------------------------------

@@ -8,7 +8,9 @@ generated token, baseline-cost one-pass prefill. This module measures exactly th
   as in paper app. A) for OnePass (the plain transformer), Interleaved(2), Interleaved(4),
   FullSequence(1), FullSequence(3), Chunked(64), Exact, FixedPoint(1e-2, 8, 1) (with the sweeps
   it used per step: they depend on the weights, which the optimizer changes between repeats) and
-  Rollout(1), Rollout(2) (with the rollout's share of the step);
+  Rollout(1), Rollout(2) (with the rollout's share of the step), and any schedule the caller adds
+  (`run_bench(schedules=[...])`, `--schedules SPEC[,SPEC...]`: a registered spelling, one
+  registered outside the package too, or a schedule object), keyed by its spec;
 - prefill of a prompt (default 1,024 tokens) with OnePass / Interleaved(2) / Exact;
 - decoding tokens/s at batch 1 and a larger batch;
 - peak memory on CUDA.
@@ -19,7 +21,7 @@ CUDA, `perf_counter` on CPU). The transformer is the same preset with `memory=No
 `MemoryConfig()` (the paper's LRT-shared). Ratios are LRT time / transformer time, except decoding
 throughput, which is LRT tokens/s / transformer tokens/s. Exact runs one stage per position, so its
 repeats are capped (`exact_repeats`); it is measured at `exact_seq_len` (default min(T, 256)) against
-a transformer step at the same length.
+a transformer step at the same length; so is every added schedule whose `exact` is true.
 
 Benchmarks are not assertions: the test suite only checks that this runs and writes valid JSON.
 """
@@ -33,6 +35,7 @@ import dataclasses
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
@@ -43,9 +46,11 @@ import torch
 
 from lrt_lab.core.config import PRESETS, MemoryConfig, preset as model_preset
 from lrt_lab.core.config import fail as _fail
+from lrt_lab.core.interface import Schedule
 from lrt_lab.run.decode import Decoder
 from lrt_lab.core.model import LRT
 from lrt_lab.training.optim import ROLES, build_optimizers
+from lrt_lab.run.registry import as_schedule
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import Chunked, Exact, FixedPoint, FullSequence, Interleaved, OnePass, Rollout
 from lrt_lab.training.optim import optimizer_step
@@ -246,14 +251,14 @@ def _train_step_fn(model, opts, idx, targets, schedule, device, measured: list |
     return step
 
 
-def _measured_field(measured: dict[str, list[dict]], name: str) -> dict:
+def _measured_field(measured: dict[str, list[dict]], name: str, schedules: dict[str, Schedule]) -> dict:
     """{case: {spec, median, samples}} of one field the schedules measured, for the cases whose
     steps measured it."""
     out = {}
     for key, records in measured.items():
         samples = [r[name] for r in records if name in r]
         if samples:
-            out[key] = {"spec": TRAIN_CASES[key].spec, "median": statistics.median(samples),
+            out[key] = {"spec": schedules[key].spec, "median": statistics.median(samples),
                         "samples": samples}
     return out
 
@@ -288,48 +293,63 @@ def _decode_case(name, model, prompt, steps, device, warmup, repeats, vocab):
     return _Case(name, fn, warmup, repeats, setup=setup)
 
 
+# Settings ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BenchSettings:
+    """Everything one benchmark run uses, checked: `run_bench` builds it from its arguments, the
+    unset ones taken from the bench preset."""
+
+    device: str                 # "cpu" or "cuda" ("auto" resolved)
+    preset: str                 # the bench preset's name
+    bench_preset: BenchPreset
+    seq_len: int                # training length T
+    batch_size: int             # training batch B
+    prompt_len: int
+    decode_batch: int           # the larger decode batch (batch 1 is always run)
+    decode_steps: int
+    repeats: int
+    warmup: int
+    exact_repeats: int          # <= repeats: for schedules that run one position per stage
+    exact_warmup: int
+    exact_seq_len: int          # <= seq_len: the length those schedules train at
+    compile: bool
+    seed: int
+    clock: str                  # "wall" or "process"
+    train_cases: tuple[tuple[str, Schedule], ...]  # (JSON key, the LRT's schedule), in timing order
+
+    def repeats_of(self, schedule: Schedule) -> tuple[int, int]:
+        """(warm-up, repeats) of a case: capped where the schedule runs one position per stage."""
+        if schedule.exact:
+            return self.exact_warmup, self.exact_repeats
+        return self.warmup, self.repeats
+
+
 def run_bench(device: str = "cpu", preset: str = "small", *, seq_len: int | None = None,
               batch_size: int | None = None, prompt_len: int | None = None,
               decode_batch: int | None = None, decode_steps: int | None = None,
               repeats: int | None = None, warmup: int | None = None, exact_repeats: int | None = None,
               exact_seq_len: int | None = None, compile: bool = False, seed: int = 0,
-              threads: int | None = None, clock: str = "wall",
+              threads: int | None = None, clock: str = "wall", schedules=(),
               json_path: str | os.PathLike | None = None, verbose: bool = False, out=None) -> dict:
     """Run the benchmark; returns the result dict (also written to json_path when given).
 
+    schedules: more LRT training cases after TRAIN_CASES, each a registered spelling
+    ("interleaved:3", one registered outside the package too) or a schedule object, keyed by its
+    spec in train_ratio and the rest of the result.
     out: a text stream for the table (default: none printed; `run` prints to stdout).
     """
-    device = _resolve_device(device)
-    if preset is None:
-        preset = "cpu" if device == "cpu" else "d12"
-    if preset not in BENCH_PRESETS:
-        _fail("preset", preset, ", ".join(BENCH_PRESETS))
-    bp = BENCH_PRESETS[preset]
-    T = _int_or_default("seq_len", seq_len, bp.seq_len, 4)   # Interleaved(4) needs T >= 4
-    B = _int_or_default("batch_size", batch_size, bp.batch_size, 1)
-    prompt_n = _int_or_default("prompt_len", prompt_len, bp.prompt_len, 2)
-    dec_B = _int_or_default("decode_batch", decode_batch, bp.decode_batch, 1)
-    dec_steps = _int_or_default("decode_steps", decode_steps, bp.decode_steps, 1)
-    reps = _int_or_default("repeats", repeats, bp.repeats, 1)
-    warm = _int_or_default("warmup", warmup, bp.warmup, 0)
-    exact_reps = min(reps, _int_or_default("exact_repeats", exact_repeats, bp.exact_repeats, 1))
-    exact_T = _int_or_default("exact_seq_len", exact_seq_len, min(T, bp.exact_seq_len), 1)
-    if exact_T > T:
-        _fail("exact_seq_len", exact_T, f"an integer in [1, seq_len={T}]")
-    if compile not in (True, False):
-        _fail("compile", compile, "True or False")
-    exact_warm = min(warm, 1)
+    settings = _settings(device, preset, seq_len=seq_len, batch_size=batch_size, prompt_len=prompt_len,
+                         decode_batch=decode_batch, decode_steps=decode_steps, repeats=repeats,
+                         warmup=warmup, exact_repeats=exact_repeats, exact_seq_len=exact_seq_len,
+                         compile=compile, seed=seed, clock=clock, schedules=schedules)
     threads = _int_or_default("threads", threads, None, 1)
-    if clock not in ("wall", "process") or (clock == "process" and device == "cuda"):
-        _fail("clock", clock, "wall, or process (CPU only)")
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
     saved_threads = torch.get_num_threads()
     if threads is not None:
         # CPU: on a busy machine, fewer intra-op threads than cores avoids OpenMP oversubscription
         torch.set_num_threads(threads)
     try:
-        result = _bench(device, preset, bp, T, B, prompt_n, dec_B, dec_steps, reps, warm, exact_reps,
-                        exact_warm, exact_T, compile, seed, clock, log)
+        result = _bench(settings, log)
     finally:
         torch.set_num_threads(saved_threads)
     if out is not None:
@@ -339,111 +359,247 @@ def run_bench(device: str = "cpu", preset: str = "small", *, seq_len: int | None
     return result
 
 
-def _bench(device, preset, bp, T, B, prompt_n, dec_B, dec_steps, reps, warm, exact_reps, exact_warm,
-           exact_T, compile, seed, clock, log) -> dict:
-    vocab = PRESETS[bp.model]["vocab_size"]
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    idx = torch.randint(0, vocab, (B, T + 1), generator=gen).to(device)
+def _settings(device, preset, *, seq_len, batch_size, prompt_len, decode_batch, decode_steps, repeats,
+              warmup, exact_repeats, exact_seq_len, compile, seed, clock, schedules) -> BenchSettings:
+    """run_bench's arguments, each checked (ValueError naming the field), the unset ones from the
+    bench preset."""
+    device = _resolve_device(device)
+    if preset is None:
+        preset = "cpu" if device == "cpu" else "d12"
+    if preset not in BENCH_PRESETS:
+        _fail("preset", preset, ", ".join(BENCH_PRESETS))
+    bp = BENCH_PRESETS[preset]
+    T = _int_or_default("seq_len", seq_len, bp.seq_len, 4)   # Interleaved(4) needs T >= 4
+    shapes = dict(batch_size=_int_or_default("batch_size", batch_size, bp.batch_size, 1),
+                  prompt_len=_int_or_default("prompt_len", prompt_len, bp.prompt_len, 2),
+                  decode_batch=_int_or_default("decode_batch", decode_batch, bp.decode_batch, 1),
+                  decode_steps=_int_or_default("decode_steps", decode_steps, bp.decode_steps, 1))
+    reps = _int_or_default("repeats", repeats, bp.repeats, 1)
+    warm = _int_or_default("warmup", warmup, bp.warmup, 0)
+    exact_reps = min(reps, _int_or_default("exact_repeats", exact_repeats, bp.exact_repeats, 1))
+    exact_T = _int_or_default("exact_seq_len", exact_seq_len, min(T, bp.exact_seq_len), 1)
+    if exact_T > T:
+        _fail("exact_seq_len", exact_T, f"an integer in [1, seq_len={T}]")
+    if compile not in (True, False):
+        _fail("compile", compile, "True or False")
+    if clock not in ("wall", "process") or (clock == "process" and device == "cuda"):
+        _fail("clock", clock, "wall, or process (CPU only)")
+    return BenchSettings(device, preset, bp, T, **shapes, repeats=reps, warmup=warm,
+                         exact_repeats=exact_reps, exact_warmup=min(warm, 1), exact_seq_len=exact_T,
+                         compile=compile, seed=seed, clock=clock,
+                         train_cases=_train_cases(schedules, T, exact_T))
+
+
+def _train_cases(schedules, T: int, exact_T: int) -> tuple[tuple[str, Schedule], ...]:
+    """TRAIN_CASES, then each added schedule (a spelling or a schedule object) keyed by its spec;
+    each checked to run at the length it will train at, so a mistake stops the run before any
+    timing."""
+    if isinstance(schedules, str) or hasattr(schedules, "spec"):
+        schedules = [schedules]  # one spelling or one schedule
+    cases = dict(TRAIN_CASES)
+    taken = {"transformer", "transformer_exact_T", *cases, *(s.spec for s in cases.values())}
+    for given in schedules or ():
+        schedule = as_schedule(given)
+        key = schedule.spec
+        if key in taken:
+            _fail("schedules", key, "a schedule not timed already: none of the default cases ("
+                  + ", ".join(s.spec for s in TRAIN_CASES.values()) + "), none added twice")
+        n = exact_T if schedule.exact else T
+        try:
+            schedule.stages(n)
+        except ValueError as e:
+            _fail("schedules", key, f"a schedule that runs at T={n} ({e})")
+        taken.add(key)
+        cases[key] = schedule
+    return tuple(cases.items())
+
+
+# The run -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Inputs:
+    """The tokens every case reads, drawn once from the seed."""
+
+    vocab: int
+    idx: torch.Tensor               # (B, T) training inputs
+    targets: torch.Tensor
+    exact_idx: torch.Tensor         # their first exact_seq_len positions
+    exact_targets: torch.Tensor
+    prompt: torch.Tensor            # (prefill_batch, prompt_len)
+    decode_prompts: dict            # decode batch -> (batch, prompt_len)
+
+
+@dataclass(frozen=True)
+class _Models:
+    """The transformer and the LRT: each a training model, its optimizers and an inference copy."""
+
+    plain: LRT
+    plain_infer: LRT
+    plain_opts: list
+    lrt: LRT
+    lrt_infer: LRT
+    lrt_opts: list
+
+
+def _inputs(s: BenchSettings) -> _Inputs:
+    vocab = PRESETS[s.bench_preset.model]["vocab_size"]
+    gen = torch.Generator(device="cpu").manual_seed(s.seed)
+
+    def tokens(*shape):
+        return torch.randint(0, vocab, shape, generator=gen).to(s.device)
+    idx = tokens(s.batch_size, s.seq_len + 1)
     idx, targets = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
-    exact_idx, exact_targets = idx[:, :exact_T].contiguous(), targets[:, :exact_T].contiguous()
-    prompt = torch.randint(0, vocab, (bp.prefill_batch, prompt_n), generator=gen).to(device)
-    dec_prompts = {b: torch.randint(0, vocab, (b, prompt_n), generator=gen).to(device) for b in (1, dec_B)}
+    n = s.exact_seq_len
+    return _Inputs(vocab, idx, targets, idx[:, :n].contiguous(), targets[:, :n].contiguous(),
+                   tokens(s.bench_preset.prefill_batch, s.prompt_len),
+                   {b: tokens(b, s.prompt_len) for b in (1, s.decode_batch)})
 
-    plain, plain_infer = _build(bp.model, None, T, device, seed, compile)
-    lrt, lrt_infer = _build(bp.model, MemoryConfig(), T, device, seed, compile)
-    plain_opts, lrt_opts = _optimizers(plain, device), _optimizers(lrt, device)
-    timer = _Timer(device, clock)
+
+def _models(s: BenchSettings) -> _Models:
+    plain, plain_infer = _build(s.bench_preset.model, None, s.seq_len, s.device, s.seed, s.compile)
+    lrt, lrt_infer = _build(s.bench_preset.model, MemoryConfig(), s.seq_len, s.device, s.seed, s.compile)
+    return _Models(plain, plain_infer, _optimizers(plain, s.device),
+                   lrt, lrt_infer, _optimizers(lrt, s.device))
+
+
+def _training_cases(s: BenchSettings, inputs: _Inputs, m: _Models,
+                    measured: dict[str, list[dict]]) -> list[_Case]:
+    """The transformer's step (OnePass; again at exact_seq_len when that is shorter), then the
+    LRT's for each training case; what each LRT step measured beyond its cost goes to
+    measured[key]."""
+    def step(model, opts, schedule, at_exact_len, used=None):
+        idx, targets = ((inputs.exact_idx, inputs.exact_targets) if at_exact_len
+                        else (inputs.idx, inputs.targets))
+        return _train_step_fn(model, opts, idx, targets, schedule, s.device, used)
+
+    cases = [_Case("transformer", step(m.plain, m.plain_opts, OnePass(), False), s.warmup, s.repeats)]
+    if s.exact_seq_len != s.seq_len:
+        cases.append(_Case("transformer_exact_T", step(m.plain, m.plain_opts, OnePass(), True),
+                           s.warmup, s.repeats))
+    for key, schedule in s.train_cases:
+        fn = step(m.lrt, m.lrt_opts, schedule, schedule.exact, measured.setdefault(key, []))
+        cases.append(_Case(key, fn, *s.repeats_of(schedule)))
+    return cases
+
+
+def _prefill_cases(s: BenchSettings, inputs: _Inputs, m: _Models) -> list[_Case]:
+    """The transformer's OnePass prefill, then the LRT's with each of PREFILL_CASES (inference
+    copies: no autograd)."""
+    cases = [_prefill_case("transformer", m.plain_infer, inputs.prompt, OnePass(), s.device,
+                           s.warmup, s.repeats)]
+    for key, schedule in PREFILL_CASES.items():
+        cases.append(_prefill_case(key, m.lrt_infer, inputs.prompt, schedule, s.device,
+                                   *s.repeats_of(schedule)))
+    return cases
+
+
+def _decode_cases(s: BenchSettings, inputs: _Inputs, m: _Models) -> list[_Case]:
+    """Decoding at batch 1 and the larger batch, transformer then LRT (named `lrt_batch_8`)."""
+    return [_decode_case(f"{who}_batch_{b}", model, inputs.decode_prompts[b], s.decode_steps,
+                         s.device, s.warmup, s.repeats, inputs.vocab)
+            for b in dict.fromkeys((1, s.decode_batch))
+            for who, model in (("transformer", m.plain_infer), ("lrt", m.lrt_infer))]
+
+
+def _bench(s: BenchSettings, log) -> dict:
+    """Time the training, prefill and decode cases, each group round-robin; the result dict."""
+    inputs, models = _inputs(s), _models(s)
+    timer = _Timer(s.device, s.clock)
     t_start = time.perf_counter()
-
-    # Training --------------------------------------------------------------------------------
-    train = [_Case("transformer", _train_step_fn(plain, plain_opts, idx, targets, OnePass(), device),
-                   warm, reps)]
-    if exact_T != T:
-        train.append(_Case("transformer_exact_T", _train_step_fn(plain, plain_opts, exact_idx, exact_targets,
-                                                                  OnePass(), device), warm, reps))
     measured: dict[str, list[dict]] = {}  # per case, what each step measured beyond its cost
-    for key, sched in TRAIN_CASES.items():
-        used = measured.setdefault(key, [])
-        if key == "exact":
-            train.append(_Case(key, _train_step_fn(lrt, lrt_opts, exact_idx, exact_targets, sched, device,
-                                                   used), exact_warm, exact_reps))
-        else:
-            train.append(_Case(key, _train_step_fn(lrt, lrt_opts, idx, targets, sched, device, used), warm, reps))
+    train = _training_cases(s, inputs, models, measured)
     log("training ...")
-    _run_cases(train, timer, device, log)
-
-    # Prefill and decoding (inference: no autograd) -------------------------------------------
-    prefill = [_prefill_case("transformer", plain_infer, prompt, OnePass(), device, warm, reps)]
-    for key, sched in PREFILL_CASES.items():
-        r, w = (exact_reps, exact_warm) if key == "exact" else (reps, warm)
-        prefill.append(_prefill_case(key, lrt_infer, prompt, sched, device, w, r))
+    _run_cases(train, timer, s.device, log)
+    prefill = _prefill_cases(s, inputs, models)
     log("prefill ...")
-    _run_cases(prefill, timer, device, log)
-
-    decode = []
-    for b in dict.fromkeys((1, dec_B)):
-        for who, model in (("transformer", plain_infer), ("lrt", lrt_infer)):
-            decode.append(_decode_case(f"{who}_batch_{b}", model, dec_prompts[b], dec_steps, device,
-                                       warm, reps, vocab))
+    _run_cases(prefill, timer, s.device, log)
+    decode = _decode_cases(s, inputs, models)
     log("decode ...")
-    _run_cases(decode, timer, device, log)
-    elapsed = time.perf_counter() - t_start
+    _run_cases(decode, timer, s.device, log)
+    return _result(s, train, prefill, decode, measured, time.perf_counter() - t_start)
 
-    med = {c.name: statistics.median(c.times) for c in train}
-    fb = {c.name: statistics.median(seg[0] for seg in c.segments) for c in train}
-    opt = {c.name: statistics.median(seg[1] for seg in c.segments) for c in train}
 
-    def ratios(m):
-        base = m.get("transformer_exact_T", m["transformer"])
-        return {k: m[k] / (base if k == "exact" else m["transformer"]) for k in TRAIN_CASES}
-    train_ratio = ratios(med)
-    pmed = {c.name: statistics.median(c.times) for c in prefill}
-    prefill_ratio = {k: pmed[k] / pmed["transformer"] for k in PREFILL_CASES}
-    tps = {c.name: _batch_of(c.name) * dec_steps / statistics.median(c.times) for c in decode}
-    decode_ratio = {"batch_1": tps["lrt_batch_1"] / tps["transformer_batch_1"],
-                    "batch_N": tps[f"lrt_batch_{dec_B}"] / tps[f"transformer_batch_{dec_B}"]}
+# The result ----------------------------------------------------------------------------------------
+def _medians(cases: list[_Case], segment: int | None = None) -> dict[str, float]:
+    """Median seconds per case: of the whole call, or of one segment between its marks."""
+    if segment is None:
+        return {c.name: statistics.median(c.times) for c in cases}
+    return {c.name: statistics.median(seg[segment] for seg in c.segments) for c in cases}
 
-    absolute = {
-        "train_step_ms": {k: 1000 * v for k, v in med.items()},
-        "train_fwd_bwd_ms": {k: 1000 * v for k, v in fb.items()},
-        "optimizer_ms": {k: 1000 * v for k, v in opt.items()},
-        "prefill_ms": {k: 1000 * v for k, v in pmed.items()},
-        "decode_tokens_per_s": {f"{who}_{key}": tps[f"{who}_batch_{b}"] for who in ("transformer", "lrt")
-                                for key, b in (("batch_1", 1), ("batch_N", dec_B))},
-    }
-    if device == "cuda":
-        absolute["peak_memory_mib"] = {f"train_{c.name}": c.peak_mib for c in train}
-        absolute["peak_memory_mib"].update({f"prefill_{c.name}": c.peak_mib for c in prefill})
-    result = {
-        "device": device,
-        "preset": preset,
-        "train_ratio": train_ratio,
-        "train_ratio_fwd_bwd": ratios(fb),  # without the optimizer (same work for both models)
-        "prefill_ratio": prefill_ratio,
-        "decode_throughput_ratio": decode_ratio,
+
+def _ms(seconds: dict[str, float]) -> dict[str, float]:
+    return {k: 1000 * v for k, v in seconds.items()}
+
+
+def _train_ratios(s: BenchSettings, seconds: dict[str, float]) -> dict[str, float]:
+    """LRT / transformer per training case; a case at exact_seq_len against the transformer there."""
+    base = seconds["transformer"]
+    exact_base = seconds.get("transformer_exact_T", base)
+    return {key: seconds[key] / (exact_base if schedule.exact else base) for key, schedule in s.train_cases}
+
+
+def _decode_tokens_per_s(s: BenchSettings, decode: list[_Case]) -> dict[str, float]:
+    """{transformer,lrt}_{batch_1,batch_N}: tokens per second of each decode case."""
+    tps = {c.name: _batch_of(c.name) * s.decode_steps / statistics.median(c.times) for c in decode}
+    return {f"{who}_{key}": tps[f"{who}_batch_{b}"] for who in ("transformer", "lrt")
+            for key, b in (("batch_1", 1), ("batch_N", s.decode_batch))}
+
+
+def _result(s: BenchSettings, train: list[_Case], prefill: list[_Case], decode: list[_Case],
+            measured: dict[str, list[dict]], elapsed: float) -> dict:
+    """The JSON layout: ratios, absolute figures, what the schedules measured, settings, samples."""
+    step, fwd_bwd, pre = _medians(train), _medians(train, 0), _medians(prefill)
+    tokens_per_s = _decode_tokens_per_s(s, decode)
+    absolute = {"train_step_ms": _ms(step), "train_fwd_bwd_ms": _ms(fwd_bwd),
+                "optimizer_ms": _ms(_medians(train, 1)), "prefill_ms": _ms(pre),
+                "decode_tokens_per_s": tokens_per_s}
+    if s.device == "cuda":
+        absolute["peak_memory_mib"] = {f"{group}_{c.name}": c.peak_mib
+                                       for group, cases in (("train", train), ("prefill", prefill))
+                                       for c in cases}
+    schedules = dict(s.train_cases)
+    return {
+        "device": s.device,
+        "preset": s.preset,
+        "train_ratio": _train_ratios(s, step),
+        "train_ratio_fwd_bwd": _train_ratios(s, fwd_bwd),  # without the optimizer (same work for both models)
+        "prefill_ratio": {k: pre[k] / pre["transformer"] for k in PREFILL_CASES},
+        "decode_throughput_ratio": {key: tokens_per_s[f"lrt_{key}"] / tokens_per_s[f"transformer_{key}"]
+                                    for key in ("batch_1", "batch_N")},
         "absolute": absolute,
         # FixedPoint: its spec and the sweeps used in every step run (warm-up included)
-        "sweeps_used": _measured_field(measured, "sweeps"),
+        "sweeps_used": _measured_field(measured, "sweeps", schedules),
         # Rollout: the fraction of the forward + backward wall time spent rolling the memory out
-        "rollout_share": _measured_field(measured, "rollout_share"),
-        "settings": {
-            "model_preset": bp.model, "seq_len": T, "batch_size": B, "prompt_len": prompt_n,
-            "prefill_batch": bp.prefill_batch, "decode_batch_N": dec_B, "decode_steps": dec_steps,
-            "repeats": reps, "warmup": warm, "exact_repeats": exact_reps, "exact_warmup": exact_warm,
-            "exact_seq_len": exact_T, "compile": compile, "seed": seed, "clock": clock,
-            "dtype": ("training: fp32 weights + bf16 autocast; inference: bf16 weights"
-                      if device == "cuda" else "float32"),
-            "optimizer": "Muon (matrices) + AdamW (embeddings, head, scalars)",
-        },
+        "rollout_share": _measured_field(measured, "rollout_share", schedules),
+        "settings": _settings_record(s),
         "samples_ms": {f"{group}.{c.name}": [1000 * t for t in c.times]
                        for group, cases in (("train", train), ("prefill", prefill), ("decode", decode))
                        for c in cases},
         "environment": {"torch": torch.__version__, "python": platform.python_version(),
-                        "machine": _machine(device), "threads": torch.get_num_threads(),
+                        "machine": _machine(s.device), "threads": torch.get_num_threads(),
                         "cpu_count": os.cpu_count()},
         "elapsed_s": elapsed,
     }
-    return result
+
+
+def _settings_record(s: BenchSettings) -> dict:
+    """The settings as the JSON records them; with schedules added, how each of those ran."""
+    bp = s.bench_preset
+    record = {
+        "model_preset": bp.model, "seq_len": s.seq_len, "batch_size": s.batch_size,
+        "prompt_len": s.prompt_len, "prefill_batch": bp.prefill_batch, "decode_batch_N": s.decode_batch,
+        "decode_steps": s.decode_steps, "repeats": s.repeats, "warmup": s.warmup,
+        "exact_repeats": s.exact_repeats, "exact_warmup": s.exact_warmup,
+        "exact_seq_len": s.exact_seq_len, "compile": s.compile, "seed": s.seed, "clock": s.clock,
+        "dtype": ("training: fp32 weights + bf16 autocast; inference: bf16 weights"
+                  if s.device == "cuda" else "float32"),
+        "optimizer": "Muon (matrices) + AdamW (embeddings, head, scalars)",
+    }
+    added = {key: (s.exact_seq_len if schedule.exact else s.seq_len, *s.repeats_of(schedule))
+             for key, schedule in s.train_cases if key not in TRAIN_CASES}
+    if added:
+        record["schedules"] = {key: {"seq_len": n, "warmup": warm, "repeats": reps}
+                               for key, (n, warm, reps) in added.items()}
+    return record
 
 
 def _batch_of(name: str) -> int:
@@ -469,42 +625,22 @@ def _write_json(result: dict, path) -> None:
     os.replace(tmp, path)
 
 
+_LABEL_WIDTH = 30  # the table's first column
+
+
 def format_table(result: dict) -> str:
     s, a = result["settings"], result["absolute"]
     lines = [f"lrt-lab bench: device={result['device']} ({result['environment']['machine']}), "
              f"preset={result['preset']} (model {s['model_preset']}), {s['dtype']}, "
              f"median of {s['repeats']} (Exact: {s['exact_repeats']}), {s['clock']} clock, "
              f"{result['environment']['threads']} thread(s), torch {result['environment']['torch']}"]
-    w = 30
+    w = _LABEL_WIDTH
 
     def row(label, value, unit, ratio, target=""):
         r = f"{ratio:6.2f}x" if ratio is not None else "      -"
         return f"  {label:<{w}} {value:>10.1f} {unit:<5} {r}  {target}"
 
-    lines.append(f"training step (T={s['seq_len']}, B={s['batch_size']})     step ms   ratio   "
-                 "fwd+bwd ms   ratio   optimizer ms")
-    tm, fb, op = a["train_step_ms"], a["train_fwd_bwd_ms"], a["optimizer_ms"]
-    targets = {"interleaved_2": "(paper 2.96x, aim <= 2.2x)", "fullseq_1": "(aim <= 2.2x)"}
-
-    def train_row(label, k, ratio, ratio_fb, note=""):
-        r = f"{ratio:6.2f}x" if ratio is not None else "      -"
-        rf = f"{ratio_fb:6.2f}x" if ratio_fb is not None else "      -"
-        return f"  {label:<{w}} {tm[k]:>9.1f} {r} {fb[k]:>10.1f} {rf} {op[k]:>10.1f}  {note}"
-    lines.append(train_row("transformer (OnePass)", "transformer", 1.0, 1.0))
-    used = result.get("sweeps_used", {})
-    for k in TRAIN_CASES:
-        label = k if k != "exact" else f"exact (T={s['exact_seq_len']})"
-        note = targets.get(k, "")
-        if k in used:
-            label = used[k]["spec"]
-            note = f"(sweeps used: median {used[k]['median']:g}, {min(used[k]['samples'])}-{max(used[k]['samples'])})"
-        if k in result.get("rollout_share", {}):
-            share = result["rollout_share"][k]
-            label = share["spec"]
-            note = f"(rollout: {100 * share['median']:.0f}% of fwd+bwd wall time)"
-        lines.append(train_row(label, k, result["train_ratio"][k], result["train_ratio_fwd_bwd"][k], note))
-    if "transformer_exact_T" in tm:
-        lines.append(train_row(f"transformer (T={s['exact_seq_len']})", "transformer_exact_T", None, None))
+    lines += _train_rows(result)
     lines.append(f"prefill ({s['prompt_len']}-token prompt, B={s['prefill_batch']})")
     pm = a["prefill_ms"]
     lines.append(row("transformer (OnePass)", pm["transformer"], "ms", 1.0))
@@ -522,6 +658,46 @@ def format_table(result: dict) -> str:
         lines.append("peak memory (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in a["peak_memory_mib"].items()))
     lines.append(f"({result['elapsed_s']:.1f} s)")
     return "\n".join(lines)
+
+
+def _train_rows(result: dict) -> list[str]:
+    """The training step's lines of the table: the transformer, then every case of train_ratio
+    (the default ones, then the added ones), with what the dynamic schedules measured."""
+    s, a = result["settings"], result["absolute"]
+    tm, fb, op = a["train_step_ms"], a["train_fwd_bwd_ms"], a["optimizer_ms"]
+    targets = {"interleaved_2": "(paper 2.96x, aim <= 2.2x)", "fullseq_1": "(aim <= 2.2x)"}
+
+    def train_row(label, k, ratio, ratio_fb, note=""):
+        r = f"{ratio:6.2f}x" if ratio is not None else "      -"
+        rf = f"{ratio_fb:6.2f}x" if ratio_fb is not None else "      -"
+        return f"  {label:<{_LABEL_WIDTH}} {tm[k]:>9.1f} {r} {fb[k]:>10.1f} {rf} {op[k]:>10.1f}  {note}"
+    lines = [f"training step (T={s['seq_len']}, B={s['batch_size']})     step ms   ratio   "
+             "fwd+bwd ms   ratio   optimizer ms", train_row("transformer (OnePass)", "transformer", 1.0, 1.0)]
+    used = result.get("sweeps_used", {})
+    for k in result["train_ratio"]:
+        n = _case_seq_len(result, k)
+        label = f"{k} (T={n})" if k == "exact" or n != s["seq_len"] else k
+        note = targets.get(k, "")
+        if k in used:
+            label = used[k]["spec"]
+            note = f"(sweeps used: median {used[k]['median']:g}, {min(used[k]['samples'])}-{max(used[k]['samples'])})"
+        if k in result.get("rollout_share", {}):
+            share = result["rollout_share"][k]
+            label = share["spec"]
+            note = f"(rollout: {100 * share['median']:.0f}% of fwd+bwd wall time)"
+        lines.append(train_row(label, k, result["train_ratio"][k], result["train_ratio_fwd_bwd"][k], note))
+    if "transformer_exact_T" in tm:
+        lines.append(train_row(f"transformer (T={s['exact_seq_len']})", "transformer_exact_T", None, None))
+    return lines
+
+
+def _case_seq_len(result: dict, key: str) -> int:
+    """The length a training case ran at: exact_seq_len for Exact and for an added schedule that
+    runs one position per stage, else seq_len."""
+    s = result["settings"]
+    if key == "exact":
+        return s["exact_seq_len"]
+    return s.get("schedules", {}).get(key, {}).get("seq_len", s["seq_len"])
 
 
 # The committed results as a markdown table (docs/performance.md) ---------------------------------
@@ -548,43 +724,59 @@ def load_results(folder) -> list[tuple[str, dict]]:
 
 def markdown_table(results: list[tuple[str, dict]]) -> str:
     """One column per bench result, one row per case: LRT / transformer ratios (whole training step,
-    forward + backward alone in brackets), with what the dynamic schedules measured."""
+    forward + backward alone in brackets), with what the dynamic schedules measured; a case that
+    only some results timed (an added schedule) shows "-" in the others."""
+    columns = [_markdown_column(name, r) for name, r in results]
+    heads = [f"T={r['settings']['seq_len']}, B={r['settings']['batch_size']}" for _, r in results]
+    lines = ["| LRT / transformer | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    for label in _row_labels(columns):
+        lines.append(f"| {label} | " + " | ".join(c.get(label, "-") for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def _markdown_column(name: str, r: dict) -> dict[str, str]:
+    """{row label: cell} of one result."""
     def ratio(x):
         return f"{x:.2f}x"
 
-    def column(name, r):
-        s, a, env = r["settings"], r["absolute"], r["environment"]
-        cells = {
-            "bench JSON": f"`{name}`",
-            "machine": f"{r['device']}: {env['machine']}",
-            "threads, clock": f"{env['threads']}, {s['clock']}",
-            "torch, model, repeats": f"{env['torch']}, {s['model_preset']}, "
-                                     f"median of {s['repeats']} (Exact {s['exact_repeats']})",
-            "transformer step, ms (fwd+bwd)": f"{a['train_step_ms']['transformer']:.1f} "
-                                              f"({a['train_fwd_bwd_ms']['transformer']:.1f})",
-        }
-        for key, schedule in TRAIN_CASES.items():
-            cell = f"{ratio(r['train_ratio'][key])} ({ratio(r['train_ratio_fwd_bwd'][key])})"
-            if key == "exact" and s["exact_seq_len"] != s["seq_len"]:
-                cell += f" at T={s['exact_seq_len']}"
-            if key in r.get("sweeps_used", {}):
-                cell += f", {r['sweeps_used'][key]['median']:g} sweeps"
-            if key in r.get("rollout_share", {}):
-                cell += f", rollout {100 * r['rollout_share'][key]['median']:.0f}%"
-            cells[f"train {schedule.spec}"] = cell
-        for key, schedule in PREFILL_CASES.items():
-            cells[f"prefill {schedule.spec}"] = ratio(r["prefill_ratio"][key])
-        cells["decode tok/s, batch 1"] = ratio(r["decode_throughput_ratio"]["batch_1"])
-        cells["decode tok/s, batch N"] = (f"{ratio(r['decode_throughput_ratio']['batch_N'])} "
-                                          f"(N={s['decode_batch_N']})")
-        return cells
+    s, a, env = r["settings"], r["absolute"], r["environment"]
+    cells = {
+        "bench JSON": f"`{name}`",
+        "machine": f"{r['device']}: {env['machine']}",
+        "threads, clock": f"{env['threads']}, {s['clock']}",
+        "torch, model, repeats": f"{env['torch']}, {s['model_preset']}, "
+                                 f"median of {s['repeats']} (Exact {s['exact_repeats']})",
+        "transformer step, ms (fwd+bwd)": f"{a['train_step_ms']['transformer']:.1f} "
+                                          f"({a['train_fwd_bwd_ms']['transformer']:.1f})",
+    }
+    for key in r["train_ratio"]:
+        cell = f"{ratio(r['train_ratio'][key])} ({ratio(r['train_ratio_fwd_bwd'][key])})"
+        if _case_seq_len(r, key) != s["seq_len"]:
+            cell += f" at T={_case_seq_len(r, key)}"
+        if key in r.get("sweeps_used", {}):
+            cell += f", {r['sweeps_used'][key]['median']:g} sweeps"
+        if key in r.get("rollout_share", {}):
+            cell += f", rollout {100 * r['rollout_share'][key]['median']:.0f}%"
+        cells[f"train {TRAIN_CASES[key].spec if key in TRAIN_CASES else key}"] = cell  # added: key == spec
+    for key, schedule in PREFILL_CASES.items():
+        cells[f"prefill {schedule.spec}"] = ratio(r["prefill_ratio"][key])
+    cells["decode tok/s, batch 1"] = ratio(r["decode_throughput_ratio"]["batch_1"])
+    cells["decode tok/s, batch N"] = (f"{ratio(r['decode_throughput_ratio']['batch_N'])} "
+                                      f"(N={s['decode_batch_N']})")
+    return cells
 
-    columns = [column(name, r) for name, r in results]
-    heads = [f"T={r['settings']['seq_len']}, B={r['settings']['batch_size']}" for _, r in results]
-    lines = ["| LRT / transformer | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
-    for label in columns[0] if columns else []:
-        lines.append(f"| {label} | " + " | ".join(c.get(label, "-") for c in columns) + " |")
-    return "\n".join(lines)
+
+def _row_labels(columns: list[dict]) -> list[str]:
+    """Every column's row labels once, in order: a label missing from the columns before goes
+    right after the label that precedes it in its own column."""
+    labels: list[str] = []
+    for cells in columns:
+        previous = None
+        for label in cells:
+            if label not in labels:
+                labels.insert(labels.index(previous) + 1 if previous is not None else 0, label)
+            previous = label
+    return labels
 
 
 def replace_table(page: str, table: str) -> str:
@@ -619,6 +811,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CPU only: 'process' counts this process's CPU seconds (use with "
                              "--threads 1 on a shared machine)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--schedules", action="append", default=None, metavar="SPEC[,SPEC...]",
+                        help="more LRT training cases, timed beside the default ones: schedule "
+                             "spellings, e.g. interleaved:3,chunked:8 (also those an installed package "
+                             "registers); repeatable")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -629,12 +825,18 @@ def run(args) -> int:
                   prompt_len=args.prompt_len, decode_batch=args.decode_batch, decode_steps=args.decode_steps,
                   repeats=args.repeats, warmup=args.warmup, exact_repeats=args.exact_repeats,
                   exact_seq_len=args.exact_seq_len, compile=args.compile, seed=args.seed,
-                  threads=args.threads, clock=args.clock,
+                  threads=args.threads, clock=args.clock, schedules=_split_specs(args.schedules),
                   json_path=args.json, verbose=not getattr(args, "quiet", False), out=sys.stdout)
     except ValueError as e:
         print(f"lrt-lab bench: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _split_specs(values: list[str] | None) -> list[str]:
+    """The spellings of every --schedules value: split at the commas that start a new spelling
+    (a name), not at those between fullseq's weights (`fullseq:2:1,1,2,interleaved:3`)."""
+    return [spec for value in values or () for spec in re.split(r",(?=\s*[A-Za-z_])", value)]
 
 
 def main(argv=None) -> int:
