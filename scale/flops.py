@@ -72,7 +72,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from lrt_lab.core.config import ModelConfig
-from lrt_lab.core.model import LRT
+from lrt_lab.core.model import LRT, Transformer
 from lrt_lab.run.registry import as_schedule
 
 H100_BF16_PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (no sparsity)
@@ -88,9 +88,10 @@ def _as_model(model_or_config) -> LRT:
     if isinstance(model_or_config, ModelConfig):
         with torch.device("meta"):
             return LRT(model_or_config)
-    if isinstance(model_or_config, LRT):
+    if isinstance(model_or_config, Transformer):
         return model_or_config
-    raise ValueError(f"model={type(model_or_config).__name__} is invalid; allowed: an LRT or a ModelConfig")
+    raise ValueError(f"model={type(model_or_config).__name__} is invalid; allowed: a model (LRT, a "
+                     "baseline) or a ModelConfig")
 
 
 def _is_embedding(name: str) -> bool:

@@ -110,13 +110,13 @@ def evaluate_bpb(run_or_model, schedule=None, eval_batch=None, n_sequences: int 
     with write=True also tables/bpb.csv (columns mode, stage, coverage, bpb, n_tokens, schedule).
     Exact decoding is the Exact schedule, which the core tests hold equal to the Decoder.
     """
-    from lrt_lab.core.model import LRT
+    from lrt_lab.core.model import Transformer
     from lrt_lab.run.schedules import Exact
     from lrt_lab.run.registry import as_schedule
     from lrt_lab.analysis.loading import as_run, eval_batch as make_eval_batch, load_model, load_task
 
     run = None
-    if isinstance(run_or_model, LRT):
+    if isinstance(run_or_model, Transformer):  # a model of any kind, not a run
         model = run_or_model
         if eval_batch is None:
             raise ValueError("eval_batch: required when a model (not a run) is given")

@@ -1,10 +1,11 @@
 """Baselines that buy accuracy with more forwards per generated token (paper sec. "Comparison with
 Depth Recurrent and Looped Baselines", table "compare_other").
 
-Both are the plain nanochat-style transformer of `lrt_lab.core.model` (`LRT` with `memory=None` is their
-parent class, so parameter names, `param_groups`, initialisation and checkpoints are shared), and
-every pass of theirs runs its blocks through `LRT.run_blocks`: the same `Block` modules, math and
-hook points as the LRT's stages. They are driven through the same `stage(tokens, P, buffer)`
+Both are the nanochat-style backbone of `lrt_lab.core.model` (`Transformer`, which `LRT` also
+extends: parameter names, `param_groups`, initialisation and checkpoints are shared, and nothing of
+the memory pathway is inherited), and every pass of theirs runs its blocks through
+`Transformer.run_blocks`: the same `Block` modules, math and hook points as the LRT's stages.
+They are driven through the same `stage(tokens, P, buffer)`
 primitive, so `run_schedule`, the training loop, the evaluation, the run store and the `Decoder`
 run them unchanged. Hooks: the loop transformer's block hooks fire in every loop (positions P);
 PonderLM's fire in every row pass with row positions ((N+1) t + j; a capture is (B, (N+1) T, ...),
@@ -65,7 +66,7 @@ import re
 import torch
 from lrt_lab.core.buffer import DecodeCache, SequenceBuffer
 from lrt_lab.core.config import ModelConfig
-from lrt_lab.core.model import LRT, StageContext, norm
+from lrt_lab.core.model import StageContext, Transformer, norm
 from lrt_lab.core.validation import check_int
 
 BASELINE_KINDS = {
@@ -137,9 +138,9 @@ class _LayerOffset:
         return self.buffer.splice_kv(self.offset + layer, P, k, v)
 
 
-class _Baseline(LRT):
+class _Baseline(Transformer):
     """The plain transformer's modules and a pass of its block stack over arbitrary input vectors.
-    The subclasses override LRT's `forward_cost` and `forwards_per_token` (and PonderLM
+    The subclasses override the backbone's `forward_cost` and `forwards_per_token` (and PonderLM
     `has_sequential_decoding`): the costs the training loop and the run's config report."""
 
     def __init__(self, config: ModelConfig):
@@ -152,7 +153,7 @@ class _Baseline(LRT):
 
     def _stack(self, x, tokens, ve_keep, cos, sin, rows: range, buffer, layer0: int, rows_per_token: int = 1,
                hooked: bool = True):
-        """One pass of the blocks (`LRT.run_blocks`, the same modules and hook points) over buffer
+        """One pass of the blocks (`Transformer.run_blocks`, the same modules and hook points) over buffer
         rows `rows` (contiguous), writing buffer layers layer0..layer0+n_layer-1. x: (B, n, d) input
         vectors (also the x0 of the x0 skip); tokens: (B, n) ids for the value embeddings (None:
         none); ve_keep: (1, n, 1, 1) 0/1 per row, or None (all rows). Returns (residual stream
@@ -223,6 +224,8 @@ class PonderDecodeCache:
     """The decoder's state for PonderLM: one DecodeCache of (N+1) rows per token, seen by the
     Decoder in token units (`length`, `max_len`)."""
 
+    in_place = True
+
     def __init__(self, config: ModelConfig, stride: int, batch_size: int, max_len: int, device=None, dtype=None):
         self.stride = stride
         self.rows = DecodeCache(config, batch_size, max_len * stride, device=device, dtype=dtype)
@@ -279,11 +282,11 @@ class PonderLM(_Baseline):
 
     def stage(self, tokens: torch.Tensor, P: range, buffer):
         """Logits for the tokens at P (predicting P+1): Jacobi over a SequenceBuffer, sequential
-        (the definition; N+1 forwards per token) over the Decoder's cache."""
+        (the definition; N+1 forwards per token) over the Decoder's in-place cache."""
         if len(P) and P.step != 1:
             raise ValueError(f"positions {P} are invalid for ponder; allowed: a contiguous range (schedules "
                              "onepass, chunked:C, exact)")
-        if isinstance(buffer, PonderDecodeCache):
+        if buffer.in_place:  # the Decoder's PonderDecodeCache
             return self._sequential(tokens, P, buffer)
         if len(buffer.k) != 2 * self.config.n_layer:
             raise ValueError(f"buffer has {len(buffer.k)} layers; allowed: 2 * n_layer = "

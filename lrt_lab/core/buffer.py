@@ -139,7 +139,13 @@ class FrontierStorage:
 
 
 class SequenceBuffer:
-    """Functional per-batch buffer for a whole sequence; `updated` returns a new buffer."""
+    """Functional per-batch buffer for a whole sequence.
+
+    Both buffers answer `updated(P, k, v, mem)` with the buffer to use next, and a stage always
+    continues from what it returned: this one returns a new buffer (autograd needs the tensors a
+    stage read), a DecodeCache writes in place and returns itself. `in_place` says which."""
+
+    in_place = False
 
     def __init__(self, k, v, mem, doc, storage: FrontierStorage | None = None):
         self.k: list[torch.Tensor | None] = k      # per layer (B, <=T, n_kv_head, head_dim)
@@ -198,7 +204,10 @@ class SequenceBuffer:
 class DecodeCache:
     """Preallocated KV cache + the last `history` source states, written in place (no autograd).
 
-    keep_memory=True keeps every source state instead of a ring of `history` (`memory_rows`)."""
+    keep_memory=True keeps every source state instead of a ring of `history` (`memory_rows`).
+    `updated` writes in place and returns the cache itself (SequenceBuffer: a new buffer)."""
+
+    in_place = True
 
     def __init__(self, config: ModelConfig, batch_size: int, max_len: int, device=None, dtype=None,
                  keep_memory: bool = False):

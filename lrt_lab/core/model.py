@@ -289,8 +289,11 @@ def _renamed_pathway_keys(module, state_dict, prefix, *args) -> None:
         state_dict[prefix + "pathway." + key[len(old):]] = state_dict.pop(key)
 
 
-class LRT(nn.Module):
-    """Decoder-only transformer with optional latent recurrence (config.memory)."""
+class Transformer(nn.Module):
+    """The nanochat-style backbone every model kind shares: embedding, blocks, head, their init and
+    optimizer roles, and one pass of the block stack (`run_blocks`). A kind defines `stage` (and,
+    where it keeps other state, its buffers): `LRT` adds the memory pathway, the baselines
+    (`lrt_lab.core.baselines`) loops and thoughts."""
 
     # lrt_lab.core.interface.SequenceModel's costs: one pass of the stack per token, and a parallel
     # forward that equals decoding (tested), so evaluation decodes only for the memory; the
@@ -304,33 +307,34 @@ class LRT(nn.Module):
         if not isinstance(config, ModelConfig):
             raise ValueError(f"config={config!r} is invalid; allowed: a ModelConfig")
         self.config = config
-        d, n_layer = config.n_embd, config.n_layer
+        n_layer = config.n_layer
         # Module constructors draw default inits we overwrite; keep them off the caller's RNG so
         # reset_parameters alone decides the weights: the same seed gives the same backbone with
         # or without a memory pathway (controlled LRT-vs-transformer comparisons).
         with torch.random.fork_rng(devices=[]):
-            self.wte = nn.Embedding(config.vocab_size, d)
-            self.blocks = nn.ModuleList(Block(config, l) for l in range(n_layer))
-            kv = config.n_kv_head * config.head_dim
-            self.value_embeds = (nn.ModuleList(nn.Embedding(config.vocab_size, kv)
-                                               for _ in range(n_layer))
-                                 if config.use_value_embeds else None)
-            self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
-            self.pathway = build_memory(config) if config.memory is not None else None
+            self._build_modules(config)
         self.resid_lambdas = nn.Parameter(torch.ones(n_layer)) if config.use_resid_lambdas else None
         self.x0_lambdas = nn.Parameter(torch.zeros(n_layer)) if config.use_x0_residual else None
         self.rotary = Rotary(config.head_dim, config.rope_base)
-        # checkpoints written before the pathway had its own name keep loading
-        self.register_load_state_dict_pre_hook(_renamed_pathway_keys)
         self.hook_embed = HookPoint()
-        if self.pathway is not None:
-            self.hook_mem_in, self.hook_mem_out = HookPoint(), HookPoint()
         self.reset_parameters()
+
+    def _build_modules(self, config: ModelConfig) -> None:
+        """The modules whose default initialisation reset_parameters overwrites (built with the
+        caller's RNG state untouched)."""
+        d, n_layer = config.n_embd, config.n_layer
+        self.wte = nn.Embedding(config.vocab_size, d)
+        self.blocks = nn.ModuleList(Block(config, l) for l in range(n_layer))
+        kv = config.n_kv_head * config.head_dim
+        self.value_embeds = (nn.ModuleList(nn.Embedding(config.vocab_size, kv)
+                                           for _ in range(n_layer))
+                             if config.use_value_embeds else None)
+        self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
+        self.pathway = None  # a model with a memory pathway builds it here (LRT)
 
     @torch.no_grad()
     def reset_parameters(self):
-        """nanochat's init; the memory pathway's per paper sec. 2 (gates at 1, gamma at
-        gamma_init)."""
+        """nanochat's init."""
         s = math.sqrt(3.0 / self.config.n_embd)  # uniform with the std of N(0, 1/d)
         nn.init.normal_(self.wte.weight, std=1.0)
         nn.init.normal_(self.lm_head.weight, std=0.001)
@@ -347,8 +351,6 @@ class LRT(nn.Module):
             self.resid_lambdas.fill_(1.0)
         if self.x0_lambdas is not None:
             self.x0_lambdas.fill_(0.1)
-        if self.pathway is not None:
-            self.pathway.reset_parameters()
 
     def param_roles(self) -> dict[str, str]:
         """Optimizer role of the backbone's parameters (patterns; lrt_lab.training.optim)."""
@@ -357,39 +359,17 @@ class LRT(nn.Module):
                 "blocks.*.mlp.*": "matrix", "resid_lambdas": "resid_scalar",
                 "x0_lambdas": "x0_scalar"}
 
-    # The stage primitive ----------------------------------------------------------------------
-    def stage(self, tokens: torch.Tensor, P: range, buffer, layers: range | None = None,
-              resid: torch.Tensor | None = None):
-        """Recompute positions P against `buffer`: embed, read m_{t-lag} (sec. 2), run the blocks,
-        write P's K/V and m_t back (docs/design.md).
-
-        tokens: (B, |P|), the inputs at P. Returns (logits at P: (B, |P|, V), the buffer with P's
-        K/V and source states written).
-        layers: the contiguous blocks to run (default: all). A stage that starts above block 0
-        takes `resid`, the residual stream entering its first block at P; one that stops below
-        the top returns that residual stream (B, |P|, d) instead of logits. The K/V of blocks
-        outside `layers` are left as they were (see `exact_split`).
-        """
-        layers = self._check_layers(layers, resid)
-        x0 = self.hook_embed(norm(self.wte(tokens)), positions=P)
-        x = x0 if resid is None else resid
-        cos, sin = self.rotary(P, x.device, x.dtype)
-        ctx = StageContext(P, cos, sin, buffer, x0, self._read_memory(buffer, P, x0), self.pathway, P)
-        x, k_new, v_new, sources = self.run_blocks(x, ctx, tokens, layers)
-        k_all, v_all = list(buffer.k), list(buffer.v)
-        for l, k, v in zip(layers, k_new, v_new):
-            k_all[l], v_all[l] = k, v
-        buffer = buffer.updated(P, k_all, v_all, self._emit_memory(sources, ctx, layers))
-        if layers.stop < self.config.n_layer:
-            return x, buffer
-        return self.head(x), buffer
+    def stage(self, tokens: torch.Tensor, P: range, buffer):
+        """Recompute positions P against `buffer`: (logits at P, the buffer to use next). Each
+        model kind writes its own (LRT: the memory pathway's stage; the baselines: loops, thoughts)."""
+        raise NotImplementedError
 
     def run_blocks(self, x: torch.Tensor, ctx: StageContext, tokens: torch.Tensor | None,
-                   layers: range, ve_keep: torch.Tensor | None = None):
+                   layers: range, ve_keep: torch.Tensor | None = None, source_blocks=()):
         """x through the blocks `layers` over the rows of one stage, each reading ctx.read: the
         one block loop (the LRT's stages and the loop/ponder baselines' passes). tokens: the ids
         at the rows, for the value embeddings (None: rows without a token get none); ve_keep:
-        (1, n, 1, 1) 0/1 per row, or None (all).
+        (1, n, 1, 1) 0/1 per row, or None (all); source_blocks: the blocks whose outputs feed m_t.
         Returns (residual stream, [K per layer], [V per layer], {source layer: BlockOutput})."""
         alphas, betas = self._layer_scalars()
         ks, vs, sources = [], [], {}
@@ -399,7 +379,7 @@ class LRT(nn.Module):
             x = out.x
             ks.append(out.k)
             vs.append(out.v)
-            if self.pathway is not None and l in self.pathway.source_blocks:
+            if l in source_blocks:
                 sources[l] = out
         return x, ks, vs, sources
 
@@ -419,16 +399,6 @@ class LRT(nn.Module):
         ve = self.value_embeds[l](tokens).view(*tokens.shape, self.config.n_kv_head, -1)
         return ve if ve_keep is None else ve * ve_keep
 
-    def _emit_memory(self, sources: dict, ctx: StageContext, layers: range):
-        """m_t at the stage's positions (`MemoryPathway.emit`), or None when the stage ran no
-        source block."""
-        if not sources:
-            return None
-        if len(sources) != len(self.pathway.source_blocks):
-            raise ValueError(f"layers={layers} is invalid; allowed: a range holding all of the "
-                             f"source blocks {self.pathway.source_blocks} or none of them")
-        return self.hook_mem_out(self.pathway.emit(sources, ctx.read), positions=ctx.positions)
-
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits from the final residual stream: lm_head(norm(x)), soft-capped."""
         logits = self.lm_head(norm(x))
@@ -436,38 +406,9 @@ class LRT(nn.Module):
             logits = self.config.softcap * torch.tanh(logits / self.config.softcap)
         return logits
 
-    def _read_memory(self, buffer, P: range, like: torch.Tensor) -> MemoryRead | None:
-        """What the positions P read (sec. 2: m_{t-lag}), after the model-level hook_mem_in."""
-        if self.pathway is None:
-            return None
-        mem = self.pathway.read(buffer, P, like.size(0), like, hook_positions=P)
-        m = self.hook_mem_in(mem.m, positions=P)
-        return mem if m is mem.m else mem.patched(m)
-
-    def _check_layers(self, layers, resid) -> range:
-        L = self.config.n_layer
-        layers = range(L) if layers is None else layers
-        if not (isinstance(layers, range) and layers.step == 1
-                and 0 <= layers.start < layers.stop <= L):
-            raise ValueError(f"layers={layers!r} is invalid; allowed: range(a, b) with "
-                             f"0 <= a < b <= n_layer={L}")
-        if (layers.start > 0) != (resid is not None):
-            raise ValueError("resid is invalid: allowed: the residual stream (B, |P|, d) exactly "
-                             f"when layers starts above block 0 (layers={layers})")
-        return layers
-
     def exact_split(self, chunk: int = 1) -> int | None:
-        """Where Chunked(chunk) / Exact may split the stack (0-based index of the first block above
-        the source layers), or None. Only the source blocks and those below them at position t
-        feed m_t; the blocks above read m_{t-lag} but feed nothing sequential, so they can run for
-        every position in one parallel stage once the lower blocks have run chunk by chunk (same
-        logits). That holds while chunk <= memory.exact_chunk (the nearest row a position reads): a
-        longer chunk reads zero memory inside itself (sec. 3.2), which a pass over the finished
-        memory would not reproduce."""
-        if self.pathway is None or chunk > self.config.memory.exact_chunk:
-            return None
-        split = max(self.pathway.source_blocks) + 1
-        return split if split < self.config.n_layer else None
+        """None: without a memory nothing runs position by position (`LRT.exact_split`)."""
+        return None
 
     def compile_blocks(self, **options):
         """Compile every block in place (torch.compile, opt-in): the eager math, generated fast.
@@ -511,3 +452,99 @@ class LRT(nn.Module):
         return {"total": total, "baseline": baseline, "added": added,
                 "added_pct_of_baseline": 100.0 * added / baseline,
                 "added_pct_of_total": 100.0 * added / total}
+
+
+class LRT(Transformer):
+    """Decoder-only transformer with optional latent recurrence (config.memory): the backbone plus
+    the memory pathway (`lrt_lab.core.memory`) and the stage primitive that reads and writes it.
+    With config.memory=None it is the plain transformer."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        # checkpoints written before the pathway had its own name keep loading
+        self.register_load_state_dict_pre_hook(_renamed_pathway_keys)
+        if self.pathway is not None:
+            self.hook_mem_in, self.hook_mem_out = HookPoint(), HookPoint()
+
+    def _build_modules(self, config: ModelConfig) -> None:
+        super()._build_modules(config)
+        self.pathway = build_memory(config) if config.memory is not None else None
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        """nanochat's init; the memory pathway's per paper sec. 2 (gates at 1, gamma at
+        gamma_init)."""
+        super().reset_parameters()
+        if self.pathway is not None:
+            self.pathway.reset_parameters()
+
+    # The stage primitive ----------------------------------------------------------------------
+    def stage(self, tokens: torch.Tensor, P: range, buffer, layers: range | None = None,
+              resid: torch.Tensor | None = None):
+        """Recompute positions P against `buffer`: embed, read m_{t-lag} (sec. 2), run the blocks,
+        write P's K/V and m_t back (docs/design.md).
+
+        tokens: (B, |P|), the inputs at P. Returns (logits at P: (B, |P|, V), the buffer with P's
+        K/V and source states written).
+        layers: the contiguous blocks to run (default: all). A stage that starts above block 0
+        takes `resid`, the residual stream entering its first block at P; one that stops below
+        the top returns that residual stream (B, |P|, d) instead of logits. The K/V of blocks
+        outside `layers` are left as they were (see `exact_split`).
+        """
+        layers = self._check_layers(layers, resid)
+        x0 = self.hook_embed(norm(self.wte(tokens)), positions=P)
+        x = x0 if resid is None else resid
+        cos, sin = self.rotary(P, x.device, x.dtype)
+        ctx = StageContext(P, cos, sin, buffer, x0, self._read_memory(buffer, P, x0), self.pathway, P)
+        source_blocks = self.pathway.source_blocks if self.pathway is not None else ()
+        x, k_new, v_new, sources = self.run_blocks(x, ctx, tokens, layers, None, source_blocks)
+        k_all, v_all = list(buffer.k), list(buffer.v)
+        for l, k, v in zip(layers, k_new, v_new):
+            k_all[l], v_all[l] = k, v
+        buffer = buffer.updated(P, k_all, v_all, self._emit_memory(sources, ctx, layers))
+        if layers.stop < self.config.n_layer:
+            return x, buffer
+        return self.head(x), buffer
+
+    def _emit_memory(self, sources: dict, ctx: StageContext, layers: range):
+        """m_t at the stage's positions (`MemoryPathway.emit`), or None when the stage ran no
+        source block."""
+        if not sources:
+            return None
+        if len(sources) != len(self.pathway.source_blocks):
+            raise ValueError(f"layers={layers} is invalid; allowed: a range holding all of the "
+                             f"source blocks {self.pathway.source_blocks} or none of them")
+        return self.hook_mem_out(self.pathway.emit(sources, ctx.read), positions=ctx.positions)
+
+    def _read_memory(self, buffer, P: range, like: torch.Tensor) -> MemoryRead | None:
+        """What the positions P read (sec. 2: m_{t-lag}), after the model-level hook_mem_in."""
+        if self.pathway is None:
+            return None
+        mem = self.pathway.read(buffer, P, like.size(0), like, hook_positions=P)
+        m = self.hook_mem_in(mem.m, positions=P)
+        return mem if m is mem.m else mem.patched(m)
+
+    def _check_layers(self, layers, resid) -> range:
+        L = self.config.n_layer
+        layers = range(L) if layers is None else layers
+        if not (isinstance(layers, range) and layers.step == 1
+                and 0 <= layers.start < layers.stop <= L):
+            raise ValueError(f"layers={layers!r} is invalid; allowed: range(a, b) with "
+                             f"0 <= a < b <= n_layer={L}")
+        if (layers.start > 0) != (resid is not None):
+            raise ValueError("resid is invalid: allowed: the residual stream (B, |P|, d) exactly "
+                             f"when layers starts above block 0 (layers={layers})")
+        return layers
+
+    def exact_split(self, chunk: int = 1) -> int | None:
+        """Where Chunked(chunk) / Exact may split the stack (0-based index of the first block above
+        the source layers), or None. Only the source blocks and those below them at position t
+        feed m_t; the blocks above read m_{t-lag} but feed nothing sequential, so they can run for
+        every position in one parallel stage once the lower blocks have run chunk by chunk (same
+        logits). That holds while chunk <= memory.exact_chunk (the nearest row a position reads): a
+        longer chunk reads zero memory inside itself (sec. 3.2), which a pass over the finished
+        memory would not reproduce."""
+        if self.pathway is None or chunk > self.config.memory.exact_chunk:
+            return None
+        split = max(self.pathway.source_blocks) + 1
+        return split if split < self.config.n_layer else None
