@@ -20,6 +20,7 @@ import pandas as pd
 import streamlit as st
 from scipy import stats as sps
 
+from lrt_lab.analysis.gap import gap_recovery, mismatch_table, read_bpb, refinement_table
 from lrt_lab.store import run_groups as run_groups
 from lrt_lab.store.stats import mean_ci
 from lrt_lab.store.report import format_mean_ci, method_label, run_figures
@@ -495,13 +496,11 @@ def cached_stored_gap(run_paths: tuple, signature: tuple) -> tuple[dict, list[st
     """lrt_lab.analysis.gap's tables (gap_recovery with its per-seed table, mismatch, refinement)
     computed from the runs' tables/bpb.csv, and notes. Computed, not read from .analysis/: a
     committed store keeps the small bpb tables but not the checkpoints `analyze gap` evaluates."""
-    from lrt_lab.analysis.gap import collect_bpb, gap_recovery, mismatch_table, refinement_table
-
     runs = load_runs_subset(run_paths)
     notes = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        df = collect_bpb(runs, compute=False)
+        df = read_bpb(runs)
         if "bpb.exact" not in df.columns or df["bpb.exact"].notna().sum() == 0:
             return {}, ["No run shown has tables/bpb.csv (written by `lrt-lab analyze gap STORE`)."]
         df = df[df["bpb.exact"].notna()]

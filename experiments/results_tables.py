@@ -17,7 +17,7 @@ a5_study*.toml and the trainer frontier a5_trainer_frontier.toml), the truncated
 looped and pondering baselines (baselines.toml), linear probes of the memory (the probe tables of the
 length-8 runs) and speed (`lrt-lab bench` JSON). Cells are mean [95% t-interval over seeds] (n seeds);
 a single seed shows its value alone. Everything comes from lrt_lab's public tools: the run store
-(`load_runs`), `seed_stats`, the gap analysis (`collect_bpb`, `gap_recovery`) and the bench table
+(`load_runs`), `seed_stats`, the gap analysis (`read_bpb`, `gap_recovery`) and the bench table
 (`lrt_lab.commands.bench.markdown_table`).
 """
 
@@ -38,7 +38,7 @@ if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
 
 from lrt_lab.analysis import seed_stats  # noqa: E402
-from lrt_lab.analysis.gap import collect_bpb, gap_recovery  # noqa: E402
+from lrt_lab.analysis.gap import gap_recovery, read_bpb  # noqa: E402
 from lrt_lab.commands.bench import load_results, markdown_table  # noqa: E402
 from lrt_lab.store.report import (frontier_points, memory_label, method_label, model_label,  # noqa: E402
                             steps_suffix, supervised_every)
@@ -242,7 +242,7 @@ def gap_table(df: pd.DataFrame) -> str | None:
     sub = df[df["config.train.task"] == "text_bytes"]
     if sub.empty:
         return None
-    with_bpb = collect_bpb(sub, compute=False)
+    with_bpb = read_bpb(sub)
     if "bpb.exact" not in with_bpb.columns:
         return None
     table = gap_recovery(with_bpb)

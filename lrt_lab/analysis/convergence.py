@@ -23,6 +23,8 @@ import torch
 from lrt_lab.core.loss import cross_entropy
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import Exact
+from lrt_lab.core.loss import IGNORE_INDEX
+from lrt_lab.analysis.loading import as_run, eval_batch, load_model, load_task
 
 
 class _BatchMax:
@@ -155,8 +157,6 @@ def convergence_run(run, n_sequences: int = 128, length: int | None = None, max_
                     write: bool = True, eval_seed: int = 1) -> pd.DataFrame:
     """convergence_trace on a trained run (latest checkpoint) with a held-out batch of its task;
     writes tables/convergence.csv into the run when write=True."""
-    from lrt_lab.core.loss import IGNORE_INDEX
-    from lrt_lab.analysis.loading import as_run, eval_batch, load_model, load_task
     run = as_run(run)
     model = load_model(run)
     batch = eval_batch(load_task(run), length or run.config["train"]["length"], n_sequences, seed=eval_seed)

@@ -20,6 +20,8 @@ import pandas as pd
 
 from lrt_lab.store.run_groups import default_metric
 from lrt_lab.store.stats import method_column, seed_stats
+from lrt_lab.store.results import load_runs
+from lrt_lab.analysis.loading import write_store_table
 
 DEPTH = "config.model.n_layer"
 TASK = "config.train.task"
@@ -82,8 +84,6 @@ def depth_worth(table: pd.DataFrame, transformer: str = "transformer", targets=(
 def analyze_depth_sweep(store, metric: str | None = None, targets=(), write: bool = True) -> dict:
     """load_runs(store) -> depth_sweep (per task/method/depth stats) and depth_worth tables, written
     to <store>/.analysis/tables/ when write=True. Returns {name: DataFrame}."""
-    from lrt_lab.store.results import load_runs
-    from lrt_lab.analysis.loading import write_store_table
     table = depth_table(load_runs(store), metric)
     tables = {"depth_sweep": table, "depth_worth": depth_worth(table, targets=targets)}
     if write:

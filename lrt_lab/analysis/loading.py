@@ -16,6 +16,9 @@ import torch
 from lrt_lab.core.config import ModelConfig
 from lrt_lab.core.model import LRT
 from lrt_lab.store.results import Run, write_table
+from lrt_lab.training.loop import TrainConfig
+from lrt_lab.training.loop import make_task
+from lrt_lab.training.loop import make_eval_sets
 
 ANALYSIS_DIR = ".analysis"
 
@@ -55,19 +58,16 @@ def load_model(run, step: int | None = None, map_location="cpu") -> LRT:
 
 
 def train_config(run):
-    from lrt_lab.training.loop import TrainConfig
     return TrainConfig(**run.config["train"])
 
 
 def load_task(run):
     """The run's task, rebuilt through the `lrt_lab.tasks` entry point (lrt_lab imports no task code)."""
-    from lrt_lab.training.loop import make_task
     return make_task(train_config(as_run(run)))
 
 
 def eval_batch(task, length: int, n: int, seed: int = 0):
     """A fixed held-out batch: the task provider's evaluation set (seeds >= 2**62, never trained on)."""
-    from lrt_lab.training.loop import make_eval_sets
     return make_eval_sets(task, (length,), n, seed=seed)[length]
 
 

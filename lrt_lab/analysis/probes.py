@@ -37,6 +37,7 @@ from lrt_lab.core.model import LRT
 from lrt_lab.run.registry import as_schedule, parse_schedule
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import OnePass
+from lrt_lab.analysis.loading import as_run, eval_batch, load_model, load_task
 
 CONTROLS = ("majority", "shuffled_labels", "random_init")
 
@@ -280,7 +281,6 @@ def probe_run(run, schedule="exact", n_sequences: int = 512, length: int | None 
     schedule: "exact", "train" (the run's training schedule, parallel forward), or a spec.
     Writes tables/probe_<decoding>.csv into the run when write=True.
     """
-    from lrt_lab.analysis.loading import as_run, eval_batch, load_model, load_task
     run = as_run(run)
     model = load_model(run)
     if schedule == "train":
