@@ -16,8 +16,15 @@ import streamlit as st
 
 from lrt_app.charts import color_encoding, draw_chart, palette_note
 from lrt_app.frontier import AXES
-from lrt_lab.store.report import COMPARE_METRICS, compare_lengths, compare_table, format_mean_ci, method_labels, \
-    studies_by_recency, study_runs
+from lrt_lab.store.report import (
+    COMPARE_METRICS,
+    compare_lengths,
+    compare_table,
+    format_mean_ci,
+    method_labels,
+    studies_by_recency,
+    study_runs,
+)
 
 DECODINGS = {"exact": "pos90_exact", "parallel": "pos90_parallel"}
 SPENT = ("compute", "wall_min")

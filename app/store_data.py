@@ -22,9 +22,9 @@ from scipy import stats as sps
 
 from lrt_lab.analysis.gap import gap_recovery, mismatch_table, read_bpb, refinement_table
 from lrt_lab.store import run_groups as run_groups
-from lrt_lab.store.stats import mean_ci
 from lrt_lab.store.report import format_mean_ci, method_label, run_figures
 from lrt_lab.store.results import Run, load_metrics, load_runs, load_table
+from lrt_lab.store.stats import mean_ci
 
 KNOWN_KINDS = ("transformer", "lrt")
 KNOWN_KIND_PREFIXES = ("loop:", "ponder:")

@@ -40,8 +40,14 @@ if __name__ == "__main__":
 from lrt_lab.analysis import seed_stats  # noqa: E402
 from lrt_lab.analysis.gap import gap_recovery, read_bpb  # noqa: E402
 from lrt_lab.commands.bench import load_results, markdown_table  # noqa: E402
-from lrt_lab.store.report import (frontier_points, memory_label, method_label, model_label,  # noqa: E402
-                            steps_suffix, supervised_every)
+from lrt_lab.store.report import (  # noqa: E402
+    frontier_points,
+    memory_label,
+    method_label,
+    model_label,
+    steps_suffix,
+    supervised_every,
+)
 from lrt_lab.store.results import load_metrics, load_runs  # noqa: E402
 
 # Paper, app. "Non-Commutative State Tracking" (depth 4, d 256, trained at length 64, pos@90 out of 64

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+
 @dataclass
 class DistContext:
     rank: int

@@ -68,16 +68,22 @@ import torch
 import torch.nn.functional as F
 
 from lrt_lab.core.config import ModelConfig
-from lrt_lab.core.model import LRT
-from lrt_lab.run.decode import Decoder
 from lrt_lab.core.loss import IGNORE_INDEX
+from lrt_lab.core.model import LRT
+from lrt_lab.core.validation import check_token_ids, vocab_size_of
+from lrt_lab.run.decode import Decoder
 from lrt_lab.run.registry import as_schedule, parse_schedule
 from lrt_lab.run.runner import run_schedule
-from lrt_lab.core.validation import check_token_ids, vocab_size_of
 from lrt_lab.store.results import Run
 
 from .batches import make_batches
-from .distributed import all_reduce_sum, autocast_for, rank_and_world, setup_distributed, teardown_distributed
+from .distributed import (
+    all_reduce_sum,
+    autocast_for,
+    rank_and_world,
+    setup_distributed,
+    teardown_distributed,
+)
 
 LN2 = math.log(2)
 TASK_TYPES = ("multiple_choice", "schema", "language_modeling")

@@ -42,15 +42,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from lrt_lab import LRT, MemoryConfig, preset
 from lrt_lab.core.attention import attend, visible_mask
 from lrt_lab.run.decode import Decoder
-from lrt_lab.core.model import norm
-from lrt_lab.training.optim import gate_saturation
 from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import run_schedule
+from lrt_lab.training.optim import gate_saturation
 
 from . import evaluate as ev
 from . import flops as fl
@@ -190,7 +188,7 @@ def attention_backends(sizes: Sizes, device, dry: bool, budget: float, res: dict
     for spec in ("onepass", "interleaved:2", f"chunked:{max(1, T // 4)}", "rollout:1"):
         schedule = parse_schedule(spec)
         out["dispatch"][spec] = st.attention_dispatch(model.config, schedule, device, dtype)
-        out["ran"][spec] = ops(lambda: run_schedule(model, idx, None, schedule))
+        out["ran"][spec] = ops(lambda: run_schedule(model, idx, None, schedule))  # noqa: B023 (called here)
 
     def decode():
         dec = Decoder(model, 1, T)

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
 import os
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 

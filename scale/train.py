@@ -78,20 +78,26 @@ import torch.distributed as dist
 from lrt_lab.core.attention import pick_backend
 from lrt_lab.core.config import MEMORY_PRESETS, PRESETS
 from lrt_lab.core.model import LRT
-from lrt_lab.store.results import Run
-from lrt_lab.training.optim import build_optimizers
+from lrt_lab.core.validation import check_int, check_number
 from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import Scheduled, run_schedule
-from lrt_lab.core.validation import check_int, check_number
+from lrt_lab.store.results import Run
 from lrt_lab.training.checkpoints import save_checkpoint
-from lrt_lab.training.optim import optimizer_step, set_lr_schedule
 from lrt_lab.training.loop import model_config, parse_value
+from lrt_lab.training.optim import build_optimizers, optimizer_step, set_lr_schedule
 
 from . import evaluate as ev
 from . import flops as fl
 from .batches import SYNTHETIC_KINDS, LoaderData, SyntheticData, load_tokenizer, make_batches
-from .distributed import (DistContext, autocast_for, barrier, on_rank0, setup_distributed, synchronize,
-                          teardown_distributed)
+from .distributed import (
+    DistContext,
+    autocast_for,
+    barrier,
+    on_rank0,
+    setup_distributed,
+    synchronize,
+    teardown_distributed,
+)
 
 # Arguments that may differ between a run and its --resume (they do not change what is trained).
 # device_batch_size too: the global batch (and the data stream, split by rows) does not depend on it,

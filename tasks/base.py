@@ -14,7 +14,6 @@ from typing import NamedTuple, Optional
 import torch
 
 from lrt_lab.core.config import check_int, fail  # noqa: F401  (the project's field-naming errors)
-
 from lrt_tasks.curriculum import LengthCurriculum
 
 

@@ -20,7 +20,6 @@ import torch
 
 from lrt_lab.core.validation import fail, is_int
 
-
 SCHEDULES = ("doubling", "linear")
 
 

@@ -27,7 +27,6 @@ import hashlib
 import torch
 
 from lrt_lab.core.validation import TRAIN_SEED_LIMIT
-
 from lrt_tasks.base import Batch, Task, check_int
 
 # Evaluation seeds start where training seeds end (TrainConfig range-checks seeds below it).

@@ -16,16 +16,40 @@ import torch
 from scipy import stats as sps
 
 from lrt_lab import LRT, MemoryConfig, preset
-from lrt_lab.analysis import (ANALYSIS_DIR, analyze_depth_sweep, analyze_gap, bootstrap_ci, bpb_of,
-                              collect_activations, depth_table, depth_worth, evaluate_bpb, fit_probes,
-                              gap_recovery, load_model, mean_ci, mismatch_table, plot_depth_curve,
-                              plot_gap_recovery, plot_mismatch, plot_probe_comparison, plot_probe_heatmap,
-                              plot_refinement, plot_seed_stats, probe_activations, probe_model, probe_run,
-                              read_store_table, recovered_fraction, refinement_table, seed_stats)
+from lrt_lab.analysis import (
+    ANALYSIS_DIR,
+    analyze_depth_sweep,
+    analyze_gap,
+    bootstrap_ci,
+    bpb_of,
+    collect_activations,
+    depth_table,
+    depth_worth,
+    evaluate_bpb,
+    fit_probes,
+    gap_recovery,
+    load_model,
+    mean_ci,
+    mismatch_table,
+    plot_depth_curve,
+    plot_gap_recovery,
+    plot_mismatch,
+    plot_probe_comparison,
+    plot_probe_heatmap,
+    plot_refinement,
+    plot_seed_stats,
+    probe_activations,
+    probe_model,
+    probe_run,
+    read_store_table,
+    recovered_fraction,
+    refinement_table,
+    seed_stats,
+)
 from lrt_lab.analysis.probes import random_init_like
 from lrt_lab.run.decode import Decoder
-from lrt_lab.store.results import load_runs, load_table
 from lrt_lab.run.schedules import FullSequence, Interleaved, OnePass
+from lrt_lab.store.results import load_runs, load_table
 from lrt_lab.training.loop import TrainConfig, train
 from lrt_tasks import make_eval_sets, make_task
 from lrt_tasks.text import decode, encode, load_corpus
@@ -234,10 +258,10 @@ def test_seed_stats_match_scipy():
 def test_depth_worth_on_synthetic_numbers():
     rows = []
     for depth, vals in {1: [2, 2], 2: [4, 4], 3: [6, 7], 4: [8, 8]}.items():
-        for s, v in enumerate(vals):
+        for v in vals:
             rows.append({"config.kind": "transformer", "config.schedule": "onepass", "config.model.n_layer": depth,
                          "config.train.task": "s4", "summary.eval.pos90_exact@16": v})
-    for s, v in enumerate([6.0, 7.0]):
+    for v in [6.0, 7.0]:
         rows.append({"config.kind": "lrt", "config.schedule": "interleaved:2", "config.model.n_layer": 2,
                      "config.train.task": "s4", "summary.eval.pos90_exact@16": v})
     table = depth_table(pd.DataFrame(rows))

@@ -15,10 +15,18 @@ import pandas as pd
 import pytest
 
 pytest.importorskip("streamlit")
+from app_helpers import (  # noqa: E402
+    APP,
+    COMPLETE_RUNS,
+    LRT_RUNS,
+    TRANSFORMER_RUN,
+    UNKNOWN_RUN,
+    assert_clean,
+    build_store,
+    run_app,
+)
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from app_helpers import (APP, COMPLETE_RUNS, LRT_RUNS, TRANSFORMER_RUN, UNKNOWN_RUN, assert_clean,  # noqa: E402
-                         build_store, run_app)
 from lrt_lab.store.results import load_runs  # noqa: E402
 
 

@@ -87,8 +87,9 @@ def _serve(store: Path, tmp_path: Path):
 def several_groups(root: Path) -> Path:
     """Tiny real runs in three groups: LRT Interleaved(2) x 2 seeds, a transformer, and the LRT
     trained exactly with its memory from block 2, x 2 seeds (each a second or two)."""
-    from lrt_lab.training.loop import TrainConfig, train
     from app_helpers import build_store
+
+    from lrt_lab.training.loop import TrainConfig, train
 
     build_store(root, analysis=False, lrt_seeds=(0, 1))
     for seed in (0, 1):

@@ -3,11 +3,15 @@
 import pytest
 import torch
 
-from lrt_lab.run.decode import generate
 from lrt_lab import LRT, MemoryConfig, preset
-from lrt_lab.core.baselines import (BASELINE_KINDS, LoopTransformer, PonderLM, build_baseline,
-                               is_baseline_kind)
-from lrt_lab.run.decode import Decoder
+from lrt_lab.core.baselines import (
+    BASELINE_KINDS,
+    LoopTransformer,
+    PonderLM,
+    build_baseline,
+    is_baseline_kind,
+)
+from lrt_lab.run.decode import Decoder, generate
 from lrt_lab.run.hooks import hooks, zero_at
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import Chunked, Exact, Interleaved, OnePass

@@ -6,20 +6,26 @@ positive finite number.
 """
 
 import argparse
+import copy
 import dataclasses
 import io
+import itertools
 import json
 import math
 from pathlib import Path
 
 import pytest
+import torch
 
-from lrt_lab import register_schedule
+from lrt_lab import LRT, MemoryConfig, preset, register_schedule
 from lrt_lab.commands import bench
+from lrt_lab.core.buffer import shifted_rows
 from lrt_lab.core.interface import Measured
+from lrt_lab.run.decode import Decoder
 from lrt_lab.run.hooks import capture
 from lrt_lab.run.registry import SCHEDULES
-from lrt_lab.run.schedules import StagedSchedule
+from lrt_lab.run.runner import run_schedule
+from lrt_lab.run.schedules import Chunked, Exact, Interleaved, OnePass, StagedSchedule
 
 RATIO_KEYS = {
     "train_ratio": {"interleaved_2", "interleaved_4", "fullseq_1", "fullseq_3", "chunked_64", "exact", "fixedpoint",
@@ -250,19 +256,7 @@ def test_bench_table_renders_a_fresh_result_and_needs_its_markers(tmp_path):
 
 # The performance work's fast paths (lrt_lab.core.model/buffer/attention), beyond what test_core holds --
 
-import copy
-import itertools
-
-import torch
-
-from lrt_lab import LRT, MemoryConfig, preset
-from lrt_lab.core.buffer import shifted_rows
-from lrt_lab.run.decode import Decoder
-from lrt_lab.run.runner import run_schedule
-from lrt_lab.run.schedules import Chunked, Exact, Interleaved, OnePass
-
-
-def _model(memory=MemoryConfig(), seed=0):
+def _model(memory=MemoryConfig(), seed=0):  # noqa: B008 (a frozen dataclass)
     torch.manual_seed(seed)
     model = LRT(preset("tiny", memory=memory, n_layer=3, window_pattern="SL", short_window=4)).double()
     with torch.no_grad():

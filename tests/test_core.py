@@ -5,16 +5,15 @@ import math
 
 import pytest
 import torch
+from helpers import CONFIGS, T, decode_all, make_model, maxdiff, tokens
+from reference import NaiveLRT, naive_cross_entropy
 
-from lrt_lab.run.decode import generate
-from lrt_lab.training.optim import param_groups
 from lrt_lab import LRT, MemoryConfig, ModelConfig, preset
-from lrt_lab.run.decode import Decoder
+from lrt_lab.run.decode import Decoder, generate
 from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import Chunked, Exact, FullSequence, Interleaved, OnePass
-from helpers import CONFIGS, T, decode_all, make_model, maxdiff, tokens
-from reference import NaiveLRT, naive_cross_entropy
+from lrt_lab.training.optim import param_groups
 
 TOL = 1e-10
 
@@ -350,6 +349,7 @@ def test_the_forward_reaches_the_attention_kernel_in_six_project_frames(memory, 
     """model(idx) reads top to bottom: forward, stage, run_blocks, Block, Attention, the kernel;
     each added layer of indirection between the model and SDPA shows up here."""
     import traceback
+
     import torch.nn.functional as F
     seen = []
     sdpa = F.scaled_dot_product_attention

@@ -5,9 +5,9 @@ evaluation lengths by sampling noise."""
 import torch
 
 from lrt_lab import LRT, memory_preset, preset
+from lrt_lab.run.evaluation import evaluate
 from lrt_lab.run.metrics import pos_at
 from lrt_lab.run.schedules import Interleaved
-from lrt_lab.run.evaluation import evaluate
 from lrt_tasks import make_eval_sets, make_task
 from lrt_tasks.eval_sets import eval_seed
 

@@ -3,13 +3,13 @@ Exact, FullSequence(k) through the static code path, and a hand-driven loop over
 
 import pytest
 import torch
+from helpers import CONFIGS, make_model, maxdiff, tokens
 
 from lrt_lab import MemoryConfig
 from lrt_lab.core.loss import cross_entropy
 from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import Exact, FixedPoint, FullSequence
-from helpers import CONFIGS, make_model, maxdiff, tokens
 
 T = 8
 TOL = 1e-10
@@ -207,6 +207,7 @@ def test_convergence_trace_against_fixedpoint_and_the_jacobi_bound():
 
 def test_sweeps_to_converge_on_a_hand_made_trace():
     import pandas as pd
+
     from lrt_lab.analysis.convergence import plot_convergence, sweeps_to_converge
     # position 0 settles at sweep 1; position 1 dips below 0.1 at sweep 1 but rises again, settles at 3
     r = {0: [1.0, 0.05, 0.0, 0.0, 0.0], 1: [1.0, 0.05, 0.5, 0.01, 0.0]}

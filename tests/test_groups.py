@@ -9,7 +9,15 @@ import random
 import pytest
 import torch
 
-from lrt_tasks.groups import Group, alternating, cyclic, dihedral, direct_product, get_group, symmetric
+from lrt_tasks.groups import (
+    Group,
+    alternating,
+    cyclic,
+    dihedral,
+    direct_product,
+    get_group,
+    symmetric,
+)
 
 
 def compose(p, q):

@@ -1,14 +1,13 @@
 """Hook points intervene, not only capture, in every schedule and in decoding; module hooks fire."""
 
 import torch
+from helpers import make_model, maxdiff, tokens
 
-from lrt_lab.run.runner import run_with_cache
 from lrt_lab import MemoryConfig
 from lrt_lab.run.decode import Decoder
 from lrt_lab.run.hooks import hooks, patch_from, zero_at
-from lrt_lab.run.runner import run_schedule
+from lrt_lab.run.runner import run_schedule, run_with_cache
 from lrt_lab.run.schedules import Exact, Interleaved
-from helpers import make_model, maxdiff, tokens
 
 TOL = 1e-10
 

@@ -34,16 +34,24 @@ import random
 
 import pytest
 import torch
-
-from lrt_lab import MemoryConfig, preset
-from lrt_lab.core.hook_points import hook_points
-from lrt_lab.run.hooks import hooks
-from lrt_lab.core.buffer import SequenceBuffer
-from lrt_lab.run.decode import Decoder
-from lrt_lab.run.runner import run_schedule
-from lrt_lab.run.schedules import Chunked, Exact, FixedPoint, FullSequence, Interleaved, OnePass, Rollout
 from helpers import decode_all, make_model, maxdiff, tokens
 from reference import NaiveLRT
+
+from lrt_lab import MemoryConfig, preset
+from lrt_lab.core.buffer import SequenceBuffer
+from lrt_lab.core.hook_points import hook_points
+from lrt_lab.run.decode import Decoder
+from lrt_lab.run.hooks import hooks
+from lrt_lab.run.runner import run_schedule
+from lrt_lab.run.schedules import (
+    Chunked,
+    Exact,
+    FixedPoint,
+    FullSequence,
+    Interleaved,
+    OnePass,
+    Rollout,
+)
 
 N_LAYER, T, B = 3, 10, 7   # B * T = 70 > 64
 EPS = 1e-12                 # float64 rounding per position and unit of logit scale

@@ -5,7 +5,13 @@ import math
 import pytest
 import torch
 
-from lrt_lab.run.metrics import accuracy, bits_per_byte, per_position_accuracy, pos_at, sequence_accuracy
+from lrt_lab.run.metrics import (
+    accuracy,
+    bits_per_byte,
+    per_position_accuracy,
+    pos_at,
+    sequence_accuracy,
+)
 
 
 def one_hot_logits(preds, vocab=4):

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from lrt_lab.commands.cli import main
+from lrt_lab.store.results import Run
 from lrt_lab.store.run_groups import group_name
+from lrt_lab.training.loop import TrainConfig, train
 from lrt_lab.training.mirrors import Mirrors, MirrorSettings, record_scalars, wandb_mode
 from lrt_lab.training.parallel import train_grid_point
-from lrt_lab.store.results import Run
 from lrt_lab.training.sweep import run_sweep
-from lrt_lab.training.loop import TrainConfig, train
 
 TINY = ["--preset", "tiny", "--length", "8", "--batch-size", "4", "--eval-size", "4", "--eval-lengths", "8",
         "--steps", "6", "--eval-every", "3", "--quiet"]

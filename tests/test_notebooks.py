@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 
-
 @pytest.fixture(scope="module")
 def nbformat():
     """Imported by the tests that read a notebook, not at collection: nbformat's schema validation

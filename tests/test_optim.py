@@ -6,11 +6,19 @@ import torch.nn as nn
 
 from lrt_lab import LRT, MemoryConfig, preset
 from lrt_lab.core.baselines import build_baseline
-from lrt_lab.training.optim import ROLES, Muon, build_optimizers, gate_saturation, newton_schulz, param_roles
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import Exact, Interleaved
-from lrt_lab.training.optim import optimizer_step, set_lr_schedule
 from lrt_lab.training.loop import TrainConfig, build_model, make_optimizers, prepare
+from lrt_lab.training.optim import (
+    ROLES,
+    Muon,
+    build_optimizers,
+    gate_saturation,
+    newton_schulz,
+    optimizer_step,
+    param_roles,
+    set_lr_schedule,
+)
 
 
 @pytest.mark.parametrize("memory", [None, MemoryConfig(), MemoryConfig(queries=True, projections="layerwise", source_layer=2,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from lrt_lab.training import exitcodes
 from lrt_lab.store.claims import CLAIM
 from lrt_lab.store.results import Run, load_metrics
+from lrt_lab.training import exitcodes
 from lrt_lab.training.sweep import expand, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,15 +4,15 @@ import json
 
 import pytest
 import torch
+from reference import NaiveLRT
 
 from lrt_lab import LRT, MEMORY_PRESETS, MemoryConfig, memory_preset, preset
 from lrt_lab.commands.cli import main
 from lrt_lab.core.memory import norm
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import Exact, Interleaved
-from lrt_lab.training.sweep import expand, validate_spec
 from lrt_lab.training.loop import TrainConfig, model_config
-from reference import NaiveLRT
+from lrt_lab.training.sweep import expand, validate_spec
 
 TOL = 1e-10
 

@@ -7,14 +7,21 @@ Rollout(G) == FixedPoint(0, T+G, G) (loss and gradients) over the whole config s
 
 import pytest
 import torch
+from helpers import CONFIGS, make_model, maxdiff, tokens
 
 from lrt_lab import MemoryConfig, preset
 from lrt_lab.core.baselines import LoopTransformer
 from lrt_lab.run.decode import Decoder
 from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import run_schedule
-from lrt_lab.run.schedules import Exact, FixedPoint, FullSequence, Interleaved, OnePass, Rollout, rollout_memory
-from helpers import CONFIGS, make_model, maxdiff, tokens
+from lrt_lab.run.schedules import (
+    Exact,
+    FullSequence,
+    Interleaved,
+    OnePass,
+    Rollout,
+    rollout_memory,
+)
 
 T = 10
 TOL = 1e-10

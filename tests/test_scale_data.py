@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import email
 import io
-import json
-import re
 import urllib.error
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from stdlib_corpus import stdlib_docs  # noqa: E402  (shared test corpus)
 
 from lrt_scale import data
-
-
-from stdlib_corpus import stdlib_docs  # noqa: E402  (shared test corpus)
 
 
 @pytest.fixture(scope="module")

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import email
 import json
-import re
-from pathlib import Path
 
 import pytest
 import torch

@@ -11,8 +11,8 @@ import math
 import os
 import re
 import subprocess
-import weakref
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -21,9 +21,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from lrt_lab import LRT, MemoryConfig, preset
-from lrt_lab.store.results import Run, load_runs
 from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import run_schedule
+from lrt_lab.store.results import Run, load_runs
 from lrt_scale import flops as fl
 from lrt_scale import train as st
 from lrt_scale.batches import make_batches

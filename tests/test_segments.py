@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from lrt_lab.store.results import Run, load_metrics
-from lrt_lab.training.sweep import expand, load_spec, run_sweep, validate_spec
 from lrt_lab.training.loop import train
+from lrt_lab.training.sweep import expand, load_spec, run_sweep, validate_spec
 
 if sys.version_info >= (3, 11):
     import tomllib

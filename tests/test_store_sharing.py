@@ -14,13 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from lrt_lab.store import claims
-
-from lrt_lab.training import exitcodes
 from lrt_lab.commands.cli import build_parser, main
+from lrt_lab.store import claims
 from lrt_lab.store.results import Run, load_metrics, load_runs
-from lrt_lab.training.sweep import run_sweep
+from lrt_lab.training import exitcodes
 from lrt_lab.training.loop import TrainConfig, train
+from lrt_lab.training.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--preset", "tiny", "--length", "8", "--batch-size", "4", "--eval-size", "4", "--eval-lengths", "8",
@@ -208,13 +207,14 @@ def test_a_diverging_run_is_recorded_and_its_grid_goes_on(tmp_path):
     assert dict(zip(load_runs(tmp_path)["run"], load_runs(tmp_path)["status"]))[wild] == "diverged"
     run_sweep(body, out=str(tmp_path), progress=False)  # a re-run does not train it again
     assert Run(tmp_path / wild).summary == summary
-    from lrt_lab.store.report import print_report
     import contextlib
     import io
+
+    from lrt_lab.store.report import print_report
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
         print_report(tmp_path)
-    assert f"1 run(s) diverged" in text.getvalue() and wild in text.getvalue()
+    assert "1 run(s) diverged" in text.getvalue() and wild in text.getvalue()
 
 
 def test_a_full_disk_during_a_checkpoint_is_one_line_that_says_so(tmp_path, monkeypatch, capsys):

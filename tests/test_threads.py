@@ -12,10 +12,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lrt_lab.training import threads
 from lrt_lab.commands.cli import build_parser
-from lrt_lab.training.threads import (CpuSample, apply_threads, busy_cores, choose_threads, sample_cpu,
-                             wait_passively_when_busy)
+from lrt_lab.training import threads
+from lrt_lab.training.threads import (
+    CpuSample,
+    apply_threads,
+    busy_cores,
+    choose_threads,
+    sample_cpu,
+    wait_passively_when_busy,
+)
 
 NO_ENV: dict = {}
 REPO = Path(__file__).resolve().parent.parent

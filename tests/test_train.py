@@ -1,23 +1,21 @@
 """The training loop, the run store, resume after a kill, sweeps, and the CLI's errors."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
-from lrt_lab.training import exitcodes
 from lrt_lab.commands.cli import main
 from lrt_lab.store.results import Run, load_metrics, load_runs, load_table
-from lrt_lab.training.sweep import expand, run_sweep, validate_spec
-from lrt_lab.training.optim import lr_multiplier
+from lrt_lab.training import exitcodes
 from lrt_lab.training.loop import TrainConfig, train
+from lrt_lab.training.optim import lr_multiplier
+from lrt_lab.training.sweep import expand, run_sweep, validate_spec
 
 
 def tiny_cfg(**kw):
@@ -293,6 +291,7 @@ def test_demo_quick_trains_three_models_and_reuses_them(tmp_path, capsys, monkey
     """The quick demo's three runs, table and reuse. What is checked is the layout, not what the
     models learn: 8 steps each instead of the quick demo's 40 (training was most of the time)."""
     import dataclasses
+
     from lrt_lab.commands import demo
     from lrt_lab.commands.demo import run_demo
     configs = demo.demo_configs
@@ -322,7 +321,6 @@ def test_demo_quick_trains_three_models_and_reuses_them(tmp_path, capsys, monkey
 
 def test_demo_threads_follow_the_policy(monkeypatch, capsys, tmp_path):
     """The demo asks lrt_lab.training.threads, says what it chose, and gives torch its setting back."""
-    import torch
     from lrt_lab.commands import demo
     seen = []
     monkeypatch.setattr(demo, "_run_demo", lambda out, quick, quiet, choice: seen.append(
@@ -336,6 +334,7 @@ def test_demo_threads_follow_the_policy(monkeypatch, capsys, tmp_path):
 def test_a_stopped_demo_run_ends_the_demo(monkeypatch, tmp_path):
     """SIGTERM stops the run in progress (checkpointed); the demo must not go on to the next one."""
     from types import SimpleNamespace
+
     from lrt_lab.commands import demo
     trained = []
     stopped = SimpleNamespace(status="incomplete")
@@ -349,6 +348,7 @@ def test_a_stopped_demo_run_ends_the_demo(monkeypatch, tmp_path):
 
 def test_progress_bar_is_rate_limited_off_a_terminal(monkeypatch):
     import io
+
     from lrt_lab.training.loop import _progress_bar
     log = io.StringIO()  # not a TTY, as under CI or nohup
     monkeypatch.setattr("sys.stderr", log)

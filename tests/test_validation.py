@@ -23,16 +23,16 @@ from hypothesis import strategies as st
 from lrt_lab import LRT
 from lrt_lab.commands.cli import main
 from lrt_lab.core.config import MemoryConfig, ModelConfig, preset
+from lrt_lab.core.validation import TRAIN_SEED_LIMIT
 from lrt_lab.run.decode import Decoder, generate
 from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import Chunked, FullSequence, Interleaved
-from lrt_lab.training.sweep import expand, validate_spec
 from lrt_lab.training.loop import TrainConfig
-from lrt_lab.core.validation import TRAIN_SEED_LIMIT
+from lrt_lab.training.sweep import expand, validate_spec
 from lrt_tasks import make_task
-from lrt_tasks.registry import _OPTIONS
 from lrt_tasks.eval_sets import EVAL_SEED_OFFSET, eval_seed
+from lrt_tasks.registry import _OPTIONS
 from lrt_tasks.text import TextBytesTask
 
 # derandomize: the same examples on every run, so CI is deterministic; deadline None: the first

@@ -20,11 +20,10 @@ import math
 import pandas as pd
 import torch
 
-from lrt_lab.core.loss import cross_entropy
+from lrt_lab.analysis.loading import as_run, eval_batch, load_model, load_task
+from lrt_lab.core.loss import IGNORE_INDEX, cross_entropy
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import Exact
-from lrt_lab.core.loss import IGNORE_INDEX
-from lrt_lab.analysis.loading import as_run, eval_batch, load_model, load_task
 
 
 class _BatchMax:

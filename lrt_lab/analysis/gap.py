@@ -31,7 +31,7 @@ import pandas as pd
 # torch-free: the dashboard computes these tables from the stored BPB tables; evaluating a model
 # (torch) is lrt_lab.analysis.bpb's
 from lrt_lab.store.results import load_table
-from lrt_lab.store.stats import bootstrap_ci, method_column, mean_ci, seed_stats
+from lrt_lab.store.stats import bootstrap_ci, mean_ci, method_column, seed_stats
 
 DEFAULT_GROUP = ("config.train.task", "config.train.length", "config.model.n_layer", "config.model.n_embd",
                  "config.train.steps")

@@ -16,9 +16,7 @@ import torch
 from lrt_lab.core.config import ModelConfig
 from lrt_lab.core.model import LRT
 from lrt_lab.store.results import Run, write_table
-from lrt_lab.training.loop import TrainConfig
-from lrt_lab.training.loop import make_task
-from lrt_lab.training.loop import make_eval_sets
+from lrt_lab.training.loop import TrainConfig, make_eval_sets, make_task
 
 ANALYSIS_DIR = ".analysis"
 

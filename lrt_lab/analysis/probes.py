@@ -33,11 +33,11 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from lrt_lab.analysis.loading import as_run, eval_batch, load_model, load_task
 from lrt_lab.core.model import LRT
-from lrt_lab.run.registry import as_schedule, parse_schedule
+from lrt_lab.run.registry import as_schedule
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import OnePass
-from lrt_lab.analysis.loading import as_run, eval_batch, load_model, load_task
 
 CONTROLS = ("majority", "shuffled_labels", "random_init")
 

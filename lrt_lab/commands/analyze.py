@@ -45,12 +45,14 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     pd.set_option("display.width", 200)
     pd.set_option("display.max_columns", 40)
-    from lrt_lab.analysis import analyze_depth_sweep
-    from lrt_lab.analysis import analyze_gap
-    from lrt_lab.analysis import plot_depth_curve
-    from lrt_lab.analysis import plot_gap_recovery
-    from lrt_lab.analysis import plot_probe_comparison
-    from lrt_lab.analysis import probe_run
+    from lrt_lab.analysis import (
+        analyze_depth_sweep,
+        analyze_gap,
+        plot_depth_curve,
+        plot_gap_recovery,
+        plot_probe_comparison,
+        probe_run,
+    )
     from lrt_lab.analysis.loading import analysis_dir, as_run
 
     try:
@@ -75,7 +77,12 @@ def main(argv=None) -> int:
                 plot_gap_recovery(tables["gap_recovery"]).savefig(out, dpi=110)
                 print(f"plot: {out}")
         elif a.cmd == "convergence":
-            from lrt_lab.analysis.convergence import convergence_run, plot_convergence, residual_per_sweep, sweeps_to_converge
+            from lrt_lab.analysis.convergence import (
+                convergence_run,
+                plot_convergence,
+                residual_per_sweep,
+                sweeps_to_converge,
+            )
             tols = tuple(float(x) for x in a.tols.split(",") if x.strip())
             for r in a.runs:
                 run = as_run(r)

@@ -44,16 +44,24 @@ from dataclasses import dataclass
 
 import torch
 
-from lrt_lab.core.config import PRESETS, MemoryConfig, preset as model_preset
+from lrt_lab.core.config import PRESETS, MemoryConfig
 from lrt_lab.core.config import fail as _fail
+from lrt_lab.core.config import preset as model_preset
 from lrt_lab.core.interface import Schedule
-from lrt_lab.run.decode import Decoder
 from lrt_lab.core.model import LRT
-from lrt_lab.training.optim import ROLES, build_optimizers
+from lrt_lab.run.decode import Decoder
 from lrt_lab.run.registry import as_schedule
 from lrt_lab.run.runner import run_schedule
-from lrt_lab.run.schedules import Chunked, Exact, FixedPoint, FullSequence, Interleaved, OnePass, Rollout
-from lrt_lab.training.optim import optimizer_step
+from lrt_lab.run.schedules import (
+    Chunked,
+    Exact,
+    FixedPoint,
+    FullSequence,
+    Interleaved,
+    OnePass,
+    Rollout,
+)
+from lrt_lab.training.optim import ROLES, build_optimizers, optimizer_step
 
 
 @dataclass(frozen=True)
@@ -194,7 +202,7 @@ def _run_cases(cases: list[_Case], timer: _Timer, device: str, log) -> None:
             arg = case.setup() if case.setup else None
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            total, *segments = timer(lambda mark: call(case, arg, mark))
+            total, *segments = timer(lambda mark: call(case, arg, mark))  # noqa: B023 (called here)
             case.times.append(total)
             case.segments.append(segments)
             if device == "cuda":

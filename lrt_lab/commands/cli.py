@@ -17,8 +17,8 @@ from lrt_lab.training.threads import wait_passively_when_busy
 wait_passively_when_busy()
 
 from lrt_lab.training import exitcodes  # noqa: E402
-from lrt_lab.training.mirrors import MIRROR_PACKAGES, MirrorSettings  # noqa: E402
 from lrt_lab.training.loop import TrainConfig, parse_value  # noqa: E402
+from lrt_lab.training.mirrors import MIRROR_PACKAGES, MirrorSettings  # noqa: E402
 
 
 class Parser(argparse.ArgumentParser):
@@ -40,7 +40,7 @@ def int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: comma-separated integers, e.g. 64,128,256")
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: comma-separated integers, e.g. 64,128,256") from None
     if not values:
         raise argparse.ArgumentTypeError("needs at least one length")
     return values
@@ -121,9 +121,10 @@ def train_config_from_args(a) -> TrainConfig:
 
 def cmd_train(a) -> int:
     from pathlib import Path
-    from lrt_lab.training.loop import train
+
     from lrt_lab.store.report import print_run
     from lrt_lab.store.results import Run
+    from lrt_lab.training.loop import train
     from lrt_lab.training.threads import apply_threads, choose_threads
     cfg = train_config_from_args(a)
     apply_threads(choose_threads(a.threads))
@@ -166,6 +167,7 @@ def cmd_demo(a) -> int:
 
 def cmd_report(a) -> int:
     from pathlib import Path
+
     from lrt_lab.store.report import print_report
     if not Path(a.runs).is_dir():
         reason = "no such directory" if not Path(a.runs).exists() else "not a directory"

@@ -23,8 +23,8 @@ import torch
 
 from lrt_lab.store.report import run_figures
 from lrt_lab.store.results import Run, diverged_line, load_table
-from lrt_lab.training.threads import ThreadChoice, apply_threads, choose_threads
 from lrt_lab.training.loop import TrainConfig, train
+from lrt_lab.training.threads import ThreadChoice, apply_threads, choose_threads
 
 TRAIN_LENGTH = 12
 EVAL_LENGTHS = (12, 24, 48)

@@ -64,6 +64,7 @@ from __future__ import annotations
 import re
 
 import torch
+
 from lrt_lab.core.buffer import DecodeCache, SequenceBuffer
 from lrt_lab.core.config import ModelConfig
 from lrt_lab.core.model import StageContext, Transformer, norm

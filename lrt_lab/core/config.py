@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 # fail and check_int are re-exported for the tasks
 from lrt_lab.core.validation import check_choice, check_fields, check_int, fail  # noqa: F401
 
-
 FLOAT32_MAX = 3.4028234663852886e38
 
 

@@ -80,7 +80,8 @@ def hooks(model: nn.Module, fns: dict[str, HookFn]):
     handles = []
     try:
         for name, fn in fns.items():
-            def call(module, args, kwargs, output, fn=fn, name=name, tl_form=takes_hook(fn)):
+            # the defaults bind this iteration's fn and name (and its form, decided once)
+            def call(module, args, kwargs, output, fn=fn, name=name, tl_form=takes_hook(fn)):  # noqa: B008
                 positions = kwargs["positions"]
                 if positions is None:
                     return None

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from lrt_lab.core.hook_points import hook_points
 from lrt_lab.core.interface import Measured, Schedule, ScheduleRun
-from lrt_lab.core.loss import IGNORE_INDEX, check_inputs, cross_entropy
+from lrt_lab.core.loss import check_inputs, cross_entropy
 from lrt_lab.core.positions import assemble
 from lrt_lab.core.validation import vocab_size_of
-from lrt_lab.core.hook_points import hook_points
 from lrt_lab.run.hooks import capture
 from lrt_lab.run.registry import as_schedule
 

@@ -10,10 +10,18 @@ import sys
 
 import pandas as pd
 
-from lrt_lab.store.stats import mean_ci, seed_stats
-from lrt_lab.store.run_groups import (AT_TRAIN_LENGTH, IDENTITY_FIELDS, INTERVAL_NOTE, canonical, default_metric, eval_columns,
-                     group_labels, method_label, with_train_length_metric)
 from lrt_lab.store.results import Run, diverged_line, first_names, load_runs
+from lrt_lab.store.run_groups import (
+    IDENTITY_FIELDS,
+    INTERVAL_NOTE,
+    canonical,
+    default_metric,
+    eval_columns,
+    group_labels,
+    method_label,
+    with_train_length_metric,
+)
+from lrt_lab.store.stats import mean_ci, seed_stats
 
 __all__ = ["compare_table", "comparison_table", "default_metric", "format_mean_ci", "format_mean_std",
            "frontier_points", "memory_label", "method_keys", "method_label", "method_labels", "model_label",

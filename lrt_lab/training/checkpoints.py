@@ -17,6 +17,7 @@ import torch
 
 from lrt_lab.store.results import Run
 
+
 def save_checkpoint(run: Run, step: int, model, opts, generator, elapsed: float, counters: dict, keep: int = 2):
     """Write step's model, optimizer and RNG state atomically (a temporary file renamed into place);
     keep the newest `keep`. A full disk becomes one OSError saying so."""

@@ -39,22 +39,34 @@ from dataclasses import dataclass, field
 import torch
 
 from lrt_lab.core.baselines import BASELINE_KINDS, build_baseline, is_baseline_kind
-from lrt_lab.training.checkpoints import open_for_resume, remove_empty_folder, restore_checkpoint, save_checkpoint
-from lrt_lab.store.claims import acquire
 from lrt_lab.core.config import MEMORY_PRESETS, PRESETS, MemoryConfig, ModelConfig, preset
 from lrt_lab.core.config import memory_preset as make_memory
-from lrt_lab.run.evaluation import eval_record, evaluate, per_position_table
 from lrt_lab.core.interface import Task
-from lrt_lab.training.mirrors import mirror_settings, mirrored
-from lrt_lab.core.model import LRT
-from lrt_lab.training.optim import build_optimizers, optimizer_step, set_lr_schedule
-from lrt_lab.training.resources import check_memory_fits, resolve_device
-from lrt_lab.store.results import Run, diverged_line
 from lrt_lab.core.loss import IGNORE_INDEX
+from lrt_lab.core.model import LRT
+from lrt_lab.core.validation import (
+    TRAIN_SEED_LIMIT,
+    check_fields,
+    check_int,
+    check_out_dir,
+    fail,
+    is_int,
+)
+from lrt_lab.run.evaluation import eval_record, evaluate, per_position_table
 from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import run_schedule
+from lrt_lab.store.claims import acquire
+from lrt_lab.store.results import Run, diverged_line
+from lrt_lab.training.checkpoints import (
+    open_for_resume,
+    remove_empty_folder,
+    restore_checkpoint,
+    save_checkpoint,
+)
+from lrt_lab.training.mirrors import mirror_settings, mirrored
+from lrt_lab.training.optim import build_optimizers, optimizer_step, set_lr_schedule
+from lrt_lab.training.resources import check_memory_fits, resolve_device
 from lrt_lab.training.stopping import StopRequest
-from lrt_lab.core.validation import TRAIN_SEED_LIMIT, check_fields, check_int, check_out_dir, fail, is_int
 
 MODEL_KINDS = ("transformer", "lrt")  # plus the baselines' spellings, lrt_lab.core.baselines.BASELINE_KINDS
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
-from lrt_lab.store.run_groups import group_name
 from lrt_lab.store.results import Run, write_json
+from lrt_lab.store.run_groups import group_name
 
 # --log NAME -> (the module it needs, the extra that installs it)
 MIRROR_PACKAGES = {"wandb": ("wandb", "wandb"), "tensorboard": ("tensorboard", "tensorboard")}

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from lrt_lab.store.claims import RunClaimedError
 from lrt_lab.store.results import Run, write_json
-from lrt_lab.training.stopping import StopRequest
 from lrt_lab.training.loop import TrainConfig, train
+from lrt_lab.training.stopping import StopRequest
 
 RETRIES = 2          # times a grid point whose worker died (killed, node lost, out of memory) is retried
 WAIT_S = 15.0        # before submitting again a run another process was training

@@ -7,8 +7,9 @@ import os
 import torch
 
 from lrt_lab.core.config import ModelConfig
-from lrt_lab.run.evaluation import EVAL_CHUNK
 from lrt_lab.core.validation import fail
+from lrt_lab.run.evaluation import EVAL_CHUNK
+
 
 def resolve_device(name: str) -> torch.device:
     """"auto": CUDA when available, else the CPU; otherwise the named device."""

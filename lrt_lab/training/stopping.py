@@ -6,6 +6,7 @@ import contextlib
 import signal
 import threading
 
+
 class StopRequest:
     """Set by SIGTERM or SIGUSR1 (a scheduler's warning before preemption or the time limit): the
     training loop then checkpoints at the end of its step and returns, like --time-limit."""

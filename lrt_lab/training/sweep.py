@@ -44,13 +44,13 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from lrt_lab.core.validation import check_int, check_out_dir
 from lrt_lab.store.claims import RunClaimedError, claimed_by_other
-from lrt_lab.training.mirrors import mirror_settings
 from lrt_lab.store.results import Run, first_names
 from lrt_lab.training.checkpoints import config_differences
-from lrt_lab.training.stopping import StopRequest
 from lrt_lab.training.loop import TrainConfig, prepare, train
-from lrt_lab.core.validation import check_int, check_out_dir
+from lrt_lab.training.mirrors import mirror_settings
+from lrt_lab.training.stopping import StopRequest
 
 WAIT_S = 15.0  # how often a sweep looks again at a run another process trains
 
