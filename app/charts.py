@@ -19,33 +19,72 @@ import pandas as pd
 import streamlit as st
 
 # 20 colours that stay apart on a white background (tab10, then darker and brighter ones).
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf", "#000000", "#393b79", "#637939", "#e7ba52", "#843c39", "#a55194", "#6baed6", "#fd8d3c",
-           "#74c476", "#fccde5"]
+PALETTE = [
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+    "#000000",
+    "#393b79",
+    "#637939",
+    "#e7ba52",
+    "#843c39",
+    "#a55194",
+    "#6baed6",
+    "#fd8d3c",
+    "#74c476",
+    "#fccde5",
+]
 TAB10 = PALETTE[:10]
-LEGEND = {"orient": "bottom", "direction": "vertical", "columns": 2, "labelLimit": 480, "symbolLimit": 0,
-          "titleOrient": "top"}
+LEGEND = {
+    "orient": "bottom",
+    "direction": "vertical",
+    "columns": 2,
+    "labelLimit": 480,
+    "symbolLimit": 0,
+    "titleOrient": "top",
+}
 
 
 def color_encoding(groups: list, title: str, field_name: str = "group") -> dict:
     """A nominal colour encoding of `field_name`: the groups in the order given take PALETTE's
     colours in turn (the same group, the same colour), with the legend under the chart."""
-    return {"field": field_name, "type": "nominal", "title": title, "legend": LEGEND,
-            "scale": {"domain": groups, "range": [PALETTE[i % len(PALETTE)] for i in range(len(groups))]}}
+    return {
+        "field": field_name,
+        "type": "nominal",
+        "title": title,
+        "legend": LEGEND,
+        "scale": {
+            "domain": groups,
+            "range": [PALETTE[i % len(PALETTE)] for i in range(len(groups))],
+        },
+    }
 
 
 def only_groups(color: dict, present: set) -> dict:
     """The colour encoding narrowed to the groups a panel draws, each keeping its colour, so the
     legend under that panel lists only what is in it."""
-    pairs = [(g, c) for g, c in zip(color["scale"]["domain"], color["scale"]["range"]) if g in present]
+    pairs = [
+        (g, c) for g, c in zip(color["scale"]["domain"], color["scale"]["range"]) if g in present
+    ]
     return {**color, "scale": {"domain": [g for g, _ in pairs], "range": [c for _, c in pairs]}}
 
 
 def palette_note(n_groups: int) -> None:
-    """A caption under the controls when more groups than PALETTE's colours are drawn (they repeat)."""
+    """A caption under the controls when more groups than PALETTE's colours are drawn (they repeat).
+    A caption under the controls when more groups than PALETTE's colours are drawn (they repeat)."""
     if n_groups > len(PALETTE):
-        st.caption(f"{n_groups} groups share {len(PALETTE)} colours: narrow them with the sidebar's *group* filter "
-                   "to tell every line apart.")
+        st.caption(
+            f"{n_groups} groups share {len(PALETTE)} colours: narrow them with the sidebar's "
+            "*group* filter "
+            "to tell every line apart."
+        )
 
 
 def dataset_names(spec) -> set[str]:
@@ -73,7 +112,9 @@ def chart_spec(spec: dict, **datasets: pd.DataFrame) -> dict:
     names = dataset_names(spec)
     missing = names - set(datasets)
     if missing:
-        raise ValueError(f"chart reads dataset(s) {sorted(missing)} it was not given; given: {sorted(datasets)}")
+        raise ValueError(
+            f"chart reads dataset(s) {sorted(missing)} it was not given; given: {sorted(datasets)}"
+        )
     used = {k: v.reset_index(drop=True) for k, v in datasets.items() if k in names}
     digest = hashlib.sha1()
     for k in sorted(used):
@@ -84,7 +125,8 @@ def chart_spec(spec: dict, **datasets: pd.DataFrame) -> dict:
 
 
 def legend_entries(spec) -> int:
-    """The most entries any legend under the chart (LEGEND) lists: the size of its scale's domain."""
+    """The most entries any legend under the chart (LEGEND) lists: the size of its scale's domain.
+    The most entries any legend under the chart (LEGEND) lists: the size of its scale's domain."""
     most = 0
     if isinstance(spec, dict):
         if spec.get("legend") is LEGEND and isinstance(spec.get("scale", {}).get("domain"), list):

@@ -1,7 +1,9 @@
 """Dashboard page: compare the methods of one study (a task trained at one length).
 
-It opens on the store's most recent study (`lrt_lab.store.report.studies_by_recency`): one row per method
-(`lrt_lab.store.report.compare_table`: the runs that differ only by seed), with exact and parallel pos@90
+It opens on the store's most recent study (`lrt_lab.store.report.studies_by_recency`): one row per
+method
+(`lrt_lab.store.report.compare_table`: the runs that differ only by seed), with exact and parallel
+pos@90
 at 1x / 2x / 4x the training length as mean [95% t-interval] and the value of each seed, accuracy,
 compute and wall clock; then the trainer-frontier scatter of those runs. Methods are named by
 `lrt_lab.store.report.method_labels`: only what differs between the methods of the study shown.
@@ -55,31 +57,47 @@ def figure_columns(length: int, lengths: list[int]) -> dict[str, str]:
     for metric in COMPARE_METRICS:
         decoding = metric.split("_", 1)[1]
         columns |= {f"{metric}@{n}": f"{decoding} pos@90 at {n} ({n // length}x)" for n in lengths}
-    columns |= {f"acc_exact@{length}": f"exact accuracy at {length}",
-                f"acc_parallel@{length}": f"parallel accuracy at {length}"}
+    columns |= {
+        f"acc_exact@{length}": f"exact accuracy at {length}",
+        f"acc_parallel@{length}": f"parallel accuracy at {length}",
+    }
     return columns
 
 
 def display_table(table: pd.DataFrame, length: int, lengths: list[int]) -> pd.DataFrame:
     """compare_table as text cells: the method, its seeds, then one cell per figure."""
-    out = pd.DataFrame({"method": table["method"],
-                        "seeds": [", ".join(map(str, seeds)) for seeds in table["seeds"]]})
+    out = pd.DataFrame(
+        {
+            "method": table["method"],
+            "seeds": [", ".join(map(str, seeds)) for seeds in table["seeds"]],
+        }
+    )
     for figure, title in figure_columns(length, lengths).items():
         if f"{figure}.mean" not in table:
             continue
-        if figure in SPENT:  # what a method costs varies little between seeds: its mean is the figure
+        if (
+            figure in SPENT
+        ):  # what a method costs varies little between seeds: its mean is the figure
             out[title] = [f"{v:.3g}" if not math.isnan(v) else "-" for v in table[f"{figure}.mean"]]
         else:
-            per_seed = figure.startswith("pos90_")  # the seeds of a pos@90 often disagree wildly: list them
+            per_seed = figure.startswith(
+                "pos90_"
+            )  # the seeds of a pos@90 often disagree wildly: list them
             out[title] = [seed_cell(row, figure, per_seed) for _, row in table.iterrows()]
     return out
 
 
 def scatter_points(runs: pd.DataFrame, lengths: list[int]) -> pd.DataFrame:
-    """One point per run: its method, seed, compute, wall clock and pos@90 per decoding and length."""
-    points = pd.DataFrame({"method": method_labels(runs), "seed": runs["config.train.seed"].astype(int),
-                           "compute": runs["summary.compute_tokens"] / 1e6,
-                           "wall_min": runs["summary.wall_time_s"] / 60})
+    """One point per run: its method, seed, compute, wall clock and pos@90 per decoding and length.
+    One point per run: its method, seed, compute, wall clock and pos@90 per decoding and length."""
+    points = pd.DataFrame(
+        {
+            "method": method_labels(runs),
+            "seed": runs["config.train.seed"].astype(int),
+            "compute": runs["summary.compute_tokens"] / 1e6,
+            "wall_min": runs["summary.wall_time_s"] / 60,
+        }
+    )
     for metric in COMPARE_METRICS:
         for n in lengths:
             column = f"summary.eval.{metric}@{n}"
@@ -92,10 +110,14 @@ def compare_page(ctx) -> None:
     if not studies:
         st.info("No runs match the filters in the sidebar.")
         return
-    study = st.selectbox("study: task and training length", studies, key="compare_study",
-                         format_func=lambda s: study_name(s) + (" (most recent)" if s == studies[0] else ""),
-                         help="the runs of one task trained at one length; the first is the study whose "
-                              "last run finished last")
+    study = st.selectbox(
+        "study: task and training length",
+        studies,
+        key="compare_study",
+        format_func=lambda s: study_name(s) + (" (most recent)" if s == studies[0] else ""),
+        help="the runs of one task trained at one length; the first is the study whose "
+        "last run finished last",
+    )
     task, length = study
     runs = study_runs(ctx.shown, task, length)
     lengths = compare_lengths(runs, length)
@@ -104,12 +126,19 @@ def compare_page(ctx) -> None:
     shown = display_table(table, length, lengths)
     # every row in view (no inner scrolling), the method pinned while the figures scroll sideways
     method_width = min(MAX_METHOD_PX, 24 + 7 * int(shown["method"].str.len().max()))
-    st.dataframe(shown, hide_index=True, height=ROW_PX * (len(shown) + 1) + 3, column_config={
-        "method": st.column_config.TextColumn(pinned=True, width=method_width)})
-    st.caption(f"One row per method (runs that differ only by seed), cheapest first; {len(runs)} runs. "
-               "Cells: mean [95% t-interval over seeds] · the value of each seed, in the order of *seeds*; "
-               "a single seed shows its value. A method is named by what tells it apart from the others "
-               "here (unnamed fields are at their default, or the value most methods share).")
+    st.dataframe(
+        shown,
+        hide_index=True,
+        height=ROW_PX * (len(shown) + 1) + 3,
+        column_config={"method": st.column_config.TextColumn(pinned=True, width=method_width)},
+    )
+    st.caption(
+        f"One row per method (runs that differ only by seed), cheapest first; {len(runs)} runs. "
+        "Cells: mean [95% t-interval over seeds] · the value of each seed, in the order of "
+        "*seeds*; "
+        "a single seed shows its value. A method is named by what tells it apart from the others "
+        "here (unnamed fields are at their default, or the value most methods share)."
+    )
     frontier_chart(runs, lengths, length)
 
 
@@ -119,8 +148,12 @@ def frontier_chart(runs: pd.DataFrame, lengths: list[int], length: int) -> None:
         st.info(f"No run of this study measured pos@90 at {length}, {2 * length} or {4 * length}.")
         return
     left, middle, right = st.columns(3)
-    n = left.selectbox("evaluated at", lengths, key="compare_length",
-                       format_func=lambda v: f"{v} ({v // length}x the training length)")
+    n = left.selectbox(
+        "evaluated at",
+        lengths,
+        key="compare_length",
+        format_func=lambda v: f"{v} ({v // length}x the training length)",
+    )
     decoding = middle.radio("decoding", list(DECODINGS), horizontal=True, key="compare_decoding")
     axis = right.radio("x axis", list(AXES), horizontal=True, key="compare_x")
     field, x_title = AXES[axis]
@@ -128,14 +161,25 @@ def frontier_chart(runs: pd.DataFrame, lengths: list[int], length: int) -> None:
     y = f"{DECODINGS[decoding]}@{n}"
     methods = sorted(points["method"].unique())
     palette_note(len(methods))
-    spec = {"height": 340, "data": {"name": "runs"},
-            "mark": {"type": "point", "filled": True, "size": 90, "opacity": 0.8},
-            "encoding": {"x": {"field": field, "type": "quantitative", "title": x_title},
-                         "y": {"field": y, "type": "quantitative", "title": f"{decoding} pos@90 at {n}",
-                               "scale": {"domain": [0, n]}},
-                         "color": color_encoding(methods, "method", "method"),
-                         "tooltip": [{"field": c} for c in ("method", "seed", "compute", "wall_min", y)]}}
+    spec = {
+        "height": 340,
+        "data": {"name": "runs"},
+        "mark": {"type": "point", "filled": True, "size": 90, "opacity": 0.8},
+        "encoding": {
+            "x": {"field": field, "type": "quantitative", "title": x_title},
+            "y": {
+                "field": y,
+                "type": "quantitative",
+                "title": f"{decoding} pos@90 at {n}",
+                "scale": {"domain": [0, n]},
+            },
+            "color": color_encoding(methods, "method", "method"),
+            "tooltip": [{"field": c} for c in ("method", "seed", "compute", "wall_min", y)],
+        },
+    }
     draw_chart(spec, runs=points)
-    st.caption(f"One point per run. Up and to the left is better: the cheapest method whose points sit at "
-               f"{n} learned the task. Wall clock is each run's own (runs may have shared the machine "
-               "differently).")
+    st.caption(
+        f"One point per run. Up and to the left is better: the cheapest method whose points sit at "
+        f"{n} learned the task. Wall clock is each run's own (runs may have shared the machine "
+        "differently)."
+    )

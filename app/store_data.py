@@ -1,6 +1,7 @@
 """What the dashboard reads and how it shapes it.
 
-Reads go only through `lrt_lab.store.results` (load_runs, load_metrics, load_table, Run) and are cached
+Reads go only through `lrt_lab.store.results` (load_runs, load_metrics, load_table, Run) and are
+cached
 with `st.cache_data`, keyed by the files' modification times, so a run that finishes or a table an
 analysis writes shows up on the next rerun without a restart. Everything else here is plain pandas
 (labels, curves with a seed band, config diff, depth x length, tolerant readers of the analysis
@@ -29,7 +30,8 @@ from lrt_lab.store.stats import mean_ci
 KNOWN_KINDS = ("transformer", "lrt")
 KNOWN_KIND_PREFIXES = ("loop:", "ponder:")
 
-# x axis name -> (metrics record field, axis label). "compute" is the paper's convention: a run whose
+# x axis name -> (metrics record field, axis label). "compute" is the paper's convention: a run
+# whose
 # schedule costs c forward passes per token (Interleaved(2): c = 2) is plotted at c x its tokens.
 X_AXES = {
     "steps": ("step", "training step"),
@@ -37,21 +39,33 @@ X_AXES = {
     "compute": ("compute_tokens", "baseline-equivalent compute (tokens x schedule cost)"),
     "wall-clock": ("time", "wall-clock time (s)"),
 }
-BANDS = {"95% t-interval": "95% t-interval over seeds (the README's convention)",
-         "min-max": "min to max over seeds", "none": None}
+BANDS = {
+    "95% t-interval": "95% t-interval over seeds (the README's convention)",
+    "min-max": "min to max over seeds",
+    "none": None,
+}
 
 # Columns the runs table shows first (short names made by `annotate`), then summary figures.
 RUN_COLUMNS = ["run", "status", "task", "method", "seed", "length", "preset", "n_layer"]
 
 # Filters in the sidebar: label -> column of `annotate`.
-FILTERS = {"group": "store_group", "task": "task", "model": "kind", "schedule": "schedule", "seed": "seed"}
+FILTERS = {
+    "group": "store_group",
+    "task": "task",
+    "model": "kind",
+    "schedule": "schedule",
+    "seed": "seed",
+}
 
-# Where the store is --------------------------------------------------------------------------------
+# Where the store is
+# --------------------------------------------------------------------------------
 # the run store committed with the repository, next to the experiments that produced it
 COMMITTED_STORE = "experiments/results"
 
+
 def default_runs_dir(argv=None, environ=None, cwd=None) -> str:
-    """`-- --runs DIR` on the command line, else $LRT_RUNS, else ./runs if it exists, else ./results."""
+    """`-- --runs DIR` on the command line, else $LRT_RUNS, else ./runs if it exists, else
+    ./results."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--runs", default=None)
     try:
@@ -86,8 +100,15 @@ def store_signature(root) -> tuple:
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
         if entry.name.startswith(".") or not entry.is_dir():
             continue
-        sig.append((entry.name, *(_stat(os.path.join(entry.path, f))
-                                  for f in ("config.json", "summary.json", "metrics.jsonl", "tables"))))
+        sig.append(
+            (
+                entry.name,
+                *(
+                    _stat(os.path.join(entry.path, f))
+                    for f in ("config.json", "summary.json", "metrics.jsonl", "tables")
+                ),
+            )
+        )
     return tuple(sig)
 
 
@@ -95,16 +116,21 @@ def file_signature(path) -> tuple | None:
     return _stat(path)
 
 
-# Cached reads --------------------------------------------------------------------------------------
+# Cached reads
+# --------------------------------------------------------------------------------------
 @st.cache_data(show_spinner=False, max_entries=16)
 def cached_runs(root: str, include_incomplete: bool, signature: tuple) -> tuple[pd.DataFrame, list]:
-    """(annotated load_runs table, skipped folders as (name, reason)); `signature` keys the cache."""
+    """(annotated load_runs table, skipped folders as (name, reason)); `signature` keys the cache.
+    (annotated load_runs table, skipped folders as (name, reason)); `signature` keys the cache."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the skipped folders are shown in the app instead
         df = load_runs(root, include_incomplete=include_incomplete)
     store_tables = Path(root) / "tables"
-    skipped = [(name, reason) for name, reason in df.attrs.get("skipped", [])
-               if not (name == "tables" and store_tables.is_dir())]
+    skipped = [
+        (name, reason)
+        for name, reason in df.attrs.get("skipped", [])
+        if not (name == "tables" and store_tables.is_dir())
+    ]
     return annotate(df), skipped
 
 
@@ -138,7 +164,8 @@ def figures_of(path: str) -> pd.DataFrame:
     return cached_figures(path, file_signature(Path(path) / "summary.json"))
 
 
-# The runs table ------------------------------------------------------------------------------------
+# The runs table
+# ------------------------------------------------------------------------------------
 def _column(df: pd.DataFrame, name: str, default=None) -> pd.Series:
     return df[name] if name in df.columns else pd.Series(default, index=df.index, dtype=object)
 
@@ -146,13 +173,17 @@ def _column(df: pd.DataFrame, name: str, default=None) -> pd.Series:
 def _task_label(row) -> str:
     task = row.get("config.train.task")
     task = "?" if task is None or (isinstance(task, float) and np.isnan(task)) else str(task)
-    opts = {k[len("config.train.task_options."):]: v for k, v in row.items()
-            if k.startswith("config.train.task_options.") and not pd.isna(v)}
+    opts = {
+        k[len("config.train.task_options.") :]: v
+        for k, v in row.items()
+        if k.startswith("config.train.task_options.") and not pd.isna(v)
+    }
     return f"{task}({', '.join(f'{k}={v}' for k, v in sorted(opts.items()))})" if opts else task
 
 
 def annotate(df: pd.DataFrame) -> pd.DataFrame:
-    """Short columns for filters and labels: task, kind, schedule, method, seed, length, preset, n_layer."""
+    """Short columns for filters and labels: task, kind, schedule, method, seed, length, preset,
+    n_layer."""
     df = df.copy()
     if df.empty:
         for c in RUN_COLUMNS + ["kind", "schedule", "known_kind", "store_group"]:
@@ -160,14 +191,23 @@ def annotate(df: pd.DataFrame) -> pd.DataFrame:
         return df
     df["kind"] = _column(df, "config.kind", "?").fillna("?").astype(str)
     df["schedule"] = _column(df, "config.schedule", "onepass").fillna("onepass").astype(str)
-    df["method"] = [method_label({"config.kind": k, "config.schedule": s}) for k, s in zip(df["kind"], df["schedule"])]
+    df["method"] = [
+        method_label({"config.kind": k, "config.schedule": s})
+        for k, s in zip(df["kind"], df["schedule"])
+    ]
     df["task"] = [_task_label(r) for _, r in df.iterrows()]
     df["seed"] = pd.to_numeric(_column(df, "config.train.seed"), errors="coerce").astype("Int64")
-    df["length"] = pd.to_numeric(_column(df, "config.train.length"), errors="coerce").astype("Int64")
-    df["n_layer"] = pd.to_numeric(_column(df, "config.model.n_layer"), errors="coerce").astype("Int64")
+    df["length"] = pd.to_numeric(_column(df, "config.train.length"), errors="coerce").astype(
+        "Int64"
+    )
+    df["n_layer"] = pd.to_numeric(_column(df, "config.model.n_layer"), errors="coerce").astype(
+        "Int64"
+    )
     df["preset"] = _column(df, "config.train.preset", "?").fillna("?").astype(str)
     df["known_kind"] = [k in KNOWN_KINDS or k.startswith(KNOWN_KIND_PREFIXES) for k in df["kind"]]
-    df["store_group"] = run_groups.group_labels(df)  # labelled against the whole store: stable filter options
+    df["store_group"] = run_groups.group_labels(
+        df
+    )  # labelled against the whole store: stable filter options
     return df
 
 
@@ -194,11 +234,15 @@ def runs_overview(df: pd.DataFrame) -> pd.DataFrame:
     """The runs table: identity columns, then loss, pos@90 per length and mode, time, parameters."""
     cols = [c for c in RUN_COLUMNS if c in df.columns]
     out = df[cols].copy()
-    extra = {"summary.final_loss": "final_loss", "summary.wall_time_s": "wall_time_s",
-             "config.params.total": "params", "summary.steps": "steps"}
+    extra = {
+        "summary.final_loss": "final_loss",
+        "summary.wall_time_s": "wall_time_s",
+        "config.params.total": "params",
+        "summary.steps": "steps",
+    }
     evals = sorted((c for c in df.columns if c.startswith("summary.eval.pos90_")), key=_eval_key)
     for c in evals:
-        out[c[len("summary.eval."):].replace("pos90_", "pos@90 ")] = df[c]
+        out[c[len("summary.eval.") :].replace("pos90_", "pos@90 ")] = df[c]
     for c, short in extra.items():
         if c in df.columns:
             out[short] = df[c]
@@ -211,8 +255,10 @@ def group_overview(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["group", "runs", "seeds", "run names"])
     t = df.assign(group=group_labels(df))
     out = t.groupby("group", sort=True).agg(
-        runs=("run", "size"), seeds=("seed", lambda v: ", ".join(str(x) for x in sorted(v.dropna().tolist()))),
-        names=("run", lambda v: ", ".join(v)))
+        runs=("run", "size"),
+        seeds=("seed", lambda v: ", ".join(str(x) for x in sorted(v.dropna().tolist()))),
+        names=("run", lambda v: ", ".join(v)),
+    )
     return out.reset_index().rename(columns={"names": "run names"})
 
 
@@ -233,31 +279,41 @@ def config_diff(df: pd.DataFrame) -> pd.DataFrame:
     values = values.map(_config_text)
     differ = [c for c in cols if values[c].nunique() > 1]
     out = values[differ].T
-    out.index = [c[len("config."):] for c in differ]
+    out.index = [c[len("config.") :] for c in differ]
     out.index.name = "config"
     out.columns.name = None
     return out
 
 
 def config_of(row: pd.Series) -> dict:
-    return {k[len("config."):]: v for k, v in row.items()
-            if k.startswith("config.") and not (isinstance(v, float) and np.isnan(v))}
+    return {
+        k[len("config.") :]: v
+        for k, v in row.items()
+        if k.startswith("config.") and not (isinstance(v, float) and np.isnan(v))
+    }
 
 
-# Groups of seeds -----------------------------------------------------------------------------------
-SHORT_TO_CONFIG = {"task": "config.train.task", "length": "config.train.length", "preset": "config.train.preset",
-                   "n_layer": "config.model.n_layer"}
+# Groups of seeds
+# -----------------------------------------------------------------------------------
+SHORT_TO_CONFIG = {
+    "task": "config.train.task",
+    "length": "config.train.length",
+    "preset": "config.train.preset",
+    "n_layer": "config.model.n_layer",
+}
 
 
 def group_labels(df: pd.DataFrame, exclude=()) -> pd.Series:
-    """lrt_lab.store.run_groups' rule: runs share a label exactly when their configs differ only by seed (and
+    """lrt_lab.store.run_groups' rule: runs share a label exactly when their configs differ only by
+    seed (and
     name); the label names the fields that differ between the groups of `df`, the runs shown.
     exclude: short names (n_layer, ...) or config columns a view puts on an axis of its own."""
     return run_groups.group_labels(df, exclude=[SHORT_TO_CONFIG.get(c, c) for c in exclude])
 
 
 def ema(values: np.ndarray, weight: float) -> np.ndarray:
-    """Debiased exponential moving average (TensorBoard / W&B smoothing); weight 0 leaves it as is."""
+    """Debiased exponential moving average (TensorBoard / W&B smoothing); weight 0 leaves it as is.
+    Debiased exponential moving average (TensorBoard / W&B smoothing); weight 0 leaves it as is."""
     values = np.asarray(values, dtype=float)
     if weight <= 0 or len(values) == 0:
         return values
@@ -270,13 +326,18 @@ def ema(values: np.ndarray, weight: float) -> np.ndarray:
 
 
 def metric_options(df: pd.DataFrame) -> list[str]:
-    """`loss` plus the evaluation figures recorded over training (pos90_exact@L, acc_parallel@L, ...)."""
-    evals = sorted((c[len("summary.eval."):] for c in df.columns if c.startswith("summary.eval.")), key=_eval_key)
+    """`loss` plus the evaluation figures recorded over training (pos90_exact@L, acc_parallel@L,
+    ...)."""
+    evals = sorted(
+        (c[len("summary.eval.") :] for c in df.columns if c.startswith("summary.eval.")),
+        key=_eval_key,
+    )
     return ["loss"] + evals
 
 
-def curves(df: pd.DataFrame, metric: str, x_axis: str, smoothing: float = 0.0,
-           loader=None) -> tuple[pd.DataFrame, list[str]]:
+def curves(
+    df: pd.DataFrame, metric: str, x_axis: str, smoothing: float = 0.0, loader=None
+) -> tuple[pd.DataFrame, list[str]]:
     """Long table (group, run, x, y) of `metric` over training, and notes about runs left out."""
     loader = loader or metrics_of
     field, _ = X_AXES[x_axis]
@@ -289,7 +350,9 @@ def curves(df: pd.DataFrame, metric: str, x_axis: str, smoothing: float = 0.0,
             notes.append(f"{row['run']}: no {metric} records")
             continue
         if field not in m.columns:
-            if field == "compute_tokens" and "tokens" in m.columns:  # records older than compute_tokens
+            if (
+                field == "compute_tokens" and "tokens" in m.columns
+            ):  # records older than compute_tokens
                 cost = row.get("config.schedule_cost", 1.0)
                 m = m.assign(compute_tokens=m["tokens"] * (1.0 if pd.isna(cost) else float(cost)))
             else:
@@ -299,16 +362,28 @@ def curves(df: pd.DataFrame, metric: str, x_axis: str, smoothing: float = 0.0,
         if m.empty:
             continue
         y = m[metric].to_numpy(dtype=float)
-        task = row.get("config.train.task", row.get("task", "?"))  # the task's name: one loss family per panel
-        parts.append(pd.DataFrame({"group": group, "task": str(task), "run": row["run"],
-                                   "x": m[field].to_numpy(dtype=float),
-                                   "y": ema(y, smoothing) if kind == "train" else y}))
+        task = row.get(
+            "config.train.task", row.get("task", "?")
+        )  # the task's name: one loss family per panel
+        parts.append(
+            pd.DataFrame(
+                {
+                    "group": group,
+                    "task": str(task),
+                    "run": row["run"],
+                    "x": m[field].to_numpy(dtype=float),
+                    "y": ema(y, smoothing) if kind == "train" else y,
+                }
+            )
+        )
     if not parts:
         return pd.DataFrame(columns=["group", "task", "run", "x", "y"]), notes
     return pd.concat(parts, ignore_index=True), notes
 
 
-def seed_band(long: pd.DataFrame, n_points: int = 200, band: str = "95% t-interval") -> pd.DataFrame:
+def seed_band(
+    long: pd.DataFrame, n_points: int = 200, band: str = "95% t-interval"
+) -> pd.DataFrame:
     """Per group: the mean over its runs and a band (BANDS: a 95% t-interval of the mean over
     seeds, or min to max), on a common x grid (interpolated where the runs' x values differ, over
     the range every run covers). One run: lo = hi = its curve, n = 1."""
@@ -320,8 +395,19 @@ def seed_band(long: pd.DataFrame, n_points: int = 200, band: str = "95% t-interv
         task = g["task"].iloc[0] if "task" in g.columns else "?"
         if len(runs) == 1:
             r = runs[0]
-            out.append(pd.DataFrame({"group": group, "task": task, "x": r["x"], "mean": r["y"], "lo": r["y"],
-                                     "hi": r["y"], "n": 1}))
+            out.append(
+                pd.DataFrame(
+                    {
+                        "group": group,
+                        "task": task,
+                        "x": r["x"],
+                        "mean": r["y"],
+                        "lo": r["y"],
+                        "hi": r["y"],
+                        "n": 1,
+                    }
+                )
+            )
             continue
         lo_x, hi_x = max(r["x"].min() for r in runs), min(r["x"].max() for r in runs)
         grid = np.unique(np.concatenate([r["x"].to_numpy() for r in runs]))
@@ -339,8 +425,19 @@ def seed_band(long: pd.DataFrame, n_points: int = 200, band: str = "95% t-interv
             lo, hi = ys.min(0), ys.max(0)
         else:
             lo = hi = mean
-        out.append(pd.DataFrame({"group": group, "task": task, "x": grid, "mean": mean, "lo": lo, "hi": hi,
-                                 "n": len(runs)}))
+        out.append(
+            pd.DataFrame(
+                {
+                    "group": group,
+                    "task": task,
+                    "x": grid,
+                    "mean": mean,
+                    "lo": lo,
+                    "hi": hi,
+                    "n": len(runs),
+                }
+            )
+        )
     if not out:
         return pd.DataFrame(columns=["group", "task", "x", "mean", "lo", "hi", "n"])
     return pd.concat(out, ignore_index=True)
@@ -360,14 +457,21 @@ def curriculum_switches(df: pd.DataFrame, x_axis: str, loader=None) -> pd.DataFr
             continue
         m = m[[field, "length"]].dropna().sort_values(field)
         changed = m["length"].ne(m["length"].shift()) & m["length"].shift().notna()
-        rows += [{"group": group, "task": str(row.get("config.train.task", row.get("task", "?"))), "x": float(r[field]),
-                  "length": int(r["length"])}
-                 for _, r in m[changed].iterrows()]
+        rows += [
+            {
+                "group": group,
+                "task": str(row.get("config.train.task", row.get("task", "?"))),
+                "x": float(r[field]),
+                "length": int(r["length"]),
+            }
+            for _, r in m[changed].iterrows()
+        ]
     return pd.DataFrame(rows, columns=["group", "task", "x", "length"])
 
 
 def chance_levels(df: pd.DataFrame) -> pd.DataFrame:
-    """(group, chance): 1 / the task's vocabulary, the accuracy of guessing on a group-product task."""
+    """(group, chance): 1 / the task's vocabulary, the accuracy of guessing on a group-product task.
+    (group, chance): 1 / the task's vocabulary, the accuracy of guessing on a group-product task."""
     if "config.task_vocab_size" not in df.columns:
         return pd.DataFrame(columns=["group", "chance"])
     vocab = pd.to_numeric(df["config.task_vocab_size"], errors="coerce")
@@ -375,7 +479,8 @@ def chance_levels(df: pd.DataFrame) -> pd.DataFrame:
     return out.drop_duplicates("group").reset_index(drop=True)
 
 
-# Length generalisation -----------------------------------------------------------------------------
+# Length generalisation
+# -----------------------------------------------------------------------------
 def per_position(df: pd.DataFrame, loader=None) -> tuple[pd.DataFrame, list[str]]:
     """tables/per_position.csv of every run, long (group, run, length, mode, position, accuracy)."""
     loader = loader or table_of
@@ -394,7 +499,8 @@ def per_position(df: pd.DataFrame, loader=None) -> tuple[pd.DataFrame, list[str]
 
 
 def length_figures(df: pd.DataFrame, loader=None) -> pd.DataFrame:
-    """pos@90 and accuracy at each evaluation length, parallel and exact, one row per run and length."""
+    """pos@90 and accuracy at each evaluation length, parallel and exact, one row per run and
+    length."""
     loader = loader or figures_of
     groups = group_labels(df)
     parts = []
@@ -408,8 +514,12 @@ def length_figures(df: pd.DataFrame, loader=None) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
-FIGURE_COLUMNS = {"pos90_parallel": "pos@90 parallel", "pos90_exact": "pos@90 exact",
-                  "acc_parallel": "accuracy parallel", "acc_exact": "accuracy exact"}
+FIGURE_COLUMNS = {
+    "pos90_parallel": "pos@90 parallel",
+    "pos90_exact": "pos@90 exact",
+    "acc_parallel": "accuracy parallel",
+    "acc_exact": "accuracy exact",
+}
 
 
 def length_summary(figs: pd.DataFrame) -> pd.DataFrame:
@@ -422,12 +532,15 @@ def length_summary(figs: pd.DataFrame) -> pd.DataFrame:
         row = {"group": group, "length": int(length), "seeds": len(g)}
         for c in cols:
             st_ = mean_ci(g[c].astype(float))
-            row[FIGURE_COLUMNS[c]] = format_mean_ci(st_["mean"], st_["ci_low"], st_["ci_high"], st_["n"])
+            row[FIGURE_COLUMNS[c]] = format_mean_ci(
+                st_["mean"], st_["ci_low"], st_["ci_high"], st_["n"]
+            )
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-# Depth x length ------------------------------------------------------------------------------------
+# Depth x length
+# ------------------------------------------------------------------------------------
 def solved_grid(df: pd.DataFrame, mode: str = "exact", measure: str = "solved") -> pd.DataFrame:
     """Long (task, group, row, depth, length, value, n) from the runs' summaries: `solved` is the
     fraction of runs whose pos@90 reaches the full evaluation length; `fraction` is mean pos@90 /
@@ -448,16 +561,26 @@ def solved_grid(df: pd.DataFrame, mode: str = "exact", measure: str = "solved") 
             if pd.isna(pos):
                 continue
             value = float(pos >= length) if measure == "solved" else float(pos) / length
-            rows.append({"task": row.get("task", "?"), "group": group, "row": f"{group} | layers={int(row['n_layer'])}",
-                         "depth": int(row["n_layer"]), "length": length, "value": value})
+            rows.append(
+                {
+                    "task": row.get("task", "?"),
+                    "group": group,
+                    "row": f"{group} | layers={int(row['n_layer'])}",
+                    "depth": int(row["n_layer"]),
+                    "length": length,
+                    "value": value,
+                }
+            )
     if not rows:
         return pd.DataFrame(columns=columns)
     long = pd.DataFrame(rows)
     return long.groupby(["task", "group", "row", "depth", "length"], as_index=False).agg(
-        value=("value", "mean"), n=("value", "size"))[columns]
+        value=("value", "mean"), n=("value", "size")
+    )[columns]
 
 
-# Analysis tables (written by lrt_lab.analysis) -----------------------------------------------------
+# Analysis tables (written by lrt_lab.analysis)
+# -----------------------------------------------------
 # Per-run tables live in <run>/tables/ (probe_<decoding>.csv); store-level ones in
 # <store>/.analysis/tables/ (gap_recovery, gap_recovery_per_seed, mismatch, refinement, depth_sweep,
 # depth_worth; lrt_lab.analysis.loading.ANALYSIS_DIR, not imported: that module imports torch), and,
@@ -477,18 +600,30 @@ def table_kind(name: str) -> str | None:
 def cached_analysis_index(root: str, run_paths: tuple, signature: tuple) -> list[dict]:
     """Every analysis table of the store and of the given runs: kind, name, owner, path, file."""
     found = []
-    owners = [("store", str(Path(root) / d)) for d in STORE_TABLE_DIRS] + [(Path(p).name, p) for p in run_paths]
+    owners = [("store", str(Path(root) / d)) for d in STORE_TABLE_DIRS] + [
+        (Path(p).name, p) for p in run_paths
+    ]
     for owner, path in owners:
         for name, file in Run(path).tables().items():
             kind = table_kind(name)
             if kind:
-                found.append({"kind": kind, "name": name, "owner": owner, "path": str(path), "file": str(file)})
+                found.append(
+                    {
+                        "kind": kind,
+                        "name": name,
+                        "owner": owner,
+                        "path": str(path),
+                        "file": str(file),
+                    }
+                )
     return found
 
 
 def analysis_tables(root: str, df: pd.DataFrame, *kinds: str) -> list[dict]:
     paths = tuple(df["path"]) if "path" in df.columns else ()
-    return [t for t in cached_analysis_index(root, paths, store_signature(root)) if t["kind"] in kinds]
+    return [
+        t for t in cached_analysis_index(root, paths, store_signature(root)) if t["kind"] in kinds
+    ]
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -537,7 +672,8 @@ def stored_gap(df: pd.DataFrame) -> tuple[dict, list[str]]:
 
 
 def read_mismatch(t: pd.DataFrame) -> pd.DataFrame | None:
-    """Long (label, decoding, value, ci_low, ci_high, n) from a mismatch table (lrt_lab.analysis.gap)."""
+    """Long (label, decoding, value, ci_low, ci_high, n) from a mismatch table
+    (lrt_lab.analysis.gap)."""
     if not {"method", "parallel", "exact"} <= set(t.columns):
         return None
     keys = [c for c in t.columns if str(c).startswith("config.")]
@@ -545,10 +681,18 @@ def read_mismatch(t: pd.DataFrame) -> pd.DataFrame | None:
     label = t["method"].astype(str).where(group == "", t["method"].astype(str) + " | " + group)
     parts = []
     for mode in ("parallel", "exact"):
-        parts.append(pd.DataFrame({"label": label, "decoding": mode, "value": pd.to_numeric(t[mode], errors="coerce"),
-                                   "ci_low": pd.to_numeric(t.get(f"{mode}_ci_low"), errors="coerce"),
-                                   "ci_high": pd.to_numeric(t.get(f"{mode}_ci_high"), errors="coerce"),
-                                   "n": t.get("n")}))
+        parts.append(
+            pd.DataFrame(
+                {
+                    "label": label,
+                    "decoding": mode,
+                    "value": pd.to_numeric(t[mode], errors="coerce"),
+                    "ci_low": pd.to_numeric(t.get(f"{mode}_ci_low"), errors="coerce"),
+                    "ci_high": pd.to_numeric(t.get(f"{mode}_ci_high"), errors="coerce"),
+                    "n": t.get("n"),
+                }
+            )
+        )
     return pd.concat(parts, ignore_index=True)
 
 
@@ -559,11 +703,17 @@ def read_refinement(t: pd.DataFrame) -> pd.DataFrame | None:
     keys = [c for c in t.columns if str(c).startswith("config.")]
     group = _group_label(t, keys)
     label = t["method"].astype(str).where(group == "", t["method"].astype(str) + " | " + group)
-    return pd.DataFrame({"label": label, "stage": t["stage"].astype(str),
-                         "stage_index": pd.to_numeric(t["stage_index"], errors="coerce"),
-                         "mean": pd.to_numeric(t["mean"], errors="coerce"),
-                         "ci_low": pd.to_numeric(t.get("ci_low"), errors="coerce"),
-                         "ci_high": pd.to_numeric(t.get("ci_high"), errors="coerce"), "n": t.get("n")})
+    return pd.DataFrame(
+        {
+            "label": label,
+            "stage": t["stage"].astype(str),
+            "stage_index": pd.to_numeric(t["stage_index"], errors="coerce"),
+            "mean": pd.to_numeric(t["mean"], errors="coerce"),
+            "ci_low": pd.to_numeric(t.get("ci_low"), errors="coerce"),
+            "ci_high": pd.to_numeric(t.get("ci_high"), errors="coerce"),
+            "n": t.get("n"),
+        }
+    )
 
 
 def _pick(columns, *names):
@@ -578,7 +728,9 @@ def _found(t: pd.DataFrame) -> str:
     return ", ".join(map(str, t.columns)) or "no columns"
 
 
-def read_probe(t: pd.DataFrame, owner: str, name: str = "") -> tuple[pd.DataFrame | None, str | None]:
+def read_probe(
+    t: pd.DataFrame, owner: str, name: str = ""
+) -> tuple[pd.DataFrame | None, str | None]:
     """Long (label, row, row_order, position, control, accuracy) from a probe table, or a message.
 
     Accepts lrt_lab.analysis.probes tables (run, kind, site, target, position, control, accuracy,
@@ -593,7 +745,7 @@ def read_probe(t: pd.DataFrame, owner: str, name: str = "") -> tuple[pd.DataFram
     if decoding:
         label = label + " (" + t[decoding].astype(str) + ")"
     elif name.startswith("probe_"):
-        label = label + f" ({name[len('probe_'):]})"
+        label = label + f" ({name[len('probe_') :]})"
     row = t[site].astype(str)
     target = _pick(t.columns, "target")
     if target:  # the memory probed against the state one step back, as in lrt_lab.analysis.probes
@@ -608,22 +760,39 @@ def read_probe(t: pd.DataFrame, owner: str, name: str = "") -> tuple[pd.DataFram
     if target:
         row_order = row_order + (t[target].astype(str) == "state_prev") * 0.5
     control = _pick(t.columns, "control")
-    out = pd.DataFrame({"label": label, "row": row, "row_order": row_order,
-                        "position": pd.to_numeric(t[pos], errors="coerce"),
-                        "control": t[control].astype(str) if control else "probe",
-                        "accuracy": pd.to_numeric(t[acc], errors="coerce")})
+    out = pd.DataFrame(
+        {
+            "label": label,
+            "row": row,
+            "row_order": row_order,
+            "position": pd.to_numeric(t[pos], errors="coerce"),
+            "control": t[control].astype(str) if control else "probe",
+            "accuracy": pd.to_numeric(t[acc], errors="coerce"),
+        }
+    )
     return out.dropna(subset=["position", "accuracy"]), None
 
 
 def _group_label(t: pd.DataFrame, keys: list) -> pd.Series:
     """'task=..., L=...' from the group columns that vary (empty when one group)."""
-    short = {"config.train.task": "task", "config.train.length": "L", "config.model.n_layer": "layers",
-             "config.model.n_embd": "d", "config.train.steps": "steps"}
+    short = {
+        "config.train.task": "task",
+        "config.train.length": "L",
+        "config.model.n_layer": "layers",
+        "config.model.n_embd": "d",
+        "config.train.steps": "steps",
+    }
     varying = [k for k in keys if t[k].nunique(dropna=False) > 1]
     if not varying:
         return pd.Series("", index=t.index)
-    return t[varying].astype(str).apply(
-        lambda r: ", ".join(f"{short.get(k, k.rsplit('.', 1)[-1])}={v}" for k, v in r.items()), axis=1)
+    return (
+        t[varying]
+        .astype(str)
+        .apply(
+            lambda r: ", ".join(f"{short.get(k, k.rsplit('.', 1)[-1])}={v}" for k, v in r.items()),
+            axis=1,
+        )
+    )
 
 
 def read_gap(t: pd.DataFrame, per_seed: pd.DataFrame | None = None):
@@ -634,35 +803,70 @@ def read_gap(t: pd.DataFrame, per_seed: pd.DataFrame | None = None):
     method = _pick(t.columns, "method", "model")
     mean = _pick(t.columns, "recovered_mean", "recovered", "mean")
     if not (method and mean):
-        return None, None, f"expected columns method, recovered (or recovered_mean), ci_low, ci_high; found {_found(t)}"
+        return (
+            None,
+            None,
+            "expected columns method, recovered (or recovered_mean), ci_low, ci_high; found "
+            f"{_found(t)}",
+        )
     keys = [c for c in t.columns if str(c).startswith("config.")]
     group = _group_label(t, keys)
     label = t[method].astype(str).where(group == "", t[method].astype(str) + " | " + group)
     lo, hi = _pick(t.columns, "ci_low", "lo", "low"), _pick(t.columns, "ci_high", "hi", "high")
-    bars = pd.DataFrame({"label": label, "method": t[method].astype(str),
-                         "mean": pd.to_numeric(t[mean], errors="coerce"),
-                         "ci_low": pd.to_numeric(t[lo], errors="coerce") if lo else float("nan"),
-                         "ci_high": pd.to_numeric(t[hi], errors="coerce") if hi else float("nan")})
+    bars = pd.DataFrame(
+        {
+            "label": label,
+            "method": t[method].astype(str),
+            "mean": pd.to_numeric(t[mean], errors="coerce"),
+            "ci_low": pd.to_numeric(t[lo], errors="coerce") if lo else float("nan"),
+            "ci_high": pd.to_numeric(t[hi], errors="coerce") if hi else float("nan"),
+        }
+    )
     points = None
     seed_cols = [c for c in t.columns if re.fullmatch(r"(recovered_)?(seed|s)_?\d+", str(c))]
     if per_seed is not None:
-        m2, v2 = _pick(per_seed.columns, "method", "model"), _pick(per_seed.columns, "recovered", "value")
+        m2, v2 = (
+            _pick(per_seed.columns, "method", "model"),
+            _pick(per_seed.columns, "recovered", "value"),
+        )
         if m2 and v2:
             k2 = [k for k in keys if k in per_seed.columns]
-            merged = per_seed.merge(t[k2 + [method]].assign(_label=label), left_on=k2 + [m2],
-                                    right_on=k2 + [method], how="inner") if k2 else \
-                per_seed.assign(_label=per_seed[m2].astype(str))
-            points = pd.DataFrame({"label": merged["_label"].astype(str),
-                                   "value": pd.to_numeric(merged[v2], errors="coerce")})
+            merged = (
+                per_seed.merge(
+                    t[k2 + [method]].assign(_label=label),
+                    left_on=k2 + [m2],
+                    right_on=k2 + [method],
+                    how="inner",
+                )
+                if k2
+                else per_seed.assign(_label=per_seed[m2].astype(str))
+            )
+            points = pd.DataFrame(
+                {
+                    "label": merged["_label"].astype(str),
+                    "value": pd.to_numeric(merged[v2], errors="coerce"),
+                }
+            )
     elif seed_cols:
-        points = t.assign(label=label).melt(id_vars=["label"], value_vars=seed_cols, value_name="value")
-        points = points[["label", "value"]].assign(value=lambda d: pd.to_numeric(d["value"], errors="coerce"))
+        points = t.assign(label=label).melt(
+            id_vars=["label"], value_vars=seed_cols, value_name="value"
+        )
+        points = points[["label", "value"]].assign(
+            value=lambda d: pd.to_numeric(d["value"], errors="coerce")
+        )
     elif _pick(t.columns, "seed"):  # long format: one row per seed; the bars are per label
         v = _pick(t.columns, "recovered", "value")
-        points = pd.DataFrame({"label": label, "value": pd.to_numeric(t[v], errors="coerce")}) if v else None
+        points = (
+            pd.DataFrame({"label": label, "value": pd.to_numeric(t[v], errors="coerce")})
+            if v
+            else None
+        )
         bars = bars.groupby("label", as_index=False, sort=False).agg(
-            method=("method", "first"), mean=("mean", "mean"), ci_low=("ci_low", "first"),
-            ci_high=("ci_high", "first"))
+            method=("method", "first"),
+            mean=("mean", "mean"),
+            ci_low=("ci_low", "first"),
+            ci_high=("ci_high", "first"),
+        )
     if points is not None:
         points = points.dropna(subset=["value"])
     return bars, points, None
@@ -670,7 +874,11 @@ def read_gap(t: pd.DataFrame, per_seed: pd.DataFrame | None = None):
 
 def gap_caption(t: pd.DataFrame) -> str:
     parts = []
-    for col, text in (("metric", "metric {}"), ("baseline", "baseline {}"), ("exact_method", "exact {}")):
+    for col, text in (
+        ("metric", "metric {}"),
+        ("baseline", "baseline {}"),
+        ("exact_method", "exact {}"),
+    ):
         c = _pick(t.columns, col)
         if c and t[c].nunique() == 1:
             parts.append(text.format(t[c].iloc[0]))
@@ -684,7 +892,11 @@ def read_depth_sweep(t: pd.DataFrame) -> tuple[pd.DataFrame | None, str, str | N
     depth, length, value."""
     depth = _pick(t.columns, "n_layer", "depth", "layers")
     if not depth:
-        return None, "", f"expected columns n_layer (or depth) and mean (or length, solved); found {_found(t)}"
+        return (
+            None,
+            "",
+            f"expected columns n_layer (or depth) and mean (or length, solved); found {_found(t)}",
+        )
     method = _pick(t.columns, "method", "model", "group")
     task = _pick(t.columns, "task")
     group = t[method].astype(str) if method else pd.Series("all", index=t.index)
@@ -693,17 +905,36 @@ def read_depth_sweep(t: pd.DataFrame) -> tuple[pd.DataFrame | None, str, str | N
     length = _pick(t.columns, "length", "eval_length")
     value = _pick(t.columns, "solved", "solved_frac", "frac_solved", "value")
     if length and value:
-        out = pd.DataFrame({"group": group, "depth": pd.to_numeric(t[depth], errors="coerce"), "length": t[length],
-                            "value": pd.to_numeric(t[value], errors="coerce")})
-        return out.groupby(["group", "depth", "length"], as_index=False)["value"].mean(), "grid", None
+        out = pd.DataFrame(
+            {
+                "group": group,
+                "depth": pd.to_numeric(t[depth], errors="coerce"),
+                "length": t[length],
+                "value": pd.to_numeric(t[value], errors="coerce"),
+            }
+        )
+        return (
+            out.groupby(["group", "depth", "length"], as_index=False)["value"].mean(),
+            "grid",
+            None,
+        )
     mean = _pick(t.columns, "mean")
     if not mean:
-        return None, "", f"expected columns n_layer (or depth) and mean (or length, solved); found {_found(t)}"
+        return (
+            None,
+            "",
+            f"expected columns n_layer (or depth) and mean (or length, solved); found {_found(t)}",
+        )
     lo, hi = _pick(t.columns, "ci_low"), _pick(t.columns, "ci_high")
-    out = pd.DataFrame({"group": group, "depth": pd.to_numeric(t[depth], errors="coerce"),
-                        "mean": pd.to_numeric(t[mean], errors="coerce"),
-                        "ci_low": pd.to_numeric(t[lo], errors="coerce") if lo else float("nan"),
-                        "ci_high": pd.to_numeric(t[hi], errors="coerce") if hi else float("nan")})
+    out = pd.DataFrame(
+        {
+            "group": group,
+            "depth": pd.to_numeric(t[depth], errors="coerce"),
+            "mean": pd.to_numeric(t[mean], errors="coerce"),
+            "ci_low": pd.to_numeric(t[lo], errors="coerce") if lo else float("nan"),
+            "ci_high": pd.to_numeric(t[hi], errors="coerce") if hi else float("nan"),
+        }
+    )
     out = out.dropna(subset=["depth", "mean"])
     out["swept"] = out.groupby("group")["depth"].transform("nunique") > 1
     return out, "curve", None

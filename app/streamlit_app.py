@@ -4,7 +4,8 @@ depth x length, gap recovery, probes, convergence, trainer frontier.
     lrt-lab app --runs DIR
     streamlit run app/streamlit_app.py -- --runs DIR
 
-The store is `--runs DIR`, else $LRT_RUNS, else ./runs (./results when there is no ./runs), and can be
+The store is `--runs DIR`, else $LRT_RUNS, else ./runs (./results when there is no ./runs), and can
+be
 changed in the sidebar. The app reads only the run store, through lrt_lab.store.results.
 """
 
@@ -27,10 +28,18 @@ def sidebar() -> tuple[str, bool]:
     st.sidebar.title("lrt_lab")
     if "runs_dir" not in st.session_state:
         st.session_state["runs_dir"] = store_data.default_runs_dir(sys.argv[1:])
-    root = st.sidebar.text_input("run store", key="runs_dir", help="folder of run folders (lrt-lab train --out)")
-    incomplete = st.sidebar.checkbox("include incomplete runs", value=False, key="include_incomplete",
-                                     help="runs still training (or killed): curves only, no final figures")
-    if st.sidebar.button("Reload", help="re-read the store (new runs also appear on their own at the next rerun)"):
+    root = st.sidebar.text_input(
+        "run store", key="runs_dir", help="folder of run folders (lrt-lab train --out)"
+    )
+    incomplete = st.sidebar.checkbox(
+        "include incomplete runs",
+        value=False,
+        key="include_incomplete",
+        help="runs still training (or killed): curves only, no final figures",
+    )
+    if st.sidebar.button(
+        "Reload", help="re-read the store (new runs also appear on their own at the next rerun)"
+    ):
         st.cache_data.clear()
     return root.strip(), incomplete
 
@@ -41,12 +50,18 @@ def select_runs(runs):
     selections = {}
     for label, column in store_data.FILTERS.items():
         options = store_data.filter_options(runs, column)
-        selections[column] = st.sidebar.multiselect(label, options, key=views.data_key(f"filter_{label}", options),
-                                                    placeholder="all")
+        selections[column] = st.sidebar.multiselect(
+            label, options, key=views.data_key(f"filter_{label}", options), placeholder="all"
+        )
     filtered = store_data.filter_runs(runs, selections)
     names = list(filtered["run"])
-    picked = st.sidebar.multiselect("runs", names, key=views.data_key("runs", names), placeholder="all matching runs",
-                                    help="narrow to these runs (empty: every run that matches the filters)")
+    picked = st.sidebar.multiselect(
+        "runs",
+        names,
+        key=views.data_key("runs", names),
+        placeholder="all matching runs",
+        help="narrow to these runs (empty: every run that matches the filters)",
+    )
     return filtered[filtered["run"].isin(picked)] if picked else filtered
 
 
@@ -58,16 +73,22 @@ def main() -> None:
         st.info("Enter the folder of a run store in the sidebar.")
         return
     if not Path(root).is_dir():
-        st.info(f"No run store at `{root}` (the folder does not exist). Train into it with "
-                f"`lrt-lab train --out {root} ...` or `lrt-lab demo --out {root}`, or enter another folder "
-                "in the sidebar.")
+        st.info(
+            f"No run store at `{root}` (the folder does not exist). Train into it with "
+            f"`lrt-lab train --out {root} ...` or `lrt-lab demo --out {root}`, or enter another "
+            "folder "
+            "in the sidebar."
+        )
         return
     runs, skipped = store_data.cached_runs(root, incomplete, store_data.store_signature(root))
     ctx = views.Context(root=root, runs=runs, shown=runs, skipped=skipped)
     views.store_messages(ctx)
     if runs.empty:
-        st.info(f"The store `{root}` has no {'readable' if incomplete else 'complete'} runs yet. Train some with "
-                f"`lrt-lab train --out {root} ...` or `lrt-lab demo --out {root}`.")
+        st.info(
+            f"The store `{root}` has no {'readable' if incomplete else 'complete'} runs yet. Train "
+            "some with "
+            f"`lrt-lab train --out {root} ...` or `lrt-lab demo --out {root}`."
+        )
         return
     ctx.shown = select_runs(runs)
     for tab, (title, view) in zip(st.tabs(list(views.PAGES)), views.PAGES.items()):

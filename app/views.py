@@ -21,14 +21,22 @@ from lrt_app.convergence_page import convergence_page  # FixedPoint runs
 from lrt_app.frontier import frontier_page
 
 # Where the analysis tables come from: shown when a store has none yet.
-HINT_PROBES = ("No probe tables yet: run `lrt-lab analyze probe RUN_FOLDER [RUN_FOLDER ...]` (it writes "
-               "`tables/probe_<decoding>.csv` into each run: site, position, control, accuracy), then press Reload.")
-HINT_GAP = ("No run shown has BPB tables: train the gap sweep (`lrt-lab sweep experiments/gap_recovery.toml`), then "
-            "run `lrt-lab analyze gap STORE`, which evaluates each run's final checkpoint into its "
-            "`tables/bpb.csv`; this page computes gap recovery, mismatch and refinement from those tables.")
-HINT_DEPTH = ("Only one depth in the runs shown ({depths}): train the same task at several depths "
-              "(`lrt-lab sweep experiments/depth_sweep.toml`), then `lrt-lab analyze depth STORE` "
-              "for the depth-sweep table.")
+HINT_PROBES = (
+    "No probe tables yet: run `lrt-lab analyze probe RUN_FOLDER [RUN_FOLDER ...]` (it writes "
+    "`tables/probe_<decoding>.csv` into each run: site, position, control, accuracy), then press "
+    "Reload."
+)
+HINT_GAP = (
+    "No run shown has BPB tables: train the gap sweep (`lrt-lab sweep "
+    "experiments/gap_recovery.toml`), then "
+    "run `lrt-lab analyze gap STORE`, which evaluates each run's final checkpoint into its "
+    "`tables/bpb.csv`; this page computes gap recovery, mismatch and refinement from those tables."
+)
+HINT_DEPTH = (
+    "Only one depth in the runs shown ({depths}): train the same task at several depths "
+    "(`lrt-lab sweep experiments/depth_sweep.toml`), then `lrt-lab analyze depth STORE` "
+    "for the depth-sweep table."
+)
 MAX_DIFF_RUNS = 12
 # What fits beside Streamlit's sidebar in a 1400 px window (main column about 1000 px).
 MAIN_WIDTH = 980
@@ -37,8 +45,8 @@ MAIN_WIDTH = 980
 @dataclass
 class Context:
     root: str
-    runs: pd.DataFrame            # every readable run in the store
-    shown: pd.DataFrame           # after the sidebar's filters and selection
+    runs: pd.DataFrame  # every readable run in the store
+    shown: pd.DataFrame  # after the sidebar's filters and selection
     skipped: list = field(default_factory=list)
 
     def color(self, title: str = "group of seeds") -> dict:
@@ -69,26 +77,46 @@ def _needs_runs(ctx: Context) -> bool:
     return True
 
 
-# Vega-Lite building blocks -------------------------------------------------------------------------
+# Vega-Lite building blocks
+# -------------------------------------------------------------------------
 def _q(name: str, title: str | None = None, **kw) -> dict:
-    return {"field": name, "type": "quantitative", **({"title": title} if title is not None else {}), **kw}
+    return {
+        "field": name,
+        "type": "quantitative",
+        **({"title": title} if title is not None else {}),
+        **kw,
+    }
 
 
 def _n(name: str, title: str | None = None, **kw) -> dict:
-    return {"field": name, "type": "nominal", **({"title": title} if title is not None else {}), **kw}
+    return {
+        "field": name,
+        "type": "nominal",
+        **({"title": title} if title is not None else {}),
+        **kw,
+    }
 
 
 def _o(name: str, title: str | None = None, **kw) -> dict:
-    return {"field": name, "type": "ordinal", **({"title": title} if title is not None else {}), **kw}
+    return {
+        "field": name,
+        "type": "ordinal",
+        **({"title": title} if title is not None else {}),
+        **kw,
+    }
 
 
 def _tip(name: str, type_: str = "quantitative", fmt: str | None = None) -> dict:
     return {"field": name, "type": type_, **({"format": fmt} if fmt else {})}
 
 
-DASH = {"field": "mode", "type": "nominal", "title": "decoding",
-        "scale": {"domain": ["parallel", "exact"], "range": [[1, 0], [5, 3]]},
-        "legend": {"symbolType": "stroke", "symbolStrokeColor": "gray", "symbolStrokeWidth": 2}}
+DASH = {
+    "field": "mode",
+    "type": "nominal",
+    "title": "decoding",
+    "scale": {"domain": ["parallel", "exact"], "range": [[1, 0], [5, 3]]},
+    "legend": {"symbolType": "stroke", "symbolStrokeColor": "gray", "symbolStrokeWidth": 2},
+}
 ZOOM = [{"name": "zoom", "select": "interval", "bind": "scales"}]
 
 
@@ -97,8 +125,18 @@ def facet_columns(panel_width: int, extra: int = 90) -> int:
     return max(1, MAIN_WIDTH // (panel_width + extra))
 
 
-def _heatmap(df: pd.DataFrame, x: str, y: str, facet: str, scheme: str, x_title: str, y_title: str,
-             value_title: str, y_order: list | None = None, label_width: int = 0) -> None:
+def _heatmap(
+    df: pd.DataFrame,
+    x: str,
+    y: str,
+    facet: str,
+    scheme: str,
+    x_title: str,
+    y_title: str,
+    value_title: str,
+    y_order: list | None = None,
+    label_width: int = 0,
+) -> None:
     """value in [0, 1] as coloured cells with the number written in, one panel per `facet`
     (wrapped to fit the main column); rows top to bottom in `y_order` (default: descending).
     label_width: room the y labels take (long group names), counted when wrapping."""
@@ -107,24 +145,49 @@ def _heatmap(df: pd.DataFrame, x: str, y: str, facet: str, scheme: str, x_title:
     width = min(420, max(120, 44 * n_x))
     spec = {
         "data": {"name": "cells"},
-        "facet": _n(facet, None) | {"title": None, "header": {"labelLimit": width + label_width, "labelFontSize": 12}},
+        "facet": _n(facet, None)
+        | {"title": None, "header": {"labelLimit": width + label_width, "labelFontSize": 12}},
         "columns": facet_columns(width, 90 + label_width),
         "resolve": {"scale": {"x": "independent", "y": "independent"}},
         "spec": {
             "width": width,
-            "height": max(60, 22 * n_y),  # a step height ({"step": 22}) breaks Streamlit's sizing of facets
-            "encoding": {"x": _o(x, x_title, axis={"labelAngle": 0}),
-                         "y": _o(y, None if label_width else y_title,
-                                 sort=y_order if y_order is not None else "descending",
-                                 axis={"labelLimit": max(label_width, 120)})},
+            "height": max(
+                60, 22 * n_y
+            ),  # a step height ({"step": 22}) breaks Streamlit's sizing of facets
+            "encoding": {
+                "x": _o(x, x_title, axis={"labelAngle": 0}),
+                "y": _o(
+                    y,
+                    None if label_width else y_title,
+                    sort=y_order if y_order is not None else "descending",
+                    axis={"labelLimit": max(label_width, 120)},
+                ),
+            },
             "layer": [
-                {"mark": "rect", "encoding": {
-                    "color": _q("value", value_title, scale={"domain": [0, 1], "scheme": scheme}),
-                    "tooltip": [_tip(facet, "nominal"), _tip(x, "ordinal"), _tip(y, "ordinal"),
-                                _tip("value", fmt=".2f")]}},
-                {"mark": {"type": "text", "fontSize": 10}, "encoding": {
-                    "text": _q("value", format=".2f"),
-                    "color": {"condition": {"test": "datum.value > 0.5", "value": "black"}, "value": "white"}}},
+                {
+                    "mark": "rect",
+                    "encoding": {
+                        "color": _q(
+                            "value", value_title, scale={"domain": [0, 1], "scheme": scheme}
+                        ),
+                        "tooltip": [
+                            _tip(facet, "nominal"),
+                            _tip(x, "ordinal"),
+                            _tip(y, "ordinal"),
+                            _tip("value", fmt=".2f"),
+                        ],
+                    },
+                },
+                {
+                    "mark": {"type": "text", "fontSize": 10},
+                    "encoding": {
+                        "text": _q("value", format=".2f"),
+                        "color": {
+                            "condition": {"test": "datum.value > 0.5", "value": "black"},
+                            "value": "white",
+                        },
+                    },
+                },
             ],
         },
     }
@@ -134,17 +197,26 @@ def _heatmap(df: pd.DataFrame, x: str, y: str, facet: str, scheme: str, x_title:
 # Runs --------------------------------------------------------------------------------------------
 def runs_page(ctx: Context) -> None:
     st.caption(f"{len(ctx.shown)} of {len(ctx.runs)} runs shown, from `{ctx.root}`")
-    unknown = ctx.runs[~ctx.runs["known_kind"].astype(bool)] if "known_kind" in ctx.runs.columns else ctx.runs.iloc[:0]
+    unknown = (
+        ctx.runs[~ctx.runs["known_kind"].astype(bool)]
+        if "known_kind" in ctx.runs.columns
+        else ctx.runs.iloc[:0]
+    )
     if not unknown.empty:
         kinds = ", ".join(sorted(set(unknown["kind"])))
-        st.warning(f"{len(unknown)} run(s) of a model kind this dashboard does not know ({kinds}): "
-                   f"{', '.join(unknown['run'])}. They are listed and plotted under their raw kind; "
-                   "check their config before comparing them.")
+        st.warning(
+            f"{len(unknown)} run(s) of a model kind this dashboard does not know ({kinds}): "
+            f"{', '.join(unknown['run'])}. They are listed and plotted under their raw kind; "
+            "check their config before comparing them."
+        )
     if not _needs_runs(ctx):
         return
     st.subheader("Groups of seeds")
-    st.caption("A group is every run whose config differs only by seed (and name); each group is named by the "
-               "config fields that tell the groups shown apart. Every page pools seeds by this rule.")
+    st.caption(
+        "A group is every run whose config differs only by seed (and name); each group is named by "
+        "the "
+        "config fields that tell the groups shown apart. Every page pools seeds by this rule."
+    )
     st.dataframe(store_data.group_overview(ctx.shown), hide_index=True)
     st.subheader("Runs")
     st.dataframe(store_data.runs_overview(ctx.shown), hide_index=True)
@@ -158,7 +230,10 @@ def runs_page(ctx: Context) -> None:
         return
     diff_runs = ctx.shown.head(MAX_DIFF_RUNS)
     if len(ctx.shown) > MAX_DIFF_RUNS:
-        st.caption(f"The first {MAX_DIFF_RUNS} of {len(ctx.shown)} runs (narrow the selection in the sidebar).")
+        st.caption(
+            f"The first {MAX_DIFF_RUNS} of {len(ctx.shown)} runs (narrow the selection in the "
+            "sidebar)."
+        )
     diff = store_data.config_diff(diff_runs)
     if diff.empty:
         st.info("The runs shown have identical configs.")
@@ -173,20 +248,41 @@ def curves_page(ctx: Context) -> None:
         return
     c1, c2, c3 = st.columns([2, 3, 2])
     metric = c1.selectbox("metric", store_data.metric_options(ctx.shown), key="curve_metric")
-    x_axis = c2.radio("x axis", list(store_data.X_AXES), horizontal=True, key="curve_x",
-                      help="compute: baseline-equivalent tokens, i.e. tokens x schedule cost "
-                           "(an Interleaved(2) run is plotted at 2x its tokens, as in the paper); "
-                           "wall-clock: seconds since the run started")
-    smoothing = c3.slider("smoothing", 0.0, 0.99, 0.0, 0.01, key="curve_smoothing",
-                          disabled=metric != "loss", help="exponential moving average of the training loss "
-                                                          "(debiased, as in TensorBoard)")
+    x_axis = c2.radio(
+        "x axis",
+        list(store_data.X_AXES),
+        horizontal=True,
+        key="curve_x",
+        help="compute: baseline-equivalent tokens, i.e. tokens x schedule cost "
+        "(an Interleaved(2) run is plotted at 2x its tokens, as in the paper); "
+        "wall-clock: seconds since the run started",
+    )
+    smoothing = c3.slider(
+        "smoothing",
+        0.0,
+        0.99,
+        0.0,
+        0.01,
+        key="curve_smoothing",
+        disabled=metric != "loss",
+        help="exponential moving average of the training loss (debiased, as in TensorBoard)",
+    )
     c4, c5, c6, c7 = st.columns([2, 1, 1, 2])
-    band_kind = c4.radio("band", list(store_data.BANDS), horizontal=True, key="curve_band",
-                         help="shaded band around the mean over seeds")
+    band_kind = c4.radio(
+        "band",
+        list(store_data.BANDS),
+        horizontal=True,
+        key="curve_band",
+        help="shaded band around the mean over seeds",
+    )
     log_y = c5.checkbox("log y", value=False, key="curve_log")
     show_runs = c6.checkbox("show each seed", value=False, key="curve_seeds")
-    markers = c7.checkbox("curriculum switches", value=True, key="curve_curriculum",
-                          help="dotted vertical lines where the training length steps up (the loss jumps there)")
+    markers = c7.checkbox(
+        "curriculum switches",
+        value=True,
+        key="curve_curriculum",
+        help="dotted vertical lines where the training length steps up (the loss jumps there)",
+    )
     long, notes = store_data.curves(ctx.shown, metric, x_axis, smoothing)
     for note in notes:
         st.caption(note)
@@ -194,21 +290,34 @@ def curves_page(ctx: Context) -> None:
         st.info(f"No {metric} records in the runs shown.")
         return
     band = store_data.seed_band(long, band=band_kind)
-    switches = store_data.curriculum_switches(ctx.shown, x_axis) if markers and metric == "loss" else None
+    switches = (
+        store_data.curriculum_switches(ctx.shown, x_axis) if markers and metric == "loss" else None
+    )
     color = ctx.color()
     palette_note(len(color["scale"]["domain"]))
     tasks = sorted(band["task"].unique())
     for task in tasks:  # one metric family per y axis: losses of different tasks are not comparable
         if len(tasks) > 1:
             st.markdown(f"**{task}**")
-        _curve_chart(band[band["task"] == task], long[long["task"] == task],
-                     None if switches is None else switches[switches["task"] == task],
-                     metric, x_axis, only_groups(color, set(band.loc[band["task"] == task, "group"])), band_kind,
-                     log_y, show_runs)
+        _curve_chart(
+            band[band["task"] == task],
+            long[long["task"] == task],
+            None if switches is None else switches[switches["task"] == task],
+            metric,
+            x_axis,
+            only_groups(color, set(band.loc[band["task"] == task, "group"])),
+            band_kind,
+            log_y,
+            show_runs,
+        )
     about = store_data.BANDS[band_kind]
-    st.caption("Lines: mean over seeds" + (f"; shaded band: {about}" if about else "")
-               + "; groups with one seed are a line alone. Dotted verticals: curriculum switches (the new training "
-               "length on top). Drag to pan, scroll to zoom.")
+    st.caption(
+        "Lines: mean over seeds"
+        + (f"; shaded band: {about}" if about else "")
+        + "; groups with one seed are a line alone. Dotted verticals: curriculum switches "
+        "(the new training "
+        "length on top). Drag to pan, scroll to zoom."
+    )
 
 
 def _curve_chart(band, long, switches, metric, x_axis, color, band_kind, log_y, show_runs) -> None:
@@ -219,28 +328,86 @@ def _curve_chart(band, long, switches, metric, x_axis, color, band_kind, log_y, 
     datasets = {"band": band}
     if store_data.BANDS[band_kind]:
         keep = "datum.n > 1" + (" && datum.lo > 0" if log_y else "")
-        layers.append({"data": {"name": "band"}, "transform": [{"filter": keep}],
-                       "mark": {"type": "area", "opacity": 0.18},
-                       "encoding": {"x": x, "y": _q("lo", scale=y_scale), "y2": {"field": "hi"}, "color": color}})
+        layers.append(
+            {
+                "data": {"name": "band"},
+                "transform": [{"filter": keep}],
+                "mark": {"type": "area", "opacity": 0.18},
+                "encoding": {
+                    "x": x,
+                    "y": _q("lo", scale=y_scale),
+                    "y2": {"field": "hi"},
+                    "color": color,
+                },
+            }
+        )
     layers.append(
-        {"data": {"name": "band"}, "mark": {"type": "line", "strokeWidth": 2}, "params": ZOOM,
-         "encoding": {"x": x, "y": y, "color": color,
-                      "tooltip": [_tip("group", "nominal"), {"field": "x", "type": "quantitative", "title": x_axis},
-                                  _tip("mean", fmt=".4g"), _tip("lo", fmt=".4g"), _tip("hi", fmt=".4g"),
-                                  {"field": "n", "type": "quantitative", "title": "seeds"}]}})
+        {
+            "data": {"name": "band"},
+            "mark": {"type": "line", "strokeWidth": 2},
+            "params": ZOOM,
+            "encoding": {
+                "x": x,
+                "y": y,
+                "color": color,
+                "tooltip": [
+                    _tip("group", "nominal"),
+                    {"field": "x", "type": "quantitative", "title": x_axis},
+                    _tip("mean", fmt=".4g"),
+                    _tip("lo", fmt=".4g"),
+                    _tip("hi", fmt=".4g"),
+                    {"field": "n", "type": "quantitative", "title": "seeds"},
+                ],
+            },
+        }
+    )
     if show_runs:
         datasets["runs"] = long
-        layers.append({"data": {"name": "runs"}, "mark": {"type": "line", "strokeWidth": 0.7, "opacity": 0.6},
-                       "encoding": {"x": x, "y": _q("y", scale=y_scale), "color": color, "detail": _n("run"),
-                                    "tooltip": [_tip("run", "nominal"), _tip("x"), _tip("y", fmt=".4g")]}})
+        layers.append(
+            {
+                "data": {"name": "runs"},
+                "mark": {"type": "line", "strokeWidth": 0.7, "opacity": 0.6},
+                "encoding": {
+                    "x": x,
+                    "y": _q("y", scale=y_scale),
+                    "color": color,
+                    "detail": _n("run"),
+                    "tooltip": [_tip("run", "nominal"), _tip("x"), _tip("y", fmt=".4g")],
+                },
+            }
+        )
     if switches is not None and not switches.empty:
-        marks = switches.groupby(["x", "length"], as_index=False).agg(groups=("group", lambda g: "; ".join(sorted(g))))
+        marks = switches.groupby(["x", "length"], as_index=False).agg(
+            groups=("group", lambda g: "; ".join(sorted(g)))
+        )
         datasets["switches"] = marks
-        layers.append({"data": {"name": "switches"}, "mark": {"type": "rule", "strokeDash": [2, 3], "color": "#888"},
-                       "encoding": {"x": x, "tooltip": [_tip("length"), _tip("x"), _tip("groups", "nominal")]}})
-        layers.append({"data": {"name": "switches"}, "mark": {"type": "text", "baseline": "top", "dy": 2,
-                                                               "fontSize": 9, "color": "#666"},
-                       "encoding": {"x": x, "y": {"value": 0}, "text": {"field": "length", "type": "nominal"}}})
+        layers.append(
+            {
+                "data": {"name": "switches"},
+                "mark": {"type": "rule", "strokeDash": [2, 3], "color": "#888"},
+                "encoding": {
+                    "x": x,
+                    "tooltip": [_tip("length"), _tip("x"), _tip("groups", "nominal")],
+                },
+            }
+        )
+        layers.append(
+            {
+                "data": {"name": "switches"},
+                "mark": {
+                    "type": "text",
+                    "baseline": "top",
+                    "dy": 2,
+                    "fontSize": 9,
+                    "color": "#666",
+                },
+                "encoding": {
+                    "x": x,
+                    "y": {"value": 0},
+                    "text": {"field": "length", "type": "nominal"},
+                },
+            }
+        )
     draw_chart({"height": 340, "layer": layers}, **datasets)
 
 
@@ -259,25 +426,59 @@ def length_page(ctx: Context) -> None:
         st.dataframe(store_data.length_summary(figs), hide_index=True)
         st.caption("Cells: mean [95% t-interval over seeds] (n seeds); one seed: its value alone.")
     if not figs.empty and cols:
-        pos = (figs.groupby(["group", "length"], as_index=False)[cols].mean()
-               .melt(id_vars=["group", "length"], value_vars=cols, var_name="mode", value_name="pos90"))
+        pos = (
+            figs.groupby(["group", "length"], as_index=False)[cols]
+            .mean()
+            .melt(id_vars=["group", "length"], value_vars=cols, var_name="mode", value_name="pos90")
+        )
         pos["mode"] = pos["mode"].str.replace("pos90_", "", regex=False)
         lengths = [int(n) for n in sorted(figs["length"].unique())]
-        x = _q("length", "evaluation length", scale={"type": "log", "base": 2},
-               axis={"values": lengths, "format": "d"})
-        spec = {"height": 300, "layer": [
-            {"data": {"name": "solved"}, "mark": {"type": "line", "color": "gray", "strokeDash": [2, 2]},
-             "encoding": {"x": x, "y": _q("pos90")}},
-            {"data": {"name": "pos"}, "mark": "line",
-             "encoding": {"x": x, "y": _q("pos90", "pos@90 (mean over seeds)"), "color": color, "strokeDash": DASH}},
-            {"data": {"name": "pos"}, "mark": {"type": "point", "filled": True},
-             "encoding": {"x": x, "y": _q("pos90"), "color": color,
-                          "tooltip": [_tip("group", "nominal"), _tip("mode", "nominal"), _tip("length"),
-                                      _tip("pos90", fmt=".3g")]}},
-        ]}
+        x = _q(
+            "length",
+            "evaluation length",
+            scale={"type": "log", "base": 2},
+            axis={"values": lengths, "format": "d"},
+        )
+        spec = {
+            "height": 300,
+            "layer": [
+                {
+                    "data": {"name": "solved"},
+                    "mark": {"type": "line", "color": "gray", "strokeDash": [2, 2]},
+                    "encoding": {"x": x, "y": _q("pos90")},
+                },
+                {
+                    "data": {"name": "pos"},
+                    "mark": "line",
+                    "encoding": {
+                        "x": x,
+                        "y": _q("pos90", "pos@90 (mean over seeds)"),
+                        "color": color,
+                        "strokeDash": DASH,
+                    },
+                },
+                {
+                    "data": {"name": "pos"},
+                    "mark": {"type": "point", "filled": True},
+                    "encoding": {
+                        "x": x,
+                        "y": _q("pos90"),
+                        "color": color,
+                        "tooltip": [
+                            _tip("group", "nominal"),
+                            _tip("mode", "nominal"),
+                            _tip("length"),
+                            _tip("pos90", fmt=".3g"),
+                        ],
+                    },
+                },
+            ],
+        }
         draw_chart(spec, pos=pos, solved=pd.DataFrame({"length": lengths, "pos90": lengths}))
-        st.caption("Solid: the training schedule's parallel forward; dashed: exact recurrent decoding; "
-                   "grey dotted: solved (pos@90 = length). Lengths on a log scale.")
+        st.caption(
+            "Solid: the training schedule's parallel forward; dashed: exact recurrent decoding; "
+            "grey dotted: solved (pos@90 = length). Lengths on a log scale."
+        )
 
     st.subheader("Per-position accuracy")
     pp, missing = store_data.per_position(ctx.shown)
@@ -291,35 +492,74 @@ def length_page(ctx: Context) -> None:
     refs = pd.DataFrame({"y": [0.9], "what": ["0.9 (pos@90 threshold)"]})
     if not chance.empty:
         levels = chance.groupby("chance")["group"].apply(list)
-        refs = pd.concat([refs, pd.DataFrame({"y": levels.index, "what": [
-            f"chance 1/{round(1 / c)}" + ("" if len(levels) == 1 else f" ({len(g)} group(s))")
-            for c, g in levels.items()]})], ignore_index=True)
+        refs = pd.concat(
+            [
+                refs,
+                pd.DataFrame(
+                    {
+                        "y": levels.index,
+                        "what": [
+                            f"chance 1/{round(1 / c)}"
+                            + ("" if len(levels) == 1 else f" ({len(g)} group(s))")
+                            for c, g in levels.items()
+                        ],
+                    }
+                ),
+            ],
+            ignore_index=True,
+        )
     # A facet reads one dataset: the reference lines are rows of it too, repeated for every panel.
     lengths = sorted(mean["length"].unique())
-    cells = pd.concat([mean.assign(kind="curve"),
-                       *(refs.assign(kind="ref", length=n) for n in lengths)], ignore_index=True)
+    cells = pd.concat(
+        [mean.assign(kind="curve"), *(refs.assign(kind="ref", length=n) for n in lengths)],
+        ignore_index=True,
+    )
     width = 280
     spec = {
         "data": {"name": "pp"},
         "facet": _o("length", "evaluation length"),
         "columns": facet_columns(width, 70),
         "resolve": {"scale": {"x": "independent"}},
-        "spec": {"width": width, "height": 200, "layer": [
-            {"transform": [{"filter": "datum.kind === 'ref'"}],
-             "mark": {"type": "rule", "strokeDash": [1, 3], "color": "#555"},
-             "encoding": {"y": _q("y"), "tooltip": [_tip("what", "nominal"), _tip("y", fmt=".3f")]}},
-            {"transform": [{"filter": "datum.kind === 'curve'"}], "mark": "line", "encoding": {
-                "x": _q("position", "position", axis={"format": "d", "tickMinStep": 1}),
-                "y": _q("accuracy", "accuracy (mean over seeds)", scale={"domain": [0, 1]}),
-                "color": color, "strokeDash": DASH,
-                "tooltip": [_tip("group", "nominal"), _tip("mode", "nominal"), _tip("length"), _tip("position"),
-                            _tip("accuracy", fmt=".3f")]}},
-        ]},
+        "spec": {
+            "width": width,
+            "height": 200,
+            "layer": [
+                {
+                    "transform": [{"filter": "datum.kind === 'ref'"}],
+                    "mark": {"type": "rule", "strokeDash": [1, 3], "color": "#555"},
+                    "encoding": {
+                        "y": _q("y"),
+                        "tooltip": [_tip("what", "nominal"), _tip("y", fmt=".3f")],
+                    },
+                },
+                {
+                    "transform": [{"filter": "datum.kind === 'curve'"}],
+                    "mark": "line",
+                    "encoding": {
+                        "x": _q("position", "position", axis={"format": "d", "tickMinStep": 1}),
+                        "y": _q("accuracy", "accuracy (mean over seeds)", scale={"domain": [0, 1]}),
+                        "color": color,
+                        "strokeDash": DASH,
+                        "tooltip": [
+                            _tip("group", "nominal"),
+                            _tip("mode", "nominal"),
+                            _tip("length"),
+                            _tip("position"),
+                            _tip("accuracy", fmt=".3f"),
+                        ],
+                    },
+                },
+            ],
+        },
     }
     draw_chart(spec, pp=cells)
-    st.caption("Solid: parallel forward; dashed: exact decoding. Dotted: 0.9 (pos@90 is the last position before "
-               "accuracy first drops below it) and chance (1 / the task's vocabulary). Panels wrap; each has its "
-               "own position axis.")
+    st.caption(
+        "Solid: parallel forward; dashed: exact decoding. Dotted: 0.9 (pos@90 is the last position "
+        "before "
+        "accuracy first drops below it) and chance (1 / the task's vocabulary). Panels wrap; each "
+        "has its "
+        "own position axis."
+    )
 
 
 # Depth x length ----------------------------------------------------------------------------------
@@ -328,9 +568,14 @@ def depth_page(ctx: Context) -> None:
         return
     c1, c2 = st.columns(2)
     mode = c1.radio("decoding", ["exact", "parallel"], horizontal=True, key="depth_mode")
-    measure = c2.radio("cell value", ["solved", "fraction"], horizontal=True, key="depth_measure",
-                       help="solved: share of runs whose pos@90 reaches the full length; "
-                            "fraction: mean pos@90 / length")
+    measure = c2.radio(
+        "cell value",
+        ["solved", "fraction"],
+        horizontal=True,
+        key="depth_measure",
+        help="solved: share of runs whose pos@90 reaches the full length; "
+        "fraction: mean pos@90 / length",
+    )
     grid = store_data.solved_grid(ctx.shown, mode, measure)
     depths = sorted(ctx.shown["n_layer"].dropna().unique().tolist())
     if grid.empty:
@@ -340,12 +585,28 @@ def depth_page(ctx: Context) -> None:
             st.info(HINT_DEPTH.format(depths=", ".join(f"n_layer={d}" for d in depths) or "none"))
         order = list(grid.sort_values(["group", "depth"])["row"].drop_duplicates())
         label_width = min(420, 7 * max(len(r) for r in order))
-        _heatmap(grid, "length", "row", "task", "viridis", "evaluation length", "group and depth", measure,
-                 y_order=order, label_width=label_width)
-        st.caption(f"One panel per task; a row per group of seeds and depth (so a depth sweep reads down a panel), "
-                   f"a column per evaluation length; {mode} decoding: "
-                   + ("share of runs (seeds) whose pos@90 reaches the full length." if measure == "solved"
-                      else "mean pos@90 / length."))
+        _heatmap(
+            grid,
+            "length",
+            "row",
+            "task",
+            "viridis",
+            "evaluation length",
+            "group and depth",
+            measure,
+            y_order=order,
+            label_width=label_width,
+        )
+        st.caption(
+            "One panel per task; a row per group of seeds and depth (so a depth sweep reads down "
+            "a panel), "
+            f"a column per evaluation length; {mode} decoding: "
+            + (
+                "share of runs (seeds) whose pos@90 reaches the full length."
+                if measure == "solved"
+                else "mean pos@90 / length."
+            )
+        )
 
     for t in store_data.analysis_tables(ctx.root, ctx.shown, "depth_sweep", "depth_worth"):
         st.subheader(f"{t['name']} ({t['owner']})")
@@ -354,7 +615,10 @@ def depth_page(ctx: Context) -> None:
             st.warning(f"{t['file']}: unreadable table")
             continue
         if t["kind"] == "depth_worth":
-            st.caption("For each LRT: the smallest transformer depth that matches it, and the depth it saves.")
+            st.caption(
+                "For each LRT: the smallest transformer depth that matches it, and the depth it "
+                "saves."
+            )
             st.dataframe(raw, hide_index=True)
             continue
         sweep, shape, msg = store_data.read_depth_sweep(raw)
@@ -376,41 +640,84 @@ def _depth_curve(sweep: pd.DataFrame, metric: str) -> None:
     x = _q("depth", "depth (layers)", axis={"values": depths, "format": "d"})
     y_title = metric
     layers = [
-        {"data": {"name": "swept"}, "mark": {"type": "line", "point": {"filled": True}},
-         "encoding": {"x": x, "y": _q("mean", y_title), "color": color}},
-        {"data": {"name": "all"}, "mark": {"type": "rule"},
-         "encoding": {"x": x, "y": _q("ci_low", y_title), "y2": {"field": "ci_high"}, "color": color}},
-        {"data": {"name": "single"}, "mark": {"type": "point", "shape": "diamond", "size": 120, "filled": True},
-         "encoding": {"x": x, "y": _q("mean", y_title), "color": color}},
-        {"data": {"name": "single"}, "mark": {"type": "rule", "strokeDash": [4, 3]},
-         "encoding": {"y": _q("mean", y_title), "color": color}},
-        {"data": {"name": "all"}, "mark": {"type": "point", "opacity": 0},
-         "encoding": {"x": x, "y": _q("mean", y_title),
-                      "tooltip": [_tip("group", "nominal"), _tip("depth"), _tip("mean", fmt=".3g"),
-                                  _tip("ci_low", fmt=".3g"), _tip("ci_high", fmt=".3g")]}},
+        {
+            "data": {"name": "swept"},
+            "mark": {"type": "line", "point": {"filled": True}},
+            "encoding": {"x": x, "y": _q("mean", y_title), "color": color},
+        },
+        {
+            "data": {"name": "all"},
+            "mark": {"type": "rule"},
+            "encoding": {
+                "x": x,
+                "y": _q("ci_low", y_title),
+                "y2": {"field": "ci_high"},
+                "color": color,
+            },
+        },
+        {
+            "data": {"name": "single"},
+            "mark": {"type": "point", "shape": "diamond", "size": 120, "filled": True},
+            "encoding": {"x": x, "y": _q("mean", y_title), "color": color},
+        },
+        {
+            "data": {"name": "single"},
+            "mark": {"type": "rule", "strokeDash": [4, 3]},
+            "encoding": {"y": _q("mean", y_title), "color": color},
+        },
+        {
+            "data": {"name": "all"},
+            "mark": {"type": "point", "opacity": 0},
+            "encoding": {
+                "x": x,
+                "y": _q("mean", y_title),
+                "tooltip": [
+                    _tip("group", "nominal"),
+                    _tip("depth"),
+                    _tip("mean", fmt=".3g"),
+                    _tip("ci_low", fmt=".3g"),
+                    _tip("ci_high", fmt=".3g"),
+                ],
+            },
+        },
     ]
-    draw_chart({"height": 300, "layer": layers}, all=sweep, swept=sweep[sweep["swept"]], single=sweep[~sweep["swept"]])
-    st.caption("Mean over seeds with confidence intervals; a method trained at one depth (the LRT) is a diamond "
-               "with a dashed line at its level.")
+    draw_chart(
+        {"height": 300, "layer": layers},
+        all=sweep,
+        swept=sweep[sweep["swept"]],
+        single=sweep[~sweep["swept"]],
+    )
+    st.caption(
+        "Mean over seeds with confidence intervals; a method trained at one depth (the LRT) is a "
+        "diamond "
+        "with a dashed line at its level."
+    )
 
 
 # Gap recovery ------------------------------------------------------------------------------------
 def gap_page(ctx: Context) -> None:
     computed, notes = store_data.stored_gap(ctx.shown) if not ctx.shown.empty else ({}, [])
     if computed:
-        st.caption("Computed from the runs' `tables/bpb.csv` (validation BPB with the parallel forward, with exact "
-                   "decoding and after each stage, written once per run by `lrt-lab analyze gap`), so it "
-                   "follows the filters and needs no checkpoints.")
+        st.caption(
+            "Computed from the runs' `tables/bpb.csv` (validation BPB with the parallel forward, "
+            "with exact "
+            "decoding and after each stage, written once per run by `lrt-lab analyze gap`), so it "
+            "follows the filters and needs no checkpoints."
+        )
         for note in notes:
             st.caption(note)
         _gap_views(computed, "runs shown")
         return
-    tables = store_data.analysis_tables(ctx.root, ctx.shown, "gap_recovery", "mismatch", "refinement")
+    tables = store_data.analysis_tables(
+        ctx.root, ctx.shown, "gap_recovery", "mismatch", "refinement"
+    )
     if not tables:
         st.info(HINT_GAP)
         return
-    st.caption("From the store's analysis tables (`.analysis/tables/`, written by `lrt-lab analyze gap`); "
-               "the runs shown have no `tables/bpb.csv` to compute them from.")
+    st.caption(
+        "From the store's analysis tables (`.analysis/tables/`, written by `lrt-lab analyze gap`); "
+        "the runs shown have no `tables/bpb.csv` to compute them from."
+    )
     for t in tables:
         raw = store_data.table_of(t["path"], t["name"])
         if raw is None:
@@ -420,10 +727,19 @@ def gap_page(ctx: Context) -> None:
             continue
         seeds = None
         if t["kind"] == "gap_recovery":
-            seeds = next((store_data.table_of(u["path"], u["name"]) for u in tables
-                          if u["name"] == f"{t['name']}_per_seed" and u["path"] == t["path"]), None)
-        _gap_views({t["kind"]: raw, **({"gap_recovery_per_seed": seeds} if seeds is not None else {})},
-                   f"{t['name']} ({t['owner']})", file=t["file"])
+            seeds = next(
+                (
+                    store_data.table_of(u["path"], u["name"])
+                    for u in tables
+                    if u["name"] == f"{t['name']}_per_seed" and u["path"] == t["path"]
+                ),
+                None,
+            )
+        _gap_views(
+            {t["kind"]: raw, **({"gap_recovery_per_seed": seeds} if seeds is not None else {})},
+            f"{t['name']} ({t['owner']})",
+            file=t["file"],
+        )
 
 
 def _gap_views(tables: dict, source: str, file: str = "") -> None:
@@ -437,24 +753,46 @@ def _gap_views(tables: dict, source: str, file: str = "") -> None:
         else:
             _gap_bars(bars, points)
             about = store_data.gap_caption(raw)
-            st.caption("Recovered fraction of the gap between the baseline and exact sequential training "
-                       "(1 = all of it, 0 = none): (baseline - method) / (baseline - exact) per seed, seeds paired. "
-                       "Bars: mean over seeds; whiskers: 95% bootstrap interval over seeds"
-                       + ("; dots: individual seeds" if points is not None else "") + (f". {about}." if about else "."))
+            st.caption(
+                "Recovered fraction of the gap between the baseline and exact sequential training "
+                "(1 = all of it, 0 = none): (baseline - method) / (baseline - exact) per seed, "
+                "seeds paired. "
+                "Bars: mean over seeds; whiskers: 95% bootstrap interval over seeds"
+                + ("; dots: individual seeds" if points is not None else "")
+                + (f". {about}." if about else ".")
+            )
         with st.expander("table"):
             st.dataframe(raw, hide_index=True)
-    _table_section(tables.get("mismatch"), "Train/inference mismatch", source, file, store_data.read_mismatch,
-                   "method, parallel, exact", _mismatch_chart,
-                   "Each method's metric with its training schedule's parallel forward and with exact recurrent "
-                   "decoding (what generation uses); a gap between the two is the mismatch. Mean over seeds, "
-                   "whiskers: 95% t-interval over seeds.")
-    _table_section(tables.get("refinement"), "BPB after each refinement", source, file, store_data.read_refinement,
-                   "method, stage, stage_index, mean", _refinement_chart,
-                   "BPB of the logits after each stage of the parallel schedule (init = the one-pass forward), "
-                   "then under exact decoding. Mean over seeds; whiskers: 95% t-interval over seeds.")
+    _table_section(
+        tables.get("mismatch"),
+        "Train/inference mismatch",
+        source,
+        file,
+        store_data.read_mismatch,
+        "method, parallel, exact",
+        _mismatch_chart,
+        "Each method's metric with its training schedule's parallel forward and with exact "
+        "recurrent "
+        "decoding (what generation uses); a gap between the two is the mismatch. Mean over seeds, "
+        "whiskers: 95% t-interval over seeds.",
+    )
+    _table_section(
+        tables.get("refinement"),
+        "BPB after each refinement",
+        source,
+        file,
+        store_data.read_refinement,
+        "method, stage, stage_index, mean",
+        _refinement_chart,
+        "BPB of the logits after each stage of the parallel schedule (init = the one-pass "
+        "forward), "
+        "then under exact decoding. Mean over seeds; whiskers: 95% t-interval over seeds.",
+    )
 
 
-def _table_section(raw, title: str, source: str, file: str, read, expected: str, chart, caption: str) -> None:
+def _table_section(
+    raw, title: str, source: str, file: str, read, expected: str, chart, caption: str
+) -> None:
     """One analysis table as a plot (`read` turns it into the plot's data, None if its columns are
     wrong), with its caption and the raw table behind an expander."""
     if raw is None:
@@ -474,16 +812,42 @@ def _mismatch_chart(long: pd.DataFrame) -> None:
     order = list(dict.fromkeys(long["label"]))
     x = _n("label", "method", sort=order, axis={"labelAngle": 0, "labelLimit": 220})
     y = _q("value", "metric (mean over seeds)", scale={"zero": False})
-    color = {"field": "decoding", "type": "nominal", "title": "decoding", "legend": LEGEND,
-             "scale": {"domain": ["parallel", "exact"], "range": ["#1f77b4", "#d62728"]}}
+    color = {
+        "field": "decoding",
+        "type": "nominal",
+        "title": "decoding",
+        "legend": LEGEND,
+        "scale": {"domain": ["parallel", "exact"], "range": ["#1f77b4", "#d62728"]},
+    }
     layers = [
-        {"data": {"name": "mm"}, "mark": {"type": "rule", "strokeWidth": 1.5},
-         "encoding": {"x": x, "xOffset": _n("decoding", sort=["parallel", "exact"]), "y": _q("ci_low", scale={"zero": False}),
-                      "y2": {"field": "ci_high"}, "color": color}},
-        {"data": {"name": "mm"}, "mark": {"type": "point", "filled": True, "size": 70},
-         "encoding": {"x": x, "xOffset": _n("decoding", sort=["parallel", "exact"]), "y": y, "color": color,
-                      "tooltip": [_tip("label", "nominal"), _tip("decoding", "nominal"), _tip("value", fmt=".4f"),
-                                  _tip("ci_low", fmt=".4f"), _tip("ci_high", fmt=".4f")]}},
+        {
+            "data": {"name": "mm"},
+            "mark": {"type": "rule", "strokeWidth": 1.5},
+            "encoding": {
+                "x": x,
+                "xOffset": _n("decoding", sort=["parallel", "exact"]),
+                "y": _q("ci_low", scale={"zero": False}),
+                "y2": {"field": "ci_high"},
+                "color": color,
+            },
+        },
+        {
+            "data": {"name": "mm"},
+            "mark": {"type": "point", "filled": True, "size": 70},
+            "encoding": {
+                "x": x,
+                "xOffset": _n("decoding", sort=["parallel", "exact"]),
+                "y": y,
+                "color": color,
+                "tooltip": [
+                    _tip("label", "nominal"),
+                    _tip("decoding", "nominal"),
+                    _tip("value", fmt=".4f"),
+                    _tip("ci_low", fmt=".4f"),
+                    _tip("ci_high", fmt=".4f"),
+                ],
+            },
+        },
     ]
     draw_chart({"height": 280, "layer": layers}, mm=long)
 
@@ -495,43 +859,102 @@ def _refinement_chart(ref: pd.DataFrame) -> None:
     x = _o("stage", "stage", sort=stages, axis={"labelAngle": 0})
     y = _q("mean", "BPB (mean over seeds)", scale={"zero": False})
     layers = [
-        {"data": {"name": "ref"}, "mark": {"type": "line", "point": {"filled": True}},
-         "encoding": {"x": x, "y": y, "color": color,
-                      "tooltip": [_tip("label", "nominal"), _tip("stage", "nominal"), _tip("mean", fmt=".4f"),
-                                  _tip("ci_low", fmt=".4f"), _tip("ci_high", fmt=".4f"), _tip("n")]}},
-        {"data": {"name": "ref"}, "mark": {"type": "rule", "opacity": 0.5},
-         "encoding": {"x": x, "y": _q("ci_low", scale={"zero": False}), "y2": {"field": "ci_high"}, "color": color}},
+        {
+            "data": {"name": "ref"},
+            "mark": {"type": "line", "point": {"filled": True}},
+            "encoding": {
+                "x": x,
+                "y": y,
+                "color": color,
+                "tooltip": [
+                    _tip("label", "nominal"),
+                    _tip("stage", "nominal"),
+                    _tip("mean", fmt=".4f"),
+                    _tip("ci_low", fmt=".4f"),
+                    _tip("ci_high", fmt=".4f"),
+                    _tip("n"),
+                ],
+            },
+        },
+        {
+            "data": {"name": "ref"},
+            "mark": {"type": "rule", "opacity": 0.5},
+            "encoding": {
+                "x": x,
+                "y": _q("ci_low", scale={"zero": False}),
+                "y2": {"field": "ci_high"},
+                "color": color,
+            },
+        },
     ]
     draw_chart({"height": 300, "layer": layers}, ref=ref)
 
 
 def _gap_bars(bars: pd.DataFrame, points: pd.DataFrame | None) -> None:
     order = list(dict.fromkeys(bars["label"]))
-    x = _n("label", "method", sort=order, scale={"paddingInner": 0.4}, axis={"labelAngle": 0, "labelLimit": 300})
+    x = _n(
+        "label",
+        "method",
+        sort=order,
+        scale={"paddingInner": 0.4},
+        axis={"labelAngle": 0, "labelLimit": 300},
+    )
     y_title = "gap recovered"
-    layers = [{"data": {"name": "bars"}, "mark": {"type": "bar", "opacity": 0.8}, "encoding": {
-        "x": x, "y": _q("mean", y_title),
-        "color": _n("label", None, sort=order, legend=None, scale={"range": PALETTE}),
-        "tooltip": [_tip("label", "nominal"), _tip("mean", fmt=".3f"), _tip("ci_low", fmt=".3f"),
-                    _tip("ci_high", fmt=".3f")]}}]
+    layers = [
+        {
+            "data": {"name": "bars"},
+            "mark": {"type": "bar", "opacity": 0.8},
+            "encoding": {
+                "x": x,
+                "y": _q("mean", y_title),
+                "color": _n("label", None, sort=order, legend=None, scale={"range": PALETTE}),
+                "tooltip": [
+                    _tip("label", "nominal"),
+                    _tip("mean", fmt=".3f"),
+                    _tip("ci_low", fmt=".3f"),
+                    _tip("ci_high", fmt=".3f"),
+                ],
+            },
+        }
+    ]
     ci = bars.dropna(subset=["ci_low", "ci_high"])
     if not ci.empty:
-        layers.append({"data": {"name": "ci"}, "mark": {"type": "rule", "color": "black"},
-                       "encoding": {"x": x, "y": _q("ci_low", y_title), "y2": {"field": "ci_high"}}})
+        layers.append(
+            {
+                "data": {"name": "ci"},
+                "mark": {"type": "rule", "color": "black"},
+                "encoding": {"x": x, "y": _q("ci_low", y_title), "y2": {"field": "ci_high"}},
+            }
+        )
         for end in ("ci_low", "ci_high"):
-            layers.append({"data": {"name": "ci"}, "mark": {"type": "tick", "color": "black", "size": 14,
-                                                            "thickness": 1.5},
-                           "encoding": {"x": x, "y": _q(end, y_title)}})
+            layers.append(
+                {
+                    "data": {"name": "ci"},
+                    "mark": {"type": "tick", "color": "black", "size": 14, "thickness": 1.5},
+                    "encoding": {"x": x, "y": _q(end, y_title)},
+                }
+            )
     datasets = {"bars": bars, "ci": ci}
     if points is not None and not points.empty:
         datasets["points"] = points
-        layers.append({"data": {"name": "points"}, "mark": {"type": "circle", "color": "black", "size": 30,
-                                                            "opacity": 0.7},
-                       "encoding": {"x": x, "y": _q("value", y_title),
-                                    "tooltip": [_tip("label", "nominal"), _tip("value", fmt=".3f")]}})
-    layers.append({"data": {"values": [{"y": 0}, {"y": 1}]}, "mark": {"type": "rule", "color": "gray",
-                                                                      "strokeDash": [3, 3], "opacity": 0.6},
-                   "encoding": {"y": _q("y", y_title)}})
+        layers.append(
+            {
+                "data": {"name": "points"},
+                "mark": {"type": "circle", "color": "black", "size": 30, "opacity": 0.7},
+                "encoding": {
+                    "x": x,
+                    "y": _q("value", y_title),
+                    "tooltip": [_tip("label", "nominal"), _tip("value", fmt=".3f")],
+                },
+            }
+        )
+    layers.append(
+        {
+            "data": {"values": [{"y": 0}, {"y": 1}]},
+            "mark": {"type": "rule", "color": "gray", "strokeDash": [3, 3], "opacity": 0.6},
+            "encoding": {"y": _q("y", y_title)},
+        }
+    )
     draw_chart({"height": 300, "layer": layers}, **datasets)
 
 
@@ -544,7 +967,11 @@ def probes_page(ctx: Context) -> None:
     parts, names = [], {}
     for t in tables:
         raw = store_data.table_of(t["path"], t["name"])
-        probe, msg = store_data.read_probe(raw, t["owner"], t["name"]) if raw is not None else (None, "unreadable table")
+        probe, msg = (
+            store_data.read_probe(raw, t["owner"], t["name"])
+            if raw is not None
+            else (None, "unreadable table")
+        )
         if msg:
             st.warning(f"{t['file']}: {msg}")
             continue
@@ -555,24 +982,49 @@ def probes_page(ctx: Context) -> None:
     probes = pd.concat(parts, ignore_index=True)
     c1, c2 = st.columns([3, 1])
     options = list(names)
-    picked = c1.multiselect("probe tables", options, default=options[:6], key=data_key("probe_tables", options),
-                            help="one heatmap per run and decoding; the first six are shown by default")
+    picked = c1.multiselect(
+        "probe tables",
+        options,
+        default=options[:6],
+        key=data_key("probe_tables", options),
+        help="one heatmap per run and decoding; the first six are shown by default",
+    )
     controls = sorted(probes["control"].unique(), key=lambda c: (c != "probe", c))
-    control = c2.selectbox("control", controls, key=data_key("probe_control", controls),
-                           help="probe: the trained probe; majority / shuffled_labels / random_init: the baselines "
-                                "it has to beat")
+    control = c2.selectbox(
+        "control",
+        controls,
+        key=data_key("probe_control", controls),
+        help="probe: the trained probe; majority / shuffled_labels / random_init: the baselines "
+        "it has to beat",
+    )
     labels = set().union(*(names[p] for p in picked)) if picked else set()
     cells = probes[probes["label"].isin(labels) & (probes["control"] == control)]
     if cells.empty:
         st.info("Pick a probe table above.")
         return
     cells = cells.groupby(["label", "row", "position"], as_index=False, sort=False).agg(
-        value=("accuracy", "mean"), row_order=("row_order", "mean"))
-    y_order = list(cells.sort_values(["row_order", "row"], ascending=[False, True])["row"].drop_duplicates())
-    _heatmap(cells, "position", "row", "label", "magma", "position", "site", f"accuracy ({control})",
-             y_order=y_order, label_width=140)
-    st.caption("Linear-probe test accuracy per site (layer, or the memory in / out; '(t-1)': the memory against "
-               "the previous step's state) and position.")
+        value=("accuracy", "mean"), row_order=("row_order", "mean")
+    )
+    y_order = list(
+        cells.sort_values(["row_order", "row"], ascending=[False, True])["row"].drop_duplicates()
+    )
+    _heatmap(
+        cells,
+        "position",
+        "row",
+        "label",
+        "magma",
+        "position",
+        "site",
+        f"accuracy ({control})",
+        y_order=y_order,
+        label_width=140,
+    )
+    st.caption(
+        "Linear-probe test accuracy per site (layer, or the memory in / out; '(t-1)': the memory "
+        "against "
+        "the previous step's state) and position."
+    )
 
 
 # Compare comes first: the dashboard opens on the store's most recent study.
@@ -594,8 +1046,14 @@ def store_messages(ctx: Context) -> None:
     bad = [(n, r) for n, r in ctx.skipped if not r.startswith("incomplete")]
     running = [n for n, r in ctx.skipped if r.startswith("incomplete")]
     if bad:
-        st.warning(f"{len(bad)} folder(s) in the store are not readable runs and are left out: "
-                   + "; ".join(f"`{n}`: {r}" for n, r in bad))
+        st.warning(
+            f"{len(bad)} folder(s) in the store are not readable runs and are left out: "
+            + "; ".join(f"`{n}`: {r}" for n, r in bad)
+        )
     if running:
-        st.info(f"{len(running)} run(s) have no summary yet (still training, or killed; `--resume` them) "
-                f"and are left out: {', '.join(running)}. Tick *include incomplete runs* to see their curves.")
+        st.info(
+            f"{len(running)} run(s) have no summary yet (still training, or killed; `--resume` "
+            "them) "
+            f"and are left out: {', '.join(running)}. Tick *include incomplete runs* to see their "
+            "curves."
+        )

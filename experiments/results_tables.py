@@ -1,11 +1,14 @@
 """docs/results.md and the README's "What the sandbox found" tables, from a run store (default: the
 committed `experiments/results/`) and the committed bench results (`docs/bench/*.json`).
 
-    python experiments/results_tables.py [STORE] [--figures DIR]   print every table (and draw figures)
-    python experiments/results_tables.py --write    regenerate docs/results.md, the README's block, figures
+    python experiments/results_tables.py [STORE] [--figures DIR]   print every table (and draw
+    figures)
+    python experiments/results_tables.py --write    regenerate docs/results.md, the README's block,
+    figures
     python experiments/results_tables.py --check    exit 1, naming the file, when either differs
 
-docs/results.md is `experiments/results_template.md` (each study's question, setup and what it shows)
+docs/results.md is `experiments/results_template.md` (each study's question, setup and what it
+shows)
 with every `<!-- table: NAME -->` line replaced by the table NAME built here; the README's compact
 tables (between `<!-- results:start -->` and `<!-- results:end -->`) are built here too, so no table
 in either file is typed by hand and tests/test_results.py fails when one is stale.
@@ -14,8 +17,10 @@ The studies: A5 state tracking (experiments/a5_cpu.toml, a5_beyond.toml, the fac
 a5_study*.toml and the trainer frontier a5_trainer_frontier.toml), the truncated-gradient study
 (a5_truncation.toml: which Rollout(G) learns with every k-th position supervised), the Z60 control
 (z60_control.toml), gap recovery on byte-level text (gap_recovery.toml, fixedpoint_text.toml), the
-looped and pondering baselines (baselines.toml), linear probes of the memory (the probe tables of the
-length-8 runs) and speed (`lrt-lab bench` JSON). Cells are mean [95% t-interval over seeds] (n seeds);
+looped and pondering baselines (baselines.toml), linear probes of the memory (the probe tables of
+the
+length-8 runs) and speed (`lrt-lab bench` JSON). Cells are mean [95% t-interval over seeds] (n
+seeds);
 a single seed shows its value alone. Everything comes from lrt_lab's public tools: the run store
 (`load_runs`), `seed_stats`, the gap analysis (`read_bpb`, `gap_recovery`) and the bench table
 (`lrt_lab.commands.bench.markdown_table`).
@@ -50,8 +55,10 @@ from lrt_lab.store.report import (  # noqa: E402
 )
 from lrt_lab.store.results import load_metrics, load_runs  # noqa: E402
 
-# Paper, app. "Non-Commutative State Tracking" (depth 4, d 256, trained at length 64, pos@90 out of 64
-# with exact decoding, the same at 128 and 256) and app. "Comparison with Exact Sequential Training".
+# Paper, app. "Non-Commutative State Tracking" (depth 4, d 256, trained at length 64, pos@90 out of
+# 64
+# with exact decoding, the same at 128 and 256) and app. "Comparison with Exact Sequential
+# Training".
 PAPER_A5 = {"transformer (4 layers)": "5", "lrt interleaved:2 (4 layers)": "24"}
 PAPER_GAP = {"lrt interleaved:2": "75%", "lrt fullseq:3": "88%"}
 
@@ -82,14 +89,17 @@ def state_tracking_tables(df: pd.DataFrame, task: str, paper: dict | None) -> st
     sub = df[df["config.train.task"] == task]
     if sub.empty:
         return None
-    return "\n\n".join(state_tracking_table(sub[sub["config.train.length"] == L], task, paper)
-                        for L in sorted(sub["config.train.length"].unique()))
+    return "\n\n".join(
+        state_tracking_table(sub[sub["config.train.length"] == L], task, paper)
+        for L in sorted(sub["config.train.length"].unique())
+    )
 
 
 def labelled(df: pd.DataFrame, task: str) -> pd.DataFrame:
     """The runs of `task` with every position supervised, with the columns memory, model and label.
     The label groups seeds: the model (what the paper's figures are keyed by), the number of steps
-    where runs of one model differ in it (different configs, not seeds of one), and the memory preset
+    where runs of one model differ in it (different configs, not seeds of one), and the memory
+    preset
     and init (shown in their own column, so the label holds them in brackets)."""
     sub = df[df["config.train.task"] == task].copy()
     sub = sub[sub.apply(supervised_every, axis=1) == 1] if not sub.empty else sub
@@ -103,8 +113,13 @@ def labelled(df: pd.DataFrame, task: str) -> pd.DataFrame:
 
 
 def evaluated_lengths(sub: pd.DataFrame) -> list[int]:
-    return sorted({int(c.split("@")[1]) for c in sub.columns
-                   if c.startswith("summary.eval.pos90_exact@") and sub[c].notna().any()})
+    return sorted(
+        {
+            int(c.split("@")[1])
+            for c in sub.columns
+            if c.startswith("summary.eval.pos90_exact@") and sub[c].notna().any()
+        }
+    )
 
 
 def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str | None:
@@ -127,22 +142,37 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
         r += [cell(stats[f"summary.eval.acc_exact@{lengths[0]}"].get(label), "{:.3f}")]
         runs = sub[sub["label"] == label].sort_values("config.train.seed")
         r.append(", ".join(str(int(v)) for v in runs[f"summary.eval.pos90_exact@{L}"]))
-        # the parallel forward (the training schedule run on the whole sequence) per seed, at each length
+        # the parallel forward (the training schedule run on the whole sequence) per seed, at each
+        # length
         cols = [c for c in (f"summary.eval.pos90_parallel@{n}" for n in lengths) if c in runs]
-        r.append(", ".join("/".join(str(int(v)) for v in seed_row) for seed_row in runs[cols].to_numpy()))
-        # training compute: token-forwards the trainer actually ran (a FixedPoint step counts its sweeps)
+        r.append(
+            ", ".join("/".join(str(int(v)) for v in seed_row) for seed_row in runs[cols].to_numpy())
+        )
+        # training compute: token-forwards the trainer actually ran (a FixedPoint step counts its
+        # sweeps)
         r.append(f"{runs['summary.compute_tokens'].mean() / 1e6:.1f}")
         if paper is not None:
-            # several rows may share the paper's model/trainer: its figure goes to the one with its init
+            # several rows may share the paper's model/trainer: its figure goes to the one with its
+            # init
             model = runs["model"].iloc[0]
             twins = sub[sub["model"] == model]
             own = twins[twins["memory"].str.contains("paper init")]
-            r.append(paper.get(model, "-") if label in set((own if len(own) else twins)["label"]) else "-")
+            r.append(
+                paper.get(model, "-")
+                if label in set((own if len(own) else twins)["label"])
+                else "-"
+            )
         rows.append(r)
-    header = (["model / trainer", "memory preset, init"] + [f"pos@90 at {n}" for n in lengths]
-              + [f"accuracy at {lengths[0]}", f"pos@90 at {L} per seed",
-                 "parallel forward pos@90 per seed, at " + " / ".join(map(str, lengths)),
-                 "compute (M token-forwards)"])
+    header = (
+        ["model / trainer", "memory preset, init"]
+        + [f"pos@90 at {n}" for n in lengths]
+        + [
+            f"accuracy at {lengths[0]}",
+            f"pos@90 at {L} per seed",
+            "parallel forward pos@90 per seed, at " + " / ".join(map(str, lengths)),
+            "compute (M token-forwards)",
+        ]
+    )
     if paper is not None:
         header.append("paper pos@90 (of 64, T=64)")
     steps = sorted({int(v) for v in sub["config.train.steps"]})
@@ -151,13 +181,16 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
         for label, r in zip(order, rows):  # one number per row: a label holds one number of steps
             r.insert(2, str(int(sub.loc[sub["label"] == label, "config.train.steps"].iloc[0])))
     d = int(sub["config.model.n_embd"].iloc[0])
-    title = (f"**{task}**: trained at length {L} for {' or '.join(map(str, steps))} steps of "
-             f"{int(sub['config.train.batch_size'].iloc[0])} sequences, d={d}; exact recurrent decoding")
+    title = (
+        f"**{task}**: trained at length {L} for {' or '.join(map(str, steps))} steps of "
+        f"{int(sub['config.train.batch_size'].iloc[0])} sequences, d={d}; exact recurrent decoding"
+    )
     return title + "\n\n" + markdown(rows, header)
 
 
 def frontier_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16) -> str | None:
-    """The trainer frontier (`lrt_lab.store.report.frontier_points`): per trainer, the compute and wall
+    """The trainer frontier (`lrt_lab.store.report.frontier_points`): per trainer, the compute and
+    wall
     clock of its runs and exact pos@90 at every evaluated length, per seed; cheapest first."""
     points = frontier_points(df, task, length)
     if points.empty:
@@ -169,10 +202,24 @@ def frontier_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16) 
         exact = runs[[f"pos90_exact@{n}" for n in lengths]].to_numpy()
         per_seed = ", ".join("/".join(whole(v) for v in r) for r in exact)
         learned = sum(int(v) == length for v in runs[f"pos90_exact@{length}"])
-        rows.append([trainer, f"{runs['compute'].mean():.1f}", f"{runs['wall_min'].mean():.0f}",
-                     ", ".join(str(int(s)) for s in runs["seed"]), per_seed, f"{learned} of {len(runs)}"])
-    header = ["trainer", "compute (M token-forwards)", "wall clock (min, mean)", "seeds",
-              "exact pos@90 at " + " / ".join(map(str, lengths)) + " per seed", f"seeds at pos@90 = {length}"]
+        rows.append(
+            [
+                trainer,
+                f"{runs['compute'].mean():.1f}",
+                f"{runs['wall_min'].mean():.0f}",
+                ", ".join(str(int(s)) for s in runs["seed"]),
+                per_seed,
+                f"{learned} of {len(runs)}",
+            ]
+        )
+    header = [
+        "trainer",
+        "compute (M token-forwards)",
+        "wall clock (min, mean)",
+        "seeds",
+        "exact pos@90 at " + " / ".join(map(str, lengths)) + " per seed",
+        f"seeds at pos@90 = {length}",
+    ]
     return markdown(rows, header)
 
 
@@ -188,7 +235,9 @@ def truncation_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16
     lengths = sorted(int(c.split("@")[1]) for c in points if c.startswith("pos90_exact@"))
     cols = [f"summary.eval.pos90_exact@{n}" for n in lengths]
     trained = sub[(sub["k"] > 1) & (sub["config.kind"] == "lrt")]
-    trainers = sorted(set(trained.apply(method_label, axis=1)), key=lambda m: (m.startswith("lrt exact"), m))
+    trainers = sorted(
+        set(trained.apply(method_label, axis=1)), key=lambda m: (m.startswith("lrt exact"), m)
+    )
     rows = []
     for trainer in trainers:
         row = [trainer]
@@ -198,16 +247,25 @@ def truncation_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16
                 vals = runs[[c.removeprefix("summary.eval.") for c in cols]].to_numpy()
                 losses = runs["final_loss"].to_numpy()
             else:
-                runs = trained[(trained["k"] == k) & (trained.apply(method_label, axis=1) == trainer)]
+                runs = trained[
+                    (trained["k"] == k) & (trained.apply(method_label, axis=1) == trainer)
+                ]
                 runs = runs.sort_values("config.train.seed")
                 vals, losses = runs[cols].to_numpy(), runs["summary.final_loss"].to_numpy()
-            row.append(", ".join(f"{'/'.join(whole(v) for v in r)} ({loss:.2f})"
-                                 for r, loss in zip(vals, losses)) or "-")
+            row.append(
+                ", ".join(
+                    f"{'/'.join(whole(v) for v in r)} ({loss:.2f})" for r, loss in zip(vals, losses)
+                )
+                or "-"
+            )
         rows.append(row)
     header = ["trainer"] + [f"k = {k}" for k in ks]
-    note = (f"Exact pos@90 at {' / '.join(map(str, lengths))} per seed, and in brackets the final training "
-            f"loss (positions counted: every k-th; pos@{90} = {length} means every counted position up "
-            f"to {length} is at >= 90%; chance is ln 60 = 4.09).")
+    note = (
+        f"Exact pos@90 at {' / '.join(map(str, lengths))} per seed, and in brackets the final "
+        "training "
+        f"loss (positions counted: every k-th; pos@{90} = {length} means every counted position up "
+        f"to {length} is at >= 90%; chance is ln 60 = 4.09)."
+    )
     return note + "\n\n" + markdown(rows, header)
 
 
@@ -215,30 +273,50 @@ def frontier_figure(df: pd.DataFrame, path, task: str = "a5_prefix", length: int
     """Exact pos@90 at each evaluated length (columns) against compute and wall clock (rows), one
     point per trainer and seed."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     points = frontier_points(df, task, length)
     lengths = sorted(int(c.split("@")[1]) for c in points if c.startswith("pos90_exact@"))
     trainers = list(dict.fromkeys(points.sort_values("compute")["trainer"]))
     colors = dict(zip(trainers, plt.get_cmap("tab10").colors))
-    fig, axes = plt.subplots(2, len(lengths), figsize=(4.2 * len(lengths), 7), sharey="col", squeeze=False)
-    for row, (x, xlabel) in enumerate((("compute", "training compute (M token-forwards)"),
-                                       ("wall_min", "wall clock of the run (min, 2-core CPU)"))):
+    fig, axes = plt.subplots(
+        2, len(lengths), figsize=(4.2 * len(lengths), 7), sharey="col", squeeze=False
+    )
+    for row, (x, xlabel) in enumerate(
+        (
+            ("compute", "training compute (M token-forwards)"),
+            ("wall_min", "wall clock of the run (min, 2-core CPU)"),
+        )
+    ):
         for col, n in enumerate(lengths):
             ax = axes[row][col]
             for trainer in trainers:
                 p = points[points["trainer"] == trainer]
                 jitter = (p["seed"] - 1) * 0.25  # seeds with equal pos@90 stay visible
-                ax.scatter(p[x], p[f"pos90_exact@{n}"] + jitter, color=colors[trainer], label=trainer, s=36,
-                           alpha=0.85, edgecolor="black", linewidth=0.4)
+                ax.scatter(
+                    p[x],
+                    p[f"pos90_exact@{n}"] + jitter,
+                    color=colors[trainer],
+                    label=trainer,
+                    s=36,
+                    alpha=0.85,
+                    edgecolor="black",
+                    linewidth=0.4,
+                )
             ax.axhline(n, color="grey", linewidth=0.6, linestyle=":")
             ax.set_xlabel(xlabel)
             ax.set_ylabel(f"exact pos@90 at {n}")
             ax.set_title(f"evaluated at {n} ({n // length}x the training length)")
             ax.grid(alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(5, len(labels)), fontsize=9, frameon=False)
-    fig.suptitle(f"{task}: trainers at length {length} (one point per seed; dotted: the evaluated length)")
+    fig.legend(
+        handles, labels, loc="lower center", ncol=min(5, len(labels)), fontsize=9, frameon=False
+    )
+    fig.suptitle(
+        f"{task}: trainers at length {length} (one point per seed; dotted: the evaluated length)"
+    )
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -257,23 +335,55 @@ def gap_table(df: pd.DataFrame) -> str | None:
     base = exact = None
     for _, r in table.iterrows():
         base, exact = r["base"], r["exact"]
-        ci = "" if math.isnan(r["ci_low"]) else f" [{100 * r['ci_low']:.0f}%, {100 * r['ci_high']:.0f}%]"
-        seeds = ", ".join(f"{100 * v:.0f}%" for v in per_seed[per_seed["method"] == r["method"]]["recovered"])
+        ci = (
+            ""
+            if math.isnan(r["ci_low"])
+            else f" [{100 * r['ci_low']:.0f}%, {100 * r['ci_high']:.0f}%]"
+        )
+        seeds = ", ".join(
+            f"{100 * v:.0f}%" for v in per_seed[per_seed["method"] == r["method"]]["recovered"]
+        )
         runs = with_bpb[with_bpb.apply(method_label, axis=1) == r["method"]]
         recovered = f"{100 * r['recovered']:.0f}%{ci} (n={int(r['n_seeds'])})"
-        rows.append([r["method"], f"{r['value']:.4f}", recovered,
-                     seeds, PAPER_GAP.get(r["method"], "-"), forwards_per_token(runs), sweeps_per_step(runs)])
+        rows.append(
+            [
+                r["method"],
+                f"{r['value']:.4f}",
+                recovered,
+                seeds,
+                PAPER_GAP.get(r["method"], "-"),
+                forwards_per_token(runs),
+                sweeps_per_step(runs),
+            ]
+        )
     memories = sorted({m for m in sub.apply(memory_label, axis=1) if m != "-"})
-    head = (f"Baseline (transformer) {base:.4f} BPB, exact-trained LRT {exact:.4f} BPB (means over the "
-            "paired seeds); recovered = (baseline - method) / (baseline - exact), per seed, then averaged "
-            "(95% bootstrap interval). LRT memory: " + "; ".join(memories) + ".")
-    return head + "\n\n" + markdown(rows, ["method", "BPB (exact decoding)", "gap recovered", "per seed",
-                                           "paper", "cost (forwards per token)",
-                                           "sweeps per step (mean; last 50 steps)"])
+    head = (
+        f"Baseline (transformer) {base:.4f} BPB, exact-trained LRT {exact:.4f} BPB (means over the "
+        "paired seeds); recovered = (baseline - method) / (baseline - exact), per seed, then "
+        "averaged "
+        "(95% bootstrap interval). LRT memory: " + "; ".join(memories) + "."
+    )
+    return (
+        head
+        + "\n\n"
+        + markdown(
+            rows,
+            [
+                "method",
+                "BPB (exact decoding)",
+                "gap recovered",
+                "per seed",
+                "paper",
+                "cost (forwards per token)",
+                "sweeps per step (mean; last 50 steps)",
+            ],
+        )
+    )
 
 
 def forwards_per_token(runs: pd.DataFrame) -> str:
-    """Token-forwards the trainer ran per training token, averaged over training and seeds (a no-grad
+    """Token-forwards the trainer ran per training token, averaged over training and seeds (a
+    no-grad
     sweep through the blocks that feed the memory counts their share of the depth)."""
     return f"{(runs['summary.compute_tokens'] / runs['summary.tokens']).mean():.2f}"
 
@@ -289,8 +399,6 @@ def sweeps_per_step(runs: pd.DataFrame, last: int = 50) -> str:
     return f"{whole_run:.1f}; {at_end:.1f}"
 
 
-
-
 def baselines_table(df: pd.DataFrame, length: int = 16) -> str | None:
     """The looped, pondering and LRT models on S3 prefix products (experiments/baselines.toml): cost
     per token, and accuracy and pos@90 with each model's own decoding, mean +- standard deviation
@@ -300,15 +408,23 @@ def baselines_table(df: pd.DataFrame, length: int = 16) -> str | None:
         return None
     sub = sub.assign(method=sub.apply(method_label, axis=1))
     rows = []
+
     # cheapest first, as a reader compares what each extra forward buys
     def cost(group):
         return group[1]["summary.schedule_cost"].mean(), group[0]
+
     for method, runs in sorted(sub.groupby("method"), key=cost):
         runs = runs.sort_values("config.train.seed")
-        row = [method, whole(runs["summary.forwards_per_token"].iloc[0]),
-               f"{runs['summary.schedule_cost'].mean():g}x"]
-        for metric, fmt in ((f"acc_exact@{length}", "{:.3f}"), (f"pos90_exact@{length}", "{:.1f}"),
-                            (f"acc_exact@{2 * length}", "{:.3f}")):
+        row = [
+            method,
+            whole(runs["summary.forwards_per_token"].iloc[0]),
+            f"{runs['summary.schedule_cost'].mean():g}x",
+        ]
+        for metric, fmt in (
+            (f"acc_exact@{length}", "{:.3f}"),
+            (f"pos90_exact@{length}", "{:.1f}"),
+            (f"acc_exact@{2 * length}", "{:.3f}"),
+        ):
             values = runs[f"summary.eval.{metric}"].astype(float)
             spread = values.std() if len(values) > 1 else float("nan")
             if metric.startswith("pos90") and values.nunique() == 1:
@@ -319,9 +435,19 @@ def baselines_table(df: pd.DataFrame, length: int = 16) -> str | None:
         row.append(", ".join(f"{v:.3f}" for v in runs[f"summary.eval.acc_exact@{length}"]))
         row.append(str(len(runs)))
         rows.append(row)
-    return markdown(rows, ["method", "forwards / token", "training cost", f"accuracy (L={length})",
-                           f"pos@90 (L={length})", f"accuracy (L={2 * length})",
-                           f"accuracy (L={length}) per seed", "seeds"])
+    return markdown(
+        rows,
+        [
+            "method",
+            "forwards / token",
+            "training cost",
+            f"accuracy (L={length})",
+            f"pos@90 (L={length})",
+            f"accuracy (L={2 * length})",
+            f"accuracy (L={length}) per seed",
+            "seeds",
+        ],
+    )
 
 
 def probes_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 8) -> str | None:
@@ -329,7 +455,9 @@ def probes_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 8) -> 
     test accuracy per position, from each probed run's tables/probe_exact.csv (exact decoding)."""
     sub = labelled(df[df["config.train.length"] == length], task)
     rows = []
-    lrt = sub[sub["config.kind"] == "lrt"].sort_values(["config.schedule", "label", "config.train.seed"])
+    lrt = sub[sub["config.kind"] == "lrt"].sort_values(
+        ["config.schedule", "label", "config.train.seed"]
+    )
     for _, run in lrt.iterrows():
         path = Path(run["path"]) / "tables" / "probe_exact.csv"
         if not path.is_file():
@@ -338,16 +466,24 @@ def probes_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 8) -> 
         probes = probes[(probes["site"] == "hook_mem_in") & (probes["target"] == "state_prev")]
         acc = probes[probes["control"] == "probe"].set_index("position")["accuracy"]
         shuffled = probes[probes["control"] == "shuffled_labels"]["accuracy"]
-        where = run["model"].split("(", 1)[1].rstrip(")").split(", ", 1)  # "4 layers[, memory from block 4]"
+        where = (
+            run["model"].split("(", 1)[1].rstrip(")").split(", ", 1)
+        )  # "4 layers[, memory from block 4]"
         name = f"LRT {run['config.schedule']}{', ' + where[1] if len(where) > 1 else ''}"
         pos90 = whole(run[f"summary.eval.pos90_exact@{length}"])
-        rows.append([f"{name}, seed {int(run['config.train.seed'])} (pos@90 {pos90})"]
-                    + [f"{acc.get(t, float('nan')):.2f}" for t in range(2, length + 1)]
-                    + [f"{shuffled.max():.2f}"])
+        rows.append(
+            [f"{name}, seed {int(run['config.train.seed'])} (pos@90 {pos90})"]
+            + [f"{acc.get(t, float('nan')):.2f}" for t in range(2, length + 1)]
+            + [f"{shuffled.max():.2f}"]
+        )
     if not rows:
         return None
-    return markdown(rows, ["memory read at position"] + [str(t) for t in range(2, length + 1)]
-                    + ["shuffled labels (max)"])
+    return markdown(
+        rows,
+        ["memory read at position"]
+        + [str(t) for t in range(2, length + 1)]
+        + ["shuffled labels (max)"],
+    )
 
 
 def bench_table(bench_dir: Path = REPO / "docs" / "bench") -> str | None:
@@ -363,21 +499,30 @@ def z60_table(df: pd.DataFrame) -> str | None:
 
 # The README's compact tables ---------------------------------------------------------------------
 # Per study a few rows of the full tables in docs/results.md, each linking to its section there.
-# A row names a label of `labelled` (model, then the steps where they differ) and the init its memory
+# A row names a label of `labelled` (model, then the steps where they differ) and the init its
+# memory
 # cell must name ("-": no memory); rows missing from the store are left out.
 RESULTS_PAGE = "docs/results.md"
-A5_AT_8 = [("transformer (4 layers)", "-"), ("lrt interleaved:2 (4 layers)", "start-as-transformer"),
-           ("lrt interleaved:2 (4 layers, memory from block 4)", "start-as-transformer"),
-           ("lrt fullseq:3 (4 layers)", "start-as-transformer"),
-           ("lrt exact (4 layers)", "start-as-transformer")]
-A5_AT_16 = [("transformer (4 layers)", "-"), ("lrt interleaved:2 (4 layers) (1500 steps)", "paper init"),
-            ("lrt fixedpoint:0.1:8 (4 layers)", "paper init"),
-            ("lrt fixedpoint:0.01:16 (4 layers)", "paper init"),
-            ("lrt rollout:1 (4 layers)", "paper init"), ("lrt exact (4 layers)", "paper init")]
+A5_AT_8 = [
+    ("transformer (4 layers)", "-"),
+    ("lrt interleaved:2 (4 layers)", "start-as-transformer"),
+    ("lrt interleaved:2 (4 layers, memory from block 4)", "start-as-transformer"),
+    ("lrt fullseq:3 (4 layers)", "start-as-transformer"),
+    ("lrt exact (4 layers)", "start-as-transformer"),
+]
+A5_AT_16 = [
+    ("transformer (4 layers)", "-"),
+    ("lrt interleaved:2 (4 layers) (1500 steps)", "paper init"),
+    ("lrt fixedpoint:0.1:8 (4 layers)", "paper init"),
+    ("lrt fixedpoint:0.01:16 (4 layers)", "paper init"),
+    ("lrt rollout:1 (4 layers)", "paper init"),
+    ("lrt exact (4 layers)", "paper init"),
+]
 
 
 def anchor(heading: str) -> str:
-    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces as hyphens.
+    GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
@@ -399,34 +544,71 @@ def compact_state_tracking(df: pd.DataFrame, task: str, length: int, wanted) -> 
     lengths = evaluated_lengths(sub)
     rows = []
     for label, init in wanted:
-        runs = sub[(sub["label"].str.split(" [", regex=False).str[0] == label)
-                   & (sub["memory"].str.contains(init, regex=False) if init != "-" else sub["memory"] == "-")]
+        runs = sub[
+            (sub["label"].str.split(" [", regex=False).str[0] == label)
+            & (
+                sub["memory"].str.contains(init, regex=False)
+                if init != "-"
+                else sub["memory"] == "-"
+            )
+        ]
         if runs.empty:
             continue
         means = " / ".join(f"{runs[f'summary.eval.pos90_exact@{n}'].mean():.1f}" for n in lengths)
         learned = int((runs[f"summary.eval.pos90_exact@{length}"] >= length).sum())
-        rows.append([short(label), means, f"{learned} of {len(runs)}",
-                     f"{runs['summary.compute_tokens'].mean() / 1e6:.1f}"])
+        rows.append(
+            [
+                short(label),
+                means,
+                f"{learned} of {len(runs)}",
+                f"{runs['summary.compute_tokens'].mean() / 1e6:.1f}",
+            ]
+        )
     if not rows:
         return None
-    return markdown(rows, ["model / trainer", "exact pos@90 at " + " / ".join(map(str, lengths)) + " (mean)",
-                           f"seeds at pos@90 = {length}", "compute (M token-forwards)"])
+    return markdown(
+        rows,
+        [
+            "model / trainer",
+            "exact pos@90 at " + " / ".join(map(str, lengths)) + " (mean)",
+            f"seeds at pos@90 = {length}",
+            "compute (M token-forwards)",
+        ],
+    )
 
 
 def compact_z60(df: pd.DataFrame) -> str | None:
     """Every Z60 row (one per model and training length): exact pos@90 at 1x / 2x / 4x, accuracy."""
     rows = []
-    for length in sorted(df.loc[df["config.train.task"] == "z60_prefix", "config.train.length"].unique()):
+    for length in sorted(
+        df.loc[df["config.train.task"] == "z60_prefix", "config.train.length"].unique()
+    ):
         sub = labelled(df[df["config.train.length"] == length], "z60_prefix")
         lengths = evaluated_lengths(sub)
         for label, runs in sub.groupby("label", sort=True):
-            rows.append([short(label.split(" [")[0]), str(int(length)),
-                         " / ".join(f"{runs[f'summary.eval.pos90_exact@{n}'].mean():.1f}" for n in lengths),
-                         f"{runs[f'summary.eval.acc_exact@{length}'].mean():.3f}", str(len(runs))])
+            rows.append(
+                [
+                    short(label.split(" [")[0]),
+                    str(int(length)),
+                    " / ".join(
+                        f"{runs[f'summary.eval.pos90_exact@{n}'].mean():.1f}" for n in lengths
+                    ),
+                    f"{runs[f'summary.eval.acc_exact@{length}'].mean():.3f}",
+                    str(len(runs)),
+                ]
+            )
     if not rows:
         return None
-    return markdown(rows, ["model / trainer", "trained at", "exact pos@90 at 1x / 2x / 4x (mean)",
-                           "accuracy at 1x", "seeds"])
+    return markdown(
+        rows,
+        [
+            "model / trainer",
+            "trained at",
+            "exact pos@90 at 1x / 2x / 4x (mean)",
+            "accuracy at 1x",
+            "seeds",
+        ],
+    )
 
 
 def compact_gap(df: pd.DataFrame) -> str | None:
@@ -436,8 +618,10 @@ def compact_gap(df: pd.DataFrame) -> str | None:
         return None
     lines = table.split("\n\n", 1)[1].splitlines()
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
-    return markdown([[c[0], c[2], c[5], c[4]] for c in cells],
-                    ["method", "gap recovered", "cost (forwards per token)", "paper"])
+    return markdown(
+        [[c[0], c[2], c[5], c[4]] for c in cells],
+        ["method", "gap recovered", "cost (forwards per token)", "paper"],
+    )
 
 
 def compact_baselines(df: pd.DataFrame) -> str | None:
@@ -451,31 +635,59 @@ def compact_baselines(df: pd.DataFrame) -> str | None:
 
 
 def compact_bench(bench_dir: Path = REPO / "docs" / "bench") -> str | None:
-    """The bench table's headline rows: the training step of the main trainers and batch-1 decoding."""
+    """The bench table's headline rows: the training step of the main trainers and batch-1 decoding.
+    The bench table's headline rows: the training step of the main trainers and batch-1 decoding."""
     table = bench_table(bench_dir)
     if table is None:
         return None
     lines = table.splitlines()
-    keep = ("train interleaved:2", "train fixedpoint:0.01:8", "train rollout:1", "train exact",
-            "decode tok/s, batch 1")
+    keep = (
+        "train interleaved:2",
+        "train fixedpoint:0.01:8",
+        "train rollout:1",
+        "train exact",
+        "decode tok/s, batch 1",
+    )
     return "\n".join(lines[:2] + [line for line in lines[2:] if line.split("|")[1].strip() in keep])
 
 
 COMPACT = [  # (study, section of docs/results.md, builder, what the numbers are)
-    ("A5 state tracking at length 8", "A5 state tracking at length 8",
-     lambda df: compact_state_tracking(df, "a5_prefix", 8, A5_AT_8),
-     "depth 4, d=128, 800 steps, start-as-transformer init"),
-    ("A5 at length 16, which trainer learns", "A5 factor study at length 16",
-     lambda df: compact_state_tracking(df, "a5_prefix", 16, A5_AT_16),
-     "depth 4, d=128, 1500 steps, transformer 3000; paper preset, init"),
-    ("Z60 control (abelian, same order as A5)", "Z60 control", compact_z60,
-     "the same models and budgets as on A5"),
-    ("Gap recovery on byte-level text", "Gap recovery", compact_gap,
-     "2 layers, d=64, T=32, 300 steps; of the BPB gap to exact training"),
-    ("Baselines: looped and pondering models", "Baselines", compact_baselines,
-     "S3 prefix products at length 16, 2 layers, d=128, 300 steps"),
-    ("Speed: LRT / transformer", "Speed", lambda df: compact_bench(),
-     "one CPU thread; the whole training step, forward + backward alone in brackets"),
+    (
+        "A5 state tracking at length 8",
+        "A5 state tracking at length 8",
+        lambda df: compact_state_tracking(df, "a5_prefix", 8, A5_AT_8),
+        "depth 4, d=128, 800 steps, start-as-transformer init",
+    ),
+    (
+        "A5 at length 16, which trainer learns",
+        "A5 factor study at length 16",
+        lambda df: compact_state_tracking(df, "a5_prefix", 16, A5_AT_16),
+        "depth 4, d=128, 1500 steps, transformer 3000; paper preset, init",
+    ),
+    (
+        "Z60 control (abelian, same order as A5)",
+        "Z60 control",
+        compact_z60,
+        "the same models and budgets as on A5",
+    ),
+    (
+        "Gap recovery on byte-level text",
+        "Gap recovery",
+        compact_gap,
+        "2 layers, d=64, T=32, 300 steps; of the BPB gap to exact training",
+    ),
+    (
+        "Baselines: looped and pondering models",
+        "Baselines",
+        compact_baselines,
+        "S3 prefix products at length 16, 2 layers, d=128, 300 steps",
+    ),
+    (
+        "Speed: LRT / transformer",
+        "Speed",
+        lambda df: compact_bench(),
+        "one CPU thread; the whole training step, forward + backward alone in brackets",
+    ),
 ]
 
 
@@ -492,22 +704,32 @@ def compact_block(df: pd.DataFrame) -> str:
 TEMPLATE = REPO / "experiments" / "results_template.md"
 PLACEHOLDER = re.compile(r"^<!-- table: ([\w@.-]+) -->$", re.MULTILINE)
 BLOCK_START, BLOCK_END = "<!-- results:start -->", "<!-- results:end -->"
-GENERATED = ("<!-- Generated by experiments/results_tables.py --write from experiments/results_template.md,\n"
-             "     the run store experiments/results/ and docs/bench/*.json: edit those, not this file. "
-             "-->\n")
+GENERATED = (
+    "<!-- Generated by experiments/results_tables.py --write from "
+    "experiments/results_template.md,\n"
+    "     the run store experiments/results/ and docs/bench/*.json: edit those, not this file. "
+    "-->\n"
+)
 FIGURES = {"docs/a5_trainer_frontier.png": frontier_figure}
 
 
 def tables(df: pd.DataFrame) -> dict:
     """Every table a template may name: `<!-- table: NAME -->`."""
+
     def at(task, length, paper=None):
         return lambda: state_tracking_table(df[df["config.train.length"] == length], task, paper)
+
     return {
-        "a5_prefix@8": at("a5_prefix", 8, PAPER_A5), "a5_prefix@16": at("a5_prefix", 16, PAPER_A5),
-        "z60_prefix@8": at("z60_prefix", 8), "z60_prefix@16": at("z60_prefix", 16),
-        "frontier": lambda: frontier_table(df), "truncation": lambda: truncation_table(df),
-        "probes": lambda: probes_table(df), "gap": lambda: gap_table(df),
-        "baselines": lambda: baselines_table(df), "bench": bench_table,
+        "a5_prefix@8": at("a5_prefix", 8, PAPER_A5),
+        "a5_prefix@16": at("a5_prefix", 16, PAPER_A5),
+        "z60_prefix@8": at("z60_prefix", 8),
+        "z60_prefix@16": at("z60_prefix", 16),
+        "frontier": lambda: frontier_table(df),
+        "truncation": lambda: truncation_table(df),
+        "probes": lambda: probes_table(df),
+        "gap": lambda: gap_table(df),
+        "baselines": lambda: baselines_table(df),
+        "bench": bench_table,
     }
 
 
@@ -517,9 +739,12 @@ def render_results(template: str, df: pd.DataFrame) -> str:
     def fill(match):
         name = match.group(1)
         if name not in builders:
-            raise SystemExit(f"{TEMPLATE.name}: unknown table {name!r}; known: {', '.join(builders)}")
+            raise SystemExit(
+                f"{TEMPLATE.name}: unknown table {name!r}; known: {', '.join(builders)}"
+            )
         table = builders[name]()
         return table if table is not None else f"(no runs for the table {name} in the store)"
+
     return GENERATED + PLACEHOLDER.sub(fill, template)
 
 
@@ -528,7 +753,7 @@ def replace_block(page: str, block: str) -> str:
     start, end = page.find(BLOCK_START), page.find(BLOCK_END)
     if start < 0 or end < start:
         raise SystemExit(f"README.md has no {BLOCK_START} ... {BLOCK_END} markers in that order")
-    return page[:start + len(BLOCK_START)] + "\n" + block + "\n" + page[end:]
+    return page[: start + len(BLOCK_START)] + "\n" + block + "\n" + page[end:]
 
 
 def generated(store, repo: Path = REPO) -> dict[Path, str]:
@@ -537,8 +762,10 @@ def generated(store, repo: Path = REPO) -> dict[Path, str]:
     if df.empty:
         raise SystemExit(f"store={str(store)!r}: no complete runs")
     readme = repo / "README.md"
-    return {repo / "docs" / "results.md": render_results(TEMPLATE.read_text(), df),
-            readme: replace_block(readme.read_text(), compact_block(df))}
+    return {
+        repo / "docs" / "results.md": render_results(TEMPLATE.read_text(), df),
+        readme: replace_block(readme.read_text(), compact_block(df)),
+    }
 
 
 def stale(store, repo: Path = REPO, write: bool = False) -> list[Path]:
@@ -554,23 +781,42 @@ def stale(store, repo: Path = REPO, write: bool = False) -> list[Path]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("store", nargs="?", default=str(REPO / "experiments" / "results"), help="run store")
-    parser.add_argument("--figures", nargs="?", const=str(REPO / "docs"), default=None, metavar="DIR",
-                        help="also draw the figures into DIR (default docs)")
+    parser.add_argument(
+        "store", nargs="?", default=str(REPO / "experiments" / "results"), help="run store"
+    )
+    parser.add_argument(
+        "--figures",
+        nargs="?",
+        const=str(REPO / "docs"),
+        default=None,
+        metavar="DIR",
+        help="also draw the figures into DIR (default docs)",
+    )
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true",
-                      help="regenerate docs/results.md, the README block and the figures")
-    mode.add_argument("--check", action="store_true",
-                      help="exit 1, naming the file, when docs/results.md or the README block differs")
+    mode.add_argument(
+        "--write",
+        action="store_true",
+        help="regenerate docs/results.md, the README block and the figures",
+    )
+    mode.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1, naming the file, when docs/results.md or the README block differs",
+    )
     args = parser.parse_args(argv)
     if args.write or args.check:
         differ = stale(args.store, write=args.write)
         # the figures are drawn, not compared: a PNG's bytes change with the matplotlib version
-        differ += [REPO / name for name in FIGURES if not args.write and not (REPO / name).is_file()]
+        differ += [
+            REPO / name for name in FIGURES if not args.write and not (REPO / name).is_file()
+        ]
         if args.check:
             for path in differ:
-                print(f"{path.relative_to(REPO)} differs from what the run store gives; "
-                      "run python experiments/results_tables.py --write", file=sys.stderr)
+                print(
+                    f"{path.relative_to(REPO)} differs from what the run store gives; "
+                    "run python experiments/results_tables.py --write",
+                    file=sys.stderr,
+                )
             return 1 if differ else 0
         df = load_runs(args.store)
         for name, draw in FIGURES.items():

@@ -2,10 +2,13 @@
 
 Part 1 (data side, no GPU needed):
 
-* :mod:`lrt_scale.data` -- the shard format, ``python -m lrt_scale.data download``, a local shard reader.
-* :mod:`lrt_scale.tokenizer` -- byte-level BPE (train with HF ``tokenizers``, encode with ``tiktoken``),
+* :mod:`lrt_scale.data` -- the shard format, ``python -m lrt_scale.data download``, a local shard
+reader.
+* :mod:`lrt_scale.tokenizer` -- byte-level BPE (train with HF ``tokenizers``, encode with
+``tiktoken``),
   ``token_bytes()`` for bits-per-byte.
-* :mod:`lrt_scale.loader` -- ``DistributedPackingLoader``: per-rank row groups, BOS + best-fit packing,
+* :mod:`lrt_scale.loader` -- ``DistributedPackingLoader``: per-rank row groups, BOS + best-fit
+packing,
   exact resume.
 
 The dependency points one way: ``scale`` may import ``lrt_lab``, never the reverse.

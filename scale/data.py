@@ -3,8 +3,10 @@
 Format
 ------
 The data is nanochat's pre-shuffled FineWeb-Edu 100BT release on the Hugging Face hub
-(``karpathy/fineweb-edu-100b-shuffle``): parquet files ``shard_00000.parquet`` .. ``shard_01822.parquet``,
-each with one string column ``text`` (one document per row) split into row groups (about 1024 documents
+(``karpathy/fineweb-edu-100b-shuffle``): parquet files ``shard_00000.parquet`` ..
+``shard_01822.parquet``,
+each with one string column ``text`` (one document per row) split into row groups (about 1024
+documents
 each). Documents were shuffled globally before sharding, so no further shuffling is needed and
 row groups are the natural unit of distributed reading (see ``lrt_scale.loader``).
 
@@ -12,7 +14,8 @@ Train / validation split
 ------------------------
 In a data directory the **last shard (highest index) is validation, every other shard is train**.
 The downloader always fetches the release's last shard (``shard_01822``) in addition to the first
-``N`` train shards, so the validation set is the same whatever ``N`` you downloaded and is never trained on.
+``N`` train shards, so the validation set is the same whatever ``N`` you downloaded and is never
+trained on.
 
 Downloading (the only part that needs the network; everything else works from a local directory)::
 
@@ -48,7 +51,9 @@ NUM_SHARDS = 1823  # shard_00000 .. shard_01822; the last one is validation
 SHARD_RE = re.compile(r"^shard_(\d{5})\.parquet$")
 TEXT_COLUMN = "text"
 SPLITS = ("train", "val")
-DEFAULT_DATA_DIR = Path(os.environ.get("LRT_DATA_DIR", Path.home() / ".cache" / "lrt_lab" / "fineweb"))
+DEFAULT_DATA_DIR = Path(
+    os.environ.get("LRT_DATA_DIR", Path.home() / ".cache" / "lrt_lab" / "fineweb")
+)
 _CHUNK = 1 << 20
 _PARQUET_MAGIC = b"PAR1"
 
@@ -63,9 +68,11 @@ def shard_url(index: int, base_url: str = BASE_URL) -> str:
     return f"{base_url.rstrip('/')}/{shard_name(index)}"
 
 
-# ---------------------------------------------------------------------------------------------- writing
+# ----------------------------------------------------------------------------------------------
+# writing
 def write_shard(texts: Iterable[str], path: str | os.PathLike, row_group_size: int = 1024) -> Path:
-    """Write documents as a shard in the release's format (``text`` column, ``row_group_size`` docs per group)."""
+    """Write documents as a shard in the release's format (``text`` column, ``row_group_size`` docs
+    per group)."""
     if row_group_size < 1:
         raise ValueError(f"row_group_size: must be >= 1, got {row_group_size}")
     path = Path(path)
@@ -76,7 +83,8 @@ def write_shard(texts: Iterable[str], path: str | os.PathLike, row_group_size: i
     return path
 
 
-# ---------------------------------------------------------------------------------------------- reading
+# ----------------------------------------------------------------------------------------------
+# reading
 @dataclass(frozen=True)
 class RowGroup:
     """One row group of one shard: the unit a rank reads."""
@@ -91,7 +99,8 @@ class RowGroup:
 
 
 def list_shards(data_dir: str | os.PathLike) -> list[Path]:
-    """All complete ``shard_NNNNN.parquet`` files in ``data_dir``, by index (``.part`` files are ignored)."""
+    """All complete ``shard_NNNNN.parquet`` files in ``data_dir``, by index (``.part`` files are
+    ignored)."""
     d = Path(data_dir).expanduser()
     if not d.is_dir():
         raise ValueError(f"data_dir: {d} is not a directory")
@@ -108,11 +117,15 @@ def split_shards(shards: Sequence[str | os.PathLike], split: str) -> list[Path]:
     if split == "val":
         return paths[-1:]
     if len(paths) < 2:
-        raise ValueError(f"shards: need >= 2 shards for a train split (the last is val), got {len(paths)}")
+        raise ValueError(
+            f"shards: need >= 2 shards for a train split (the last is val), got {len(paths)}"
+        )
     return paths[:-1]
 
 
-def resolve_shards(source: str | os.PathLike | Sequence[str | os.PathLike], split: str) -> list[Path]:
+def resolve_shards(
+    source: str | os.PathLike | Sequence[str | os.PathLike], split: str
+) -> list[Path]:
     """Shards of ``split`` from a data directory, or from an explicit list of shard files."""
     if isinstance(source, (str, os.PathLike)):
         shards = list_shards(source)
@@ -134,8 +147,12 @@ def row_groups(shards: Sequence[Path]) -> list[RowGroup]:
         index = int(m.group(1)) if m else -1
         meta = pq.ParquetFile(path).metadata
         if TEXT_COLUMN not in meta.schema.names:
-            raise ValueError(f"shards: {path} has no {TEXT_COLUMN!r} column (columns: {meta.schema.names})")
-        out.extend(RowGroup(path, index, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups))
+            raise ValueError(
+                f"shards: {path} has no {TEXT_COLUMN!r} column (columns: {meta.schema.names})"
+            )
+        out.extend(
+            RowGroup(path, index, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups)
+        )
     return out
 
 
@@ -144,16 +161,24 @@ def read_row_group(path: str | os.PathLike, row_group: int) -> list[str]:
     return pf.read_row_group(row_group, columns=[TEXT_COLUMN]).column(TEXT_COLUMN).to_pylist()
 
 
-def iter_documents(source: str | os.PathLike | Sequence[str | os.PathLike], split: str = "train",
-                   rank: int = 0, world_size: int = 1) -> Iterator[str]:
-    """Documents of ``split``, one pass; rank ``r`` reads row groups ``r, r+world_size, ...`` across shards."""
+def iter_documents(
+    source: str | os.PathLike | Sequence[str | os.PathLike],
+    split: str = "train",
+    rank: int = 0,
+    world_size: int = 1,
+) -> Iterator[str]:
+    """Documents of ``split``, one pass; rank ``r`` reads row groups ``r, r+world_size, ...`` across
+    shards."""
     check_rank(rank, world_size)
     for rg in row_groups(resolve_shards(source, split))[rank::world_size]:
         yield from rg.read()
 
 
-def text_iterator(source: str | os.PathLike | Sequence[str | os.PathLike], split: str = "train",
-                  max_chars: int | None = None) -> Iterator[str]:
+def text_iterator(
+    source: str | os.PathLike | Sequence[str | os.PathLike],
+    split: str = "train",
+    max_chars: int | None = None,
+) -> Iterator[str]:
     """Documents for tokenizer training, stopping after about ``max_chars`` characters."""
     total = 0
     for doc in iter_documents(source, split):
@@ -170,7 +195,8 @@ def check_rank(rank: int, world_size: int) -> None:
         raise ValueError(f"rank: must be in [0, world_size={world_size}), got {rank}")
 
 
-# ---------------------------------------------------------------------------------------------- downloading
+# ----------------------------------------------------------------------------------------------
+# downloading
 class PermanentDownloadError(RuntimeError):
     """A failure that retrying cannot fix (404, 403, ...)."""
 
@@ -195,13 +221,23 @@ def _looks_like_parquet(path: Path) -> bool:
         return head == _PARQUET_MAGIC and f.read(4) == _PARQUET_MAGIC
 
 
-def download_file(url: str, dest: str | os.PathLike, *, retries: int = 5, backoff: float = 2.0,
-                  timeout: float = 60.0, opener: Opener = urllib.request.urlopen,
-                  sleep: Callable[[float], None] = time.sleep, check_parquet: bool = True) -> Path:
+def download_file(
+    url: str,
+    dest: str | os.PathLike,
+    *,
+    retries: int = 5,
+    backoff: float = 2.0,
+    timeout: float = 60.0,
+    opener: Opener = urllib.request.urlopen,
+    sleep: Callable[[float], None] = time.sleep,
+    check_parquet: bool = True,
+) -> Path:
     """Fetch ``url`` to ``dest`` via ``dest.part``; resume, retry, verify, then rename atomically.
 
-    ``retries`` is the number of *extra* attempts after the first; attempt ``k`` waits ``backoff * 2**k``
-    seconds (capped at 5 minutes). HTTP 4xx other than 408/429 fails at once (retrying cannot fix it).
+    ``retries`` is the number of *extra* attempts after the first; attempt ``k`` waits ``backoff *
+    2**k``
+    seconds (capped at 5 minutes). HTTP 4xx other than 408/429 fails at once (retrying cannot fix
+    it).
     ``opener`` and ``sleep`` are injectable for tests.
     """
     if retries < 0:
@@ -231,7 +267,9 @@ def download_file(url: str, dest: str | os.PathLike, *, retries: int = 5, backof
                 raise ConnectionError(f"incomplete read: {got} of {expected} bytes")
             if check_parquet and not _looks_like_parquet(part):
                 part.unlink()
-                raise ConnectionError("downloaded file is not a whole parquet file (bad magic bytes)")
+                raise ConnectionError(
+                    "downloaded file is not a whole parquet file (bad magic bytes)"
+                )
             os.replace(part, dest)
             return dest
         except urllib.error.HTTPError as e:
@@ -240,28 +278,48 @@ def download_file(url: str, dest: str | os.PathLike, *, retries: int = 5, backof
             elif 400 <= e.code < 500 and e.code not in (408, 429):
                 raise PermanentDownloadError(f"{url}: HTTP {e.code} {e.reason}") from e
             last_err = e
-        except (urllib.error.URLError, http.client.HTTPException, OSError) as e:  # incl. timeouts, resets
+        except (
+            urllib.error.URLError,
+            http.client.HTTPException,
+            OSError,
+        ) as e:  # incl. timeouts, resets
             last_err = e
-        print(f"download {url}: attempt {attempt + 1}/{retries + 1} failed: {last_err}", file=sys.stderr)
+        print(
+            f"download {url}: attempt {attempt + 1}/{retries + 1} failed: {last_err}",
+            file=sys.stderr,
+        )
     raise RuntimeError(f"{url}: giving up after {retries + 1} attempts") from last_err
 
 
-def shards_to_download(num_shards: int, total_shards: int = NUM_SHARDS, include_val: bool = True) -> list[int]:
+def shards_to_download(
+    num_shards: int, total_shards: int = NUM_SHARDS, include_val: bool = True
+) -> list[int]:
     """The first ``num_shards`` train shards, plus the release's last shard (validation)."""
     if total_shards < 2:
         raise ValueError(f"total_shards: must be >= 2, got {total_shards}")
     if not 0 <= num_shards <= total_shards - 1:
-        raise ValueError(f"num_shards: must be in [0, {total_shards - 1}] (the last shard is val), got {num_shards}")
+        raise ValueError(
+            f"num_shards: must be in [0, {total_shards - 1}] (the last shard is val), got "
+            f"{num_shards}"
+        )
     ids = list(range(num_shards))
     if include_val:
         ids.append(total_shards - 1)
     return ids
 
 
-def download_shards(num_shards: int, data_dir: str | os.PathLike = DEFAULT_DATA_DIR, *, base_url: str = BASE_URL,
-                    total_shards: int = NUM_SHARDS, include_val: bool = True, workers: int = 4,
-                    **kwargs) -> list[Path]:
-    """Download shards in parallel threads; finished shards are skipped. ``kwargs`` go to :func:`download_file`."""
+def download_shards(
+    num_shards: int,
+    data_dir: str | os.PathLike = DEFAULT_DATA_DIR,
+    *,
+    base_url: str = BASE_URL,
+    total_shards: int = NUM_SHARDS,
+    include_val: bool = True,
+    workers: int = 4,
+    **kwargs,
+) -> list[Path]:
+    """Download shards in parallel threads; finished shards are skipped. ``kwargs`` go to
+    :func:`download_file`."""
     if workers < 1:
         raise ValueError(f"workers: must be >= 1, got {workers}")
     d = Path(data_dir).expanduser()
@@ -276,11 +334,20 @@ def download_shards(num_shards: int, data_dir: str | os.PathLike = DEFAULT_DATA_
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lrt_scale.data", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m lrt_scale.data", description=__doc__.split("\n")[0]
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     dl = sub.add_parser("download", help="download N train shards plus the validation shard")
-    dl.add_argument("--shards", type=int, required=True, help="number of train shards (each about 100 MB of compressed text)")
-    dl.add_argument("--dir", default=str(DEFAULT_DATA_DIR), help="data directory (default: %(default)s)")
+    dl.add_argument(
+        "--shards",
+        type=int,
+        required=True,
+        help="number of train shards (each about 100 MB of compressed text)",
+    )
+    dl.add_argument(
+        "--dir", default=str(DEFAULT_DATA_DIR), help="data directory (default: %(default)s)"
+    )
     dl.add_argument("--workers", type=int, default=4)
     dl.add_argument("--retries", type=int, default=5)
     dl.add_argument("--base-url", default=BASE_URL)
@@ -289,8 +356,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     info.add_argument("--dir", default=str(DEFAULT_DATA_DIR))
     args = ap.parse_args(argv)
     if args.cmd == "download":
-        paths = download_shards(args.shards, args.dir, base_url=args.base_url, include_val=not args.no_val,
-                                workers=args.workers, retries=args.retries)
+        paths = download_shards(
+            args.shards,
+            args.dir,
+            base_url=args.base_url,
+            include_val=not args.no_val,
+            workers=args.workers,
+            retries=args.retries,
+        )
         print(f"{len(paths)} shards in {args.dir}")
     else:
         shards = list_shards(args.dir)
@@ -300,8 +373,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ValueError as e:
                 print(f"{split}: {e}")
                 continue
-            print(f"{split}: {len({r.path for r in rgs})} shards, {len(rgs)} row groups, "
-                  f"{sum(r.num_rows for r in rgs)} documents")
+            print(
+                f"{split}: {len({r.path for r in rgs})} shards, {len(rgs)} row groups, "
+                f"{sum(r.num_rows for r in rgs)} documents"
+            )
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Process group, rank and device for the scaling runs: what ``lrt_scale.train``, ``lrt_scale.evaluate``
+"""Process group, rank and device for the scaling runs: what ``lrt_scale.train``,
+``lrt_scale.evaluate``
 and ``lrt_scale.gpu_check`` share.
 
 Under torchrun (WORLD_SIZE > 1) ``setup_distributed`` joins the process group the environment
@@ -32,7 +33,8 @@ class DistContext:
 
 
 def select_device(device: str = "auto", local_rank: int = 0) -> torch.device:
-    """The device this process runs on: CUDA (this local rank's GPU, TF32 matmuls allowed) when asked
+    """The device this process runs on: CUDA (this local rank's GPU, TF32 matmuls allowed) when
+    asked
     for or, with "auto", when available; the CPU otherwise."""
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device={device!r} is invalid; allowed: auto, cpu, cuda")
@@ -55,8 +57,11 @@ def setup_distributed(device: str = "auto") -> DistContext:
     if world > 1:
         backend = "nccl" if use_cuda else "gloo"
         if not dist.is_initialized():
-            dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30),
-                                    **({"device_id": dev} if use_cuda else {}))
+            dist.init_process_group(
+                backend,
+                timeout=datetime.timedelta(minutes=30),
+                **({"device_id": dev} if use_cuda else {}),
+            )
         rank, world = dist.get_rank(), dist.get_world_size()
     return DistContext(rank, world, local_rank, dev, world > 1, backend)
 
@@ -77,7 +82,8 @@ def rank_and_world() -> tuple[int, int]:
 
 
 def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
-    """Sum a float64 vector over ranks (a no-op in one process). gloo and nccl both reduce float64."""
+    """Sum a float64 vector over ranks (a no-op in one process). gloo and nccl both reduce float64.
+    Sum a float64 vector over ranks (a no-op in one process). gloo and nccl both reduce float64."""
     if is_distributed():
         dist.all_reduce(values)
     return values
@@ -112,7 +118,8 @@ def synchronize(device: torch.device) -> None:
 
 
 def autocast_for(device: torch.device, dtype: str = "auto"):
-    """bf16 autocast on CUDA (the paper's mixed precision) unless --dtype float32; none on CPU by default."""
+    """bf16 autocast on CUDA (the paper's mixed precision) unless --dtype float32; none on CPU by
+    default."""
     if dtype not in ("auto", "float32", "bfloat16"):
         raise ValueError(f"dtype={dtype!r} is invalid; allowed: auto, float32, bfloat16")
     if dtype == "float32" or (dtype == "auto" and device.type != "cuda"):

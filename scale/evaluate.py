@@ -6,7 +6,8 @@ bytes (special tokens such as ``<|bos|>``) or -1 count in neither sum, as in nan
 
 - ``parallel_bpb``: the training schedule's parallel forward (what validation loss measures); also
   per stage of Interleaved/FullSequence schedules (stage 0 is the init pass, i.e. zero memory;
-  Interleaved subset s covers positions t % S == s only) and "merged" (each position's final logits).
+  Interleaved subset s covers positions t % S == s only) and "merged" (each position's final
+  logits).
 - ``sequential_bpb``: what the model really does at inference, the recurrent ``Decoder``: one
   forward per token, optionally after prefilling a prompt of ``prompt_len`` tokens with OnePass,
   Interleaved(S) or Exact (the paper's 1,024 + 1,024 setting, app. "Parallel prefill"). Only the
@@ -89,18 +90,25 @@ LN2 = math.log(2)
 TASK_TYPES = ("multiple_choice", "schema", "language_modeling")
 
 
-# BPB ------------------------------------------------------------------------------------------------
+# BPB
+# ------------------------------------------------------------------------------------------------
 def token_nats(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Per-position cross entropy in nats (in at least float32), 0 where the target is -1."""
     B, T = targets.shape
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
-    nats = F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1).clamp(min=0), reduction="none")
+    nats = F.cross_entropy(
+        logits.reshape(B * T, -1), targets.reshape(-1).clamp(min=0), reduction="none"
+    )
     return nats.view(B, T).masked_fill(targets == IGNORE_INDEX, 0.0)
 
 
-def nats_and_bytes(logits: torch.Tensor, targets: torch.Tensor, token_bytes: torch.Tensor,
-                   mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def nats_and_bytes(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    token_bytes: torch.Tensor,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed nats, summed bytes) as float64 scalars over targets with > 0 bytes (and in mask)."""
     tb = token_bytes.to(targets.device)
     nbytes = torch.where(targets >= 0, tb[targets.clamp(min=0)], torch.zeros_like(targets))
@@ -113,9 +121,14 @@ def nats_and_bytes(logits: torch.Tensor, targets: torch.Tensor, token_bytes: tor
 
 def _check_token_bytes(token_bytes, vocab_size: int | None = None) -> torch.Tensor:
     if not isinstance(token_bytes, torch.Tensor) or token_bytes.dim() != 1:
-        raise ValueError("token_bytes is invalid; allowed: a 1-D tensor of byte lengths per token id")
+        raise ValueError(
+            "token_bytes is invalid; allowed: a 1-D tensor of byte lengths per token id"
+        )
     if vocab_size is not None and token_bytes.numel() < vocab_size:
-        raise ValueError(f"token_bytes has {token_bytes.numel()} entries; allowed: at least vocab_size={vocab_size}")
+        raise ValueError(
+            f"token_bytes has {token_bytes.numel()} entries; allowed: at least "
+            f"vocab_size={vocab_size}"
+        )
     return token_bytes
 
 
@@ -124,9 +137,16 @@ def _bpb(nats: float, nbytes: float) -> float:
 
 
 @torch.no_grad()
-def parallel_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], token_bytes: torch.Tensor,
-                 schedule=None, autocast=None, min_position: int = 0) -> dict:
-    """BPB of the schedule's parallel forward over `batches` of (inputs, targets), summed over ranks.
+def parallel_bpb(
+    model,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    token_bytes: torch.Tensor,
+    schedule=None,
+    autocast=None,
+    min_position: int = 0,
+) -> dict:
+    """BPB of the schedule's parallel forward over `batches` of (inputs, targets), summed over
+    ranks.
 
     Returns {"bpb" (merged final logits), "stages": [bpb per stage] (Interleaved/FullSequence only;
     [] otherwise), "nats", "bytes", "tokens"}. min_position: score only targets at t >= it (to
@@ -142,18 +162,24 @@ def parallel_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], to
             T = inputs.size(1)
             mask = None
             if min_position:
-                mask = (torch.arange(T, device=targets.device) >= min_position)[None].expand_as(targets)
+                mask = (torch.arange(T, device=targets.device) >= min_position)[None].expand_as(
+                    targets
+                )
             with autocast or contextlib.nullcontext():
                 out = run_schedule(model, inputs, None, schedule)
             n, b = nats_and_bytes(out.logits, targets, token_bytes, mask)
             per_stage = []
-            # per-stage BPB where the stages are the same every batch (not FixedPoint's data-dependent
+            # per-stage BPB where the stages are the same every batch (not FixedPoint's
+            # data-dependent
             # count, nor Chunked's chunks: stage_weights None)
             if schedule.stage_weights(T) is not None:
                 for P, lp in zip(out.stages, out.stage_logits):
                     sl = slice(P.start, P.stop, P.step)
-                    per_stage.extend(nats_and_bytes(lp, targets[:, sl], token_bytes,
-                                                    None if mask is None else mask[:, sl]))
+                    per_stage.extend(
+                        nats_and_bytes(
+                            lp, targets[:, sl], token_bytes, None if mask is None else mask[:, sl]
+                        )
+                    )
             vec = torch.stack([n, b])
             sums = vec if sums is None else sums + vec
             if per_stage:
@@ -165,18 +191,34 @@ def parallel_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], to
     if sums is None:
         raise ValueError("batches is empty; allowed: at least one (inputs, targets) batch")
     device = sums.device
-    packed = torch.cat([sums, stage_sums if stage_sums is not None else sums.new_zeros(0),
-                        torch.tensor([float(tokens)], dtype=torch.float64, device=device)])
+    packed = torch.cat(
+        [
+            sums,
+            stage_sums if stage_sums is not None else sums.new_zeros(0),
+            torch.tensor([float(tokens)], dtype=torch.float64, device=device),
+        ]
+    )
     packed = all_reduce_sum(packed).cpu().tolist()
     nats, nbytes, tokens = packed[0], packed[1], int(packed[-1])
     stages = packed[2:-1]
-    return {"bpb": _bpb(nats, nbytes), "stages": [_bpb(stages[i], stages[i + 1]) for i in range(0, len(stages), 2)],
-            "nats": nats, "bytes": nbytes, "tokens": tokens}
+    return {
+        "bpb": _bpb(nats, nbytes),
+        "stages": [_bpb(stages[i], stages[i + 1]) for i in range(0, len(stages), 2)],
+        "nats": nats,
+        "bytes": nbytes,
+        "tokens": tokens,
+    }
 
 
 @torch.no_grad()
-def sequential_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], token_bytes: torch.Tensor,
-                   prompt_len: int = 0, prefill=None, autocast=None) -> dict:
+def sequential_bpb(
+    model,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    token_bytes: torch.Tensor,
+    prompt_len: int = 0,
+    prefill=None,
+    autocast=None,
+) -> dict:
     """BPB under recurrent decoding (one Decoder step per token), summed over ranks.
 
     prompt_len > 0: the first prompt_len tokens are prefilled with `prefill` (a schedule or its
@@ -195,8 +237,13 @@ def sequential_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], 
         for inputs, targets in batches:
             B, T = inputs.shape
             if prompt_len >= T:
-                raise ValueError(f"prompt_len={prompt_len} is invalid for sequences of T={T}; allowed: 0 <= prompt_len < T")
-            check_token_ids("inputs", inputs, vocab_size_of(model))  # once, not a sync per position on CUDA
+                raise ValueError(
+                    f"prompt_len={prompt_len} is invalid for sequences of T={T}; allowed: 0 <= "
+                    "prompt_len < T"
+                )
+            check_token_ids(
+                "inputs", inputs, vocab_size_of(model)
+            )  # once, not a sync per position on CUDA
             dec = Decoder(model, B, T)
             logits = []
             with autocast or contextlib.nullcontext():
@@ -213,13 +260,22 @@ def sequential_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], 
         model.train(was_training)
     if sums is None:
         raise ValueError("batches is empty; allowed: at least one (inputs, targets) batch")
-    packed = torch.cat([sums, torch.tensor([float(tokens)], dtype=torch.float64, device=sums.device)])
+    packed = torch.cat(
+        [sums, torch.tensor([float(tokens)], dtype=torch.float64, device=sums.device)]
+    )
     nats, nbytes, tokens = all_reduce_sum(packed).cpu().tolist()
-    return {"bpb": _bpb(nats, nbytes), "nats": nats, "bytes": nbytes, "tokens": int(tokens),
-            "prompt_len": prompt_len, "prefill": prefill.spec if prompt_len else None}
+    return {
+        "bpb": _bpb(nats, nbytes),
+        "nats": nats,
+        "bytes": nbytes,
+        "tokens": int(tokens),
+        "prompt_len": prompt_len,
+        "prefill": prefill.spec if prompt_len else None,
+    }
 
 
-# CORE -----------------------------------------------------------------------------------------------
+# CORE
+# -----------------------------------------------------------------------------------------------
 def render_mc(item: dict, delimiter: str, fewshot: Sequence[dict] = ()) -> list[str]:
     """One prompt per choice: few-shot "query<d>gold choice" blocks, then "query<d>choice"."""
     shots = "".join(f"{ex['query']}{delimiter}{ex['choices'][ex['gold']]}\n\n" for ex in fewshot)
@@ -228,7 +284,9 @@ def render_mc(item: dict, delimiter: str, fewshot: Sequence[dict] = ()) -> list[
 
 def render_schema(item: dict, delimiter: str, fewshot: Sequence[dict] = ()) -> list[str]:
     """One prompt per context option, each followed by the shared continuation."""
-    shots = "".join(f"{ex['context_options'][ex['gold']]}{delimiter}{ex['continuation']}\n\n" for ex in fewshot)
+    shots = "".join(
+        f"{ex['context_options'][ex['gold']]}{delimiter}{ex['continuation']}\n\n" for ex in fewshot
+    )
     return [f"{shots}{ctx}{delimiter}{item['continuation']}" for ctx in item["context_options"]]
 
 
@@ -248,8 +306,11 @@ def _common_length(seqs: Sequence[Sequence[int]], from_end: bool = False) -> int
     return n
 
 
-def item_sequences(tokenizer, task_type: str, prompts: list[str]) -> tuple[list[list[int]], list[int], list[int]]:
-    """Token sequences (BOS first) and, per sequence, the [start, end) of the scored continuation."""
+def item_sequences(
+    tokenizer, task_type: str, prompts: list[str]
+) -> tuple[list[list[int]], list[int], list[int]]:
+    """Token sequences (BOS first) and, per sequence, the [start, end) of the scored continuation.
+    Token sequences (BOS first) and, per sequence, the [start, end) of the scored continuation."""
     tokens = [tokenizer.encode(p, prepend_bos=True) for p in prompts]
     if task_type == "multiple_choice":
         start = _common_length(tokens)
@@ -259,9 +320,12 @@ def item_sequences(tokenizer, task_type: str, prompts: list[str]) -> tuple[list[
         return tokens, [len(t) - suffix for t in tokens], [len(t) for t in tokens]
     if task_type == "language_modeling":
         without, with_ = tokens
-        if len(without) >= len(with_) or with_[:len(without)] != without:
-            raise ValueError("language_modeling item: the prompt without the continuation does not tokenize to a "
-                             "prefix of the prompt with it")
+        if len(without) >= len(with_) or with_[: len(without)] != without:
+            raise ValueError(
+                "language_modeling item: the prompt without the continuation does not tokenize to "
+                "a "
+                "prefix of the prompt with it"
+            )
         return [with_], [len(without)], [len(with_)]
     raise ValueError(f"task type {task_type!r} is invalid; allowed: {', '.join(TASK_TYPES)}")
 
@@ -269,30 +333,46 @@ def item_sequences(tokenizer, task_type: str, prompts: list[str]) -> tuple[list[
 def _pad(tokens: list[list[int]], pad_id: int) -> torch.Tensor:
     out = torch.full((len(tokens), max(len(t) for t in tokens)), pad_id, dtype=torch.long)
     for i, t in enumerate(tokens):
-        out[i, :len(t)] = torch.tensor(t, dtype=torch.long)
+        out[i, : len(t)] = torch.tensor(t, dtype=torch.long)
     return out
 
 
 def model_forward(model, schedule=None, autocast=None) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A (B, T) ids -> (B, T, V) logits function: `schedule`'s parallel forward (default OnePass)."""
+    """A (B, T) ids -> (B, T, V) logits function: `schedule`'s parallel forward (default OnePass).
+    A (B, T) ids -> (B, T, V) logits function: `schedule`'s parallel forward (default OnePass)."""
     schedule = as_schedule(schedule)
 
     @torch.no_grad()
     def forward(ids: torch.Tensor) -> torch.Tensor:
         with autocast or contextlib.nullcontext():
             return run_schedule(model, ids, None, schedule).logits
+
     return forward
 
 
 @torch.no_grad()
-def score_item(forward, tokenizer, item: dict, task_type: str, delimiter: str, fewshot: Sequence[dict] = (),
-               device="cpu", max_len: int | None = None) -> bool:
+def score_item(
+    forward,
+    tokenizer,
+    item: dict,
+    task_type: str,
+    delimiter: str,
+    fewshot: Sequence[dict] = (),
+    device="cpu",
+    max_len: int | None = None,
+) -> bool:
     """Is the model right on one item? (see the module docstring for each type)."""
-    render = {"multiple_choice": render_mc, "schema": render_schema, "language_modeling": render_lm}.get(task_type)
+    render = {
+        "multiple_choice": render_mc,
+        "schema": render_schema,
+        "language_modeling": render_lm,
+    }.get(task_type)
     if render is None:
         raise ValueError(f"task type {task_type!r} is invalid; allowed: {', '.join(TASK_TYPES)}")
     tokens, starts, ends = item_sequences(tokenizer, task_type, render(item, delimiter, fewshot))
-    if max_len is not None:  # keep the last max_len tokens (nanochat's crop for short-context models)
+    if (
+        max_len is not None
+    ):  # keep the last max_len tokens (nanochat's crop for short-context models)
         crops = [max(0, len(t) - max_len) for t in tokens]
         tokens = [t[c:] for t, c in zip(tokens, crops)]
         starts = [max(1, s - c) for s, c in zip(starts, crops)]
@@ -301,9 +381,11 @@ def score_item(forward, tokenizer, item: dict, task_type: str, delimiter: str, f
     logits = forward(ids).float()
     if task_type == "language_modeling":
         s, e = starts[0], ends[0]
-        return bool(torch.equal(logits[0, s - 1:e - 1].argmax(-1), ids[0, s:e]))
-    losses = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")  # predicts ids[:, t+1]
-    means = [losses[i, s - 1:e - 1].mean().item() for i, (s, e) in enumerate(zip(starts, ends))]
+        return bool(torch.equal(logits[0, s - 1 : e - 1].argmax(-1), ids[0, s:e]))
+    losses = F.cross_entropy(
+        logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none"
+    )  # predicts ids[:, t+1]
+    means = [losses[i, s - 1 : e - 1].mean().item() for i, (s, e) in enumerate(zip(starts, ends))]
     return means.index(min(means)) == item["gold"]
 
 
@@ -318,15 +400,23 @@ def load_bundle(bundle_dir: str | os.PathLike) -> list[dict]:
         spec = json.loads((d / "core.json").read_text())
         for t in spec.get("tasks", []):
             label = t.get("label")
-            tasks.append({"label": label, "type": t.get("type"), "num_fewshot": t.get("num_fewshot", 0),
-                          "random_baseline": t.get("random_baseline"),
-                          "continuation_delimiter": t.get("continuation_delimiter", " "),
-                          "path": d / t.get("dataset_uri", f"{label}.jsonl")})
+            tasks.append(
+                {
+                    "label": label,
+                    "type": t.get("type"),
+                    "num_fewshot": t.get("num_fewshot", 0),
+                    "random_baseline": t.get("random_baseline"),
+                    "continuation_delimiter": t.get("continuation_delimiter", " "),
+                    "path": d / t.get("dataset_uri", f"{label}.jsonl"),
+                }
+            )
     elif (d / "core.yaml").is_file():
         try:
             import yaml
         except ImportError:
-            raise ValueError("core bundle: core.yaml needs PyYAML (pip install pyyaml), or write core.json") from None
+            raise ValueError(
+                "core bundle: core.yaml needs PyYAML (pip install pyyaml), or write core.json"
+            ) from None
         spec = yaml.safe_load((d / "core.yaml").read_text())
         baselines = {}
         meta = d / "eval_meta_data.csv"
@@ -335,11 +425,16 @@ def load_bundle(bundle_dir: str | os.PathLike) -> list[dict]:
                 baselines = {r["Eval Task"]: float(r["Random baseline"]) for r in csv.DictReader(f)}
         for t in spec.get("icl_tasks", []):
             shots = t.get("num_fewshot", 0)
-            tasks.append({"label": t.get("label"), "type": t.get("icl_task_type"),
-                          "num_fewshot": shots[0] if isinstance(shots, list) else shots,
-                          "random_baseline": baselines.get(t.get("label")),
-                          "continuation_delimiter": t.get("continuation_delimiter", " "),
-                          "path": d / "eval_data" / t["dataset_uri"]})
+            tasks.append(
+                {
+                    "label": t.get("label"),
+                    "type": t.get("icl_task_type"),
+                    "num_fewshot": shots[0] if isinstance(shots, list) else shots,
+                    "random_baseline": baselines.get(t.get("label")),
+                    "continuation_delimiter": t.get("continuation_delimiter", " "),
+                    "path": d / "eval_data" / t["dataset_uri"],
+                }
+            )
     else:
         raise ValueError(f"core bundle: {d} has neither core.json nor core.yaml")
     if not tasks:
@@ -348,14 +443,25 @@ def load_bundle(bundle_dir: str | os.PathLike) -> list[dict]:
         if not t["label"]:
             raise ValueError(f"core bundle: a task has no label in {d}")
         if t["type"] not in TASK_TYPES:
-            raise ValueError(f"core bundle: task {t['label']!r} has type {t['type']!r}; allowed: {', '.join(TASK_TYPES)}")
+            raise ValueError(
+                f"core bundle: task {t['label']!r} has type {t['type']!r}; allowed: "
+                f"{', '.join(TASK_TYPES)}"
+            )
         rb = t["random_baseline"]
         if not isinstance(rb, (int, float)) or not 0 <= rb < 100:
-            raise ValueError(f"core bundle: task {t['label']!r} has random_baseline={rb!r}; allowed: a percentage in [0, 100)")
+            raise ValueError(
+                f"core bundle: task {t['label']!r} has random_baseline={rb!r}; allowed: a "
+                "percentage in [0, 100)"
+            )
         if not isinstance(t["num_fewshot"], int) or t["num_fewshot"] < 0:
-            raise ValueError(f"core bundle: task {t['label']!r} has num_fewshot={t['num_fewshot']!r}; allowed: an integer >= 0")
+            raise ValueError(
+                f"core bundle: task {t['label']!r} has num_fewshot={t['num_fewshot']!r}; allowed: "
+                "an integer >= 0"
+            )
         if not Path(t["path"]).is_file():
-            raise ValueError(f"core bundle: task {t['label']!r}: data file {t['path']} does not exist")
+            raise ValueError(
+                f"core bundle: task {t['label']!r}: data file {t['path']} does not exist"
+            )
     return tasks
 
 
@@ -369,26 +475,45 @@ def centered(accuracy: float, random_baseline_percent: float) -> float:
     return (accuracy - r) / (1.0 - r)
 
 
-def evaluate_task(forward, tokenizer, items: list[dict], task: dict, device="cpu", max_len: int | None = None) -> float:
+def evaluate_task(
+    forward, tokenizer, items: list[dict], task: dict, device="cpu", max_len: int | None = None
+) -> float:
     """Accuracy on a task; under torchrun each rank scores items rank, rank + world, ... ."""
     rank, world = rank_and_world()
     k = task["num_fewshot"]
     if k and len(items) <= k:
-        raise ValueError(f"task {task['label']!r}: num_fewshot={k} needs more than {k} items, got {len(items)}")
+        raise ValueError(
+            f"task {task['label']!r}: num_fewshot={k} needs more than {k} items, got {len(items)}"
+        )
     correct = 0
     for i in range(rank, len(items), world):
         shots = []
         if k:
             rng = random.Random(1234 + i)
             shots = [items[j] for j in rng.sample([j for j in range(len(items)) if j != i], k)]
-        correct += score_item(forward, tokenizer, items[i], task["type"], task["continuation_delimiter"], shots,
-                              device, max_len)
+        correct += score_item(
+            forward,
+            tokenizer,
+            items[i],
+            task["type"],
+            task["continuation_delimiter"],
+            shots,
+            device,
+            max_len,
+        )
     total = all_reduce_sum(torch.tensor([float(correct)], dtype=torch.float64, device=device))
     return float(total.item()) / len(items)
 
 
-def evaluate_core(forward, tokenizer, bundle_dir, device="cpu", max_per_task: int = -1,
-                  max_len: int | None = None, log: Callable[[str], None] | None = None) -> dict:
+def evaluate_core(
+    forward,
+    tokenizer,
+    bundle_dir,
+    device="cpu",
+    max_per_task: int = -1,
+    max_len: int | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict:
     """CORE over a bundle: {"core", "accuracy": {label: acc}, "centered": {label: c}}.
 
     forward: (B, T) ids -> (B, T, V) logits (``model_forward(model, schedule)``). max_per_task > 0
@@ -407,8 +532,11 @@ def evaluate_core(forward, tokenizer, bundle_dir, device="cpu", max_per_task: in
         acc[task["label"]] = evaluate_task(forward, tokenizer, items, task, device, max_len)
         cen[task["label"]] = centered(acc[task["label"]], task["random_baseline"])
         if log:
-            log(f"core {task['label']} ({task['num_fewshot']}-shot {task['type']}): accuracy {acc[task['label']]:.4f} "
-                f"centered {cen[task['label']]:.4f} ({time.perf_counter() - t0:.1f}s)")
+            log(
+                f"core {task['label']} ({task['num_fewshot']}-shot {task['type']}): accuracy "
+                f"{acc[task['label']]:.4f} "
+                f"centered {cen[task['label']]:.4f} ({time.perf_counter() - t0:.1f}s)"
+            )
     return {"core": sum(cen.values()) / len(cen), "accuracy": acc, "centered": cen}
 
 
@@ -428,24 +556,61 @@ def _load_run_model(run_dir: Path, checkpoint: str | None, device: torch.device)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m lrt_scale.evaluate",
-                                 description="BPB, sequential BPB and CORE of a run trained by lrt_scale.train")
-    ap.add_argument("--run-dir", required=True, help="run folder (runs/<name>) with config.json and checkpoints/ "
-                    "(not --run: under torchrun that abbreviates torchrun's own --run-path)")
-    ap.add_argument("--checkpoint", default=None, help="a checkpoint file (default: the run's latest)")
-    ap.add_argument("--data-dir", default=None, help="parquet shards; the last one is validation (default: the run's)")
+    ap = argparse.ArgumentParser(
+        prog="python -m lrt_scale.evaluate",
+        description="BPB, sequential BPB and CORE of a run trained by lrt_scale.train",
+    )
+    ap.add_argument(
+        "--run-dir",
+        required=True,
+        help="run folder (runs/<name>) with config.json and checkpoints/ "
+        "(not --run: under torchrun that abbreviates torchrun's own --run-path)",
+    )
+    ap.add_argument(
+        "--checkpoint", default=None, help="a checkpoint file (default: the run's latest)"
+    )
+    ap.add_argument(
+        "--data-dir",
+        default=None,
+        help="parquet shards; the last one is validation (default: the run's)",
+    )
     ap.add_argument("--tokenizer-dir", default=None, help="saved tokenizer (default: the run's)")
-    ap.add_argument("--schedule", default=None, help="schedule of the parallel forward (default: the training schedule)")
-    ap.add_argument("--bpb-tokens", type=int, default=2 ** 20, help="validation tokens for parallel BPB (0: skip)")
-    ap.add_argument("--seq-rows", type=int, default=0, help="validation rows for sequential BPB (0: skip)")
-    ap.add_argument("--seq-prompt", type=int, default=0, help="prompt tokens prefilled before decoding (paper: 1024)")
-    ap.add_argument("--seq-prefill", default="onepass",
-                    help="comma-separated prefill strategies for --seq-prompt > 0 (e.g. onepass,interleaved:2,exact)")
-    ap.add_argument("--core-bundle", default=None, help="CORE eval bundle directory (core.json or DCLM core.yaml)")
+    ap.add_argument(
+        "--schedule",
+        default=None,
+        help="schedule of the parallel forward (default: the training schedule)",
+    )
+    ap.add_argument(
+        "--bpb-tokens", type=int, default=2**20, help="validation tokens for parallel BPB (0: skip)"
+    )
+    ap.add_argument(
+        "--seq-rows", type=int, default=0, help="validation rows for sequential BPB (0: skip)"
+    )
+    ap.add_argument(
+        "--seq-prompt",
+        type=int,
+        default=0,
+        help="prompt tokens prefilled before decoding (paper: 1024)",
+    )
+    ap.add_argument(
+        "--seq-prefill",
+        default="onepass",
+        help="comma-separated prefill strategies for --seq-prompt > 0 "
+        "(e.g. onepass,interleaved:2,exact)",
+    )
+    ap.add_argument(
+        "--core-bundle",
+        default=None,
+        help="CORE eval bundle directory (core.json or DCLM core.yaml)",
+    )
     ap.add_argument("--core-max-per-task", type=int, default=-1)
-    ap.add_argument("--core-schedule", default="train",
-                    help="forward CORE scores with: train (the training schedule) or a schedule spec; onepass = zero "
-                         "memory, how the released code (and so the paper's CORE numbers) scores an LRT")
+    ap.add_argument(
+        "--core-schedule",
+        default="train",
+        help="forward CORE scores with: train (the training schedule) or a schedule spec; "
+        "onepass = zero "
+        "memory, how the released code (and so the paper's CORE numbers) scores an LRT",
+    )
     ap.add_argument("--batch-size", type=int, default=8, help="rows per forward")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     return ap
@@ -465,9 +630,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         data_dir = args.data_dir or train_args.get("data_dir")
         tok_dir = args.tokenizer_dir or train_args.get("tokenizer_dir")
         T = model.config.sequence_len
-        batches, token_bytes, tokenizer = make_batches(data_dir, tok_dir, model.config.vocab_size, args.batch_size, T,
-                                                       ctx, seed=train_args.get("seed", 0),
-                                                       synthetic=train_args.get("synthetic"))
+        batches, token_bytes, tokenizer = make_batches(
+            data_dir,
+            tok_dir,
+            model.config.vocab_size,
+            args.batch_size,
+            T,
+            ctx,
+            seed=train_args.get("seed", 0),
+            synthetic=train_args.get("synthetic"),
+        )
         rec = {"kind": "eval", "step": step, "source": "lrt_scale.evaluate"}
         if args.bpb_tokens:
             n = max(1, args.bpb_tokens // (args.batch_size * T * ctx.world_size))
@@ -478,18 +650,41 @@ def main(argv: Sequence[str] | None = None) -> int:
             n = max(1, math.ceil(args.seq_rows / (args.batch_size * ctx.world_size)))
             prefills = args.seq_prefill.split(",") if args.seq_prompt else ["onepass"]
             for spec in prefills:
-                res = sequential_bpb(model, batches(n), token_bytes, args.seq_prompt, spec, autocast)
-                key = "seq_bpb" if not args.seq_prompt else f"seq_bpb_{parse_schedule(spec).spec.replace(':', '')}"
+                res = sequential_bpb(
+                    model, batches(n), token_bytes, args.seq_prompt, spec, autocast
+                )
+                key = (
+                    "seq_bpb"
+                    if not args.seq_prompt
+                    else f"seq_bpb_{parse_schedule(spec).spec.replace(':', '')}"
+                )
                 rec[key] = res["bpb"]
             if args.seq_prompt:
-                par = parallel_bpb(model, batches(n), token_bytes, schedule, autocast, min_position=args.seq_prompt - 1)
+                par = parallel_bpb(
+                    model,
+                    batches(n),
+                    token_bytes,
+                    schedule,
+                    autocast,
+                    min_position=args.seq_prompt - 1,
+                )
                 rec["cont_bpb_parallel"] = par["bpb"]
         if args.core_bundle:
             if tokenizer is None:
-                raise ValueError("--core-bundle needs a tokenizer (--tokenizer-dir); synthetic runs have none")
-            core_schedule = schedule if args.core_schedule == "train" else parse_schedule(args.core_schedule)
-            core = evaluate_core(model_forward(model, core_schedule, autocast), tokenizer, args.core_bundle, ctx.device,
-                                 args.core_max_per_task, log=ctx.print0)
+                raise ValueError(
+                    "--core-bundle needs a tokenizer (--tokenizer-dir); synthetic runs have none"
+                )
+            core_schedule = (
+                schedule if args.core_schedule == "train" else parse_schedule(args.core_schedule)
+            )
+            core = evaluate_core(
+                model_forward(model, core_schedule, autocast),
+                tokenizer,
+                args.core_bundle,
+                ctx.device,
+                args.core_max_per_task,
+                log=ctx.print0,
+            )
             rec["core"] = core["core"]
             rec["core_schedule"] = core_schedule.spec
             rec.update({f"core_{k}": v for k, v in core["centered"].items()})

@@ -76,7 +76,7 @@ from lrt_lab.core.model import LRT, Transformer
 from lrt_lab.run.registry import as_schedule
 
 H100_BF16_PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (no sparsity)
-REFERENCE_BATCH_TOKENS = 2 ** 19  # the paper's (and nanochat's) global batch
+REFERENCE_BATCH_TOKENS = 2**19  # the paper's (and nanochat's) global batch
 RATIO_PARAMS = ("total", "matrices")
 # nanochat's figures: a shard holds ~250M characters at ~4.8 characters per token, and best-fit
 # packing at T = 2048 crops ~35% of the tokens it reads
@@ -90,8 +90,10 @@ def _as_model(model_or_config) -> LRT:
             return LRT(model_or_config)
     if isinstance(model_or_config, Transformer):
         return model_or_config
-    raise ValueError(f"model={type(model_or_config).__name__} is invalid; allowed: a model (LRT, a "
-                     "baseline) or a ModelConfig")
+    raise ValueError(
+        f"model={type(model_or_config).__name__} is invalid; allowed: a model (LRT, a "
+        "baseline) or a ModelConfig"
+    )
 
 
 def _is_embedding(name: str) -> bool:
@@ -102,7 +104,14 @@ def count_params(model_or_config) -> dict:
     """Parameter counts: total, baseline (without the memory pathway), matmul (FLOP-bearing) for
     both, embedding (lookup tables) and scalar (1-D) parameters."""
     model = _as_model(model_or_config)
-    out = {"total": 0, "baseline": 0, "matmul": 0, "matmul_baseline": 0, "embedding": 0, "scalar": 0}
+    out = {
+        "total": 0,
+        "baseline": 0,
+        "matmul": 0,
+        "matmul_baseline": 0,
+        "embedding": 0,
+        "scalar": 0,
+    }
     for name, p in model.named_parameters():
         n = p.numel()
         memory = name.startswith("pathway.")  # the memory pathway's parameters
@@ -126,7 +135,9 @@ def attention_flops_per_position(config: ModelConfig, seq_len: int | None = None
     return sum(4 * hq * (T if w is None else min(w, T)) for w in config.window_sizes())
 
 
-def forward_flops_per_position(model_or_config, seq_len: int | None = None, baseline: bool = False) -> int:
+def forward_flops_per_position(
+    model_or_config, seq_len: int | None = None, baseline: bool = False
+) -> int:
     """Forward FLOPs of one pass over one position: 2 * N_matmul + attention."""
     model = _as_model(model_or_config)
     counts = count_params(model)
@@ -151,7 +162,9 @@ def official_flops_per_token(model_or_config, seq_len: int | None = None) -> flo
     return 3.0 * forward_flops_per_position(model, seq_len)
 
 
-def mfu(flops_per_second: float, peak_flops: float = H100_BF16_PEAK_FLOPS, devices: int = 1) -> float:
+def mfu(
+    flops_per_second: float, peak_flops: float = H100_BF16_PEAK_FLOPS, devices: int = 1
+) -> float:
     """Model FLOP utilisation: achieved / (peak per device * devices)."""
     if not peak_flops > 0:
         raise ValueError(f"peak_flops={peak_flops!r} is invalid; allowed: a number > 0")
@@ -167,45 +180,62 @@ class Plan:
     seq_len: int
     global_batch_tokens: int
     steps: int
-    tokens: int                           # steps * global_batch_tokens
-    ratio: float                          # tokens / params_baseline (the R the run really gets)
+    tokens: int  # steps * global_batch_tokens
+    ratio: float  # tokens / params_baseline (the R the run really gets)
     params_total: int
-    params_baseline: int                  # N of "R x N" (embeddings included, memory excluded)
+    params_baseline: int  # N of "R x N" (embeddings included, memory excluded)
     params_matmul: int
     params_matmul_baseline: int
-    token_forwards: float                 # sum_P |P| / T of the schedule's differentiated stages
+    token_forwards: float  # sum_P |P| / T of the schedule's differentiated stages
     forward_flops_per_position: int
-    train_flops_per_token: float          # every stage
-    official_flops_per_token: float       # one pass (the undercount)
+    train_flops_per_token: float  # every stage
+    official_flops_per_token: float  # one pass (the undercount)
     baseline_train_flops_per_token: float  # same backbone, OnePass
     flops_per_step: float
     flops_total: float
-    compute_tokens: float                 # baseline-equivalent tokens
-    compute_ratio: float                  # baseline-equivalent R = compute_tokens / params_baseline
-    undercount: float                     # train_flops_per_token / official_flops_per_token
-    ratio_params: str = "total"           # which N "R x N" counts (RATIO_PARAMS)
-    params_ratio: int = 0                 # that N
-    rollout_forwards: float = 0.0         # forwards per token without backward (Rollout's rollout)
+    compute_tokens: float  # baseline-equivalent tokens
+    compute_ratio: float  # baseline-equivalent R = compute_tokens / params_baseline
+    undercount: float  # train_flops_per_token / official_flops_per_token
+    ratio_params: str = "total"  # which N "R x N" counts (RATIO_PARAMS)
+    params_ratio: int = 0  # that N
+    rollout_forwards: float = 0.0  # forwards per token without backward (Rollout's rollout)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def plan(model_or_config, schedule=None, *, ratio: float | None = None, tokens: int | None = None,
-         steps: int | None = None, global_batch_tokens: int = REFERENCE_BATCH_TOKENS,
-         seq_len: int | None = None, ratio_params: str = "total") -> Plan:
+def plan(
+    model_or_config,
+    schedule=None,
+    *,
+    ratio: float | None = None,
+    tokens: int | None = None,
+    steps: int | None = None,
+    global_batch_tokens: int = REFERENCE_BATCH_TOKENS,
+    seq_len: int | None = None,
+    ratio_params: str = "total",
+) -> Plan:
     """Steps, tokens and FLOPs of a run. Exactly one of `steps`, `tokens`, `ratio` sets the length
     (steps = ceil(tokens / global batch), tokens = ratio * N with N per `ratio_params`: "total" =
     N_baseline, "matrices" = the model's matrix parameters; see the module docstring)."""
     if ratio_params not in RATIO_PARAMS:
-        raise ValueError(f"ratio_params={ratio_params!r} is invalid; allowed: {', '.join(RATIO_PARAMS)}")
+        raise ValueError(
+            f"ratio_params={ratio_params!r} is invalid; allowed: {', '.join(RATIO_PARAMS)}"
+        )
     model = _as_model(model_or_config)
     T = seq_len or model.config.sequence_len
-    given = [k for k, v in (("steps", steps), ("tokens", tokens), ("ratio", ratio)) if v is not None]
+    given = [
+        k for k, v in (("steps", steps), ("tokens", tokens), ("ratio", ratio)) if v is not None
+    ]
     if len(given) != 1:
-        raise ValueError(f"run length: {'/'.join(given) or 'nothing'} given; allowed: exactly one of steps, tokens, ratio")
+        raise ValueError(
+            f"run length: {'/'.join(given) or 'nothing'} given; allowed: exactly one of steps, "
+            "tokens, ratio"
+        )
     if not isinstance(global_batch_tokens, int) or global_batch_tokens < 1:
-        raise ValueError(f"global_batch_tokens={global_batch_tokens!r} is invalid; allowed: an integer >= 1")
+        raise ValueError(
+            f"global_batch_tokens={global_batch_tokens!r} is invalid; allowed: an integer >= 1"
+        )
     counts = count_params(model)
     n_ratio = counts["baseline"] if ratio_params == "total" else counts["matmul"]
     n_ratio_baseline = counts["baseline"] if ratio_params == "total" else counts["matmul_baseline"]
@@ -227,44 +257,94 @@ def plan(model_or_config, schedule=None, *, ratio: float | None = None, tokens: 
     official = 3.0 * fwd
     base = 3.0 * forward_flops_per_position(model, T, baseline=True)
     compute_tokens = n_tokens * train / base
-    return Plan(seq_len=T, global_batch_tokens=global_batch_tokens, steps=steps, tokens=n_tokens,
-                ratio=n_tokens / n_ratio, params_total=counts["total"],
-                params_baseline=counts["baseline"], params_matmul=counts["matmul"],
-                params_matmul_baseline=counts["matmul_baseline"], token_forwards=tf,
-                forward_flops_per_position=fwd, train_flops_per_token=train, official_flops_per_token=official,
-                baseline_train_flops_per_token=base, flops_per_step=train * global_batch_tokens,
-                flops_total=train * n_tokens, compute_tokens=compute_tokens,
-                compute_ratio=compute_tokens / n_ratio_baseline, undercount=train / official,
-                ratio_params=ratio_params, params_ratio=n_ratio, rollout_forwards=rollout)
+    return Plan(
+        seq_len=T,
+        global_batch_tokens=global_batch_tokens,
+        steps=steps,
+        tokens=n_tokens,
+        ratio=n_tokens / n_ratio,
+        params_total=counts["total"],
+        params_baseline=counts["baseline"],
+        params_matmul=counts["matmul"],
+        params_matmul_baseline=counts["matmul_baseline"],
+        token_forwards=tf,
+        forward_flops_per_position=fwd,
+        train_flops_per_token=train,
+        official_flops_per_token=official,
+        baseline_train_flops_per_token=base,
+        flops_per_step=train * global_batch_tokens,
+        flops_total=train * n_tokens,
+        compute_tokens=compute_tokens,
+        compute_ratio=compute_tokens / n_ratio_baseline,
+        undercount=train / official,
+        ratio_params=ratio_params,
+        params_ratio=n_ratio,
+        rollout_forwards=rollout,
+    )
 
 
-def data_plan(tokens: int, crop_fraction: float = BEST_FIT_CROP_FRACTION,
-              shard_tokens: float = SHARD_TOKENS_ESTIMATE) -> dict:
+def data_plan(
+    tokens: int,
+    crop_fraction: float = BEST_FIT_CROP_FRACTION,
+    shard_tokens: float = SHARD_TOKENS_ESTIMATE,
+) -> dict:
     """Text a run reads for `tokens` trained tokens under best-fit packing, and the train shards
     that holds (an estimate; the loader logs the real crop and epoch)."""
     if not 0 <= crop_fraction < 1:
         raise ValueError(f"crop_fraction={crop_fraction!r} is invalid; allowed: a number in [0, 1)")
     read = tokens / (1 - crop_fraction)
-    return {"tokens_trained": tokens, "crop_fraction": crop_fraction, "tokens_read": read,
-            "shard_tokens": shard_tokens, "train_shards": math.ceil(read / shard_tokens)}
+    return {
+        "tokens_trained": tokens,
+        "crop_fraction": crop_fraction,
+        "tokens_read": read,
+        "shard_tokens": shard_tokens,
+        "train_shards": math.ceil(read / shard_tokens),
+    }
 
 
 def format_plan(p: Plan) -> str:
     """A few lines for the launcher's log."""
-    return "\n".join([
-        f"params: {p.params_total:,} total, {p.params_baseline:,} baseline (without the memory pathway), "
-        f"{p.params_matmul:,} in matmuls",
-        f"run: {p.steps:,} steps x {p.global_batch_tokens:,} tokens = {p.tokens:,} tokens (R = {p.ratio:.2f} "
-        f"over N = {p.params_ratio:,}, ratio_params={p.ratio_params})",
-        f"FLOPs/token: {p.train_flops_per_token:.4e} over {p.token_forwards:g} token-forwards"
-        + (f" + a {p.rollout_forwards:g}-pass rollout without backward" if p.rollout_forwards else "") + " "
-        f"(one-pass count {p.official_flops_per_token:.4e}: x{p.undercount:.3f}); total {p.flops_total:.4e}",
-        f"baseline-equivalent: {p.compute_tokens:,.0f} tokens (R_eq = {p.compute_ratio:.2f})",
-        "data: ~{tokens_read:,.0f} tokens read with {crop_fraction:.0%} cropped by best-fit packing "
-        "= ~{train_shards} train shards of ~{shard_tokens:,.0f} tokens".format(**data_plan(p.tokens)),
-    ])
+    return "\n".join(
+        [
+            f"params: {p.params_total:,} total, {p.params_baseline:,} baseline (without the memory "
+            "pathway), "
+            f"{p.params_matmul:,} in matmuls",
+            f"run: {p.steps:,} steps x {p.global_batch_tokens:,} tokens = {p.tokens:,} tokens (R = "
+            f"{p.ratio:.2f} "
+            f"over N = {p.params_ratio:,}, ratio_params={p.ratio_params})",
+            f"FLOPs/token: {p.train_flops_per_token:.4e} over {p.token_forwards:g} token-forwards"
+            + (
+                f" + a {p.rollout_forwards:g}-pass rollout without backward"
+                if p.rollout_forwards
+                else ""
+            )
+            + " "
+            f"(one-pass count {p.official_flops_per_token:.4e}: x{p.undercount:.3f}); total "
+            f"{p.flops_total:.4e}",
+            f"baseline-equivalent: {p.compute_tokens:,.0f} tokens (R_eq = {p.compute_ratio:.2f})",
+            "data: ~{tokens_read:,.0f} tokens read with {crop_fraction:.0%} cropped by best-fit "
+            "packing "
+            "= ~{train_shards} train shards of ~{shard_tokens:,.0f} tokens".format(
+                **data_plan(p.tokens)
+            ),
+        ]
+    )
 
 
-__all__ = ["BEST_FIT_CROP_FRACTION", "H100_BF16_PEAK_FLOPS", "RATIO_PARAMS", "REFERENCE_BATCH_TOKENS",
-           "SHARD_TOKENS_ESTIMATE", "Plan", "attention_flops_per_position", "count_params", "data_plan", "forward_flops_per_position", "format_plan", "mfu", "official_flops_per_token",
-           "plan", "train_flops_per_token"]
+__all__ = [
+    "BEST_FIT_CROP_FRACTION",
+    "H100_BF16_PEAK_FLOPS",
+    "RATIO_PARAMS",
+    "REFERENCE_BATCH_TOKENS",
+    "SHARD_TOKENS_ESTIMATE",
+    "Plan",
+    "attention_flops_per_position",
+    "count_params",
+    "data_plan",
+    "forward_flops_per_position",
+    "format_plan",
+    "mfu",
+    "official_flops_per_token",
+    "plan",
+    "train_flops_per_token",
+]

@@ -2,16 +2,21 @@
 
 What it yields
 --------------
-``(inputs, targets)``, two LongTensors of shape ``(B, T)`` on ``device``, cut from rows of ``T+1`` tokens:
-``inputs = row[:-1]``, ``targets = row[1:]``. Rows are packed from whole documents, each with ``<|bos|>``
+``(inputs, targets)``, two LongTensors of shape ``(B, T)`` on ``device``, cut from rows of ``T+1``
+tokens:
+``inputs = row[:-1]``, ``targets = row[1:]``. Rows are packed from whole documents, each with
+``<|bos|>``
 prepended, with **no padding**: every token of every row is real data.
 
 Who reads what
 --------------
-The split's row groups are enumerated in order across shards (shard 0's groups, then shard 1's, ...);
-rank ``r`` of ``world_size`` reads groups ``r, r + world_size, r + 2*world_size, ...``. Ranks therefore
+The split's row groups are enumerated in order across shards (shard 0's groups, then shard 1's,
+...);
+rank ``r`` of ``world_size`` reads groups ``r, r + world_size, r + 2*world_size, ...``. Ranks
+therefore
 read disjoint documents, and together they read each document of the split exactly once per epoch.
-The last shard of a directory is the ``val`` split (see ``lrt_scale.data``). With ``epochs=None`` (the
+The last shard of a directory is the ``val`` split (see ``lrt_scale.data``). With ``epochs=None``
+(the
 default) the loader cycles forever, so ranks with one row group more or less never run dry at
 different steps; ``epochs=k`` stops after ``k`` passes (handy for a fixed validation pass).
 
@@ -24,13 +29,15 @@ exactly. What happens to the cropped remainder is the ``remainder`` option:
 
 * ``"drop"`` (default, nanochat): the remainder is discarded. Every row then starts with ``<|bos|>``
   and every document is seen from its beginning; the cost is the cropped tokens (counted in
-  ``stats["tokens_cropped"]``). Token accounting per epoch: each document's emitted tokens are a prefix
+  ``stats["tokens_cropped"]``). Token accounting per epoch: each document's emitted tokens are a
+  prefix
   of ``[bos] + encode(text)``, and ``read == emitted + cropped + tail``.
 * ``"carry"``: the remainder goes back into the buffer as a continuation (no BOS of its own) and is
   placed later like any document, so nothing is lost; a row may then start mid-document. Per epoch
   every document's tokens are emitted exactly once and in order, and ``read == emitted + tail``.
 
-``tail`` counts tokens of a finite run (``epochs=k``) left over when the data ends with an incomplete
+``tail`` counts tokens of a finite run (``epochs=k``) left over when the data ends with an
+incomplete
 batch; that batch is dropped rather than padded.
 
 LRT memory and document boundaries
@@ -39,22 +46,29 @@ A packed row holds several documents, and the LRT's latent memory is carried alo
 document's first tokens receive memory computed from the previous, unrelated document. That is the
 paper's setup (and the usual one for packed pretraining: attention in a plain GPT also crosses
 documents). To cut that flow, set ``lrt_lab.MemoryConfig(reset_memory_at_bos=True)`` together with
-``ModelConfig.bos_token_id = tokenizer.bos_token_id``: a position's injected memory is then zeroed when
+``ModelConfig.bos_token_id = tokenizer.bos_token_id``: a position's injected memory is then zeroed
+when
 its memory source lies in an earlier document. The loader is the same either way.
 
 Resuming
 --------
-``state_dict()`` (plain ints and lists, JSON- and ``torch.save``-able) describes the position after the
-last batch returned: the cursor ``(epoch, shard, row_group, doc)`` of the next document to read and a
-compact reference ``(seq, epoch, rg_pos, doc, offset)`` to every document still in the buffer. Passing it
+``state_dict()`` (plain ints and lists, JSON- and ``torch.save``-able) describes the position after
+the
+last batch returned: the cursor ``(epoch, shard, row_group, doc)`` of the next document to read and
+a
+compact reference ``(seq, epoch, rg_pos, doc, offset)`` to every document still in the buffer.
+Passing it
 back as ``state=`` re-reads those few row groups, re-tokenizes the buffered documents and continues
-**exactly**: the batches after a resume are the batches an uninterrupted run would have produced. The
-state is per rank; resuming needs the same ``split``, ``rank``, ``world_size``, ``remainder`` and data
+**exactly**: the batches after a resume are the batches an uninterrupted run would have produced.
+The
+state is per rank; resuming needs the same ``split``, ``rank``, ``world_size``, ``remainder`` and
+data
 (appending train shards before the val shard is fine: earlier row groups keep their positions).
 
 Host -> device
 --------------
-For a CUDA device each batch is assembled in one of two alternating pinned host buffers and copied with
+For a CUDA device each batch is assembled in one of two alternating pinned host buffers and copied
+with
 ``non_blocking=True`` (a CUDA event guards a buffer's reuse). On CPU nothing is pinned.
 """
 
@@ -78,29 +92,50 @@ REMAINDER_POLICIES = ("drop", "carry")
 class TokenizerLike(Protocol):
     bos_token_id: int
 
-    def encode_batch(self, texts: Sequence[str], prepend_bos: bool = ..., num_threads: int = ...) -> list[list[int]]:
-        ...
+    def encode_batch(
+        self, texts: Sequence[str], prepend_bos: bool = ..., num_threads: int = ...
+    ) -> list[list[int]]: ...
 
 
 def dist_rank_world() -> tuple[int, int]:
-    """``(rank, world_size)`` from ``torch.distributed`` if initialized, else ``RANK``/``WORLD_SIZE``, else (0, 1)."""
+    """``(rank, world_size)`` from ``torch.distributed`` if initialized, else
+    ``RANK``/``WORLD_SIZE``, else (0, 1)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
 class DistributedPackingLoader:
-    """Iterator of ``(inputs, targets)`` batches ``(B, T)``; see the module docstring for the policies."""
+    """Iterator of ``(inputs, targets)`` batches ``(B, T)``; see the module docstring for the
+    policies."""
 
-    def __init__(self, source: str | os.PathLike | Sequence[str | os.PathLike], tokenizer: TokenizerLike,
-                 batch_size: int, seq_len: int, rank: int | None = None, world_size: int | None = None,
-                 split: str = "train", device: str | torch.device = "cpu", buffer_docs: int = 1000,
-                 state: dict[str, Any] | None = None, *, remainder: str = "drop", epochs: int | None = None,
-                 tokenizer_threads: int = 4, tokenizer_batch_size: int = 128):
+    def __init__(
+        self,
+        source: str | os.PathLike | Sequence[str | os.PathLike],
+        tokenizer: TokenizerLike,
+        batch_size: int,
+        seq_len: int,
+        rank: int | None = None,
+        world_size: int | None = None,
+        split: str = "train",
+        device: str | torch.device = "cpu",
+        buffer_docs: int = 1000,
+        state: dict[str, Any] | None = None,
+        *,
+        remainder: str = "drop",
+        epochs: int | None = None,
+        tokenizer_threads: int = 4,
+        tokenizer_batch_size: int = 128,
+    ):
         if split not in SPLITS:
             raise ValueError(f"split: must be one of {SPLITS}, got {split!r}")
-        for name, val in (("batch_size", batch_size), ("seq_len", seq_len), ("buffer_docs", buffer_docs),
-                          ("tokenizer_threads", tokenizer_threads), ("tokenizer_batch_size", tokenizer_batch_size)):
+        for name, val in (
+            ("batch_size", batch_size),
+            ("seq_len", seq_len),
+            ("buffer_docs", buffer_docs),
+            ("tokenizer_threads", tokenizer_threads),
+            ("tokenizer_batch_size", tokenizer_batch_size),
+        ):
             if not isinstance(val, int) or val < 1:
                 raise ValueError(f"{name}: must be an int >= 1, got {val!r}")
         if remainder not in REMAINDER_POLICIES:
@@ -126,12 +161,16 @@ class DistributedPackingLoader:
         all_rgs = row_groups(resolve_shards(source, split))
         self.row_groups: list[RowGroup] = all_rgs[rank::world_size]
         if not self.row_groups:
-            raise ValueError(f"world_size: split {split!r} has {len(all_rgs)} row groups, so rank {rank} "
-                             f"of world_size={world_size} gets none")
+            raise ValueError(
+                f"world_size: split {split!r} has {len(all_rgs)} row groups, so rank {rank} "
+                f"of world_size={world_size} gets none"
+            )
         if not any(rg.num_rows for rg in self.row_groups):
             # every pass over them yields nothing, so an endless loader would wrap epochs forever
-            raise ValueError(f"split: {split!r} holds no documents for rank {rank} of world_size={world_size} "
-                             f"({len(self.row_groups)} row groups, all empty)")
+            raise ValueError(
+                f"split: {split!r} holds no documents for rank {rank} of world_size={world_size} "
+                f"({len(self.row_groups)} row groups, all empty)"
+            )
 
         # cursor: next document to move into the buffer
         self._epoch, self._rg_pos, self._doc = 0, 0, 0
@@ -139,8 +178,14 @@ class DistributedPackingLoader:
         self._keys: list[tuple[int, int]] = []
         self._entries: dict[int, tuple[int, int, int, int, np.ndarray]] = {}
         self._seq = 0
-        self.stats = {"batches": 0, "docs_read": 0, "tokens_read": 0, "tokens_emitted": 0, "tokens_cropped": 0,
-                      "tokens_tail": 0}
+        self.stats = {
+            "batches": 0,
+            "docs_read": 0,
+            "tokens_read": 0,
+            "tokens_emitted": 0,
+            "tokens_cropped": 0,
+            "tokens_tail": 0,
+        }
         # caches of the row group under the cursor
         self._texts_key: int | None = None
         self._texts: list[str] = []
@@ -148,8 +193,10 @@ class DistributedPackingLoader:
         self._exhausted = False
         # host staging (pinned + double-buffered only for CUDA)
         self._pin = self.device.type == "cuda"
-        self._host = [torch.empty(2 * batch_size * seq_len, dtype=torch.long, pin_memory=self._pin)
-                      for _ in range(2 if self._pin else 0)]
+        self._host = [
+            torch.empty(2 * batch_size * seq_len, dtype=torch.long, pin_memory=self._pin)
+            for _ in range(2 if self._pin else 0)
+        ]
         self._events: list[Any] = [None, None]
         self._flip = 0
         if state is not None:
@@ -174,7 +221,9 @@ class DistributedPackingLoader:
         return self._texts
 
     def _tokenize(self, texts: Sequence[str]) -> list[np.ndarray]:
-        ids = self.tokenizer.encode_batch(list(texts), prepend_bos=True, num_threads=self.tokenizer_threads)
+        ids = self.tokenizer.encode_batch(
+            list(texts), prepend_bos=True, num_threads=self.tokenizer_threads
+        )
         return [np.asarray(x, dtype=np.int64) for x in ids]
 
     def _next_doc(self) -> tuple[int, int, int, np.ndarray] | None:
@@ -192,14 +241,18 @@ class DistributedPackingLoader:
             i = self._doc - self._chunk_start
             if not 0 <= i < len(self._chunk):
                 self._chunk_start = self._doc
-                self._chunk = self._tokenize(texts[self._doc:self._doc + self.tokenizer_batch_size])
+                self._chunk = self._tokenize(
+                    texts[self._doc : self._doc + self.tokenizer_batch_size]
+                )
                 i = 0
             ref = (self._epoch, self._rg_pos, self._doc, self._chunk[i])
             self._doc += 1
             return ref
 
     # ------------------------------------------------------------------ buffer
-    def _insert(self, seq: int, epoch: int, rg_pos: int, doc: int, offset: int, tokens: np.ndarray) -> None:
+    def _insert(
+        self, seq: int, epoch: int, rg_pos: int, doc: int, offset: int, tokens: np.ndarray
+    ) -> None:
         bisect.insort(self._keys, (len(tokens), seq))
         self._entries[seq] = (epoch, rg_pos, doc, offset, tokens)
 
@@ -216,7 +269,8 @@ class DistributedPackingLoader:
             self._seq += 1
 
     def _fill_row(self, row: np.ndarray) -> bool:
-        """Best-fit fill of ``row`` (length T+1); False if the data ran out first (finite ``epochs``)."""
+        """Best-fit fill of ``row`` (length T+1); False if the data ran out first (finite
+        ``epochs``)."""
         cap, pos = len(row), 0
         while pos < cap:
             self._top_up()
@@ -229,7 +283,7 @@ class DistributedPackingLoader:
                 i = bisect.bisect_left(self._keys, (self._keys[i][0], -1))
                 _, seq = self._keys.pop(i)
                 *_, tokens = self._entries.pop(seq)
-                row[pos:pos + len(tokens)] = tokens
+                row[pos : pos + len(tokens)] = tokens
                 pos += len(tokens)
             else:  # nothing fits: crop the shortest to fill the row exactly
                 _, seq = self._keys.pop(0)
@@ -244,7 +298,7 @@ class DistributedPackingLoader:
         return True
 
     # ------------------------------------------------------------------ iteration
-    def __iter__(self) -> "DistributedPackingLoader":
+    def __iter__(self) -> DistributedPackingLoader:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -287,26 +341,43 @@ class DistributedPackingLoader:
         rg = self.row_groups[min(self._rg_pos, len(self.row_groups) - 1)]
         buffer = [[seq, e, p, d, o] for seq, (e, p, d, o, _) in sorted(self._entries.items())]
         return {
-            "version": STATE_VERSION, "split": self.split, "rank": self.rank, "world_size": self.world_size,
-            "remainder": self.remainder, "epoch": self._epoch, "rg_pos": self._rg_pos,
-            "shard": rg.shard, "row_group": rg.row_group, "doc": self._doc, "seq": self._seq,
-            "buffer": buffer, "stats": dict(self.stats),
+            "version": STATE_VERSION,
+            "split": self.split,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "remainder": self.remainder,
+            "epoch": self._epoch,
+            "rg_pos": self._rg_pos,
+            "shard": rg.shard,
+            "row_group": rg.row_group,
+            "doc": self._doc,
+            "seq": self._seq,
+            "buffer": buffer,
+            "stats": dict(self.stats),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"state: version must be {STATE_VERSION}, got {state.get('version')!r}")
+            raise ValueError(
+                f"state: version must be {STATE_VERSION}, got {state.get('version')!r}"
+            )
         for key in ("split", "rank", "world_size", "remainder"):
             if state[key] != getattr(self, key):
-                raise ValueError(f"state: saved with {key}={state[key]!r}, "
-                                 f"but this loader has {key}={getattr(self, key)!r}")
+                raise ValueError(
+                    f"state: saved with {key}={state[key]!r}, "
+                    f"but this loader has {key}={getattr(self, key)!r}"
+                )
         rg_pos = int(state["rg_pos"])
         if not 0 <= rg_pos <= len(self.row_groups):
-            raise ValueError(f"state: rg_pos={rg_pos} is outside this rank's {len(self.row_groups)} row groups")
+            raise ValueError(
+                f"state: rg_pos={rg_pos} is outside this rank's {len(self.row_groups)} row groups"
+            )
         rg = self.row_groups[min(rg_pos, len(self.row_groups) - 1)]
         if (rg.shard, rg.row_group) != (state["shard"], state["row_group"]):
-            raise ValueError(f"state: saved at shard {state['shard']} row group {state['row_group']}, but that "
-                             f"position now holds shard {rg.shard} row group {rg.row_group} (different data?)")
+            raise ValueError(
+                f"state: saved at shard {state['shard']} row group {state['row_group']}, but that "
+                f"position now holds shard {rg.shard} row group {rg.row_group} (different data?)"
+            )
         self._epoch, self._rg_pos, self._doc = int(state["epoch"]), rg_pos, int(state["doc"])
         self._seq = int(state["seq"])
         self._exhausted = self.epochs is not None and self._epoch >= self.epochs
@@ -318,7 +389,9 @@ class DistributedPackingLoader:
         for p, refs in sorted(by_rg.items()):
             texts = self._read_texts(p)
             if any(not 0 <= d < len(texts) for _, _, _, d, _ in refs):
-                raise ValueError(f"state: buffered document outside row group {p} (different data?)")
+                raise ValueError(
+                    f"state: buffered document outside row group {p} (different data?)"
+                )
             toks = self._tokenize([texts[d] for _, _, _, d, _ in refs])
             for (seq, e, _, d, o), t in zip(refs, toks):
                 self._insert(seq, e, p, d, o, t[o:])
@@ -329,6 +402,9 @@ def describe(loader: DistributedPackingLoader) -> str:
     """One line for logs: what this rank reads."""
     n_docs = sum(rg.num_rows for rg in loader.row_groups)
     shards = sorted({Path(rg.path).name for rg in loader.row_groups})
-    return (f"rank {loader.rank}/{loader.world_size} {loader.split}: {len(loader.row_groups)} row groups, "
-            f"{n_docs} docs from {len(shards)} shards, B={loader.batch_size} T={loader.seq_len}, "
-            f"remainder={loader.remainder}")
+    return (
+        f"rank {loader.rank}/{loader.world_size} {loader.split}: {len(loader.row_groups)} row "
+        "groups, "
+        f"{n_docs} docs from {len(shards)} shards, B={loader.batch_size} T={loader.seq_len}, "
+        f"remainder={loader.remainder}"
+    )

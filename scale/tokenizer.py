@@ -1,28 +1,36 @@
-"""Byte-level BPE tokenizer for FineWeb pretraining: train with HF ``tokenizers``, encode with ``tiktoken``.
+"""Byte-level BPE tokenizer for FineWeb pretraining: train with HF ``tokenizers``, encode with
+``tiktoken``.
 
 Why these two libraries
 -----------------------
-* **Training** uses Hugging Face ``tokenizers`` (Rust, multi-threaded, maintained by HF, already a project
-  dependency). Its ``BpeTrainer`` learns byte-level BPE over the chunks of a custom split regex, which is
+* **Training** uses Hugging Face ``tokenizers`` (Rust, multi-threaded, maintained by HF, already a
+project
+  dependency). Its ``BpeTrainer`` learns byte-level BPE over the chunks of a custom split regex,
+  which is
   all we need; nanochat's ``rustbpe`` does the same job but would add a dependency for no gain here.
-* **Encoding** uses OpenAI's ``tiktoken`` (Rust, the fastest BPE encoder around, with a thread-pooled
+* **Encoding** uses OpenAI's ``tiktoken`` (Rust, the fastest BPE encoder around, with a
+thread-pooled
   ``encode_ordinary_batch``). nanochat makes the same choice. The learned merges are exported as
-  tiktoken "mergeable ranks": the 256 single bytes get ranks 0..255 and the i-th merge rank 256+i, so the
+  tiktoken "mergeable ranks": the 256 single bytes get ranks 0..255 and the i-th merge rank 256+i,
+  so the
   token id of an ordinary token *is* its rank and both libraries produce the same ids.
 
 Conventions (nanochat's)
 ------------------------
 * Split pattern: GPT-4's (cl100k) regex, with numbers split into at most 2 digits instead of 3
   (nanochat's choice; it wastes fewer merges on number chunks at a 32K vocabulary).
-* Special tokens come *after* all ordinary tokens: ids ``n_ordinary .. vocab_size-1``. ``<|bos|>`` is the
+* Special tokens come *after* all ordinary tokens: ids ``n_ordinary .. vocab_size-1``. ``<|bos|>``
+is the
   first of them and is the document delimiter the loader prepends to every document.
 * ``encode`` never parses special tokens out of text: a document that literally contains ``<|bos|>``
   is encoded as ordinary bytes, so data can never inject control tokens.
 * ``token_bytes()`` gives the UTF-8 byte length of every token id (0 for special tokens). Bits per
-  byte is then ``sum(nats) / (ln 2 * sum(token_bytes[targets]))``, with special-token targets counting
+  byte is then ``sum(nats) / (ln 2 * sum(token_bytes[targets]))``, with special-token targets
+  counting
   zero bytes (mask them out of the nats too), which makes the metric independent of vocabulary size.
 
-Files written by ``save(dir)``: ``tokenizer.tiktoken`` (tiktoken's own format: base64 token bytes and
+Files written by ``save(dir)``: ``tokenizer.tiktoken`` (tiktoken's own format: base64 token bytes
+and
 rank per line) and ``tokenizer.json`` (split pattern, special tokens, format version).
 """
 
@@ -40,10 +48,12 @@ import torch
 
 # GPT-4's split pattern with \p{N}{1,2} instead of \p{N}{1,3} (as nanochat).
 SPLIT_PATTERN = (
-    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
+    r"""|\s*[\r\n]|\s+(?!\S)|\s+"""
 )
 BOS = "<|bos|>"
-# nanochat's special tokens: BOS first (document delimiter), then the chat/tool-use markers for later stages.
+# nanochat's special tokens: BOS first (document delimiter), then the chat/tool-use markers for
+# later stages.
 SPECIAL_TOKENS = (
     BOS,
     "<|user_start|>",
@@ -62,8 +72,13 @@ FORMAT_VERSION = 1
 
 
 def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable-char table, used by HF's ByteLevel pre-tokenizer for its vocab strings."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    """GPT-2's byte -> printable-char table, used by HF's ByteLevel pre-tokenizer for its vocab
+    strings."""
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = list(bs)
     n = 0
     for b in range(256):
@@ -84,8 +99,13 @@ def _hf_token_to_bytes(token: str) -> bytes:
 class Tokenizer:
     """A trained byte-level BPE: tiktoken encoder plus the metadata the loader and BPB need."""
 
-    def __init__(self, mergeable_ranks: dict[bytes, int], special_tokens: Sequence[str] = SPECIAL_TOKENS,
-                 pattern: str = SPLIT_PATTERN, name: str = "lrt_bpe"):
+    def __init__(
+        self,
+        mergeable_ranks: dict[bytes, int],
+        special_tokens: Sequence[str] = SPECIAL_TOKENS,
+        pattern: str = SPLIT_PATTERN,
+        name: str = "lrt_bpe",
+    ):
         special_tokens = tuple(special_tokens)
         if not special_tokens or special_tokens[0] != BOS:
             raise ValueError(f"special_tokens: must start with {BOS!r}, got {special_tokens[:1]!r}")
@@ -96,14 +116,21 @@ class Tokenizer:
             raise ValueError("mergeable_ranks: ranks must be exactly 0..n-1")
         missing = [b for b in range(256) if bytes([b]) not in mergeable_ranks]
         if missing:
-            raise ValueError(f"mergeable_ranks: missing {len(missing)} single-byte tokens (e.g. byte {missing[0]})")
+            raise ValueError(
+                f"mergeable_ranks: missing {len(missing)} single-byte tokens (e.g. byte "
+                f"{missing[0]})"
+            )
         self.mergeable_ranks = dict(mergeable_ranks)
         self.pattern = pattern
         self.special_tokens = special_tokens
         n = len(self.mergeable_ranks)
         self._special_ids = {tok: n + i for i, tok in enumerate(special_tokens)}
-        self._enc = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=self.mergeable_ranks,
-                                      special_tokens=self._special_ids)
+        self._enc = tiktoken.Encoding(
+            name=name,
+            pat_str=pattern,
+            mergeable_ranks=self.mergeable_ranks,
+            special_tokens=self._special_ids,
+        )
 
     # ------------------------------------------------------------------ properties
     @property
@@ -112,7 +139,8 @@ class Tokenizer:
 
     @property
     def n_ordinary(self) -> int:
-        """Number of ordinary (byte-sequence) tokens; ids below this are ordinary, the rest special."""
+        """Number of ordinary (byte-sequence) tokens; ids below this are ordinary, the rest special.
+        Number of ordinary (byte-sequence) tokens; ids below this are ordinary, the rest special."""
         return len(self.mergeable_ranks)
 
     @property
@@ -130,7 +158,9 @@ class Tokenizer:
         ids = self._enc.encode_ordinary(text)
         return [self.bos_token_id, *ids] if prepend_bos else ids
 
-    def encode_batch(self, texts: Sequence[str], prepend_bos: bool = False, num_threads: int = 8) -> list[list[int]]:
+    def encode_batch(
+        self, texts: Sequence[str], prepend_bos: bool = False, num_threads: int = 8
+    ) -> list[list[int]]:
         """Encode many texts on ``num_threads`` tiktoken threads (the GIL is released in Rust)."""
         if num_threads < 1:
             raise ValueError(f"num_threads: must be >= 1, got {num_threads}")
@@ -145,7 +175,8 @@ class Tokenizer:
         return self._enc.decode_bytes(self._check_ids(ids))
 
     def decode(self, ids: Iterable[int], errors: str = "replace") -> str:
-        """Text of ``ids``; a slice that cuts a multi-byte character decodes with U+FFFD (``errors``)."""
+        """Text of ``ids``; a slice that cuts a multi-byte character decodes with U+FFFD
+        (``errors``)."""
         return self.decode_bytes(ids).decode("utf-8", errors=errors)
 
     def _check_ids(self, ids: Iterable[int]) -> list[int]:
@@ -170,22 +201,32 @@ class Tokenizer:
     def save(self, directory: str | os.PathLike) -> Path:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        lines = [f"{base64.b64encode(tok).decode('ascii')} {rank}"
-                 for tok, rank in sorted(self.mergeable_ranks.items(), key=lambda kv: kv[1])]
+        lines = [
+            f"{base64.b64encode(tok).decode('ascii')} {rank}"
+            for tok, rank in sorted(self.mergeable_ranks.items(), key=lambda kv: kv[1])
+        ]
         _atomic_write(d / RANKS_FILE, "\n".join(lines) + "\n")
-        cfg = {"format_version": FORMAT_VERSION, "pattern": self.pattern, "special_tokens": list(self.special_tokens),
-               "vocab_size": self.vocab_size}
+        cfg = {
+            "format_version": FORMAT_VERSION,
+            "pattern": self.pattern,
+            "special_tokens": list(self.special_tokens),
+            "vocab_size": self.vocab_size,
+        }
         _atomic_write(d / CONFIG_FILE, json.dumps(cfg, indent=2) + "\n")
         return d
 
     @classmethod
-    def load(cls, directory: str | os.PathLike) -> "Tokenizer":
+    def load(cls, directory: str | os.PathLike) -> Tokenizer:
         d = Path(directory)
         if not (d / RANKS_FILE).is_file() or not (d / CONFIG_FILE).is_file():
-            raise ValueError(f"directory: {d} holds no saved tokenizer ({RANKS_FILE} and {CONFIG_FILE})")
+            raise ValueError(
+                f"directory: {d} holds no saved tokenizer ({RANKS_FILE} and {CONFIG_FILE})"
+            )
         cfg = json.loads((d / CONFIG_FILE).read_text())
         if cfg.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"format_version: expected {FORMAT_VERSION}, got {cfg.get('format_version')!r}")
+            raise ValueError(
+                f"format_version: expected {FORMAT_VERSION}, got {cfg.get('format_version')!r}"
+            )
         ranks = {}
         for line in (d / RANKS_FILE).read_text().splitlines():
             if line:
@@ -193,7 +234,9 @@ class Tokenizer:
                 ranks[base64.b64decode(tok)] = int(rank)
         tok = cls(ranks, special_tokens=cfg["special_tokens"], pattern=cfg["pattern"])
         if tok.vocab_size != cfg["vocab_size"]:
-            raise ValueError(f"vocab_size: config says {cfg['vocab_size']}, files give {tok.vocab_size}")
+            raise ValueError(
+                f"vocab_size: config says {cfg['vocab_size']}, files give {tok.vocab_size}"
+            )
         return tok
 
     def __repr__(self) -> str:
@@ -220,15 +263,25 @@ def _capped(text_iter: Iterable[str], max_chars: int | None, doc_cap: int | None
             return
 
 
-def train_tokenizer(text_iter: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE,
-                    special_tokens: Sequence[str] = SPECIAL_TOKENS, *, pattern: str = SPLIT_PATTERN,
-                    max_chars: int | None = None, doc_cap: int | None = 10_000) -> Tokenizer:
+def train_tokenizer(
+    text_iter: Iterable[str],
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    special_tokens: Sequence[str] = SPECIAL_TOKENS,
+    *,
+    pattern: str = SPLIT_PATTERN,
+    max_chars: int | None = None,
+    doc_cap: int | None = 10_000,
+) -> Tokenizer:
     """Train a byte-level BPE on ``text_iter`` and return a tiktoken-backed :class:`Tokenizer`.
 
-    ``vocab_size`` counts the 256 byte tokens, the merges and the special tokens, so the model's embedding
-    table has exactly this many rows. ``doc_cap`` truncates each document (long documents mostly repeat
-    themselves and would dominate pair counts) and ``max_chars`` bounds the whole training text (nanochat
-    trains on ~2B characters). If the text is too small to learn every merge, the returned tokenizer has
+    ``vocab_size`` counts the 256 byte tokens, the merges and the special tokens, so the model's
+    embedding
+    table has exactly this many rows. ``doc_cap`` truncates each document (long documents mostly
+    repeat
+    themselves and would dominate pair counts) and ``max_chars`` bounds the whole training text
+    (nanochat
+    trains on ~2B characters). If the text is too small to learn every merge, the returned tokenizer
+    has
     fewer tokens than asked; check ``tokenizer.vocab_size``.
     """
     from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
@@ -236,16 +289,21 @@ def train_tokenizer(text_iter: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SI
 
     special_tokens = tuple(special_tokens)
     if vocab_size < 256 + len(special_tokens) + 1:
-        raise ValueError(f"vocab_size: must exceed 256 bytes + {len(special_tokens)} special tokens, got {vocab_size}")
+        raise ValueError(
+            f"vocab_size: must exceed 256 bytes + {len(special_tokens)} special tokens, got "
+            f"{vocab_size}"
+        )
     for name, val in (("max_chars", max_chars), ("doc_cap", doc_cap)):
         if val is not None and val < 1:
             raise ValueError(f"{name}: must be >= 1 or None, got {val}")
 
     hf = HFTokenizer(models.BPE(unk_token=None, byte_fallback=False, fuse_unk=False))
-    hf.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    hf.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     hf.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - len(special_tokens),  # special tokens are appended after training
@@ -259,9 +317,13 @@ def train_tokenizer(text_iter: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SI
     merges = json.loads(hf.to_str())["model"]["merges"]
     ranks = {bytes([b]): b for b in range(256)}
     for merge in merges:
-        left, right = merge.split(" ") if isinstance(merge, str) else merge  # tokenizers < 0.20 uses "a b"
+        left, right = (
+            merge.split(" ") if isinstance(merge, str) else merge
+        )  # tokenizers < 0.20 uses "a b"
         tok = _hf_token_to_bytes(left) + _hf_token_to_bytes(right)
-        if tok in ranks:  # cannot happen for a BPE trainer (each merge makes a new token); guard anyway
+        if (
+            tok in ranks
+        ):  # cannot happen for a BPE trainer (each merge makes a new token); guard anyway
             raise RuntimeError(f"duplicate merge result {tok!r}")
         ranks[tok] = len(ranks)
     return Tokenizer(ranks, special_tokens=special_tokens, pattern=pattern)
@@ -273,13 +335,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     save it (what `lrt_scale.train --tokenizer-dir` loads), or describe a saved one."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m lrt_scale.tokenizer", description=main.__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m lrt_scale.tokenizer", description=main.__doc__.split("\n")[0]
+    )
     sub = ap.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("train", help="train a tokenizer on the training split of --data-dir and save it")
-    t.add_argument("--data-dir", required=True, help="parquet shards (lrt_scale.data; the last one is validation)")
+    t = sub.add_parser(
+        "train", help="train a tokenizer on the training split of --data-dir and save it"
+    )
+    t.add_argument(
+        "--data-dir",
+        required=True,
+        help="parquet shards (lrt_scale.data; the last one is validation)",
+    )
     t.add_argument("--out", required=True, help="folder to save the tokenizer in")
-    t.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="tokens, bytes and specials included")
-    t.add_argument("--max-chars", type=int, default=2_000_000_000, help="training text budget (nanochat: ~2B)")
+    t.add_argument(
+        "--vocab-size",
+        type=int,
+        default=DEFAULT_VOCAB_SIZE,
+        help="tokens, bytes and specials included",
+    )
+    t.add_argument(
+        "--max-chars", type=int, default=2_000_000_000, help="training text budget (nanochat: ~2B)"
+    )
     t.add_argument("--doc-cap", type=int, default=10_000, help="characters kept per document")
     i = sub.add_parser("info", help="vocabulary size and compression of a saved tokenizer")
     i.add_argument("--dir", required=True, help="a folder written by `train`")
@@ -287,13 +364,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "train":
             from .data import text_iterator  # the data side is only needed to train
-            tok = train_tokenizer(text_iterator(args.data_dir, split="train"), vocab_size=args.vocab_size,
-                                  max_chars=args.max_chars, doc_cap=args.doc_cap)
+
+            tok = train_tokenizer(
+                text_iterator(args.data_dir, split="train"),
+                vocab_size=args.vocab_size,
+                max_chars=args.max_chars,
+                doc_cap=args.doc_cap,
+            )
             path = tok.save(args.out)
             print(f"tokenizer with {tok.vocab_size:,} tokens saved to {path}")
         else:
             tok = Tokenizer.load(args.dir)
-            print(f"{args.dir}: {tok.vocab_size:,} tokens, specials {', '.join(tok.special_tokens)}")
+            print(
+                f"{args.dir}: {tok.vocab_size:,} tokens, specials {', '.join(tok.special_tokens)}"
+            )
     except (ValueError, OSError) as e:
         print(f"python -m lrt_scale.tokenizer: {e}", file=sys.stderr)
         return 2

@@ -32,8 +32,17 @@ MEMORIES = {
     "reset_at_bos": MemoryConfig(reset_memory_at_bos=True),
 }
 BASELINES = ("loop:2", "ponder:2:2")
-SCHEDULES = ("onepass", "interleaved:2", "fullseq:2", "fullseq:2:1,0,2", "chunked:3", "exact",
-             "fixedpoint:0.001:4", "fixedpoint:0:4:2", "rollout:2")
+SCHEDULES = (
+    "onepass",
+    "interleaved:2",
+    "fullseq:2",
+    "fullseq:2:1,0,2",
+    "chunked:3",
+    "exact",
+    "fixedpoint:0.001:4",
+    "fixedpoint:0:4:2",
+    "rollout:2",
+)
 PREFILLS = ("onepass", "interleaved:2", "exact", "rollout")
 B, T = 3, 10
 
@@ -71,8 +80,9 @@ def record(name, model, out: dict):
                 out[f"{name}/{spec}/grad/{pname}"] = p.grad.detach().clone()
     cache = {}
     with torch.no_grad():
-        run_schedule(model, idx, None, "interleaved:2" if kind_is_lrt(model) else "onepass",
-                     cache=cache)
+        run_schedule(
+            model, idx, None, "interleaved:2" if kind_is_lrt(model) else "onepass", cache=cache
+        )
     for hname, act in cache.items():
         out[f"{name}/hooks/{hname}"] = act
     prefills = PREFILLS if model.pathway is not None and kind_is_lrt(model) else ("onepass",)
@@ -127,8 +137,10 @@ def compare(a: dict, b: dict) -> int:
         print(f"differs: {k} (max |diff| {(a[k] - b[k]).abs().max().item():.3g})")
     for k in only:
         print(f"in one snapshot only: {k}")
-    print(f"{len(a.keys() & b.keys())} outputs compared, {len(differ)} differ, "
-          f"{len(only)} in one snapshot only")
+    print(
+        f"{len(a.keys() & b.keys())} outputs compared, {len(differ)} differ, "
+        f"{len(only)} in one snapshot only"
+    )
     return 1 if differ or only else 0
 
 

@@ -3,7 +3,8 @@ synthetic copying and flip-flop, a length curriculum and fixed evaluation sets.
 
     from lrt_tasks import make_task
     task = make_task("a5_prefix", 64)
-    batch = task.sample(32, torch.Generator().manual_seed(0))   # Batch(inputs, targets, loss_mask, state)
+    batch = task.sample(32, torch.Generator().manual_seed(0))   # Batch(inputs, targets, loss_mask,
+    state)
 
 Targets are aligned with inputs: logits at position t are scored against targets[:, t] (see
 tasks/base.py). Independent of the model code: lrt_lab never imports tasks.

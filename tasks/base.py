@@ -9,7 +9,7 @@ language-modelling tasks, targets are the next input token (already shifted here
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
@@ -32,9 +32,9 @@ class Batch(NamedTuple):
     inputs: torch.Tensor
     targets: torch.Tensor
     loss_mask: torch.Tensor
-    state: Optional[torch.Tensor] = None
+    state: torch.Tensor | None = None
 
-    def to(self, device) -> "Batch":
+    def to(self, device) -> Batch:
         return Batch(*(None if x is None else x.to(device) for x in self))
 
 
@@ -60,7 +60,11 @@ class Task:
         if curriculum is not None and curriculum.end_length != length:
             fail("curriculum.end_length", curriculum.end_length, f"the task length {length}")
         if curriculum is not None and curriculum.start_length < self.min_length:
-            fail("curriculum_start", curriculum.start_length, f"an integer >= {self.min_length} for {self.name}")
+            fail(
+                "curriculum_start",
+                curriculum.start_length,
+                f"an integer >= {self.min_length} for {self.name}",
+            )
         self.curriculum = curriculum
 
     @property
@@ -86,7 +90,9 @@ class Task:
     def _check_batch_size(batch_size: int) -> None:
         check_int("batch_size", batch_size, 1)
 
-    def sample(self, batch_size: int, generator: torch.Generator | None, length: int | None = None) -> Batch:
+    def sample(
+        self, batch_size: int, generator: torch.Generator | None, length: int | None = None
+    ) -> Batch:
         raise NotImplementedError
 
     def _repr_extra(self) -> str:

@@ -30,7 +30,9 @@ class CopyTask(Task):
     name = "copy"
     min_length = 2
 
-    def __init__(self, length: int, alphabet_size: int = 16, curriculum: LengthCurriculum | None = None):
+    def __init__(
+        self, length: int, alphabet_size: int = 16, curriculum: LengthCurriculum | None = None
+    ):
         check_int("alphabet_size", alphabet_size, 2, 2**20)
         self.alphabet_size = alphabet_size
         super().__init__(length, curriculum)
@@ -51,7 +53,9 @@ class CopyTask(Task):
     def eval_key(self) -> str:
         return f"copy:A={self.alphabet_size}"
 
-    def sample(self, batch_size: int, generator: torch.Generator | None, length: int | None = None) -> Batch:
+    def sample(
+        self, batch_size: int, generator: torch.Generator | None, length: int | None = None
+    ) -> Batch:
         self._check_batch_size(batch_size)
         length = self._resolve_length(length)
         n, odd = divmod(length, 2)

@@ -53,7 +53,10 @@ class LengthCurriculum:
             return self.end_length
         if self.schedule == "linear":
             frac = step / self.steps
-            return min(self.end_length, round(self.start_length + (self.end_length - self.start_length) * frac))
+            return min(
+                self.end_length,
+                round(self.start_length + (self.end_length - self.start_length) * frac),
+            )
         return self.stages[step * len(self.stages) // self.steps]
 
     def __repr__(self) -> str:
@@ -67,14 +70,16 @@ class CurriculumSampler:
     """Samples a task at the curriculum's length for a step; batches at short lengths are shorter
     sequences (B, length_at(step)), not padded ones, so no compute is spent on padding.
 
-    `curriculum` defaults to the task's own (`make_task(..., curriculum_start=..., curriculum_steps=...)`).
+    `curriculum` defaults to the task's own (`make_task(..., curriculum_start=...,
+    curriculum_steps=...)`).
     """
 
     def __init__(self, task, curriculum: LengthCurriculum | None = None):
         curriculum = curriculum if curriculum is not None else getattr(task, "curriculum", None)
         if curriculum is None:
             raise ValueError(
-                "curriculum: none given and the task has none; pass a LengthCurriculum or build the "
+                "curriculum: none given and the task has none; pass a LengthCurriculum or build "
+                "the "
                 "task with make_task(..., curriculum_start=..., curriculum_steps=...)"
             )
         self.task = task

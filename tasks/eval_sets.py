@@ -39,8 +39,11 @@ def eval_seed(task: Task, length: int, seed: int = 0) -> int:
     return EVAL_SEED_OFFSET + int.from_bytes(digest[:8], "big") % EVAL_SEED_OFFSET
 
 
-def make_eval_sets(task: Task, lengths=(64, 128, 256), n: int = 512, seed: int = 0) -> dict[int, Batch]:
-    """{length: Batch of n sequences} for each length, deterministic in (task, max(lengths), n, seed);
+def make_eval_sets(
+    task: Task, lengths=(64, 128, 256), n: int = 512, seed: int = 0
+) -> dict[int, Batch]:
+    """{length: Batch of n sequences} for each length, deterministic in (task, max(lengths), n,
+    seed);
     for a prefix-closed task every shorter set is the prefix of the longest one."""
     check_int("n", n, 1)
     check_int("seed", seed, 0)
@@ -51,7 +54,9 @@ def make_eval_sets(task: Task, lengths=(64, 128, 256), n: int = 512, seed: int =
         check_int("lengths", length, task.min_length)
     if getattr(task, "prefix_closed", False):
         longest = max(lengths)
-        full = task.sample(n, torch.Generator().manual_seed(eval_seed(task, longest, seed)), length=longest)
+        full = task.sample(
+            n, torch.Generator().manual_seed(eval_seed(task, longest, seed)), length=longest
+        )
         return {length: truncate(full, length) for length in lengths}
     sets = {}
     for length in lengths:
@@ -61,5 +66,6 @@ def make_eval_sets(task: Task, lengths=(64, 128, 256), n: int = 512, seed: int =
 
 
 def truncate(batch: Batch, length: int) -> Batch:
-    """The first `length` positions of every field (targets are aligned with inputs, tasks/base.py)."""
+    """The first `length` positions of every field (targets are aligned with inputs, tasks/base.py).
+    The first `length` positions of every field (targets are aligned with inputs, tasks/base.py)."""
     return Batch(*(None if x is None else x[:, :length].contiguous() for x in batch))

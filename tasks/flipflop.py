@@ -27,8 +27,14 @@ class FlipFlopTask(Task):
     name = "flipflop"
     prefix_closed = True  # i.i.d. instruction pairs; target t is token t+1 of the same stream
 
-    def __init__(self, length: int, p_ignore: float = 0.8, curriculum: LengthCurriculum | None = None):
-        if isinstance(p_ignore, bool) or not isinstance(p_ignore, (int, float)) or not 0.0 <= p_ignore < 1.0:
+    def __init__(
+        self, length: int, p_ignore: float = 0.8, curriculum: LengthCurriculum | None = None
+    ):
+        if (
+            isinstance(p_ignore, bool)
+            or not isinstance(p_ignore, (int, float))
+            or not 0.0 <= p_ignore < 1.0
+        ):
             fail("p_ignore", p_ignore, "a number in [0, 1)")
         self.p_ignore = float(p_ignore)
         super().__init__(length, curriculum)
@@ -41,7 +47,9 @@ class FlipFlopTask(Task):
     def eval_key(self) -> str:
         return f"flipflop:p_ignore={self.p_ignore}"
 
-    def sample(self, batch_size: int, generator: torch.Generator | None, length: int | None = None) -> Batch:
+    def sample(
+        self, batch_size: int, generator: torch.Generator | None, length: int | None = None
+    ) -> Batch:
         self._check_batch_size(batch_size)
         length = self._resolve_length(length)
         pairs = length // 2 + 1  # 2 * pairs >= length + 1 tokens: inputs and shifted targets

@@ -63,7 +63,9 @@ class Group:
         # Each row of a group table holds the identity exactly once: that column is the inverse.
         hits = t == self.identity
         if not bool((hits.sum(1) == 1).all()):
-            raise ValueError(f"mul_table: {self.name} is not a group table (some element has no unique inverse)")
+            raise ValueError(
+                f"mul_table: {self.name} is not a group table (some element has no unique inverse)"
+            )
         object.__setattr__(self, "inverse", hits.long().argmax(1))
 
     @property
@@ -78,7 +80,8 @@ class Group:
         return bool(torch.equal(self.mul_table, self.mul_table.T))
 
     def prefix_products(self, x: torch.Tensor) -> torch.Tensor:
-        """Running products along the last dim: out[..., t] = x[..., 0] * x[..., 1] * ... * x[..., t].
+        """Running products along the last dim: out[..., t] = x[..., 0] * x[..., 1] * ... * x[...,
+        t].
 
         Composed left to right with `mul_table` (earlier element on the left). Uses a
         Hillis-Steele scan, log2(T) table lookups instead of T, which is valid because the
@@ -122,7 +125,8 @@ class PermutationGroup(Group):
 
 
 def _permutation_group(name: str, perms: list[tuple]) -> PermutationGroup:
-    """Table for a list of permutations (of points 0..n-1), which must be closed under composition."""
+    """Table for a list of permutations (of points 0..n-1), which must be closed under composition.
+    Table for a list of permutations (of points 0..n-1), which must be closed under composition."""
     perms = sorted(set(perms))
     n, size = len(perms[0]), len(perms)
     p = torch.tensor(perms, dtype=torch.long)  # [N, n]
@@ -169,11 +173,14 @@ def alternating(n: int) -> PermutationGroup:
     """A_n: the n!/2 even permutations of n points. A5 (order 60) is the paper's state-tracking
     group: the smallest non-solvable group, so its word problem is NC^1-complete (Barrington)."""
     _check_int("n", n, 1, 7)
-    return _permutation_group(f"A{n}", [p for p in itertools.permutations(range(n)) if _parity(p) == 0])
+    return _permutation_group(
+        f"A{n}", [p for p in itertools.permutations(range(n)) if _parity(p) == 0]
+    )
 
 
 def dihedral(n: int) -> PermutationGroup:
-    """D_n: the 2n symmetries of a regular n-gon, as permutations of its vertices (D30: order 60)."""
+    """D_n: the 2n symmetries of a regular n-gon, as permutations of its vertices (D30: order 60).
+    D_n: the 2n symmetries of a regular n-gon, as permutations of its vertices (D30: order 60)."""
     _check_int("n", n, 3, MAX_ORDER // 2)
     rot = [tuple((k + i) % n for i in range(n)) for k in range(n)]
     ref = [tuple((k - i) % n for i in range(n)) for k in range(n)]
@@ -213,7 +220,12 @@ def get_group(name: str) -> Group:
         _fail("group", name, allowed)
     result = None
     for part in name.lower().split("x"):
-        if len(part) < 2 or part[0] not in _FACTORS or not part[1:].isascii() or not part[1:].isdigit():
+        if (
+            len(part) < 2
+            or part[0] not in _FACTORS
+            or not part[1:].isascii()
+            or not part[1:].isdigit()
+        ):
             _fail("group", name, allowed)
         try:
             factor = _FACTORS[part[0]](int(part[1:]))

@@ -28,13 +28,21 @@ class PrefixProductTask(Task):
 
     prefix_closed = True  # i.i.d. uniform inputs, and the product through t reads x_1..x_t only
 
-    def __init__(self, group: Group, length: int, name: str | None = None,
-                 curriculum: LengthCurriculum | None = None, supervise_every: int = 1):
+    def __init__(
+        self,
+        group: Group,
+        length: int,
+        name: str | None = None,
+        curriculum: LengthCurriculum | None = None,
+        supervise_every: int = 1,
+    ):
         self.group = group
         self.name = name or f"{group.name.lower()}_prefix"
         super().__init__(length, curriculum)
         shortest = curriculum.start_length if curriculum is not None else length
-        check_int("supervise_every", supervise_every, 1, shortest)  # every batch counts some position
+        check_int(
+            "supervise_every", supervise_every, 1, shortest
+        )  # every batch counts some position
         self.supervise_every = supervise_every
 
     @property
@@ -45,7 +53,9 @@ class PrefixProductTask(Task):
     def eval_key(self) -> str:
         return f"prefix:{self.group.name}"
 
-    def sample(self, batch_size: int, generator: torch.Generator | None, length: int | None = None) -> Batch:
+    def sample(
+        self, batch_size: int, generator: torch.Generator | None, length: int | None = None
+    ) -> Batch:
         self._check_batch_size(batch_size)
         length = self._resolve_length(length)
         inputs = torch.randint(self.group.order, (batch_size, length), generator=generator)

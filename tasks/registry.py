@@ -9,7 +9,8 @@ Names (TASK_NAMES):
                  (and supervise_every);
   copy           synthetic copying, option alphabet_size (default 16);
   flipflop       flip-flop language modelling, option p_ignore (default 0.8);
-  text_bytes     next-byte prediction on an offline corpus (BPB), option corpus ("stdlib" or "pydoc").
+  text_bytes     next-byte prediction on an offline corpus (BPB), option corpus ("stdlib" or
+  "pydoc").
 Every task also takes curriculum_start and curriculum_steps (together; plus optional
 curriculum_schedule, "doubling" or "linear"): the task then carries a LengthCurriculum from
 curriculum_start to `length`, and `task.length_at(step)` gives the training length at a step.
@@ -37,8 +38,14 @@ _PREFIX_GROUPS = {
 TASK_NAMES = (*_PREFIX_GROUPS, "group_prefix", "copy", "flipflop", "text_bytes")
 
 _OPTIONS = {name: ("supervise_every",) for name in _PREFIX_GROUPS}
-_OPTIONS.update({"group_prefix": ("group", "supervise_every"), "copy": ("alphabet_size",), "flipflop": ("p_ignore",),
-                 "text_bytes": ("corpus",)})
+_OPTIONS.update(
+    {
+        "group_prefix": ("group", "supervise_every"),
+        "copy": ("alphabet_size",),
+        "flipflop": ("p_ignore",),
+        "text_bytes": ("corpus",),
+    }
+)
 _CURRICULUM_OPTIONS = ("curriculum_start", "curriculum_steps", "curriculum_schedule")
 
 
@@ -48,20 +55,25 @@ def _curriculum(length: int, options: dict) -> LengthCurriculum | None:
     schedule = options.pop("curriculum_schedule", None)
     if start is None and steps is None:
         if schedule is not None:
-            raise ValueError(f"curriculum_schedule={schedule!r} is invalid without curriculum_start and "
-                             "curriculum_steps; allowed: all three together")
+            raise ValueError(
+                f"curriculum_schedule={schedule!r} is invalid without curriculum_start and "
+                "curriculum_steps; allowed: all three together"
+            )
         return None
     if start is None or steps is None:
         missing = "curriculum_start" if start is None else "curriculum_steps"
-        raise ValueError(f"{missing}=None is invalid; allowed: an integer (required when the other curriculum "
-                         "option is given)")
+        raise ValueError(
+            f"{missing}=None is invalid; allowed: an integer (required when the other curriculum "
+            "option is given)"
+        )
     check_int("curriculum_start", start, 1, length)
     check_int("curriculum_steps", steps, 0)
     if schedule is None:
         schedule = SCHEDULES[0]
     if schedule not in SCHEDULES:
         raise ValueError(
-            f"curriculum_schedule={schedule!r} is invalid; allowed: {', '.join(map(repr, SCHEDULES))}"
+            f"curriculum_schedule={schedule!r} is invalid; allowed: "
+            f"{', '.join(map(repr, SCHEDULES))}"
         )
     return LengthCurriculum(start, length, steps, schedule)
 
@@ -74,20 +86,27 @@ def make_task(name: str, length: int, **options) -> Task:
     allowed = _OPTIONS[name] + _CURRICULUM_OPTIONS
     for key in options:
         if key not in allowed:
-            raise ValueError(f"{key}: unknown option for task {name!r}; allowed: {', '.join(allowed)}")
+            raise ValueError(
+                f"{key}: unknown option for task {name!r}; allowed: {', '.join(allowed)}"
+            )
     options = dict(options)
     curriculum = _curriculum(length, options)
     if name in _PREFIX_GROUPS:
-        return PrefixProductTask(get_group(_PREFIX_GROUPS[name]), length, name=name, curriculum=curriculum,
-                                 **options)
+        return PrefixProductTask(
+            get_group(_PREFIX_GROUPS[name]), length, name=name, curriculum=curriculum, **options
+        )
     if name == "group_prefix":
         group = options.get("group")
         if group is None:
-            raise ValueError("group=None is invalid; allowed: a group name like 'S4' or a Group (required for "
-                             "task 'group_prefix')")
+            raise ValueError(
+                "group=None is invalid; allowed: a group name like 'S4' or a Group (required for "
+                "task 'group_prefix')"
+            )
         group = group if isinstance(group, Group) else get_group(group)
         options.pop("group")
-        return PrefixProductTask(group, length, name="group_prefix", curriculum=curriculum, **options)
+        return PrefixProductTask(
+            group, length, name="group_prefix", curriculum=curriculum, **options
+        )
     if name == "copy":
         return CopyTask(length, curriculum=curriculum, **options)
     if name == "text_bytes":

@@ -52,10 +52,11 @@ def _documents(corpus: str) -> list[tuple[str, bytes]]:
         root = Path(sysconfig.get_paths()["stdlib"])
         return [(p.name, p.read_bytes()) for p in sorted(root.glob("*.py"))]
     from pydoc_data.topics import topics
+
     return [(k, topics[k].encode("utf-8")) for k in sorted(topics)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_corpus(corpus: str = "stdlib") -> dict:
     """{"train": uint8 tensor, "val": uint8 tensor, "fingerprint": str, "files": {split: n}}."""
     if corpus not in CORPORA:
@@ -87,7 +88,9 @@ class TextBytesTask(Task):
 
     name = "text_bytes"
 
-    def __init__(self, length: int, corpus: str = "stdlib", curriculum: LengthCurriculum | None = None):
+    def __init__(
+        self, length: int, corpus: str = "stdlib", curriculum: LengthCurriculum | None = None
+    ):
         if corpus not in CORPORA:
             fail("corpus", corpus, ", ".join(map(repr, CORPORA)))
         self.corpus = corpus
@@ -108,10 +111,19 @@ class TextBytesTask(Task):
     @staticmethod
     def default_split(generator: torch.Generator | None) -> str:
         """'val' for generators seeded with an evaluation seed (make_eval_sets), else 'train'."""
-        return "val" if generator is not None and generator.initial_seed() >= EVAL_SEED_OFFSET else "train"
+        return (
+            "val"
+            if generator is not None and generator.initial_seed() >= EVAL_SEED_OFFSET
+            else "train"
+        )
 
-    def sample(self, batch_size: int, generator: torch.Generator | None, length: int | None = None,
-               split: str | None = None) -> Batch:
+    def sample(
+        self,
+        batch_size: int,
+        generator: torch.Generator | None,
+        length: int | None = None,
+        split: str | None = None,
+    ) -> Batch:
         self._check_batch_size(batch_size)
         length = self._resolve_length(length)
         split = split or self.default_split(generator)

@@ -19,7 +19,10 @@ from lrt_lab.store.results import Run, write_table  # noqa: E402
 from lrt_lab.training.loop import TrainConfig, train  # noqa: E402
 
 APP = str(Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py")
-LRT_RUNS = ["group_prefix-L6-tiny-lrt-interleaved_2-s0", "group_prefix-L6-tiny-lrt-interleaved_2-s1"]
+LRT_RUNS = [
+    "group_prefix-L6-tiny-lrt-interleaved_2-s0",
+    "group_prefix-L6-tiny-lrt-interleaved_2-s1",
+]
 TRANSFORMER_RUN = "group_prefix-L6-tiny-transformer-s0"
 UNKNOWN_RUN = "mystery-kind-s0"
 COMPLETE_RUNS = LRT_RUNS + [TRANSFORMER_RUN]
@@ -30,14 +33,28 @@ def build_store(root: Path, analysis: bool = True, lrt_seeds=(0, 1)) -> Path:
     torch.set_num_threads(1)
     runs = [("lrt", "interleaved:2", seed) for seed in lrt_seeds] + [("transformer", "onepass", 0)]
     for model, schedule, seed in runs:
-        cfg = TrainConfig(task="group_prefix", task_options={"group": "S3"}, length=6, preset="tiny", model=model,
-                          schedule=schedule, steps=6, batch_size=8, eval_every=3, eval_lengths=(6, 12), eval_size=16,
-                          checkpoint_every=0, seed=seed)
+        cfg = TrainConfig(
+            task="group_prefix",
+            task_options={"group": "S3"},
+            length=6,
+            preset="tiny",
+            model=model,
+            schedule=schedule,
+            steps=6,
+            batch_size=8,
+            eval_every=3,
+            eval_lengths=(6, 12),
+            eval_size=16,
+            checkpoint_every=0,
+            seed=seed,
+        )
         train(cfg, out=root, progress=False)
     if not analysis:
         return root
     # A run of a kind the dashboard does not know (a later baseline, say).
-    shutil.copytree(root / TRANSFORMER_RUN, root / UNKNOWN_RUN, ignore=shutil.ignore_patterns("checkpoints"))
+    shutil.copytree(
+        root / TRANSFORMER_RUN, root / UNKNOWN_RUN, ignore=shutil.ignore_patterns("checkpoints")
+    )
     cfg = json.loads((root / UNKNOWN_RUN / "config.json").read_text())
     cfg["kind"], cfg["schedule"] = "mystery:7", "weird"
     (root / UNKNOWN_RUN / "config.json").write_text(json.dumps(cfg))
@@ -49,26 +66,92 @@ def build_store(root: Path, analysis: bool = True, lrt_seeds=(0, 1)) -> Path:
     shutil.copy(root / TRANSFORMER_RUN / "metrics.jsonl", root / "still-running" / "metrics.jsonl")
     # Analysis tables in the layout lrt_lab.analysis writes: probe_<decoding> in a run, and
     # gap recovery (+ per seed) and a depth sweep in the store's hidden .analysis folder.
-    probe = pd.DataFrame([{"run": LRT_RUNS[0], "kind": "lrt", "site": site, "target": "state", "position": p,
-                           "control": control, "accuracy": min(1.0, 0.2 + 0.1 * i + 0.05 * p), "n_test": 10,
-                           "decoding": "exact", "layer_index": i}
-                          for i, site in enumerate(["hook_embed", "blocks.0.hook_resid_post", "hook_mem_in", "hook_mem_out"])
-                          for p in range(1, 7) for control in ("probe", "majority")])
+    probe = pd.DataFrame(
+        [
+            {
+                "run": LRT_RUNS[0],
+                "kind": "lrt",
+                "site": site,
+                "target": "state",
+                "position": p,
+                "control": control,
+                "accuracy": min(1.0, 0.2 + 0.1 * i + 0.05 * p),
+                "n_test": 10,
+                "decoding": "exact",
+                "layer_index": i,
+            }
+            for i, site in enumerate(
+                ["hook_embed", "blocks.0.hook_resid_post", "hook_mem_in", "hook_mem_out"]
+            )
+            for p in range(1, 7)
+            for control in ("probe", "majority")
+        ]
+    )
     Run(root / LRT_RUNS[0]).write_table("probe_exact", probe)
     (root / ".analysis").mkdir()
     group = {"config.train.task": "group_prefix", "config.train.length": 6}
-    write_table(root / ".analysis", "gap_recovery", pd.DataFrame([
-        {**group, "method": m, "n_seeds": 2, "recovered": r, "ci_low": r - 0.2, "ci_high": r + 0.1,
-         "metric": "bpb.exact", "baseline": "transformer", "exact_method": "lrt exact"}
-        for m, r in (("lrt interleaved:2", 0.75), ("lrt fullseq:3", 0.88))]))
-    write_table(root / ".analysis", "gap_recovery_per_seed", pd.DataFrame([
-        {**group, "method": m, "seed": s, "recovered": r}
-        for m, r0 in (("lrt interleaved:2", 0.75), ("lrt fullseq:3", 0.88)) for s, r in ((0, r0 - 0.05), (1, r0 + 0.05))]))
-    write_table(root / ".analysis", "depth_sweep", pd.DataFrame(
-        [{"task": "group_prefix", "method": "transformer", "n_layer": d, "n": 2, "mean": 2.0 * d, "ci_low": 2.0 * d - 1,
-          "ci_high": 2.0 * d + 1, "metric": "summary.eval.pos90_exact@6"} for d in (1, 2, 3)]
-        + [{"task": "group_prefix", "method": "lrt interleaved:2", "n_layer": 2, "n": 2, "mean": 5.0, "ci_low": 4.0,
-            "ci_high": 6.0, "metric": "summary.eval.pos90_exact@6"}]))
+    write_table(
+        root / ".analysis",
+        "gap_recovery",
+        pd.DataFrame(
+            [
+                {
+                    **group,
+                    "method": m,
+                    "n_seeds": 2,
+                    "recovered": r,
+                    "ci_low": r - 0.2,
+                    "ci_high": r + 0.1,
+                    "metric": "bpb.exact",
+                    "baseline": "transformer",
+                    "exact_method": "lrt exact",
+                }
+                for m, r in (("lrt interleaved:2", 0.75), ("lrt fullseq:3", 0.88))
+            ]
+        ),
+    )
+    write_table(
+        root / ".analysis",
+        "gap_recovery_per_seed",
+        pd.DataFrame(
+            [
+                {**group, "method": m, "seed": s, "recovered": r}
+                for m, r0 in (("lrt interleaved:2", 0.75), ("lrt fullseq:3", 0.88))
+                for s, r in ((0, r0 - 0.05), (1, r0 + 0.05))
+            ]
+        ),
+    )
+    write_table(
+        root / ".analysis",
+        "depth_sweep",
+        pd.DataFrame(
+            [
+                {
+                    "task": "group_prefix",
+                    "method": "transformer",
+                    "n_layer": d,
+                    "n": 2,
+                    "mean": 2.0 * d,
+                    "ci_low": 2.0 * d - 1,
+                    "ci_high": 2.0 * d + 1,
+                    "metric": "summary.eval.pos90_exact@6",
+                }
+                for d in (1, 2, 3)
+            ]
+            + [
+                {
+                    "task": "group_prefix",
+                    "method": "lrt interleaved:2",
+                    "n_layer": 2,
+                    "n": 2,
+                    "mean": 5.0,
+                    "ci_low": 4.0,
+                    "ci_high": 6.0,
+                    "metric": "summary.eval.pos90_exact@6",
+                }
+            ]
+        ),
+    )
     return root
 
 

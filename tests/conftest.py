@@ -15,10 +15,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 def pytest_addoption(parser):
-    parser.addoption("--memory-plugin", action="append", default=[], metavar="FILE_OR_MODULE",
-                     help="load a file or module that registers a memory mechanism "
-                          "(lrt_lab.register_memory) before collection, so the generated "
-                          "invariant tests (tests/test_invariants.py) cover it")
+    parser.addoption(
+        "--memory-plugin",
+        action="append",
+        default=[],
+        metavar="FILE_OR_MODULE",
+        help="load a file or module that registers a memory mechanism "
+        "(lrt_lab.register_memory) before collection, so the generated "
+        "invariant tests (tests/test_invariants.py) cover it",
+    )
 
 
 def pytest_configure(config):

@@ -1,6 +1,8 @@
-"""An independent, readable reference for the LRT: loops over sequences, positions, layers and heads.
+"""An independent, readable reference for the LRT: loops over sequences, positions, layers and
+heads.
 
-It shares no code with lrt_lab.core.model: it reads the model's weights by name and redoes the paper's
+It shares no code with lrt_lab.core.model: it reads the model's weights by name and redoes the
+paper's
 math (sec. 2, eqs. 1-6) one position at a time, in float64, with a hand-written softmax
 attention. A stage over positions P visits P in order; position t attends to keys s <= t inside
 its window, taking the fresh key when s is in P (already computed in this loop) and the buffer's
@@ -40,7 +42,9 @@ class NaiveLRT:
         pattern = c.window_pattern.upper()
         short = c.short_window or c.sequence_len // 2
         for l in range(c.n_layer):
-            self.windows.append(None if (l == c.n_layer - 1 or pattern[l % len(pattern)] == "L") else short)
+            self.windows.append(
+                None if (l == c.n_layer - 1 or pattern[l % len(pattern)] == "L") else short
+            )
 
     # --- one position -------------------------------------------------------------------------
     def _memory(self, buf, tokens, t):
@@ -87,7 +91,9 @@ class NaiveLRT:
             if m is not None and (m.kv != "none" or m.queries):
                 i = 0 if m.projections == "shared" else l
                 if m.gate:
-                    gc = m.gate_channels or h.numel()  # the first gate_channels channels (None: all)
+                    gc = (
+                        m.gate_channels or h.numel()
+                    )  # the first gate_channels channels (None: all)
                     g = 2 * torch.sigmoid(W[f"pathway.gates.{l}.weight"] @ h[:gc]).view(2, Hkv)
                     g_loc, g_rec = g[0][:, None], g[1][:, None]
                 else:
@@ -156,13 +162,16 @@ class NaiveLRT:
         P = sorted(P)
         fresh = self.empty_buffer()
         logits = {t: self._position(tokens, t, set(P), buf, fresh) for t in P}
-        new = {"k": [{**buf["k"][l], **fresh["k"][l]} for l in range(self.cfg.n_layer)],
-               "v": [{**buf["v"][l], **fresh["v"][l]} for l in range(self.cfg.n_layer)],
-               "mem": {**buf["mem"], **fresh["mem"]}}
+        new = {
+            "k": [{**buf["k"][l], **fresh["k"][l]} for l in range(self.cfg.n_layer)],
+            "v": [{**buf["v"][l], **fresh["v"][l]} for l in range(self.cfg.n_layer)],
+            "mem": {**buf["mem"], **fresh["mem"]},
+        }
         return logits, new
 
     def run(self, tokens, stages):
-        """tokens: (B, T). Returns final logits (B, T', V) over the positions any stage computed, and
+        """tokens: (B, T). Returns final logits (B, T', V) over the positions any stage computed,
+        and
         the per-stage logits [(P, (B, |P|, V))]."""
         per_seq_final, per_seq_stages = [], []
         for b in range(tokens.size(0)):

@@ -61,12 +61,17 @@ def gen(seed=0):
     return torch.Generator().manual_seed(seed)
 
 
-# Probes ---------------------------------------------------------------------------------------------
+# Probes
+# ---------------------------------------------------------------------------------------------
 def planted(B=300, T=3, C=5, d=12, seed=0, lag=0, scale=6.0):
     """Features whose first C coordinates one-hot encode state[t - lag] (plus noise)."""
     g = gen(seed)
     state = torch.randint(C, (B, T), generator=g)
-    src = state if lag == 0 else torch.cat([torch.zeros(B, lag, dtype=torch.long), state[:, :-lag]], 1)
+    src = (
+        state
+        if lag == 0
+        else torch.cat([torch.zeros(B, lag, dtype=torch.long), state[:, :-lag]], 1)
+    )
     x = torch.randn(B, T, d, generator=g)
     x[..., :C] += scale * torch.nn.functional.one_hot(src, C)
     return state, x
@@ -79,9 +84,9 @@ def test_probe_decodes_a_planted_signal_and_not_noise():
     acc = table.set_index(["site", "position", "control"])["accuracy"]
     for t in (1, 2, 3):
         assert acc["signal", t, "probe"] >= 0.97
-        assert acc["noise", t, "probe"] <= 0.2 + 0.15        # chance 1/5
+        assert acc["noise", t, "probe"] <= 0.2 + 0.15  # chance 1/5
         assert acc["signal", t, "shuffled_labels"] <= 0.2 + 0.15
-    assert set(table["n_test"]) == {90}                        # 30% of 300 sequences
+    assert set(table["n_test"]) == {90}  # 30% of 300 sequences
     # majority: the most frequent training label at that position, scored on the test sequences
     perm = torch.randperm(300, generator=gen(0))
     tr, te = perm[:210], perm[210:]
@@ -96,9 +101,9 @@ def test_mem_in_is_probed_for_the_previous_state():
     table = probe_activations({"hook_mem_in": x}, state, seed=1)
     prev = table[(table["target"] == "state_prev") & (table["control"] == "probe")]
     cur = table[(table["target"] == "state") & (table["control"] == "probe")]
-    assert prev["position"].tolist() == [2, 3, 4]               # no t-1 at the first position
+    assert prev["position"].tolist() == [2, 3, 4]  # no t-1 at the first position
     assert prev["accuracy"].min() >= 0.97
-    assert cur[cur["position"] > 1]["accuracy"].max() <= 0.4    # states are independent across t
+    assert cur[cur["position"] > 1]["accuracy"].max() <= 0.4  # states are independent across t
 
 
 def test_fit_probes_batches_independent_problems():
@@ -119,14 +124,22 @@ def test_probe_model_sites_controls_and_plots():
     torch.manual_seed(0)
     model = LRT(preset("tiny", memory=MemoryConfig(), vocab_size=6))
     acts = collect_activations(model, b.inputs, "exact")
-    assert set(acts) == {"hook_embed", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post", "hook_mem_in", "hook_mem_out"}
+    assert set(acts) == {
+        "hook_embed",
+        "blocks.0.hook_resid_post",
+        "blocks.1.hook_resid_post",
+        "hook_mem_in",
+        "hook_mem_out",
+    }
     # exact decoding: the memory a position reads is the source state of the one before
     assert torch.allclose(acts["hook_mem_in"][:, 1:], acts["hook_mem_out"][:, :-1], atol=1e-6)
     table = probe_model(model, b.inputs, b.state, "exact", max_positions=3, steps=30)
     assert set(table["control"]) == {"probe", "majority", "shuffled_labels", "random_init"}
     assert sorted(table["position"].unique()) == [1, 3, 6]  # linspace(0, 5, 3) rounds half to even
     # position 1: the state is the input token, linearly decodable from the embedding
-    emb = table[(table["site"] == "hook_embed") & (table["position"] == 1) & (table["control"] == "probe")]
+    emb = table[
+        (table["site"] == "hook_embed") & (table["position"] == 1) & (table["control"] == "probe")
+    ]
     assert float(emb["accuracy"].iloc[0]) >= 0.95
     fig = plot_probe_heatmap(table)
     assert fig.axes
@@ -135,9 +148,20 @@ def test_probe_model_sites_controls_and_plots():
     assert fresh.blocks[0].mlp.c_proj.weight.abs().sum() > 0 and not fresh.training
     assert random_init_like(model, dense=False).blocks[0].mlp.c_proj.weight.abs().sum() == 0
     tr_model = LRT(preset("tiny", vocab_size=6))
-    tr_table = probe_model(tr_model, b.inputs, b.state, "interleaved:2", max_positions=2, steps=20,
-                           controls=("majority",))
-    assert set(tr_table["site"]) == {"hook_embed", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post"}
+    tr_table = probe_model(
+        tr_model,
+        b.inputs,
+        b.state,
+        "interleaved:2",
+        max_positions=2,
+        steps=20,
+        controls=("majority",),
+    )
+    assert set(tr_table["site"]) == {
+        "hook_embed",
+        "blocks.0.hook_resid_post",
+        "blocks.1.hook_resid_post",
+    }
     assert set(tr_table["decoding"]) == {"onepass"}
     fig = plot_probe_comparison({"transformer": tr_table, "lrt": table}, baseline="majority")
     assert len(fig.axes) >= 4
@@ -151,9 +175,11 @@ def test_probe_model_sites_controls_and_plots():
         collect_activations(model, b.inputs, "exact", sites=["blocks.9.hook_resid_post"])
 
 
-# Gap recovery ---------------------------------------------------------------------------------------
+# Gap recovery
+# ---------------------------------------------------------------------------------------
 def test_recovered_fraction_reproduces_the_papers_table():
-    # app. "Comparison with Exact Sequential Training": transformer / interleaved / fullseq K=3 / exact
+    # app. "Comparison with Exact Sequential Training": transformer / interleaved / fullseq K=3 /
+    # exact
     assert recovered_fraction(1.082, 1.070, 1.066) == pytest.approx(0.750)
     assert recovered_fraction(1.040, 1.027, 1.023) == pytest.approx(0.765, abs=5e-4)
     assert recovered_fraction(1.082, 1.068, 1.066) == pytest.approx(0.875)
@@ -166,16 +192,32 @@ def test_recovered_fraction_reproduces_the_papers_table():
 def synthetic_runs(metric="bpb.exact"):
     rows = []
     values = {  # seed: (transformer, interleaved, fullseq, exact)
-        0: (1.00, 0.925, 0.91, 0.90),   # recovered 0.75, 0.90
-        1: (1.20, 1.04, 1.02, 1.00),    # recovered 0.80, 0.90
-        2: (1.10, 1.03, 1.005, 1.00),   # recovered 0.70, 0.95
+        0: (1.00, 0.925, 0.91, 0.90),  # recovered 0.75, 0.90
+        1: (1.20, 1.04, 1.02, 1.00),  # recovered 0.80, 0.90
+        2: (1.10, 1.03, 1.005, 1.00),  # recovered 0.70, 0.95
     }
     for seed, vals in values.items():
-        for (kind, sched), v in zip([("transformer", "onepass"), ("lrt", "interleaved:2"),
-                                     ("lrt", "fullseq:3"), ("lrt", "exact")], vals):
-            rows.append({"run": f"{kind}-{sched}-{seed}", "config.kind": kind, "config.schedule": sched,
-                         "config.train.seed": seed, "config.train.task": "text_bytes", "config.model.n_layer": 2,
-                         metric: v, "bpb.parallel": v - 0.01 * (sched != "onepass")})
+        for (kind, sched), v in zip(
+            [
+                ("transformer", "onepass"),
+                ("lrt", "interleaved:2"),
+                ("lrt", "fullseq:3"),
+                ("lrt", "exact"),
+            ],
+            vals,
+        ):
+            rows.append(
+                {
+                    "run": f"{kind}-{sched}-{seed}",
+                    "config.kind": kind,
+                    "config.schedule": sched,
+                    "config.train.seed": seed,
+                    "config.train.task": "text_bytes",
+                    "config.model.n_layer": 2,
+                    metric: v,
+                    "bpb.parallel": v - 0.01 * (sched != "onepass"),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -194,10 +236,13 @@ def test_gap_recovery_on_synthetic_numbers():
     assert 0.70 - 1e-9 <= lo <= 0.75 <= hi <= 0.80 + 1e-9
     assert table.loc["lrt fullseq:3", "recovered"] == pytest.approx(np.mean([0.9, 0.9, 0.95]))
     per_seed = table.attrs["per_seed"]
-    assert len(per_seed) == 6 and per_seed["recovered"].tolist()[:3] == pytest.approx([0.9, 0.9, 0.95])
+    assert len(per_seed) == 6 and per_seed["recovered"].tolist()[:3] == pytest.approx(
+        [0.9, 0.9, 0.95]
+    )
     # a seed missing from the exact runs is dropped from the pairing
-    partial = gap_recovery(df[~((df["config.schedule"] == "exact") & (df["config.train.seed"] == 2))],
-                           n_resamples=500).set_index("method")
+    partial = gap_recovery(
+        df[~((df["config.schedule"] == "exact") & (df["config.train.seed"] == 2))], n_resamples=500
+    ).set_index("method")
     assert partial.loc["lrt interleaved:2", "n_seeds"] == 2
     assert partial.loc["lrt interleaved:2", "recovered"] == pytest.approx(0.775)
     with pytest.raises(ValueError, match="metric"):
@@ -221,31 +266,55 @@ def test_mismatch_and_refinement_tables():
     ref = refinement_table(df)
     inter = ref[ref["method"] == "lrt interleaved:2"]
     assert inter["stage"].tolist() == ["init", "refine 1", "decoding"]
-    assert inter["mean"].tolist() == pytest.approx([np.mean([0.975, 1.09, 1.08]), np.mean([0.935, 1.05, 1.04]),
-                                                     np.mean([0.925, 1.04, 1.03])])
+    assert inter["mean"].tolist() == pytest.approx(
+        [np.mean([0.975, 1.09, 1.08]), np.mean([0.935, 1.05, 1.04]), np.mean([0.925, 1.04, 1.03])]
+    )
     assert plot_refinement(ref).axes
 
 
-# Seed statistics -------------------------------------------------------------------------------------
+# Seed statistics
+# -------------------------------------------------------------------------------------
 def test_seed_stats_match_scipy():
     x = [1.0, 2.0, 3.0, 4.0, 6.0]
     st = mean_ci(x)
     sem = np.std(x, ddof=1) / math.sqrt(5)
     lo, hi = sps.t.interval(0.95, df=4, loc=np.mean(x), scale=sem)
-    assert (st["n"], st["mean"], st["std"]) == (5, pytest.approx(3.2), pytest.approx(np.std(x, ddof=1)))
+    assert (st["n"], st["mean"], st["std"]) == (
+        5,
+        pytest.approx(3.2),
+        pytest.approx(np.std(x, ddof=1)),
+    )
     assert (st["ci_low"], st["ci_high"]) == pytest.approx((lo, hi))
-    ref = sps.bootstrap((np.array(x),), np.mean, confidence_level=0.9, n_resamples=999, method="percentile",
-                        rng=np.random.default_rng(3))
+    ref = sps.bootstrap(
+        (np.array(x),),
+        np.mean,
+        confidence_level=0.9,
+        n_resamples=999,
+        method="percentile",
+        rng=np.random.default_rng(3),
+    )
     assert bootstrap_ci(x, confidence=0.9, n_resamples=999, seed=3) == pytest.approx(
-        (ref.confidence_interval.low, ref.confidence_interval.high))
+        (ref.confidence_interval.low, ref.confidence_interval.high)
+    )
     one = mean_ci([2.5, float("nan")])
-    assert one["n"] == 1 and one["mean"] == 2.5 and math.isnan(one["std"]) and math.isnan(one["ci_low"])
+    assert (
+        one["n"] == 1
+        and one["mean"] == 2.5
+        and math.isnan(one["std"])
+        and math.isnan(one["ci_low"])
+    )
     assert bootstrap_ci([0.5, 0.5, 0.5]) == (0.5, 0.5)
-    df = pd.DataFrame({"config.kind": ["transformer"] * 3 + ["lrt"] * 2,
-                       "config.schedule": ["onepass"] * 3 + ["exact"] * 2,
-                       "summary.m": [1.0, 2.0, 3.0, 10.0, 12.0]})
+    df = pd.DataFrame(
+        {
+            "config.kind": ["transformer"] * 3 + ["lrt"] * 2,
+            "config.schedule": ["onepass"] * 3 + ["exact"] * 2,
+            "summary.m": [1.0, 2.0, 3.0, 10.0, 12.0],
+        }
+    )
     table = seed_stats(df, "summary.m").set_index("method")
-    assert table.loc["transformer", "mean"] == 2.0 and table.loc["lrt exact", "std"] == pytest.approx(math.sqrt(2))
+    assert table.loc["transformer", "mean"] == 2.0 and table.loc[
+        "lrt exact", "std"
+    ] == pytest.approx(math.sqrt(2))
     assert table.loc["lrt exact", "ci_high"] == pytest.approx(11 + sps.t.ppf(0.975, 1) * 1.0)
     assert plot_seed_stats(table.reset_index()).axes
     with pytest.raises(ValueError, match="metric"):
@@ -254,20 +323,39 @@ def test_seed_stats_match_scipy():
         mean_ci(x, confidence=1.5)
 
 
-# Depth ---------------------------------------------------------------------------------------------
+# Depth
+# ---------------------------------------------------------------------------------------------
 def test_depth_worth_on_synthetic_numbers():
     rows = []
     for depth, vals in {1: [2, 2], 2: [4, 4], 3: [6, 7], 4: [8, 8]}.items():
         for v in vals:
-            rows.append({"config.kind": "transformer", "config.schedule": "onepass", "config.model.n_layer": depth,
-                         "config.train.task": "s4", "summary.eval.pos90_exact@16": v})
+            rows.append(
+                {
+                    "config.kind": "transformer",
+                    "config.schedule": "onepass",
+                    "config.model.n_layer": depth,
+                    "config.train.task": "s4",
+                    "summary.eval.pos90_exact@16": v,
+                }
+            )
     for v in [6.0, 7.0]:
-        rows.append({"config.kind": "lrt", "config.schedule": "interleaved:2", "config.model.n_layer": 2,
-                     "config.train.task": "s4", "summary.eval.pos90_exact@16": v})
+        rows.append(
+            {
+                "config.kind": "lrt",
+                "config.schedule": "interleaved:2",
+                "config.model.n_layer": 2,
+                "config.train.task": "s4",
+                "summary.eval.pos90_exact@16": v,
+            }
+        )
     table = depth_table(pd.DataFrame(rows))
     assert table.attrs["metric"] == "summary.eval.pos90_exact@16"
     worth = depth_worth(table, targets=(4, 7)).iloc[0]
-    assert worth["value"] == 6.5 and worth["transformer_depth_to_match"] == 3 and worth["depth_saved"] == 1
+    assert (
+        worth["value"] == 6.5
+        and worth["transformer_depth_to_match"] == 3
+        and worth["depth_saved"] == 1
+    )
     assert worth["transformer_value_same_depth"] == 4 and worth["transformer_min_depth@4"] == 2
     assert worth["transformer_min_depth@7"] == 4 and not worth["reaches@7"] and worth["reaches@4"]
     better = table.copy()
@@ -276,7 +364,8 @@ def test_depth_worth_on_synthetic_numbers():
     assert plot_depth_curve(table).axes
 
 
-# BPB -------------------------------------------------------------------------------------------------
+# BPB
+# -------------------------------------------------------------------------------------------------
 def test_bpb_of_a_uniform_model_is_log2_vocab_and_stages_are_prefix_schedules():
     torch.manual_seed(0)
     model = LRT(preset("tiny", memory=MemoryConfig(), vocab_size=256))
@@ -289,7 +378,9 @@ def test_bpb_of_a_uniform_model_is_log2_vocab_and_stages_are_prefix_schedules():
     res = evaluate_bpb(model, FullSequence(2), batch)
     # stage k of FullSequence(2) is the final output of FullSequence(k)
     for k in range(3):
-        assert res["stages"][k] == pytest.approx(bpb_of(model, batch.inputs, batch.targets, FullSequence(k))["bpb"])
+        assert res["stages"][k] == pytest.approx(
+            bpb_of(model, batch.inputs, batch.targets, FullSequence(k))["bpb"]
+        )
     assert res["stages"][-1] == res["parallel"] and res["stage_coverage"] == [1.0] * 3
     # exact: the Decoder, one position at a time, by hand
     dec = Decoder(model, 6, 8)
@@ -301,15 +392,20 @@ def test_bpb_of_a_uniform_model_is_log2_vocab_and_stages_are_prefix_schedules():
     inter = evaluate_bpb(model, Interleaved(2), batch)
     assert inter["stages"][0] == pytest.approx(res["stages"][0]) and len(inter["stages"]) == 3
     ex = evaluate_bpb(model, "exact", batch)
-    assert ex["parallel"] == pytest.approx(res["exact"], rel=1e-5) and ex["stage_coverage"][0] == 1 / 8
+    assert (
+        ex["parallel"] == pytest.approx(res["exact"], rel=1e-5) and ex["stage_coverage"][0] == 1 / 8
+    )
     # loss_mask: only counted positions enter the mean
-    masked = evaluate_bpb(model, OnePass(), (batch.inputs, batch.targets, torch.arange(8).expand(6, 8) < 4))
+    masked = evaluate_bpb(
+        model, OnePass(), (batch.inputs, batch.targets, torch.arange(8).expand(6, 8) < 4)
+    )
     assert masked["n_tokens"] == 24
     with pytest.raises(ValueError, match="eval_batch"):
         evaluate_bpb(model, "exact", None)
 
 
-# The text task ---------------------------------------------------------------------------------------
+# The text task
+# ---------------------------------------------------------------------------------------
 def test_text_bytes_task():
     task = make_task("text_bytes", 32)
     assert task.vocab_size == 256 and task.name == "text_bytes"
@@ -318,12 +414,15 @@ def test_text_bytes_task():
     assert torch.equal(b.targets[:, :-1], b.inputs[:, 1:])  # next byte, already shifted
     data = load_corpus("stdlib")
     assert data["files"]["val"] > 0 and data["files"]["train"] > 5 * data["files"]["val"]
-    # a batch is a window of the training stream; eval seeds (make_eval_sets) read the held-out files
+    # a batch is a window of the training stream; eval seeds (make_eval_sets) read the held-out
+    # files
     row = bytes(b.inputs[0].tolist() + [b.targets[0, -1].item()])
     assert row in bytes(data["train"].numpy())
     ev = make_eval_sets(task, (64,), 3)[64]
     assert bytes(ev.inputs[0].tolist()) in bytes(data["val"].numpy())
-    assert torch.equal(task.sample(2, gen(5), split="val").inputs, task.sample(2, gen(5), split="val").inputs)
+    assert torch.equal(
+        task.sample(2, gen(5), split="val").inputs, task.sample(2, gen(5), split="val").inputs
+    )
     assert decode(encode("héllo")) == "héllo" and len(encode("héllo")) == 6
     with pytest.raises(ValueError, match="corpus"):
         make_task("text_bytes", 8, corpus="wiki")
@@ -332,11 +431,25 @@ def test_text_bytes_task():
     assert make_task("text_bytes", 8, corpus="pydoc").data["files"]["val"] > 0
 
 
-# End to end -----------------------------------------------------------------------------------------
+# End to end
+# -----------------------------------------------------------------------------------------
 def tiny(name, model, schedule, **kw):
-    base = dict(task="group_prefix", task_options={"group": "S3"}, length=6, preset="tiny", model=model,
-                schedule=schedule, steps=15, batch_size=32, eval_every=0, eval_lengths=(6,), eval_size=32,
-                checkpoint_every=0, device="cpu", name=name)
+    base = dict(
+        task="group_prefix",
+        task_options={"group": "S3"},
+        length=6,
+        preset="tiny",
+        model=model,
+        schedule=schedule,
+        steps=15,
+        batch_size=32,
+        eval_every=0,
+        eval_lengths=(6,),
+        eval_size=32,
+        checkpoint_every=0,
+        device="cpu",
+        name=name,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -344,9 +457,14 @@ def tiny(name, model, schedule, **kw):
 @pytest.mark.slow
 def test_end_to_end_on_a_tiny_store(tmp_path):
     store = tmp_path / "store"
-    runs = {name: train(tiny(name, model, sched), out=store, progress=False)
-            for name, model, sched in [("tr", "transformer", "onepass"), ("inter", "lrt", "interleaved:2"),
-                                       ("ex", "lrt", "exact")]}
+    runs = {
+        name: train(tiny(name, model, sched), out=store, progress=False)
+        for name, model, sched in [
+            ("tr", "transformer", "onepass"),
+            ("inter", "lrt", "interleaved:2"),
+            ("ex", "lrt", "exact"),
+        ]
+    }
     # probes on a transformer and an LRT, written into the runs
     t_tr = probe_run(runs["tr"], "exact", n_sequences=64, max_positions=3, steps=20)
     t_lrt = probe_run(runs["inter"], "exact", n_sequences=64, max_positions=3, steps=20)

@@ -62,9 +62,17 @@ def groups_table(at: AppTest) -> pd.DataFrame:
 def test_every_page_renders(store, monkeypatch):
     at = run_app(monkeypatch, store)
     assert_clean(at)
-    assert [t.label for t in at.tabs] == ["Compare", "Runs", "Training curves", "Length generalisation",
-                                         "Depth x length", "Gap recovery", "Probes", "Convergence",
-                                         "Trainer frontier"]
+    assert [t.label for t in at.tabs] == [
+        "Compare",
+        "Runs",
+        "Training curves",
+        "Length generalisation",
+        "Depth x length",
+        "Gap recovery",
+        "Probes",
+        "Convergence",
+        "Trainer frontier",
+    ]
     assert sorted(runs_table(at)["run"]) == sorted(COMPLETE_RUNS + [UNKNOWN_RUN])
     shown = " ".join(m.value for m in page(at, "Runs").markdown)
     assert all(name in shown for name in COMPLETE_RUNS)
@@ -73,11 +81,16 @@ def test_every_page_renders(store, monkeypatch):
     assert "half-written" in warnings and "mystery:7" in warnings
     assert "still-running" in " ".join(i.value for i in at.info)
     # Every chart page drew its charts, analysis pages included.
-    n_charts = {"Compare": 1,  # the frontier scatter of the store's one study
-                "Training curves": 1, "Length generalisation": 2, "Depth x length": 2, "Gap recovery": 1,
-                "Probes": 1,
-                "Convergence": 0,  # no FixedPoint run in this store
-                "Trainer frontier": 1}
+    n_charts = {
+        "Compare": 1,  # the frontier scatter of the store's one study
+        "Training curves": 1,
+        "Length generalisation": 2,
+        "Depth x length": 2,
+        "Gap recovery": 1,
+        "Probes": 1,
+        "Convergence": 0,  # no FixedPoint run in this store
+        "Trainer frontier": 1,
+    }
     for tab in [t for t in at.tabs if t.label != "Runs"]:
         charts = [e for e in tab if getattr(e, "type", "") == "vega_lite_chart"]
         assert len(charts) == n_charts[tab.label], tab.label
@@ -98,7 +111,10 @@ def test_every_page_renders(store, monkeypatch):
     at.run()
     assert_clean(at)
     assert "still-running" in set(runs_table(at)["run"])
-    assert len([e for e in page(at, "Training curves") if getattr(e, "type", "") == "vega_lite_chart"]) == 1
+    assert (
+        len([e for e in page(at, "Training curves") if getattr(e, "type", "") == "vega_lite_chart"])
+        == 1
+    )
 
 
 @on_the_store
@@ -139,7 +155,11 @@ def test_compute_axis_is_baseline_equivalent(store):
     assert last_c[TRANSFORMER_RUN] == last_t[TRANSFORMER_RUN]
     band = store_data.seed_band(compute)
     lrt = band[band["group"] == "lrt interleaved:2"]
-    assert (lrt["n"] == 2).all() and (lrt["lo"] <= lrt["mean"]).all() and (lrt["mean"] <= lrt["hi"]).all()
+    assert (
+        (lrt["n"] == 2).all()
+        and (lrt["lo"] <= lrt["mean"]).all()
+        and (lrt["mean"] <= lrt["hi"]).all()
+    )
 
 
 @on_the_store
@@ -168,7 +188,9 @@ def test_empty_missing_and_changed_store(store, tmp_path, monkeypatch):
 @on_the_store
 def test_analysis_pages_hint_when_no_tables(store, tmp_path, monkeypatch):
     bare = tmp_path / "bare"
-    shutil.copytree(store / TRANSFORMER_RUN, bare / TRANSFORMER_RUN)  # a store with no analysis tables
+    shutil.copytree(
+        store / TRANSFORMER_RUN, bare / TRANSFORMER_RUN
+    )  # a store with no analysis tables
     at = run_app(monkeypatch, bare)
     assert_clean(at)
     assert "No run shown has BPB tables" in " ".join(i.value for i in page(at, "Gap recovery").info)
@@ -177,36 +199,77 @@ def test_analysis_pages_hint_when_no_tables(store, tmp_path, monkeypatch):
 
 
 def test_analysis_table_readers():
-    """Tolerant readers: the lrt_lab.analysis layouts, simpler ones, and a message for anything else."""
+    """Tolerant readers: the lrt_lab.analysis layouts, simpler ones, and a message for anything
+    else."""
     from lrt_app import store_data
 
     assert "site" in store_data.read_probe(pd.DataFrame({"foo": [1]}), "store")[1]
     assert store_data.read_gap(pd.DataFrame({"x": [1]}))[2].startswith("expected columns")
     assert store_data.read_depth_sweep(pd.DataFrame({"x": [1]}))[2].startswith("expected columns")
 
-    probe = pd.DataFrame({"run": "r", "site": ["hook_embed", "hook_mem_in", "hook_mem_in"], "target": ["state", "state", "state_prev"],
-                          "position": [2, 2, 2], "control": "probe", "accuracy": [0.2, 0.3, 0.9],
-                          "decoding": "exact", "layer_index": [0, 1, 1]})
+    probe = pd.DataFrame(
+        {
+            "run": "r",
+            "site": ["hook_embed", "hook_mem_in", "hook_mem_in"],
+            "target": ["state", "state", "state_prev"],
+            "position": [2, 2, 2],
+            "control": "probe",
+            "accuracy": [0.2, 0.3, 0.9],
+            "decoding": "exact",
+            "layer_index": [0, 1, 1],
+        }
+    )
     cells, msg = store_data.read_probe(probe, "r", "probe_exact")
     assert msg is None and list(cells["row"]) == ["hook_embed", "hook_mem_in", "hook_mem_in (t-1)"]
     assert set(cells["label"]) == {"r (exact)"} and list(cells["row_order"]) == [0, 1, 1.5]
 
     keys = {"config.train.task": "t"}
-    summary = pd.DataFrame([{**keys, "method": "a", "recovered": 0.5, "ci_low": 0.4, "ci_high": 0.6},
-                            {**keys, "method": "b", "recovered": 0.8, "ci_low": 0.7, "ci_high": 0.9}])
-    per_seed = pd.DataFrame([{**keys, "method": m, "seed": s, "value": 9.0, "recovered": r}
-                             for m, r in (("a", 0.5), ("b", 0.8)) for s in (0, 1)])
+    summary = pd.DataFrame(
+        [
+            {**keys, "method": "a", "recovered": 0.5, "ci_low": 0.4, "ci_high": 0.6},
+            {**keys, "method": "b", "recovered": 0.8, "ci_low": 0.7, "ci_high": 0.9},
+        ]
+    )
+    per_seed = pd.DataFrame(
+        [
+            {**keys, "method": m, "seed": s, "value": 9.0, "recovered": r}
+            for m, r in (("a", 0.5), ("b", 0.8))
+            for s in (0, 1)
+        ]
+    )
     bars, points, msg = store_data.read_gap(summary, per_seed)
-    assert msg is None and list(bars["label"]) == ["a", "b"] and list(points["value"]) == [0.5, 0.5, 0.8, 0.8]
-    wide = pd.DataFrame({"method": ["a"], "recovered_mean": [0.5], "ci_low": [0.4], "ci_high": [0.6],
-                         "seed0": [0.45], "seed1": [0.55]})
+    assert (
+        msg is None
+        and list(bars["label"]) == ["a", "b"]
+        and list(points["value"]) == [0.5, 0.5, 0.8, 0.8]
+    )
+    wide = pd.DataFrame(
+        {
+            "method": ["a"],
+            "recovered_mean": [0.5],
+            "ci_low": [0.4],
+            "ci_high": [0.6],
+            "seed0": [0.45],
+            "seed1": [0.55],
+        }
+    )
     assert list(store_data.read_gap(wide)[1]["value"]) == [0.45, 0.55]
 
-    sweep = pd.DataFrame({"task": "t", "method": ["transformer", "transformer", "lrt"], "n_layer": [1, 2, 2],
-                          "mean": [1.0, 3.0, 4.0], "ci_low": [0.5, 2.5, 3.5], "ci_high": [1.5, 3.5, 4.5]})
+    sweep = pd.DataFrame(
+        {
+            "task": "t",
+            "method": ["transformer", "transformer", "lrt"],
+            "n_layer": [1, 2, 2],
+            "mean": [1.0, 3.0, 4.0],
+            "ci_low": [0.5, 2.5, 3.5],
+            "ci_high": [1.5, 3.5, 4.5],
+        }
+    )
     curve, shape, msg = store_data.read_depth_sweep(sweep)
     assert shape == "curve" and list(curve["swept"]) == [True, True, False]
-    grid, shape, msg = store_data.read_depth_sweep(pd.DataFrame({"depth": [2, 4], "length": [8, 8], "solved": [0.0, 1.0]}))
+    grid, shape, msg = store_data.read_depth_sweep(
+        pd.DataFrame({"depth": [2, 4], "length": [8, 8], "solved": [0.0, 1.0]})
+    )
     assert shape == "grid" and list(grid["value"]) == [0.0, 1.0]
 
 
@@ -214,7 +277,9 @@ def test_default_runs_dir(tmp_path):
     from lrt_app import store_data
 
     assert store_data.default_runs_dir(["--runs", "x"], {"LRT_RUNS": "y"}, tmp_path) == "x"
-    assert store_data.default_runs_dir(["-q", "tests/test_app.py"], {"LRT_RUNS": "y"}, tmp_path) == "y"
+    assert (
+        store_data.default_runs_dir(["-q", "tests/test_app.py"], {"LRT_RUNS": "y"}, tmp_path) == "y"
+    )
     assert store_data.default_runs_dir([], {}, tmp_path) == "runs"
     assert store_data.default_runs_dir(["--runs"], {}, tmp_path) == "runs"
     (tmp_path / "experiments" / "results").mkdir(parents=True)
@@ -236,8 +301,11 @@ def test_launcher_finds_the_app_without_importing_it(monkeypatch, capsys):
     with pytest.raises(ValueError, match="port"):
         app_launcher.command("runs", 0)
     real_find_spec = app_launcher.importlib.util.find_spec
-    monkeypatch.setattr(app_launcher.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "streamlit" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        app_launcher.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "streamlit" else real_find_spec(name, *a),
+    )
     assert app_launcher.launch("runs", 8501) == 1
     assert "pip install -e '.[app]'" in capsys.readouterr().err
 
@@ -247,7 +315,9 @@ def test_launcher_on_a_busy_port_suggests_a_free_one(monkeypatch, capsys):
 
     from lrt_lab.commands import app_launcher
 
-    monkeypatch.setattr(app_launcher.subprocess, "Popen", lambda *a, **k: pytest.fail("started on a busy port"))
+    monkeypatch.setattr(
+        app_launcher.subprocess, "Popen", lambda *a, **k: pytest.fail("started on a busy port")
+    )
     with socket.socket() as busy:
         busy.bind(("", 0))
         busy.listen()
@@ -262,7 +332,8 @@ def test_launcher_on_a_busy_port_suggests_a_free_one(monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_the_dashboard_ends_with_its_launcher(tmp_path):
-    """`lrt-lab app` killed outright (SIGKILL: no cleanup runs) must not leave `streamlit run` serving."""
+    """`lrt-lab app` killed outright (SIGKILL: no cleanup runs) must not leave `streamlit run`
+    serving."""
     import os
     import signal
     import socket
@@ -272,10 +343,19 @@ def test_the_dashboard_ends_with_its_launcher(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(Path(APP).parent.parent), "OMP_NUM_THREADS": "1",
-           "STREAMLIT_SERVER_HEADLESS": "true"}
-    parent = subprocess.Popen([sys.executable, "-m", "lrt_lab", "app", "--runs", str(tmp_path), "--port", str(port)],
-                              env=env, cwd=tmp_path, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(APP).parent.parent),
+        "OMP_NUM_THREADS": "1",
+        "STREAMLIT_SERVER_HEADLESS": "true",
+    }
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "lrt_lab", "app", "--runs", str(tmp_path), "--port", str(port)],
+        env=env,
+        cwd=tmp_path,
+        stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
     children_file = Path(f"/proc/{parent.pid}/task/{parent.pid}/children")
     try:
         deadline = time.monotonic() + 60
@@ -289,11 +369,17 @@ def test_the_dashboard_ends_with_its_launcher(tmp_path):
         parent.wait(timeout=10)
         deadline = time.monotonic() + 15
         while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
-            stat = Path(f"/proc/{child}/stat").read_text() if Path(f"/proc/{child}/stat").exists() else ""
+            stat = (
+                Path(f"/proc/{child}/stat").read_text()
+                if Path(f"/proc/{child}/stat").exists()
+                else ""
+            )
             if stat.split(") ")[-1].startswith("Z"):
                 break  # exited, not yet reaped by init
             time.sleep(0.2)
-        alive = Path(f"/proc/{child}/stat").exists() and not Path(f"/proc/{child}/stat").read_text().split(") ")[-1].startswith("Z")
+        alive = Path(f"/proc/{child}/stat").exists() and not Path(
+            f"/proc/{child}/stat"
+        ).read_text().split(") ")[-1].startswith("Z")
         if alive:
             os.kill(child, signal.SIGKILL)
         assert not alive, "streamlit run kept serving after lrt-lab app was killed"
@@ -307,6 +393,7 @@ def test_trainer_frontier_on_the_committed_store(monkeypatch):
     """The committed A5 study: the page opens on a5_prefix at length 16, one point per frontier run,
     and follows the controls."""
     from lrt_lab.store.report import frontier_points
+
     store = Path(__file__).resolve().parents[1] / "experiments" / "results"
     at = run_app(monkeypatch, store)
     assert_clean(at)
@@ -319,7 +406,8 @@ def test_trainer_frontier_on_the_committed_store(monkeypatch):
     assert sorted(summary["trainer"]) == sorted(expect["trainer"].unique())
     assert summary["seeds"].sum() == len(expect)
     assert summary.set_index("trainer")["learned"].to_dict() == (
-        (expect["pos90_exact@16"] == 16).groupby(expect["trainer"]).sum().to_dict())
+        (expect["pos90_exact@16"] == 16).groupby(expect["trainer"]).sum().to_dict()
+    )
     tab.selectbox(key="frontier_length").set_value(64)
     tab.radio(key="frontier_x").set_value("wall clock")
     at.run()

@@ -1,10 +1,13 @@
-"""The dashboard in a real browser: `streamlit run` on 127.0.0.1, headless Chromium through selenium,
+"""The dashboard in a real browser: `streamlit run` on 127.0.0.1, headless Chromium through
+selenium,
 in a 1400 px window.
 
-Needs the Debian packages `chromium` and `chromium-driver` (make test installs them when missing, as root with apt-get);
+Needs the Debian packages `chromium` and `chromium-driver` (make test installs them when missing, as
+root with apt-get);
 skipped, saying why, where they are not installed. Every tab is screenshotted into
 $LRT_SCREENSHOT_DIR (default: the system temp folder) and the test's tmp_path, so a person can look
-at what the browser drew: on a small store of several groups, and on the committed `experiments/results/`.
+at what the browser drew: on a small store of several groups, and on the committed
+`experiments/results/`.
 """
 
 from __future__ import annotations
@@ -22,13 +25,33 @@ import pytest
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-SCREENSHOTS = Path(os.environ.get("LRT_SCREENSHOT_DIR", tempfile.gettempdir())) / "lrt_lab_app_screenshots"
+SCREENSHOTS = (
+    Path(os.environ.get("LRT_SCREENSHOT_DIR", tempfile.gettempdir())) / "lrt_lab_app_screenshots"
+)
 WINDOW = (1400, 1000)
-CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-dev-shm-usage", f"--window-size={WINDOW[0]},{WINDOW[1]}"]
-TABS = ["Compare", "Runs", "Training curves", "Length generalisation", "Depth x length", "Gap recovery",
-        "Probes", "Convergence", "Trainer frontier"]
+CHROME_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    f"--window-size={WINDOW[0]},{WINDOW[1]}",
+]
+TABS = [
+    "Compare",
+    "Runs",
+    "Training curves",
+    "Length generalisation",
+    "Depth x length",
+    "Gap recovery",
+    "Probes",
+    "Convergence",
+    "Trainer frontier",
+]
 COMMITTED_STORE = Path(__file__).resolve().parent.parent / "experiments" / "results"
 
 # one worker under `pytest -n 2 --dist loadgroup`, so both tests share the module's Chromium
@@ -37,10 +60,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("app_browser")]
 
 def _require_browser():
     pytest.importorskip("streamlit")
-    pytest.importorskip("selenium", reason="selenium is not installed (pip install -e '.[dev]', or make test)")
+    pytest.importorskip(
+        "selenium", reason="selenium is not installed (pip install -e '.[dev]', or make test)"
+    )
     for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
         if not os.access(path, os.X_OK):
-            pytest.skip(f"{path} not found: install the Debian package {package} (make test does where it can)")
+            pytest.skip(
+                f"{path} not found: install the Debian package {package} (make test does where it "
+                "can)"
+            )
 
 
 def _free_port() -> int:
@@ -50,20 +78,30 @@ def _free_port() -> int:
 
 
 def _serve(store: Path, tmp_path: Path):
-    """`streamlit run` (through lrt_lab.commands.app_launcher's command) over `store`; yields its URL, always stopped."""
+    """`streamlit run` (through lrt_lab.commands.app_launcher's command) over `store`; yields its
+    URL, always stopped."""
     from lrt_lab.commands.app_launcher import command
 
     port = _free_port()
     log = open(tmp_path / "streamlit.log", "w")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
-    proc = subprocess.Popen(command(str(store), port, address="127.0.0.1", headless=True), stdout=log,
-                            stderr=subprocess.STDOUT, env=env, cwd=tmp_path, start_new_session=True)
+    proc = subprocess.Popen(
+        command(str(store), port, address="127.0.0.1", headless=True),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"streamlit exited with {proc.returncode}:\n{(tmp_path / 'streamlit.log').read_text()}")
+                pytest.fail(
+                    f"streamlit exited with {proc.returncode}:\n"
+                    f"{(tmp_path / 'streamlit.log').read_text()}"
+                )
             try:
                 with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
                     if r.read().strip() == b"ok":
@@ -93,11 +131,22 @@ def several_groups(root: Path) -> Path:
 
     build_store(root, analysis=False, lrt_seeds=(0, 1))
     for seed in (0, 1):
-        cfg = TrainConfig(task="group_prefix", task_options={"group": "S3", "curriculum_start": 3,
-                                                             "curriculum_steps": 4},
-                          length=6, preset="tiny", model="lrt", schedule="exact", steps=6, batch_size=8, eval_every=3,
-                          eval_lengths=(6, 12), eval_size=16, checkpoint_every=0, seed=seed,
-                          overrides={"memory.source_layer": 2})
+        cfg = TrainConfig(
+            task="group_prefix",
+            task_options={"group": "S3", "curriculum_start": 3, "curriculum_steps": 4},
+            length=6,
+            preset="tiny",
+            model="lrt",
+            schedule="exact",
+            steps=6,
+            batch_size=8,
+            eval_every=3,
+            eval_lengths=(6, 12),
+            eval_size=16,
+            checkpoint_every=0,
+            seed=seed,
+            overrides={"memory.source_layer": 2},
+        )
         train(cfg, out=root, progress=False)
     return root
 
@@ -149,6 +198,7 @@ def browser(chromium):
 # Driving the page -------------------------------------------------------------------------------
 def _body(driver) -> str:
     from selenium.webdriver.common.by import By
+
     return driver.find_element(By.TAG_NAME, "body").text
 
 
@@ -184,8 +234,10 @@ def _drawn(driver, panel=None) -> bool:
 def _settle(driver, panel=None) -> None:
     """Wait for the script run to finish (Streamlit's status widget gone) and Vega to draw: the
     same condition twice in a row, a poll apart, so a rerun just starting is not taken for done."""
-    _until("the page to finish running and draw", lambda: _drawn(driver, panel) and (
-        time.sleep(0.3) or _drawn(driver, panel)))
+    _until(
+        "the page to finish running and draw",
+        lambda: _drawn(driver, panel) and (time.sleep(0.3) or _drawn(driver, panel)),
+    )
 
 
 def _open(driver, url: str) -> None:
@@ -195,7 +247,8 @@ def _open(driver, url: str) -> None:
     driver.set_page_load_timeout(60)
     driver.get(url)
     WebDriverWait(driver, 90, poll_frequency=0.1).until(
-        lambda d: d.find_elements(By.CSS_SELECTOR, '[data-testid="stDataFrame"]'))
+        lambda d: d.find_elements(By.CSS_SELECTOR, '[data-testid="stDataFrame"]')
+    )
     _settle(driver)
 
 
@@ -204,18 +257,29 @@ def _tab(driver, title: str):
     from selenium.webdriver.common.by import By
 
     def tab():
-        (found,) = [t for t in driver.find_elements(By.CSS_SELECTOR, '[role="tab"]') if t.text.strip() == title]
+        (found,) = [
+            t
+            for t in driver.find_elements(By.CSS_SELECTOR, '[role="tab"]')
+            if t.text.strip() == title
+        ]
         return found
 
     tab().click()
-    panel = driver.find_element(By.ID, tab().get_attribute("aria-controls"))  # the selected tab's only
+    panel = driver.find_element(
+        By.ID, tab().get_attribute("aria-controls")
+    )  # the selected tab's only
     _settle(driver, panel)
     return panel
 
 
 def _charts(panel) -> list:
     from selenium.webdriver.common.by import By
-    return [c for c in panel.find_elements(By.CSS_SELECTOR, '[data-testid="stVegaLiteChart"]') if c.is_displayed()]
+
+    return [
+        c
+        for c in panel.find_elements(By.CSS_SELECTOR, '[data-testid="stVegaLiteChart"]')
+        if c.is_displayed()
+    ]
 
 
 def _chart_image(driver, panel) -> bytes:
@@ -229,6 +293,7 @@ def _chart_image(driver, panel) -> bytes:
 def _redrawn(driver, title: str, before: bytes, what: str) -> tuple[object, bytes]:
     """(panel, chart image) of tab `title` once its chart differs from `before`; fails after 30 s
     with `what` if it never does (a control the chart ignores)."""
+
     def changed():
         panel = _tab(driver, title)
         image = _chart_image(driver, panel)
@@ -238,12 +303,16 @@ def _redrawn(driver, title: str, before: bytes, what: str) -> tuple[object, byte
         time.sleep(0.3)
         panel = _tab(driver, title)
         return (panel, image) if _chart_image(driver, panel) == image else None
+
     return _until(what, changed, timeout=30, poll=0.3)
 
 
 def _console_errors(driver) -> list[str]:
-    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"
-            and "favicon" not in e["message"]]
+    return [
+        e["message"]
+        for e in driver.get_log("browser")
+        if e["level"] == "SEVERE" and "favicon" not in e["message"]
+    ]
 
 
 def _screenshot_every_tab(driver, name: str, tmp_path: Path) -> dict[str, str]:
@@ -256,7 +325,9 @@ def _screenshot_every_tab(driver, name: str, tmp_path: Path) -> dict[str, str]:
         panel = _tab(driver, title)
         texts[title] = panel.text
         height = driver.execute_script(
-            "return Math.max(...Array.from(document.querySelectorAll('section, div'), e => e.scrollHeight))")
+            "return Math.max(...Array.from(document.querySelectorAll('section, div'), e => "
+            "e.scrollHeight))"
+        )
         driver.set_window_size(WINDOW[0], min(max(WINDOW[1], int(height) + 120), 6000))
         time.sleep(0.3)  # the resize's relayout
         _settle(driver, panel)
@@ -265,7 +336,10 @@ def _screenshot_every_tab(driver, name: str, tmp_path: Path) -> dict[str, str]:
         shutil.copy(file, tmp_path / file.name)
         driver.set_window_size(*WINDOW)
         # nothing drawn wider than the window: facets wrap, legends sit under their chart
-        widths = [c.size["width"] for c in panel.find_elements(By.CSS_SELECTOR, '[data-testid="stVegaLiteChart"]')]
+        widths = [
+            c.size["width"]
+            for c in panel.find_elements(By.CSS_SELECTOR, '[data-testid="stVegaLiteChart"]')
+        ]
         assert all(w <= WINDOW[0] for w in widths), (title, widths)
     print(f"\nscreenshots: {SCREENSHOTS}/{name}-*.png (and {tmp_path})")
     return texts
@@ -288,13 +362,23 @@ def test_charts_follow_every_control(server, browser, tmp_path):
     slider = panel.find_element(By.CSS_SELECTOR, '[data-testid="stSlider"] input[type="range"]')
     browser.execute_script("arguments[0].focus();", slider)
     ActionChains(browser).send_keys(Keys.END).perform()  # smoothing 0 -> 0.99
-    panel, smoothed = _redrawn(browser, "Training curves", before,
-                               "the chart to follow the smoothing slider")
-    assert panel.find_element(By.CSS_SELECTOR, '[data-testid="stSlider"] input[type="range"]').get_attribute(
-        "value") == "0.99"
+    panel, smoothed = _redrawn(
+        browser, "Training curves", before, "the chart to follow the smoothing slider"
+    )
+    assert (
+        panel.find_element(
+            By.CSS_SELECTOR, '[data-testid="stSlider"] input[type="range"]'
+        ).get_attribute("value")
+        == "0.99"
+    )
 
-    (seed,) = [m for m in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stSidebar"] [data-testid="stMultiSelect"]')
-               if m.text.splitlines()[0].strip() == "seed"]
+    (seed,) = [
+        m
+        for m in browser.find_elements(
+            By.CSS_SELECTOR, '[data-testid="stSidebar"] [data-testid="stMultiSelect"]'
+        )
+        if m.text.splitlines()[0].strip() == "seed"
+    ]
     box = seed.find_element(By.TAG_NAME, "input")
     box.click()
     box.send_keys("0", Keys.ENTER, Keys.ESCAPE)
@@ -312,9 +396,18 @@ def test_every_tab_on_the_committed_store(committed_server, browser, tmp_path):
     texts = _screenshot_every_tab(browser, "results", tmp_path)
     for title, text in texts.items():
         assert "could not be drawn" not in text and "Traceback" not in text, title
-    assert "Gap recovery" in texts["Gap recovery"] and "Train/inference mismatch" in texts["Gap recovery"]
+    assert (
+        "Gap recovery" in texts["Gap recovery"]
+        and "Train/inference mismatch" in texts["Gap recovery"]
+    )
     assert "No run shown has BPB tables" not in texts["Gap recovery"]
-    assert "lrt fixedpoint:0.01:16" in texts["Trainer frontier"] and "exact pos@90 at 16" in texts["Trainer frontier"]
+    assert (
+        "lrt fixedpoint:0.01:16" in texts["Trainer frontier"]
+        and "exact pos@90 at 16" in texts["Trainer frontier"]
+    )
     # the dashboard opens on the most recent study, its methods in short labels
-    assert "Methods: a5_prefix at length 16" in texts["Compare"] and "Trainer frontier" in texts["Compare"]
+    assert (
+        "Methods: a5_prefix at length 16" in texts["Compare"]
+        and "Trainer frontier" in texts["Compare"]
+    )
     assert not _console_errors(browser), _console_errors(browser)

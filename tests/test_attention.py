@@ -15,7 +15,9 @@ def naive_attend(q, k, v, positions, window):
     for b in range(B):
         for i, p in enumerate(positions):
             for h in range(H):
-                keys = [j for j in range(k.size(1)) if j <= p and (window is None or p - j < window)]
+                keys = [
+                    j for j in range(k.size(1)) if j <= p and (window is None or p - j < window)
+                ]
                 s = torch.stack([q[b, i, h] @ k[b, j, h // group] for j in keys]) / math.sqrt(D)
                 w = torch.softmax(s, 0)
                 out[b, i, h] = sum(wj * v[b, j, h // group] for wj, j in zip(w, keys))
@@ -23,14 +25,14 @@ def naive_attend(q, k, v, positions, window):
 
 
 CASES = [
-    (range(0, 9), None),        # full causal: the is_causal fast path
-    (range(0, 9), 3),           # full with a sliding window
-    (range(4, 9), None),        # contiguous block ending at the last key (chunk)
-    (range(8, 9), None),        # one query at the end (decoding)
+    (range(0, 9), None),  # full causal: the is_causal fast path
+    (range(0, 9), 3),  # full with a sliding window
+    (range(4, 9), None),  # contiguous block ending at the last key (chunk)
+    (range(8, 9), None),  # one query at the end (decoding)
     (range(8, 9), 2),
-    (range(1, 9, 2), None),     # strided subset (interleaved)
+    (range(1, 9, 2), None),  # strided subset (interleaved)
     (range(0, 9, 3), 4),
-    (range(2, 3), None),        # a single query in the middle (keys beyond it are masked)
+    (range(2, 3), None),  # a single query in the middle (keys beyond it are masked)
 ]
 
 

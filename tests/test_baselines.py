@@ -1,4 +1,5 @@
-"""Loop transformer and PonderLM-2-style latent thoughts: float64, tiny models, every weight random."""
+"""Loop transformer and PonderLM-2-style latent thoughts: float64, tiny models, every weight random.
+Loop transformer and PonderLM-2-style latent thoughts: float64, tiny models, every weight random."""
 
 import pytest
 import torch
@@ -145,8 +146,8 @@ def test_ponder_few_jacobi_refinements_approximate_decoding(K):
     model = randomise(PonderLM(config(), 1, jacobi=K))
     idx = tokens()
     par, decoded = run_schedule(model, idx, None, OnePass()).logits, decode_all(model, idx)
-    assert maxdiff(par[:, :K + 1], decoded[:, :K + 1]) <= TOL
-    assert maxdiff(par[:, K + 1:], decoded[:, K + 1:]) > 1e-3
+    assert maxdiff(par[:, : K + 1], decoded[:, : K + 1]) <= TOL
+    assert maxdiff(par[:, K + 1 :], decoded[:, K + 1 :]) > 1e-3
     assert model.forward_cost == 1 + (K + 1) * 2
 
 
@@ -180,7 +181,7 @@ def test_ponder_trains_through_every_jacobi_pass():
     # back through the thoughts the init pass seeded (nothing is detached)
     logits, buf = model.stage(idx, range(0, T), model.empty_buffer(idx))
     assert len(buf.k) == 4 and buf.k[0].size(1) == 2 * T and buf.k[2].size(1) == T
-    grad, = torch.autograd.grad(logits.square().sum(), buf.k[2])
+    (grad,) = torch.autograd.grad(logits.square().sum(), buf.k[2])
     assert grad.abs().sum() > 0
 
 
@@ -193,13 +194,16 @@ def test_random_jacobi_counts_vary_in_training_only():
     assert model.forward_cost == 1 + 2.5 * 2
 
 
-@pytest.mark.parametrize("kind, cls, attrs", [
-    ("loop:3", LoopTransformer, {"n_loops": 3, "random_loops": None}),
-    ("loop:2:1-4", LoopTransformer, {"n_loops": 2, "random_loops": (1, 4)}),
-    ("ponder:1", PonderLM, {"n_thoughts": 1, "jacobi": 3, "random_jacobi": None}),
-    ("ponder:2:1", PonderLM, {"n_thoughts": 2, "jacobi": 1}),
-    ("ponder:1:2-3", PonderLM, {"n_thoughts": 1, "jacobi": 3, "random_jacobi": (2, 3)}),
-])
+@pytest.mark.parametrize(
+    "kind, cls, attrs",
+    [
+        ("loop:3", LoopTransformer, {"n_loops": 3, "random_loops": None}),
+        ("loop:2:1-4", LoopTransformer, {"n_loops": 2, "random_loops": (1, 4)}),
+        ("ponder:1", PonderLM, {"n_thoughts": 1, "jacobi": 3, "random_jacobi": None}),
+        ("ponder:2:1", PonderLM, {"n_thoughts": 2, "jacobi": 1}),
+        ("ponder:1:2-3", PonderLM, {"n_thoughts": 1, "jacobi": 3, "random_jacobi": (2, 3)}),
+    ],
+)
 def test_build_baseline_parses_kinds(kind, cls, attrs):
     model = build_baseline(kind, config())
     assert type(model) is cls and is_baseline_kind(kind) and not model.config.is_lrt
@@ -207,10 +211,19 @@ def test_build_baseline_parses_kinds(kind, cls, attrs):
         assert getattr(model, name) == value
 
 
-@pytest.mark.parametrize("kind, field", [
-    ("loop", "model"), ("loop:0", "n_loops"), ("loop:2:3", "model"), ("loop:2:3-1", "random_loops"),
-    ("ponder:0", "n_thoughts"), ("ponder:1:x", "model"), ("transformer", "model"), ("recurrent:2", "model"),
-])
+@pytest.mark.parametrize(
+    "kind, field",
+    [
+        ("loop", "model"),
+        ("loop:0", "n_loops"),
+        ("loop:2:3", "model"),
+        ("loop:2:3-1", "random_loops"),
+        ("ponder:0", "n_thoughts"),
+        ("ponder:1:x", "model"),
+        ("transformer", "model"),
+        ("recurrent:2", "model"),
+    ],
+)
 def test_bad_kinds_name_the_field(kind, field):
     with pytest.raises(ValueError, match=f"model=.*{field}" if field != "model" else "model="):
         build_baseline(kind, config())
@@ -232,11 +245,18 @@ def test_baseline_interventions_act_in_every_pass_and_match_decoding(kind):
     """The baselines' passes run the LRT's Block modules, so a hook can replace an activation: the
     same ablation gives the same logits in the parallel forward and token-by-token decoding (for
     ponder at its fixed point, K >= N T), and it changes them."""
-    model = randomise(LoopTransformer(config(), 2) if kind == "loop:2" else PonderLM(config(), 1, jacobi=T))
+    model = randomise(
+        LoopTransformer(config(), 2) if kind == "loop:2" else PonderLM(config(), 1, jacobi=T)
+    )
     idx = tokens()
     plain = run_schedule(model, idx, None, OnePass()).logits
-    with hooks(model, {"blocks.0.hook_mlp_out": zero_at(range(3, 6)),
-                       "blocks.1.attn.hook_v": lambda v, positions: 2 * v}):
+    with hooks(
+        model,
+        {
+            "blocks.0.hook_mlp_out": zero_at(range(3, 6)),
+            "blocks.1.attn.hook_v": lambda v, positions: 2 * v,
+        },
+    ):
         ablated = run_schedule(model, idx, None, OnePass()).logits
         decoded = decode_all(model, idx)
     assert maxdiff(ablated, decoded) <= TOL
@@ -244,9 +264,12 @@ def test_baseline_interventions_act_in_every_pass_and_match_decoding(kind):
 
 
 def test_ponder_capture_is_per_row_under_any_chunking():
-    """Block hooks report rows ((N+1) per token) of the passes that produce the output; the init pass
+    """Block hooks report rows ((N+1) per token) of the passes that produce the output; the init
+    pass
     over the tokens alone is not reported, so a chunked capture tiles the rows like OnePass's."""
-    model = randomise(PonderLM(config(), 1, jacobi=T))  # at the fixed point chunking changes nothing
+    model = randomise(
+        PonderLM(config(), 1, jacobi=T)
+    )  # at the fixed point chunking changes nothing
     idx = tokens()
     caps = []
     for schedule in (OnePass(), Chunked(5)):
@@ -256,22 +279,41 @@ def test_ponder_capture_is_per_row_under_any_chunking():
     assert caps[0].shape == (2, 2 * T, model.config.n_embd) and maxdiff(*caps) <= TOL
 
 
-# The model interface -------------------------------------------------------------------------------
+# The model interface
+# -------------------------------------------------------------------------------
 def _members(protocol) -> set[str]:
     """The names a Protocol declares: its annotated attributes and its methods."""
     methods = {n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_")}
     return set(protocol.__annotations__) | methods
 
 
-@pytest.mark.parametrize("build", [lambda c: LRT(c.replace(memory=MemoryConfig())), LRT,
-                                   lambda c: LoopTransformer(c, 2), lambda c: PonderLM(c, 1)],
-                         ids=["lrt", "transformer", "loop", "ponder"])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda c: LRT(c.replace(memory=MemoryConfig())),
+        LRT,
+        lambda c: LoopTransformer(c, 2),
+        lambda c: PonderLM(c, 1),
+    ],
+    ids=["lrt", "transformer", "loop", "ponder"],
+)
 def test_every_model_kind_implements_the_sequence_model_interface(build):
     from lrt_lab.core.interface import DeclaresParamRoles, SequenceModel
+
     model = build(config())
     assert isinstance(model, SequenceModel) and isinstance(model, DeclaresParamRoles)
-    assert {"config", "pathway", "stage", "empty_buffer", "new_decode_cache", "exact_split", "forward_cost",
-            "forwards_per_token", "has_sequential_decoding", "param_roles"} <= _members(SequenceModel)
+    assert {
+        "config",
+        "pathway",
+        "stage",
+        "empty_buffer",
+        "new_decode_cache",
+        "exact_split",
+        "forward_cost",
+        "forwards_per_token",
+        "has_sequential_decoding",
+        "param_roles",
+    } <= _members(SequenceModel)
     missing = [name for name in _members(SequenceModel) if not hasattr(model, name)]
     assert not missing
     assert isinstance(model.forward_cost, float) and isinstance(model.forwards_per_token, int)
@@ -281,7 +323,8 @@ def test_every_model_kind_implements_the_sequence_model_interface(build):
 
 
 def test_no_getattr_or_hasattr_reads_a_model_member():
-    """Callers read the interface's members plainly (lrt_lab/core/interface.py): a getattr/hasattr on a
+    """Callers read the interface's members plainly (lrt_lab/core/interface.py): a getattr/hasattr
+    on a
     model, or on one of the interface's member names, would bring the duck typing back."""
     import re
     from pathlib import Path
@@ -290,7 +333,9 @@ def test_no_getattr_or_hasattr_reads_a_model_member():
 
     root = Path(__file__).resolve().parents[1]
     names = _members(SequenceModel) | _members(Task) | _members(Schedule)
-    call = re.compile(r"\b(?:getattr|hasattr)\(\s*([^,()]+(?:\([^()]*\))?[^,()]*),\s*['\"](\w+)['\"]")
+    call = re.compile(
+        r"\b(?:getattr|hasattr)\(\s*([^,()]+(?:\([^()]*\))?[^,()]*),\s*['\"](\w+)['\"]"
+    )
     found = []
     for path in sorted([*(root / "lrt_lab").rglob("*.py"), *(root / "scale").rglob("*.py")]):
         for n, line in enumerate(path.read_text().splitlines(), 1):

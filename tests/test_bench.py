@@ -28,8 +28,17 @@ from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import Chunked, Exact, Interleaved, OnePass, StagedSchedule
 
 RATIO_KEYS = {
-    "train_ratio": {"interleaved_2", "interleaved_4", "fullseq_1", "fullseq_3", "chunked_64", "exact", "fixedpoint",
-                    "rollout_1", "rollout_2"},
+    "train_ratio": {
+        "interleaved_2",
+        "interleaved_4",
+        "fullseq_1",
+        "fullseq_3",
+        "chunked_64",
+        "exact",
+        "fixedpoint",
+        "rollout_1",
+        "rollout_2",
+    },
     "prefill_ratio": {"onepass", "interleaved_2", "exact"},
     "decode_throughput_ratio": {"batch_1", "batch_N"},
 }
@@ -55,8 +64,23 @@ def _parse(argv):
 
 def test_bench_tiny_writes_valid_json(tmp_path, capsys):
     path = tmp_path / "bench.json"
-    args = _parse(["--device", "cpu", "--preset", "tiny", "--repeats", "1", "--warmup", "0",
-                   "--json", str(path), "--quiet", "--threads", "1"])
+    args = _parse(
+        [
+            "--device",
+            "cpu",
+            "--preset",
+            "tiny",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--json",
+            str(path),
+            "--quiet",
+            "--threads",
+            "1",
+        ]
+    )
     assert bench.run(args) == 0
     table = capsys.readouterr().out
     assert "interleaved_2" in table and "decoding" in table
@@ -70,7 +94,9 @@ def test_bench_tiny_writes_valid_json(tmp_path, capsys):
     assert all(_positive_finite(v) for v in _numbers(absolute)), absolute
     assert result["settings"]["prompt_len"] == 16  # the tiny preset shrinks the 1,024-token prompt
     used = result["sweeps_used"]["fixedpoint"]
-    assert used["spec"] == "fixedpoint:0.01:8" and len(used["samples"]) == 1  # one repeat, no warm-up
+    assert (
+        used["spec"] == "fixedpoint:0.01:8" and len(used["samples"]) == 1
+    )  # one repeat, no warm-up
     assert all(1 <= k <= 8 for k in used["samples"]) and "sweeps used" in table
     for key, spec in (("rollout_1", "rollout:1"), ("rollout_2", "rollout:2")):
         share = result["rollout_share"][key]
@@ -82,31 +108,45 @@ def test_bench_tiny_writes_valid_json(tmp_path, capsys):
 @pytest.mark.slow
 def test_bench_runs_at_the_a5_study_shape():
     """--seq-len 16 --batch-size 256 (the A5 study's shape) on the bench preset's model."""
-    result = bench.run_bench("cpu", "cpu", seq_len=16, batch_size=256, prompt_len=16, decode_batch=2,
-                              decode_steps=1, repeats=1, warmup=0, threads=1)
+    result = bench.run_bench(
+        "cpu",
+        "cpu",
+        seq_len=16,
+        batch_size=256,
+        prompt_len=16,
+        decode_batch=2,
+        decode_steps=1,
+        repeats=1,
+        warmup=0,
+        threads=1,
+    )
     assert result["settings"]["seq_len"] == 16 and result["settings"]["batch_size"] == 256
     assert result["settings"]["exact_seq_len"] == 16
     assert all(_positive_finite(v) for v in result["train_ratio"].values())
 
 
 def test_run_bench_from_python_returns_the_same_layout():
-    result = bench.run_bench("cpu", "tiny", repeats=1, warmup=0, decode_batch=1, decode_steps=2,
-                              threads=1)
+    result = bench.run_bench(
+        "cpu", "tiny", repeats=1, warmup=0, decode_batch=1, decode_steps=2, threads=1
+    )
     for group, keys in RATIO_KEYS.items():
         assert set(result[group]) == keys
     assert result["settings"]["decode_batch_N"] == 1
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(device="tpu"), "device"),
-    (dict(preset="d99"), "preset"),
-    (dict(repeats=0), "repeats"),
-    (dict(warmup=-1), "warmup"),
-    (dict(seq_len=2), "seq_len"),
-    (dict(batch_size=0), "batch_size"),
-    (dict(prompt_len=1), "prompt_len"),
-    (dict(exact_seq_len=64), "exact_seq_len"),  # longer than the tiny preset's T=16
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(device="tpu"), "device"),
+        (dict(preset="d99"), "preset"),
+        (dict(repeats=0), "repeats"),
+        (dict(warmup=-1), "warmup"),
+        (dict(seq_len=2), "seq_len"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(prompt_len=1), "prompt_len"),
+        (dict(exact_seq_len=64), "exact_seq_len"),  # longer than the tiny preset's T=16
+    ],
+)
 def test_bad_arguments_name_the_field(kwargs, field):
     kwargs = {"preset": "tiny", **kwargs}
     with pytest.raises(ValueError, match=rf"^{field}="):
@@ -115,7 +155,9 @@ def test_bad_arguments_name_the_field(kwargs, field):
 
 def test_cuda_without_cuda_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ValueError, match=r"device='cuda' is invalid; allowed: cpu \(CUDA is not available\)"):
+    with pytest.raises(
+        ValueError, match=r"device='cuda' is invalid; allowed: cpu \(CUDA is not available\)"
+    ):
         bench.run_bench(device="cuda", preset="tiny")
 
 
@@ -125,6 +167,7 @@ def test_cli_reports_bad_arguments_as_exit_code_2(capsys):
 
 
 # Schedules added to the default training cases ----------------------------------------------------
+
 
 @dataclasses.dataclass
 class HalvesMeasured(Measured):
@@ -157,7 +200,8 @@ class Halves(StagedSchedule):
 
 @pytest.fixture
 def halves():
-    """Halves registered as `halves:R` for one test only (other tests list the built-in spellings)."""
+    """Halves registered as `halves:R` for one test only (other tests list the built-in spellings).
+    Halves registered as `halves:R` for one test only (other tests list the built-in spellings)."""
     register_schedule("halves:R")(Halves)
     yield Halves
     del SCHEDULES["halves"]
@@ -165,8 +209,17 @@ def halves():
 
 def test_bench_times_a_schedule_registered_in_the_users_own_file(halves, tmp_path):
     path, table = tmp_path / "bench.json", io.StringIO()
-    result = bench.run_bench("cpu", "tiny", repeats=1, warmup=0, decode_steps=1, threads=1,
-                             schedules=[halves(2), "halves:1"], json_path=path, out=table)
+    result = bench.run_bench(
+        "cpu",
+        "tiny",
+        repeats=1,
+        warmup=0,
+        decode_steps=1,
+        threads=1,
+        schedules=[halves(2), "halves:1"],
+        json_path=path,
+        out=table,
+    )
     written = json.loads(path.read_text())
     assert list(written["train_ratio"]) == list(result["train_ratio"])
     assert set(written["train_ratio"]) == RATIO_KEYS["train_ratio"] | {"halves:2", "halves:1"}
@@ -178,7 +231,9 @@ def test_bench_times_a_schedule_registered_in_the_users_own_file(halves, tmp_pat
         assert len(written["samples_ms"][f"train.{key}"]) == 1
         assert written["sweeps_used"][key] == {"spec": key, "median": sweeps, "samples": [sweeps]}
         assert written["settings"]["schedules"][key] == {"seq_len": 16, "warmup": 0, "repeats": 1}
-        assert f"  {key} " in table.getvalue() and f"sweeps used: median {sweeps}" in table.getvalue()
+        assert (
+            f"  {key} " in table.getvalue() and f"sweeps used: median {sweeps}" in table.getvalue()
+        )
     assert "| train halves:2 |" in bench.markdown_table([("bench.json", written)])
 
 
@@ -186,29 +241,74 @@ def test_cli_adds_builtin_spellings_to_the_default_cases(tmp_path, capsys):
     """A comma between fullseq's weights stays in its spelling; chunked:1 runs one position per
     stage, so it trains at --exact-seq-len, as Exact does."""
     path = tmp_path / "bench.json"
-    args = _parse(["--device", "cpu", "--preset", "tiny", "--repeats", "1", "--warmup", "0",
-                   "--decode-steps", "1", "--exact-seq-len", "8", "--json", str(path), "--quiet",
-                   "--threads", "1", "--schedules", "interleaved:3,fullseq:2:1,1,2", "--schedules", "chunked:1"])
+    args = _parse(
+        [
+            "--device",
+            "cpu",
+            "--preset",
+            "tiny",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--decode-steps",
+            "1",
+            "--exact-seq-len",
+            "8",
+            "--json",
+            str(path),
+            "--quiet",
+            "--threads",
+            "1",
+            "--schedules",
+            "interleaved:3,fullseq:2:1,1,2",
+            "--schedules",
+            "chunked:1",
+        ]
+    )
     assert bench.run(args) == 0
     table = capsys.readouterr().out
     result = json.loads(path.read_text())
     added = ["interleaved:3", "fullseq:2:1,1,2", "chunked:1"]
     assert list(result["train_ratio"]) == [*bench.TRAIN_CASES, *added]
     assert all(_positive_finite(result["train_ratio"][key]) for key in added), result["train_ratio"]
-    assert {key: s["seq_len"] for key, s in result["settings"]["schedules"].items()} == \
-        {"interleaved:3": 16, "fullseq:2:1,1,2": 16, "chunked:1": 8}
-    assert "  interleaved:3 " in table and "  fullseq:2:1,1,2 " in table and "  chunked:1 (T=8) " in table
+    assert {key: s["seq_len"] for key, s in result["settings"]["schedules"].items()} == {
+        "interleaved:3": 16,
+        "fullseq:2:1,1,2": 16,
+        "chunked:1": 8,
+    }
+    assert (
+        "  interleaved:3 " in table
+        and "  fullseq:2:1,1,2 " in table
+        and "  chunked:1 (T=8) " in table
+    )
     assert "| train chunked:1 | " in bench.markdown_table([("bench.json", result)])
-    assert "schedules" not in bench.run_bench("cpu", "tiny", repeats=1, warmup=0, decode_steps=1,
-                                              threads=1)["settings"]  # the default layout as before
+    assert (
+        "schedules"
+        not in bench.run_bench("cpu", "tiny", repeats=1, warmup=0, decode_steps=1, threads=1)[
+            "settings"
+        ]
+    )  # the default layout as before
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("interleaved:3,nope:2", "schedule='nope:2' is invalid; allowed: onepass, interleaved:S"),
-    ("interleaved:99", "schedules='interleaved:99' is invalid; allowed: a schedule that runs at T=16"),
-    ("interleaved:2", "schedules='interleaved:2' is invalid; allowed: a schedule not timed already"),
-    ("chunked:8,chunked:8", "schedules='chunked:8' is invalid; allowed: a schedule not timed already"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("interleaved:3,nope:2", "schedule='nope:2' is invalid; allowed: onepass, interleaved:S"),
+        (
+            "interleaved:99",
+            "schedules='interleaved:99' is invalid; allowed: a schedule that runs at T=16",
+        ),
+        (
+            "interleaved:2",
+            "schedules='interleaved:2' is invalid; allowed: a schedule not timed already",
+        ),
+        (
+            "chunked:8,chunked:8",
+            "schedules='chunked:8' is invalid; allowed: a schedule not timed already",
+        ),
+    ],
+)
 def test_cli_refuses_a_bad_schedule_before_timing_anything(spec, message, monkeypatch, capsys):
     timed = []
     monkeypatch.setattr(bench, "_run_cases", lambda cases, *rest: timed.append(cases))
@@ -242,8 +342,15 @@ def test_performance_page_shows_the_committed_bench_json():
 
 
 def test_bench_table_renders_a_fresh_result_and_needs_its_markers(tmp_path):
-    result = bench.run_bench("cpu", "tiny", repeats=1, warmup=0, decode_steps=1, threads=1,
-                              json_path=tmp_path / "tiny.json")
+    result = bench.run_bench(
+        "cpu",
+        "tiny",
+        repeats=1,
+        warmup=0,
+        decode_steps=1,
+        threads=1,
+        json_path=tmp_path / "tiny.json",
+    )
     table = bench.markdown_table(bench.load_results(tmp_path))
     assert "`tiny.json`" in table and "train rollout:1" in table
     assert f"{result['train_ratio']['interleaved_2']:.2f}x" in table
@@ -254,11 +361,15 @@ def test_bench_table_renders_a_fresh_result_and_needs_its_markers(tmp_path):
         bench.replace_table("no markers here", table)
 
 
-# The performance work's fast paths (lrt_lab.core.model/buffer/attention), beyond what test_core holds --
+# The performance work's fast paths (lrt_lab.core.model/buffer/attention), beyond what test_core
+# holds --
+
 
 def _model(memory=MemoryConfig(), seed=0):  # noqa: B008 (a frozen dataclass)
     torch.manual_seed(seed)
-    model = LRT(preset("tiny", memory=memory, n_layer=3, window_pattern="SL", short_window=4)).double()
+    model = LRT(
+        preset("tiny", memory=memory, n_layer=3, window_pattern="SL", short_window=4)
+    ).double()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.4)
@@ -268,15 +379,19 @@ def _model(memory=MemoryConfig(), seed=0):  # noqa: B008 (a frozen dataclass)
 def test_shifted_rows_matches_a_loop_with_gradients():
     for n_rows in (1, 2, 7):
         mem = torch.randn(2, n_rows, 3, dtype=torch.float64, requires_grad=True)
-        for start, stop, step, shift in itertools.product(range(9), range(12), range(1, 5), range(5)):
+        for start, stop, step, shift in itertools.product(
+            range(9), range(12), range(1, 5), range(5)
+        ):
             P = range(start, stop, step)
             got = shifted_rows(mem, P, shift)
-            rows = [mem[:, t - shift] if 0 <= t - shift < n_rows else mem.new_zeros(2, 3) for t in P]
+            rows = [
+                mem[:, t - shift] if 0 <= t - shift < n_rows else mem.new_zeros(2, 3) for t in P
+            ]
             want = torch.stack(rows, 1) if rows else mem.new_zeros(2, 0, 3)
             assert got.shape == want.shape and torch.equal(got, want), (P, shift)
             if got.requires_grad and want.requires_grad:
-                g1, = torch.autograd.grad((got * got).sum(), mem)
-                g2, = torch.autograd.grad((want * want).sum(), mem)
+                (g1,) = torch.autograd.grad((got * got).sum(), mem)
+                (g2,) = torch.autograd.grad((want * want).sum(), mem)
                 assert torch.equal(g1, g2)
 
 
@@ -342,13 +457,17 @@ def test_no_grad_appends_grow_in_place_without_corrupting_branches():
     other = torch.randint(0, 64, (2, 3), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         _, b1 = model.stage(idx[:, :3], range(0, 3), model.empty_buffer(idx))
-        _, b2 = model.stage(idx[:, 3:6], range(3, 6), b1)   # storage allocated here
-        _, b3 = model.stage(idx[:, 6:9], range(6, 9), b2)   # grows in place
+        _, b2 = model.stage(idx[:, 3:6], range(3, 6), b1)  # storage allocated here
+        _, b3 = model.stage(idx[:, 6:9], range(6, 9), b2)  # grows in place
         k3, mem3 = b3.k[1].clone(), b3.mem.clone()
-        branch, _ = model.stage(other, range(6, 9), b2)     # another continuation of b2
+        branch, _ = model.stage(other, range(6, 9), b2)  # another continuation of b2
     assert torch.equal(b3.k[1], k3) and torch.equal(b3.mem, mem3)
-    _, r2 = model.stage(idx[:, 3:6], range(3, 6), model.stage(idx[:, :3], range(0, 3), model.empty_buffer(idx))[1])
+    _, r2 = model.stage(
+        idx[:, 3:6], range(3, 6), model.stage(idx[:, :3], range(0, 3), model.empty_buffer(idx))[1]
+    )
     want_branch, _ = model.stage(other, range(6, 9), r2)
     assert (branch - want_branch).abs().max() < 1e-12
     chunked = run_schedule(model, idx, None, Chunked(3)).buffer
-    assert (b3.k[1] - chunked.k[1]).abs().max() < 1e-12 and (b3.mem - chunked.mem).abs().max() < 1e-12
+    assert (b3.k[1] - chunked.k[1]).abs().max() < 1e-12 and (
+        b3.mem - chunked.mem
+    ).abs().max() < 1e-12

@@ -1,4 +1,5 @@
-"""The core's invariants (docs/design.md), in float64 on tiny random models with every pathway active."""
+"""The core's invariants (docs/design.md), in float64 on tiny random models with every pathway
+active."""
 
 import dataclasses
 import math
@@ -33,8 +34,9 @@ def test_limits_coincide(name):
     assert maxdiff(run_schedule(model, idx, None, Chunked(chunk)).logits, exact) <= TOL
 
 
-@pytest.mark.parametrize("name", ["default", "source1_lag2", "layerwise", "averages", "keys_replace",
-                                  "reset_at_bos"])
+@pytest.mark.parametrize(
+    "name", ["default", "source1_lag2", "layerwise", "averages", "keys_replace", "reset_at_bos"]
+)
 def test_exact_matches_naive_reference(name):
     model = make_model(CONFIGS[name])
     idx = tokens(B=1, T=7)
@@ -43,10 +45,13 @@ def test_exact_matches_naive_reference(name):
 
 
 @pytest.mark.parametrize("name", ["default", "source1_lag2", "layerwise", "averages", "kv_only"])
-@pytest.mark.parametrize("sched", [Interleaved(2), Interleaved(3), FullSequence(1), FullSequence(2, (0.1, 0.3, 0.6)),
-                                   Chunked(3)])
+@pytest.mark.parametrize(
+    "sched",
+    [Interleaved(2), Interleaved(3), FullSequence(1), FullSequence(2, (0.1, 0.3, 0.6)), Chunked(3)],
+)
 def test_parallel_schedules_match_naive_and_differ_from_exact(name, sched):
-    """The approximations are real (they differ from Exact) and are exactly what the paper defines."""
+    """The approximations are real (they differ from Exact) and are exactly what the paper defines.
+    The approximations are real (they differ from Exact) and are exactly what the paper defines."""
     model = make_model(CONFIGS[name])
     idx = tokens(B=2, T=8)
     targets = tokens(B=2, T=8, seed=7)
@@ -67,10 +72,13 @@ def test_parallel_schedules_match_naive_and_differ_from_exact(name, sched):
     assert abs(out.loss.item() - float(expected)) <= 1e-9
 
 
-@pytest.mark.parametrize("name", ["default", "source1_lag2", "averages", "keys_replace", "reset_at_bos"])
+@pytest.mark.parametrize(
+    "name", ["default", "source1_lag2", "averages", "keys_replace", "reset_at_bos"]
+)
 def test_exact_defers_the_blocks_above_the_source_layer(name):
     """run_schedule's Exact runs blocks 1..source_layer per position and the rest in one parallel
-    stage; logits, loss and every gradient equal the plain per-position loop over the whole stack."""
+    stage; logits, loss and every gradient equal the plain per-position loop over the whole
+    stack."""
     model = make_model(CONFIGS[name])
     split = model.exact_split(1)
     assert split == model.config.source_layer < model.config.n_layer
@@ -79,9 +87,9 @@ def test_exact_defers_the_blocks_above_the_source_layer(name):
     out = run_schedule(model, idx, targets, Exact())
     grads = torch.autograd.grad(out.loss, list(model.parameters()), allow_unused=True)
 
-    buf, parts = model.empty_buffer(idx), []   # the unsplit loop, written out
+    buf, parts = model.empty_buffer(idx), []  # the unsplit loop, written out
     for t in range(T):
-        logits_t, buf = model.stage(idx[:, t:t + 1], range(t, t + 1), buf)
+        logits_t, buf = model.stage(idx[:, t : t + 1], range(t, t + 1), buf)
         parts.append(logits_t)
     loop = torch.cat(parts, dim=1)
     loop_loss = naive_cross_entropy(loop, targets)
@@ -92,7 +100,8 @@ def test_exact_defers_the_blocks_above_the_source_layer(name):
         assert (g is None) == (want is None), n
         if g is not None:
             assert maxdiff(g, want) <= 1e-9, n
-    # chunks up to the nearest row read split too (memory never crosses inside them); longer ones must not
+    # chunks up to the nearest row read split too (memory never crosses inside them); longer ones
+    # must not
     chunk = CONFIGS[name].exact_chunk
     assert model.exact_split(chunk) == split and model.exact_split(chunk + 1) is None
     # the split never applies to a model whose source is its top block
@@ -106,8 +115,13 @@ def test_stage_layer_ranges_are_checked():
     buf = model.empty_buffer(idx)
     x, _ = model.stage(idx, range(0, T), buf, layers=range(0, 2))
     assert x.shape == (2, T, model.config.n_embd)
-    for layers, resid in ((range(0, 4), None), (range(2, 2), x), (range(0, 3, 2), None), (range(1, 3), None),
-                          (range(0, 3), x)):
+    for layers, resid in (
+        (range(0, 4), None),
+        (range(2, 2), x),
+        (range(0, 3, 2), None),
+        (range(1, 3), None),
+        (range(0, 3), x),
+    ):
         with pytest.raises(ValueError, match="layers|resid"):
             model.stage(idx, range(0, T), buf, layers=layers, resid=resid)
 
@@ -171,7 +185,9 @@ def test_hooks_expose_memory_flow():
     out = run_schedule(model, idx, None, Exact(), cache=cache)
     assert maxdiff(cache["hook_mem_in"][:, 1:], cache["hook_mem_out"][:, :-1]) <= TOL
     assert cache["hook_mem_in"][:, 0].abs().max() == 0
-    assert maxdiff(cache["hook_mem_out"], cache["blocks.1.hook_resid_post"]) <= TOL  # source layer 2 (1-based)
+    assert (
+        maxdiff(cache["hook_mem_out"], cache["blocks.1.hook_resid_post"]) <= TOL
+    )  # source layer 2 (1-based)
     for l in range(model.config.n_layer):
         for hook in ("resid_pre", "resid_post", "attn_out", "mlp_out", "mem_in"):
             assert cache[f"blocks.{l}.hook_{hook}"].shape == (2, T, model.config.n_embd)
@@ -230,39 +246,49 @@ def test_param_groups_partition_parameters():
     ids = [id(p) for ps in groups.values() for p in ps]
     assert len(ids) == len(set(ids)) == len(list(model.parameters()))
     assert all(p.ndim == 2 for p in groups["matrix"])
-    for p in (model.pathway.k_rec[0].weight, model.pathway.q_rec[0].weight, model.pathway.gates[0].weight,
-              model.blocks[0].attn.ve_gate.weight):
+    for p in (
+        model.pathway.k_rec[0].weight,
+        model.pathway.q_rec[0].weight,
+        model.pathway.gates[0].weight,
+        model.blocks[0].attn.ve_gate.weight,
+    ):
         assert any(p is q for q in groups["matrix"])  # Muon gets W_rec and the gate matrices
     assert any(p is model.pathway.gamma for p in groups["scalar"])
 
 
-@pytest.mark.parametrize("make, field", [
-    (lambda: MemoryConfig(source_layer=0), "memory.source_layer"),
-    (lambda: preset("tiny", memory=MemoryConfig(source_layer=3)), "memory.source_layer"),
-    (lambda: preset("tiny", memory=MemoryConfig(source_layer=1, source_avg=2)), "memory.source_avg"),
-    (lambda: MemoryConfig(lag=0), "memory.lag"),
-    (lambda: MemoryConfig(kv="queries"), "memory.kv"),
-    (lambda: MemoryConfig(kv_mode="mul"), "memory.kv_mode"),
-    (lambda: MemoryConfig(projections="tied"), "memory.projections"),
-    (lambda: MemoryConfig(residual=False, kv="none"), "memory.kv"),
-    (lambda: MemoryConfig(rec_init="normal"), "memory.rec_init"),
-    (lambda: preset("tiny", memory=MemoryConfig(reset_memory_at_bos=True)), "bos_token_id"),
-    (lambda: ModelConfig(n_embd=30, n_head=4), "n_head"),
-    (lambda: ModelConfig(n_head=6, n_kv_head=4), "n_kv_head"),
-    (lambda: ModelConfig(window_pattern="SXL"), "window_pattern"),
-    (lambda: ModelConfig(vocab_size=0), "vocab_size"),
-    (lambda: ModelConfig(softcap=-1.0), "softcap"),
-    (lambda: preset("d99"), "preset"),
-    (lambda: Interleaved(0), "Interleaved.S"),
-    (lambda: Interleaved(5).stages(4), "Interleaved.S"),
-    (lambda: Chunked(0), "Chunked.C"),
-    (lambda: FullSequence(-1), "FullSequence.K"),
-    (lambda: FullSequence(2, (0.5, 0.5)), "FullSequence.weights"),
-    (lambda: FullSequence(1, (-1.0, 2.0)), "FullSequence.weights"),
-    (lambda: parse_schedule("interleaved:x"), "schedule"),
-    (lambda: parse_schedule("zigzag:2"), "schedule"),
-    (lambda: ModelConfig.from_dict({"n_layers": 3}), "config"),
-])
+@pytest.mark.parametrize(
+    "make, field",
+    [
+        (lambda: MemoryConfig(source_layer=0), "memory.source_layer"),
+        (lambda: preset("tiny", memory=MemoryConfig(source_layer=3)), "memory.source_layer"),
+        (
+            lambda: preset("tiny", memory=MemoryConfig(source_layer=1, source_avg=2)),
+            "memory.source_avg",
+        ),
+        (lambda: MemoryConfig(lag=0), "memory.lag"),
+        (lambda: MemoryConfig(kv="queries"), "memory.kv"),
+        (lambda: MemoryConfig(kv_mode="mul"), "memory.kv_mode"),
+        (lambda: MemoryConfig(projections="tied"), "memory.projections"),
+        (lambda: MemoryConfig(residual=False, kv="none"), "memory.kv"),
+        (lambda: MemoryConfig(rec_init="normal"), "memory.rec_init"),
+        (lambda: preset("tiny", memory=MemoryConfig(reset_memory_at_bos=True)), "bos_token_id"),
+        (lambda: ModelConfig(n_embd=30, n_head=4), "n_head"),
+        (lambda: ModelConfig(n_head=6, n_kv_head=4), "n_kv_head"),
+        (lambda: ModelConfig(window_pattern="SXL"), "window_pattern"),
+        (lambda: ModelConfig(vocab_size=0), "vocab_size"),
+        (lambda: ModelConfig(softcap=-1.0), "softcap"),
+        (lambda: preset("d99"), "preset"),
+        (lambda: Interleaved(0), "Interleaved.S"),
+        (lambda: Interleaved(5).stages(4), "Interleaved.S"),
+        (lambda: Chunked(0), "Chunked.C"),
+        (lambda: FullSequence(-1), "FullSequence.K"),
+        (lambda: FullSequence(2, (0.5, 0.5)), "FullSequence.weights"),
+        (lambda: FullSequence(1, (-1.0, 2.0)), "FullSequence.weights"),
+        (lambda: parse_schedule("interleaved:x"), "schedule"),
+        (lambda: parse_schedule("zigzag:2"), "schedule"),
+        (lambda: ModelConfig.from_dict({"n_layers": 3}), "config"),
+    ],
+)
 def test_invalid_input_names_the_field(make, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         make()
@@ -284,7 +310,14 @@ def test_bad_runtime_inputs_are_rejected():
 
 
 def test_schedule_specs_round_trip():
-    for spec in ("onepass", "interleaved:2", "fullseq:3", "fullseq:2:0.1,0.3,0.6", "chunked:64", "exact"):
+    for spec in (
+        "onepass",
+        "interleaved:2",
+        "fullseq:3",
+        "fullseq:2:0.1,0.3,0.6",
+        "chunked:64",
+        "exact",
+    ):
         assert parse_schedule(spec).spec == spec
 
 
@@ -312,19 +345,24 @@ def test_same_seed_gives_the_same_backbone_with_or_without_memory():
         assert torch.equal(p, lrt_state[name]), name
 
 
-@pytest.mark.parametrize("temperature, top_k", [(1.0, None), (0.5, None), (2.0, 3), (0.7, 1), (1.3, 5)])
+@pytest.mark.parametrize(
+    "temperature, top_k", [(1.0, None), (0.5, None), (2.0, 3), (0.7, 1), (1.3, 5)]
+)
 def test_sampling_draws_from_the_tempered_top_k_distribution(temperature, top_k):
     """sample_next over many rows of the same logits: tokens outside the top k never appear, and
     each token's frequency is within 5 standard errors of softmax(logits / temperature) restricted
     to the top k (written out here by sorting, not with topk)."""
     from lrt_lab.run.decode import sample_next
+
     logits = torch.tensor([2.0, -1.0, 0.5, 1.5, -0.3, 0.0, 1.0, -2.0])
     n = 40_000
     draws = sample_next(logits.expand(n, -1), temperature, top_k, torch.Generator().manual_seed(0))
     freq = torch.bincount(draws, minlength=8).double() / n
-    keep = sorted(range(8), key=lambda i: -logits[i].item())[:top_k or 8]
-    weights = torch.tensor([math.exp(logits[i].item() / temperature) if i in keep else 0.0 for i in range(8)],
-                           dtype=torch.float64)
+    keep = sorted(range(8), key=lambda i: -logits[i].item())[: top_k or 8]
+    weights = torch.tensor(
+        [math.exp(logits[i].item() / temperature) if i in keep else 0.0 for i in range(8)],
+        dtype=torch.float64,
+    )
     p = weights / weights.sum()
     assert (freq[p == 0] == 0).all()
     se = (p * (1 - p) / n).sqrt()
@@ -335,8 +373,10 @@ def test_a_checkpoint_saved_as_model_memory_loads_into_the_pathway():
     """State dicts written while the pathway was `model.memory` keep loading: their `memory.*` keys
     land on `pathway.*`, weight for weight."""
     model = make_model(MemoryConfig())
-    old = {("memory." + k[len("pathway."):] if k.startswith("pathway.") else k): v
-           for k, v in model.state_dict().items()}
+    old = {
+        ("memory." + k[len("pathway.") :] if k.startswith("pathway.") else k): v
+        for k, v in model.state_dict().items()
+    }
     assert any(k.startswith("memory.") for k in old)
     fresh = make_model(MemoryConfig(), seed=1)
     assert fresh.load_state_dict(old).missing_keys == []
@@ -351,12 +391,14 @@ def test_the_forward_reaches_the_attention_kernel_in_six_project_frames(memory, 
     import traceback
 
     import torch.nn.functional as F
+
     seen = []
     sdpa = F.scaled_dot_product_attention
 
     def spy(*args, **kwargs):
         seen.append([f.name for f in traceback.extract_stack() if "/lrt_lab/" in f.filename])
         return sdpa(*args, **kwargs)
+
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     model = make_model(memory)
     logits, loss = model(tokens(), tokens(seed=2))

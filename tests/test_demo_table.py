@@ -26,11 +26,17 @@ REPO = Path(__file__).resolve().parent.parent
 TOUR = REPO / "docs" / "tour.md"
 README = REPO / "README.md"
 # The run a column shows -> its heading in the tour
-COLUMNS = {"demo-transformer": "transformer", "demo-lrt-interleaved2": "LRT, Interleaved(2)",
-           "demo-lrt-fullseq3": "LRT, FullSequence(3)"}
+COLUMNS = {
+    "demo-transformer": "transformer",
+    "demo-lrt-interleaved2": "LRT, Interleaved(2)",
+    "demo-lrt-fullseq3": "LRT, FullSequence(3)",
+}
 # The tour's wording of a row -> the demo's
-WORDING = {"pos@90, parallel forward": "pos@90 parallel",
-           "pos@90, exact recurrent decoding": "pos@90 exact", "L = ": "L="}
+WORDING = {
+    "pos@90, parallel forward": "pos@90 parallel",
+    "pos@90, exact recurrent decoding": "pos@90 exact",
+    "L = ": "L=",
+}
 
 
 def number_format(cell: str) -> str:
@@ -54,14 +60,15 @@ def tour_excerpt() -> tuple[list[str], dict[str, tuple[list[str], int]], set[str
     decimals: the most any cell of the tour's row shows, the rounding every cell keeps to (one
     cell alone may show fewer: 1.0 beside 0.844)."""
     text = TOUR.read_text()
-    section = text[text.index("\n## The demo\n"):]
-    section = section[:section.index("\n## ", 1)]
+    section = text[text.index("\n## The demo\n") :]
+    section = section[: section.index("\n## ", 1)]
     lines = [line for line in section.splitlines() if line.startswith("|")]
     assert len(lines) > 2, "docs/tour.md's 'The demo' has no table"
 
     def cells(line):
         parts = re.split(r"(?<!\\)\|", line.strip())[1:-1]
         return [part.strip().replace("\\|", "|") for part in parts]
+
     heading, rows = cells(lines[0])[1:], {}
     for line in lines[2:]:  # after the heading and the |---| line
         label, *values = cells(line)
@@ -75,7 +82,7 @@ def tour_excerpt() -> tuple[list[str], dict[str, tuple[list[str], int]], set[str
         split = [value.replace("**", "").split(" / ") for value in values]
         assert all(len(s) == len(keys) for s in split), f"{line!r}: a value for each of {keys}"
         for i, key in enumerate(keys):
-            label_i = label[:listed.start()] + key + label[listed.end():]
+            label_i = label[: listed.start()] + key + label[listed.end() :]
             rows[label_i] = [s[i] for s in split], decimals(values)
     prose = " ".join(section.split())
     left_out = re.search(r"accuracy at positions (\d+(?:(?:, | and )\d+)*) left out", prose)
@@ -90,7 +97,7 @@ def printed_table(out: str) -> tuple[list[str], dict[str, list[str]]]:
     start = next(i for i, line in enumerate(lines) if line.startswith(" ") and "demo-" in line)
     end = lines.index("", start)
     columns, rows = lines[start].split(), {}
-    for line in lines[start + 1:end]:
+    for line in lines[start + 1 : end]:
         label, *values = re.split(r" {2,}", line.rstrip())
         assert len(values) == len(columns), f"not one cell a column: {line!r}"
         rows[label] = values
@@ -101,10 +108,19 @@ def printed_table(out: str) -> tuple[list[str], dict[str, list[str]]]:
 def printed(tmp_path_factory):
     """What run_demo prints, every run cut to 2 steps of 8 sequences and 16 evaluated a length:
     accuracies of k/16 (0.0625, 0.1875...) show whether the table rounds them."""
+
     def small(quick=False):
-        return [dataclasses.replace(cfg, steps=2, batch_size=8, eval_size=16,
-                                    task_options={**cfg.task_options, "curriculum_steps": 1})
-                for cfg in full(quick)]
+        return [
+            dataclasses.replace(
+                cfg,
+                steps=2,
+                batch_size=8,
+                eval_size=16,
+                task_options={**cfg.task_options, "curriculum_steps": 1},
+            )
+            for cfg in full(quick)
+        ]
+
     full = demo.demo_configs
     out = tmp_path_factory.mktemp("demo")
     with pytest.MonkeyPatch.context() as patch:
@@ -123,7 +139,8 @@ def test_the_demo_prints_the_columns_and_rows_the_tour_shows(printed):
     assert left_out <= set(rows), f"the tour says it leaves out rows the demo lacks: {left_out}"
     assert set(tour_rows) == set(rows) - left_out, (
         f"only in the tour: {sorted(set(tour_rows) - set(rows))}; "
-        f"only printed: {sorted(set(rows) - left_out - set(tour_rows))}")
+        f"only printed: {sorted(set(rows) - left_out - set(tour_rows))}"
+    )
 
 
 def test_each_printed_cell_has_the_number_format_the_tour_shows(printed):
@@ -138,9 +155,11 @@ def test_each_printed_cell_has_the_number_format_the_tour_shows(printed):
 def test_the_readme_describes_the_same_table():
     text = " ".join(README.read_text().split())
     assert demo.EVAL_LENGTHS == tuple(k * demo.TRAIN_LENGTH for k in (1, 2, 4))
-    assert ("at 1x, 2x and 4x the training length, with the training schedule's parallel forward "
-            "and with exact recurrent decoding ([docs/tour.md](docs/tour.md#the-demo) shows what "
-            "it printed)") in text
+    assert (
+        "at 1x, 2x and 4x the training length, with the training schedule's parallel forward "
+        "and with exact recurrent decoding ([docs/tour.md](docs/tour.md#the-demo) shows what "
+        "it printed)"
+    ) in text
     _, tour_rows, _ = tour_excerpt()
     for length in demo.EVAL_LENGTHS:
         assert {f"pos@90 parallel (L={length})", f"pos@90 exact (L={length})"} <= set(tour_rows)

@@ -1,4 +1,5 @@
-"""Every fenced code block of README.md and docs/*.md is checked, so the docs cannot drift from the code.
+"""Every fenced code block of README.md and docs/*.md is checked, so the docs cannot drift from the
+code.
 
 One rule per block, decided by its fence and the line before it:
 
@@ -9,7 +10,8 @@ One rule per block, decided by its fence and the line before it:
   temporary folder, the repository on PYTHONPATH), unless NOT_RUN lists it with the reason.
 - ```bash / ```sh / ```console blocks: every `lrt-lab SUBCOMMAND --flag` (and
   `python -m lrt_lab ...`) names a real subcommand and its real flags (read from the parser
-  `lrt_lab.commands.cli.build_parser` builds), every `make TARGET` is a Makefile target, and every path of a
+  `lrt_lab.commands.cli.build_parser` builds), every `make TARGET` is a Makefile target, and every
+  path of a
   repository file they name exists. `...`, `SPEC` and other placeholders are allowed as arguments.
   A `python -c PROGRAM` command is run like a ```python block.
 - an untagged block is text (program output, a layout, a usage synopsis) and is not checked.
@@ -36,11 +38,14 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHELL = ("bash", "sh", "console")
 KNOWN_LANGUAGES = ("python", "", *SHELL)
 
-# Complete-looking ```python blocks that are not run: (file name, a phrase unique to the block) -> why.
+# Complete-looking ```python blocks that are not run: (file name, a phrase unique to the block) ->
+# why.
 NOT_RUN = {
-    ("scale.md", "DistributedPackingLoader(data_dir"):
-        "a sketch of the pretraining data path: needs FineWeb shards on disk (data_dir), a trained "
-        "tokenizer, a checkpoint dict (ckpt) and a CUDA device",
+    (
+        "scale.md",
+        "DistributedPackingLoader(data_dir",
+    ): "a sketch of the pretraining data path: needs FineWeb shards on disk (data_dir), a trained "
+    "tokenizer, a checkpoint dict (ckpt) and a CUDA device",
 }
 PROGRAM_TIMEOUT_S = 300
 
@@ -48,7 +53,7 @@ PROGRAM_TIMEOUT_S = 300
 @dataclass(frozen=True)
 class Block:
     doc: Path
-    line: int          # 1-based line of the opening fence
+    line: int  # 1-based line of the opening fence
     language: str
     text: str
     excerpt_of: str | None  # the PATH of a preceding `<!-- excerpt: PATH -->`
@@ -74,7 +79,7 @@ def fenced_blocks(doc: Path) -> list[Block]:
         fence, end = opening.group(2), i + 1
         while end < len(lines) and not lines[end].strip().startswith(fence):
             end += 1
-        body = "\n".join(line[len(opening.group(1)):] for line in lines[i + 1:end])
+        body = "\n".join(line[len(opening.group(1)) :] for line in lines[i + 1 : end])
         blocks.append(Block(doc, i + 1, opening.group(3).lower(), body, excerpt_marker(lines, i)))
         i = end + 1
     return blocks
@@ -99,6 +104,7 @@ def blocks_where(predicate) -> list:
 
 # Excerpts ----------------------------------------------------------------------------------------
 
+
 def code_part(line: str) -> str:
     """A line without its comment, whitespace-normalised: a `#` inside a string literal is kept."""
     quote, escaped = None, False
@@ -118,7 +124,8 @@ def code_part(line: str) -> str:
 
 
 def lines_missing_from(snippet: str, source: str) -> list[str]:
-    """The snippet's code lines that are no line of the source (comments and blank lines ignored)."""
+    """The snippet's code lines that are no line of the source (comments and blank lines ignored).
+    The snippet's code lines that are no line of the source (comments and blank lines ignored)."""
     source_lines = {code_part(line) for line in source.splitlines()}
     wanted = [code_part(line) for line in snippet.splitlines()]
     return [line for line in wanted if line and line not in source_lines]
@@ -134,13 +141,17 @@ def test_code_part_ignores_comments_and_spacing_but_not_code():
 @pytest.mark.parametrize("block", blocks_where(lambda b: b.excerpt_of))
 def test_excerpt_matches_its_source(block):
     source = REPO / block.excerpt_of
-    assert source.is_file(), f"{block.name}: the excerpt marker names {block.excerpt_of}, not a file"
+    assert source.is_file(), (
+        f"{block.name}: the excerpt marker names {block.excerpt_of}, not a file"
+    )
     missing = lines_missing_from(block.text, source.read_text())
-    assert not missing, (f"{block.name}: lines not in {block.excerpt_of} (the code changed?):\n"
-                         + "\n".join(missing))
+    assert not missing, (
+        f"{block.name}: lines not in {block.excerpt_of} (the code changed?):\n" + "\n".join(missing)
+    )
 
 
 # Programs ----------------------------------------------------------------------------------------
+
 
 def is_program(block: Block) -> bool:
     return block.language == "python" and not block.excerpt_of
@@ -148,21 +159,36 @@ def is_program(block: Block) -> bool:
 
 def reason_not_run(block: Block) -> str | None:
     doc = block.doc.name
-    reasons = (why for (name, phrase), why in NOT_RUN.items() if name == doc and phrase in block.text)
+    reasons = (
+        why for (name, phrase), why in NOT_RUN.items() if name == doc and phrase in block.text
+    )
     return next(reasons, None)
 
 
 def test_every_block_not_run_is_listed_once():
-    for (doc, phrase) in NOT_RUN:
-        matches = [b.name for b in ALL_BLOCKS if is_program(b) and b.doc.name == doc and phrase in b.text]
-        assert len(matches) == 1, f"NOT_RUN entry {(doc, phrase)} matches {matches or 'no block'}: update it"
+    for doc, phrase in NOT_RUN:
+        matches = [
+            b.name for b in ALL_BLOCKS if is_program(b) and b.doc.name == doc and phrase in b.text
+        ]
+        assert len(matches) == 1, (
+            f"NOT_RUN entry {(doc, phrase)} matches {matches or 'no block'}: update it"
+        )
 
 
 def run_program(source: str, name: str, folder: Path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", source], cwd=folder, env=env, capture_output=True,
-                          text=True, timeout=PROGRAM_TIMEOUT_S)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", source],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=PROGRAM_TIMEOUT_S,
+    )
     assert done.returncode == 0, f"{name} failed:\n{done.stderr[-3000:]}"
 
 
@@ -174,10 +200,13 @@ def test_program_runs(block, tmp_path):
     run_program(block.text, block.name, tmp_path)
 
 
-# Shell commands ------------------------------------------------------------------------------------
+# Shell commands
+# ------------------------------------------------------------------------------------
+
 
 def shell_commands(text: str) -> list[list[str]]:
-    """The commands of a shell block as argument lists: continuations and quotes spanning lines joined,
+    """The commands of a shell block as argument lists: continuations and quotes spanning lines
+    joined,
     comments and prompts dropped."""
     commands, pending = [], ""
     for line in re.sub(r"\\\n", " ", text).splitlines():
@@ -209,7 +238,8 @@ def option_strings(parser) -> set[str]:
 
 
 def unknown_lrt_lab_flags(arguments: list[str]) -> list[str]:
-    """What the CLI's own parser does not know in `lrt-lab ARGUMENTS`: the subcommand or any --flag."""
+    """What the CLI's own parser does not know in `lrt-lab ARGUMENTS`: the subcommand or any --flag.
+    What the CLI's own parser does not know in `lrt-lab ARGUMENTS`: the subcommand or any --flag."""
     parser = build_parser()
     global_flags = option_strings(parser)
     words = [w for w in arguments if w not in global_flags]
@@ -217,7 +247,9 @@ def unknown_lrt_lab_flags(arguments: list[str]) -> list[str]:
     if not words or words[0] not in subparsers:
         return [f"subcommand {words[0] if words else '(none)'!r}"]
     command = subparsers[words[0]]
-    if any(a.nargs == "..." for a in command._actions):  # e.g. analyze: the rest goes to its own parser
+    if any(
+        a.nargs == "..." for a in command._actions
+    ):  # e.g. analyze: the rest goes to its own parser
         return []
     known = option_strings(command)
     return [w for w in words[1:] if re.match(r"--?[A-Za-z]", w) and w.split("=")[0] not in known]
@@ -236,13 +268,21 @@ def problems_of_shell_block(text: str) -> list[str]:
     for words in shell_commands(text):
         arguments = lrt_lab_arguments(words)
         if arguments is not None:
-            problems += [f"`{' '.join(words)}`: unknown {bad}" for bad in unknown_lrt_lab_flags(arguments)]
+            problems += [
+                f"`{' '.join(words)}`: unknown {bad}" for bad in unknown_lrt_lab_flags(arguments)
+            ]
         if words[0] == "make":
             targets = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
-            problems += [f"`{' '.join(words)}`: no Makefile target {t!r}" for t in targets
-                         if t not in makefile_targets()]
-        problems += [f"`{' '.join(words)}`: no file {w}" for w in words
-                     if REPO_FILE.match(w) and not (REPO / w).exists()]
+            problems += [
+                f"`{' '.join(words)}`: no Makefile target {t!r}"
+                for t in targets
+                if t not in makefile_targets()
+            ]
+        problems += [
+            f"`{' '.join(words)}`: no file {w}"
+            for w in words
+            if REPO_FILE.match(w) and not (REPO / w).exists()
+        ]
     return problems
 
 
@@ -266,19 +306,28 @@ def test_shell_block_names_real_commands(block):
 
 def python_c_programs(text: str) -> list[str]:
     """The PROGRAM of every `python -c PROGRAM` command of a shell block."""
-    return [words[2] for words in shell_commands(text)
-            if words[0] in ("python", "python3") and len(words) > 2 and words[1] == "-c"]
+    return [
+        words[2]
+        for words in shell_commands(text)
+        if words[0] in ("python", "python3") and len(words) > 2 and words[1] == "-c"
+    ]
 
 
-@pytest.mark.parametrize("block", blocks_where(lambda b: b.language in SHELL and python_c_programs(b.text)))
+@pytest.mark.parametrize(
+    "block", blocks_where(lambda b: b.language in SHELL and python_c_programs(b.text))
+)
 def test_python_c_commands_run(block, tmp_path):
     for program in python_c_programs(block.text):
         run_program(program, block.name, tmp_path)
 
 
-# Coverage of the rules -------------------------------------------------------------------------------
+# Coverage of the rules
+# -------------------------------------------------------------------------------
+
 
 def test_every_block_has_a_rule():
     unknown = [f"{b.name} ({b.language})" for b in ALL_BLOCKS if b.language not in KNOWN_LANGUAGES]
     assert not unknown, "no rule for these blocks' language (add one here): " + ", ".join(unknown)
-    assert len(ALL_BLOCKS) > 20 and any(b.excerpt_of for b in ALL_BLOCKS)  # the extraction found the blocks
+    assert len(ALL_BLOCKS) > 20 and any(
+        b.excerpt_of for b in ALL_BLOCKS
+    )  # the extraction found the blocks

@@ -49,7 +49,9 @@ def test_per_position_accuracy_coincides_on_the_shared_prefix():
         p = [pos_at(res[length][mode], 0.9) for length in LENGTHS]
         assert p[0] == LENGTHS[0] or len(set(p)) == 1
     # the check is sensitive: independent draws per length give different curves on the prefix
-    independent = {L: task.sample(64, torch.Generator().manual_seed(eval_seed(task, L, 0)), length=L)
-                   for L in LENGTHS}
+    independent = {
+        L: task.sample(64, torch.Generator().manual_seed(eval_seed(task, L, 0)), length=L)
+        for L in LENGTHS
+    }
     other = evaluate(model, Interleaved(2), independent, exact=False)
     assert not torch.equal(other[8]["parallel"], other[32]["parallel"][:8])

@@ -16,9 +16,13 @@ TOL = 1e-10
 
 
 def grads(model, loss):
-    return [g if g is not None else torch.zeros_like(p)
-            for p, g in zip(model.parameters(), torch.autograd.grad(loss, list(model.parameters()),
-                                                                     allow_unused=True))]
+    return [
+        g if g is not None else torch.zeros_like(p)
+        for p, g in zip(
+            model.parameters(),
+            torch.autograd.grad(loss, list(model.parameters()), allow_unused=True),
+        )
+    ]
 
 
 def contracting_model(name="default", factor=0.1):
@@ -148,14 +152,17 @@ def test_parse_and_spec_round_trip():
     assert parse_schedule("FixedPoint:0.01:6").spec == "fixedpoint:0.01:6"
 
 
-@pytest.mark.parametrize("make, field", [
-    (lambda: FixedPoint(-1.0, 4), "FixedPoint.tol"),
-    (lambda: FixedPoint(float("nan"), 4), "FixedPoint.tol"),
-    (lambda: FixedPoint(0.1, 0), "FixedPoint.max_sweeps"),
-    (lambda: FixedPoint(0.1, 4, 0), "FixedPoint.grad_sweeps"),
-    (lambda: parse_schedule("fixedpoint:0.1"), "fixedpoint:TOL:MAX"),
-    (lambda: parse_schedule("fixedpoint:x:4"), "fixedpoint:TOL:MAX"),
-])
+@pytest.mark.parametrize(
+    "make, field",
+    [
+        (lambda: FixedPoint(-1.0, 4), "FixedPoint.tol"),
+        (lambda: FixedPoint(float("nan"), 4), "FixedPoint.tol"),
+        (lambda: FixedPoint(0.1, 0), "FixedPoint.max_sweeps"),
+        (lambda: FixedPoint(0.1, 4, 0), "FixedPoint.grad_sweeps"),
+        (lambda: parse_schedule("fixedpoint:0.1"), "fixedpoint:TOL:MAX"),
+        (lambda: parse_schedule("fixedpoint:x:4"), "fixedpoint:TOL:MAX"),
+    ],
+)
 def test_invalid_input_names_the_field(make, field):
     with pytest.raises(ValueError, match=field):
         make()
@@ -164,37 +171,57 @@ def test_invalid_input_names_the_field(make, field):
 def test_training_logs_sweeps_and_accounts_the_passes_run(tmp_path):
     from lrt_lab.store.results import load_metrics
     from lrt_lab.training.loop import TrainConfig, build_model, train
-    cfg = TrainConfig(task="group_prefix", task_options={"group": "S3"}, length=6, preset="tiny", model="lrt",
-                      schedule="fixedpoint:0.05:4:1", steps=4, batch_size=8, eval_every=0, eval_lengths=(6,),
-                      eval_size=16, checkpoint_every=0, device="cpu")
+
+    cfg = TrainConfig(
+        task="group_prefix",
+        task_options={"group": "S3"},
+        length=6,
+        preset="tiny",
+        model="lrt",
+        schedule="fixedpoint:0.05:4:1",
+        steps=4,
+        batch_size=8,
+        eval_every=0,
+        eval_lengths=(6,),
+        eval_size=16,
+        checkpoint_every=0,
+        device="cpu",
+    )
     run = train(cfg, out=tmp_path, progress=False)
     m = load_metrics(run, kind="train")
     model = build_model(cfg, 8)
     frac = model.exact_split(1) / model.config.n_layer
     assert ((m["sweeps"] >= 1) & (m["sweeps"] <= 4)).all()
-    # init + (sweeps - 1) no_grad passes through the lower blocks, then one full differentiated sweep
+    # init + (sweeps - 1) no_grad passes through the lower blocks, then one full differentiated
+    # sweep
     expected = (1 + (m["sweeps"] - 1)) * frac + 1
     assert m["step_cost"].tolist() == pytest.approx(expected.tolist())
     tokens_per_step = cfg.batch_size * cfg.length
-    assert m["compute_tokens"].tolist() == pytest.approx((expected * tokens_per_step).cumsum().tolist())
+    assert m["compute_tokens"].tolist() == pytest.approx(
+        (expected * tokens_per_step).cumsum().tolist()
+    )
     assert run.summary["schedule_cost"] == pytest.approx(expected.mean())
 
 
-# Convergence diagnostics ---------------------------------------------------------------------------
+# Convergence diagnostics
+# ---------------------------------------------------------------------------
 def test_convergence_trace_against_fixedpoint_and_the_jacobi_bound():
     from lrt_lab.analysis.convergence import convergence_trace, residual_per_sweep
+
     model = contracting_model()
     idx, targets = tokens(B=3, T=T), tokens(B=3, T=T, seed=4)
-    trace = convergence_trace(model, idx, targets, chunk=2)  # two chunks: maxima over the batch combine
+    trace = convergence_trace(
+        model, idx, targets, chunk=2
+    )  # two chunks: maxima over the batch combine
     assert len(trace) == (T + 1) * T
     res = torch.tensor(trace.pivot(index="sweep", columns="position", values="residual").to_numpy())
     err = torch.tensor(trace.pivot(index="sweep", columns="position", values="error").to_numpy())
     # a second code path: FixedPoint's own per-position residuals (sweeps 1..T)
     fp = run_schedule(model, idx, None, FixedPoint(0.0, T, T)).measured.residual_per_position
-    assert maxdiff(res[1:fp.size(0) + 1], fp) <= 1e-9
+    assert maxdiff(res[1 : fp.size(0) + 1], fp) <= 1e-9
     # Jacobi on a triangular recurrence (lag 1): position t is exact after t sweeps, not before
     for k in range(T):
-        assert err[k, :k + 1].max() <= 1e-9
+        assert err[k, : k + 1].max() <= 1e-9
         if k + 1 < T:
             assert err[k, k + 1] > 1e-6
     # sweep k's loss is FullSequence(k)'s final-stage loss
@@ -209,15 +236,32 @@ def test_sweeps_to_converge_on_a_hand_made_trace():
     import pandas as pd
 
     from lrt_lab.analysis.convergence import plot_convergence, sweeps_to_converge
-    # position 0 settles at sweep 1; position 1 dips below 0.1 at sweep 1 but rises again, settles at 3
+
+    # position 0 settles at sweep 1; position 1 dips below 0.1 at sweep 1 but rises again, settles
+    # at 3
     r = {0: [1.0, 0.05, 0.0, 0.0, 0.0], 1: [1.0, 0.05, 0.5, 0.01, 0.0]}
-    trace = pd.DataFrame([{"sweep": k, "position": t, "residual": v, "error": v}
-                          for t, vs in r.items() for k, v in enumerate(vs)])
+    trace = pd.DataFrame(
+        [
+            {"sweep": k, "position": t, "residual": v, "error": v}
+            for t, vs in r.items()
+            for k, v in enumerate(vs)
+        ]
+    )
     need = sweeps_to_converge(trace, tols=(0.1, 1e-3))
     got = {(row.tol, row.position): row.sweeps for row in need.itertuples()}
-    assert got == {(0.1, 0): 1.0, (0.1, 1): 3.0, (0.1, "all"): 3.0,
-                   (1e-3, 0): 2.0, (1e-3, 1): 4.0, (1e-3, "all"): 4.0}
-    assert sweeps_to_converge(trace, tols=(1e-9,), measure="error")["sweeps"].tolist() == [2.0, 4.0, 4.0]
+    assert got == {
+        (0.1, 0): 1.0,
+        (0.1, 1): 3.0,
+        (0.1, "all"): 3.0,
+        (1e-3, 0): 2.0,
+        (1e-3, 1): 4.0,
+        (1e-3, "all"): 4.0,
+    }
+    assert sweeps_to_converge(trace, tols=(1e-9,), measure="error")["sweeps"].tolist() == [
+        2.0,
+        4.0,
+        4.0,
+    ]
     with pytest.raises(ValueError, match="measure"):
         sweeps_to_converge(trace, measure="loss")
     fig = plot_convergence(trace, tols=(0.1,))
@@ -228,19 +272,41 @@ def test_convergence_of_a_trained_run_from_the_cli_and_the_dashboard(tmp_path, c
     from lrt_lab.commands.analyze import main
     from lrt_lab.store.results import load_table
     from lrt_lab.training.loop import TrainConfig, train
-    cfg = TrainConfig(task="group_prefix", task_options={"group": "S3"}, length=6, preset="tiny", model="lrt",
-                      schedule="fixedpoint:0.01:6:2", steps=3, batch_size=8, eval_every=0, eval_lengths=(6,),
-                      eval_size=16, checkpoint_every=0, device="cpu")
+
+    cfg = TrainConfig(
+        task="group_prefix",
+        task_options={"group": "S3"},
+        length=6,
+        preset="tiny",
+        model="lrt",
+        schedule="fixedpoint:0.01:6:2",
+        steps=3,
+        batch_size=8,
+        eval_every=0,
+        eval_lengths=(6,),
+        eval_size=16,
+        checkpoint_every=0,
+        device="cpu",
+    )
     run = train(cfg, out=tmp_path, progress=False)
     assert main(["convergence", str(run.path), "--n-sequences", "16", "--tols", "0.1"]) == 0
     table = load_table(run, "convergence")
-    assert set(table.columns) >= {"run", "sweep", "position", "residual", "error", "loss", "exact_loss"}
+    assert set(table.columns) >= {
+        "run",
+        "sweep",
+        "position",
+        "residual",
+        "error",
+        "loss",
+        "exact_loss",
+    }
     assert len(table) == 7 * 6  # sweeps 0..T, T positions
     assert (run.path / "convergence.png").exists()
     assert "plot:" in capsys.readouterr().out
     # the dashboard's Convergence page draws both charts from this store
     pytest.importorskip("streamlit")
     from app_helpers import assert_clean, run_app
+
     at = run_app(monkeypatch, tmp_path)
     assert_clean(at)
     (tab,) = [t for t in at.tabs if t.label == "Convergence"]
@@ -249,15 +315,32 @@ def test_convergence_of_a_trained_run_from_the_cli_and_the_dashboard(tmp_path, c
 
 def test_dashboard_tables_of_sweeps_and_traces():
     import pandas as pd
+
     pytest.importorskip("streamlit")
     from lrt_app.convergence_page import sweeps_table, trace_table
+
     runs = pd.DataFrame({"run": ["fp", "plain"], "path": ["p/fp", "p/plain"]})
-    metrics = {"p/fp": pd.DataFrame({"step": [1, 2], "loss": [1.0, 0.9], "sweeps": [4, 3], "residual": [0.1, 0.01]}),
-               "p/plain": pd.DataFrame({"step": [1, 2], "loss": [1.0, 0.9]})}
+    metrics = {
+        "p/fp": pd.DataFrame(
+            {"step": [1, 2], "loss": [1.0, 0.9], "sweeps": [4, 3], "residual": [0.1, 0.01]}
+        ),
+        "p/plain": pd.DataFrame({"step": [1, 2], "loss": [1.0, 0.9]}),
+    }
     s = sweeps_table(runs, loader=lambda path, kind: metrics[path])
-    assert s.to_dict("list") == {"run": ["fp", "fp"], "step": [1, 2], "sweeps": [4, 3], "residual": [0.1, 0.01]}
-    trace = pd.DataFrame({"sweep": [0, 0, 1, 1], "position": [0, 1, 0, 1], "residual": [1.0, 2.0, 0.0, 0.5],
-                          "error": [0.0, 3.0, 0.0, 0.0]})
+    assert s.to_dict("list") == {
+        "run": ["fp", "fp"],
+        "step": [1, 2],
+        "sweeps": [4, 3],
+        "residual": [0.1, 0.01],
+    }
+    trace = pd.DataFrame(
+        {
+            "sweep": [0, 0, 1, 1],
+            "position": [0, 1, 0, 1],
+            "residual": [1.0, 2.0, 0.0, 0.5],
+            "error": [0.0, 3.0, 0.0, 0.0],
+        }
+    )
     t = trace_table(runs, loader=lambda path, name: trace if path == "p/fp" else None)
     got = {(r.sweep, r.measure): r.value for r in t.itertuples()}
     assert got == {(0, "residual"): 2.0, (1, "residual"): 0.5, (0, "error"): 3.0, (1, "error"): 0.0}
@@ -270,8 +353,18 @@ def test_every_registered_schedule_satisfies_the_protocol_and_spells_itself_back
     stage weights (where it states them) match its stages."""
     from lrt_lab.core.interface import Schedule
     from lrt_lab.run.registry import SCHEDULES
-    specs = ["onepass", "interleaved:2", "fullseq:2", "fullseq:1:1,2", "chunked:4", "exact",
-             "fixedpoint:0.01:4", "fixedpoint:0.01:4:2", "rollout:2"]
+
+    specs = [
+        "onepass",
+        "interleaved:2",
+        "fullseq:2",
+        "fullseq:1:1,2",
+        "chunked:4",
+        "exact",
+        "fixedpoint:0.01:4",
+        "fixedpoint:0.01:4:2",
+        "rollout:2",
+    ]
     assert {s.split(":")[0] for s in specs} == set(SCHEDULES)
     for spec in specs:
         schedule = parse_schedule(spec)

@@ -67,12 +67,22 @@ def test_a5_is_the_even_permutations_of_five_points():
     assert a5.order == 60 and a5.degree == 5
     assert len(set(a5.perms)) == 60
     assert all(inversions(p) % 2 == 0 for p in a5.perms)
-    assert sorted(a5.perms) == sorted(p for p in itertools.permutations(range(5)) if inversions(p) % 2 == 0)
+    assert sorted(a5.perms) == sorted(
+        p for p in itertools.permutations(range(5)) if inversions(p) % 2 == 0
+    )
     assert a5.perms[a5.identity] == (0, 1, 2, 3, 4)
 
 
-@pytest.mark.parametrize("make", [lambda: alternating(5), lambda: symmetric(5), lambda: symmetric(3),
-                                  lambda: dihedral(30), lambda: alternating(4)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: alternating(5),
+        lambda: symmetric(5),
+        lambda: symmetric(3),
+        lambda: dihedral(30),
+        lambda: alternating(4),
+    ],
+)
 def test_table_matches_hand_composition(make):
     g = make()
     t = g.mul_table.tolist()

@@ -15,7 +15,9 @@ TOL = 1e-10
 def test_a_forward_hook_on_a_block_fires_in_schedules_and_decoding():
     model = make_model(MemoryConfig())
     seen = []
-    handle = model.blocks[0].register_forward_hook(lambda mod, args, out: seen.append(out.x.shape[1]))
+    handle = model.blocks[0].register_forward_hook(
+        lambda mod, args, out: seen.append(out.x.shape[1])
+    )
     idx = tokens(B=1, T=6)
     run_schedule(model, idx, None, Interleaved(2))
     assert seen == [6, 3, 3]  # init stage, then the two strided subsets
@@ -57,10 +59,14 @@ def test_patching_a_layer_from_another_run_moves_the_output_to_that_run():
     a, b = tokens(B=1, T=6, seed=1), tokens(B=1, T=6, seed=2)
     cache_b = {}
     out_b = run_schedule(model, b, None, Interleaved(2), cache=cache_b).logits
-    with hooks(model, {"blocks.2.hook_resid_post": patch_from(cache_b["blocks.2.hook_resid_post"])}):
+    with hooks(
+        model, {"blocks.2.hook_resid_post": patch_from(cache_b["blocks.2.hook_resid_post"])}
+    ):
         patched = run_schedule(model, a, None, Interleaved(2)).logits
     assert maxdiff(patched, out_b) <= TOL  # logits = head(resid_post of the top block)
-    with hooks(model, {"blocks.2.hook_resid_post": patch_from(cache_b["blocks.2.hook_resid_post"], [4])}):
+    with hooks(
+        model, {"blocks.2.hook_resid_post": patch_from(cache_b["blocks.2.hook_resid_post"], [4])}
+    ):
         one = run_schedule(model, a, None, Interleaved(2)).logits
     assert maxdiff(one[:, 4], out_b[:, 4]) <= TOL and maxdiff(one[:, 3], out_b[:, 3]) > 1e-3
 
@@ -107,6 +113,7 @@ def test_decoding_runs_without_autograd_yet_its_captures_and_caches_serve_traini
     still work with autograd: activations captured while decoding train a probe, and the RoPE
     tables a prefill cached serve a training step over the same positions."""
     from lrt_lab.run.hooks import capture
+
     model = make_model(MemoryConfig())
     idx = tokens(B=2, T=6)
     with capture(model, ["blocks.1.hook_resid_post"]) as cap:
@@ -114,7 +121,9 @@ def test_decoding_runs_without_autograd_yet_its_captures_and_caches_serve_traini
         dec.prefill(idx, Interleaved(2))
         logits = dec.step(idx[:, 0])
     assert logits.is_inference()  # the step really ran without autograd
-    acts = torch.cat([x for _, x in cap.calls["blocks.1.hook_resid_post"][1:]], dim=1)  # as recorded
+    acts = torch.cat(
+        [x for _, x in cap.calls["blocks.1.hook_resid_post"][1:]], dim=1
+    )  # as recorded
     probe = torch.nn.Linear(acts.size(-1), 1).double()
     probe(acts).square().mean().backward()
     assert probe.weight.grad is not None and probe.weight.grad.abs().sum() > 0
@@ -128,14 +137,22 @@ def test_the_memory_pathway_declares_hook_points_for_its_own_values():
     gives h_t and z = sigmoid(W_z h_t), and forcing z to 1 keeps the (zero) initial memory
     forever, in a schedule and in the decoder alike."""
     from lrt_lab.run.hooks import capture
+
     model = make_model(MemoryConfig(update="gated"))
-    assert {"pathway.hook_source", "pathway.hook_update_gate"} <= {n for n, _ in model.named_modules()}
+    assert {"pathway.hook_source", "pathway.hook_update_gate"} <= {
+        n for n, _ in model.named_modules()
+    }
     idx = tokens(B=2, T=6)
     with capture(model, ["pathway.hook_source", "pathway.hook_update_gate", "hook_mem_out"]) as cap:
         run_schedule(model, idx, None, Exact())
     acts = cap.assembled(6)
     W_z = model.pathway.update_gate.weight.detach()
-    assert maxdiff(acts["pathway.hook_update_gate"], torch.sigmoid(acts["pathway.hook_source"] @ W_z.T)) <= TOL
+    assert (
+        maxdiff(
+            acts["pathway.hook_update_gate"], torch.sigmoid(acts["pathway.hook_source"] @ W_z.T)
+        )
+        <= TOL
+    )
     keep_all = {"pathway.hook_update_gate": lambda z, positions: torch.ones_like(z)}
     with hooks(model, keep_all), capture(model, ["hook_mem_out"]) as cap:
         run_schedule(model, idx, None, Exact())
@@ -147,11 +164,13 @@ def test_the_memory_pathway_declares_hook_points_for_its_own_values():
 
 
 def test_run_with_cache_attention_patterns_match_decoding_and_leave_the_logits_alone():
-    """run_with_cache records (B, heads, T, T) patterns: rows sum to 1 over visible keys only, Exact's
+    """run_with_cache records (B, heads, T, T) patterns: rows sum to 1 over visible keys only,
+    Exact's
     equal the decoder's step by step, and the written-out attention they need (hook_z, logits)
     equals the fused kernels' (a second code path)."""
     from lrt_lab.run.hooks import capture
     from lrt_lab.run.schedules import OnePass
+
     model = make_model(MemoryConfig(), n_layer=2, window_pattern="SL", short_window=3)
     B, T = 2, 7
     idx = tokens(B=B, T=T)
@@ -175,7 +194,10 @@ def test_run_with_cache_attention_patterns_match_decoding_and_leave_the_logits_a
         dec = Decoder(model, B, T)
         for t in range(T):
             dec.step(idx[:, t])
-    assert maxdiff(cap.assembled(T)["blocks.1.attn.hook_pattern"], cache["blocks.1.attn.hook_pattern"]) <= TOL
+    assert (
+        maxdiff(cap.assembled(T)["blocks.1.attn.hook_pattern"], cache["blocks.1.attn.hook_pattern"])
+        <= TOL
+    )
     # OnePass reads no memory: its pattern differs from Exact's (the memory reaches the keys)
     _, one = run_with_cache(model, idx, schedule=OnePass(), names=["blocks.1.attn.hook_pattern"])
     assert list(one) == ["blocks.1.attn.hook_pattern"]
@@ -194,12 +216,13 @@ def test_a_pattern_intervention_changes_the_output_as_attention_would():
         return visible / visible.sum(-1, keepdim=True)
 
     with hooks(model, {"blocks.1.attn.hook_pattern": uniform}):
-        _, cache = run_with_cache(model, idx, schedule=Exact(), names=["blocks.1.attn.hook_z",
-                                                                      "blocks.1.attn.hook_v"])
+        _, cache = run_with_cache(
+            model, idx, schedule=Exact(), names=["blocks.1.attn.hook_z", "blocks.1.attn.hook_v"]
+        )
     z, v = cache["blocks.1.attn.hook_z"], cache["blocks.1.attn.hook_v"]
     group = model.config.n_head // model.config.n_kv_head
     v = v.repeat_interleave(group, dim=2)
-    means = torch.stack([v[:, :t + 1].mean(1) for t in range(5)], 1)
+    means = torch.stack([v[:, : t + 1].mean(1) for t in range(5)], 1)
     assert maxdiff(z, means) <= TOL
 
 
@@ -219,7 +242,11 @@ def test_transformerlens_style_hooks_see_name_and_positions_and_replace():
     with hooks(model, {"hook_mem_in": zero_at(range(6))}):
         positions_form = run_schedule(model, idx, None, Interleaved(2)).logits
     assert maxdiff(tl_form, positions_form) <= TOL
-    assert seen == [("hook_mem_in", range(0, 6)), ("hook_mem_in", range(0, 6, 2)), ("hook_mem_in", range(1, 6, 2))]
+    assert seen == [
+        ("hook_mem_in", range(0, 6)),
+        ("hook_mem_in", range(0, 6, 2)),
+        ("hook_mem_in", range(1, 6, 2)),
+    ]
 
 
 def test_resid_pre_is_the_block_input_and_q_k_hooks_sit_before_rope():
@@ -231,11 +258,17 @@ def test_resid_pre_is_the_block_input_and_q_k_hooks_sit_before_rope():
     _, c = run_with_cache(model, idx, schedule=Exact())
     for l in range(model.config.n_layer):
         alpha, beta, gamma = model.resid_lambdas[l], model.x0_lambdas[l], model.pathway.gamma[l]
-        rebuilt = alpha * c[f"blocks.{l}.hook_resid_pre"] + beta * c["hook_embed"] + gamma * c[f"blocks.{l}.hook_mem_in"]
+        rebuilt = (
+            alpha * c[f"blocks.{l}.hook_resid_pre"]
+            + beta * c["hook_embed"]
+            + gamma * c[f"blocks.{l}.hook_mem_in"]
+        )
         assert maxdiff(rebuilt, c[f"blocks.{l}.hook_resid_injected"]) <= TOL
         q, rot_q = c[f"blocks.{l}.attn.hook_q"], c[f"blocks.{l}.attn.hook_rot_q"]
         D = q.size(-1)
-        assert maxdiff(rot_q.norm(dim=-1), torch.full(rot_q.shape[:-1], D ** 0.5, dtype=q.dtype)) <= TOL
+        assert (
+            maxdiff(rot_q.norm(dim=-1), torch.full(rot_q.shape[:-1], D**0.5, dtype=q.dtype)) <= TOL
+        )
         q0 = q[:, 0] / q[:, 0].pow(2).mean(-1, keepdim=True).sqrt()
         assert maxdiff(rot_q[:, 0], q0) <= TOL
-        assert maxdiff(q.norm(dim=-1), torch.full(q.shape[:-1], D ** 0.5, dtype=q.dtype)) > 1e-3
+        assert maxdiff(q.norm(dim=-1), torch.full(q.shape[:-1], D**0.5, dtype=q.dtype)) > 1e-3

@@ -1,7 +1,8 @@
 """The core's invariants, generated from MemoryConfig's declared option space (not a hand list).
 
 Every categorical field declares its choices and every integer field its minimum in the dataclass
-field metadata (lrt_lab/core/config.py); `config_space()` reads them, so a field added to MemoryConfig is
+field metadata (lrt_lab/core/config.py); `config_space()` reads them, so a field added to
+MemoryConfig is
 enumerated here without editing this file. `pairwise_configs()` is a covering set: every pair of
 values of any two options (source layer and lag included) occurs in some configuration. On each, in
 float64 on a tiny model with every weight random:
@@ -53,14 +54,16 @@ from lrt_lab.run.schedules import (
     Rollout,
 )
 
-N_LAYER, T, B = 3, 10, 7   # B * T = 70 > 64
-EPS = 1e-12                 # float64 rounding per position and unit of logit scale
+N_LAYER, T, B = 3, 10, 7  # B * T = 70 > 64
+EPS = 1e-12  # float64 rounding per position and unit of logit scale
 
 
 def close(a: torch.Tensor, b: torch.Tensor, length: int = T) -> bool:
     """|a - b| within float64 rounding grown over `length` positions, relative to the logits'
     scale (a multiplicative injection amplifies rounding with the scale of what it multiplies)."""
     return maxdiff(a, b) <= EPS * length * max(1.0, b.abs().max().item()) * 10
+
+
 # fields enumerated by hand: the source layer's range depends on the depth; a float init is not
 # an option of the math (the weights are random here)
 NOT_ENUMERATED = {"source_layer": tuple(range(1, N_LAYER + 1)), "gamma_init": None}
@@ -78,8 +81,10 @@ def config_space() -> dict[str, tuple]:
             if NOT_ENUMERATED[f.name] is not None:
                 space[f.name] = NOT_ENUMERATED[f.name]
         else:
-            raise AssertionError(f"MemoryConfig.{f.name} declares neither choices nor min in its metadata: "
-                                 "declare its values so the invariant tests cover it")
+            raise AssertionError(
+                f"MemoryConfig.{f.name} declares neither choices nor min in its metadata: "
+                "declare its values so the invariant tests cover it"
+            )
     return space
 
 
@@ -97,8 +102,12 @@ def pairwise_configs(seed: int = 0) -> list[MemoryConfig]:
     """A covering set (greedy, AETG-style): every value pair of every two fields appears."""
     space = config_space()
     names = list(space)
-    uncovered = {(a, va, b, vb) for a, b in itertools.combinations(names, 2)
-                 for va in space[a] for vb in space[b]}
+    uncovered = {
+        (a, va, b, vb)
+        for a, b in itertools.combinations(names, 2)
+        for va in space[a]
+        for vb in space[b]
+    }
     rng = random.Random(seed)
     rows = []
 
@@ -138,7 +147,9 @@ def check_invariants(memory: MemoryConfig):
         for sched in (Chunked(1), Chunked(memory.exact_chunk), Interleaved(T), FullSequence(T)):
             assert close(run_schedule(model, idx, None, sched).logits, exact), sched
         # exact_chunk is the longest exact chunk: one more position reads zero memory inside itself
-        if not close(run_schedule(model, idx, None, FullSequence(0)).logits, exact):  # memory matters
+        if not close(
+            run_schedule(model, idx, None, FullSequence(0)).logits, exact
+        ):  # memory matters
             longer = run_schedule(model, idx, None, Chunked(memory.exact_chunk + 1)).logits
             assert not close(longer, exact), "Chunked(exact_chunk + 1) matched Exact"
         assert close(decode_all(model, idx), exact), "decoder"
@@ -152,7 +163,9 @@ def check_invariants(memory: MemoryConfig):
         no_grad = run_schedule(model, idx, None, Interleaved(2)).logits
         assert close(run_schedule(model, idx, None, Rollout()).logits, exact), "rollout"
         with hooks(model, {name: (lambda x, P: x.clone()) for name in hook_points(model)}):
-            assert close(run_schedule(model, idx, None, Rollout(2)).logits, exact), "rollout, hooked"
+            assert close(run_schedule(model, idx, None, Rollout(2)).logits, exact), (
+                "rollout, hooked"
+            )
     check_rollout_gradients(model, idx, exact)
     check_decoded_memory_rows(model, idx)
     # autograd on: the same logits, and every memory parameter gets gradient
@@ -163,8 +176,12 @@ def check_invariants(memory: MemoryConfig):
     if cache["hook_mem_out"].abs().max() == 0:
         # the one configuration whose memory is identically zero: the source is block 1's attention
         # output, whose values are replaced by W_v,rec m (= 0 from the zero initial memory)
-        assert memory.source_tap == "attn_out" and memory.kv_mode == "replace" and \
-            memory.kv in ("both", "values") and memory.source_layer == 1, memory
+        assert (
+            memory.source_tap == "attn_out"
+            and memory.kv_mode == "replace"
+            and memory.kv in ("both", "values")
+            and memory.source_layer == 1
+        ), memory
         return
     for name, p in model.pathway.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
@@ -181,7 +198,15 @@ def check_invariants(memory: MemoryConfig):
         assert close(run_schedule(model, one, None, Interleaved(2)).logits, ref_inter, 6)
 
 
-PREFILLS = (OnePass(), Interleaved(2), FullSequence(1), Chunked(2), Exact(), FixedPoint(0.0, T, 1), Rollout())
+PREFILLS = (
+    OnePass(),
+    Interleaved(2),
+    FullSequence(1),
+    Chunked(2),
+    Exact(),
+    FixedPoint(0.0, T, 1),
+    Rollout(),
+)
 EXACT_PREFILLS = (Exact, FixedPoint, Rollout)  # FixedPoint at tol 0 with T sweeps
 
 
@@ -197,14 +222,17 @@ def continued_on_a_sequence_buffer(model, idx, strategies, p):
     def stacked(tensors):
         assert all(t is None for t in tensors) or all(t is not None for t in tensors)
         return None if tensors[0] is None else torch.cat(tensors)
+
     rows = idx.repeat(len(bufs), 1)
-    buf = SequenceBuffer([stacked([b.k[l] for b in bufs]) for l in range(len(bufs[0].k))],
-                         [stacked([b.v[l] for b in bufs]) for l in range(len(bufs[0].v))],
-                         stacked([b.mem for b in bufs]),
-                         model.empty_buffer(rows).doc)  # documents of the whole row
+    buf = SequenceBuffer(
+        [stacked([b.k[l] for b in bufs]) for l in range(len(bufs[0].k))],
+        [stacked([b.v[l] for b in bufs]) for l in range(len(bufs[0].v))],
+        stacked([b.mem for b in bufs]),
+        model.empty_buffer(rows).doc,
+    )  # documents of the whole row
     steps = []
     for t in range(p, idx.size(1)):
-        logits, buf = model.stage(rows[:, t:t + 1], range(t, t + 1), buf)
+        logits, buf = model.stage(rows[:, t : t + 1], range(t, t + 1), buf)
         steps.append(logits[:, 0])
     return list(zip(last, torch.stack(steps, dim=1).chunk(len(bufs))))
 
@@ -218,20 +246,26 @@ def check_prefill_handoff(model, idx, exact):
         strategies = [s for s in PREFILLS if not (isinstance(s, Interleaved) and s.S > p)]
         refs = continued_on_a_sequence_buffer(model, idx, strategies, p)
         for strategy, (ref_last, ref_steps) in zip(strategies, refs):
-            for keep in ((False, True) if isinstance(strategy, Interleaved) else (False,)):
+            for keep in (False, True) if isinstance(strategy, Interleaved) else (False,):
                 decoder = Decoder(model, idx.size(0), idx.size(1), keep_memory=keep)
                 last = decoder.prefill(idx[:, :p], strategy)
                 steps = torch.stack([decoder.step(idx[:, t]) for t in range(p, idx.size(1))], dim=1)
                 where = (type(strategy).__name__, p, keep)
                 assert close(last, ref_last) and close(steps, ref_steps), ("prefill handoff", where)
             if isinstance(strategy, EXACT_PREFILLS):
-                assert close(ref_last, exact[:, p - 1]) and close(ref_steps, exact[:, p:]), ("exact", strategy, p)
+                assert close(ref_last, exact[:, p - 1]) and close(ref_steps, exact[:, p:]), (
+                    "exact",
+                    strategy,
+                    p,
+                )
 
 
 def grads(model, loss):
     params = list(model.parameters())
-    return [torch.zeros_like(p) if g is None else g
-            for p, g in zip(params, torch.autograd.grad(loss, params, allow_unused=True))]
+    return [
+        torch.zeros_like(p) if g is None else g
+        for p, g in zip(params, torch.autograd.grad(loss, params, allow_unused=True))
+    ]
 
 
 def check_rollout_gradients(model, idx, exact):
@@ -267,15 +301,24 @@ def test_the_covering_set_covers_every_option_value():
     assert len(CONFIGS) < 40  # pairwise, not the full product
 
 
-@pytest.mark.parametrize("memory", CONFIGS, ids=lambda c: ",".join(
-    f"{f.name}={getattr(c, f.name)}" for f in dataclasses.fields(c) if getattr(c, f.name) != f.default))
+@pytest.mark.parametrize(
+    "memory",
+    CONFIGS,
+    ids=lambda c: ",".join(
+        f"{f.name}={getattr(c, f.name)}"
+        for f in dataclasses.fields(c)
+        if getattr(c, f.name) != f.default
+    ),
+)
 def test_invariants_hold_across_the_config_space(memory):
     check_invariants(memory)
 
 
 def drawn_values(space: dict, draw: int) -> dict:
     """Draw number `draw`: each field's value from its own generator, seeded with (draw, name)."""
-    return {name: random.Random(f"{draw}:{name}").choice(choices) for name, choices in space.items()}
+    return {
+        name: random.Random(f"{draw}:{name}").choice(choices) for name, choices in space.items()
+    }
 
 
 def random_configs(n: int = 5) -> list[MemoryConfig]:
@@ -297,8 +340,15 @@ def test_random_draws_do_not_move_when_a_field_is_added():
         assert {k: v for k, v in wider.items() if k != "a_new_field"} == drawn_values(space, draw)
 
 
-@pytest.mark.parametrize("memory", random_configs(), ids=lambda c: ",".join(
-    f"{f.name}={getattr(c, f.name)}" for f in dataclasses.fields(c) if getattr(c, f.name) != f.default))
+@pytest.mark.parametrize(
+    "memory",
+    random_configs(),
+    ids=lambda c: ",".join(
+        f"{f.name}={getattr(c, f.name)}"
+        for f in dataclasses.fields(c)
+        if getattr(c, f.name) != f.default
+    ),
+)
 @pytest.mark.slow
 def test_invariants_hold_for_random_combinations(memory):
     check_invariants(memory)

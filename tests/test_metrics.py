@@ -18,12 +18,14 @@ def one_hot_logits(preds, vocab=4):
     return torch.nn.functional.one_hot(torch.tensor(preds), vocab).float()
 
 
-TARGETS = torch.tensor([[0, 1, 2, 3],
-                        [0, 1, 2, 3],
-                        [0, 1, 2, 3]])
-PREDS = torch.tensor([[0, 1, 2, 3],    # all right
-                      [0, 1, 0, 3],    # wrong at position 3
-                      [0, 2, 0, 0]])   # wrong at 2, 3, 4
+TARGETS = torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3]])
+PREDS = torch.tensor(
+    [
+        [0, 1, 2, 3],  # all right
+        [0, 1, 0, 3],  # wrong at position 3
+        [0, 2, 0, 0],
+    ]
+)  # wrong at 2, 3, 4
 
 
 def test_per_position_accuracy_hand_computed():
@@ -35,9 +37,9 @@ def test_per_position_accuracy_hand_computed():
 
 
 def test_per_position_accuracy_mask_excludes_and_nan():
-    mask = torch.tensor([[True, True, False, False],
-                         [True, False, True, False],
-                         [False, False, True, False]])
+    mask = torch.tensor(
+        [[True, True, False, False], [True, False, True, False], [False, False, True, False]]
+    )
     acc = per_position_accuracy(PREDS, TARGETS, mask)
     # pos1: rows 0,1 counted, both right -> 1; pos2: row 0 only, right -> 1;
     # pos3: rows 1,2 counted (row 0, the right one, is masked), both wrong -> 0; pos4: none -> NaN
@@ -87,7 +89,14 @@ def test_pos_at_nan_handling():
 def test_pos_at_on_the_paper_shape():
     # Transformer-like curve: perfect through 5, then decays -> pos@90 = 5 (paper: Transformer 5).
     acc = torch.cat([torch.ones(5), torch.linspace(0.85, 0.02, 59)])
-    assert pos_at(per_position_accuracy(torch.zeros(1, 64, dtype=torch.long), torch.zeros(1, 64, dtype=torch.long))) == 64
+    assert (
+        pos_at(
+            per_position_accuracy(
+                torch.zeros(1, 64, dtype=torch.long), torch.zeros(1, 64, dtype=torch.long)
+            )
+        )
+        == 64
+    )
     assert pos_at(acc) == 5
 
 

@@ -1,4 +1,5 @@
-"""Experiment-tracking mirrors (lrt_lab.training.mirrors, `--log wandb` / `--log tensorboard`): what W&B and
+"""Experiment-tracking mirrors (lrt_lab.training.mirrors, `--log wandb` / `--log tensorboard`): what
+W&B and
 TensorBoard received is read back from the files they wrote and compared with the run store, which
 stays the source of truth. Tests that need a package skip without it; the missing-package error is
 tested with the package hidden."""
@@ -19,19 +20,44 @@ from lrt_lab.training.mirrors import Mirrors, MirrorSettings, record_scalars, wa
 from lrt_lab.training.parallel import train_grid_point
 from lrt_lab.training.sweep import run_sweep
 
-TINY = ["--preset", "tiny", "--length", "8", "--batch-size", "4", "--eval-size", "4", "--eval-lengths", "8",
-        "--steps", "6", "--eval-every", "3", "--quiet"]
+TINY = [
+    "--preset",
+    "tiny",
+    "--length",
+    "8",
+    "--batch-size",
+    "4",
+    "--eval-size",
+    "4",
+    "--eval-lengths",
+    "8",
+    "--steps",
+    "6",
+    "--eval-every",
+    "3",
+    "--quiet",
+]
 RUN_NAME = "a5_prefix-L8-tiny-lrt-interleaved_2-s0"
 
 
 def tiny_cfg(**kw):
-    base = dict(task="a5_prefix", length=8, preset="tiny", steps=6, batch_size=4, eval_every=3,
-                eval_lengths=(8,), eval_size=4, checkpoint_every=2)
+    base = dict(
+        task="a5_prefix",
+        length=8,
+        preset="tiny",
+        steps=6,
+        batch_size=4,
+        eval_every=3,
+        eval_lengths=(8,),
+        eval_size=4,
+        checkpoint_every=2,
+    )
     return TrainConfig(**{**base, **kw})
 
 
 def store_scalars(run: Run) -> dict[str, dict[int, float]]:
-    """{tag: {step: value}} of every number in the run's metrics.jsonl, named as the mirrors name them."""
+    """{tag: {step: value}} of every number in the run's metrics.jsonl, named as the mirrors name
+    them."""
     out = {}
     for record in run.metrics_records():
         for tag, value in record_scalars(record).items():
@@ -52,6 +78,7 @@ def offline_wandb(monkeypatch, tmp_path):
 # TensorBoard -------------------------------------------------------------------------------------
 def tensorboard_events(folder: Path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     return acc
@@ -72,7 +99,9 @@ def assert_tensorboard_matches_store(run: Run):
     want = store_scalars(run)
     assert set(want) == {tag for tag in got if not tag.startswith("summary/")}
     for tag, by_step in want.items():
-        assert got[tag] == [(step, float(np.float32(v))) for step, v in sorted(by_step.items())], tag
+        assert got[tag] == [(step, float(np.float32(v))) for step, v in sorted(by_step.items())], (
+            tag
+        )
 
 
 def test_tensorboard_mirrors_every_metrics_line_the_config_and_the_summary(tmp_path):
@@ -113,6 +142,7 @@ def wandb_records(run_file: Path) -> list:
     """The records of an offline run's .wandb file (a LevelDB-style log of protobuf records:
     a 7-byte file header, then 32 KiB blocks of chunks, each with a 7-byte header)."""
     from wandb.proto import wandb_internal_pb2 as pb
+
     data = run_file.read_bytes()
     assert data[:4] == b":W&B"
     block, pos, chunks, records = 32768, 7, b"", []
@@ -120,8 +150,8 @@ def wandb_records(run_file: Path) -> list:
         if block - pos % block < 7:  # a block's tail too short for a header is padding
             pos += block - pos % block
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunks += data[pos + 7:pos + 7 + length]
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunks += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # a whole record, or the last chunk of one
             record = pb.Record()
@@ -135,13 +165,17 @@ def finished_records(run_file: Path, timeout_s: float = 60.0) -> list:
     """The records once W&B's service has written the run's exit record: offline, `run.finish()`
     returns before that process has flushed the file (seen with wandb 0.31 on a loaded machine)."""
     import time
+
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             records = wandb_records(run_file)
         except Exception:  # noqa: BLE001 (a record still being written does not parse yet)
             records = []
-        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+        if (
+            any(r.WhichOneof("record_type") == "exit" for r in records)
+            or time.monotonic() > deadline
+        ):
             return records
         time.sleep(0.2)
 
@@ -155,7 +189,9 @@ def offline_run(run: Run, index: int = 0) -> dict:
         kind = record.WhichOneof("record_type")
         if kind == "run":
             out["run"] = record.run
-            out["config"] = {item.key: json.loads(item.value_json) for item in record.run.config.update}
+            out["config"] = {
+                item.key: json.loads(item.value_json) for item in record.run.config.update
+            }
         elif kind == "history":
             step = record.history.step.num
             for item in record.history.item:
@@ -168,8 +204,9 @@ def offline_run(run: Run, index: int = 0) -> dict:
     return out
 
 
-def test_wandb_offline_run_folder_holds_the_config_every_metrics_line_and_the_summary(tmp_path,
-                                                                                       offline_wandb):
+def test_wandb_offline_run_folder_holds_the_config_every_metrics_line_and_the_summary(
+    tmp_path, offline_wandb
+):
     assert main(["train", *TINY, "--out", str(tmp_path / "runs"), "--log", "wandb"]) == 0
     run = Run(tmp_path / "runs" / RUN_NAME)
     wb = offline_run(run)
@@ -189,7 +226,9 @@ def test_wandb_resume_continues_the_same_wandb_run(tmp_path, offline_wandb):
     train(cfg, out=tmp_path / "runs", progress=False, stop_after=3, log=["wandb"])
     run = train(cfg, out=tmp_path / "runs", progress=False, resume=True, log=["wandb"])
     first, second = offline_run(run, 0), offline_run(run, 1)
-    assert second["folders"] == 2 and first["run"].run_id == second["run"].run_id  # one W&B run, two segments
+    assert (
+        second["folders"] == 2 and first["run"].run_id == second["run"].run_id
+    )  # one W&B run, two segments
     assert sorted(first["history"]["train/loss"]) == [1, 2, 3]
     assert sorted(second["history"]["train/loss"]) == [4, 5, 6]
     both = {**first["history"]["train/loss"], **second["history"]["train/loss"]}
@@ -197,15 +236,33 @@ def test_wandb_resume_continues_the_same_wandb_run(tmp_path, offline_wandb):
     assert "final_loss" not in first["summary"] and second["summary"]["status"] == "complete"
 
 
-def test_a_sweeps_seeds_share_one_wandb_group_named_after_their_config_group(tmp_path, offline_wandb):
-    spec = {"sweep": {"tasks": ["a5_prefix"], "models": ["lrt"], "seeds": [0, 1]},
-            "train": {"length": 8, "preset": "tiny", "steps": 4, "batch_size": 4, "eval_size": 4,
-                      "eval_lengths": [8], "eval_every": 0, "device": "cpu"}}
-    runs = run_sweep(spec, out=str(tmp_path / "runs"), progress=False,
-                     log=MirrorSettings(("wandb",), wandb_project="grid"))
+def test_a_sweeps_seeds_share_one_wandb_group_named_after_their_config_group(
+    tmp_path, offline_wandb
+):
+    spec = {
+        "sweep": {"tasks": ["a5_prefix"], "models": ["lrt"], "seeds": [0, 1]},
+        "train": {
+            "length": 8,
+            "preset": "tiny",
+            "steps": 4,
+            "batch_size": 4,
+            "eval_size": 4,
+            "eval_lengths": [8],
+            "eval_every": 0,
+            "device": "cpu",
+        },
+    }
+    runs = run_sweep(
+        spec,
+        out=str(tmp_path / "runs"),
+        progress=False,
+        log=MirrorSettings(("wandb",), wandb_project="grid"),
+    )
     assert [r.status for r in runs] == ["complete", "complete"]
     wbs = [offline_run(r)["run"] for r in runs]
-    assert {wb.run_group for wb in wbs} == {group_name(runs[0].config)} == {group_name(runs[1].config)}
+    assert (
+        {wb.run_group for wb in wbs} == {group_name(runs[0].config)} == {group_name(runs[1].config)}
+    )
     assert len({wb.run_id for wb in wbs}) == 2 and {wb.project for wb in wbs} == {"grid"}
     # another config of the same sweep is another group
     longer = {**runs[0].config, "train": {**runs[0].config["train"], "steps": 5}}
@@ -214,19 +271,28 @@ def test_a_sweeps_seeds_share_one_wandb_group_named_after_their_config_group(tmp
 
 def test_a_diverged_run_ends_its_mirrors_with_its_status(tmp_path, offline_wandb):
     pytest.importorskip("tensorboard")
-    run = train(tiny_cfg(steps=20, lr_scale=1e30), out=tmp_path / "runs", progress=False,
-                log=["wandb", "tensorboard"])
+    run = train(
+        tiny_cfg(steps=20, lr_scale=1e30),
+        out=tmp_path / "runs",
+        progress=False,
+        log=["wandb", "tensorboard"],
+    )
     summary = run.summary
     assert summary["status"] == "diverged"
     wb = offline_run(run)
     assert wb["summary"]["status"] == "diverged"
     assert wb["summary"]["diverged_at_step"] == summary["diverged_at_step"]
-    (exit_record,) = [r for r in finished_records(next((run.path / "wandb").glob("offline-run-*/run-*.wandb")))
-                      if r.WhichOneof("record_type") == "exit"]
+    (exit_record,) = [
+        r
+        for r in finished_records(next((run.path / "wandb").glob("offline-run-*/run-*.wandb")))
+        if r.WhichOneof("record_type") == "exit"
+    ]
     assert exit_record.exit.exit_code == 1  # W&B shows it failed
     losses = tensorboard_scalars(tensorboard_events(run.path / "tensorboard"))["train/loss"]
     assert losses[-1][0] == summary["diverged_at_step"]
-    assert not np.isfinite(losses[-1][1])  # the loss that ended it (null in the store: JSON has no NaN)
+    assert not np.isfinite(
+        losses[-1][1]
+    )  # the loss that ended it (null in the store: JSON has no NaN)
     assert wb["history"]["train/loss"].keys() == {step for step, _ in losses}
 
 
@@ -240,17 +306,24 @@ def test_wandb_is_offline_without_an_api_key():
 # Without the packages, and when a mirror fails ---------------------------------------------------
 @pytest.mark.parametrize("name", ["wandb", "tensorboard"])
 @pytest.mark.parametrize("command", ["train", "sweep"])
-def test_a_missing_package_is_one_line_naming_the_extra_and_nothing_is_written(tmp_path, monkeypatch, capsys,
-                                                                                 name, command):
-    monkeypatch.setitem(sys.modules, name, None)  # `import name` now fails as if it were not installed
+def test_a_missing_package_is_one_line_naming_the_extra_and_nothing_is_written(
+    tmp_path, monkeypatch, capsys, name, command
+):
+    monkeypatch.setitem(
+        sys.modules, name, None
+    )  # `import name` now fails as if it were not installed
     spec = tmp_path / "grid.toml"
-    spec.write_text('[sweep]\ntasks = ["a5_prefix"]\nmodels = ["lrt"]\n[train]\nlength = 8\npreset = "tiny"\n'
-                    'steps = 4\nbatch_size = 4\neval_size = 4\neval_lengths = [8]\n')
+    spec.write_text(
+        '[sweep]\ntasks = ["a5_prefix"]\nmodels = ["lrt"]\n[train]\nlength = 8\npreset = "tiny"\n'
+        "steps = 4\nbatch_size = 4\neval_size = 4\neval_lengths = [8]\n"
+    )
     args = ["train", *TINY] if command == "train" else ["sweep", str(spec), "--quiet"]
     assert main([*args, "--out", str(tmp_path / "runs"), "--log", name]) == 2
     err = capsys.readouterr().err
-    assert err == (f"lrt-lab: error: --log {name}: the {name} package is not installed; "
-                   f"pip install 'lrt-lab[{name}]'\n")
+    assert err == (
+        f"lrt-lab: error: --log {name}: the {name} package is not installed; "
+        f"pip install 'lrt-lab[{name}]'\n"
+    )
     assert not (tmp_path / "runs").exists()
 
 
@@ -294,17 +367,34 @@ def test_a_failing_mirror_is_dropped_with_one_warning_line_and_the_others_go_on(
     failing, recording = FailingAt(2), Recording()
     mirrors = Mirrors({"tensorboard": failing, "wandb": recording}, "r").start({}, "r", "g")
     for step in (1, 2, 3):
-        record = {"kind": "train", "step": step, "loss": 1.0 / step, "stage_losses": [0.5], "converged": True}
+        record = {
+            "kind": "train",
+            "step": step,
+            "loss": 1.0 / step,
+            "stage_losses": [0.5],
+            "converged": True,
+        }
         mirrors.log(record)
     mirrors.finish({"status": "complete"})
     mirrors.finish(None)  # what leaving train() does: nothing more once a summary ended them
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("lrt-lab: warning: --log tensorboard stopped mirroring r")
+    assert err.count("\n") == 1 and err.startswith(
+        "lrt-lab: warning: --log tensorboard stopped mirroring r"
+    )
     assert "OSError: No space left on device (second line)" in err
     assert [c[:2] for c in failing.calls] == [("start", "r"), ("log", 1)]
-    assert [c[:2] for c in recording.calls] == [("start", "r"), ("log", 1), ("log", 2), ("log", 3),
-                                                ("finish", {"status": "complete"})]
-    assert recording.calls[1][2] == {"train/loss": 1.0, "train/stage_losses/0": 0.5, "train/converged": 1.0}
+    assert [c[:2] for c in recording.calls] == [
+        ("start", "r"),
+        ("log", 1),
+        ("log", 2),
+        ("log", 3),
+        ("finish", {"status": "complete"}),
+    ]
+    assert recording.calls[1][2] == {
+        "train/loss": 1.0,
+        "train/stage_losses/0": 0.5,
+        "train/converged": 1.0,
+    }
 
 
 def test_a_mirror_failing_mid_run_costs_the_run_store_nothing(tmp_path, monkeypatch, capsys):
@@ -326,8 +416,11 @@ def test_a_mirror_failing_mid_run_costs_the_run_store_nothing(tmp_path, monkeypa
 
 
 def test_a_grid_point_passes_its_mirrors_to_the_run(tmp_path):
-    """The function Ray tasks and Slurm jobs run: its runs are mirrored like the sequential sweep's."""
+    """The function Ray tasks and Slurm jobs run: its runs are mirrored like the sequential sweep's.
+    The function Ray tasks and Slurm jobs run: its runs are mirrored like the sequential sweep's."""
     pytest.importorskip("tensorboard")
-    result = train_grid_point(tiny_cfg(steps=2, eval_every=0), str(tmp_path), threads=1, log=("tensorboard",))
+    result = train_grid_point(
+        tiny_cfg(steps=2, eval_every=0), str(tmp_path), threads=1, log=("tensorboard",)
+    )
     assert result["status"] == "complete"
     assert_tensorboard_matches_store(Run(tmp_path / RUN_NAME))

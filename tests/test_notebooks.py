@@ -24,7 +24,10 @@ def nbformat():
     """Imported by the tests that read a notebook, not at collection: nbformat's schema validation
     (jsonschema with its URI grammars) takes seconds to import, which every pytest-xdist worker
     would pay to collect this file."""
-    return pytest.importorskip("nbformat", reason="nbformat is not installed (pip install -e '.[notebooks]')")
+    return pytest.importorskip(
+        "nbformat", reason="nbformat is not installed (pip install -e '.[notebooks]')"
+    )
+
 
 # one pytest-xdist worker (under --dist loadgroup) imports nbformat and starts the kernel
 pytestmark = pytest.mark.xdist_group("notebooks")
@@ -51,7 +54,9 @@ def test_notebook_outputs_stripped(path, nbformat):
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
-        assert not cell.get("outputs"), f"{path.name} cell {i} has outputs; strip them before committing"
+        assert not cell.get("outputs"), (
+            f"{path.name} cell {i} has outputs; strip them before committing"
+        )
         assert cell.get("execution_count") is None, f"{path.name} cell {i} has an execution count"
 
 
@@ -67,7 +72,9 @@ def test_notebook_small_parameter(path, nbformat):
 def test_notebooks_use_public_api_only(path, nbformat):
     nb = nbformat.read(path, as_version=4)
     src = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    assert not re.search(r"""["']\.{0,2}/?results[/"']""", src), "notebooks must not write into the repository's results/"
+    assert not re.search(r"""["']\.{0,2}/?results[/"']""", src), (
+        "notebooks must not write into the repository's results/"
+    )
     for line in src.splitlines():
         line = line.strip()
         if line.startswith(("import ", "from ")) and ("lrt_lab" in line or "tasks" in line):
@@ -84,13 +91,20 @@ def _kernel_available() -> str | None:
     try:
         KernelSpecManager().get_kernel_spec(KERNEL)
     except NoSuchKernel:
-        return (f"no {KERNEL!r} Jupyter kernel spec; install one with `python -m ipykernel install --user`")
+        return (
+            f"no {KERNEL!r} Jupyter kernel spec; install one with "
+            "`python -m ipykernel install --user`"
+        )
     return None
 
 
 # What the kernel inherits: tiny sizes, no display, one thread on shared CPUs.
-NOTEBOOK_ENV = {"LRT_NOTEBOOK_SMALL": "1", "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1",
-                "MKL_NUM_THREADS": "1"}
+NOTEBOOK_ENV = {
+    "LRT_NOTEBOOK_SMALL": "1",
+    "MPLBACKEND": "Agg",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +114,8 @@ def kernel(tmp_path_factory):
     top to bottom from an empty namespace (`%reset -f`) in a folder of its own; what survives is
     what a kernel keeps past %reset (imported modules, torch's global settings)."""
     nbclient = pytest.importorskip(
-        "nbclient",
-        reason="nbclient is not installed (pip install -e '.[notebooks]')")
+        "nbclient", reason="nbclient is not installed (pip install -e '.[notebooks]')"
+    )
     reason = _kernel_available()
     if reason:
         pytest.skip(reason)
@@ -127,7 +141,8 @@ def _fresh_start(folder: Path, nbformat):
         f"_os.chdir({str(folder)!r})\n"
         "if 'matplotlib.pyplot' in _sys.modules:\n"
         "    _sys.modules['matplotlib.pyplot'].close('all')\n"
-        "del _os, _sys")
+        "del _os, _sys"
+    )
 
 
 @pytest.mark.slow
@@ -144,6 +159,11 @@ def test_notebook_runs(path, tmp_path, kernel, nbformat):
     finally:
         if client.kc is not None:
             client.kc.stop_channels()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
+    errors = [
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
     assert not errors, errors

@@ -21,8 +21,16 @@ from lrt_lab.training.optim import (
 )
 
 
-@pytest.mark.parametrize("memory", [None, MemoryConfig(), MemoryConfig(queries=True, projections="layerwise", source_layer=2,
-                                                                       source_avg=2, lag_avg=2)])
+@pytest.mark.parametrize(
+    "memory",
+    [
+        None,
+        MemoryConfig(),
+        MemoryConfig(
+            queries=True, projections="layerwise", source_layer=2, source_avg=2, lag_avg=2
+        ),
+    ],
+)
 def test_every_parameter_has_exactly_one_role(memory):
     model = LRT(preset("tiny", memory=memory))
     roles = param_roles(model)
@@ -59,10 +67,19 @@ def test_gates_stay_unsaturated_after_30_steps_of_the_toy_a5_recipe():
     update is the rate, the width and the batch (at 128 sequences even Muon's gates reach 17%), not
     the depth. At this shape, with the gate matrices in AdamW at the scalar rate, as before, 49%
     were saturated (the recipe's four blocks after 60 steps: 64%; with Muon 0.0% in all three)."""
-    cfg = TrainConfig(task="a5_prefix", length=8, preset="small", model="lrt", schedule="interleaved:2",
-                      steps=800, batch_size=256, task_options={"curriculum_start": 4, "curriculum_steps": 300},
-                      overrides={"n_layer": 2, "memory.gamma_init": 0.0, "memory.rec_init": "zero"},
-                      eval_lengths=(8,), device="cpu")
+    cfg = TrainConfig(
+        task="a5_prefix",
+        length=8,
+        preset="small",
+        model="lrt",
+        schedule="interleaved:2",
+        steps=800,
+        batch_size=256,
+        task_options={"curriculum_start": 4, "curriculum_steps": 300},
+        overrides={"n_layer": 2, "memory.gamma_init": 0.0, "memory.rec_init": "zero"},
+        eval_lengths=(8,),
+        device="cpu",
+    )
     task, _, schedule = prepare(cfg, None)
     torch.manual_seed(0)
     model = build_model(cfg, task.vocab_size)
@@ -75,8 +92,13 @@ def test_gates_stay_unsaturated_after_30_steps_of_the_toy_a5_recipe():
         optimizer_step(opts, list(model.parameters()), cfg.grad_clip)
     cache = {}
     with torch.no_grad():
-        run_schedule(model, task.sample(64, torch.Generator().manual_seed(1), length=8).inputs, None, Exact(),
-                     cache=cache)
+        run_schedule(
+            model,
+            task.sample(64, torch.Generator().manual_seed(1), length=8).inputs,
+            None,
+            Exact(),
+            cache=cache,
+        )
     gates = [v for k, v in cache.items() if "hook_gate" in k]
     assert len(gates) == 2 * model.config.n_layer == 4
     assert gate_saturation(gates) < 0.05
@@ -93,6 +115,7 @@ def test_gates_stay_unsaturated_after_3_steps_of_the_scale_recipe_at_d768():
     0.0% at both shapes and in the full 12-block d12, README)."""
     from lrt_scale import train as st
     from lrt_scale.batches import SyntheticData
+
     torch.manual_seed(0)
     model = LRT(preset("d12", memory=MemoryConfig(), n_layer=1, sequence_len=16, vocab_size=512))
     args = st.parse_args(["--preset", "d12", "--synthetic", "--steps", "3"])
@@ -117,7 +140,8 @@ def test_gates_stay_unsaturated_after_3_steps_of_the_scale_recipe_at_d768():
 
 @pytest.mark.parametrize("shape,adjust", [((48, 16), None), ((16, 40), "match_rms_adamw")])
 def test_cpu_muon_follows_torch_muon(shape, adjust):
-    """lrt_lab.training.optim.Muon orthogonalises in float32 on CPU; torch.optim.Muon in bfloat16. Three
+    """lrt_lab.training.optim.Muon orthogonalises in float32 on CPU; torch.optim.Muon in bfloat16.
+    Three
     steps from the same start, with momentum, weight decay and the rate scaling, must agree to
     bf16 precision: same update rule, only a more precise orthogonalisation."""
     torch.manual_seed(0)
@@ -137,9 +161,12 @@ def test_cpu_muon_follows_torch_muon(shape, adjust):
 
 def test_newton_schulz_orthogonalises():
     """The quintic iteration maps every singular value of a generic matrix into about [0.5, 1.5]
-    (Muon's design; condition number 100 here) while keeping the singular vectors: checked against a float64 SVD."""
+    (Muon's design; condition number 100 here) while keeping the singular vectors: checked
+    against a float64 SVD."""
     torch.manual_seed(1)
-    g = torch.randn(64, 24, dtype=torch.float64) @ torch.diag(torch.logspace(-1, 1, 24, dtype=torch.float64))
+    g = torch.randn(64, 24, dtype=torch.float64) @ torch.diag(
+        torch.logspace(-1, 1, 24, dtype=torch.float64)
+    )
     out = newton_schulz(g, (3.4445, -4.7750, 2.0315), 5, 1e-7)
     u, s, vh = torch.linalg.svd(g, full_matrices=False)
     sv = torch.linalg.svdvals(out)

@@ -21,9 +21,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def spec(steps=60, seeds=(0, 1)):
-    return {"sweep": {"tasks": ["a5_prefix"], "models": ["transformer", "lrt"], "seeds": list(seeds)},
-            "train": {"length": 8, "preset": "tiny", "steps": steps, "batch_size": 4, "eval_size": 4,
-                      "eval_lengths": [8], "eval_every": 0, "checkpoint_every": 10, "device": "cpu"}}
+    return {
+        "sweep": {"tasks": ["a5_prefix"], "models": ["transformer", "lrt"], "seeds": list(seeds)},
+        "train": {
+            "length": 8,
+            "preset": "tiny",
+            "steps": steps,
+            "batch_size": 4,
+            "eval_size": 4,
+            "eval_lengths": [8],
+            "eval_every": 0,
+            "checkpoint_every": 10,
+            "device": "cpu",
+        },
+    }
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +43,12 @@ def ray_instance():
     run_on_ray uses an instance already running in the process and leaves it running. The tests
     that use it share an xdist group, so one pytest-xdist worker runs them all."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
+    )
     yield ray
     ray.shutdown()
 
@@ -45,18 +60,28 @@ def steps_and_losses(folder):
 
 @pytest.mark.slow
 def test_workers_one_never_imports_ray(tmp_path):
-    code = ("import sys; from lrt_lab.training.sweep import run_sweep; from test_parallel import spec; "
-            f"run_sweep(spec(steps=3, seeds=(0,)), out={str(tmp_path)!r}, progress=False); "
-            "print('ray' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "tests", capture_output=True, text=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    code = (
+        "import sys; from lrt_lab.training.sweep import run_sweep; from test_parallel import spec; "
+        f"run_sweep(spec(steps=3, seeds=(0,)), out={str(tmp_path)!r}, progress=False); "
+        "print('ray' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT / "tests",
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "False"
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
-def test_two_workers_train_in_two_processes_at_once_with_one_process_results(tmp_path, ray_instance):
+def test_two_workers_train_in_two_processes_at_once_with_one_process_results(
+    tmp_path, ray_instance
+):
     body = spec()
     run_sweep(body, out=str(tmp_path / "one"), progress=False)
     runs = run_sweep(body, out=str(tmp_path / "two"), progress=False, workers=2, threads_per_run=1)
@@ -64,12 +89,19 @@ def test_two_workers_train_in_two_processes_at_once_with_one_process_results(tmp
     pids = {r.summary["trained_by"]["pid"] for r in runs}
     assert len(pids) == 2 and os.getpid() not in pids  # two worker processes, not this one
     # at once: each worker's runs overlap the other's in time (start = finish - wall time)
-    spans = sorted((r.summary["trained_by"]["finished"] - r.summary["wall_time_s"], r.summary["trained_by"]["finished"])
-                   for r in runs)
+    spans = sorted(
+        (
+            r.summary["trained_by"]["finished"] - r.summary["wall_time_s"],
+            r.summary["trained_by"]["finished"],
+        )
+        for r in runs
+    )
     assert any(a_end > b_start for (a_start, a_end), (b_start, b_end) in zip(spans, spans[1:]))
     for r in runs:
         assert steps_and_losses(r.path)[0] == list(range(1, 61))
-        assert steps_and_losses(r.path)[1] == pytest.approx(steps_and_losses(tmp_path / "one" / r.name)[1], rel=1e-6)
+        assert steps_and_losses(r.path)[1] == pytest.approx(
+            steps_and_losses(tmp_path / "one" / r.name)[1], rel=1e-6
+        )
 
 
 @pytest.mark.slow
@@ -91,6 +123,7 @@ def test_a_task_whose_worker_is_killed_is_retried_from_its_checkpoint(tmp_path, 
                 killed["pid"] = pid
                 return
             time.sleep(0.1)
+
     killer = threading.Thread(target=kill_once)
     killer.start()
     (run,) = run_sweep(body, out=str(tmp_path), progress=False, workers=2, threads_per_run=1)
@@ -104,8 +137,12 @@ def test_a_task_whose_worker_is_killed_is_retried_from_its_checkpoint(tmp_path, 
 def test_slurm_job_array_through_submitit_local_executor(tmp_path):
     submitit = pytest.importorskip("submitit")
     from lrt_lab.training.parallel import SlurmGridPoint, parse_slurm, run_on_slurm
+
     assert parse_slurm("partition=gpu,gpus_per_node=1,timeout_min=240") == {
-        "partition": "gpu", "gpus_per_node": 1, "timeout_min": 240}
+        "partition": "gpu",
+        "gpus_per_node": 1,
+        "timeout_min": 240,
+    }
     with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_slurm("partition")
     configs = expand(spec(steps=20, seeds=(0,)))
@@ -125,16 +162,39 @@ def test_sigterm_on_the_driver_cancels_and_the_next_invocation_continues(tmp_pat
     """The driver joins the module's running Ray instance (`--address auto`, as on a cluster), so
     the test pays for no second instance."""
     body = spec(steps=250, seeds=(0,))  # stopped at step ~20: far from the end at any speed
-    lines = ["[sweep]", 'tasks = ["a5_prefix"]', 'models = ["transformer", "lrt"]', "seeds = [0]", "[train]"]
+    lines = [
+        "[sweep]",
+        'tasks = ["a5_prefix"]',
+        'models = ["transformer", "lrt"]',
+        "seeds = [0]",
+        "[train]",
+    ]
     lines += [f"{k} = {json.dumps(v)}" for k, v in body["train"].items()]
     (tmp_path / "grid.toml").write_text("\n".join(lines) + "\n")
-    args = [sys.executable, "-m", "lrt_lab", "sweep", str(tmp_path / "grid.toml"), "--out", str(tmp_path / "s"),
-            "--workers", "2", "--threads-per-run", "1", "--address", "auto", "--quiet"]
+    args = [
+        sys.executable,
+        "-m",
+        "lrt_lab",
+        "sweep",
+        str(tmp_path / "grid.toml"),
+        "--out",
+        str(tmp_path / "s"),
+        "--workers",
+        "2",
+        "--threads-per-run",
+        "1",
+        "--address",
+        "auto",
+        "--quiet",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    driver = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    driver = subprocess.Popen(
+        args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 300
     while time.time() < deadline and not any(
-            len(p.read_text().splitlines()) >= 20 for p in (tmp_path / "s").glob("*/metrics.jsonl")):
+        len(p.read_text().splitlines()) >= 20 for p in (tmp_path / "s").glob("*/metrics.jsonl")
+    ):
         time.sleep(0.2)
     driver.send_signal(signal.SIGTERM)
     out, err = driver.communicate(timeout=120)

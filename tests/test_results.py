@@ -21,7 +21,9 @@ STORE = ROOT / "experiments" / "results"
 
 
 def _tables_module():
-    spec = importlib.util.spec_from_file_location("results_tables", ROOT / "experiments" / "results_tables.py")
+    spec = importlib.util.spec_from_file_location(
+        "results_tables", ROOT / "experiments" / "results_tables.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -35,14 +37,21 @@ def _runs_by_method(task: str) -> dict:
         if not (folder / "summary.json").is_file():
             continue
         config = json.loads((folder / "config.json").read_text())
-        if config["train"]["task"] != task or config["train"]["task_options"].get("supervise_every", 1) != 1:
+        if (
+            config["train"]["task"] != task
+            or config["train"]["task_options"].get("supervise_every", 1) != 1
+        ):
             continue  # (every k-th position supervised: the truncation table's)
         kind, schedule = config["kind"], config["schedule"]
         method = kind if schedule == "onepass" and kind != "lrt" else f"{kind} {schedule}"
         mem = config["model"].get("memory") or {}
         where, init = "", "-"
         if kind == "lrt":
-            init = "start-as-transformer" if mem.get("gamma_init") == 0 and mem.get("rec_init") == "zero" else "paper init"
+            init = (
+                "start-as-transformer"
+                if mem.get("gamma_init") == 0 and mem.get("rec_init") == "zero"
+                else "paper init"
+            )
             if config["train"].get("memory_preset") == "released":
                 where = ", released preset"
             else:
@@ -68,8 +77,11 @@ def _row(table: str, label: str, init: str | None = None) -> list[str]:
     """The row whose first cell is `label` (and, given `init`, whose memory cell names it)."""
     for line in table.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) > 1 and cells[0] == label and (
-                init is None or (init in cells[1] if init != "-" else cells[1] == "-")):
+        if (
+            len(cells) > 1
+            and cells[0] == label
+            and (init is None or (init in cells[1] if init != "-" else cells[1] == "-"))
+        ):
             return cells
     raise AssertionError(f"no row {label!r} ({init}) in\n{table}")
 
@@ -80,9 +92,15 @@ def test_state_tracking_table_matches_the_run_files(task):
     assert by_length, f"experiments/results/ holds no complete {task} runs"
     df = load_runs(STORE)
     for length, runs in by_length.items():
-        table = _tables_module().state_tracking_table(df[df["config.train.length"] == length], task, None)
+        table = _tables_module().state_tracking_table(
+            df[df["config.train.length"] == length], task, None
+        )
         header = [c.strip() for c in table.splitlines()[2].strip("|").split("|")]
-        lengths = [int(h.split()[-1]) for h in header if h.startswith("pos@90 at") and not h.endswith("per seed")]
+        lengths = [
+            int(h.split()[-1])
+            for h in header
+            if h.startswith("pos@90 at") and not h.endswith("per seed")
+        ]
         assert lengths and lengths[0] == length, header
         col = {h: i for i, h in enumerate(header)}  # columns by name: the table may gain others
         for (label, init), summaries in runs.items():
@@ -98,10 +116,14 @@ def test_state_tracking_table_matches_the_run_files(task):
             acc = statistics.mean(e[f"acc_exact@{lengths[0]}"] for e in evals)
             assert cells[col[f"accuracy at {lengths[0]}"]].startswith(f"{acc:.3f}"), (label, cells)
             per_seed = sorted(cells[col[f"pos@90 at {lengths[0]} per seed"]].split(", "))
-            assert per_seed == sorted(str(e[f"pos90_exact@{lengths[0]}"]) for e in evals), (label, cells)
+            assert per_seed == sorted(str(e[f"pos90_exact@{lengths[0]}"]) for e in evals), (
+                label,
+                cells,
+            )
             parallel = cells[col[next(h for h in header if h.startswith("parallel forward"))]]
             assert sorted(parallel.split(", ")) == sorted(
-                "/".join(str(e[f"pos90_parallel@{n}"]) for n in lengths) for e in evals), (label, parallel)
+                "/".join(str(e[f"pos90_parallel@{n}"]) for n in lengths) for e in evals
+            ), (label, parallel)
 
 
 def test_gap_table_recovered_fraction_matches_the_bpb_tables():
@@ -114,15 +136,19 @@ def test_gap_table_recovered_fraction_matches_the_bpb_tables():
         config = json.loads((folder / "config.json").read_text())
         if config["train"]["task"] != "text_bytes":
             continue
-        exact = next(line.split(",")[3] for line in csv.read_text().splitlines() if line.startswith("exact,"))
+        exact = next(
+            line.split(",")[3] for line in csv.read_text().splitlines() if line.startswith("exact,")
+        )
         method = config["kind"] if config["kind"] != "lrt" else f"lrt {config['schedule']}"
         bpb[method][config["train"]["seed"]] = float(exact)
     assert {"transformer", "lrt exact"} <= set(bpb), sorted(bpb)
     table = _tables_module().gap_table(load_runs(STORE))
     for method in set(bpb) - {"transformer", "lrt exact"}:
         seeds = sorted(set(bpb[method]) & set(bpb["transformer"]) & set(bpb["lrt exact"]))
-        fractions = [(bpb["transformer"][s] - bpb[method][s]) / (bpb["transformer"][s] - bpb["lrt exact"][s])
-                     for s in seeds]
+        fractions = [
+            (bpb["transformer"][s] - bpb[method][s]) / (bpb["transformer"][s] - bpb["lrt exact"][s])
+            for s in seeds
+        ]
         cells = _row(table, method)
         assert cells[2].startswith(f"{100 * statistics.mean(fractions):.0f}%"), (method, cells)
         assert f"(n={len(seeds)})" in cells[2]
@@ -132,24 +158,41 @@ def test_frontier_points_are_the_runs_that_differ_only_in_their_trainer():
     """From the files: A5 at length 16, every position supervised, the transformer or an LRT of
     the paper preset with no override; a method whose runs differ in steps is split by steps."""
     from lrt_lab.store.report import frontier_points
+
     expect = []
     for folder in sorted(STORE.iterdir()):
         if not (folder / "summary.json").is_file():
             continue
         config = json.loads((folder / "config.json").read_text())
         train = config["train"]
-        if (train["task"], train["length"]) != ("a5_prefix", 16) or "supervise_every" in train["task_options"]:
+        if (train["task"], train["length"]) != ("a5_prefix", 16) or "supervise_every" in train[
+            "task_options"
+        ]:
             continue
-        if train.get("overrides") or (config["kind"] == "lrt" and train.get("memory_preset", "paper") != "paper"):
+        if train.get("overrides") or (
+            config["kind"] == "lrt" and train.get("memory_preset", "paper") != "paper"
+        ):
             continue
         summary = json.loads((folder / "summary.json").read_text())
         method = "transformer" if config["kind"] == "transformer" else f"lrt {config['schedule']}"
-        expect.append((method, train["steps"], train["seed"], summary["compute_tokens"] / 1e6,
-                       summary["eval"]["pos90_exact@16"], summary["eval"]["pos90_exact@64"]))
+        expect.append(
+            (
+                method,
+                train["steps"],
+                train["seed"],
+                summary["compute_tokens"] / 1e6,
+                summary["eval"]["pos90_exact@16"],
+                summary["eval"]["pos90_exact@64"],
+            )
+        )
     assert expect, "no A5 length-16 runs in the store"
     points = frontier_points(load_runs(STORE))
-    got = sorted((t.split(" (")[0], s, c, p16, p64) for t, s, c, p16, p64 in
-                 points[["trainer", "seed", "compute", "pos90_exact@16", "pos90_exact@64"]].itertuples(index=False))
+    got = sorted(
+        (t.split(" (")[0], s, c, p16, p64)
+        for t, s, c, p16, p64 in points[
+            ["trainer", "seed", "compute", "pos90_exact@16", "pos90_exact@64"]
+        ].itertuples(index=False)
+    )
     want = sorted((m, s, c, p16, p64) for m, _, s, c, p16, p64 in expect)
     # row by row: pytest.approx takes no nested structures from pytest 9.2 on
     assert [row[:2] for row in got] == [row[:2] for row in want]
@@ -166,6 +209,7 @@ def test_frontier_table_and_figure_are_built_from_the_points(tmp_path):
     tables = _tables_module()
     df = load_runs(STORE)
     from lrt_lab.store.report import frontier_points
+
     points = frontier_points(df)
     table = tables.frontier_table(df)
     for trainer, runs in points.groupby("trainer"):
@@ -190,7 +234,8 @@ def test_truncation_table_lists_every_supervised_every_kth_run():
             ev = summary["eval"]
             counted[(f"lrt {config['schedule']}", k)].append(
                 f"{ev['pos90_exact@16']}/{ev['pos90_exact@32']}/{ev['pos90_exact@64']} "
-                f"({summary['final_loss']:.2f})")
+                f"({summary['final_loss']:.2f})"
+            )
     table = _tables_module().truncation_table(load_runs(STORE))
     if not counted:
         assert table is None
@@ -221,6 +266,7 @@ def tables():
             if key not in built:
                 built[key] = build(*args)
             return built[key]
+
         return cached
 
     module.load_runs = load_runs_once  # the same frame each time, so its id keys the tables
@@ -232,10 +278,13 @@ def tables():
 @pytest.mark.xdist_group("results_tables")  # the module's tables fixture, built once
 def test_results_page_and_readme_block_are_what_the_store_gives(tables):
     """docs/results.md and the README block regenerated from the committed store equal the committed
-    files (`python experiments/results_tables.py --write` after a change to the store or template)."""
+    files (`python experiments/results_tables.py --write` after a change to the store or
+    template)."""
     differ = tables.stale(STORE)
-    assert not differ, (f"{[str(p.relative_to(ROOT)) for p in differ]} differ from what the run store gives; "
-                        "run python experiments/results_tables.py --write")
+    assert not differ, (
+        f"{[str(p.relative_to(ROOT)) for p in differ]} differ from what the run store gives; "
+        "run python experiments/results_tables.py --write"
+    )
     page = (ROOT / "docs" / "results.md").read_text()
     assert "<!-- table:" not in page  # every placeholder of the template was filled
     for figure in tables.FIGURES:
@@ -269,7 +318,9 @@ def test_readme_compact_a5_rows_match_the_run_files():
     for label, init in tables.A5_AT_16:
         summaries = next(v for (l, i), v in runs.items() if l == label and (init == i or init in i))
         cells = _row(a5, tables.short(label))
-        means = [statistics.mean(s["eval"][f"pos90_exact@{n}"] for s in summaries) for n in (16, 32, 64)]
+        means = [
+            statistics.mean(s["eval"][f"pos90_exact@{n}"] for s in summaries) for n in (16, 32, 64)
+        ]
         assert cells[1] == " / ".join(f"{m:.1f}" for m in means), (label, cells)
         learned = sum(s["eval"]["pos90_exact@16"] >= 16 for s in summaries)
         assert cells[2] == f"{learned} of {len(summaries)}", (label, cells)

@@ -29,8 +29,10 @@ TOL = 1e-10
 
 def grads(model, loss):
     params = list(model.parameters())
-    return [torch.zeros_like(p) if g is None else g
-            for p, g in zip(params, torch.autograd.grad(loss, params, allow_unused=True))]
+    return [
+        torch.zeros_like(p) if g is None else g
+        for p, g in zip(params, torch.autograd.grad(loss, params, allow_unused=True))
+    ]
 
 
 def test_specs_parse_and_round_trip():
@@ -86,9 +88,15 @@ def test_measured_cost_is_the_rollout_fraction_plus_the_sweeps():
     assert len(out.stages) == 2 and len(out.stage_losses) == 2
     assert out.loss.item() == pytest.approx(sum(l.item() for l in out.stage_losses) / 2, rel=1e-12)
     top = make_model(MemoryConfig(source_layer=3))  # the source is the top block: no split
-    assert run_schedule(top, tokens(T=T), None, Rollout()).measured.cost == pytest.approx(1 + (T - 1) / T)
-    lag2 = make_model(MemoryConfig(source_layer=3, lag=2))  # position t reads m_{t-2}: T-2 rolled out
-    assert run_schedule(lag2, tokens(T=T), None, Rollout()).measured.cost == pytest.approx(1 + (T - 2) / T)
+    assert run_schedule(top, tokens(T=T), None, Rollout()).measured.cost == pytest.approx(
+        1 + (T - 1) / T
+    )
+    lag2 = make_model(
+        MemoryConfig(source_layer=3, lag=2)
+    )  # position t reads m_{t-2}: T-2 rolled out
+    assert run_schedule(lag2, tokens(T=T), None, Rollout()).measured.cost == pytest.approx(
+        1 + (T - 2) / T
+    )
 
 
 def test_a_plain_transformer_just_runs_the_sweeps():
@@ -110,6 +118,7 @@ def test_the_caller_thread_count_is_restored():
 
         def boom(x, P):
             raise RuntimeError("hook failed")
+
         with pytest.raises(RuntimeError, match="hook failed"), hooks(model, {"hook_mem_out": boom}):
             rollout_memory(model, tokens(T=T))
         assert torch.get_num_threads() == 2
@@ -117,8 +126,11 @@ def test_the_caller_thread_count_is_restored():
         torch.set_num_threads(before)
 
 
-# Starting from given memory ---------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["default", "source1_lag2", "averages", "reset_at_bos", "layerwise"])
+# Starting from given memory
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "name", ["default", "source1_lag2", "averages", "reset_at_bos", "layerwise"]
+)
 @pytest.mark.parametrize("prompt_len", [0, 1, 4])
 def test_decoded_rows_score_the_sequence_in_one_parallel_pass(name, prompt_len):
     """Prefill a prompt exactly (or none), decode the rest keeping the memory rows; one
@@ -161,22 +173,38 @@ def test_given_memory_is_read_and_exact_schedules_ignore_it():
     exact = run_schedule(model, idx, None, Exact()).logits
     for sched in (Exact(), Rollout()):  # every row they read, they compute
         assert maxdiff(run_schedule(model, idx, None, sched, memory_rows=rows).logits, exact) <= TOL
-    short = run_schedule(model, idx, None, FullSequence(0), memory_rows=rows[:, :4]).logits  # later rows zero
+    short = run_schedule(
+        model, idx, None, FullSequence(0), memory_rows=rows[:, :4]
+    ).logits  # later rows zero
     padded = torch.cat([rows[:, :4], torch.zeros_like(rows[:, 4:])], dim=1)
-    assert maxdiff(short, run_schedule(model, idx, None, FullSequence(0), memory_rows=padded).logits) <= TOL
+    assert (
+        maxdiff(short, run_schedule(model, idx, None, FullSequence(0), memory_rows=padded).logits)
+        <= TOL
+    )
 
 
 def test_given_memory_is_checked():
     model = make_model(CONFIGS["default"])
     idx = tokens(T=T)
     d = model.config.n_embd
-    for bad in (torch.zeros(2, T, d + 1, dtype=torch.float64), torch.zeros(3, T, d, dtype=torch.float64),
-                torch.zeros(2, T + 1, d, dtype=torch.float64), torch.zeros(2, T, d, dtype=torch.long),
-                torch.full((2, T, d), float("nan"), dtype=torch.float64), [[0.0]]):
+    for bad in (
+        torch.zeros(2, T, d + 1, dtype=torch.float64),
+        torch.zeros(3, T, d, dtype=torch.float64),
+        torch.zeros(2, T + 1, d, dtype=torch.float64),
+        torch.zeros(2, T, d, dtype=torch.long),
+        torch.full((2, T, d), float("nan"), dtype=torch.float64),
+        [[0.0]],
+    ):
         with pytest.raises(ValueError, match="memory"):
             run_schedule(model, idx, None, FullSequence(0), memory_rows=bad)
     with pytest.raises(ValueError, match="memory pathway"):
-        run_schedule(make_model(None), idx, None, OnePass(), memory_rows=torch.zeros(2, T, d, dtype=torch.float64))
+        run_schedule(
+            make_model(None),
+            idx,
+            None,
+            OnePass(),
+            memory_rows=torch.zeros(2, T, d, dtype=torch.float64),
+        )
 
 
 def test_memory_rows_need_keep_memory_and_are_none_without_a_memory():
@@ -192,14 +220,30 @@ def test_memory_rows_need_keep_memory_and_are_none_without_a_memory():
 
 def test_rollout_trains_through_the_training_loop(tmp_path):
     from lrt_lab.training.loop import TrainConfig, train
-    cfg = TrainConfig(task="a5_prefix", length=6, preset="small", schedule="rollout:2", steps=3, batch_size=4,
-                      eval_size=4, eval_lengths=(6,), eval_every=0, checkpoint_every=0, seed=0, name="rollout")
+
+    cfg = TrainConfig(
+        task="a5_prefix",
+        length=6,
+        preset="small",
+        schedule="rollout:2",
+        steps=3,
+        batch_size=4,
+        eval_size=4,
+        eval_lengths=(6,),
+        eval_every=0,
+        checkpoint_every=0,
+        seed=0,
+        name="rollout",
+    )
     run = train(cfg, out=tmp_path, progress=False)
     records = [r for r in run.metrics_records() if r["kind"] == "train"]
     assert len(records) == 3
-    n_layer = 4  # the small preset; the paper's source layer round(0.6 * 4) = 2: the rollout runs 2 of 4 blocks
+    # the small preset; the paper's source layer round(0.6 * 4) = 2: the rollout runs 2 of 4 blocks
+    n_layer = 4
     split = 2
-    costs = [2 + split / n_layer * (r["length"] - 1) / r["length"] for r in records]  # the last position not rolled out
+    costs = [
+        2 + split / n_layer * (r["length"] - 1) / r["length"] for r in records
+    ]  # the last position not rolled out
     for r, cost in zip(records, costs):
         assert r["step_cost"] == pytest.approx(cost)
         assert 0 < r["rollout_share"] < 1
@@ -209,6 +253,7 @@ def test_rollout_trains_through_the_training_loop(tmp_path):
 def test_the_readme_recipe_runs():
     """The README's "Start from given memory" example, run as written."""
     from pathlib import Path
+
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     blocks = [b.split("```")[0] for b in text.split("```python\n")[1:]]
     recipe = [b for b in blocks if "keep_memory=True" in b and "memory_rows=rows" in b]

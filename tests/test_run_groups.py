@@ -1,6 +1,7 @@
 """One grouping rule everywhere: a group is the whole config up to the seed (and name).
 
-Unit checks of lrt_lab.store.run_groups on hand-written runs tables, then a real store of two configs x two
+Unit checks of lrt_lab.store.run_groups on hand-written runs tables, then a real store of two
+configs x two
 seeds (the default LRT and the same LRT reading its memory from another block, which the old
 fixed-field labels pooled into one group of four) read by `lrt-lab report`, seed_stats and the
 dashboard: each must show two groups of two.
@@ -21,18 +22,31 @@ from lrt_lab.store.run_groups import group_keys, group_labels
 
 
 def table(*rows: dict) -> pd.DataFrame:
-    base = {"run": None, "config.kind": "lrt", "config.schedule": "exact", "config.train.task": "a5_prefix",
-            "config.train.length": 8, "config.model.n_layer": 4, "config.model.memory.source_layer": np.nan,
-            "config.train.seed": 0, "config.train.name": None, "config.params.total": 100}
+    base = {
+        "run": None,
+        "config.kind": "lrt",
+        "config.schedule": "exact",
+        "config.train.task": "a5_prefix",
+        "config.train.length": 8,
+        "config.model.n_layer": 4,
+        "config.model.memory.source_layer": np.nan,
+        "config.train.seed": 0,
+        "config.train.name": None,
+        "config.params.total": 100,
+    }
     out = pd.DataFrame([{**base, **r} for r in rows])
     out["run"] = [f"r{i}" for i in range(len(out))]
     return out
 
 
 def test_seeds_share_a_group_and_any_other_difference_splits_it():
-    df = table({"config.train.seed": 0, "config.train.name": "a"}, {"config.train.seed": 1, "config.train.name": "b"},
-               {"config.model.memory.source_layer": 4.0}, {"config.model.memory.source_layer": 4, "config.train.seed": 1},
-               {"config.train.matrix_lr": 0.01})
+    df = table(
+        {"config.train.seed": 0, "config.train.name": "a"},
+        {"config.train.seed": 1, "config.train.name": "b"},
+        {"config.model.memory.source_layer": 4.0},
+        {"config.model.memory.source_layer": 4, "config.train.seed": 1},
+        {"config.train.matrix_lr": 0.01},
+    )
     labels = group_labels(df)
     assert labels[0] == labels[1] == "lrt exact"  # the default reads as the method alone
     assert labels[2] == labels[3] == "lrt exact | memory.source_layer=4"  # 4.0 and 4 are one value
@@ -41,14 +55,29 @@ def test_seeds_share_a_group_and_any_other_difference_splits_it():
 
 
 def test_labels_name_only_what_differs_and_the_task_always():
-    df = table({}, {"config.kind": "transformer", "config.schedule": "onepass"},
-               {"config.model.n_layer": 8, "config.kind": "transformer", "config.schedule": "onepass",
-                "config.params.total": 200},
-               {"config.train.task": "z60_prefix", "config.kind": "transformer", "config.schedule": "onepass"})
+    df = table(
+        {},
+        {"config.kind": "transformer", "config.schedule": "onepass"},
+        {
+            "config.model.n_layer": 8,
+            "config.kind": "transformer",
+            "config.schedule": "onepass",
+            "config.params.total": 200,
+        },
+        {
+            "config.train.task": "z60_prefix",
+            "config.kind": "transformer",
+            "config.schedule": "onepass",
+        },
+    )
     labels = group_labels(df)
     # params differ with depth but follow from it: never named; the task is named whenever it varies
-    assert list(labels) == ["lrt exact | a5_prefix | layers=4", "transformer | a5_prefix | layers=4",
-                            "transformer | a5_prefix | layers=8", "transformer | z60_prefix | layers=4"]
+    assert list(labels) == [
+        "lrt exact | a5_prefix | layers=4",
+        "transformer | a5_prefix | layers=4",
+        "transformer | a5_prefix | layers=8",
+        "transformer | z60_prefix | layers=4",
+    ]
     assert list(group_labels(df.iloc[:2])) == ["lrt exact", "transformer"]
     # a view that puts depth on an axis of its own leaves it out of the labels
     assert group_labels(df.iloc[1:3], exclude=["config.model.n_layer"]).nunique() == 1
@@ -56,9 +85,18 @@ def test_labels_name_only_what_differs_and_the_task_always():
 
 def test_an_unset_field_never_merges_two_groups():
     # the only difference is a field one group lacks: the label has to spell it out
-    df = table({"config.model.memory.source_layer": np.nan, "config.kind": "transformer",
-                "config.schedule": "onepass"},
-               {"config.model.memory.source_layer": 2, "config.kind": "transformer", "config.schedule": "onepass"})
+    df = table(
+        {
+            "config.model.memory.source_layer": np.nan,
+            "config.kind": "transformer",
+            "config.schedule": "onepass",
+        },
+        {
+            "config.model.memory.source_layer": 2,
+            "config.kind": "transformer",
+            "config.schedule": "onepass",
+        },
+    )
     labels = group_labels(df)
     assert labels.nunique() == 2, list(labels)
 
@@ -74,10 +112,23 @@ def two_by_two(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("two_by_two")
     for overrides in ({}, {"memory.source_layer": 2}):
         for seed in (0, 1):
-            cfg = TrainConfig(task="group_prefix", task_options={"group": "S3"}, length=6, preset="tiny", model="lrt",
-                              schedule="exact", steps=4, batch_size=8, eval_every=2, eval_lengths=(6,), eval_size=16,
-                              checkpoint_every=0, seed=seed, overrides=overrides,
-                              name=f"lrt-{'src2' if overrides else 'default'}-s{seed}")
+            cfg = TrainConfig(
+                task="group_prefix",
+                task_options={"group": "S3"},
+                length=6,
+                preset="tiny",
+                model="lrt",
+                schedule="exact",
+                steps=4,
+                batch_size=8,
+                eval_every=2,
+                eval_lengths=(6,),
+                eval_size=16,
+                checkpoint_every=0,
+                seed=seed,
+                overrides=overrides,
+                name=f"lrt-{'src2' if overrides else 'default'}-s{seed}",
+            )
             train(cfg, out=root, progress=False)
     return root
 
@@ -94,13 +145,19 @@ def test_report_and_seed_stats_show_two_groups_of_two(two_by_two, capsys):
     assert stats["n"].tolist() == [2, 2] and set(stats["seeds"]) == {"0, 1"}
     # against an independent computation: mean and t-interval of each config's two runs
     for group, source in (("lrt exact", None), ("lrt exact | memory.source_layer=2", 2)):
-        sub = df[df["config.model.memory.source_layer"].fillna(-1) == (source if source else -1)][metric]
+        sub = df[df["config.model.memory.source_layer"].fillna(-1) == (source if source else -1)][
+            metric
+        ]
         half = sps.t.ppf(0.975, 1) * np.std(sub, ddof=1) / math.sqrt(2)
         assert stats.loc[group, "mean"] == pytest.approx(sub.mean())
         assert stats.loc[group, "ci_high"] == pytest.approx(sub.mean() + half)
     table_ = print_report(two_by_two, metric=metric)
     out = capsys.readouterr().out
-    assert table_["n"].tolist() == [2, 2] and "95% t-interval" in out and "memory.source_layer=2" in out
+    assert (
+        table_["n"].tolist() == [2, 2]
+        and "95% t-interval" in out
+        and "memory.source_layer=2" in out
+    )
 
 
 def test_the_dashboard_shows_two_groups_of_two(two_by_two, monkeypatch):
@@ -130,7 +187,16 @@ def test_the_dashboard_shows_two_groups_of_two(two_by_two, monkeypatch):
 
 def test_a_run_trained_longer_is_labelled_apart_from_the_seeds_of_its_group():
     from lrt_lab.store.report import steps_suffix
-    df = pd.DataFrame({"label": ["a", "a", "a", "b", "b"], "config.train.steps": [1500, 1500, 3000, 1500, 1500]})
-    assert steps_suffix(df, "label").tolist() == [" (1500 steps)", " (1500 steps)", " (3000 steps)", "", ""]
+
+    df = pd.DataFrame(
+        {"label": ["a", "a", "a", "b", "b"], "config.train.steps": [1500, 1500, 3000, 1500, 1500]}
+    )
+    assert steps_suffix(df, "label").tolist() == [
+        " (1500 steps)",
+        " (1500 steps)",
+        " (3000 steps)",
+        "",
+        "",
+    ]
     # grouping by a Series (a label built on the fly) gives the same answer
     assert steps_suffix(df, df["label"]).tolist() == steps_suffix(df, "label").tolist()

@@ -1,4 +1,5 @@
-"""lrt_scale.data: shard format, local reader, and the downloader's retry/resume logic (no network: file:// and fakes)."""
+"""lrt_scale.data: shard format, local reader, and the downloader's retry/resume logic (no network:
+file:// and fakes)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("shards")
     docs = stdlib_docs()[:90]
     for i in range(3):
-        data.write_shard(docs[i * 30:(i + 1) * 30], d / data.shard_name(i), row_group_size=5)
+        data.write_shard(docs[i * 30 : (i + 1) * 30], d / data.shard_name(i), row_group_size=5)
     return d, docs
 
 
@@ -62,7 +63,10 @@ def test_row_groups_enumerate_across_shards(corpus):
 @pytest.mark.parametrize("world_size", [1, 2, 5])
 def test_ranks_partition_documents(corpus, world_size):
     d, docs = corpus
-    per_rank = [list(data.iter_documents(d, "train", rank=r, world_size=world_size)) for r in range(world_size)]
+    per_rank = [
+        list(data.iter_documents(d, "train", rank=r, world_size=world_size))
+        for r in range(world_size)
+    ]
     flat = [doc for part in per_rank for doc in part]
     assert sorted(flat) == sorted(docs[:60])
     assert len(flat) == 60  # no document twice
@@ -83,7 +87,7 @@ def test_text_iterator_stops_after_max_chars(corpus):
     d, docs = corpus
     out = list(data.text_iterator(d, max_chars=1000))
     assert sum(map(len, out[:-1])) < 1000 <= sum(map(len, out))
-    assert out == docs[:len(out)]
+    assert out == docs[: len(out)]
 
 
 def test_reader_errors_name_the_field(corpus, tmp_path):
@@ -120,7 +124,8 @@ def test_shard_names_and_download_plan():
         data.shard_name(-1)
 
 
-# ------------------------------------------------------------------------------------------- downloader
+# -------------------------------------------------------------------------------------------
+# downloader
 class FakeResponse(io.BytesIO):
     def __init__(self, body: bytes, status: int = 200, content_length: int | None = None):
         super().__init__(body)
@@ -129,7 +134,8 @@ class FakeResponse(io.BytesIO):
 
 
 class FakeServer:
-    """An ``opener`` that serves ``payload``, honours Range (206) unless told not to, and can fail on cue."""
+    """An ``opener`` that serves ``payload``, honours Range (206) unless told not to, and can fail
+    on cue."""
 
     def __init__(self, payload: bytes, script=(), honour_range=True):
         self.payload, self.script, self.honour_range = payload, list(script), honour_range
@@ -141,11 +147,11 @@ class FakeServer:
         action = self.script.pop(0) if self.script else "ok"
         if isinstance(action, BaseException):
             raise action
-        start = int(rng[len("bytes="):-1]) if rng and self.honour_range else 0
+        start = int(rng[len("bytes=") : -1]) if rng and self.honour_range else 0
         body = self.payload[start:]
         status = 206 if start else 200
         if action == "truncate":  # connection drops half way: fewer bytes than Content-Length
-            return FakeResponse(body[:len(body) // 2], status, content_length=len(body))
+            return FakeResponse(body[: len(body) // 2], status, content_length=len(body))
         return FakeResponse(body, status, content_length=len(body))
 
 
@@ -157,7 +163,9 @@ def payload(corpus):
 
 def test_download_from_file_url(corpus, tmp_path):
     d, _ = corpus
-    dest = data.download_file((d / "shard_00001.parquet").as_uri(), tmp_path / "out" / "shard_00001.parquet")
+    dest = data.download_file(
+        (d / "shard_00001.parquet").as_uri(), tmp_path / "out" / "shard_00001.parquet"
+    )
     assert dest.read_bytes() == (d / "shard_00001.parquet").read_bytes()
     assert not (tmp_path / "out" / "shard_00001.parquet.part").exists()
 
@@ -181,9 +189,17 @@ def test_download_restarts_when_server_ignores_range(payload, tmp_path):
 
 def test_download_retries_with_backoff_and_resumes_truncated_reads(payload, tmp_path):
     sleeps = []
-    server = FakeServer(payload, script=[urllib.error.URLError("reset"), "truncate", TimeoutError("slow"), "ok"])
-    dest = data.download_file("http://x/shard", tmp_path / "s.parquet", opener=server, sleep=sleeps.append,
-                              retries=5, backoff=0.5)
+    server = FakeServer(
+        payload, script=[urllib.error.URLError("reset"), "truncate", TimeoutError("slow"), "ok"]
+    )
+    dest = data.download_file(
+        "http://x/shard",
+        tmp_path / "s.parquet",
+        opener=server,
+        sleep=sleeps.append,
+        retries=5,
+        backoff=0.5,
+    )
     assert dest.read_bytes() == payload
     assert sleeps == [0.5, 1.0, 2.0]
     half = (len(payload)) // 2
@@ -191,13 +207,17 @@ def test_download_retries_with_backoff_and_resumes_truncated_reads(payload, tmp_
 
 
 def test_download_gives_up_but_keeps_part_for_next_run(payload, tmp_path):
-    server = FakeServer(payload, script=["truncate", urllib.error.URLError("down"), urllib.error.URLError("down")])
+    server = FakeServer(
+        payload, script=["truncate", urllib.error.URLError("down"), urllib.error.URLError("down")]
+    )
     dest = tmp_path / "s.parquet"
     with pytest.raises(RuntimeError, match="giving up after 3 attempts"):
         data.download_file("http://x/shard", dest, opener=server, sleep=lambda s: None, retries=2)
     part = tmp_path / "s.parquet.part"
-    assert part.read_bytes() == payload[:len(payload) // 2]
-    data.download_file("http://x/shard", dest, opener=server, sleep=lambda s: None)  # the next run resumes
+    assert part.read_bytes() == payload[: len(payload) // 2]
+    data.download_file(
+        "http://x/shard", dest, opener=server, sleep=lambda s: None
+    )  # the next run resumes
     assert dest.read_bytes() == payload and not part.exists()
 
 
@@ -205,16 +225,21 @@ def test_download_does_not_retry_a_404(tmp_path):
     sleeps = []
     err = urllib.error.HTTPError("http://x", 404, "Not Found", {}, None)
     with pytest.raises(data.PermanentDownloadError, match="404"):
-        data.download_file("http://x/shard", tmp_path / "s.parquet", opener=FakeServer(b"", [err]),
-                           sleep=sleeps.append)
+        data.download_file(
+            "http://x/shard",
+            tmp_path / "s.parquet",
+            opener=FakeServer(b"", [err]),
+            sleep=sleeps.append,
+        )
     assert sleeps == []
 
 
 def test_download_rejects_a_non_parquet_body(tmp_path):
     server = FakeServer(b"<html>rate limited</html>")
     with pytest.raises(RuntimeError, match="giving up"):
-        data.download_file("http://x/shard", tmp_path / "s.parquet", opener=server, sleep=lambda s: None,
-                           retries=1)
+        data.download_file(
+            "http://x/shard", tmp_path / "s.parquet", opener=server, sleep=lambda s: None, retries=1
+        )
     assert not (tmp_path / "s.parquet").exists() and not (tmp_path / "s.parquet.part").exists()
 
 
@@ -228,12 +253,20 @@ def test_download_shards_fetches_train_and_val_and_skips_finished(corpus, tmp_pa
 
     def opener(req, timeout):
         calls.append(req.full_url)
-        return FakeResponse(Path(req.full_url[len("file://"):]).read_bytes())
+        return FakeResponse(Path(req.full_url[len("file://") :]).read_bytes())
 
     out = tmp_path / "local"
-    paths = data.download_shards(2, out, base_url=src.as_uri(), total_shards=5, opener=opener, workers=2)
-    assert [p.name for p in paths] == ["shard_00000.parquet", "shard_00001.parquet", "shard_00004.parquet"]
-    assert [p.name for p in data.split_shards(data.list_shards(out), "val")] == ["shard_00004.parquet"]
+    paths = data.download_shards(
+        2, out, base_url=src.as_uri(), total_shards=5, opener=opener, workers=2
+    )
+    assert [p.name for p in paths] == [
+        "shard_00000.parquet",
+        "shard_00001.parquet",
+        "shard_00004.parquet",
+    ]
+    assert [p.name for p in data.split_shards(data.list_shards(out), "val")] == [
+        "shard_00004.parquet"
+    ]
     n = len(calls)
     data.download_shards(2, out, base_url=src.as_uri(), total_shards=5, opener=opener)
     assert len(calls) == n  # nothing re-fetched
@@ -246,9 +279,14 @@ def test_cli_download_and_info(corpus, tmp_path, capsys):
     for i in (0, 1, data.NUM_SHARDS - 1):
         (src / data.shard_name(i)).write_bytes((d / data.shard_name(i % 3)).read_bytes())
     out = tmp_path / "local"
-    assert data.main(["download", "--shards", "2", "--dir", str(out), "--base-url", src.as_uri()]) == 0
-    assert [p.name for p in data.list_shards(out)] == ["shard_00000.parquet", "shard_00001.parquet",
-                                                       "shard_01822.parquet"]
+    assert (
+        data.main(["download", "--shards", "2", "--dir", str(out), "--base-url", src.as_uri()]) == 0
+    )
+    assert [p.name for p in data.list_shards(out)] == [
+        "shard_00000.parquet",
+        "shard_00001.parquet",
+        "shard_01822.parquet",
+    ]
     data.main(["info", "--dir", str(out)])
     text = capsys.readouterr().out
     assert "train: 2 shards, 12 row groups, 60 documents" in text

@@ -1,5 +1,6 @@
-"""lrt_scale.evaluate: BPB against hand values, sequential == parallel where they must agree, CORE on a
-synthetic bundle whose answers are known (a character tokenizer and a "copy the current token" model)."""
+"""lrt_scale.evaluate: BPB against hand values, sequential == parallel where they must agree, CORE
+on a synthetic bundle whose answers are known (a character tokenizer and a "copy the current
+token" model)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from lrt_scale import evaluate as ev
 torch.set_num_threads(1)
 
 
-# Stubs ----------------------------------------------------------------------------------------------
+# Stubs
+# ----------------------------------------------------------------------------------------------
 class _StubCache:
     def __init__(self, max_len):
         self.length, self.max_len = 0, max_len
@@ -42,7 +44,9 @@ class FixedLM(torch.nn.Module):
     def __init__(self, probs):
         super().__init__()
         self.register_buffer("logp", torch.tensor(probs, dtype=torch.float64).log())
-        self.anchor = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))  # Decoder reads a dtype/device
+        self.anchor = torch.nn.Parameter(
+            torch.zeros(1, dtype=torch.float64)
+        )  # Decoder reads a dtype/device
         self.config = SimpleNamespace(is_lrt=False, vocab_size=len(probs))
 
     def empty_buffer(self, idx):
@@ -79,8 +83,9 @@ def copy_forward(ids):
     return 5.0 * torch.nn.functional.one_hot(ids, 128).double()
 
 
-# BPB ------------------------------------------------------------------------------------------------
-P = [0.5, 0.25, 0.125, 0.125]      # -log2 p = 1, 2, 3, 3 bits
+# BPB
+# ------------------------------------------------------------------------------------------------
+P = [0.5, 0.25, 0.125, 0.125]  # -log2 p = 1, 2, 3, 3 bits
 TOKEN_BYTES = torch.tensor([2, 1, 3, 0])  # token 3 is "special": 0 bytes, counted in neither sum
 TARGETS = torch.tensor([[0, 1, 2, 3], [0, 0, 1, -1]])
 INPUTS = torch.zeros(2, 4, dtype=torch.long)
@@ -94,14 +99,23 @@ def test_bpb_of_a_model_with_known_probabilities():
     assert ev.parallel_bpb(model, batches, TOKEN_BYTES)["bpb"] == pytest.approx(10 / 11, abs=1e-12)
     res = ev.parallel_bpb(model, batches, TOKEN_BYTES, Interleaved(2))
     assert res["bpb"] == pytest.approx(10 / 11, abs=1e-12)
-    # stage 0: every position; stage 1: t = 0, 2 -> (1 + 3 + 1 + 2) / (2 + 3 + 2 + 1); stage 2: t = 1, 3 -> (2 + 1) / (1 + 2)
+    # stage 0: every position; stage 1: t = 0, 2 -> (1 + 3 + 1 + 2) / (2 + 3 + 2 + 1); stage 2: t =
+    # 1, 3 -> (2 + 1) / (1 + 2)
     assert res["stages"] == pytest.approx([10 / 11, 7 / 8, 1.0], abs=1e-12)
     assert res["bytes"] == 11 and res["tokens"] == 8
-    assert ev.sequential_bpb(model, batches, TOKEN_BYTES)["bpb"] == pytest.approx(10 / 11, abs=1e-12)
+    assert ev.sequential_bpb(model, batches, TOKEN_BYTES)["bpb"] == pytest.approx(
+        10 / 11, abs=1e-12
+    )
     # after a 2-token prompt only t >= 1 is scored: (2 + 3 + 1 + 2) bits / (1 + 3 + 2 + 1) bytes
-    assert ev.sequential_bpb(model, batches, TOKEN_BYTES, prompt_len=2)["bpb"] == pytest.approx(8 / 7, abs=1e-12)
-    assert ev.parallel_bpb(model, batches, TOKEN_BYTES, min_position=1)["bpb"] == pytest.approx(8 / 7, abs=1e-12)
-    assert ev.parallel_bpb(model, batches, TOKEN_BYTES, OnePass())["stages"] == pytest.approx([10 / 11])
+    assert ev.sequential_bpb(model, batches, TOKEN_BYTES, prompt_len=2)["bpb"] == pytest.approx(
+        8 / 7, abs=1e-12
+    )
+    assert ev.parallel_bpb(model, batches, TOKEN_BYTES, min_position=1)["bpb"] == pytest.approx(
+        8 / 7, abs=1e-12
+    )
+    assert ev.parallel_bpb(model, batches, TOKEN_BYTES, OnePass())["stages"] == pytest.approx(
+        [10 / 11]
+    )
     with pytest.raises(ValueError, match="prompt_len"):
         ev.sequential_bpb(model, batches, TOKEN_BYTES, prompt_len=4)
     with pytest.raises(ValueError, match="empty"):
@@ -127,12 +141,15 @@ def test_sequential_bpb_equals_parallel_where_decoding_is_exact(memory):
     schedule = Exact() if memory is not None else OnePass()
     par = ev.parallel_bpb(model, batches, tb, schedule)["bpb"]
     assert ev.sequential_bpb(model, batches, tb)["bpb"] == pytest.approx(par, abs=1e-10)
-    # the paper's prompt + continuation setting: prefill 6 tokens, decode the rest, score after the prompt
+    # the paper's prompt + continuation setting: prefill 6 tokens, decode the rest, score after the
+    # prompt
     cont = ev.parallel_bpb(model, batches, tb, schedule, min_position=5)["bpb"]
     seq = ev.sequential_bpb(model, batches, tb, prompt_len=6, prefill=schedule)
     assert seq["bpb"] == pytest.approx(cont, abs=1e-10) and seq["prefill"] == schedule.spec
     if memory is not None:  # the parallel schedules are not exact recurrence: they differ, a little
-        assert ev.parallel_bpb(model, batches, tb, Interleaved(2))["bpb"] != pytest.approx(par, abs=1e-10)
+        assert ev.parallel_bpb(model, batches, tb, Interleaved(2))["bpb"] != pytest.approx(
+            par, abs=1e-10
+        )
         one = ev.sequential_bpb(model, batches, tb, prompt_len=6, prefill="onepass")["bpb"]
         assert math.isfinite(one) and one != pytest.approx(cont, abs=1e-12)
 
@@ -144,7 +161,9 @@ def test_interleaved_stage_bpb():
     batches, tb = _data(seed=1)
     res = ev.parallel_bpb(model, batches, tb, Interleaved(2))
     assert len(res["stages"]) == 3
-    assert res["stages"][0] == pytest.approx(ev.parallel_bpb(model, batches, tb, OnePass())["bpb"], abs=1e-12)
+    assert res["stages"][0] == pytest.approx(
+        ev.parallel_bpb(model, batches, tb, OnePass())["bpb"], abs=1e-12
+    )
     nats = bytes_ = 0.0
     for s, P in enumerate(Interleaved(2).stages(16)[1:], start=1):
         sub = [(x, y.masked_fill((torch.arange(16) % 2 != P.start)[None], -1)) for x, y in batches]
@@ -154,16 +173,23 @@ def test_interleaved_stage_bpb():
     assert res["bpb"] == pytest.approx(nats / (math.log(2) * bytes_), abs=1e-12)
 
 
-# CORE -----------------------------------------------------------------------------------------------
+# CORE
+# -----------------------------------------------------------------------------------------------
 def test_prompt_rendering():
     shot_mc = {"query": "E?", "choices": ["x", "y"], "gold": 0}
-    assert ev.render_mc({"query": "Q?", "choices": ["a", "b"], "gold": 1}, " ", [shot_mc]) == \
-        ["E? x\n\nQ? a", "E? x\n\nQ? b"]
+    assert ev.render_mc({"query": "Q?", "choices": ["a", "b"], "gold": 1}, " ", [shot_mc]) == [
+        "E? x\n\nQ? a",
+        "E? x\n\nQ? b",
+    ]
     shot_schema = {"context_options": ["c0", "c1"], "continuation": "k", "gold": 1}
-    assert ev.render_schema({"context_options": ["A", "B"], "continuation": "z", "gold": 0}, " ", [shot_schema]) == \
-        ["c1 k\n\nA z", "c1 k\n\nB z"]
+    assert ev.render_schema(
+        {"context_options": ["A", "B"], "continuation": "z", "gold": 0}, " ", [shot_schema]
+    ) == ["c1 k\n\nA z", "c1 k\n\nB z"]
     shot_lm = {"context": "A ", "continuation": "B"}
-    assert ev.render_lm({"context": " C ", "continuation": "D"}, " ", [shot_lm]) == ["A B\n\nC", "A B\n\nC D"]
+    assert ev.render_lm({"context": " C ", "continuation": "D"}, " ", [shot_lm]) == [
+        "A B\n\nC",
+        "A B\n\nC D",
+    ]
     assert ev.render_lm({"context": "C", "continuation": "D"}, " ") == ["C", "C D"]
     tok = CharTokenizer()
     seqs, starts, ends = ev.item_sequences(tok, "multiple_choice", ["Q? ab", "Q? cd"])
@@ -174,20 +200,31 @@ def test_prompt_rendering():
     assert seqs == [[0, 67, 32, 68]] and starts == [2] and ends == [4]
 
 
-MC = [{"query": "xa", "choices": ["aa", "bb"], "gold": 0},        # copy prefers "aa" after "a": right
-      {"query": "xb", "choices": ["aa", "bb"], "gold": 0},        # prefers "bb": wrong
-      {"query": "xb", "choices": ["aa", "bb"], "gold": 1},        # right
-      {"query": "xc", "choices": ["cc", "aa", "bb"], "gold": 0}]  # right -> 3/4
-SCHEMA = [{"context_options": ["pa", "pb"], "continuation": "aaa", "gold": 0},  # right
-          {"context_options": ["pa", "pb"], "continuation": "bbb", "gold": 0},  # wrong
-          {"context_options": ["qb", "qa"], "continuation": "bb", "gold": 0}]   # right -> 2/3
-LM = [{"context": "kk", "continuation": "kk"},        # right
-      {"context": "km", "continuation": "kk"},        # copy predicts "m" after "m": wrong
-      {"context": "  zz  ", "continuation": "zzz"}]   # context trimmed: right -> 2/3
-TASKS = [("mc", "multiple_choice", 1, 25.0, MC), ("schema", "schema", 0, 50.0, SCHEMA),
-         ("lm", "language_modeling", 1, 0.0, LM)]
-EXPECTED = {"accuracy": {"mc": 3 / 4, "schema": 2 / 3, "lm": 2 / 3},
-            "centered": {"mc": (0.75 - 0.25) / 0.75, "schema": (2 / 3 - 0.5) / 0.5, "lm": 2 / 3}}
+MC = [
+    {"query": "xa", "choices": ["aa", "bb"], "gold": 0},  # copy prefers "aa" after "a": right
+    {"query": "xb", "choices": ["aa", "bb"], "gold": 0},  # prefers "bb": wrong
+    {"query": "xb", "choices": ["aa", "bb"], "gold": 1},  # right
+    {"query": "xc", "choices": ["cc", "aa", "bb"], "gold": 0},
+]  # right -> 3/4
+SCHEMA = [
+    {"context_options": ["pa", "pb"], "continuation": "aaa", "gold": 0},  # right
+    {"context_options": ["pa", "pb"], "continuation": "bbb", "gold": 0},  # wrong
+    {"context_options": ["qb", "qa"], "continuation": "bb", "gold": 0},
+]  # right -> 2/3
+LM = [
+    {"context": "kk", "continuation": "kk"},  # right
+    {"context": "km", "continuation": "kk"},  # copy predicts "m" after "m": wrong
+    {"context": "  zz  ", "continuation": "zzz"},
+]  # context trimmed: right -> 2/3
+TASKS = [
+    ("mc", "multiple_choice", 1, 25.0, MC),
+    ("schema", "schema", 0, 50.0, SCHEMA),
+    ("lm", "language_modeling", 1, 0.0, LM),
+]
+EXPECTED = {
+    "accuracy": {"mc": 3 / 4, "schema": 2 / 3, "lm": 2 / 3},
+    "centered": {"mc": (0.75 - 0.25) / 0.75, "schema": (2 / 3 - 0.5) / 0.5, "lm": 2 / 3},
+}
 
 
 def write_json_bundle(d: Path) -> Path:
@@ -195,8 +232,15 @@ def write_json_bundle(d: Path) -> Path:
     tasks = []
     for label, kind, shots, rb, items in TASKS:
         (d / f"{label}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in items))
-        tasks.append({"label": label, "type": kind, "num_fewshot": shots, "random_baseline": rb,
-                      "continuation_delimiter": ""})
+        tasks.append(
+            {
+                "label": label,
+                "type": kind,
+                "num_fewshot": shots,
+                "random_baseline": rb,
+                "continuation_delimiter": "",
+            }
+        )
     (d / "core.json").write_text(json.dumps({"tasks": tasks}))
     return d
 
@@ -206,8 +250,11 @@ def test_core_on_a_synthetic_bundle(tmp_path):
     assert out["accuracy"] == pytest.approx(EXPECTED["accuracy"])
     assert out["centered"] == pytest.approx(EXPECTED["centered"])
     assert out["core"] == pytest.approx((2 / 3 + 1 / 3 + 2 / 3) / 3)
-    # a model with no preference ties every choice: the first wins (nanochat's min), as for a constant model
-    flat = ev.evaluate_core(lambda ids: torch.zeros(*ids.shape, 128), CharTokenizer(), tmp_path / "b")
+    # a model with no preference ties every choice: the first wins (nanochat's min), as for a
+    # constant model
+    flat = ev.evaluate_core(
+        lambda ids: torch.zeros(*ids.shape, 128), CharTokenizer(), tmp_path / "b"
+    )
     assert flat["accuracy"]["mc"] == pytest.approx(3 / 4) and flat["accuracy"]["lm"] == 0
 
 
@@ -217,9 +264,16 @@ def test_core_reads_the_dclm_bundle_layout(tmp_path):
     (d / "eval_data" / "sub").mkdir(parents=True)
     lines, meta = ["icl_tasks:"], ["Eval Task,Task Category,Random baseline"]
     for label, kind, shots, rb, items in TASKS:
-        (d / "eval_data" / "sub" / f"{label}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in items))
-        lines += [f"- label: {label}", f"  dataset_uri: sub/{label}.jsonl", f"  num_fewshot: [{shots}]",
-                  f"  icl_task_type: {kind}", "  continuation_delimiter: ''"]
+        (d / "eval_data" / "sub" / f"{label}.jsonl").write_text(
+            "".join(json.dumps(x) + "\n" for x in items)
+        )
+        lines += [
+            f"- label: {label}",
+            f"  dataset_uri: sub/{label}.jsonl",
+            f"  num_fewshot: [{shots}]",
+            f"  icl_task_type: {kind}",
+            "  continuation_delimiter: ''",
+        ]
         meta.append(f"{label},test,{rb}")
     (d / "core.yaml").write_text("\n".join(lines) + "\n")
     (d / "eval_meta_data.csv").write_text("\n".join(meta) + "\n")
@@ -247,7 +301,8 @@ def test_core_bundle_validation(tmp_path):
 
 
 def test_core_with_a_real_lrt(tmp_path):
-    """The schedule's parallel forward of a tiny LRT plugs into the harness (spec or schedule object),
+    """The schedule's parallel forward of a tiny LRT plugs into the harness (spec or schedule
+    object),
     reproducibly; Exact recurrence and max_per_task work too."""
     torch.manual_seed(0)
     model = LRT(preset("tiny", memory=MemoryConfig(), vocab_size=128, sequence_len=32))
@@ -259,14 +314,19 @@ def test_core_with_a_real_lrt(tmp_path):
     assert set(c["accuracy"]) == {"mc", "schema", "lm"}
 
 
-# Mixed precision ------------------------------------------------------------------------------------
+# Mixed precision
+# ------------------------------------------------------------------------------------
 def flash_dtype_rules(attend):
     """A stand-in for flash-attn's input checks: q, k, v in one 16-bit dtype."""
+
     def checked(q, k, v, *args, **kwargs):
         if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16):
-            raise RuntimeError(f"FlashAttention only supports fp16 and bf16 data type, got q {q.dtype} "
-                               f"k {k.dtype} v {v.dtype}")
+            raise RuntimeError(
+                f"FlashAttention only supports fp16 and bf16 data type, got q {q.dtype} "
+                f"k {k.dtype} v {v.dtype}"
+            )
         return attend(q, k, v, *args, **kwargs)
+
     return checked
 
 
@@ -275,27 +335,43 @@ def test_sequential_bpb_under_bf16_autocast_keeps_one_dtype(monkeypatch, prefill
     """Under bf16 autocast with fp32 weights the decoder's KV cache must be bf16: an fp32 cache
     (the parameters' dtype) hands fp32 keys to bf16 queries, which flash-attn rejects."""
     import lrt_lab.core.model
+
     torch.manual_seed(0)
     model = LRT(preset("tiny", memory=MemoryConfig()))
     idx = torch.randint(0, 64, (2, 17))
     batches = [(idx[:, :-1], idx[:, 1:])]
-    ref = ev.sequential_bpb(copy.deepcopy(model).double(), batches, torch.ones(64, dtype=torch.long),
-                            prompt_len=8, prefill=prefill)
+    ref = ev.sequential_bpb(
+        copy.deepcopy(model).double(),
+        batches,
+        torch.ones(64, dtype=torch.long),
+        prompt_len=8,
+        prefill=prefill,
+    )
     pick = lrt_lab.core.model.attention_kernel
-    monkeypatch.setattr(lrt_lab.core.model, "attention_kernel",
-                        lambda *args: flash_dtype_rules(pick(*args)))
+    monkeypatch.setattr(
+        lrt_lab.core.model, "attention_kernel", lambda *args: flash_dtype_rules(pick(*args))
+    )
     autocast = torch.autocast("cpu", dtype=torch.bfloat16)
-    res = ev.sequential_bpb(model, batches, torch.ones(64, dtype=torch.long), prompt_len=8, prefill=prefill,
-                            autocast=autocast)
+    res = ev.sequential_bpb(
+        model,
+        batches,
+        torch.ones(64, dtype=torch.long),
+        prompt_len=8,
+        prefill=prefill,
+        autocast=autocast,
+    )
     assert res["bpb"] == pytest.approx(ref["bpb"], rel=0.05)  # bf16 against an fp64 decode
 
 
 def test_decoder_refuses_to_mix_dtypes_after_filling():
     from lrt_lab.run.decode import Decoder
+
     model = LRT(preset("tiny", memory=MemoryConfig()))
     dec = Decoder(model, 1, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         dec.step(torch.tensor([3]))
-    assert dec.cache.k[0].dtype == torch.bfloat16  # made outside autocast, settled at the first step
+    assert (
+        dec.cache.k[0].dtype == torch.bfloat16
+    )  # made outside autocast, settled at the first step
     with pytest.raises(ValueError, match="computes in torch.float32"):
         dec.step(torch.tensor([4]))

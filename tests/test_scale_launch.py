@@ -26,7 +26,9 @@ def test_torchrun_passes_every_option_through(module):
     with "ambiguous option" or is taken by torchrun."""
     options = option_strings(module.build_parser())
     argv = [x for o in options for x in (o, "1")]
-    parsed = get_args_parser().parse_args(["--standalone", "--nproc-per-node=2", "-m", module.__name__, *argv])
+    parsed = get_args_parser().parse_args(
+        ["--standalone", "--nproc-per-node=2", "-m", module.__name__, *argv]
+    )
     assert parsed.training_script == module.__name__ and parsed.training_script_args == argv
 
 
@@ -43,7 +45,9 @@ def test_gate_statistics_match_the_models_own_gates():
     cache = {}
     run_schedule(model, idx, None, parse_schedule("interleaved:2"), cache=cache)
     for l, frac in enumerate(stats["saturated_per_layer"]):
-        h = torch.nn.functional.rms_norm(cache[f"blocks.{l}.hook_resid_injected"], (model.config.n_embd,))
+        h = torch.nn.functional.rms_norm(
+            cache[f"blocks.{l}.hook_resid_injected"], (model.config.n_embd,)
+        )
         g = 2 * torch.sigmoid(h @ model.pathway.gates[l].weight.T)
         assert frac == pytest.approx(((g < 0.05) | (g > 1.95)).float().mean().item())
     assert 0 < stats["saturated"] < 1
@@ -56,7 +60,11 @@ def test_gate_statistics_match_the_models_own_gates():
 def check_report(out, sections):
     report = json.loads((out / "gpu_check.json").read_text())
     assert report["dry"] and list(report["sections"]) == sections
-    failed = {k: v.get("error") for k, v in report["sections"].items() if not v.get("ok", "error" not in v)}
+    failed = {
+        k: v.get("error")
+        for k, v in report["sections"].items()
+        if not v.get("ok", "error" not in v)
+    }
     assert not failed
     assert all(f"## {name}: ok" in (out / "gpu_check.md").read_text() for name in sections)
     return report
@@ -81,7 +89,10 @@ def test_gpu_check_dry_runs_every_section(dry_run):
     assert set(report["recommended_device_batch"]) == {"lrt", "transformer"}
     d12 = sec["d12_training"]
     assert set(d12["sequential_bpb"]["bits_per_token"]) >= {"onepass", "interleaved:2", "exact"}
-    assert 0 <= d12["gates_after_training"]["saturated"] <= 1 and d12["step_time_ratio"]["lrt_over_transformer"] > 0
+    assert (
+        0 <= d12["gates_after_training"]["saturated"] <= 1
+        and d12["step_time_ratio"]["lrt_over_transformer"] > 0
+    )
     assert any("scaled_dot_product" in op for op in sec["attention"]["ran"]["interleaved:2"])
 
 

@@ -1,4 +1,5 @@
-"""lrt_scale.loader: rank partition, best-fit packing, token accounting and exact resume on a tiny local corpus.
+"""lrt_scale.loader: rank partition, best-fit packing, token accounting and exact resume on a tiny
+local corpus.
 
 Most tests use ``IdTokenizer``, which gives every (document, position) its own token id, so each
 emitted token can be traced back to the document and position it came from. One test uses a real
@@ -24,7 +25,8 @@ BOS = 0
 
 
 def stdlib_docs() -> list[str]:
-    """A tiny real corpus: the json and email packages' sources, one document per top-level block."""
+    """A tiny real corpus: the json and email packages' sources, one document per top-level block.
+    A tiny real corpus: the json and email packages' sources, one document per top-level block."""
     docs = []
     for pkg in (json, email):
         for f in sorted(Path(pkg.__file__).parent.glob("*.py")):
@@ -56,11 +58,12 @@ def doc_of(token: int) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """3 shards of 40 docs in row groups of 4: train = 80 docs / 20 row groups, val = 40 docs / 10."""
+    """3 shards of 40 docs in row groups of 4: train = 80 docs / 20 row groups, val = 40 docs / 10.
+    3 shards of 40 docs in row groups of 4: train = 80 docs / 20 row groups, val = 40 docs / 10."""
     d = tmp_path_factory.mktemp("fineweb")
     docs = stdlib_docs()[:120]
     for i in range(3):
-        data.write_shard(docs[i * 40:(i + 1) * 40], d / data.shard_name(i), row_group_size=4)
+        data.write_shard(docs[i * 40 : (i + 1) * 40], d / data.shard_name(i), row_group_size=4)
     return d, docs
 
 
@@ -73,7 +76,8 @@ def make(corpus, **kw):
 
 
 def rows_of(batches) -> list[list[int]]:
-    """Rebuild the (T+1)-token rows from (inputs, targets), checking the one-token shift on the way."""
+    """Rebuild the (T+1)-token rows from (inputs, targets), checking the one-token shift on the way.
+    Rebuild the (T+1)-token rows from (inputs, targets), checking the one-token shift on the way."""
     out = []
     for x, y in batches:
         assert torch.equal(x[:, 1:], y[:, :-1])
@@ -100,8 +104,9 @@ def test_rank_reads_every_world_size_th_row_group(corpus):
     everything = data.row_groups(data.resolve_shards(d, "train"))
     for r in range(3):
         loader = make(corpus, rank=r, world_size=3)
-        assert [(g.shard, g.row_group) for g in loader.row_groups] == \
-               [(g.shard, g.row_group) for g in everything[r::3]]
+        assert [(g.shard, g.row_group) for g in loader.row_groups] == [
+            (g.shard, g.row_group) for g in everything[r::3]
+        ]
         assert describe(loader).startswith(f"rank {r}/3 train: {len(everything[r::3])} row groups")
 
 
@@ -129,14 +134,16 @@ def test_drop_policy_every_emitted_token_from_the_corpus_once(corpus):
             assert row[0] == BOS
             starts = [i for i, t in enumerate(row) if t == BOS] + [len(row)]
             for a, b in zip(starts, starts[1:]):
-                seg = row[a + 1:b]
+                seg = row[a + 1 : b]
                 if not seg:
                     bare_bos += 1  # a document cropped right after its BOS
                     continue
                 doc, _ = doc_of(seg[0])
                 assert doc in rank_docs, "a rank emitted a document of another rank's row groups"
                 assert doc not in seen, "document emitted twice"
-                assert seg == tok.ids(docs[doc])[:len(seg)], "not a prefix of the document, in order"
+                assert seg == tok.ids(docs[doc])[: len(seg)], (
+                    "not a prefix of the document, in order"
+                )
                 seen[doc] = len(seg)
         emitted = sum(map(len, rows))
         assert emitted == stats["tokens_emitted"]
@@ -166,12 +173,15 @@ def test_carry_policy_loses_nothing_but_the_final_partial_batch(corpus):
         emitted_total += stats["tokens_emitted"]
         tail += stats["tokens_tail"]
         assert stats["tokens_read"] == stats["tokens_emitted"] + stats["tokens_tail"]
-    # every document's tokens come out once each, in order (pieces concatenate back to a prefix of it)
+    # every document's tokens come out once each, in order (pieces concatenate back to a prefix of
+    # it)
     for doc, pos in emitted_pos.items():
         assert pos == list(range(len(pos))), f"document {doc} out of order or duplicated"
     full = sum(len(tok.ids(t)) + 1 for t in docs[:80])
     assert emitted_total == n_bos + sum(map(len, emitted_pos.values()))
-    assert full == emitted_total + tail and tail < 2 * 4 * 65  # at most the last partial batch per rank
+    assert (
+        full == emitted_total + tail and tail < 2 * 4 * 65
+    )  # at most the last partial batch per rank
     complete = [d for d, p in emitted_pos.items() if len(p) == len(tok.ids(docs[d]))]
     assert len(complete) >= 70
 
@@ -187,8 +197,17 @@ def test_best_fit_and_crop_on_crafted_documents(tmp_path):
         return [BOS, *tok.ids(texts[i])][:n]
 
     def run(remainder):
-        loader = DistributedPackingLoader(tmp_path, tok, batch_size=1, seq_len=9, rank=0, world_size=1,
-                                          buffer_docs=6, epochs=1, remainder=remainder)
+        loader = DistributedPackingLoader(
+            tmp_path,
+            tok,
+            batch_size=1,
+            seq_len=9,
+            rank=0,
+            world_size=1,
+            buffer_docs=6,
+            epochs=1,
+            remainder=remainder,
+        )
         return rows_of(loader), loader.stats
 
     rows, stats = run("drop")
@@ -259,11 +278,13 @@ def test_explicit_shard_list_and_env_rank(corpus, monkeypatch):
     d, docs = corpus
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    loader = DistributedPackingLoader(data.list_shards(d), IdTokenizer(docs), batch_size=2, seq_len=32,
-                                      buffer_docs=16)
+    loader = DistributedPackingLoader(
+        data.list_shards(d), IdTokenizer(docs), batch_size=2, seq_len=32, buffer_docs=16
+    )
     assert (loader.rank, loader.world_size) == (1, 2)
-    assert rows_of(take(loader, 3)) == rows_of(take(make(corpus, batch_size=2, seq_len=32, rank=1,
-                                                         world_size=2), 3))
+    assert rows_of(take(loader, 3)) == rows_of(
+        take(make(corpus, batch_size=2, seq_len=32, rank=1, world_size=2), 3)
+    )
 
 
 def test_cpu_device_skips_pinned_memory(corpus):
@@ -296,7 +317,10 @@ def test_bad_arguments_name_the_field(corpus, tmp_path):
         (dict(world_size=0), "world_size"),
         (dict(remainder="keep"), "remainder"),
         (dict(epochs=0), "epochs"),
-        (dict(split="val", rank=10, world_size=11), "world_size"),  # val has 10 row groups: rank 10 gets none
+        (
+            dict(split="val", rank=10, world_size=11),
+            "world_size",
+        ),  # val has 10 row groups: rank 10 gets none
     ]
     if not torch.cuda.is_available():
         cases.append((dict(device="cuda"), "device"))
@@ -321,10 +345,13 @@ def test_mismatched_state_is_rejected(corpus, tmp_path):
 
 def test_an_empty_split_raises_instead_of_spinning(tmp_path):
     """An endless loader over row groups that hold no documents would wrap epochs forever."""
-    data.write_shard([], tmp_path / data.shard_name(0))   # train: no documents
+    data.write_shard([], tmp_path / data.shard_name(0))  # train: no documents
     data.write_shard(["val"], tmp_path / data.shard_name(1))
     with pytest.raises(ValueError, match="split: 'train' holds no documents"):
-        DistributedPackingLoader(tmp_path, IdTokenizer(["val"]), batch_size=1, seq_len=8, rank=0, world_size=1)
-    loader = DistributedPackingLoader(tmp_path, IdTokenizer(["val"]), batch_size=1, seq_len=2, rank=0,
-                                      world_size=1, split="val")
+        DistributedPackingLoader(
+            tmp_path, IdTokenizer(["val"]), batch_size=1, seq_len=8, rank=0, world_size=1
+        )
+    loader = DistributedPackingLoader(
+        tmp_path, IdTokenizer(["val"]), batch_size=1, seq_len=2, rank=0, world_size=1, split="val"
+    )
     assert next(loader)[0].tolist() == [[BOS, *IdTokenizer(["val"]).ids("val")][:2]]

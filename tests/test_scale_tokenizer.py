@@ -61,7 +61,9 @@ def test_learned_merges_compress_the_corpus(tok, docs):
     n_bytes = sum(len(d.encode()) for d in docs)
     n_tokens = sum(len(ids) for ids in tok.encode_batch(docs))
     assert n_tokens < 0.6 * n_bytes
-    assert b"   " in tok.mergeable_ranks and b" return" in tok.mergeable_ranks  # indentation, keyword
+    assert (
+        b"   " in tok.mergeable_ranks and b" return" in tok.mergeable_ranks
+    )  # indentation, keyword
 
 
 @pytest.mark.parametrize("text", EDGE_CASES, ids=range(len(EDGE_CASES)))
@@ -69,7 +71,9 @@ def test_round_trip_and_byte_lengths(tok, text):
     ids = tok.encode(text)
     assert tok.decode(ids) == text
     assert tok.decode_bytes(ids) == text.encode("utf-8")
-    assert int(tok.token_bytes()[torch.tensor(ids, dtype=torch.long)].sum()) == len(text.encode("utf-8"))
+    assert int(tok.token_bytes()[torch.tensor(ids, dtype=torch.long)].sum()) == len(
+        text.encode("utf-8")
+    )
     assert all(i < tok.n_ordinary for i in ids)  # no special token from plain text, even "<|bos|>"
 
 
@@ -84,8 +88,8 @@ def test_round_trip_on_corpus_and_token_bytes_sum(tok, docs):
 def test_token_bytes_table(tok):
     tb = tok.token_bytes()
     assert tb.dtype == torch.long and tb.shape == (VOCAB,)
-    assert torch.all(tb[tok.n_ordinary:] == 0)  # special tokens count no bytes in BPB
-    assert torch.all(tb[:tok.n_ordinary] >= 1)
+    assert torch.all(tb[tok.n_ordinary :] == 0)  # special tokens count no bytes in BPB
+    assert torch.all(tb[: tok.n_ordinary] >= 1)
     assert all(int(tb[i]) == len(tok.id_to_bytes(i)) for i in range(tok.n_ordinary))
 
 
@@ -99,12 +103,13 @@ def test_prepend_bos_and_batch_match_single(tok):
 
 
 def test_lone_surrogate_and_split_characters(tok):
-    # a lone surrogate cannot be UTF-8 encoded: it becomes U+FFFD (tiktoken's behaviour), never an error
+    # a lone surrogate cannot be UTF-8 encoded: it becomes U+FFFD (tiktoken's behaviour), never an
+    # error
     assert tok.decode(tok.encode("a\ud800b")) == "a\ufffdb"
     # decoding a slice that cuts a multi-byte character: exact bytes, or U+FFFD in text
     ids = tok.encode("😀")
     assert len(ids) >= 2  # a 512-token vocab has no merge for a rare 4-byte char
-    assert tok.decode_bytes(ids[:1]) == "😀".encode()[:len(tok.id_to_bytes(ids[0]))]
+    assert tok.decode_bytes(ids[:1]) == "😀".encode()[: len(tok.id_to_bytes(ids[0]))]
     assert "\ufffd" in tok.decode(ids[:1])
     with pytest.raises(UnicodeDecodeError):
         tok.decode(ids[:1], errors="strict")
@@ -178,6 +183,9 @@ def test_command_line_trains_saves_and_describes_a_tokenizer(docs, tmp_path, cap
     tok = Tokenizer.load(out)
     assert tok.vocab_size <= 300 and tok.decode(tok.encode(docs[0])) == docs[0]
     assert len(tok.encode("zzzz")) >= 2  # frequent only in the validation shard: never merged
-    assert main(["info", "--dir", str(out)]) == 0 and f"{tok.vocab_size:,} tokens" in capsys.readouterr().out
+    assert (
+        main(["info", "--dir", str(out)]) == 0
+        and f"{tok.vocab_size:,} tokens" in capsys.readouterr().out
+    )
     assert main(["train", "--data-dir", str(data), "--out", str(out), "--vocab-size", "10"]) == 2
     assert "vocab_size" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""lrt_scale.train and scale.flops on CPU: FLOP accounting against a hand count and torch's FLOP counter,
+"""lrt_scale.train and scale.flops on CPU: FLOP accounting against a hand count and torch's FLOP
+counter,
 2-process gloo DDP against one process, exact checkpoint/resume, real shards + tokenizer end to end.
 
 Tiny models only (preset "tiny", T = 16 or 32), one thread per process.
@@ -33,20 +34,28 @@ torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
 
 
-# FLOP accounting ------------------------------------------------------------------------------------
+# FLOP accounting
+# ------------------------------------------------------------------------------------
 def test_flops_hand_count_tiny():
-    """preset tiny: L=2, d=32, 4 heads of 8, 2 KV heads (kv width 16), vocab 64, T=16, windows (4, full)."""
+    """preset tiny: L=2, d=32, 4 heads of 8, 2 KV heads (kv width 16), vocab 64, T=16, windows (4,
+    full)."""
     d, kv, V, L, T = 32, 16, 64, 2, 16
-    per_layer = (d * d + kv * d + kv * d + d * d  # c_q, c_k, c_v, c_proj
-                 + 2 * 32                          # value-embedding gate: 32 input channels -> 2 KV heads
-                 + 4 * d * d + 4 * d * d)          # MLP c_fc, c_proj
-    base = L * per_layer + V * d                   # + LM head (embeddings are lookups)
+    per_layer = (
+        d * d
+        + kv * d
+        + kv * d
+        + d * d  # c_q, c_k, c_v, c_proj
+        + 2 * 32  # value-embedding gate: 32 input channels -> 2 KV heads
+        + 4 * d * d
+        + 4 * d * d
+    )  # MLP c_fc, c_proj
+    base = L * per_layer + V * d  # + LM head (embeddings are lookups)
     assert per_layer == 11328 and base == 24704
-    rec = kv * d + kv * d                          # shared W_k,rec, W_v,rec
-    gates = L * (2 * 2 * d)                        # per layer: 2 gates per KV head
+    rec = kv * d + kv * d  # shared W_k,rec, W_v,rec
+    gates = L * (2 * 2 * d)  # per layer: 2 gates per KV head
     lrt = base + rec + gates
     assert lrt == 25984
-    attn = 4 * (4 * 8) * 4 + 4 * (4 * 8) * 16      # 4 h q min(w, T): window 4, then full T
+    attn = 4 * (4 * 8) * 4 + 4 * (4 * 8) * 16  # 4 h q min(w, T): window 4, then full T
     assert attn == 2560
 
     cfg = preset("tiny", memory=MemoryConfig())
@@ -56,7 +65,14 @@ def test_flops_hand_count_tiny():
     assert counts["baseline"] == LRT(preset("tiny")).param_report()["total"]
     assert fl.attention_flops_per_position(cfg) == attn
     assert fl.forward_flops_per_position(cfg) == 2 * lrt + attn == 54528
-    expected = {"onepass": 1, "interleaved:2": 2, "interleaved:4": 2, "fullseq:3": 4, "chunked:4": 1, "exact": 1}
+    expected = {
+        "onepass": 1,
+        "interleaved:2": 2,
+        "interleaved:4": 2,
+        "fullseq:3": 4,
+        "chunked:4": 1,
+        "exact": 1,
+    }
     for spec, forwards in expected.items():
         assert parse_schedule(spec).forwards(LRT(cfg), T) == (forwards, 0.0)
         assert fl.train_flops_per_token(cfg, spec) == 3 * (2 * lrt + attn) * forwards
@@ -94,12 +110,21 @@ def test_paper_scale_accounting():
     lrt = fl.plan(preset("d20", memory=MemoryConfig()), "interleaved:2", ratio=10)
     assert base.params_baseline == lrt.params_baseline == 1_315_969_320
     assert lrt.params_total / lrt.params_baseline == pytest.approx(1.003, abs=5e-4)
-    assert base.steps == math.ceil(20 * 1_315_969_320 / 2 ** 19) and lrt.tokens * 2 == pytest.approx(base.tokens, rel=1e-4)
+    assert base.steps == math.ceil(20 * 1_315_969_320 / 2**19) and lrt.tokens * 2 == pytest.approx(
+        base.tokens, rel=1e-4
+    )
     assert lrt.compute_ratio == pytest.approx(20, rel=0.01)  # LRT at R=10 ~ baseline at 20
 
 
-@pytest.mark.parametrize("mem,spec", [(None, "onepass"), ("shared", "interleaved:2"), ("layerwise", "fullseq:2"),
-                                      ("shared", "chunked:4")])
+@pytest.mark.parametrize(
+    "mem,spec",
+    [
+        (None, "onepass"),
+        ("shared", "interleaved:2"),
+        ("layerwise", "fullseq:2"),
+        ("shared", "chunked:4"),
+    ],
+)
 def test_matmul_flops_match_torch_flop_counter(mem, spec):
     """torch's FlopCounterMode sees every stage's linear layers: 2 N_matmul per position per stage,
     minus the recurrent projections that a zero-memory init stage skips; backward = 2 x forward."""
@@ -114,7 +139,9 @@ def test_matmul_flops_match_torch_flop_counter(mem, spec):
         out.loss.backward()
     counts = fl.count_params(model)
     rec = sum(p.numel() for n, p in model.named_parameters() if ".k_rec." in n or ".v_rec." in n)
-    skipped = rec * len(schedule.stages(T)[0])  # the first stage reads no memory: its W_rec m is skipped
+    skipped = rec * len(
+        schedule.stages(T)[0]
+    )  # the first stage reads no memory: its W_rec m is skipped
     expected = 2 * B * (counts["matmul"] * schedule.forwards(model, T).differentiated * T - skipped)
     measured = sum(v for k, v in fwd.get_flop_counts()["Global"].items() if "mm" in str(k))
     assert measured == expected
@@ -154,15 +181,20 @@ def test_rollout_flops_are_the_sweeps_plus_a_forward_only_rollout(G):
         out.loss.backward()
     split = model.exact_split(1)
     named = dict(model.named_parameters())
-    lower = sum(p.numel() for n, p in named.items()
-                if any(n.startswith((f"blocks.{l}.", f"pathway.gates.{l}.")) for l in range(split))
-                and p.ndim == 2)
+    lower = sum(
+        p.numel()
+        for n, p in named.items()
+        if any(n.startswith((f"blocks.{l}.", f"pathway.gates.{l}.")) for l in range(split))
+        and p.ndim == 2
+    )
     rec = sum(p.numel() for n, p in named.items() if ".k_rec." in n or ".v_rec." in n)
     counts = fl.count_params(model)
     # the rollout: positions 0 .. T-2 (the last one's memory is read by no position) through blocks
     # [0, split), W_rec m from position 1 on (0 reads zero memory)
     rollout = 2 * B * (lower * (T - 1) + rec * (T - 2))
-    sweeps = 2 * B * counts["matmul"] * T * G   # every sweep reads the rolled-out memory: nothing skipped
+    sweeps = (
+        2 * B * counts["matmul"] * T * G
+    )  # every sweep reads the rolled-out memory: nothing skipped
     assert fwd.flops == sweeps + rollout
     # backward: 2x the sweeps, less the input gradient of W_rec m in the first sweep (its rows are
     # the rollout's, detached: nothing upstream to reach)
@@ -177,19 +209,47 @@ def test_rollout_trains_in_the_launcher(tmp_path):
     assert cfg["schedule"] == "rollout:2" and cfg["accounting"]["rollout_forwards"] > 0
     losses = train_losses(tmp_path / "rollout")
     assert len(losses) == 3 and all(math.isfinite(l) for l in losses)
-    assert "val_bpb_stage_1" in Run(tmp_path / "rollout").summary["eval"] or \
-        any("stage" in k for k in Run(tmp_path / "rollout").summary)
+    assert "val_bpb_stage_1" in Run(tmp_path / "rollout").summary["eval"] or any(
+        "stage" in k for k in Run(tmp_path / "rollout").summary
+    )
 
 
-# The launcher ---------------------------------------------------------------------------------------
+# The launcher
+# ---------------------------------------------------------------------------------------
 def tiny_args(out, *extra) -> list[str]:
-    return ["--preset", "tiny", "--out", str(out), "--threads", "1", "--log-every", "1000",
-            "--eval-every", "0", *extra]
+    return [
+        "--preset",
+        "tiny",
+        "--out",
+        str(out),
+        "--threads",
+        "1",
+        "--log-every",
+        "1000",
+        "--eval-every",
+        "0",
+        *extra,
+    ]
 
 
 def synthetic_args(tmp_path, name, *extra) -> list[str]:
-    return tiny_args(tmp_path, "--synthetic", "--vocab-size", "64", "--steps", "3", "--total-batch-size", "128",
-                     "--device-batch-size", "2", "--eval-tokens", "64", "--name", name, *extra)
+    return tiny_args(
+        tmp_path,
+        "--synthetic",
+        "--vocab-size",
+        "64",
+        "--steps",
+        "3",
+        "--total-batch-size",
+        "128",
+        "--device-batch-size",
+        "2",
+        "--eval-tokens",
+        "64",
+        "--name",
+        name,
+        *extra,
+    )
 
 
 def final_state(run_dir) -> dict:
@@ -205,19 +265,28 @@ def test_cli_validation(tmp_path):
     with pytest.raises(ValueError, match="exactly one of --ratio"):
         st.parse_args(["--synthetic"])
     with pytest.raises(ValueError, match="invalid for --model transformer"):
-        st.parse_args(["--synthetic", "--steps", "1", "--model", "transformer", "--schedule", "interleaved:2"])
+        st.parse_args(
+            ["--synthetic", "--steps", "1", "--model", "transformer", "--schedule", "interleaved:2"]
+        )
     with pytest.raises(ValueError, match="--data-dir and --tokenizer-dir"):
         st.parse_args(["--steps", "1"])
     with pytest.raises(ValueError, match="--set"):
         st.parse_args(["--synthetic", "--steps", "1", "--set", "memory.lag"])
     with pytest.raises(ValueError, match="needs a tokenizer"):
         st.parse_args(["--synthetic", "--steps", "1", "--core-bundle", str(tmp_path)])
-    assert st.parse_args(["--synthetic", "--steps", "1", "--model", "transformer"]).schedule == "onepass"
+    assert (
+        st.parse_args(["--synthetic", "--steps", "1", "--model", "transformer"]).schedule
+        == "onepass"
+    )
     args = st.parse_args(synthetic_args(tmp_path, "bad", "--total-batch-size", "100"))
     with pytest.raises(ValueError, match="multiple of"):
         st.train(args)
     with pytest.raises(ValueError, match="seq-prompt"):
-        st.train(st.parse_args(synthetic_args(tmp_path, "bad", "--seq-eval-rows", "2", "--seq-prompt", "16")))
+        st.train(
+            st.parse_args(
+                synthetic_args(tmp_path, "bad", "--seq-eval-rows", "2", "--seq-prompt", "16")
+            )
+        )
     assert st.main(["--synthetic"]) == 2
 
 
@@ -228,10 +297,14 @@ def test_dry_run_prints_the_accounting(capsys):
 
 
 def test_optimizer_groups_follow_the_paper(tmp_path):
-    args = st.parse_args(["--preset", "d12", "--synthetic", "--steps", "10", "--total-batch-size", str(2 ** 17)])
+    args = st.parse_args(
+        ["--preset", "d12", "--synthetic", "--steps", "10", "--total-batch-size", str(2**17)]
+    )
     args.n_layer, args.total_steps = 12, 10
     with torch.device("meta"):
-        model = LRT(preset("tiny", memory=MemoryConfig(), n_embd=64, n_head=2, n_kv_head=2))  # d = 64
+        model = LRT(
+            preset("tiny", memory=MemoryConfig(), n_embd=64, n_head=2, n_kv_head=2)
+        )  # d = 64
     muon, adam = st.make_optimizers(model, args)
     half = 0.5  # sqrt(2^17 / 2^19)
     width = (64 / 768) ** -0.5
@@ -239,15 +312,23 @@ def test_optimizer_groups_follow_the_paper(tmp_path):
     lrs = {g["name"]: g["lr"] for g in adam.param_groups}
     assert lrs["embedding"] == pytest.approx(0.3 * width * half)
     assert lrs["head"] == pytest.approx(0.004 * width * half)
-    assert lrs["scalar"] == pytest.approx(0.5 * half) and lrs["resid_scalar"] == pytest.approx(0.005 * half)
+    assert lrs["scalar"] == pytest.approx(0.5 * half) and lrs["resid_scalar"] == pytest.approx(
+        0.005 * half
+    )
     assert [g["betas"] for g in adam.param_groups if g["name"] == "x0_scalar"] == [(0.96, 0.95)]
     assert adam.defaults["betas"] == (0.8, 0.95)
     n_params = sum(p.numel() for o in (muon, adam) for g in o.param_groups for p in g["params"])
     assert n_params == sum(p.numel() for p in model.parameters())
     assert st.set_schedules([muon, adam], 0, args) == 1.0
-    assert muon.param_groups[0]["momentum"] == pytest.approx(0.85) and muon.param_groups[0]["weight_decay"] == pytest.approx(0.2)
-    assert st.set_schedules([muon, adam], 8, args) == pytest.approx(0.4)  # warm-down over the final half
-    assert muon.param_groups[0]["weight_decay"] == pytest.approx(0.2 * 0.2)  # annealed linearly to 0
+    assert muon.param_groups[0]["momentum"] == pytest.approx(0.85) and muon.param_groups[0][
+        "weight_decay"
+    ] == pytest.approx(0.2)
+    assert st.set_schedules([muon, adam], 8, args) == pytest.approx(
+        0.4
+    )  # warm-down over the final half
+    assert muon.param_groups[0]["weight_decay"] == pytest.approx(
+        0.2 * 0.2
+    )  # annealed linearly to 0
     args.n_layer = 24
     assert st.weight_decay_at(0, args) == pytest.approx(0.2 / 4)  # x (12/L)^2
 
@@ -276,12 +357,21 @@ def ddp_runs(tmp_path_factory):
     the runs. Returns the runs' folder and {run name: what rank 0 printed during it}."""
     out = tmp_path_factory.mktemp("ddp")
     batch = ["--total-batch-size", "64"]
-    runs = {"ddp": synthetic_args(out, "ddp", *batch),
-            "fullseq0": synthetic_args(out, "fullseq0", "--schedule", "fullseq:0", *batch)}
+    runs = {
+        "ddp": synthetic_args(out, "ddp", *batch),
+        "fullseq0": synthetic_args(out, "fullseq0", "--schedule", "fullseq:0", *batch),
+    }
     (out / "driver.py").write_text(DDP_DRIVER)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(out / "driver.py"), json.dumps(runs)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(out / "driver.py"),
+        json.dumps(runs),
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = dict(re.findall(r"^=== run (\w+)\n(.*?)(?=^=== run |\Z)", proc.stdout, re.M | re.S))
@@ -304,10 +394,23 @@ def test_ddp_two_processes_match_one_process(tmp_path, ddp_runs):
         torch.testing.assert_close(ddp["model"][k], v, rtol=0, atol=1e-5)
     assert train_losses(out / "ddp") == pytest.approx(train_losses(tmp_path / "single"), abs=1e-5)
     cfg = Run(out / "ddp").config
-    assert cfg["world_size"] == 2 and cfg["grad_accum"] == 1 and Run(tmp_path / "single").config["grad_accum"] == 2
+    assert (
+        cfg["world_size"] == 2
+        and cfg["grad_accum"] == 1
+        and Run(tmp_path / "single").config["grad_accum"] == 2
+    )
     records = Run(out / "ddp").metrics_records()  # rank 0 alone writes: one record per step
     assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3]
-    assert {"loss", "tokens", "flops", "mfu", "tokens_per_s", "time", "lr_mult", "compute_tokens"} <= set(records[0])
+    assert {
+        "loss",
+        "tokens",
+        "flops",
+        "mfu",
+        "tokens_per_s",
+        "time",
+        "lr_mult",
+        "compute_tokens",
+    } <= set(records[0])
     assert [r["kind"] for r in records].count("eval") == 1
 
 
@@ -322,14 +425,19 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     for k, v in a["model"].items():
         assert torch.equal(v, b["model"][k]), k
     assert train_losses(tmp_path / "full") == train_losses(tmp_path / "part")
-    assert Run(tmp_path / "part").summary["tokens"] == Run(tmp_path / "full").summary["tokens"] == 3 * 128
+    assert (
+        Run(tmp_path / "part").summary["tokens"]
+        == Run(tmp_path / "full").summary["tokens"]
+        == 3 * 128
+    )
     with pytest.raises(ValueError, match="arguments differ"):
         st.train(st.parse_args(part + ["--resume", "--matrix-lr", "0.01"]))
     with pytest.raises(FileExistsError):
         st.train(st.parse_args(part))
 
 
-# Real shards and a tokenizer ------------------------------------------------------------------------
+# Real shards and a tokenizer
+# ------------------------------------------------------------------------
 def stdlib_docs() -> list[str]:
     docs = []
     for f in sorted(Path(os.path.dirname(json.__file__)).glob("*.py")):
@@ -342,6 +450,7 @@ def corpus(tmp_path_factory):
     """3 shards of the json package's source (the last is validation) and a BPE of vocab 512."""
     from lrt_scale.data import write_shard
     from lrt_scale.tokenizer import train_tokenizer
+
     root = tmp_path_factory.mktemp("scale_corpus")
     docs = stdlib_docs()
     (root / "data").mkdir()
@@ -356,14 +465,24 @@ def write_core_bundle(root: Path) -> Path:
     """A 3-task bundle in core.json form (one task per type) with plain-English items."""
     b = root / "bundle"
     b.mkdir(exist_ok=True)
-    mc = [{"query": f"The number {i} is", "choices": ["even", "odd"], "gold": i % 2} for i in range(6)]
-    schema = [{"context_options": ["The cat sat", "The dog ran"], "continuation": "on the mat.", "gold": 0}] * 3
+    mc = [
+        {"query": f"The number {i} is", "choices": ["even", "odd"], "gold": i % 2} for i in range(6)
+    ]
+    schema = [
+        {
+            "context_options": ["The cat sat", "The dog ran"],
+            "continuation": "on the mat.",
+            "gold": 0,
+        }
+    ] * 3
     lm = [{"context": f"def f{i}(x):", "continuation": "return x"} for i in range(4)]
     for name, items in (("mc", mc), ("schema", schema), ("lm", lm)):
         (b / f"{name}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in items))
-    tasks = [{"label": "mc", "type": "multiple_choice", "num_fewshot": 2, "random_baseline": 50},
-             {"label": "schema", "type": "schema", "num_fewshot": 0, "random_baseline": 50},
-             {"label": "lm", "type": "language_modeling", "num_fewshot": 1, "random_baseline": 0}]
+    tasks = [
+        {"label": "mc", "type": "multiple_choice", "num_fewshot": 2, "random_baseline": 50},
+        {"label": "schema", "type": "schema", "num_fewshot": 0, "random_baseline": 50},
+        {"label": "lm", "type": "language_modeling", "num_fewshot": 1, "random_baseline": 0},
+    ]
     (b / "core.json").write_text(json.dumps({"tasks": tasks}))
     return b
 
@@ -391,9 +510,27 @@ def test_shards_tokenizer_resume_and_evaluate(tmp_path, corpus, capsys):
     root, tok = corpus
     bundle = write_core_bundle(tmp_path)
     runs = tmp_path / "runs"
-    common = tiny_args(runs, "--data-dir", str(root / "data"), "--tokenizer-dir", str(root / "tok"),
-                       "--seq-len", "32", "--steps", "3", "--total-batch-size", "128", "--device-batch-size", "2",
-                       "--eval-tokens", "128", "--core-bundle", str(bundle), "--core-max-per-task", "-1")
+    common = tiny_args(
+        runs,
+        "--data-dir",
+        str(root / "data"),
+        "--tokenizer-dir",
+        str(root / "tok"),
+        "--seq-len",
+        "32",
+        "--steps",
+        "3",
+        "--total-batch-size",
+        "128",
+        "--device-batch-size",
+        "2",
+        "--eval-tokens",
+        "128",
+        "--core-bundle",
+        str(bundle),
+        "--core-max-per-task",
+        "-1",
+    )
     st.train(st.parse_args(common + ["--name", "full"]))
     st.train(st.parse_args(common + ["--name", "part", "--stop-after", "2"]))
     assert final_state(runs / "part")["counters"]["data"][0]["version"] == 1  # the loader's state
@@ -406,7 +543,11 @@ def test_shards_tokenizer_resume_and_evaluate(tmp_path, corpus, capsys):
     run = Run(runs / "full")
     cfg, summary = run.config, run.summary
     assert cfg["model"]["vocab_size"] == tok.vocab_size and cfg["model"]["sequence_len"] == 32
-    assert cfg["train"]["task"] == "fineweb" and cfg["kind"] == "lrt" and cfg["schedule"] == "interleaved:2"
+    assert (
+        cfg["train"]["task"] == "fineweb"
+        and cfg["kind"] == "lrt"
+        and cfg["schedule"] == "interleaved:2"
+    )
     ev = summary["eval"]
     assert 0 < ev["val_bpb"] < 30 and len([k for k in ev if k.startswith("val_bpb_stage_")]) == 3
     assert set(ev) >= {"core", "core_mc", "core_schema", "core_lm"} and -10 < ev["core"] <= 1
@@ -415,34 +556,73 @@ def test_shards_tokenizer_resume_and_evaluate(tmp_path, corpus, capsys):
     assert set(df["run"]) == {"full", "part"}
 
     from lrt_scale import evaluate
+
     capsys.readouterr()
-    assert evaluate.main(["--run-dir", str(run.path), "--bpb-tokens", "128", "--batch-size", "2", "--seq-rows", "2",
-                          "--seq-prompt", "16", "--seq-prefill", "onepass,exact", "--core-bundle", str(bundle)]) == 0
+    assert (
+        evaluate.main(
+            [
+                "--run-dir",
+                str(run.path),
+                "--bpb-tokens",
+                "128",
+                "--batch-size",
+                "2",
+                "--seq-rows",
+                "2",
+                "--seq-prompt",
+                "16",
+                "--seq-prefill",
+                "onepass,exact",
+                "--core-bundle",
+                str(bundle),
+            ]
+        )
+        == 0
+    )
     rec = [r for r in run.metrics_records() if r.get("source") == "lrt_scale.evaluate"][-1]
-    assert rec["val_bpb"] == pytest.approx(ev["val_bpb"], rel=1e-6)  # same model, same validation tokens
+    assert rec["val_bpb"] == pytest.approx(
+        ev["val_bpb"], rel=1e-6
+    )  # same model, same validation tokens
     assert rec["core"] == pytest.approx(ev["core"])
     assert {"seq_bpb_onepass", "seq_bpb_exact", "cont_bpb_parallel"} <= set(rec)
 
 
-# What would break or mislead the first GPU run ------------------------------------------------------
+# What would break or mislead the first GPU run
+# ------------------------------------------------------
 def test_ratio_params_and_data_plan():
     """Both definitions of N at 20L (the paper's text: 1.316B with embeddings; the released code:
-    matrices + LM head, 435M), and the shards best-fit cropping needs (about 770 at R=20, not 520)."""
+    matrices + LM head, 435M), and the shards best-fit cropping needs (about 770 at R=20, not
+    520)."""
     base = fl.plan(preset("d20"), ratio=20, ratio_params="matrices")
-    lrt = fl.plan(preset("d20", memory=MemoryConfig()), "interleaved:2", ratio=20, ratio_params="matrices")
+    lrt = fl.plan(
+        preset("d20", memory=MemoryConfig()), "interleaved:2", ratio=20, ratio_params="matrices"
+    )
     assert base.params_ratio == 435_165_440 and base.ratio_params == "matrices"
-    assert lrt.params_ratio > base.params_ratio and lrt.tokens > base.tokens  # the LRT counts its memory matrices
+    assert (
+        lrt.params_ratio > base.params_ratio and lrt.tokens > base.tokens
+    )  # the LRT counts its memory matrices
     total = fl.plan(preset("d20"), ratio=10)
     assert total.params_ratio == 1_315_969_320 and total.tokens == pytest.approx(13.16e9, rel=1e-3)
     shards = fl.data_plan(fl.plan(preset("d20"), ratio=20).tokens)["train_shards"]
     assert 760 <= shards <= 800
-    assert "ratio_params=matrices" in fl.format_plan(base) and "train shards" in fl.format_plan(base)
+    assert "ratio_params=matrices" in fl.format_plan(base) and "train shards" in fl.format_plan(
+        base
+    )
     with pytest.raises(ValueError, match="ratio_params"):
         fl.plan(preset("d20"), ratio=1, ratio_params="embeddings")
 
 
-@pytest.mark.parametrize("spec,memory_unused", [("interleaved:2", False), ("onepass", True), ("fullseq:0", True),
-                                                ("chunked:16", True), ("chunked:4", False), ("rollout:1", False)])
+@pytest.mark.parametrize(
+    "spec,memory_unused",
+    [
+        ("interleaved:2", False),
+        ("onepass", True),
+        ("fullseq:0", True),
+        ("chunked:16", True),
+        ("chunked:4", False),
+        ("rollout:1", False),
+    ],
+)
 def test_unused_parameters_from_one_backward(spec, memory_unused):
     """DDP needs find_unused_parameters exactly when a step leaves parameters without a gradient:
     not only OnePass, also fullseq:0 and chunked:C with C >= T (one chunk: memory never read)."""
@@ -453,7 +633,9 @@ def test_unused_parameters_from_one_backward(spec, memory_unused):
     assert torch.equal(torch.random.get_rng_state(), state)
     assert all(p.grad is None for p in model.parameters())
     assert bool(unused) == memory_unused
-    assert all(n.startswith("pathway.") for n in unused)  # (the gates still get a gradient: they see h)
+    assert all(
+        n.startswith("pathway.") for n in unused
+    )  # (the gates still get a gradient: they see h)
 
 
 @pytest.mark.slow
@@ -476,7 +658,9 @@ def test_previous_micro_step_and_loaded_checkpoint_are_freed(tmp_path, monkeypat
     real_forward, real_load = LRT.forward, torch.load
 
     def forward(self, *a, **kw):
-        assert all(r() is None for r in previous), "the previous micro step's logits are still alive"
+        assert all(r() is None for r in previous), (
+            "the previous micro step's logits are still alive"
+        )
         assert loaded and all(r() is None for r in loaded), "the loaded checkpoint is still alive"
         out = real_forward(self, *a, **kw)
         previous[:] = [weakref.ref(out.logits)] + [weakref.ref(t) for t in out.stage_logits]
@@ -486,6 +670,7 @@ def test_previous_micro_step_and_loaded_checkpoint_are_freed(tmp_path, monkeypat
         state = real_load(*a, **kw)
         loaded.extend(weakref.ref(t) for t in state["model"].values())
         return state
+
     monkeypatch.setattr(LRT, "forward", forward)
     monkeypatch.setattr(torch, "load", load)
     st.train(st.parse_args(args + ["--resume"]))  # 2 steps of 2 micro steps each
@@ -503,18 +688,24 @@ def test_resume_with_another_device_batch_size(tmp_path):
     a, b = final_state(tmp_path / "full"), final_state(tmp_path / "part")
     for k, v in a["model"].items():
         torch.testing.assert_close(b["model"][k], v, rtol=0, atol=1e-5)
-    assert train_losses(tmp_path / "part") == pytest.approx(train_losses(tmp_path / "full"), abs=1e-5)
+    assert train_losses(tmp_path / "part") == pytest.approx(
+        train_losses(tmp_path / "full"), abs=1e-5
+    )
 
 
 def test_synthetic_validation_does_not_depend_on_world_size():
     """The same validation rows for 1 rank or 2 (each rank's share of eval_tokens)."""
+
     def rows(world):
         out = []
         for rank in range(world):
             ctx = DistContext(rank, world, rank, torch.device("cpu"), world > 1, None)
             batches, _, _ = make_batches(None, None, 64, 2, 16, ctx, seed=3, synthetic="copy")
-            out += [r for x, y in batches(4 // world) for r in torch.cat([x, y[:, -1:]], 1).tolist()]
+            out += [
+                r for x, y in batches(4 // world) for r in torch.cat([x, y[:, -1:]], 1).tolist()
+            ]
         return sorted(out)
+
     assert rows(1) == rows(2) and len(rows(1)) == 8
 
 
@@ -524,13 +715,36 @@ def test_failing_core_keeps_the_weights_and_writes_the_summary(tmp_path, corpus)
     before the final checkpoint: no weights, no summary, and --resume failed the same way."""
     root, _ = corpus
     bundle = write_core_bundle(tmp_path)
-    (bundle / "mc.jsonl").write_text(json.dumps({"query": "broken", "gold": 0}) + "\n" * 1 +
-                                     "".join(json.dumps({"query": f"q{i}", "choices": ["a", "b"], "gold": 0}) + "\n"
-                                             for i in range(3)))
+    (bundle / "mc.jsonl").write_text(
+        json.dumps({"query": "broken", "gold": 0})
+        + "\n" * 1
+        + "".join(
+            json.dumps({"query": f"q{i}", "choices": ["a", "b"], "gold": 0}) + "\n"
+            for i in range(3)
+        )
+    )
     runs = tmp_path / "runs"
-    args = tiny_args(runs, "--data-dir", str(root / "data"), "--tokenizer-dir", str(root / "tok"), "--seq-len", "32",
-                     "--steps", "2", "--total-batch-size", "64", "--device-batch-size", "2", "--eval-tokens", "64",
-                     "--core-bundle", str(bundle), "--name", "core")
+    args = tiny_args(
+        runs,
+        "--data-dir",
+        str(root / "data"),
+        "--tokenizer-dir",
+        str(root / "tok"),
+        "--seq-len",
+        "32",
+        "--steps",
+        "2",
+        "--total-batch-size",
+        "64",
+        "--device-batch-size",
+        "2",
+        "--eval-tokens",
+        "64",
+        "--core-bundle",
+        str(bundle),
+        "--name",
+        "core",
+    )
     st.train(st.parse_args(args))
     run = Run(runs / "core")
     assert final_state(run.path)["step"] == 2

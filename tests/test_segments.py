@@ -1,4 +1,5 @@
-"""Sweeps in segments of bounded wall time (lrt-lab sweep --time-limit; experiments/run_paper_a5.sh):
+"""Sweeps in segments of bounded wall time (lrt-lab sweep --time-limit;
+experiments/run_paper_a5.sh):
 a run cut by the time limit is checkpointed and continued by the next segment, and ends exactly
 where an uninterrupted run ends."""
 
@@ -16,10 +17,25 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 SPEC = {
-    "sweep": {"tasks": ["group_prefix"], "models": ["lrt"], "schedules": ["interleaved:2"], "seeds": [0]},
-    "train": {"task_options": {"group": "S3"}, "length": 6, "preset": "tiny", "steps": 40, "batch_size": 8,
-              "eval_every": 20, "eval_lengths": [6, 12], "eval_size": 8, "checkpoint_every": 0, "device": "cpu",
-              "memory_preset": "released"},
+    "sweep": {
+        "tasks": ["group_prefix"],
+        "models": ["lrt"],
+        "schedules": ["interleaved:2"],
+        "seeds": [0],
+    },
+    "train": {
+        "task_options": {"group": "S3"},
+        "length": 6,
+        "preset": "tiny",
+        "steps": 40,
+        "batch_size": 8,
+        "eval_every": 20,
+        "eval_lengths": [6, 12],
+        "eval_size": 8,
+        "checkpoint_every": 0,
+        "device": "cpu",
+        "memory_preset": "released",
+    },
 }
 
 
@@ -27,7 +43,9 @@ SPEC = {
 def test_time_limited_segments_continue_exactly(tmp_path):
     spec = validate_spec(SPEC)
     segments = 0
-    while not all(r.is_complete for r in run_sweep(spec, out=str(tmp_path / "seg"), time_limit_s=0.1)):
+    while not all(
+        r.is_complete for r in run_sweep(spec, out=str(tmp_path / "seg"), time_limit_s=0.1)
+    ):
         segments += 1
         # every segment trains at least one step, however slow the start-up: 40 steps, 40 segments
         assert segments < 40
@@ -37,7 +55,9 @@ def test_time_limited_segments_continue_exactly(tmp_path):
     cut = Run(tmp_path / "seg" / cfg.run_name)
     train_rows = load_metrics(cut, kind="train")
     assert train_rows["step"].tolist() == list(range(1, 41))  # every step logged once
-    assert train_rows["loss"].tolist() == pytest.approx(load_metrics(full, kind="train")["loss"].tolist(), rel=1e-6)
+    assert train_rows["loss"].tolist() == pytest.approx(
+        load_metrics(full, kind="train")["loss"].tolist(), rel=1e-6
+    )
     assert cut.summary["eval"] == full.summary["eval"]
 
 
@@ -48,16 +68,24 @@ def test_bad_time_limit_names_the_field(tmp_path):
 
 def test_paper_spec_is_the_papers_setting():
     """experiments/a5_paper.toml: depth 4, d=256, trained at 64, evaluated at 64/128/256, 3 seeds,
-    transformer, LRT with Interleaved(2) (the claim) and with FixedPoint(0.1, 8) (the study's best trainer),
+    transformer, LRT with Interleaved(2) (the claim) and with FixedPoint(0.1, 8) (the study's best
+    trainer),
     checkpoints for resuming."""
     spec = load_spec("experiments/a5_paper.toml")
     with open("experiments/a5_paper.toml", "rb") as f:
         assert tomllib.load(f)["sweep"]["seeds"] == [0, 1, 2]
     configs = expand(spec)
-    assert sorted((c.model, c.schedule) for c in configs) == ([("lrt", "fixedpoint:0.1:8")] * 3 + [("lrt", "interleaved:2")] * 3
-                                                              + [("transformer", "onepass")] * 3)
+    assert sorted((c.model, c.schedule) for c in configs) == (
+        [("lrt", "fixedpoint:0.1:8")] * 3
+        + [("lrt", "interleaved:2")] * 3
+        + [("transformer", "onepass")] * 3
+    )
     for c in configs:
-        assert (c.preset, c.length, c.eval_lengths) == ("a5", 64, (64, 128, 256)) and c.checkpoint_every > 0
+        assert (c.preset, c.length, c.eval_lengths) == (
+            "a5",
+            64,
+            (64, 128, 256),
+        ) and c.checkpoint_every > 0
 
 
 def test_a_run_not_started_for_lack_of_time_is_returned_incomplete(tmp_path):

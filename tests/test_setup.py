@@ -23,7 +23,11 @@ def _plan(tmp_path: Path, *args: str, gpu: bool = False, pip_conf: str | None = 
     fake = bin_dir / "nvidia-smi"
     fake.write_text(f"#!/bin/sh\nexit {0 if gpu else 1}\n")
     fake.chmod(0o755)
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "TORCH_SPEC", "SKIP_BROWSER"))}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PIP_", "TORCH_SPEC", "SKIP_BROWSER"))
+    }
     if pip_conf is None:
         base["PIP_CONFIG_FILE"] = os.devnull  # pip then reads no config file at all
     else:
@@ -31,8 +35,14 @@ def _plan(tmp_path: Path, *args: str, gpu: bool = False, pip_conf: str | None = 
         base["PIP_CONFIG_FILE"] = str(tmp_path / "pip.conf")
         base["PIP_NO_USER_CONFIG"] = "1"
     base.update(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", PYTHON=sys.executable, **env)
-    proc = subprocess.run(["bash", str(SETUP), *args], env=base, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=60)
+    proc = subprocess.run(
+        ["bash", str(SETUP), *args],
+        env=base,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
     return proc, [line[2:] for line in proc.stdout.splitlines() if line.startswith("+ ")]
 
 
@@ -41,30 +51,51 @@ def _torch_command(commands: list[str]) -> str:
     return cmd.split(" -m pip ", 1)[1]
 
 
-@pytest.mark.parametrize("case, expected", [
-    ("gpu", "install torch"),
-    ("local", "install torch==2.13.0"),
-    ("plain", "install torch --index-url https://download.pytorch.org/whl/cpu"),
-])
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("gpu", "install torch"),
+        ("local", "install torch==2.13.0"),
+        ("plain", "install torch --index-url https://download.pytorch.org/whl/cpu"),
+    ],
+)
 def test_torch_is_chosen_for_the_machine(tmp_path, case, expected):
-    conf = {"gpu": None, "plain": None, "local": "[global]\nfind-links = /nonexistent/wheels\n"}[case]
-    proc, commands = _plan(tmp_path, "--dry-run", "--assume-missing", gpu=case == "gpu", pip_conf=conf)
+    conf = {"gpu": None, "plain": None, "local": "[global]\nfind-links = /nonexistent/wheels\n"}[
+        case
+    ]
+    proc, commands = _plan(
+        tmp_path, "--dry-run", "--assume-missing", gpu=case == "gpu", pip_conf=conf
+    )
     assert proc.returncode == 0, proc.stderr
     assert _torch_command(commands) == expected
     assert commands[-1].endswith("-m pip install -e .[dev,app,notebooks]")  # then the project
 
 
 def test_overrides_and_the_browser_step(tmp_path):
-    proc, commands = _plan(tmp_path, "test", "--dry-run", "--assume-missing", gpu=True,
-                           TORCH_SPEC="torch==2.5.1 --index-url https://example.invalid/cu121",
-                           PIP_EXTRA="--no-cache-dir")
+    proc, commands = _plan(
+        tmp_path,
+        "test",
+        "--dry-run",
+        "--assume-missing",
+        gpu=True,
+        TORCH_SPEC="torch==2.5.1 --index-url https://example.invalid/cu121",
+        PIP_EXTRA="--no-cache-dir",
+    )
     assert proc.returncode == 0, proc.stderr
-    assert _torch_command(commands) == "install torch==2.5.1 --index-url https://example.invalid/cu121 --no-cache-dir"
-    # the tests also cover parallel sweeps (Ray), Slurm job arrays (submitit) and the W&B / TensorBoard
+    assert (
+        _torch_command(commands)
+        == "install torch==2.5.1 --index-url https://example.invalid/cu121 --no-cache-dir"
+    )
+    # the tests also cover parallel sweeps (Ray), Slurm job arrays (submitit) and the W&B /
+    # TensorBoard
     # mirrors: make test installs them
-    assert any(c.endswith("install -e .[dev,app,notebooks,cluster,slurm,wandb,tensorboard] --no-cache-dir")
-               for c in commands)
-    if os.geteuid() == 0 and any(Path(p, "apt-get").exists() for p in os.environ["PATH"].split(os.pathsep)):
+    assert any(
+        c.endswith("install -e .[dev,app,notebooks,cluster,slurm,wandb,tensorboard] --no-cache-dir")
+        for c in commands
+    )
+    if os.geteuid() == 0 and any(
+        Path(p, "apt-get").exists() for p in os.environ["PATH"].split(os.pathsep)
+    ):
         assert commands[-1].endswith("apt-get install -y chromium chromium-driver")
     else:
         assert "tests/test_app_browser.py will skip" in proc.stdout
@@ -85,16 +116,37 @@ def test_a_hung_test_ends_with_its_stack_well_before_ci_gives_up(tmp_path):
     instead of holding the run until CI kills it. The limit is shortened here (-o timeout=2) so
     the hang is seen in seconds; the test file is outside tests/, so no torch is imported."""
     import time
+
     tomllib = pytest.importorskip("tomllib", reason="Python 3.11's tomllib reads pyproject.toml")
     repo = SETUP.parent.parent
     ini = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     assert 0 < ini["timeout"] <= 5400 / 6  # the whole suite takes minutes; one test, at most 15
-    (tmp_path / "test_hang.py").write_text("import time\n\ndef test_hangs():\n    time.sleep(120)\n")
+    (tmp_path / "test_hang.py").write_text(
+        "import time\n\ndef test_hangs():\n    time.sleep(120)\n"
+    )
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-c", str(repo / "pyproject.toml"),
-                           "--rootdir", str(tmp_path), "-n", "0", "-p", "no:cacheprovider",
-                           "-o", "timeout=2", str(tmp_path / "test_hang.py")],
-                          capture_output=True, text=True, timeout=100, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-c",
+            str(repo / "pyproject.toml"),
+            "--rootdir",
+            str(tmp_path),
+            "-n",
+            "0",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "timeout=2",
+            str(tmp_path / "test_hang.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=tmp_path,
+    )
     assert time.monotonic() - start < 60
     assert proc.returncode == 1, proc.stdout[-2000:]
     assert "Timeout" in proc.stdout and "test_hang.py" in proc.stdout and "1 failed" in proc.stdout
@@ -110,4 +162,5 @@ def test_pytest_xdist_honours_the_suites_groups(request):
         pytest.skip("not run by pytest-xdist with --dist loadgroup (pyproject.toml's default)")
     assert request.node.nodeid.endswith("@grouping_check"), (
         f"{request.node.nodeid}: pytest-xdist ignored the test's group; see pytest's bound in "
-        "pyproject.toml")
+        "pyproject.toml"
+    )

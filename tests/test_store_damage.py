@@ -21,17 +21,45 @@ from lrt_lab.training.loop import TrainConfig, train
 
 def make_run(root: Path, name: str, seed: int) -> Run:
     """A complete run folder written through the store's own writers (no training needed)."""
-    config = {"train": {"task": "a5_prefix", "seed": seed, "length": 8}, "model": {"n_layer": 2}, "params": {"total": 10},
-              "kind": "lrt", "schedule": "interleaved:2", "schedule_cost": 2.0, "forwards_per_token": 1,
-              "task_vocab_size": 60}
+    config = {
+        "train": {"task": "a5_prefix", "seed": seed, "length": 8},
+        "model": {"n_layer": 2},
+        "params": {"total": 10},
+        "kind": "lrt",
+        "schedule": "interleaved:2",
+        "schedule_cost": 2.0,
+        "forwards_per_token": 1,
+        "task_vocab_size": 60,
+    }
     run = Run.create(root, name, config)
     for step in (1, 2, 3):
-        run.log({"kind": "train", "step": step, "loss": 3.0 / step, "stage_losses": [1.0, 2.0], "tokens": 8 * step})
+        run.log(
+            {
+                "kind": "train",
+                "step": step,
+                "loss": 3.0 / step,
+                "stage_losses": [1.0, 2.0],
+                "tokens": 8 * step,
+            }
+        )
     run.log({"kind": "eval", "step": 3, "pos90_exact@8": seed + 1, "acc_exact@8": 0.5})
-    run.write_table("per_position", pd.DataFrame({"length": [8], "mode": ["exact"], "position": [1], "accuracy": [0.5]}))
-    run.write_summary({"status": "complete", "steps": 3, "final_loss": 1.0, "wall_time_s": 1.5, "tokens": 24,
-                       "compute_tokens": 48.0, "schedule_cost": 2.0, "forwards_per_token": 1,
-                       "eval": {"pos90_exact@8": seed + 1, "acc_exact@8": 0.5}})
+    run.write_table(
+        "per_position",
+        pd.DataFrame({"length": [8], "mode": ["exact"], "position": [1], "accuracy": [0.5]}),
+    )
+    run.write_summary(
+        {
+            "status": "complete",
+            "steps": 3,
+            "final_loss": 1.0,
+            "wall_time_s": 1.5,
+            "tokens": 24,
+            "compute_tokens": 48.0,
+            "schedule_cost": 2.0,
+            "forwards_per_token": 1,
+            "eval": {"pos90_exact@8": seed + 1, "acc_exact@8": 0.5},
+        }
+    )
     return run
 
 
@@ -56,35 +84,66 @@ DEEP = b"[" * 100_000 + b"]" * 100_000  # deeper than Python's recursion limit
 
 # damage name -> (function of the run folder, the file it damages)
 DAMAGE = {
-    "config.json non-UTF-8 byte": (lambda d: _insert_bytes(d / "config.json", b"\xff\xfe", 5), "config.json"),
-    "config.json truncated": (lambda d: (d / "config.json").write_bytes((d / "config.json").read_bytes()[:20]),
-                              "config.json"),
+    "config.json non-UTF-8 byte": (
+        lambda d: _insert_bytes(d / "config.json", b"\xff\xfe", 5),
+        "config.json",
+    ),
+    "config.json truncated": (
+        lambda d: (d / "config.json").write_bytes((d / "config.json").read_bytes()[:20]),
+        "config.json",
+    ),
     "config.json a directory": (lambda d: _dir_in_place(d / "config.json"), "config.json"),
     "config.json a list": (lambda d: (d / "config.json").write_text("[1, 2]"), "config.json"),
     "config.json deep nesting": (lambda d: (d / "config.json").write_bytes(DEEP), "config.json"),
-    "config train a string": (lambda d: _rewrite_json(d / "config.json", lambda o: o.update(train="x")), "config.json"),
-    "summary.json non-UTF-8 byte": (lambda d: _insert_bytes(d / "summary.json", b"\x80", 3), "summary.json"),
+    "config train a string": (
+        lambda d: _rewrite_json(d / "config.json", lambda o: o.update(train="x")),
+        "config.json",
+    ),
+    "summary.json non-UTF-8 byte": (
+        lambda d: _insert_bytes(d / "summary.json", b"\x80", 3),
+        "summary.json",
+    ),
     "summary.json a directory": (lambda d: _dir_in_place(d / "summary.json"), "summary.json"),
-    "summary.json deep nesting": (lambda d: (d / "summary.json").write_bytes(b'{"eval": ' + DEEP + b"}"),
-                                  "summary.json"),
-    "summary eval a list": (lambda d: _rewrite_json(d / "summary.json", lambda o: o.update(eval=[1, 2])),
-                            "summary.json"),
-    "summary eval null": (lambda d: _rewrite_json(d / "summary.json", lambda o: o.update(eval=None)), "summary.json"),
-    "summary eval value a dict": (lambda d: _rewrite_json(d / "summary.json",
-                                                          lambda o: o["eval"].update({"pos90_exact@8": {"a": 1}})),
-                                  "summary.json"),
-    "summary final_loss a string": (lambda d: _rewrite_json(d / "summary.json", lambda o: o.update(final_loss="1.0")),
-                                    "summary.json"),
-    "summary steps a bool": (lambda d: _rewrite_json(d / "summary.json", lambda o: o.update(steps=True)),
-                             "summary.json"),
+    "summary.json deep nesting": (
+        lambda d: (d / "summary.json").write_bytes(b'{"eval": ' + DEEP + b"}"),
+        "summary.json",
+    ),
+    "summary eval a list": (
+        lambda d: _rewrite_json(d / "summary.json", lambda o: o.update(eval=[1, 2])),
+        "summary.json",
+    ),
+    "summary eval null": (
+        lambda d: _rewrite_json(d / "summary.json", lambda o: o.update(eval=None)),
+        "summary.json",
+    ),
+    "summary eval value a dict": (
+        lambda d: _rewrite_json(
+            d / "summary.json", lambda o: o["eval"].update({"pos90_exact@8": {"a": 1}})
+        ),
+        "summary.json",
+    ),
+    "summary final_loss a string": (
+        lambda d: _rewrite_json(d / "summary.json", lambda o: o.update(final_loss="1.0")),
+        "summary.json",
+    ),
+    "summary steps a bool": (
+        lambda d: _rewrite_json(d / "summary.json", lambda o: o.update(steps=True)),
+        "summary.json",
+    ),
 }
 # metrics.jsonl damage: the run stays listed; its unreadable lines are dropped and counted
 METRICS_DAMAGE = {
     "garbage bytes line": lambda p: _insert_bytes(p, b"\xff\x00\xc3garbage\n", 0),
-    "JSON that is not an object": lambda p: p.write_bytes(p.read_bytes() + b"[1, 2]\n3\nnull\n\"s\"\n"),
+    "JSON that is not an object": lambda p: p.write_bytes(
+        p.read_bytes() + b'[1, 2]\n3\nnull\n"s"\n'
+    ),
     "deep nesting": lambda p: p.write_bytes(p.read_bytes() + b'{"a": ' + DEEP + b"}\n"),
-    "string step": lambda p: p.write_bytes(p.read_bytes() + b'{"kind": "train", "step": "4", "loss": 1}\n'),
-    "string loss": lambda p: p.write_bytes(p.read_bytes() + b'{"kind": "train", "step": 4, "loss": "x"}\n'),
+    "string step": lambda p: p.write_bytes(
+        p.read_bytes() + b'{"kind": "train", "step": "4", "loss": 1}\n'
+    ),
+    "string loss": lambda p: p.write_bytes(
+        p.read_bytes() + b'{"kind": "train", "step": 4, "loss": "x"}\n'
+    ),
     "cut last line": lambda p: p.write_bytes(p.read_bytes() + b'{"kind": "train", "st'),
 }
 
@@ -108,7 +167,9 @@ def _good_rows(df):
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_a_damaged_run_file_is_skipped_and_reported_and_the_others_read_as_before(store, damage, capsys):
+def test_a_damaged_run_file_is_skipped_and_reported_and_the_others_read_as_before(
+    store, damage, capsys
+):
     before = _quiet_load_runs(store)
     metrics_before = {n: load_metrics(store / n) for n in ("good-a", "good-b")}
     apply, filename = DAMAGE[damage]
@@ -143,7 +204,11 @@ def test_damaged_metrics_lines_are_dropped_and_counted(store, damage):
     assert df.attrs["dropped_lines"] >= 1
     pd.testing.assert_frame_equal(df, good)  # exactly the readable records, unchanged
     assert load_metrics(store / "victim", kind="train")["step"].tolist() == [1, 2, 3]
-    assert sorted(_quiet_load_runs(store)["run"]) == ["good-a", "good-b", "victim"]  # the run itself is fine
+    assert sorted(_quiet_load_runs(store)["run"]) == [
+        "good-a",
+        "good-b",
+        "victim",
+    ]  # the run itself is fine
 
 
 def test_a_directory_in_place_of_metrics_gives_an_empty_table_and_a_report(store):
@@ -164,8 +229,12 @@ def test_a_damaged_table_reads_as_missing(store, content):
 
 # Random byte damage anywhere: whatever is hit, no reader raises and the other runs are unaffected.
 @settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(filename=st.sampled_from(["config.json", "summary.json", "metrics.jsonl"]),
-       where=st.floats(0, 1), junk=st.binary(min_size=0, max_size=6), cut=st.booleans())
+@given(
+    filename=st.sampled_from(["config.json", "summary.json", "metrics.jsonl"]),
+    where=st.floats(0, 1),
+    junk=st.binary(min_size=0, max_size=6),
+    cut=st.booleans(),
+)
 def test_random_byte_damage_never_breaks_the_readers(filename, where, junk, cut):
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -192,10 +261,32 @@ def test_random_byte_damage_never_breaks_the_readers(filename, where, junk, cut)
             assert ok.map(lambda v: v is None or isinstance(v, (int, float, str))).all()
 
 
-# Command-line file errors --------------------------------------------------------------------------
-TRAIN = ["train", "--task", "group_prefix", "--task-opt", "group=S3", "--length", "4", "--preset", "tiny",
-         "--steps", "4", "--batch-size", "4", "--eval-lengths", "4", "--eval-size", "4", "--device", "cpu", "--quiet",
-         "--checkpoint-every", "1"]
+# Command-line file errors
+# --------------------------------------------------------------------------
+TRAIN = [
+    "train",
+    "--task",
+    "group_prefix",
+    "--task-opt",
+    "group=S3",
+    "--length",
+    "4",
+    "--preset",
+    "tiny",
+    "--steps",
+    "4",
+    "--batch-size",
+    "4",
+    "--eval-lengths",
+    "4",
+    "--eval-size",
+    "4",
+    "--device",
+    "cpu",
+    "--quiet",
+    "--checkpoint-every",
+    "1",
+]
 
 
 def _error(capsys, argv) -> str:
@@ -217,23 +308,43 @@ def test_cli_file_errors_say_what_is_wrong(tmp_path, capsys, monkeypatch):
     assert "not UTF-8" in _error(capsys, ["sweep", "bad.toml"])
     Path("letters.toml").write_text('[sweep]\ntasks = "copy"\nmodels = ["lrt"]\n')
     assert "sweep.tasks='copy' is invalid; allowed: a non-empty list of task names" in _error(
-        capsys, ["sweep", "letters.toml"])
+        capsys, ["sweep", "letters.toml"]
+    )
     assert "pass --name NAME" in _error(capsys, TRAIN + ["--out", "store", "--resume"])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "bad.toml", "letters.toml"]  # nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "afile",
+        "bad.toml",
+        "letters.toml",
+    ]  # nothing written
 
 
 def test_resume_names_the_differing_arguments_and_the_step(tmp_path, capsys):
     out = str(tmp_path / "store")
     assert main(TRAIN + ["--out", out, "--name", "r"]) == 0
-    err = _error(capsys, TRAIN + ["--out", out, "--name", "r", "--resume", "--steps", "6", "--seed", "3"])
+    err = _error(
+        capsys, TRAIN + ["--out", out, "--name", "r", "--resume", "--steps", "6", "--seed", "3"]
+    )
     assert "steps: 4 in config.json, 6 now" in err and "seed: 0 in config.json, 3 now" in err
 
 
 # Resume: temp files and checkpoint fallback -----------------------------------------------------
 def tiny(**kw):
-    base = dict(task="group_prefix", task_options={"group": "S3"}, length=4, preset="tiny", model="lrt",
-                schedule="interleaved:2", steps=8, batch_size=8, eval_every=0, eval_lengths=(4,), eval_size=8,
-                checkpoint_every=2, device="cpu", name="r")
+    base = dict(
+        task="group_prefix",
+        task_options={"group": "S3"},
+        length=4,
+        preset="tiny",
+        model="lrt",
+        schedule="interleaved:2",
+        steps=8,
+        batch_size=8,
+        eval_every=0,
+        eval_lengths=(4,),
+        eval_size=8,
+        checkpoint_every=2,
+        device="cpu",
+        name="r",
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -244,8 +355,11 @@ def test_resume_falls_back_to_the_older_checkpoint_and_removes_temp_files(tmp_pa
     ckpts = run.checkpoints()
     assert [p.name for p in ckpts] == ["step_0000004.pt", "step_0000006.pt"]
     ckpts[-1].write_bytes(ckpts[-1].read_bytes()[:1000])  # a truncated newest checkpoint
-    leftovers = [run.path / "checkpoints" / ".ckpt.abc123.tmp", run.path / ".summary.json.x.tmp",
-                 run.path / ".metrics.y.tmp"]
+    leftovers = [
+        run.path / "checkpoints" / ".ckpt.abc123.tmp",
+        run.path / ".summary.json.x.tmp",
+        run.path / ".metrics.y.tmp",
+    ]
     for p in leftovers:
         p.write_bytes(b"partial")
     capsys.readouterr()
@@ -275,6 +389,7 @@ def test_a_failed_checkpoint_write_leaves_no_temp_file(tmp_path, monkeypatch):
     import torch
 
     from lrt_lab.training.checkpoints import save_checkpoint
+
     run = Run.create(tmp_path, "r", {"train": {}})
 
     def full_disk(obj, f, *a, **k):

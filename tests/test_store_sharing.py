@@ -22,26 +22,63 @@ from lrt_lab.training.loop import TrainConfig, train
 from lrt_lab.training.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--preset", "tiny", "--length", "8", "--batch-size", "4", "--eval-size", "4", "--eval-lengths", "8",
-        "--quiet"]
+TINY = [
+    "--preset",
+    "tiny",
+    "--length",
+    "8",
+    "--batch-size",
+    "4",
+    "--eval-size",
+    "4",
+    "--eval-lengths",
+    "8",
+    "--quiet",
+]
 
 
 def tiny_cfg(**kw):
-    base = dict(task="a5_prefix", length=8, preset="tiny", steps=40, batch_size=4, eval_every=0, eval_lengths=(8,),
-                eval_size=4, checkpoint_every=10)
+    base = dict(
+        task="a5_prefix",
+        length=8,
+        preset="tiny",
+        steps=40,
+        batch_size=4,
+        eval_every=0,
+        eval_lengths=(8,),
+        eval_size=4,
+        checkpoint_every=10,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
 
 def spec(steps=60, seeds=(0, 1), **train_fields):
-    return {"sweep": {"tasks": ["a5_prefix"], "models": ["transformer", "lrt"], "seeds": list(seeds)},
-            "train": {"length": 8, "preset": "tiny", "steps": steps, "batch_size": 4, "eval_size": 4,
-                      "eval_lengths": [8], "eval_every": 0, "checkpoint_every": 20, "device": "cpu", **train_fields}}
+    return {
+        "sweep": {"tasks": ["a5_prefix"], "models": ["transformer", "lrt"], "seeds": list(seeds)},
+        "train": {
+            "length": 8,
+            "preset": "tiny",
+            "steps": steps,
+            "batch_size": 4,
+            "eval_size": 4,
+            "eval_lengths": [8],
+            "eval_every": 0,
+            "checkpoint_every": 20,
+            "device": "cpu",
+            **train_fields,
+        },
+    }
 
 
 def write_spec(path: Path, body: dict) -> Path:
-    lines = ["[sweep]", f'tasks = {json.dumps(body["sweep"]["tasks"])}', f'models = {json.dumps(body["sweep"]["models"])}',
-             f'seeds = {json.dumps(body["sweep"]["seeds"])}', "[train]"]
+    lines = [
+        "[sweep]",
+        f"tasks = {json.dumps(body['sweep']['tasks'])}",
+        f"models = {json.dumps(body['sweep']['models'])}",
+        f"seeds = {json.dumps(body['sweep']['seeds'])}",
+        "[train]",
+    ]
     lines += [f"{k} = {json.dumps(v)}" for k, v in body["train"].items()]
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -57,11 +94,19 @@ def losses(folder) -> list[float]:
 
 def cli(*args, env=None, **kw):
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "lrt_lab", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "lrt_lab", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
-# One writer per run --------------------------------------------------------------------------------
+# One writer per run
+# --------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_two_concurrent_sweeps_train_each_run_once_like_a_sequential_sweep(tmp_path):
     body = spec(steps=40)  # long enough that both processes reach runs the other is training
@@ -76,7 +121,9 @@ def test_two_concurrent_sweeps_train_each_run_once_like_a_sequential_sweep(tmp_p
     assert sorted(p.name for p in shared.iterdir()) == names and len(names) == 4
     for name in names:
         assert train_steps(shared / name) == list(range(1, 41)), name  # every step once, in order
-        assert losses(shared / name) == pytest.approx(losses(tmp_path / "alone" / name), rel=1e-6), name
+        assert losses(shared / name) == pytest.approx(
+            losses(tmp_path / "alone" / name), rel=1e-6
+        ), name
         assert not (shared / name / claims.CLAIM).exists()  # released
 
 
@@ -87,8 +134,23 @@ def test_a_second_writer_gets_one_line_naming_the_owner(tmp_path, capsys):
         fake = json.loads((first.path / claims.CLAIM).read_text())
         assert fake["pid"] == os.getpid() and "host" in fake
         # another process (a subprocess) cannot resume it
-        p = cli("train", "--task", "a5_prefix", *TINY, "--steps", "5", "--checkpoint-every", "10",
-                "--eval-every", "0", "--name", "r", "--out", str(tmp_path), "--resume")
+        p = cli(
+            "train",
+            "--task",
+            "a5_prefix",
+            *TINY,
+            "--steps",
+            "5",
+            "--checkpoint-every",
+            "10",
+            "--eval-every",
+            "0",
+            "--name",
+            "r",
+            "--out",
+            str(tmp_path),
+            "--resume",
+        )
         _, err = p.communicate(timeout=300)
         assert p.returncode == 2 and err.count("\n") == 1
         assert f"pid {os.getpid()}" in err and "being written by" in err
@@ -98,8 +160,12 @@ def test_a_second_writer_gets_one_line_naming_the_owner(tmp_path, capsys):
 def test_a_claim_of_a_dead_process_or_without_heartbeat_is_taken_over(tmp_path):
     run = tmp_path / "r"
     run.mkdir()
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (run / claims.CLAIM).write_text(json.dumps({"host": claims.socket.gethostname(), "pid": int(dead.stdout)}))
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    (run / claims.CLAIM).write_text(
+        json.dumps({"host": claims.socket.gethostname(), "pid": int(dead.stdout)})
+    )
     with pytest.warns(UserWarning, match="taking over a stale claim"):
         claims.acquire(run).release()
     # another host's claim: alive while its heartbeat is fresh, stale after STALE_S
@@ -128,17 +194,41 @@ def test_the_heartbeat_keeps_a_claim_fresh(tmp_path):
 def test_resume_of_a_complete_run_changes_nothing(tmp_path):
     run = train(tiny_cfg(name="done"), out=tmp_path, progress=False)
     before = {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()}
-    for ckpt in run.checkpoints():  # pruned checkpoints, then a damaged newest one: still nothing moves
+    for (
+        ckpt
+    ) in run.checkpoints():  # pruned checkpoints, then a damaged newest one: still nothing moves
         ckpt.unlink()
-    assert main(["train", "--task", "a5_prefix", *TINY, "--steps", "40", "--eval-every", "0", "--checkpoint-every",
-                 "10", "--name", "done", "--out", str(tmp_path), "--resume"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--task",
+                "a5_prefix",
+                *TINY,
+                "--steps",
+                "40",
+                "--eval-every",
+                "0",
+                "--checkpoint-every",
+                "10",
+                "--name",
+                "done",
+                "--out",
+                str(tmp_path),
+                "--resume",
+            ]
+        )
+        == 0
+    )
     after = {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()}
     assert after == before and len(train_steps(run.path)) == 40
 
 
 def test_a_sweep_whose_spec_changed_a_complete_run_refuses_naming_the_fields(tmp_path):
     run_sweep(spec(steps=10, seeds=(0,)), out=str(tmp_path), progress=False)
-    with pytest.raises(ValueError, match=r"steps: 10 in config.json, 20 now.*batch_size|batch_size.*steps"):
+    with pytest.raises(
+        ValueError, match=r"steps: 10 in config.json, 20 now.*batch_size|batch_size.*steps"
+    ):
         run_sweep(spec(steps=20, seeds=(0,), batch_size=8), out=str(tmp_path), progress=False)
     assert all(len(train_steps(p)) == 10 for p in tmp_path.iterdir())  # nothing retrained
 
@@ -163,12 +253,28 @@ def test_an_edited_config_is_refused_on_resume(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_a_termination_signal_checkpoints_the_step_it_arrived_at(tmp_path, sig):
-    args = ["train", "--task", "a5_prefix", *TINY, "--steps", "3000", "--eval-every", "0", "--checkpoint-every",
-            "1000", "--name", "r", "--out", str(tmp_path)]
+    args = [
+        "train",
+        "--task",
+        "a5_prefix",
+        *TINY,
+        "--steps",
+        "3000",
+        "--eval-every",
+        "0",
+        "--checkpoint-every",
+        "1000",
+        "--name",
+        "r",
+        "--out",
+        str(tmp_path),
+    ]
     p = cli(*args)
     metrics = tmp_path / "r" / "metrics.jsonl"
     deadline = time.time() + 120
-    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 30):
+    while time.time() < deadline and (
+        not metrics.exists() or len(metrics.read_text().splitlines()) < 30
+    ):
         time.sleep(0.1)
     p.send_signal(sig)
     _, err = p.communicate(timeout=120)
@@ -176,7 +282,9 @@ def test_a_termination_signal_checkpoints_the_step_it_arrived_at(tmp_path, sig):
     assert f"on {signal.Signals(sig).name}" in err and "--resume" in err
     run = Run(tmp_path / "r")
     last = train_steps(run.path)[-1]
-    assert 30 <= last < 3000 and run.latest_checkpoint().name == f"step_{last:07d}.pt"  # not step 1000
+    assert (
+        30 <= last < 3000 and run.latest_checkpoint().name == f"step_{last:07d}.pt"
+    )  # not step 1000
     assert not run.is_complete and not (run.path / claims.CLAIM).exists()
 
 
@@ -185,12 +293,15 @@ def test_the_final_checkpoint_is_written_before_the_final_evaluation(tmp_path, m
 
     def failing(*a, **k):
         raise RuntimeError("evaluation failed")
+
     monkeypatch.setattr(train_module, "evaluate", failing)
     with pytest.raises(RuntimeError, match="evaluation failed"):
         train(tiny_cfg(steps=15, checkpoint_every=0, name="r"), out=tmp_path, progress=False)
     assert Run(tmp_path / "r").latest_checkpoint().name == "step_0000015.pt"  # the training is kept
     monkeypatch.undo()
-    run = train(tiny_cfg(steps=15, checkpoint_every=0, name="r"), out=tmp_path, progress=False, resume=True)
+    run = train(
+        tiny_cfg(steps=15, checkpoint_every=0, name="r"), out=tmp_path, progress=False, resume=True
+    )
     assert run.is_complete and train_steps(run.path) == list(range(1, 16))
 
 
@@ -201,7 +312,10 @@ def test_a_diverging_run_is_recorded_and_its_grid_goes_on(tmp_path):
     runs = run_sweep(body, out=str(tmp_path), progress=False)
     status = {r.name: r.status for r in runs}
     wild = [n for n in status if n.endswith("-wild")][0]
-    assert status[wild] == "diverged" and sorted(v for n, v in status.items() if n != wild) == ["complete"] * 2
+    assert (
+        status[wild] == "diverged"
+        and sorted(v for n, v in status.items() if n != wild) == ["complete"] * 2
+    )
     summary = Run(tmp_path / wild).summary
     assert summary["diverged_at_step"] >= 1 and summary["diverged_loss"] in ("nan", "inf", "-inf")
     assert dict(zip(load_runs(tmp_path)["run"], load_runs(tmp_path)["status"]))[wild] == "diverged"
@@ -211,6 +325,7 @@ def test_a_diverging_run_is_recorded_and_its_grid_goes_on(tmp_path):
     import io
 
     from lrt_lab.store.report import print_report
+
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
         print_report(tmp_path)
@@ -221,24 +336,59 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_that_says_so(tmp_path, monk
     import lrt_lab.training.checkpoints as checkpoints_module
 
     def cut_short(*a, **k):
-        raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 4096 vs 3992")
+        raise RuntimeError(
+            "[enforce fail at inline_container.cc:626] . unexpected pos 4096 vs 3992"
+        )
+
     monkeypatch.setattr(checkpoints_module.torch, "save", cut_short)
-    monkeypatch.setattr(checkpoints_module.shutil, "disk_usage", lambda p: type("Usage", (), {"free": 0})())
-    code = main(["train", "--task", "a5_prefix", *TINY, "--steps", "12", "--checkpoint-every", "5", "--eval-every",
-                 "0", "--name", "r", "--out", str(tmp_path)])
+    monkeypatch.setattr(
+        checkpoints_module.shutil, "disk_usage", lambda p: type("Usage", (), {"free": 0})()
+    )
+    code = main(
+        [
+            "train",
+            "--task",
+            "a5_prefix",
+            *TINY,
+            "--steps",
+            "12",
+            "--checkpoint-every",
+            "5",
+            "--eval-every",
+            "0",
+            "--name",
+            "r",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "disk full" in err and "step 5" in err
     assert not list((tmp_path / "r" / "checkpoints").glob(".*.tmp"))  # no partial file left behind
     assert train_steps(tmp_path / "r") == [1, 2, 3, 4, 5]  # what was written is kept
 
 
-def test_unexpected_failures_are_one_line_with_the_traceback_behind_debug(tmp_path, monkeypatch, capsys):
+def test_unexpected_failures_are_one_line_with_the_traceback_behind_debug(
+    tmp_path, monkeypatch, capsys
+):
     import lrt_lab.training.loop as train_module
 
     def broken(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 10.00 GiB")
+
     monkeypatch.setattr(train_module, "run_schedule", broken)
-    args = ["train", "--task", "a5_prefix", *TINY, "--steps", "3", "--name", "r", "--out", str(tmp_path)]
+    args = [
+        "train",
+        "--task",
+        "a5_prefix",
+        *TINY,
+        "--steps",
+        "3",
+        "--name",
+        "r",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(args) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "out of memory" in err and "--batch-size" in err
@@ -247,14 +397,27 @@ def test_unexpected_failures_are_one_line_with_the_traceback_behind_debug(tmp_pa
 
 
 def test_floats_are_checked_in_the_dtype_they_are_used_in(tmp_path, capsys):
-    code = main(["train", "--task", "a5_prefix", *TINY, "--set", "memory.gamma_init=1e300", "--out", str(tmp_path)])
+    code = main(
+        [
+            "train",
+            "--task",
+            "a5_prefix",
+            *TINY,
+            "--set",
+            "memory.gamma_init=1e300",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "memory.gamma_init" in err and "float32" in err
     assert not list(tmp_path.iterdir())  # refused before any folder was made
 
 
-@pytest.mark.parametrize("flag, value", [("--length", "100000"), ("--batch-size", "1000000"),
-                                         ("--eval-lengths", "100000")])
+@pytest.mark.parametrize(
+    "flag, value",
+    [("--length", "100000"), ("--batch-size", "1000000"), ("--eval-lengths", "100000")],
+)
 def test_requests_that_cannot_fit_in_memory_are_refused_up_front(tmp_path, capsys, flag, value):
     args = dict(zip(TINY[0:-1:2], TINY[1:-1:2]))
     args[flag] = value
@@ -265,7 +428,8 @@ def test_requests_that_cannot_fit_in_memory_are_refused_up_front(tmp_path, capsy
     assert not list(tmp_path.iterdir())
 
 
-# Readers and permissions ----------------------------------------------------------------------------
+# Readers and permissions
+# ----------------------------------------------------------------------------
 def test_load_runs_skips_a_folder_it_cannot_read_and_says_so(tmp_path, monkeypatch):
     train(tiny_cfg(steps=3, name="ok"), out=tmp_path, progress=False)
     (tmp_path / "lost+found").mkdir()
@@ -275,6 +439,7 @@ def test_load_runs_skips_a_folder_it_cannot_read_and_says_so(tmp_path, monkeypat
         if self.parent.name == "lost+found":
             raise PermissionError(errno.EACCES, "Permission denied")
         return real(self)
+
     monkeypatch.setattr(Path, "exists", refuse)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -311,13 +476,17 @@ def test_sigint_says_how_to_continue_for_each_command(monkeypatch, capsys):
 
     def interrupted(a):
         raise KeyboardInterrupt
+
     monkeypatch.setattr(cli_module, "cmd_sweep", interrupted)
     monkeypatch.setattr(cli_module, "cmd_train", interrupted)
-    assert main(["sweep", "x.toml"]) == 130 and "run the same command again" in capsys.readouterr().err
+    assert (
+        main(["sweep", "x.toml"]) == 130 and "run the same command again" in capsys.readouterr().err
+    )
     assert main(["train"]) == 130 and "--resume" in capsys.readouterr().err
 
 
-# Exit statuses: a script can tell a finished job from one to run again -----------------------------
+# Exit statuses: a script can tell a finished job from one to run again
+# -----------------------------
 @pytest.mark.parametrize("command", ["train", "sweep"])
 def test_help_states_every_exit_status(command, capsys):
     with pytest.raises(SystemExit) as e:
@@ -329,15 +498,38 @@ def test_help_states_every_exit_status(command, capsys):
 
 
 def test_a_diverged_train_ends_in_one_line_naming_the_cause(tmp_path, capsys):
-    args = ["train", "--task", "a5_prefix", *TINY, "--steps", "20", "--lr-scale", "1e20", "--eval-every", "0",
-            "--checkpoint-every", "5", "--name", "wild", "--out", str(tmp_path)]
+    args = [
+        "train",
+        "--task",
+        "a5_prefix",
+        *TINY,
+        "--steps",
+        "20",
+        "--lr-scale",
+        "1e20",
+        "--eval-every",
+        "0",
+        "--checkpoint-every",
+        "5",
+        "--name",
+        "wild",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(args) == exitcodes.DIVERGED
     out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and "wild: diverged at step" in err and "--lr-scale" in err
+    assert (
+        out == ""
+        and err.count("\n") == 1
+        and "wild: diverged at step" in err
+        and "--lr-scale" in err
+    )
     folder = tmp_path / "wild"
     summary = Run(folder).summary
     assert summary["status"] == "diverged"
-    assert train_steps(folder) == list(range(1, summary["diverged_at_step"] + 1))  # every step logged is kept
+    assert train_steps(folder) == list(
+        range(1, summary["diverged_at_step"] + 1)
+    )  # every step logged is kept
     files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
     # --resume finds it diverged: the same line and status, nothing changed
     assert main(args + ["--resume"]) == exitcodes.DIVERGED
@@ -350,6 +542,7 @@ def test_a_diverged_train_ends_in_one_line_naming_the_cause(tmp_path, capsys):
 
 def test_a_train_stopped_by_sigterm_exits_incomplete_until_resumed(tmp_path, monkeypatch, capsys):
     import lrt_lab.training.loop as train_module
+
     real = train_module._train_step
 
     def step_then_sigterm(*a, **k):  # the signal arrives during step 3
@@ -357,9 +550,22 @@ def test_a_train_stopped_by_sigterm_exits_incomplete_until_resumed(tmp_path, mon
         if record["step"] == 3:
             os.kill(os.getpid(), signal.SIGTERM)
         return record
+
     monkeypatch.setattr(train_module, "_train_step", step_then_sigterm)
-    args = ["train", "--task", "a5_prefix", *TINY, "--steps", "6", "--eval-every", "0", "--name", "r",
-            "--out", str(tmp_path)]
+    args = [
+        "train",
+        "--task",
+        "a5_prefix",
+        *TINY,
+        "--steps",
+        "6",
+        "--eval-every",
+        "0",
+        "--name",
+        "r",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(args) == exitcodes.INCOMPLETE
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "on SIGTERM" in err and "--resume" in err
@@ -375,14 +581,18 @@ def sweep_args(tmp_path, body, *extra, variants: str = "") -> list[str]:
     return ["sweep", str(path), "--out", str(tmp_path / "store"), "--quiet", *extra]
 
 
-def test_a_sweep_stopped_by_sigterm_exits_incomplete_until_its_grid_is_complete(tmp_path, monkeypatch, capsys):
+def test_a_sweep_stopped_by_sigterm_exits_incomplete_until_its_grid_is_complete(
+    tmp_path, monkeypatch, capsys
+):
     import lrt_lab.training.sweep as sweep_module
+
     real = sweep_module.train
 
     def train_then_sigterm(*a, **k):  # the signal arrives once a run is done
         run = real(*a, **k)
         os.kill(os.getpid(), signal.SIGTERM)
         return run
+
     monkeypatch.setattr(sweep_module, "train", train_then_sigterm)
     args = sweep_args(tmp_path, spec(steps=4, seeds=(0,)))
     assert main(args) == exitcodes.INCOMPLETE
@@ -400,9 +610,14 @@ def test_a_parallel_sweep_stopped_with_runs_left_exits_incomplete(tmp_path, monk
 
     def stopped_driver(configs, out, *a, **k):
         return [parallel.train_grid_point(configs[0], out)] + [
-            {"run": c.run_name, "status": "incomplete"} for c in configs[1:]]
+            {"run": c.run_name, "status": "incomplete"} for c in configs[1:]
+        ]
+
     monkeypatch.setattr(parallel, "run_on_ray", stopped_driver)
-    assert main(sweep_args(tmp_path, spec(steps=4, seeds=(0,)), "--workers", "2")) == exitcodes.INCOMPLETE
+    assert (
+        main(sweep_args(tmp_path, spec(steps=4, seeds=(0,)), "--workers", "2"))
+        == exitcodes.INCOMPLETE
+    )
     assert "1 of 2 runs complete" in capsys.readouterr().out
 
 
@@ -412,5 +627,9 @@ def test_a_sweep_with_a_diverged_run_exits_diverged_once_every_run_finished(tmp_
     args = sweep_args(tmp_path, body, variants='[models.wild]\nmodel = "lrt"\nlr_scale = 1e30\n')
     assert main(args) == exitcodes.DIVERGED
     out = capsys.readouterr().out
-    assert "1 of 2 runs complete" in out and "1 diverged" in out and "run the same command again" not in out
+    assert (
+        "1 of 2 runs complete" in out
+        and "1 diverged" in out
+        and "run the same command again" not in out
+    )
     assert main(args) == exitcodes.DIVERGED  # nothing left to train: the grid's state is the same

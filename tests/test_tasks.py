@@ -31,8 +31,17 @@ def build(name, length=12, **options):
     return make_task(name, length, **options)
 
 
-EXPECTED_VOCAB = {"a5_prefix": 60, "z60_prefix": 60, "s5_prefix": 120, "a4xz5_prefix": 60,
-                  "d30_prefix": 60, "group_prefix": 6, "copy": 18, "flipflop": 5, "text_bytes": 256}
+EXPECTED_VOCAB = {
+    "a5_prefix": 60,
+    "z60_prefix": 60,
+    "s5_prefix": 120,
+    "a4xz5_prefix": 60,
+    "d30_prefix": 60,
+    "group_prefix": 6,
+    "copy": 18,
+    "flipflop": 5,
+    "text_bytes": 256,
+}
 
 
 def test_required_names_exist():
@@ -51,7 +60,12 @@ def test_batch_contract(name, length):
     assert task.vocab_size == EXPECTED_VOCAB[name]
     b = task.sample(5, gen())
     assert isinstance(b, Batch)
-    for x, dtype in [(b.inputs, torch.long), (b.targets, torch.long), (b.loss_mask, torch.bool), (b.state, torch.long)]:
+    for x, dtype in [
+        (b.inputs, torch.long),
+        (b.targets, torch.long),
+        (b.loss_mask, torch.bool),
+        (b.state, torch.long),
+    ]:
         assert x.shape == (5, length) and x.dtype == dtype
     for x in (b.inputs, b.targets):
         assert int(x.min()) >= 0 and int(x.max()) < task.vocab_size
@@ -83,7 +97,9 @@ def test_length_override():
         task.sample(0, gen())
 
 
-@pytest.mark.parametrize("name,group", [("a5_prefix", "A5"), ("s5_prefix", "S5"), ("d30_prefix", "D30")])
+@pytest.mark.parametrize(
+    "name,group", [("a5_prefix", "A5"), ("s5_prefix", "S5"), ("d30_prefix", "D30")]
+)
 def test_permutation_prefix_products_by_hand(name, group):
     task = make_task(name, 40)
     perms = get_group(group).perms
@@ -99,7 +115,10 @@ def test_permutation_prefix_products_by_hand(name, group):
 def test_a5_prefix_is_order_sensitive():
     # The same two inputs in the other order give another product (non-commutative), unlike Z60.
     a5 = make_task("a5_prefix", 2).group
-    p, q = a5.element_id((1, 2, 0, 3, 4)), a5.element_id((0, 1, 3, 4, 2))  # 3-cycles (0 1 2), (2 3 4)
+    p, q = (
+        a5.element_id((1, 2, 0, 3, 4)),
+        a5.element_id((0, 1, 3, 4, 2)),
+    )  # 3-cycles (0 1 2), (2 3 4)
     y = a5.prefix_products(torch.tensor([[p, q], [q, p]]))
     assert a5.perms[int(y[0, 1])] == compose(a5.perms[p], a5.perms[q]) == (1, 2, 3, 4, 0)
     assert a5.perms[int(y[1, 1])] == (1, 3, 0, 4, 2)
@@ -150,7 +169,7 @@ def test_copy_against_reference(length):
     for row in range(7):
         x, y, m, s = (v[row].tolist() for v in (b.inputs, b.targets, b.loss_mask, b.state))
         lead = [bos] if length % 2 else []
-        string = x[len(lead):len(lead) + n]
+        string = x[len(lead) : len(lead) + n]
         assert all(0 <= c < 5 for c in string)
         assert x == lead + string + [sep] + string[:-1]
         assert y == (lead + string + [sep] + string)[1:]
@@ -228,10 +247,12 @@ def test_length_curriculum_linear_and_edges():
     assert lengths == sorted(lengths) and max(lengths) == 64
     assert LengthCurriculum(8, 8, 100).length_at(0) == 8
     assert LengthCurriculum(2, 8, 0).length_at(0) == 8
-    for kwargs, field in [(dict(start_length=0, end_length=8, steps=5), "start_length"),
-                          (dict(start_length=9, end_length=8, steps=5), "start_length"),
-                          (dict(start_length=2, end_length=8, steps=-1), "steps"),
-                          (dict(start_length=2, end_length=8, steps=5, schedule="cosine"), "schedule")]:
+    for kwargs, field in [
+        (dict(start_length=0, end_length=8, steps=5), "start_length"),
+        (dict(start_length=9, end_length=8, steps=5), "start_length"),
+        (dict(start_length=2, end_length=8, steps=-1), "steps"),
+        (dict(start_length=2, end_length=8, steps=5, schedule="cosine"), "schedule"),
+    ]:
         with pytest.raises(ValueError, match=field):
             LengthCurriculum(**kwargs)
     with pytest.raises(ValueError, match="step"):
@@ -257,7 +278,9 @@ def test_curriculum_sampler_returns_shorter_sequences():
         CurriculumSampler(plain)
     s2 = CurriculumSampler(plain, LengthCurriculum(3, 32, 10, schedule="linear"))
     assert s2.sample(2, gen(), step=0).inputs.shape == (2, 3)
-    lin = make_task("flipflop", 32, curriculum_start=2, curriculum_steps=10, curriculum_schedule="linear")
+    lin = make_task(
+        "flipflop", 32, curriculum_start=2, curriculum_steps=10, curriculum_schedule="linear"
+    )
     assert lin.curriculum.schedule == "linear" and lin.length_at(5) == 17
 
 
@@ -271,7 +294,9 @@ def test_curriculum_option_errors():
     with pytest.raises(ValueError, match="curriculum_start"):
         make_task("copy", 64, curriculum_start=1, curriculum_steps=10)
     with pytest.raises(ValueError, match="curriculum_schedule"):
-        make_task("a5_prefix", 64, curriculum_start=4, curriculum_steps=10, curriculum_schedule="exp")
+        make_task(
+            "a5_prefix", 64, curriculum_start=4, curriculum_steps=10, curriculum_schedule="exp"
+        )
 
 
 def test_eval_sets_fixed_and_disjoint_from_training():
@@ -284,7 +309,9 @@ def test_eval_sets_fixed_and_disjoint_from_training():
     again = make_eval_sets(make_task("a5_prefix", 16), n=32)  # training length does not matter
     for length in sets:
         assert torch.equal(sets[length].inputs, again[length].inputs)
-    assert not torch.equal(sets[64].inputs, make_eval_sets(task, lengths=(64,), n=32, seed=1)[64].inputs)
+    assert not torch.equal(
+        sets[64].inputs, make_eval_sets(task, lengths=(64,), n=32, seed=1)[64].inputs
+    )
     # seeds live in [2**62, 2**63), far from the small run seeds training uses
     for length in (64, 128, 256):
         for seed in range(5):
@@ -330,7 +357,11 @@ def test_readme_snippet():
     batch = task.sample(32, torch.Generator().manual_seed(0), length=task.length_at(0))
     assert batch.inputs.shape == (32, 4)
     evals = make_eval_sets(task, n=256)
-    assert {k: tuple(v.inputs.shape) for k, v in evals.items()} == {64: (256, 64), 128: (256, 128), 256: (256, 256)}
+    assert {k: tuple(v.inputs.shape) for k, v in evals.items()} == {
+        64: (256, 64),
+        128: (256, 128),
+        256: (256, 256),
+    }
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
@@ -346,6 +377,7 @@ def test_supervise_every_counts_only_every_kth_position(k):
     assert torch.equal(batch.inputs, plain.inputs) and torch.equal(batch.targets, plain.targets)
     # accuracy and pos@90 see only the counted positions: perfect there, wrong elsewhere -> all of T
     from lrt_lab.run.metrics import per_position_accuracy, pos_at
+
     logits = torch.full((3, 12, task.vocab_size), -10.0)
     wrong = (batch.targets + 1) % task.vocab_size
     logits.scatter_(2, torch.where(batch.loss_mask, batch.targets, wrong)[..., None], 10.0)

@@ -35,14 +35,16 @@ def no_sample_from_before(monkeypatch):
 
 def threads_seeing(usable, busy, cap=4):
     """The rule: `busy` cores' worth of CPU time used by other processes during the sample."""
-    return choose_threads(env=NO_ENV, usable_cores=usable, sample=CpuSample(busy, 0.3),
-                          cap=cap).threads
+    return choose_threads(
+        env=NO_ENV, usable_cores=usable, sample=CpuSample(busy, 0.3), cap=cap
+    ).threads
 
 
 def threads_for(usable, load, machine=None, cap=4):
     """The fallback rule, from the 1-minute load average."""
-    return choose_threads(env=NO_ENV, usable_cores=usable, machine_cores=machine or usable,
-                          load_1min=load, cap=cap).threads
+    return choose_threads(
+        env=NO_ENV, usable_cores=usable, machine_cores=machine or usable, load_1min=load, cap=cap
+    ).threads
 
 
 def test_an_idle_machine_gets_every_core_up_to_the_cap():
@@ -52,17 +54,17 @@ def test_an_idle_machine_gets_every_core_up_to_the_cap():
 
 
 def test_busy_cores_are_left_to_the_processes_that_hold_them():
-    assert threads_seeing(usable=2, busy=1.0) == 1   # one job on a 2-core machine
-    assert threads_seeing(usable=2, busy=2.0) == 1   # both cores busy: never fewer than 1
+    assert threads_seeing(usable=2, busy=1.0) == 1  # one job on a 2-core machine
+    assert threads_seeing(usable=2, busy=2.0) == 1  # both cores busy: never fewer than 1
     assert threads_seeing(usable=8, busy=5.0) == 3
-    assert threads_seeing(usable=8, busy=4.4) == 4   # rounded: a core busy less than half is free
+    assert threads_seeing(usable=8, busy=4.4) == 4  # rounded: a core busy less than half is free
     assert threads_seeing(usable=8, busy=4.6) == 3
 
 
 def test_the_load_average_rule_where_the_cpu_cannot_be_sampled():
     assert threads_for(usable=2, load=0.0) == 2 and threads_for(usable=64, load=0.3) == 4
-    assert threads_for(usable=2, load=1.0) == 1   # one job on a 2-core machine
-    assert threads_for(usable=2, load=6.0) == 1   # two 2-thread jobs and more
+    assert threads_for(usable=2, load=1.0) == 1  # one job on a 2-core machine
+    assert threads_for(usable=2, load=6.0) == 1  # two 2-thread jobs and more
     assert threads_for(usable=8, load=4.4) == 4 and threads_for(usable=8, load=4.6) == 3
     # taskset / a container gives 4 of 64 cores; a load of 32 means half of every core is busy
     assert threads_for(usable=4, machine=64, load=32.0) == 2
@@ -70,26 +72,32 @@ def test_the_load_average_rule_where_the_cpu_cannot_be_sampled():
 
 
 def test_an_explicit_request_wins_over_the_load_and_the_environment():
-    choice = choose_threads(3, env={"OMP_NUM_THREADS": "1"}, usable_cores=2,
-                            sample=CpuSample(2.0, 0.3))
+    choice = choose_threads(
+        3, env={"OMP_NUM_THREADS": "1"}, usable_cores=2, sample=CpuSample(2.0, 0.3)
+    )
     assert choice.threads == 3 and "--threads" in choice.why
     with pytest.raises(ValueError, match="threads=0 is invalid"):
         choose_threads(0)
 
 
 def test_the_user_s_omp_num_threads_leaves_torch_alone():
-    choice = choose_threads(env={"OMP_NUM_THREADS": "2"}, usable_cores=2,
-                            sample=CpuSample(2.0, 0.3))
+    choice = choose_threads(
+        env={"OMP_NUM_THREADS": "2"}, usable_cores=2, sample=CpuSample(2.0, 0.3)
+    )
     assert choice.threads is None and "OMP_NUM_THREADS" in choice.why
     blank = choose_threads(env={"OMP_NUM_THREADS": " "}, usable_cores=2, sample=CpuSample(0, 0.3))
     assert blank.threads == threads_seeing(usable=2, busy=0.0) == 2
 
 
 def test_the_reason_names_the_numbers_it_used():
-    assert choose_threads(env=NO_ENV, usable_cores=2, sample=CpuSample(0.06, 0.3)).why == \
-        "2 usable cores, 0 busy (CPU 3% over 0.3 s)"
-    assert choose_threads(env=NO_ENV, usable_cores=2, machine_cores=2, load_1min=1.96).why == \
-        "2 usable cores, 2 busy (load 2.0)"
+    assert (
+        choose_threads(env=NO_ENV, usable_cores=2, sample=CpuSample(0.06, 0.3)).why
+        == "2 usable cores, 0 busy (CPU 3% over 0.3 s)"
+    )
+    assert (
+        choose_threads(env=NO_ENV, usable_cores=2, machine_cores=2, load_1min=1.96).why
+        == "2 usable cores, 2 busy (load 2.0)"
+    )
 
 
 Times = namedtuple("Times", "user nice system idle iowait")
@@ -98,15 +106,26 @@ Times = namedtuple("Times", "user nice system idle iowait")
 def fake_cpu(monkeypatch, shares, mine_s, affinity):
     """psutil and the clock for one sample: core i busy shares[i] of it, this process mine_s."""
     seconds = threads.SAMPLE_S
-    readings = iter([[Times(0, 0, 0, 0, 0)] * len(shares),
-                     [Times(s * seconds, 0, 0, (1 - s) * seconds, 0) for s in shares]])
+    readings = iter(
+        [
+            [Times(0, 0, 0, 0, 0)] * len(shares),
+            [Times(s * seconds, 0, 0, (1 - s) * seconds, 0) for s in shares],
+        ]
+    )
     mine = iter([Times(0, 0, 0, 0, 0), Times(mine_s, 0, 0, 0, 0)])
-    psutil = SimpleNamespace(cpu_times=lambda percpu=False: next(readings),
-                             Process=lambda: SimpleNamespace(cpu_times=lambda: next(mine)))
+    psutil = SimpleNamespace(
+        cpu_times=lambda percpu=False: next(readings),
+        Process=lambda: SimpleNamespace(cpu_times=lambda: next(mine)),
+    )
     clock = [0.0]
     monkeypatch.setitem(sys.modules, "psutil", psutil)
-    monkeypatch.setattr(threads, "time", SimpleNamespace(
-        monotonic=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s)))
+    monkeypatch.setattr(
+        threads,
+        "time",
+        SimpleNamespace(
+            monotonic=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s)
+        ),
+    )
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(affinity), raising=False)
     monkeypatch.setattr("os.cpu_count", lambda: len(shares))
     monkeypatch.setattr("os.getloadavg", lambda: (9.0, 9.0, 9.0))  # must not be read
@@ -137,6 +156,7 @@ def test_without_cpu_times_the_load_average_is_read(monkeypatch, failure):
 
         def refused(percpu=False):
             raise PermissionError("/proc/stat")
+
         monkeypatch.setattr(psutil, "cpu_times", refused)
     assert sample_cpu() is None
     assert choose_threads() == (2, "3 usable cores, 1 busy (load 1.2)")
@@ -171,8 +191,9 @@ def test_demo_and_train_take_threads(command):
 
 
 def wait_policy_set(env, busy, torch_loaded=False):
-    done = wait_passively_when_busy(env, torch_loaded=torch_loaded, usable_cores=2,
-                                    sample=CpuSample(busy, 0.3))
+    done = wait_passively_when_busy(
+        env, torch_loaded=torch_loaded, usable_cores=2, sample=CpuSample(busy, 0.3)
+    )
     assert done == (env.get("OMP_WAIT_POLICY") == "PASSIVE")
     return done
 
@@ -180,8 +201,9 @@ def wait_policy_set(env, busy, torch_loaded=False):
 def test_idle_openmp_threads_sleep_only_on_a_busy_machine():
     assert wait_policy_set({}, busy=2.0)
     assert not wait_policy_set({}, busy=0.4)  # idle: spinning is fastest, keep the default
-    assert wait_passively_when_busy({}, torch_loaded=False, usable_cores=2, machine_cores=2,
-                                    load_1min=2.0)  # the fallback rule decides the same way
+    assert wait_passively_when_busy(
+        {}, torch_loaded=False, usable_cores=2, machine_cores=2, load_1min=2.0
+    )  # the fallback rule decides the same way
 
 
 def test_a_user_s_wait_policy_wins_and_a_loaded_torch_is_left_alone():
@@ -196,14 +218,22 @@ def test_the_cli_sets_the_wait_policy_before_torch_loads():
 
     libgomp reports OMP_WAIT_POLICY as 'PASSIVE' even when unset; what changes is its spin count
     (300000 by default, 0 when passive)."""
-    program = ("from lrt_lab.training import threads\n"
-               "threads.sample_cpu = lambda: threads.CpuSample(64.0, 0.3)\n"
-               "import runpy, sys; sys.argv = ['lrt-lab', 'report', '--help']\n"
-               "runpy.run_module('lrt_lab', run_name='__main__')")
+    program = (
+        "from lrt_lab.training import threads\n"
+        "threads.sample_cpu = lambda: threads.CpuSample(64.0, 0.3)\n"
+        "import runpy, sys; sys.argv = ['lrt-lab', 'report', '--help']\n"
+        "runpy.run_module('lrt_lab', run_name='__main__')"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     env["OMP_DISPLAY_ENV"] = "VERBOSE"
-    done = subprocess.run([sys.executable, "-c", program], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "GOMP_SPINCOUNT = '0'" in done.stdout + done.stderr, done.stderr[-2000:]
 
 
@@ -212,13 +242,15 @@ def test_the_cli_sets_the_wait_policy_before_torch_loads():
 
 needs_cpu_sample = pytest.mark.skipif(
     not hasattr(os, "sched_setaffinity") or sample_cpu(0.01) is None,
-    reason="needs psutil's CPU times and CPU affinity (Linux)")
+    reason="needs psutil's CPU times and CPU affinity (Linux)",
+)
 SPIN = "import os, sys\n{setup}\nwhile True: pass"
 
 
 def spinner(setup="", wait=True):
     """A process that keeps one core busy, started (wait: and seen running)."""
     import psutil
+
     proc = subprocess.Popen([sys.executable, "-c", SPIN.format(setup=setup)])
     deadline = time.monotonic() + 10
     while wait and psutil.Process(proc.pid).cpu_times().user < 0.05 and time.monotonic() < deadline:
@@ -238,14 +270,21 @@ def choice_in_a_fresh_process(cpus):
 
     threads.py is loaded from its file: it imports nothing of lrt_lab, so the interpreter stays
     idle (it sleeps through the sample) and starts fast."""
-    program = ("import importlib.util, os, sys\n"
-               f"cpus = {cpus!r}\n"
-               "if cpus: os.sched_setaffinity(0, cpus)\n"
-               "spec = importlib.util.spec_from_file_location('threads', sys.argv[1])\n"
-               "threads = importlib.util.module_from_spec(spec); spec.loader.exec_module(threads)\n"
-               "print(repr(tuple(threads.choose_threads(env={}))))")
-    done = subprocess.run([sys.executable, "-c", program, str(REPO / "lrt_lab" / "training" / "threads.py")],
-                          capture_output=True, text=True, timeout=60, check=True)
+    program = (
+        "import importlib.util, os, sys\n"
+        f"cpus = {cpus!r}\n"
+        "if cpus: os.sched_setaffinity(0, cpus)\n"
+        "spec = importlib.util.spec_from_file_location('threads', sys.argv[1])\n"
+        "threads = importlib.util.module_from_spec(spec); spec.loader.exec_module(threads)\n"
+        "print(repr(tuple(threads.choose_threads(env={}))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program, str(REPO / "lrt_lab" / "training" / "threads.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return eval(done.stdout)
 
 
@@ -284,18 +323,22 @@ def test_right_after_a_burst_an_idle_machine_gets_every_core():
     while taking little from any other work on the machine."""
     before = sample_cpu()
     if before.busy >= 0.25:
-        pytest.skip(f"the machine is busy: other processes used {before.busy:.2f} cores' worth "
-                    f"of CPU over {before.seconds:.1f} s before the test")
+        pytest.skip(
+            f"the machine is busy: other processes used {before.busy:.2f} cores' worth "
+            f"of CPU over {before.seconds:.1f} s before the test"
+        )
     usable = len(os.sched_getaffinity(0))
 
     def load_rule_busy():
         return busy_cores(load_1min=os.getloadavg()[0])[1]
+
     count = min(32, 10 * -(-os.cpu_count() // usable))  # 10 a usable core's share of the machine
     spinners = [spinner("os.nice(19)", wait=False) for _ in range(count)]
     try:
         start = time.monotonic()  # the load average moves every 5 s: within 12 s, twice
-        while time.monotonic() < start + 2 or (load_rule_busy() < 1 and
-                                               time.monotonic() < start + 12):
+        while time.monotonic() < start + 2 or (
+            load_rule_busy() < 1 and time.monotonic() < start + 12
+        ):
             time.sleep(0.1)
     finally:
         stop(spinners)
@@ -307,5 +350,6 @@ def test_right_after_a_burst_an_idle_machine_gets_every_core():
         pytest.skip(f"other processes became busy during the test ({why})")
     assert chosen == min(threads.DEFAULT_CAP, usable), why
     assert ", 0 busy (CPU" in why, why
-    assert busy_cores(load_1min=load_after)[1] >= 1, \
+    assert busy_cores(load_1min=load_after)[1] >= 1, (
         f"the load average ({load_after:.2f}) should still count the ended burst"
+    )

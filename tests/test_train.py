@@ -19,9 +19,21 @@ from lrt_lab.training.sweep import expand, run_sweep, validate_spec
 
 
 def tiny_cfg(**kw):
-    base = dict(task="group_prefix", task_options={"group": "S3"}, length=6, preset="tiny", model="lrt",
-                schedule="interleaved:2", steps=30, batch_size=16, eval_every=10, eval_lengths=(6, 12),
-                eval_size=32, checkpoint_every=10, device="cpu")
+    base = dict(
+        task="group_prefix",
+        task_options={"group": "S3"},
+        length=6,
+        preset="tiny",
+        model="lrt",
+        schedule="interleaved:2",
+        steps=30,
+        batch_size=16,
+        eval_every=10,
+        eval_lengths=(6, 12),
+        eval_size=32,
+        checkpoint_every=10,
+        device="cpu",
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -33,17 +45,33 @@ def train_losses(run):
 def test_loss_falls_on_a_learnable_task(tmp_path):
     # S3 prefix products at length 2: position 1 copies its input, position 2 is a 6x6 table
     # (learnt within 60 steps: the last 10 losses average 0.08x the first 10, accuracy 1.0)
-    run = train(tiny_cfg(length=2, steps=60, batch_size=64, eval_lengths=(2,), checkpoint_every=0,
-                         task_options={"group": "S3"}), out=tmp_path, progress=False)
+    run = train(
+        tiny_cfg(
+            length=2,
+            steps=60,
+            batch_size=64,
+            eval_lengths=(2,),
+            checkpoint_every=0,
+            task_options={"group": "S3"},
+        ),
+        out=tmp_path,
+        progress=False,
+    )
     losses = train_losses(run)
     assert sum(losses[-10:]) / 10 < 0.5 * sum(losses[:10]) / 10
     assert run.summary["eval"]["acc_exact@2"] > 0.6
 
 
-@pytest.mark.parametrize("model, schedule", [("transformer", "onepass"), ("lrt", "fullseq:1"),
-                                             ("lrt", "chunked:3"), ("lrt", "exact")])
+@pytest.mark.parametrize(
+    "model, schedule",
+    [("transformer", "onepass"), ("lrt", "fullseq:1"), ("lrt", "chunked:3"), ("lrt", "exact")],
+)
 def test_every_model_and_schedule_trains_and_writes_a_complete_run(tmp_path, model, schedule):
-    run = train(tiny_cfg(model=model, schedule=schedule, steps=6, eval_every=3), out=tmp_path, progress=False)
+    run = train(
+        tiny_cfg(model=model, schedule=schedule, steps=6, eval_every=3),
+        out=tmp_path,
+        progress=False,
+    )
     s = run.summary
     assert s["status"] == "complete" and s["steps"] == 6
     cost = {"onepass": 1, "fullseq:1": 2, "chunked:3": 1, "exact": 1}[schedule]
@@ -57,12 +85,14 @@ def test_every_model_and_schedule_trains_and_writes_a_complete_run(tmp_path, mod
 def test_exact_eval_is_the_decoder_and_parallel_eval_is_the_schedule(tmp_path):
     """For Interleaved(2) the two figures differ; for Exact they coincide."""
     inter = train(tiny_cfg(steps=20, name="i"), out=tmp_path, progress=False)
-    table = load_table(inter.path, "per_position").pivot_table(index=["length", "position"], columns="mode",
-                                                                values="accuracy")
+    table = load_table(inter.path, "per_position").pivot_table(
+        index=["length", "position"], columns="mode", values="accuracy"
+    )
     assert (table["parallel"] - table["exact"]).abs().max() > 0
     ex = train(tiny_cfg(steps=5, schedule="exact", name="e"), out=tmp_path, progress=False)
-    table = load_table(ex.path, "per_position").pivot_table(index=["length", "position"], columns="mode",
-                                                             values="accuracy")
+    table = load_table(ex.path, "per_position").pivot_table(
+        index=["length", "position"], columns="mode", values="accuracy"
+    )
     assert (table["parallel"] - table["exact"]).abs().max() == 0
 
 
@@ -94,11 +124,14 @@ def _evaluations(run_path):
     return evals[["step"] + [c for c in evals.columns if c.startswith(("acc_", "pos90_"))]]
 
 
-@pytest.mark.parametrize("lost", [1, 3])  # the evaluation at step 10 (mid-run), at 30 (the final one)
+@pytest.mark.parametrize(
+    "lost", [1, 3]
+)  # the evaluation at step 10 (mid-run), at 30 (the final one)
 def test_an_evaluation_killed_after_its_checkpoint_is_redone_on_resume(tmp_path, monkeypatch, lost):
     """Killed during an evaluation, after that step's checkpoint: the resumed run's metrics hold
     every evaluation an uninterrupted run writes, with the same figures."""
     import lrt_lab.training.loop as train_module
+
     full = train(tiny_cfg(name="full"), out=tmp_path, progress=False)
     real, calls = train_module.evaluate, []
 
@@ -107,6 +140,7 @@ def test_an_evaluation_killed_after_its_checkpoint_is_redone_on_resume(tmp_path,
         if len(calls) == lost:
             raise Killed
         return real(*a, **k)
+
     monkeypatch.setattr(train_module, "evaluate", killed_on_call)
     cfg = tiny_cfg(name="cut")
     with pytest.raises(Killed):
@@ -117,7 +151,9 @@ def test_an_evaluation_killed_after_its_checkpoint_is_redone_on_resume(tmp_path,
     assert run.latest_checkpoint().name == f"step_{step:07d}.pt" and not run.is_complete
     assert step not in load_metrics(run, kind="eval").get("step", pd.Series(dtype=int)).tolist()
     train(cfg, out=tmp_path, resume=True, progress=False)
-    assert run.is_complete and load_metrics(run, kind="train")["step"].tolist() == list(range(1, 31))
+    assert run.is_complete and load_metrics(run, kind="train")["step"].tolist() == list(
+        range(1, 31)
+    )
     pd.testing.assert_frame_equal(_evaluations(run.path), _evaluations(full.path))
     assert run.summary["eval"] == pytest.approx(full.summary["eval"])
 
@@ -127,8 +163,11 @@ def test_an_evaluation_lost_before_the_restored_step_is_named(tmp_path):
     the resume says which, and redoes nothing else."""
     cfg = tiny_cfg(steps=10, eval_every=3, checkpoint_every=3, name="r")
     run = train(cfg, out=tmp_path, progress=False, stop_after=7)  # checkpoints at 3, 6, 7
-    kept = [line for line in (run.path / "metrics.jsonl").read_text().splitlines()
-            if not ('"eval"' in line and '"step": 3,' in line)]
+    kept = [
+        line
+        for line in (run.path / "metrics.jsonl").read_text().splitlines()
+        if not ('"eval"' in line and '"step": 3,' in line)
+    ]
     (run.path / "metrics.jsonl").write_text("\n".join(kept) + "\n")
     with pytest.warns(UserWarning, match=r"no evaluation at step\(s\) 3;"):
         train(cfg, out=tmp_path, resume=True, progress=False)
@@ -140,12 +179,38 @@ def test_killed_training_subprocess_resumes_with_every_step_once(tmp_path):
     """SIGKILL once 25 steps are logged (checkpoints every 10: some steps logged past the last
     one), then --resume: every step of 100 is logged once. The killed run must not have finished
     first: 75 steps to go take the child far longer than the 0.05 s between looks."""
-    args = ["--task", "group_prefix", "--task-opt", "group=S3", "--length", "6", "--preset", "tiny",
-            "--steps", "100", "--batch-size", "16", "--eval-every", "0", "--eval-lengths", "6",
-            "--eval-size", "16",
-            "--checkpoint-every", "10", "--name", "killed", "--out", str(tmp_path), "--quiet"]
-    proc = subprocess.Popen([sys.executable, "-m", "lrt_lab", "train", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = [
+        "--task",
+        "group_prefix",
+        "--task-opt",
+        "group=S3",
+        "--length",
+        "6",
+        "--preset",
+        "tiny",
+        "--steps",
+        "100",
+        "--batch-size",
+        "16",
+        "--eval-every",
+        "0",
+        "--eval-lengths",
+        "6",
+        "--eval-size",
+        "16",
+        "--checkpoint-every",
+        "10",
+        "--name",
+        "killed",
+        "--out",
+        str(tmp_path),
+        "--quiet",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lrt_lab", "train", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     metrics = tmp_path / "killed" / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -166,13 +231,21 @@ def test_load_runs_skips_half_written_folders(tmp_path):
     bad = tmp_path / "corrupt"
     bad.mkdir()
     (bad / "config.json").write_text('{"train": {"ta')
-    train(tiny_cfg(steps=3, eval_every=0, name="unfinished"), out=tmp_path, progress=False, stop_after=2)
+    train(
+        tiny_cfg(steps=3, eval_every=0, name="unfinished"),
+        out=tmp_path,
+        progress=False,
+        stop_after=2,
+    )
     with pytest.warns(UserWarning, match="corrupt"):
         df = load_runs(tmp_path)
     assert df["run"].tolist() == ["good"]
     skipped = dict(df.attrs["skipped"])
     assert set(skipped) == {"empty", "corrupt", "unfinished"}
-    assert df.loc[0, "config.train.task"] == "group_prefix" and df.loc[0, "summary.status"] == "complete"
+    assert (
+        df.loc[0, "config.train.task"] == "group_prefix"
+        and df.loc[0, "summary.status"] == "complete"
+    )
     assert "unfinished" in load_runs(tmp_path, include_incomplete=True)["run"].tolist()
 
 
@@ -190,11 +263,45 @@ def test_lr_schedule_is_flat_then_linear_to_zero():
 
 def test_cli_train_then_report(tmp_path, capsys):
     out = str(tmp_path / "store")
-    common = ["--task", "group_prefix", "--task-opt", "group=S3", "--length", "4", "--preset", "tiny", "--steps",
-              "4", "--batch-size", "8", "--eval-lengths", "4", "--eval-size", "8", "--out", out, "--quiet"]
+    common = [
+        "--task",
+        "group_prefix",
+        "--task-opt",
+        "group=S3",
+        "--length",
+        "4",
+        "--preset",
+        "tiny",
+        "--steps",
+        "4",
+        "--batch-size",
+        "8",
+        "--eval-lengths",
+        "4",
+        "--eval-size",
+        "8",
+        "--out",
+        out,
+        "--quiet",
+    ]
     assert main(["train", *common, "--model", "transformer"]) == 0
-    assert main(["train", *common, "--model", "lrt", "--schedule", "fullseq:2:0.1,0.3,0.6",
-                 "--set", "memory.source_layer=1", "--curriculum", "2:2"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                *common,
+                "--model",
+                "lrt",
+                "--schedule",
+                "fullseq:2:0.1,0.3,0.6",
+                "--set",
+                "memory.source_layer=1",
+                "--curriculum",
+                "2:2",
+            ]
+        )
+        == 0
+    )
     df = load_runs(out)
     assert sorted(df["config.schedule"]) == ["fullseq:2:0.1,0.3,0.6", "onepass"]
     assert (df["config.model.memory.source_layer"].dropna() == 1).all()
@@ -204,22 +311,25 @@ def test_cli_train_then_report(tmp_path, capsys):
     assert "transformer" in text and "lrt fullseq:2:0.1,0.3,0.6" in text
 
 
-@pytest.mark.parametrize("args, field", [
-    (["--task", "a6_prefix"], "task"),
-    (["--schedule", "interleaved:two"], "schedule"),
-    (["--schedule", "zigzag"], "schedule"),
-    (["--set", "memory.sourse_layer=2"], "memory.sourse_layer"),
-    (["--set", "n_layers=2"], "n_layers"),
-    (["--set", "memory.source_layer=9"], "memory.source_layer"),
-    (["--steps", "0"], "steps"),
-    (["--preset", "huge"], "preset"),
-    (["--model", "rnn"], "model"),
-    (["--model", "transformer", "--schedule", "interleaved:2"], "schedule"),
-    (["--curriculum", "4"], "--curriculum"),
-    (["--task-opt", "alphabet"], "--task-opt"),
-    (["--eval-lengths", "a,b"], "eval-lengths"),
-    (["--length", "4", "--schedule", "interleaved:8"], "Interleaved.S"),
-])
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        (["--task", "a6_prefix"], "task"),
+        (["--schedule", "interleaved:two"], "schedule"),
+        (["--schedule", "zigzag"], "schedule"),
+        (["--set", "memory.sourse_layer=2"], "memory.sourse_layer"),
+        (["--set", "n_layers=2"], "n_layers"),
+        (["--set", "memory.source_layer=9"], "memory.source_layer"),
+        (["--steps", "0"], "steps"),
+        (["--preset", "huge"], "preset"),
+        (["--model", "rnn"], "model"),
+        (["--model", "transformer", "--schedule", "interleaved:2"], "schedule"),
+        (["--curriculum", "4"], "--curriculum"),
+        (["--task-opt", "alphabet"], "--task-opt"),
+        (["--eval-lengths", "a,b"], "eval-lengths"),
+        (["--length", "4", "--schedule", "interleaved:8"], "Interleaved.S"),
+    ],
+)
 def test_cli_errors_are_one_line_and_write_nothing(tmp_path, capsys, args, field):
     out = tmp_path / "store"
     base = ["train", "--preset", "tiny", "--steps", "2", "--out", str(out), "--quiet"]
@@ -237,13 +347,27 @@ def _argparse_exit(argv):
 
 
 def test_sweep_runs_a_grid_once_and_skips_complete_runs(tmp_path):
-    spec = validate_spec({
-        "sweep": {"tasks": ["group_prefix"], "models": ["transformer", "lrt", "deep"],
-                  "schedules": ["interleaved:2", "exact"], "seeds": [0, 1]},
-        "train": {"length": 4, "preset": "tiny", "steps": 2, "batch_size": 4, "eval_lengths": [4], "eval_size": 4,
-                  "task_options": {"group": "S3"}, "eval_every": 0},
-        "models": {"deep": {"model": "transformer", "overrides": {"n_layer": 3}}},
-    })
+    spec = validate_spec(
+        {
+            "sweep": {
+                "tasks": ["group_prefix"],
+                "models": ["transformer", "lrt", "deep"],
+                "schedules": ["interleaved:2", "exact"],
+                "seeds": [0, 1],
+            },
+            "train": {
+                "length": 4,
+                "preset": "tiny",
+                "steps": 2,
+                "batch_size": 4,
+                "eval_lengths": [4],
+                "eval_size": 4,
+                "task_options": {"group": "S3"},
+                "eval_every": 0,
+            },
+            "models": {"deep": {"model": "transformer", "overrides": {"n_layer": 3}}},
+        }
+    )
     configs = expand(spec)
     # transformer: 2 seeds; lrt: 2 schedules x 2 seeds; deep transformer: 2 seeds
     assert len(configs) == 8 and len({c.run_name for c in configs}) == 8
@@ -256,12 +380,15 @@ def test_sweep_runs_a_grid_once_and_skips_complete_runs(tmp_path):
     assert sorted(df.loc[df["run"].str.endswith("-deep"), "config.model.n_layer"].unique()) == [3]
 
 
-@pytest.mark.parametrize("spec, field", [
-    ({"sweep": {"tasks": ["a5_prefix"], "models": ["lrt"], "colour": 1}}, "colour"),
-    ({"sweep": {"tasks": ["a5_prefix"], "models": ["lrt"]}, "train": {"stepz": 3}}, "stepz"),
-    ({"sweep": {"models": ["lrt"]}}, "tasks"),
-    ({"sweep": {"tasks": ["a5_prefix"], "models": ["lrt"]}, "extra": {}}, "extra"),
-])
+@pytest.mark.parametrize(
+    "spec, field",
+    [
+        ({"sweep": {"tasks": ["a5_prefix"], "models": ["lrt"], "colour": 1}}, "colour"),
+        ({"sweep": {"tasks": ["a5_prefix"], "models": ["lrt"]}, "train": {"stepz": 3}}, "stepz"),
+        ({"sweep": {"models": ["lrt"]}}, "tasks"),
+        ({"sweep": {"tasks": ["a5_prefix"], "models": ["lrt"]}, "extra": {}}, "extra"),
+    ],
+)
 def test_bad_sweep_specs_name_the_field(spec, field):
     with pytest.raises(ValueError, match=field):
         validate_spec(spec)
@@ -274,12 +401,25 @@ def test_lrt_starting_as_the_plain_model_learns_at_least_as_fast_per_step(tmp_pa
     Same seed, so same backbone weights and the same batches; S3 prefix products at length 6.
     60 steps show it as well as 120 did: the LRT's mean loss over the last 10 is 0.92x the plain
     model's (0.89x over the last 20 of 120)."""
-    common = dict(steps=60, batch_size=64, eval_every=0, eval_lengths=(6,), checkpoint_every=0,
-                  task_options={"group": "S3"}, preset="small", overrides={"n_layer": 2})
-    plain = train(tiny_cfg(model="transformer", schedule="onepass", name="plain", **common), out=tmp_path,
-                  progress=False)
+    common = dict(
+        steps=60,
+        batch_size=64,
+        eval_every=0,
+        eval_lengths=(6,),
+        checkpoint_every=0,
+        task_options={"group": "S3"},
+        preset="small",
+        overrides={"n_layer": 2},
+    )
+    plain = train(
+        tiny_cfg(model="transformer", schedule="onepass", name="plain", **common),
+        out=tmp_path,
+        progress=False,
+    )
     overrides = {"n_layer": 2, "memory.gamma_init": 0.0, "memory.rec_init": "zero"}
-    lrt = train(tiny_cfg(name="lrt", **{**common, "overrides": overrides}), out=tmp_path, progress=False)
+    lrt = train(
+        tiny_cfg(name="lrt", **{**common, "overrides": overrides}), out=tmp_path, progress=False
+    )
     first_plain, first_lrt = train_losses(plain)[0], train_losses(lrt)[0]
     assert first_lrt == pytest.approx(first_plain, rel=1e-5)  # identical models at step 0
     tail = lambda r: sum(train_losses(r)[-10:]) / 10
@@ -294,25 +434,43 @@ def test_demo_quick_trains_three_models_and_reuses_them(tmp_path, capsys, monkey
 
     from lrt_lab.commands import demo
     from lrt_lab.commands.demo import run_demo
+
     configs = demo.demo_configs
-    monkeypatch.setattr(demo, "demo_configs", lambda quick=False: [
-        dataclasses.replace(c, steps=8, task_options={**c.task_options, "curriculum_steps": 3})
-        for c in configs(quick)])
+    monkeypatch.setattr(
+        demo,
+        "demo_configs",
+        lambda quick=False: [
+            dataclasses.replace(c, steps=8, task_options={**c.task_options, "curriculum_steps": 3})
+            for c in configs(quick)
+        ],
+    )
     table = run_demo(out=str(tmp_path), quick=True, quiet=True)
     printed = capsys.readouterr()
-    assert list(table.columns) == ["demo-transformer-quick", "demo-lrt-interleaved2-quick", "demo-lrt-fullseq3-quick"]
+    assert list(table.columns) == [
+        "demo-transformer-quick",
+        "demo-lrt-interleaved2-quick",
+        "demo-lrt-fullseq3-quick",
+    ]
     assert "pos@90 exact (L=48)" in table.index and "train time (s)" in table.index
-    # accuracy at a position of the longest evaluation, never the store's acc@L (over a whole sequence)
+    # accuracy at a position of the longest evaluation, never the store's acc@L (over a whole
+    # sequence)
     acc_rows = [r for r in table.index if r.startswith("accuracy at position ")]
     assert acc_rows[0] == "accuracy at position 2 (exact, L=48)" and len(acc_rows) == 7
     assert not any(r.startswith("acc@") for r in table.index)
     assert (table.loc["chance (1/|group| = 1/6)"] == round(1 / 6, 3)).all()  # S3 has 6 elements
     # each model's own count: the LRTs' is the transformer's plus the memory pathway
     reports = [Run(tmp_path / name).config["params"] for name in table.columns]
-    assert reports[0]["added"] == 0 and reports[1]["total"] == reports[0]["total"] + reports[1]["added"] > reports[0]["total"]
+    assert (
+        reports[0]["added"] == 0
+        and reports[1]["total"] == reports[0]["total"] + reports[1]["added"] > reports[0]["total"]
+    )
     assert table.loc["parameters"].tolist() == [
-        f"{reports[0]['total']:,}", *(f"{r['total']:,} (+{r['added_pct_of_baseline']:.1f}% memory)" for r in reports[1:])]
-    assert printed.out.count("training demo-") == 3 and "it/s" not in printed.err  # quiet: no progress bars
+        f"{reports[0]['total']:,}",
+        *(f"{r['total']:,} (+{r['added_pct_of_baseline']:.1f}% memory)" for r in reports[1:]),
+    ]
+    assert (
+        printed.out.count("training demo-") == 3 and "it/s" not in printed.err
+    )  # quiet: no progress bars
     df = load_runs(tmp_path)
     assert sorted(df["config.schedule"]) == ["fullseq:3", "interleaved:2", "onepass"]
     run_demo(out=str(tmp_path), quick=True)  # a second demo reuses the complete runs
@@ -320,11 +478,18 @@ def test_demo_quick_trains_three_models_and_reuses_them(tmp_path, capsys, monkey
 
 
 def test_demo_threads_follow_the_policy(monkeypatch, capsys, tmp_path):
-    """The demo asks lrt_lab.training.threads, says what it chose, and gives torch its setting back."""
+    """The demo asks lrt_lab.training.threads, says what it chose, and gives torch its setting back.
+    The demo asks lrt_lab.training.threads, says what it chose, and gives torch its setting back."""
     from lrt_lab.commands import demo
+
     seen = []
-    monkeypatch.setattr(demo, "_run_demo", lambda out, quick, quiet, choice: seen.append(
-        (torch.get_num_threads(), demo._threads_label(choice))))
+    monkeypatch.setattr(
+        demo,
+        "_run_demo",
+        lambda out, quick, quiet, choice: seen.append(
+            (torch.get_num_threads(), demo._threads_label(choice))
+        ),
+    )
     saved = torch.get_num_threads()
     demo.run_demo(out=str(tmp_path), threads=1)
     assert seen == [(1, "1 CPU thread: set by --threads; --threads or OMP_NUM_THREADS sets it")]
@@ -336,6 +501,7 @@ def test_a_stopped_demo_run_ends_the_demo(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
     from lrt_lab.commands import demo
+
     trained = []
     stopped = SimpleNamespace(status="incomplete")
     monkeypatch.setattr(demo, "train", lambda cfg, **kw: trained.append(cfg) or stopped)
@@ -350,6 +516,7 @@ def test_progress_bar_is_rate_limited_off_a_terminal(monkeypatch):
     import io
 
     from lrt_lab.training.loop import _progress_bar
+
     log = io.StringIO()  # not a TTY, as under CI or nohup
     monkeypatch.setattr("sys.stderr", log)
     bar = _progress_bar(400, 0, "run")
@@ -371,7 +538,9 @@ def test_a_task_without_the_task_interface_fails_before_anything_is_written(tmp_
 
     cfg = tiny_cfg()
     task = make_task(cfg)
-    assert prepare(cfg, task)[0] is task  # every built-in task implements lrt_lab.core.interface.Task
+    assert (
+        prepare(cfg, task)[0] is task
+    )  # every built-in task implements lrt_lab.core.interface.Task
     with pytest.raises(ValueError, match="task=.*length_at"):
         train(cfg, out=tmp_path, task=NoCurriculum(task), progress=False)
     assert not (tmp_path / cfg.run_name).exists()

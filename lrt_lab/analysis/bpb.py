@@ -29,8 +29,12 @@ LN2 = math.log(2)
 
 def _ce_sum(logits, targets) -> tuple[float, int]:
     flat = targets.reshape(-1)
-    total = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), flat, ignore_index=IGNORE_INDEX,
-                            reduction="sum")
+    total = F.cross_entropy(
+        logits.float().reshape(-1, logits.size(-1)),
+        flat,
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )
     return float(total), int((flat != IGNORE_INDEX).sum())
 
 
@@ -57,10 +61,10 @@ def _bpb_of(model, inputs, targets, schedule, chunk: int, bytes_per_token: float
     coverage = []
     covered = torch.zeros(T, dtype=torch.bool)
     for P in stages:
-        covered[P.start:P.stop:P.step] = True
+        covered[P.start : P.stop : P.step] = True
         coverage.append(float(covered.float().mean()))
     for i in range(0, inputs.size(0), chunk):
-        x, y = inputs[i:i + chunk].to(device), targets[i:i + chunk].to(device)
+        x, y = inputs[i : i + chunk].to(device), targets[i : i + chunk].to(device)
         out = run_schedule(model, x, None, schedule)
         s, n = _ce_sum(out.logits, y)
         final[0] += s
@@ -68,19 +72,31 @@ def _bpb_of(model, inputs, targets, schedule, chunk: int, bytes_per_token: float
         cur = torch.zeros_like(out.logits)
         seen = torch.zeros(T, dtype=torch.bool, device=device)
         for k, (P, lp) in enumerate(zip(out.stages, out.stage_logits)):
-            cur[:, P.start:P.stop:P.step] = lp
-            seen[P.start:P.stop:P.step] = True
+            cur[:, P.start : P.stop : P.step] = lp
+            seen[P.start : P.stop : P.step] = True
             s, n = _ce_sum(cur, y.masked_fill(~seen[None, :], IGNORE_INDEX))
             per_stage[k][0] += s
             per_stage[k][1] += n
     model.train(was_training)
     to_bpb = lambda s, n: s / n / LN2 / bytes_per_token if n else math.nan
-    return {"bpb": to_bpb(*final), "n_tokens": final[1], "stages": [to_bpb(*p) for p in per_stage],
-            "stage_coverage": coverage}
+    return {
+        "bpb": to_bpb(*final),
+        "n_tokens": final[1],
+        "stages": [to_bpb(*p) for p in per_stage],
+        "stage_coverage": coverage,
+    }
 
 
-def evaluate_bpb(run_or_model, schedule=None, eval_batch=None, n_sequences: int = 256, length: int | None = None,
-                 chunk: int = 64, write: bool = True, bytes_per_token: float = 1.0) -> dict:
+def evaluate_bpb(
+    run_or_model,
+    schedule=None,
+    eval_batch=None,
+    n_sequences: int = 256,
+    length: int | None = None,
+    chunk: int = 64,
+    write: bool = True,
+    bytes_per_token: float = 1.0,
+) -> dict:
     """Validation BPB with the training schedule's parallel forward, with exact decoding, and after
     each stage of the schedule.
 
@@ -104,7 +120,9 @@ def evaluate_bpb(run_or_model, schedule=None, eval_batch=None, n_sequences: int 
         if schedule is None:
             schedule = run.config["schedule"]
         if eval_batch is None:
-            eval_batch = make_eval_batch(load_task(run), length or run.config["train"]["length"], n_sequences)
+            eval_batch = make_eval_batch(
+                load_task(run), length or run.config["train"]["length"], n_sequences
+            )
     schedule = as_schedule(schedule)
     inputs, targets = _inputs_targets(eval_batch)
     par = bpb_of(model, inputs, targets, schedule, chunk, bytes_per_token)
@@ -112,8 +130,14 @@ def evaluate_bpb(run_or_model, schedule=None, eval_batch=None, n_sequences: int 
         exact = par["bpb"]  # no memory, or the schedule already is exact recurrence
     else:
         exact = bpb_of(model, inputs, targets, Exact(), chunk, bytes_per_token)["bpb"]
-    result = {"parallel": par["bpb"], "exact": exact, "stages": par["stages"],
-              "stage_coverage": par["stage_coverage"], "n_tokens": par["n_tokens"], "schedule": schedule.spec}
+    result = {
+        "parallel": par["bpb"],
+        "exact": exact,
+        "stages": par["stages"],
+        "stage_coverage": par["stage_coverage"],
+        "n_tokens": par["n_tokens"],
+        "schedule": schedule.spec,
+    }
     if run is not None and write:
         run.write_table("bpb", bpb_table(result))
     return result
@@ -126,16 +150,20 @@ def _inputs_targets(batch):
     elif hasattr(batch, "inputs") and hasattr(batch, "targets"):
         inputs, targets, mask = batch.inputs, batch.targets, getattr(batch, "loss_mask", None)
     else:
-        raise ValueError("eval_batch is invalid; allowed: an object with .inputs and .targets (a task Batch) "
-                         "or a tuple (inputs, targets[, loss_mask])")
+        raise ValueError(
+            "eval_batch is invalid; allowed: an object with .inputs and .targets (a task Batch) "
+            "or a tuple (inputs, targets[, loss_mask])"
+        )
     if mask is not None:
         targets = targets.masked_fill(~mask.bool(), IGNORE_INDEX)
     return inputs, targets
 
 
 def bpb_table(result: dict) -> pd.DataFrame:
-    rows = [{"mode": "parallel", "stage": None, "coverage": 1.0, "bpb": result["parallel"]},
-            {"mode": "exact", "stage": None, "coverage": 1.0, "bpb": result["exact"]}]
+    rows = [
+        {"mode": "parallel", "stage": None, "coverage": 1.0, "bpb": result["parallel"]},
+        {"mode": "exact", "stage": None, "coverage": 1.0, "bpb": result["exact"]},
+    ]
     for k, (b, c) in enumerate(zip(result["stages"], result["stage_coverage"])):
         rows.append({"mode": "stage", "stage": k, "coverage": c, "bpb": b})
     df = pd.DataFrame(rows)
@@ -157,22 +185,28 @@ def collect_bpb(df: pd.DataFrame, compute: bool = False, **kw) -> pd.DataFrame:
         else:
             evaluate_bpb(row, **kw)
     if no_checkpoint:
-        warnings.warn(f"{len(no_checkpoint)} run(s) have neither tables/bpb.csv nor a checkpoint "
-                      f"to compute it from and are left without BPB: {', '.join(no_checkpoint)}",
-                      stacklevel=2)
+        warnings.warn(
+            f"{len(no_checkpoint)} run(s) have neither tables/bpb.csv nor a checkpoint "
+            f"to compute it from and are left without BPB: {', '.join(no_checkpoint)}",
+            stacklevel=2,
+        )
     df = read_bpb(df)
     df.attrs["no_bpb"] = no_checkpoint
     return df
 
 
-def analyze_gap(store, compute: bool = True, write: bool = True, metric: str = "bpb.exact", **kw) -> dict:
+def analyze_gap(
+    store, compute: bool = True, write: bool = True, metric: str = "bpb.exact", **kw
+) -> dict:
     """load_runs(store) -> BPB per run (computed and written where missing), then gap recovery,
     mismatch and refinement tables, written to <store>/.analysis/tables/{gap_recovery,
     gap_recovery_per_seed, mismatch, refinement}.csv. Returns {name: DataFrame}."""
     df = collect_bpb(load_runs(store), compute=compute, **kw)
     if metric not in df.columns:
-        raise ValueError(f"metric={metric!r}: no run in {str(store)!r} has it (BPB needs tables/bpb.csv or a "
-                         "checkpoint to compute it from)")
+        raise ValueError(
+            f"metric={metric!r}: no run in {str(store)!r} has it (BPB needs tables/bpb.csv or a "
+            "checkpoint to compute it from)"
+        )
     df = df[df[metric].notna()]  # runs of other tasks in the same store (no BPB) are not part of it
     tables = {"gap_recovery": gap_recovery(df, metric)}
     tables["gap_recovery_per_seed"] = tables["gap_recovery"].attrs["per_seed"]
@@ -182,5 +216,3 @@ def analyze_gap(store, compute: bool = True, write: bool = True, metric: str = "
         for name, t in tables.items():
             write_store_table(store, name, t)
     return tables
-
-

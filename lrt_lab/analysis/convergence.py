@@ -44,15 +44,22 @@ class _BatchMax:
 
 
 @torch.no_grad()
-def convergence_trace(model, inputs: torch.Tensor, targets: torch.Tensor | None = None,
-                      max_sweeps: int | None = None, chunk: int = 256) -> pd.DataFrame:
+def convergence_trace(
+    model,
+    inputs: torch.Tensor,
+    targets: torch.Tensor | None = None,
+    max_sweeps: int | None = None,
+    chunk: int = 256,
+) -> pd.DataFrame:
     """Tidy table (sweep, position, residual, error[, loss, exact_loss]) of plain full-sequence
     sweeps on `inputs` (B, T); sweep 0 is the init pass (its residual is its change from zero
     memory). max_sweeps: default T (enough to reach the exact memory with lag 1). Per position,
     the largest value over the batch, relative to the whole batch's RMS memory norm (the scale
     FixedPoint uses), however the batch is chunked."""
     if model.config.memory is None:
-        raise ValueError("model is invalid; allowed: an LRT with a memory pathway (config.memory set)")
+        raise ValueError(
+            "model is invalid; allowed: an LRT with a memory pathway (config.memory set)"
+        )
     T = inputs.size(1)
     K = T if max_sweeps is None else max_sweeps
     if not isinstance(K, int) or K < 1:
@@ -65,13 +72,13 @@ def convergence_trace(model, inputs: torch.Tensor, targets: torch.Tensor | None 
     ce = [0.0] * (K + 1)
     exact_ce, n_rows = 0.0, 0
     for i in range(0, inputs.size(0), chunk):
-        x = inputs[i:i + chunk].to(device)
+        x = inputs[i : i + chunk].to(device)
         exact = run_schedule(model, x, None, Exact())
         m_star = exact.buffer.mem
         buffer, prev = model.empty_buffer(x), None
         w = x.size(0) / inputs.size(0)  # CE: a mean over chunks weighted by sequences
         if targets is not None:
-            y = targets[i:i + chunk].to(device)
+            y = targets[i : i + chunk].to(device)
             exact_ce += w * float(cross_entropy(exact.logits, y))
         for k in range(K + 1):
             logits, buffer = model.stage(x, full, buffer)
@@ -84,9 +91,14 @@ def convergence_trace(model, inputs: torch.Tensor, targets: torch.Tensor | None 
         n_rows += x.size(0) * T
     model.train(was_training)
     sweeps = torch.arange(K + 1).repeat_interleave(T)
-    table = pd.DataFrame({"sweep": sweeps.numpy(), "position": torch.arange(T).repeat(K + 1).numpy(),
-                          "residual": res.relative(n_rows).flatten().numpy(),
-                          "error": err.relative(n_rows).flatten().numpy()})
+    table = pd.DataFrame(
+        {
+            "sweep": sweeps.numpy(),
+            "position": torch.arange(T).repeat(K + 1).numpy(),
+            "residual": res.relative(n_rows).flatten().numpy(),
+            "error": err.relative(n_rows).flatten().numpy(),
+        }
+    )
     if targets is not None:
         table["loss"] = [ce[k] for k in table["sweep"]]
         table["exact_loss"] = exact_ce
@@ -94,7 +106,8 @@ def convergence_trace(model, inputs: torch.Tensor, targets: torch.Tensor | None 
 
 
 def _settled(values: pd.Series, tol: float) -> float:
-    """First sweep from which `values` (ordered by sweep, starting at 0) stay <= tol; NaN if never."""
+    """First sweep from which `values` (ordered by sweep, starting at 0) stay <= tol; NaN if never.
+    First sweep from which `values` (ordered by sweep, starting at 0) stay <= tol; NaN if never."""
     above = (values.to_numpy() > tol).nonzero()[0]
     if len(above) == 0:
         return 0.0
@@ -102,7 +115,9 @@ def _settled(values: pd.Series, tol: float) -> float:
     return float(last) if last < len(values) else math.nan
 
 
-def sweeps_to_converge(trace: pd.DataFrame, tols=(1e-1, 1e-2, 1e-3), measure: str = "residual") -> pd.DataFrame:
+def sweeps_to_converge(
+    trace: pd.DataFrame, tols=(1e-1, 1e-2, 1e-3), measure: str = "residual"
+) -> pd.DataFrame:
     """Per position and tolerance: the sweeps after which `measure` (residual or error) stays
     <= tol (NaN: not within the trace). Rows (tol, position, sweeps); position "all" is the whole
     sequence (the largest change anywhere: what FixedPoint(tol) would stop at, for residual)."""
@@ -129,6 +144,7 @@ def plot_convergence(trace: pd.DataFrame, tols=(1e-1, 1e-2, 1e-3), title: str | 
     """Left: residual and error to the exact memory after each sweep (log scale). Right: sweeps
     needed per position at each tolerance, against the sequential bound (sweeps = position)."""
     import matplotlib.pyplot as plt
+
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     per = residual_per_sweep(trace)
     floor = 1e-16
@@ -136,7 +152,11 @@ def plot_convergence(trace: pd.DataFrame, tols=(1e-1, 1e-2, 1e-3), title: str | 
     a.semilogy(per["sweep"], per["error"].clip(lower=floor), "s--", label="error vs exact")
     for tol in tols:
         a.axhline(tol, color="grey", lw=0.6, ls=":")
-    a.set(xlabel="sweep (0 = init pass)", ylabel="max over positions, relative", title="memory after each sweep")
+    a.set(
+        xlabel="sweep (0 = init pass)",
+        ylabel="max over positions, relative",
+        title="memory after each sweep",
+    )
     a.legend(fontsize=8)
     need = sweeps_to_converge(trace, tols)
     need = need[need["position"] != "all"]
@@ -152,13 +172,21 @@ def plot_convergence(trace: pd.DataFrame, tols=(1e-1, 1e-2, 1e-3), title: str | 
     return fig
 
 
-def convergence_run(run, n_sequences: int = 128, length: int | None = None, max_sweeps: int | None = None,
-                    write: bool = True, eval_seed: int = 1) -> pd.DataFrame:
+def convergence_run(
+    run,
+    n_sequences: int = 128,
+    length: int | None = None,
+    max_sweeps: int | None = None,
+    write: bool = True,
+    eval_seed: int = 1,
+) -> pd.DataFrame:
     """convergence_trace on a trained run (latest checkpoint) with a held-out batch of its task;
     writes tables/convergence.csv into the run when write=True."""
     run = as_run(run)
     model = load_model(run)
-    batch = eval_batch(load_task(run), length or run.config["train"]["length"], n_sequences, seed=eval_seed)
+    batch = eval_batch(
+        load_task(run), length or run.config["train"]["length"], n_sequences, seed=eval_seed
+    )
     targets = batch.targets
     if getattr(batch, "loss_mask", None) is not None:  # as the training loop masks them
         targets = targets.masked_fill(~batch.loss_mask.bool(), IGNORE_INDEX)

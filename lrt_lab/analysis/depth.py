@@ -1,8 +1,10 @@
 """How much depth is the memory worth: pos@90 of plain transformers of growing depth versus an
 LRT at a fixed depth, on one task (driven by a sweep spec, e.g. experiments/depth_sweep.toml).
 
-    lrt-lab sweep experiments/depth_sweep.toml          # transformers at depths 1..D, an LRT at depth d
-    tables = analyze_depth_sweep("runs/depth")           # .analysis/tables/depth_sweep.csv, depth_worth.csv
+    lrt-lab sweep experiments/depth_sweep.toml          # transformers at depths 1..D, an LRT at
+    depth d
+    tables = analyze_depth_sweep("runs/depth")           # .analysis/tables/depth_sweep.csv,
+    depth_worth.csv
     fig = plot_depth_curve(tables["depth_sweep"])
 
 depth_worth: for each LRT configuration, the smallest transformer depth whose mean pos@90 (over
@@ -27,7 +29,9 @@ DEPTH = "config.model.n_layer"
 TASK = "config.train.task"
 
 
-def depth_table(df: pd.DataFrame, metric: str | None = None, confidence: float = 0.95) -> pd.DataFrame:
+def depth_table(
+    df: pd.DataFrame, metric: str | None = None, confidence: float = 0.95
+) -> pd.DataFrame:
     """Mean, std, CI over seeds of `metric` (default: the first summary.eval.pos90_exact@L column)
     per (task, method, depth)."""
     if df.empty:
@@ -62,15 +66,24 @@ def depth_worth(table: pd.DataFrame, transformer: str = "transformer", targets=(
         if method == transformer:
             continue
         value = float(sub["mean"].iloc[0])
-        tr = table[(table["task"] == task) & (table["method"] == transformer)].sort_values("n_layer")
+        tr = table[(table["task"] == task) & (table["method"] == transformer)].sort_values(
+            "n_layer"
+        )
         match = tr[tr["mean"] >= value - 1e-9]
         need = int(match["n_layer"].iloc[0]) if len(match) else math.nan
         same = tr[tr["n_layer"] == depth]["mean"]
-        row = {"task": task, "method": method, "n_layer": depth, "value": value,
-               "transformer_depth_to_match": need,
-               "max_transformer_depth_swept": int(tr["n_layer"].max()) if len(tr) else math.nan,
-               "transformer_value_same_depth": float(same.iloc[0]) if len(same) else math.nan,
-               "depth_saved": need - depth if not (isinstance(need, float) and math.isnan(need)) else math.nan}
+        row = {
+            "task": task,
+            "method": method,
+            "n_layer": depth,
+            "value": value,
+            "transformer_depth_to_match": need,
+            "max_transformer_depth_swept": int(tr["n_layer"].max()) if len(tr) else math.nan,
+            "transformer_value_same_depth": float(same.iloc[0]) if len(same) else math.nan,
+            "depth_saved": need - depth
+            if not (isinstance(need, float) and math.isnan(need))
+            else math.nan,
+        }
         for target in targets:
             md = min_depth(table, target, transformer).get(task, math.nan)
             row[f"transformer_min_depth@{target:g}"] = md
@@ -94,7 +107,9 @@ def analyze_depth_sweep(store, metric: str | None = None, targets=(), write: boo
     return tables
 
 
-def plot_depth_curve(table: pd.DataFrame, transformer: str = "transformer", ax=None, title: str | None = None):
+def plot_depth_curve(
+    table: pd.DataFrame, transformer: str = "transformer", ax=None, title: str | None = None
+):
     """Transformer metric vs depth (mean, CI bars) with each LRT as a marker at its own depth and a
     dashed line at its level; returns the Figure."""
     import matplotlib.pyplot as plt
@@ -110,10 +125,27 @@ def plot_depth_curve(table: pd.DataFrame, transformer: str = "transformer", ax=N
         hi = (sub["ci_high"] - sub["mean"]).fillna(0).clip(lower=0)
         label = method if table["task"].nunique() == 1 else f"{task}: {method}"
         if method == transformer:
-            ax.errorbar(sub["n_layer"], sub["mean"], yerr=[lo, hi], marker="o", color=c, capsize=3, label=label)
+            ax.errorbar(
+                sub["n_layer"],
+                sub["mean"],
+                yerr=[lo, hi],
+                marker="o",
+                color=c,
+                capsize=3,
+                label=label,
+            )
         else:
-            ax.errorbar(sub["n_layer"], sub["mean"], yerr=[lo, hi], marker="*", ms=12, ls="none", color=c,
-                        capsize=3, label=label)
+            ax.errorbar(
+                sub["n_layer"],
+                sub["mean"],
+                yerr=[lo, hi],
+                marker="*",
+                ms=12,
+                ls="none",
+                color=c,
+                capsize=3,
+                label=label,
+            )
             for v in sub["mean"]:
                 ax.axhline(v, ls="--", color=c, lw=1)
     ax.set_xticks(np.unique(table["n_layer"]))

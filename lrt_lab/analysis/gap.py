@@ -7,7 +7,8 @@ Sequential Training"), the train/inference mismatch, and per-refinement BPB curv
                                       the stored tables without it)
     gap_recovery(df)               -> recovered fraction per method: per seed, mean, bootstrap CI
     mismatch_table(df)             -> each schedule's parallel-forward metric vs its exact decoding
-    refinement_table(df)           -> BPB after each stage of FullSequence(K) (the paper's per-refinement table)
+    refinement_table(df)           -> BPB after each stage of FullSequence(K) (the paper's
+    per-refinement table)
     analyze_gap(store)             -> all of the above, written to <store>/.analysis/tables/ (bpb)
 
 Recovered fraction = (metric_base - metric_method) / (metric_base - metric_exact): the share of
@@ -33,11 +34,17 @@ import pandas as pd
 from lrt_lab.store.results import load_table
 from lrt_lab.store.stats import bootstrap_ci, mean_ci, method_column, seed_stats
 
-DEFAULT_GROUP = ("config.train.task", "config.train.length", "config.model.n_layer", "config.model.n_embd",
-                 "config.train.steps")
+DEFAULT_GROUP = (
+    "config.train.task",
+    "config.train.length",
+    "config.model.n_layer",
+    "config.model.n_embd",
+    "config.train.steps",
+)
 
 
-# BPB ------------------------------------------------------------------------------------------------
+# BPB
+# ------------------------------------------------------------------------------------------------
 def read_bpb(df: pd.DataFrame) -> pd.DataFrame:
     """df (load_runs) with columns bpb.parallel, bpb.exact and bpb.stage.<k> from each run's
     tables/bpb.csv (written by `lrt_lab.analysis.bpb.evaluate_bpb`), NaN where a run has none.
@@ -64,9 +71,11 @@ def read_bpb(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-# Gap recovery ---------------------------------------------------------------------------------------
+# Gap recovery
+# ---------------------------------------------------------------------------------------
 def recovered_fraction(base, method, exact):
-    """(base - method) / (base - exact), elementwise; NaN where base == exact (no gap to recover)."""
+    """(base - method) / (base - exact), elementwise; NaN where base == exact (no gap to recover).
+    (base - method) / (base - exact), elementwise; NaN where base == exact (no gap to recover)."""
     base, method, exact = (np.asarray(v, dtype=float) for v in (base, method, exact))
     gap = base - exact
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -78,9 +87,16 @@ def _group_keys(df, group_by):
     return [k for k in group_by if k in df.columns]
 
 
-def gap_recovery(df: pd.DataFrame, metric: str = "bpb.exact", baseline: str = "transformer",
-                 exact: str = "lrt exact", group_by=DEFAULT_GROUP, confidence: float = 0.95,
-                 n_resamples: int = 9999, seed_column: str = "config.train.seed") -> pd.DataFrame:
+def gap_recovery(
+    df: pd.DataFrame,
+    metric: str = "bpb.exact",
+    baseline: str = "transformer",
+    exact: str = "lrt exact",
+    group_by=DEFAULT_GROUP,
+    confidence: float = 0.95,
+    n_resamples: int = 9999,
+    seed_column: str = "config.train.seed",
+) -> pd.DataFrame:
     """Recovered fraction of each method relative to `baseline` and `exact` (method labels as in
     lrt_lab.store.report.method_label), per group of runs that share task/length/shape/steps.
 
@@ -91,10 +107,14 @@ def gap_recovery(df: pd.DataFrame, metric: str = "bpb.exact", baseline: str = "t
     in .attrs["per_seed"].
     """
     if metric not in df.columns:
-        raise ValueError(f"metric={metric!r} is invalid; allowed: a column of the runs table (bpb.* columns "
-                         "come from collect_bpb; summary.eval.acc_exact@L ...)")
+        raise ValueError(
+            f"metric={metric!r} is invalid; allowed: a column of the runs table (bpb.* columns "
+            "come from collect_bpb; summary.eval.acc_exact@L ...)"
+        )
     if seed_column not in df.columns:
-        raise ValueError(f"seed_column={seed_column!r} is invalid; allowed: a column of the runs table")
+        raise ValueError(
+            f"seed_column={seed_column!r} is invalid; allowed: a column of the runs table"
+        )
     df = df.copy()
     df["method"] = method_column(df)
     keys = _group_keys(df, group_by)
@@ -105,75 +125,140 @@ def gap_recovery(df: pd.DataFrame, metric: str = "bpb.exact", baseline: str = "t
         gkey = dict(zip(keys, key))
         dup = sub.duplicated(["method", seed_column], keep=False)
         if dup.any():
-            raise ValueError(f"runs {sub.loc[dup, 'run'].tolist()} share method and seed in group {gkey}; "
-                             "allowed: one run per (method, seed); add the distinguishing column to group_by")
+            raise ValueError(
+                f"runs {sub.loc[dup, 'run'].tolist()} share method and seed in group {gkey}; "
+                "allowed: one run per (method, seed); add the distinguishing column to group_by"
+            )
         by = {m: s.set_index(seed_column)[metric].astype(float) for m, s in sub.groupby("method")}
         if baseline not in by or exact not in by:
             missing = [m for m in (baseline, exact) if m not in by]
-            warnings.warn(f"group {gkey}: no {' or '.join(missing)} runs; no gap recovery computed", stacklevel=2)
+            warnings.warn(
+                f"group {gkey}: no {' or '.join(missing)} runs; no gap recovery computed",
+                stacklevel=2,
+            )
             continue
         for m, vals in by.items():
             if m in (baseline, exact):
                 continue
             seeds = sorted(set(vals.index) & set(by[baseline].index) & set(by[exact].index))
             if not seeds:
-                warnings.warn(f"group {gkey}, method {m!r}: no seed shared with {baseline!r} and {exact!r}",
-                              stacklevel=2)
+                warnings.warn(
+                    f"group {gkey}, method {m!r}: no seed shared with {baseline!r} and {exact!r}",
+                    stacklevel=2,
+                )
                 continue
             b, x, e = by[baseline][seeds].values, vals[seeds].values, by[exact][seeds].values
             frac = np.atleast_1d(recovered_fraction(b, x, e))
             for s, bi, xi, ei, fi in zip(seeds, b, x, e, frac):
-                per_seed.append({**gkey, "method": m, "seed": s, "base": bi, "value": xi, "exact": ei,
-                                 "recovered": fi})
+                per_seed.append(
+                    {
+                        **gkey,
+                        "method": m,
+                        "seed": s,
+                        "base": bi,
+                        "value": xi,
+                        "exact": ei,
+                        "recovered": fi,
+                    }
+                )
             st = mean_ci(frac, confidence)
             lo, hi = bootstrap_ci(frac, np.mean, confidence, n_resamples=n_resamples)
-            summary.append({**gkey, "method": m, "n_seeds": len(seeds), "base": b.mean(), "value": x.mean(),
-                            "exact": e.mean(), "recovered": st["mean"], "recovered_std": st["std"],
-                            "ci_low": lo, "ci_high": hi,
-                            "ratio_of_means": recovered_fraction(b.mean(), x.mean(), e.mean()),
-                            "metric": metric, "baseline": baseline, "exact_method": exact})
-    cols = keys + ["method", "n_seeds", "base", "value", "exact", "recovered", "recovered_std", "ci_low",
-                   "ci_high", "ratio_of_means", "metric", "baseline", "exact_method"]
+            summary.append(
+                {
+                    **gkey,
+                    "method": m,
+                    "n_seeds": len(seeds),
+                    "base": b.mean(),
+                    "value": x.mean(),
+                    "exact": e.mean(),
+                    "recovered": st["mean"],
+                    "recovered_std": st["std"],
+                    "ci_low": lo,
+                    "ci_high": hi,
+                    "ratio_of_means": recovered_fraction(b.mean(), x.mean(), e.mean()),
+                    "metric": metric,
+                    "baseline": baseline,
+                    "exact_method": exact,
+                }
+            )
+    cols = keys + [
+        "method",
+        "n_seeds",
+        "base",
+        "value",
+        "exact",
+        "recovered",
+        "recovered_std",
+        "ci_low",
+        "ci_high",
+        "ratio_of_means",
+        "metric",
+        "baseline",
+        "exact_method",
+    ]
     out = pd.DataFrame(summary, columns=cols)
-    out.attrs["per_seed"] = pd.DataFrame(per_seed, columns=keys + ["method", "seed", "base", "value", "exact",
-                                                                   "recovered"])
+    out.attrs["per_seed"] = pd.DataFrame(
+        per_seed, columns=keys + ["method", "seed", "base", "value", "exact", "recovered"]
+    )
     out.attrs["metric"] = metric
     return out
 
 
-def mismatch_table(df: pd.DataFrame, parallel: str = "bpb.parallel", exact: str = "bpb.exact",
-                   group_by=DEFAULT_GROUP, confidence: float = 0.95) -> pd.DataFrame:
+def mismatch_table(
+    df: pd.DataFrame,
+    parallel: str = "bpb.parallel",
+    exact: str = "bpb.exact",
+    group_by=DEFAULT_GROUP,
+    confidence: float = 0.95,
+) -> pd.DataFrame:
     """Each method's parallel-forward metric next to its exact-decoding metric (mean and CI over
     seeds), and the mismatch exact - parallel per seed, averaged. For accuracy columns use e.g.
     parallel="summary.eval.acc_parallel@64", exact="summary.eval.acc_exact@64"."""
     for c in (parallel, exact):
         if c not in df.columns:
-            raise ValueError(f"column {c!r} is invalid; allowed: a column of the runs table (collect_bpb adds bpb.*)")
+            raise ValueError(
+                f"column {c!r} is invalid; allowed: a column of the runs table (collect_bpb adds "
+                "bpb.*)"
+            )
     df = df.copy()
     df["method"] = method_column(df)
     df["_mismatch"] = df[exact].astype(float) - df[parallel].astype(float)
     keys = _group_keys(df, group_by) + ["method"]
     parts = []
     for col, name in ((parallel, "parallel"), (exact, "exact"), ("_mismatch", "mismatch")):
-        st = seed_stats(df, col, keys, confidence).rename(columns={"mean": name, "ci_low": f"{name}_ci_low",
-                                                                   "ci_high": f"{name}_ci_high"})
-        keep = keys + ([name, f"{name}_ci_low", f"{name}_ci_high"] if name != "parallel"
-                       else ["n", name, f"{name}_ci_low", f"{name}_ci_high"])
+        st = seed_stats(df, col, keys, confidence).rename(
+            columns={"mean": name, "ci_low": f"{name}_ci_low", "ci_high": f"{name}_ci_high"}
+        )
+        keep = keys + (
+            [name, f"{name}_ci_low", f"{name}_ci_high"]
+            if name != "parallel"
+            else ["n", name, f"{name}_ci_low", f"{name}_ci_high"]
+        )
         parts.append(st[keep])
     out = parts[0].merge(parts[1], on=keys).merge(parts[2], on=keys)
     out.attrs["metric"] = f"{parallel} vs {exact}"
     return out
 
 
-def refinement_table(df: pd.DataFrame, group_by=DEFAULT_GROUP, confidence: float = 0.95) -> pd.DataFrame:
-    """BPB after each stage (init, refine 1, ..., from bpb.stage.<k>) and under decoding, per method,
-    mean and CI over seeds: the paper's per-refinement table (app. "Full-Sequence Refinement").
+def refinement_table(
+    df: pd.DataFrame, group_by=DEFAULT_GROUP, confidence: float = 0.95
+) -> pd.DataFrame:
+    """BPB after each stage (init, refine 1, ..., from bpb.stage.<k>) and under decoding, per
+     method,
+     mean and CI over seeds: the paper's per-refinement table (app. "Full-Sequence Refinement").
 
-    A stage's BPB uses the logits assembled so far (later stages win), so for Interleaved(S)
-    "refine s" is the sequence after subset s was refined; Chunked/Exact runs have no stage columns."""
-    stage_cols = sorted((c for c in df.columns if c.startswith("bpb.stage.")), key=lambda c: int(c.rsplit(".", 1)[1]))
+     A stage's BPB uses the logits assembled so far (later stages win), so for Interleaved(S)
+     "refine s" is the sequence after subset s was refined; Chunked/Exact runs have no stage
+    columns."""
+    stage_cols = sorted(
+        (c for c in df.columns if c.startswith("bpb.stage.")),
+        key=lambda c: int(c.rsplit(".", 1)[1]),
+    )
     if not stage_cols or "bpb.exact" not in df.columns:
-        raise ValueError("df has no bpb.stage.* / bpb.exact columns; allowed: a runs table passed through collect_bpb")
+        raise ValueError(
+            "df has no bpb.stage.* / bpb.exact columns; allowed: a runs table passed through "
+            "collect_bpb"
+        )
     df = df.copy()
     df["method"] = method_column(df)
     keys = _group_keys(df, group_by) + ["method"]
@@ -188,28 +273,43 @@ def refinement_table(df: pd.DataFrame, group_by=DEFAULT_GROUP, confidence: float
         st.insert(len(keys), "stage", label)
         st.insert(len(keys) + 1, "stage_index", int(k) if label != "decoding" else len(stage_cols))
         rows.append(st)
-    out = pd.concat(rows, ignore_index=True).sort_values(keys + ["stage_index"]).reset_index(drop=True)
+    out = (
+        pd.concat(rows, ignore_index=True)
+        .sort_values(keys + ["stage_index"])
+        .reset_index(drop=True)
+    )
     return out
 
 
-# Plots -------------------------------------------------------------------------------------------------
+# Plots
+# -------------------------------------------------------------------------------------------------
 def plot_gap_recovery(table: pd.DataFrame, ax=None, title: str | None = None):
-    """Bars of the recovered fraction per method (bootstrap CI), with the per-seed points; Figure."""
+    """Bars of the recovered fraction per method (bootstrap CI), with the per-seed points; Figure.
+    Bars of the recovered fraction per method (bootstrap CI), with the per-seed points; Figure."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
-    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(max(4, 1.5 * len(table)), 3.5))
+    fig, ax = (
+        (ax.figure, ax) if ax is not None else plt.subplots(figsize=(max(4, 1.5 * len(table)), 3.5))
+    )
     if table.empty:
         raise ValueError("table is empty; allowed: the output of gap_recovery")
     sns.barplot(data=table, x="method", y="recovered", ax=ax, color="tab:green")
     lo = (table["recovered"] - table["ci_low"]).fillna(0).clip(lower=0)
     hi = (table["ci_high"] - table["recovered"]).fillna(0).clip(lower=0)
-    ax.errorbar(range(len(table)), table["recovered"], yerr=[lo, hi], fmt="none", ecolor="black", capsize=4)
+    ax.errorbar(
+        range(len(table)), table["recovered"], yerr=[lo, hi], fmt="none", ecolor="black", capsize=4
+    )
     per_seed = table.attrs.get("per_seed")
     if per_seed is not None and not per_seed.empty:
         pos = {m: i for i, m in enumerate(table["method"])}
-        ax.scatter([pos[m] for m in per_seed["method"] if m in pos],
-                   per_seed.loc[per_seed["method"].isin(pos), "recovered"], color="black", s=12, zorder=3)
+        ax.scatter(
+            [pos[m] for m in per_seed["method"] if m in pos],
+            per_seed.loc[per_seed["method"].isin(pos), "recovered"],
+            color="black",
+            s=12,
+            zorder=3,
+        )
     ax.axhline(1.0, ls="--", color="gray", lw=1)
     ax.axhline(0.0, color="gray", lw=1)
     ax.set_ylabel("recovered fraction of exact's gain")
@@ -218,7 +318,9 @@ def plot_gap_recovery(table: pd.DataFrame, ax=None, title: str | None = None):
     return fig
 
 
-def plot_refinement(table: pd.DataFrame, ax=None, title: str | None = None, band: str | None = "std"):
+def plot_refinement(
+    table: pd.DataFrame, ax=None, title: str | None = None, band: str | None = "std"
+):
     """BPB after each stage per method (mean over seeds), decoding as the last point; band: "std"
     (+-1 std over seeds), "ci" (the table's CI; very wide for 2-3 seeds) or None. Figure."""
     import matplotlib.pyplot as plt
@@ -230,8 +332,13 @@ def plot_refinement(table: pd.DataFrame, ax=None, title: str | None = None, band
     sns.lineplot(data=table, x="stage_index", y="mean", hue="method", marker="o", ax=ax)
     colors = {line.get_label(): line.get_color() for line in ax.get_lines()}
     for m, sub in table.groupby("method"):
-        lo, hi = ((sub["mean"] - sub["std"], sub["mean"] + sub["std"]) if band == "std"
-                  else (sub["ci_low"], sub["ci_high"]) if band == "ci" else (None, None))
+        lo, hi = (
+            (sub["mean"] - sub["std"], sub["mean"] + sub["std"])
+            if band == "std"
+            else (sub["ci_low"], sub["ci_high"])
+            if band == "ci"
+            else (None, None)
+        )
         if lo is not None and lo.notna().any():
             ax.fill_between(sub["stage_index"], lo, hi, alpha=0.15, color=colors.get(m))
     ticks = table.drop_duplicates("stage_index").sort_values("stage_index")
@@ -248,8 +355,15 @@ def plot_mismatch(table: pd.DataFrame, ax=None, title: str | None = None):
     import matplotlib.pyplot as plt
     import seaborn as sns
 
-    long = table.melt(id_vars=["method"], value_vars=["parallel", "exact"], var_name="decoding", value_name="value")
-    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(max(4, 1.5 * len(table)), 3.5))
+    long = table.melt(
+        id_vars=["method"],
+        value_vars=["parallel", "exact"],
+        var_name="decoding",
+        value_name="value",
+    )
+    fig, ax = (
+        (ax.figure, ax) if ax is not None else plt.subplots(figsize=(max(4, 1.5 * len(table)), 3.5))
+    )
     sns.barplot(data=long, x="method", y="value", hue="decoding", ax=ax)
     lo, hi = long["value"].min(), long["value"].max()
     pad = max((hi - lo) * 0.5, 1e-3)

@@ -2,7 +2,8 @@
 batch, and the store-level tables.
 
 Store-level tables (gap recovery, depth sweep, train/inference mismatch) live in
-`<store>/.analysis/tables/<name>.csv` (results.write_table on the folder): a hidden folder, so `load_runs` neither lists it as a run nor
+`<store>/.analysis/tables/<name>.csv` (results.write_table on the folder): a hidden folder, so
+`load_runs` neither lists it as a run nor
 warns about it (it skips only folders whose name starts with ".").
 """
 
@@ -29,7 +30,9 @@ def as_run(run) -> Run:
         return Run(run["path"])
     if isinstance(run, (str, Path)):
         return Run(run)
-    raise ValueError(f"run={run!r} is invalid; allowed: a Run, a run folder path, or a row of load_runs")
+    raise ValueError(
+        f"run={run!r} is invalid; allowed: a Run, a run folder path, or a row of load_runs"
+    )
 
 
 def load_model(run, step: int | None = None, map_location="cpu") -> LRT:
@@ -37,18 +40,25 @@ def load_model(run, step: int | None = None, map_location="cpu") -> LRT:
     (or of `step`), in eval mode."""
     run = as_run(run)
     if not (run.path / "config.json").exists():
-        raise ValueError(f"run={str(run.path)!r} is invalid; allowed: a run folder with config.json")
+        raise ValueError(
+            f"run={str(run.path)!r} is invalid; allowed: a run folder with config.json"
+        )
     if step is None:
         ckpt = run.latest_checkpoint()
     else:
         ckpt = run.path / "checkpoints" / f"step_{step:07d}.pt"
         ckpt = ckpt if ckpt.exists() else None
     if ckpt is None:
-        have = sorted(p.name for p in (run.path / "checkpoints").glob("step_*.pt")) \
-            if (run.path / "checkpoints").exists() else []
-        raise ValueError(f"run {run.name!r} has no checkpoint{'' if step is None else f' at step {step}'} "
-                         f"(found: {', '.join(have) or 'none'}); train() writes one at the last step, "
-                         "so the run is unfinished or its checkpoints were deleted")
+        have = (
+            sorted(p.name for p in (run.path / "checkpoints").glob("step_*.pt"))
+            if (run.path / "checkpoints").exists()
+            else []
+        )
+        raise ValueError(
+            f"run {run.name!r} has no checkpoint{'' if step is None else f' at step {step}'} "
+            f"(found: {', '.join(have) or 'none'}); train() writes one at the last step, "
+            "so the run is unfinished or its checkpoints were deleted"
+        )
     model = LRT(ModelConfig.from_dict(run.config["model"]))
     state = torch.load(ckpt, map_location=map_location, weights_only=False)
     model.load_state_dict(state["model"])
@@ -60,12 +70,14 @@ def train_config(run):
 
 
 def load_task(run):
-    """The run's task, rebuilt through the `lrt_lab.tasks` entry point (lrt_lab imports no task code)."""
+    """The run's task, rebuilt through the `lrt_lab.tasks` entry point (lrt_lab imports no task
+    code)."""
     return make_task(train_config(as_run(run)))
 
 
 def eval_batch(task, length: int, n: int, seed: int = 0):
-    """A fixed held-out batch: the task provider's evaluation set (seeds >= 2**62, never trained on)."""
+    """A fixed held-out batch: the task provider's evaluation set (seeds >= 2**62, never trained
+    on)."""
     return make_eval_sets(task, (length,), n, seed=seed)[length]
 
 
@@ -76,7 +88,8 @@ def analysis_dir(store) -> Path:
 
 
 def write_store_table(store, name: str, df: pd.DataFrame) -> Path:
-    """Atomically write <store>/.analysis/tables/<name>.csv (results.write_table on the hidden folder)."""
+    """Atomically write <store>/.analysis/tables/<name>.csv (results.write_table on the hidden
+    folder)."""
     return write_table(analysis_dir(store), name, df)
 
 

@@ -17,20 +17,30 @@ from pathlib import Path
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="lrt-lab analyze")
     sub = p.add_subparsers(dest="cmd", required=True)
-    pr = sub.add_parser("probe", help="probe runs (tables/probe_<decoding>.csv), heatmaps side by side")
+    pr = sub.add_parser(
+        "probe", help="probe runs (tables/probe_<decoding>.csv), heatmaps side by side"
+    )
     pr.add_argument("runs", nargs="+")
-    pr.add_argument("--decoding", default="exact", help="exact, train (the run's schedule), or a schedule spec")
+    pr.add_argument(
+        "--decoding", default="exact", help="exact, train (the run's schedule), or a schedule spec"
+    )
     pr.add_argument("--n-sequences", type=int, default=512)
     pr.add_argument("--max-positions", type=int, default=16)
-    g = sub.add_parser("gap", help="BPB per run, gap recovery, mismatch, refinement (.analysis/tables/)")
+    g = sub.add_parser(
+        "gap", help="BPB per run, gap recovery, mismatch, refinement (.analysis/tables/)"
+    )
     g.add_argument("store")
     g.add_argument("--n-sequences", type=int, default=512)
     g.add_argument("--metric", default="bpb.exact")
-    d = sub.add_parser("depth", help="depth sweep tables (.analysis/tables/depth_sweep.csv, depth_worth.csv)")
+    d = sub.add_parser(
+        "depth", help="depth sweep tables (.analysis/tables/depth_sweep.csv, depth_worth.csv)"
+    )
     d.add_argument("store")
     d.add_argument("--metric", default=None)
     d.add_argument("--targets", default="", help="comma-separated pos@90 targets, e.g. 4,8")
-    c = sub.add_parser("convergence", help="fixed-point sweeps on trained runs (tables/convergence.csv + PNG)")
+    c = sub.add_parser(
+        "convergence", help="fixed-point sweeps on trained runs (tables/convergence.csv + PNG)"
+    )
     c.add_argument("runs", nargs="+")
     c.add_argument("--n-sequences", type=int, default=128)
     c.add_argument("--max-sweeps", type=int, default=None)
@@ -38,6 +48,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
 
     import matplotlib
+
     matplotlib.use("Agg")
     import pandas as pd
     import torch
@@ -60,11 +71,18 @@ def main(argv=None) -> int:
             tables = {}
             for r in a.runs:
                 run = as_run(r)
-                t = probe_run(run, a.decoding, n_sequences=a.n_sequences, max_positions=a.max_positions)
+                t = probe_run(
+                    run, a.decoding, n_sequences=a.n_sequences, max_positions=a.max_positions
+                )
                 tables[run.name] = t
                 print(run.name)
-                print(t.pivot_table(index=["site", "target", "control"], columns="position",
-                                    values="accuracy").round(2).to_string())
+                print(
+                    t.pivot_table(
+                        index=["site", "target", "control"], columns="position", values="accuracy"
+                    )
+                    .round(2)
+                    .to_string()
+                )
             out = Path(a.runs[0]).parent / "probe_heatmap.png"
             plot_probe_comparison(tables).savefig(out, dpi=110)
             print(f"heatmap: {out}")
@@ -83,6 +101,7 @@ def main(argv=None) -> int:
                 residual_per_sweep,
                 sweeps_to_converge,
             )
+
             tols = tuple(float(x) for x in a.tols.split(",") if x.strip())
             for r in a.runs:
                 run = as_run(r)

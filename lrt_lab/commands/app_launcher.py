@@ -20,7 +20,8 @@ MISSING_STREAMLIT = "lrt-lab app needs streamlit: pip install -e '.[app]'"
 
 
 def app_path() -> Path:
-    """app/streamlit_app.py of the installed (or checked-out) `lrt_app` package (the app/ folder)."""
+    """app/streamlit_app.py of the installed (or checked-out) `lrt_app` package (the app/ folder).
+    app/streamlit_app.py of the installed (or checked-out) `lrt_app` package (the app/ folder)."""
     spec = importlib.util.find_spec("lrt_app")
     for loc in (spec.submodule_search_locations or []) if spec is not None else []:
         path = Path(loc) / APP_FILE
@@ -30,16 +31,31 @@ def app_path() -> Path:
     path = Path(__file__).resolve().parent.parent / "app" / APP_FILE
     if path.is_file():
         return path
-    raise FileNotFoundError(f"app: cannot find the dashboard ({APP_FILE} of the `app` package); "
-                            "reinstall with pip install -e '.[app]'")
+    raise FileNotFoundError(
+        f"app: cannot find the dashboard ({APP_FILE} of the `app` package); "
+        "reinstall with pip install -e '.[app]'"
+    )
 
 
-def command(runs_dir: str | None, port: int, address: str | None = None, headless: bool | None = None) -> list[str]:
+def command(
+    runs_dir: str | None, port: int, address: str | None = None, headless: bool | None = None
+) -> list[str]:
     """The `streamlit run` command line for the dashboard (also used by the browser test)."""
     if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
         raise ValueError(f"port={port!r} is invalid; allowed: an integer in 1..65535")
-    cmd = [sys.executable, "-m", "streamlit", "run", str(app_path()), "--server.port", str(port),
-           "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(app_path()),
+        "--server.port",
+        str(port),
+        "--browser.gatherUsageStats",
+        "false",
+        "--client.toolbarMode",
+        "minimal",
+    ]
     if address:
         cmd += ["--server.address", address]
     if headless is not None:
@@ -89,11 +105,19 @@ def launch(runs_dir: str | None, port: int) -> int:
     if not port_is_free(port):
         other = free_port(port)
         hint = f"; try lrt-lab app --port {other}" if other else "; pass another one with --port"
-        print(f"lrt-lab app: port {port} is already in use (another dashboard?){hint}", file=sys.stderr)
+        print(
+            f"lrt-lab app: port {port} is already in use (another dashboard?){hint}",
+            file=sys.stderr,
+        )
         return 2
-    print(f"lrt-lab app: http://localhost:{port} (run store: {runs_dir or 'default'}; Ctrl-C stops it)",
-          file=sys.stderr)
-    child = subprocess.Popen(cmd, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    print(
+        f"lrt-lab app: http://localhost:{port} (run store: {runs_dir or 'default'}; Ctrl-C stops "
+        "it)",
+        file=sys.stderr,
+    )
+    child = subprocess.Popen(
+        cmd, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None
+    )
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         return child.wait()

@@ -20,7 +20,8 @@ hits every case alike), median; the device is synchronised around each timing (C
 CUDA, `perf_counter` on CPU). The transformer is the same preset with `memory=None`; the LRT uses
 `MemoryConfig()` (the paper's LRT-shared). Ratios are LRT time / transformer time, except decoding
 throughput, which is LRT tokens/s / transformer tokens/s. Exact runs one stage per position, so its
-repeats are capped (`exact_repeats`); it is measured at `exact_seq_len` (default min(T, 256)) against
+repeats are capped (`exact_repeats`); it is measured at `exact_seq_len` (default min(T, 256))
+against
 a transformer step at the same length; so is every added schedule whose `exact` is true.
 
 Benchmarks are not assertions: the test suite only checks that this runs and writes valid JSON.
@@ -68,32 +69,62 @@ from lrt_lab.training.optim import ROLES, build_optimizers, optimizer_step
 class BenchPreset:
     """A model preset plus the shapes and repeat counts of one benchmark."""
 
-    model: str              # a name in lrt_lab.core.config.PRESETS
-    seq_len: int            # training length T (also the model's sequence_len: sets the windows)
-    batch_size: int         # training batch
-    prompt_len: int         # prefill prompt length
-    prefill_batch: int      # prefill batch
-    decode_batch: int       # the "larger batch" of the decode measurement (batch 1 is always run)
-    decode_steps: int       # tokens decoded per timed repeat (after an untimed prefill of prompt_len)
+    model: str  # a name in lrt_lab.core.config.PRESETS
+    seq_len: int  # training length T (also the model's sequence_len: sets the windows)
+    batch_size: int  # training batch
+    prompt_len: int  # prefill prompt length
+    prefill_batch: int  # prefill batch
+    decode_batch: int  # the "larger batch" of the decode measurement (batch 1 is always run)
+    decode_steps: int  # tokens decoded per timed repeat (after an untimed prefill of prompt_len)
     repeats: int
     warmup: int
-    exact_repeats: int      # Exact is T stages: cap its repeats (and warm-up) on slow devices
-    exact_seq_len: int      # Exact is measured at this T (the aim "Exact training at T=256")
+    exact_repeats: int  # Exact is T stages: cap its repeats (and warm-up) on slow devices
+    exact_seq_len: int  # Exact is measured at this T (the aim "Exact training at T=256")
 
 
 BENCH_PRESETS: dict[str, BenchPreset] = {
     # The test suite's preset: every case runs, in a few seconds.
-    "tiny": BenchPreset(model="tiny", seq_len=16, batch_size=2, prompt_len=16, prefill_batch=1,
-                        decode_batch=2, decode_steps=4, repeats=3, warmup=1, exact_repeats=1,
-                        exact_seq_len=16),
+    "tiny": BenchPreset(
+        model="tiny",
+        seq_len=16,
+        batch_size=2,
+        prompt_len=16,
+        prefill_batch=1,
+        decode_batch=2,
+        decode_steps=4,
+        repeats=3,
+        warmup=1,
+        exact_repeats=1,
+        exact_seq_len=16,
+    ),
     # A 2-core CPU in under 2 minutes: depth 4, d 128, T 256, B 8 (nanochat-style "small").
-    "cpu": BenchPreset(model="small", seq_len=256, batch_size=8, prompt_len=1024, prefill_batch=1,
-                       decode_batch=8, decode_steps=32, repeats=5, warmup=1, exact_repeats=2,
-                       exact_seq_len=256),
+    "cpu": BenchPreset(
+        model="small",
+        seq_len=256,
+        batch_size=8,
+        prompt_len=1024,
+        prefill_batch=1,
+        decode_batch=8,
+        decode_steps=32,
+        repeats=5,
+        warmup=1,
+        exact_repeats=2,
+        exact_seq_len=256,
+    ),
     # The paper's comparison shape on one H100/H200: d12, T 2048.
-    "d12": BenchPreset(model="d12", seq_len=2048, batch_size=8, prompt_len=1024, prefill_batch=1,
-                       decode_batch=32, decode_steps=128, repeats=10, warmup=3, exact_repeats=3,
-                       exact_seq_len=256),
+    "d12": BenchPreset(
+        model="d12",
+        seq_len=2048,
+        batch_size=8,
+        prompt_len=1024,
+        prefill_batch=1,
+        decode_batch=32,
+        decode_steps=128,
+        repeats=10,
+        warmup=3,
+        exact_repeats=3,
+        exact_seq_len=256,
+    ),
 }
 BENCH_PRESETS["small"] = BENCH_PRESETS["cpu"]  # the model preset's name works too
 
@@ -111,7 +142,8 @@ TRAIN_CASES = {  # JSON key -> schedule (the transformer runs OnePass)
 PREFILL_CASES = {"onepass": OnePass(), "interleaved_2": Interleaved(2), "exact": Exact()}
 
 
-# Validation ----------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------
 def _resolve_device(device) -> str:
     if device in (None, "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -120,8 +152,11 @@ def _resolve_device(device) -> str:
             _fail("device", device, "cpu (CUDA is not available)")
         return device
     if device != "cpu":
-        _fail("device", device, "auto, cpu" + (", cuda" if torch.cuda.is_available()
-                                               else " (CUDA is not available)"))
+        _fail(
+            "device",
+            device,
+            "auto, cpu" + (", cuda" if torch.cuda.is_available() else " (CUDA is not available)"),
+        )
     return device
 
 
@@ -133,7 +168,8 @@ def _int_or_default(name, value, default, low):
     return value
 
 
-# Timing --------------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------------
 class _Timer:
     """Seconds one call takes, with the device synchronised before and after (CUDA: events).
 
@@ -156,6 +192,7 @@ class _Timer:
             def mark():
                 events.append(torch.cuda.Event(enable_timing=True))
                 events[-1].record()
+
             fn(mark)
             mark()
             events[-1].synchronize()
@@ -166,6 +203,7 @@ class _Timer:
 
             def mark():
                 stamps.append(self.now() - t0)
+
             fn(mark)
             mark()
         return [stamps[-1]] + [b - a for a, b in zip(stamps, stamps[1:])]
@@ -174,12 +212,12 @@ class _Timer:
 @dataclass
 class _Case:
     name: str
-    fn: object              # () -> None, or a (setup, timed) pair for decoding
+    fn: object  # () -> None, or a (setup, timed) pair for decoding
     warmup: int
     repeats: int
-    setup: object = None    # run untimed before each call (decoding: a fresh prefilled decoder)
-    times: list = dataclasses.field(default_factory=list)      # seconds per repeat
-    segments: list = dataclasses.field(default_factory=list)   # per repeat: seconds between marks
+    setup: object = None  # run untimed before each call (decoding: a fresh prefilled decoder)
+    times: list = dataclasses.field(default_factory=list)  # seconds per repeat
+    segments: list = dataclasses.field(default_factory=list)  # per repeat: seconds between marks
     peak_mib: float | None = None
 
 
@@ -187,6 +225,7 @@ def _run_cases(cases: list[_Case], timer: _Timer, device: str, log) -> None:
     """Warm every case up, then run repeats round-robin, so drift of the machine hits all alike.
 
     case.fn(mark) or, with a setup, case.fn(state, mark): `mark()` splits the timing."""
+
     def call(case, arg, mark):
         return case.fn(arg, mark) if case.setup else case.fn(mark)
 
@@ -211,8 +250,11 @@ def _run_cases(cases: list[_Case], timer: _Timer, device: str, log) -> None:
         log(f"  round {r + 1}/{rounds} done")
 
 
-# The benchmark -------------------------------------------------------------------------------------
-def _build(name: str, memory, seq_len: int, device: str, seed: int, compile_: bool) -> tuple[LRT, LRT]:
+# The benchmark
+# -------------------------------------------------------------------------------------
+def _build(
+    name: str, memory, seq_len: int, device: str, seed: int, compile_: bool
+) -> tuple[LRT, LRT]:
     """(training model, inference model). On CUDA the inference copy holds bf16 weights (the
     usual serving setup: a bf16 KV cache, no autocast casts per step); elsewhere it is the same
     model."""
@@ -221,7 +263,8 @@ def _build(name: str, memory, seq_len: int, device: str, seed: int, compile_: bo
     infer = copy.deepcopy(model).to(torch.bfloat16) if device == "cuda" else model
     if compile_:
         # Compiles the stage primitive; strided and chunk stages recompile per position set, and
-        # torch.compile's first step is slow (tens of seconds on CPU, docs/design.md), so this is opt-in.
+        # torch.compile's first step is slow (tens of seconds on CPU, docs/design.md), so this is
+        # opt-in.
         model.stage = torch.compile(model.stage, dynamic=False)
         if infer is not model:
             infer.stage = torch.compile(infer.stage, dynamic=False)
@@ -229,7 +272,8 @@ def _build(name: str, memory, seq_len: int, device: str, seed: int, compile_: bo
 
 
 def _optimizers(model: LRT, device: str) -> list:
-    """Paper app. A: Muon for the 2-D hidden matrices (W_rec and gates included), AdamW for the rest."""
+    """Paper app. A: Muon for the 2-D hidden matrices (W_rec and gates included), AdamW for the
+    rest."""
     lrs = {"matrix": 0.02, **{role: 3e-4 for role in ROLES if role != "matrix"}}
     return build_optimizers(model, lrs, fused=device == "cuda" or None)
 
@@ -244,6 +288,7 @@ def _train_step_fn(model, opts, idx, targets, schedule, device, measured: list |
     """One training step; what the schedule measured beyond its cost (`Measured.record` of the
     forward + backward time: FixedPoint's sweeps, Rollout's rollout share) is appended to
     `measured`."""
+
     def step(mark):
         start = time.perf_counter()
         with _autocast(device):
@@ -256,18 +301,24 @@ def _train_step_fn(model, opts, idx, targets, schedule, device, measured: list |
         optimizer_step(opts, model.parameters())
         if measured is not None:
             measured.append(out.measured.record(wall))
+
     return step
 
 
-def _measured_field(measured: dict[str, list[dict]], name: str, schedules: dict[str, Schedule]) -> dict:
+def _measured_field(
+    measured: dict[str, list[dict]], name: str, schedules: dict[str, Schedule]
+) -> dict:
     """{case: {spec, median, samples}} of one field the schedules measured, for the cases whose
     steps measured it."""
     out = {}
     for key, records in measured.items():
         samples = [r[name] for r in records if name in r]
         if samples:
-            out[key] = {"spec": schedules[key].spec, "median": statistics.median(samples),
-                        "samples": samples}
+            out[key] = {
+                "spec": schedules[key].spec,
+                "median": statistics.median(samples),
+                "samples": samples,
+            }
     return out
 
 
@@ -280,6 +331,7 @@ def _prefill_case(name, model, prompt, schedule, device, warmup, repeats):
     @torch.no_grad()
     def fn(decoder, mark):
         decoder.prefill(prompt, schedule)
+
     return _Case(name, fn, warmup, repeats, setup=setup)
 
 
@@ -297,32 +349,36 @@ def _decode_case(name, model, prompt, steps, device, warmup, repeats, vocab):
     @torch.no_grad()
     def fn(decoder, mark):
         for i in range(steps):
-            decoder.step(feed[i], check_values=False)  # fixed, valid tokens: neither sampling nor input checks are measured
+            decoder.step(
+                feed[i], check_values=False
+            )  # fixed, valid tokens: neither sampling nor input checks are measured
+
     return _Case(name, fn, warmup, repeats, setup=setup)
 
 
-# Settings ------------------------------------------------------------------------------------------
+# Settings
+# ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class BenchSettings:
     """Everything one benchmark run uses, checked: `run_bench` builds it from its arguments, the
     unset ones taken from the bench preset."""
 
-    device: str                 # "cpu" or "cuda" ("auto" resolved)
-    preset: str                 # the bench preset's name
+    device: str  # "cpu" or "cuda" ("auto" resolved)
+    preset: str  # the bench preset's name
     bench_preset: BenchPreset
-    seq_len: int                # training length T
-    batch_size: int             # training batch B
+    seq_len: int  # training length T
+    batch_size: int  # training batch B
     prompt_len: int
-    decode_batch: int           # the larger decode batch (batch 1 is always run)
+    decode_batch: int  # the larger decode batch (batch 1 is always run)
     decode_steps: int
     repeats: int
     warmup: int
-    exact_repeats: int          # <= repeats: for schedules that run one position per stage
+    exact_repeats: int  # <= repeats: for schedules that run one position per stage
     exact_warmup: int
-    exact_seq_len: int          # <= seq_len: the length those schedules train at
+    exact_seq_len: int  # <= seq_len: the length those schedules train at
     compile: bool
     seed: int
-    clock: str                  # "wall" or "process"
+    clock: str  # "wall" or "process"
     train_cases: tuple[tuple[str, Schedule], ...]  # (JSON key, the LRT's schedule), in timing order
 
     def repeats_of(self, schedule: Schedule) -> tuple[int, int]:
@@ -332,13 +388,28 @@ class BenchSettings:
         return self.warmup, self.repeats
 
 
-def run_bench(device: str = "cpu", preset: str = "small", *, seq_len: int | None = None,
-              batch_size: int | None = None, prompt_len: int | None = None,
-              decode_batch: int | None = None, decode_steps: int | None = None,
-              repeats: int | None = None, warmup: int | None = None, exact_repeats: int | None = None,
-              exact_seq_len: int | None = None, compile: bool = False, seed: int = 0,
-              threads: int | None = None, clock: str = "wall", schedules=(),
-              json_path: str | os.PathLike | None = None, verbose: bool = False, out=None) -> dict:
+def run_bench(
+    device: str = "cpu",
+    preset: str = "small",
+    *,
+    seq_len: int | None = None,
+    batch_size: int | None = None,
+    prompt_len: int | None = None,
+    decode_batch: int | None = None,
+    decode_steps: int | None = None,
+    repeats: int | None = None,
+    warmup: int | None = None,
+    exact_repeats: int | None = None,
+    exact_seq_len: int | None = None,
+    compile: bool = False,
+    seed: int = 0,
+    threads: int | None = None,
+    clock: str = "wall",
+    schedules=(),
+    json_path: str | os.PathLike | None = None,
+    verbose: bool = False,
+    out=None,
+) -> dict:
     """Run the benchmark; returns the result dict (also written to json_path when given).
 
     schedules: more LRT training cases after TRAIN_CASES, each a registered spelling
@@ -346,10 +417,23 @@ def run_bench(device: str = "cpu", preset: str = "small", *, seq_len: int | None
     spec in train_ratio and the rest of the result.
     out: a text stream for the table (default: none printed; `run` prints to stdout).
     """
-    settings = _settings(device, preset, seq_len=seq_len, batch_size=batch_size, prompt_len=prompt_len,
-                         decode_batch=decode_batch, decode_steps=decode_steps, repeats=repeats,
-                         warmup=warmup, exact_repeats=exact_repeats, exact_seq_len=exact_seq_len,
-                         compile=compile, seed=seed, clock=clock, schedules=schedules)
+    settings = _settings(
+        device,
+        preset,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        prompt_len=prompt_len,
+        decode_batch=decode_batch,
+        decode_steps=decode_steps,
+        repeats=repeats,
+        warmup=warmup,
+        exact_repeats=exact_repeats,
+        exact_seq_len=exact_seq_len,
+        compile=compile,
+        seed=seed,
+        clock=clock,
+        schedules=schedules,
+    )
     threads = _int_or_default("threads", threads, None, 1)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
     saved_threads = torch.get_num_threads()
@@ -367,8 +451,24 @@ def run_bench(device: str = "cpu", preset: str = "small", *, seq_len: int | None
     return result
 
 
-def _settings(device, preset, *, seq_len, batch_size, prompt_len, decode_batch, decode_steps, repeats,
-              warmup, exact_repeats, exact_seq_len, compile, seed, clock, schedules) -> BenchSettings:
+def _settings(
+    device,
+    preset,
+    *,
+    seq_len,
+    batch_size,
+    prompt_len,
+    decode_batch,
+    decode_steps,
+    repeats,
+    warmup,
+    exact_repeats,
+    exact_seq_len,
+    compile,
+    seed,
+    clock,
+    schedules,
+) -> BenchSettings:
     """run_bench's arguments, each checked (ValueError naming the field), the unset ones from the
     bench preset."""
     device = _resolve_device(device)
@@ -377,11 +477,13 @@ def _settings(device, preset, *, seq_len, batch_size, prompt_len, decode_batch, 
     if preset not in BENCH_PRESETS:
         _fail("preset", preset, ", ".join(BENCH_PRESETS))
     bp = BENCH_PRESETS[preset]
-    T = _int_or_default("seq_len", seq_len, bp.seq_len, 4)   # Interleaved(4) needs T >= 4
-    shapes = dict(batch_size=_int_or_default("batch_size", batch_size, bp.batch_size, 1),
-                  prompt_len=_int_or_default("prompt_len", prompt_len, bp.prompt_len, 2),
-                  decode_batch=_int_or_default("decode_batch", decode_batch, bp.decode_batch, 1),
-                  decode_steps=_int_or_default("decode_steps", decode_steps, bp.decode_steps, 1))
+    T = _int_or_default("seq_len", seq_len, bp.seq_len, 4)  # Interleaved(4) needs T >= 4
+    shapes = dict(
+        batch_size=_int_or_default("batch_size", batch_size, bp.batch_size, 1),
+        prompt_len=_int_or_default("prompt_len", prompt_len, bp.prompt_len, 2),
+        decode_batch=_int_or_default("decode_batch", decode_batch, bp.decode_batch, 1),
+        decode_steps=_int_or_default("decode_steps", decode_steps, bp.decode_steps, 1),
+    )
     reps = _int_or_default("repeats", repeats, bp.repeats, 1)
     warm = _int_or_default("warmup", warmup, bp.warmup, 0)
     exact_reps = min(reps, _int_or_default("exact_repeats", exact_repeats, bp.exact_repeats, 1))
@@ -392,10 +494,22 @@ def _settings(device, preset, *, seq_len, batch_size, prompt_len, decode_batch, 
         _fail("compile", compile, "True or False")
     if clock not in ("wall", "process") or (clock == "process" and device == "cuda"):
         _fail("clock", clock, "wall, or process (CPU only)")
-    return BenchSettings(device, preset, bp, T, **shapes, repeats=reps, warmup=warm,
-                         exact_repeats=exact_reps, exact_warmup=min(warm, 1), exact_seq_len=exact_T,
-                         compile=compile, seed=seed, clock=clock,
-                         train_cases=_train_cases(schedules, T, exact_T))
+    return BenchSettings(
+        device,
+        preset,
+        bp,
+        T,
+        **shapes,
+        repeats=reps,
+        warmup=warm,
+        exact_repeats=exact_reps,
+        exact_warmup=min(warm, 1),
+        exact_seq_len=exact_T,
+        compile=compile,
+        seed=seed,
+        clock=clock,
+        train_cases=_train_cases(schedules, T, exact_T),
+    )
 
 
 def _train_cases(schedules, T: int, exact_T: int) -> tuple[tuple[str, Schedule], ...]:
@@ -410,8 +524,13 @@ def _train_cases(schedules, T: int, exact_T: int) -> tuple[tuple[str, Schedule],
         schedule = as_schedule(given)
         key = schedule.spec
         if key in taken:
-            _fail("schedules", key, "a schedule not timed already: none of the default cases ("
-                  + ", ".join(s.spec for s in TRAIN_CASES.values()) + "), none added twice")
+            _fail(
+                "schedules",
+                key,
+                "a schedule not timed already: none of the default cases ("
+                + ", ".join(s.spec for s in TRAIN_CASES.values())
+                + "), none added twice",
+            )
         n = exact_T if schedule.exact else T
         try:
             schedule.stages(n)
@@ -422,18 +541,19 @@ def _train_cases(schedules, T: int, exact_T: int) -> tuple[tuple[str, Schedule],
     return tuple(cases.items())
 
 
-# The run -------------------------------------------------------------------------------------------
+# The run
+# -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Inputs:
     """The tokens every case reads, drawn once from the seed."""
 
     vocab: int
-    idx: torch.Tensor               # (B, T) training inputs
+    idx: torch.Tensor  # (B, T) training inputs
     targets: torch.Tensor
-    exact_idx: torch.Tensor         # their first exact_seq_len positions
+    exact_idx: torch.Tensor  # their first exact_seq_len positions
     exact_targets: torch.Tensor
-    prompt: torch.Tensor            # (prefill_batch, prompt_len)
-    decode_prompts: dict            # decode batch -> (batch, prompt_len)
+    prompt: torch.Tensor  # (prefill_batch, prompt_len)
+    decode_prompts: dict  # decode batch -> (batch, prompt_len)
 
 
 @dataclass(frozen=True)
@@ -454,35 +574,58 @@ def _inputs(s: BenchSettings) -> _Inputs:
 
     def tokens(*shape):
         return torch.randint(0, vocab, shape, generator=gen).to(s.device)
+
     idx = tokens(s.batch_size, s.seq_len + 1)
     idx, targets = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
     n = s.exact_seq_len
-    return _Inputs(vocab, idx, targets, idx[:, :n].contiguous(), targets[:, :n].contiguous(),
-                   tokens(s.bench_preset.prefill_batch, s.prompt_len),
-                   {b: tokens(b, s.prompt_len) for b in (1, s.decode_batch)})
+    return _Inputs(
+        vocab,
+        idx,
+        targets,
+        idx[:, :n].contiguous(),
+        targets[:, :n].contiguous(),
+        tokens(s.bench_preset.prefill_batch, s.prompt_len),
+        {b: tokens(b, s.prompt_len) for b in (1, s.decode_batch)},
+    )
 
 
 def _models(s: BenchSettings) -> _Models:
     plain, plain_infer = _build(s.bench_preset.model, None, s.seq_len, s.device, s.seed, s.compile)
-    lrt, lrt_infer = _build(s.bench_preset.model, MemoryConfig(), s.seq_len, s.device, s.seed, s.compile)
-    return _Models(plain, plain_infer, _optimizers(plain, s.device),
-                   lrt, lrt_infer, _optimizers(lrt, s.device))
+    lrt, lrt_infer = _build(
+        s.bench_preset.model, MemoryConfig(), s.seq_len, s.device, s.seed, s.compile
+    )
+    return _Models(
+        plain, plain_infer, _optimizers(plain, s.device), lrt, lrt_infer, _optimizers(lrt, s.device)
+    )
 
 
-def _training_cases(s: BenchSettings, inputs: _Inputs, m: _Models,
-                    measured: dict[str, list[dict]]) -> list[_Case]:
+def _training_cases(
+    s: BenchSettings, inputs: _Inputs, m: _Models, measured: dict[str, list[dict]]
+) -> list[_Case]:
     """The transformer's step (OnePass; again at exact_seq_len when that is shorter), then the
     LRT's for each training case; what each LRT step measured beyond its cost goes to
     measured[key]."""
+
     def step(model, opts, schedule, at_exact_len, used=None):
-        idx, targets = ((inputs.exact_idx, inputs.exact_targets) if at_exact_len
-                        else (inputs.idx, inputs.targets))
+        idx, targets = (
+            (inputs.exact_idx, inputs.exact_targets)
+            if at_exact_len
+            else (inputs.idx, inputs.targets)
+        )
         return _train_step_fn(model, opts, idx, targets, schedule, s.device, used)
 
-    cases = [_Case("transformer", step(m.plain, m.plain_opts, OnePass(), False), s.warmup, s.repeats)]
+    cases = [
+        _Case("transformer", step(m.plain, m.plain_opts, OnePass(), False), s.warmup, s.repeats)
+    ]
     if s.exact_seq_len != s.seq_len:
-        cases.append(_Case("transformer_exact_T", step(m.plain, m.plain_opts, OnePass(), True),
-                           s.warmup, s.repeats))
+        cases.append(
+            _Case(
+                "transformer_exact_T",
+                step(m.plain, m.plain_opts, OnePass(), True),
+                s.warmup,
+                s.repeats,
+            )
+        )
     for key, schedule in s.train_cases:
         fn = step(m.lrt, m.lrt_opts, schedule, schedule.exact, measured.setdefault(key, []))
         cases.append(_Case(key, fn, *s.repeats_of(schedule)))
@@ -492,20 +635,36 @@ def _training_cases(s: BenchSettings, inputs: _Inputs, m: _Models,
 def _prefill_cases(s: BenchSettings, inputs: _Inputs, m: _Models) -> list[_Case]:
     """The transformer's OnePass prefill, then the LRT's with each of PREFILL_CASES (inference
     copies: no autograd)."""
-    cases = [_prefill_case("transformer", m.plain_infer, inputs.prompt, OnePass(), s.device,
-                           s.warmup, s.repeats)]
+    cases = [
+        _prefill_case(
+            "transformer", m.plain_infer, inputs.prompt, OnePass(), s.device, s.warmup, s.repeats
+        )
+    ]
     for key, schedule in PREFILL_CASES.items():
-        cases.append(_prefill_case(key, m.lrt_infer, inputs.prompt, schedule, s.device,
-                                   *s.repeats_of(schedule)))
+        cases.append(
+            _prefill_case(
+                key, m.lrt_infer, inputs.prompt, schedule, s.device, *s.repeats_of(schedule)
+            )
+        )
     return cases
 
 
 def _decode_cases(s: BenchSettings, inputs: _Inputs, m: _Models) -> list[_Case]:
     """Decoding at batch 1 and the larger batch, transformer then LRT (named `lrt_batch_8`)."""
-    return [_decode_case(f"{who}_batch_{b}", model, inputs.decode_prompts[b], s.decode_steps,
-                         s.device, s.warmup, s.repeats, inputs.vocab)
-            for b in dict.fromkeys((1, s.decode_batch))
-            for who, model in (("transformer", m.plain_infer), ("lrt", m.lrt_infer))]
+    return [
+        _decode_case(
+            f"{who}_batch_{b}",
+            model,
+            inputs.decode_prompts[b],
+            s.decode_steps,
+            s.device,
+            s.warmup,
+            s.repeats,
+            inputs.vocab,
+        )
+        for b in dict.fromkeys((1, s.decode_batch))
+        for who, model in (("transformer", m.plain_infer), ("lrt", m.lrt_infer))
+    ]
 
 
 def _bench(s: BenchSettings, log) -> dict:
@@ -526,7 +685,8 @@ def _bench(s: BenchSettings, log) -> dict:
     return _result(s, train, prefill, decode, measured, time.perf_counter() - t_start)
 
 
-# The result ----------------------------------------------------------------------------------------
+# The result
+# ----------------------------------------------------------------------------------------
 def _medians(cases: list[_Case], segment: int | None = None) -> dict[str, float]:
     """Median seconds per case: of the whole call, or of one segment between its marks."""
     if segment is None:
@@ -539,52 +699,81 @@ def _ms(seconds: dict[str, float]) -> dict[str, float]:
 
 
 def _train_ratios(s: BenchSettings, seconds: dict[str, float]) -> dict[str, float]:
-    """LRT / transformer per training case; a case at exact_seq_len against the transformer there."""
+    """LRT / transformer per training case; a case at exact_seq_len against the transformer there.
+    LRT / transformer per training case; a case at exact_seq_len against the transformer there."""
     base = seconds["transformer"]
     exact_base = seconds.get("transformer_exact_T", base)
-    return {key: seconds[key] / (exact_base if schedule.exact else base) for key, schedule in s.train_cases}
+    return {
+        key: seconds[key] / (exact_base if schedule.exact else base)
+        for key, schedule in s.train_cases
+    }
 
 
 def _decode_tokens_per_s(s: BenchSettings, decode: list[_Case]) -> dict[str, float]:
     """{transformer,lrt}_{batch_1,batch_N}: tokens per second of each decode case."""
     tps = {c.name: _batch_of(c.name) * s.decode_steps / statistics.median(c.times) for c in decode}
-    return {f"{who}_{key}": tps[f"{who}_batch_{b}"] for who in ("transformer", "lrt")
-            for key, b in (("batch_1", 1), ("batch_N", s.decode_batch))}
+    return {
+        f"{who}_{key}": tps[f"{who}_batch_{b}"]
+        for who in ("transformer", "lrt")
+        for key, b in (("batch_1", 1), ("batch_N", s.decode_batch))
+    }
 
 
-def _result(s: BenchSettings, train: list[_Case], prefill: list[_Case], decode: list[_Case],
-            measured: dict[str, list[dict]], elapsed: float) -> dict:
+def _result(
+    s: BenchSettings,
+    train: list[_Case],
+    prefill: list[_Case],
+    decode: list[_Case],
+    measured: dict[str, list[dict]],
+    elapsed: float,
+) -> dict:
     """The JSON layout: ratios, absolute figures, what the schedules measured, settings, samples."""
     step, fwd_bwd, pre = _medians(train), _medians(train, 0), _medians(prefill)
     tokens_per_s = _decode_tokens_per_s(s, decode)
-    absolute = {"train_step_ms": _ms(step), "train_fwd_bwd_ms": _ms(fwd_bwd),
-                "optimizer_ms": _ms(_medians(train, 1)), "prefill_ms": _ms(pre),
-                "decode_tokens_per_s": tokens_per_s}
+    absolute = {
+        "train_step_ms": _ms(step),
+        "train_fwd_bwd_ms": _ms(fwd_bwd),
+        "optimizer_ms": _ms(_medians(train, 1)),
+        "prefill_ms": _ms(pre),
+        "decode_tokens_per_s": tokens_per_s,
+    }
     if s.device == "cuda":
-        absolute["peak_memory_mib"] = {f"{group}_{c.name}": c.peak_mib
-                                       for group, cases in (("train", train), ("prefill", prefill))
-                                       for c in cases}
+        absolute["peak_memory_mib"] = {
+            f"{group}_{c.name}": c.peak_mib
+            for group, cases in (("train", train), ("prefill", prefill))
+            for c in cases
+        }
     schedules = dict(s.train_cases)
     return {
         "device": s.device,
         "preset": s.preset,
         "train_ratio": _train_ratios(s, step),
-        "train_ratio_fwd_bwd": _train_ratios(s, fwd_bwd),  # without the optimizer (same work for both models)
+        "train_ratio_fwd_bwd": _train_ratios(
+            s, fwd_bwd
+        ),  # without the optimizer (same work for both models)
         "prefill_ratio": {k: pre[k] / pre["transformer"] for k in PREFILL_CASES},
-        "decode_throughput_ratio": {key: tokens_per_s[f"lrt_{key}"] / tokens_per_s[f"transformer_{key}"]
-                                    for key in ("batch_1", "batch_N")},
+        "decode_throughput_ratio": {
+            key: tokens_per_s[f"lrt_{key}"] / tokens_per_s[f"transformer_{key}"]
+            for key in ("batch_1", "batch_N")
+        },
         "absolute": absolute,
         # FixedPoint: its spec and the sweeps used in every step run (warm-up included)
         "sweeps_used": _measured_field(measured, "sweeps", schedules),
         # Rollout: the fraction of the forward + backward wall time spent rolling the memory out
         "rollout_share": _measured_field(measured, "rollout_share", schedules),
         "settings": _settings_record(s),
-        "samples_ms": {f"{group}.{c.name}": [1000 * t for t in c.times]
-                       for group, cases in (("train", train), ("prefill", prefill), ("decode", decode))
-                       for c in cases},
-        "environment": {"torch": torch.__version__, "python": platform.python_version(),
-                        "machine": _machine(s.device), "threads": torch.get_num_threads(),
-                        "cpu_count": os.cpu_count()},
+        "samples_ms": {
+            f"{group}.{c.name}": [1000 * t for t in c.times]
+            for group, cases in (("train", train), ("prefill", prefill), ("decode", decode))
+            for c in cases
+        },
+        "environment": {
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "machine": _machine(s.device),
+            "threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(),
+        },
         "elapsed_s": elapsed,
     }
 
@@ -593,20 +782,38 @@ def _settings_record(s: BenchSettings) -> dict:
     """The settings as the JSON records them; with schedules added, how each of those ran."""
     bp = s.bench_preset
     record = {
-        "model_preset": bp.model, "seq_len": s.seq_len, "batch_size": s.batch_size,
-        "prompt_len": s.prompt_len, "prefill_batch": bp.prefill_batch, "decode_batch_N": s.decode_batch,
-        "decode_steps": s.decode_steps, "repeats": s.repeats, "warmup": s.warmup,
-        "exact_repeats": s.exact_repeats, "exact_warmup": s.exact_warmup,
-        "exact_seq_len": s.exact_seq_len, "compile": s.compile, "seed": s.seed, "clock": s.clock,
-        "dtype": ("training: fp32 weights + bf16 autocast; inference: bf16 weights"
-                  if s.device == "cuda" else "float32"),
+        "model_preset": bp.model,
+        "seq_len": s.seq_len,
+        "batch_size": s.batch_size,
+        "prompt_len": s.prompt_len,
+        "prefill_batch": bp.prefill_batch,
+        "decode_batch_N": s.decode_batch,
+        "decode_steps": s.decode_steps,
+        "repeats": s.repeats,
+        "warmup": s.warmup,
+        "exact_repeats": s.exact_repeats,
+        "exact_warmup": s.exact_warmup,
+        "exact_seq_len": s.exact_seq_len,
+        "compile": s.compile,
+        "seed": s.seed,
+        "clock": s.clock,
+        "dtype": (
+            "training: fp32 weights + bf16 autocast; inference: bf16 weights"
+            if s.device == "cuda"
+            else "float32"
+        ),
         "optimizer": "Muon (matrices) + AdamW (embeddings, head, scalars)",
     }
-    added = {key: (s.exact_seq_len if schedule.exact else s.seq_len, *s.repeats_of(schedule))
-             for key, schedule in s.train_cases if key not in TRAIN_CASES}
+    added = {
+        key: (s.exact_seq_len if schedule.exact else s.seq_len, *s.repeats_of(schedule))
+        for key, schedule in s.train_cases
+        if key not in TRAIN_CASES
+    }
     if added:
-        record["schedules"] = {key: {"seq_len": n, "warmup": warm, "repeats": reps}
-                               for key, (n, warm, reps) in added.items()}
+        record["schedules"] = {
+            key: {"seq_len": n, "warmup": warm, "repeats": reps}
+            for key, (n, warm, reps) in added.items()
+        }
     return record
 
 
@@ -638,10 +845,12 @@ _LABEL_WIDTH = 30  # the table's first column
 
 def format_table(result: dict) -> str:
     s, a = result["settings"], result["absolute"]
-    lines = [f"lrt-lab bench: device={result['device']} ({result['environment']['machine']}), "
-             f"preset={result['preset']} (model {s['model_preset']}), {s['dtype']}, "
-             f"median of {s['repeats']} (Exact: {s['exact_repeats']}), {s['clock']} clock, "
-             f"{result['environment']['threads']} thread(s), torch {result['environment']['torch']}"]
+    lines = [
+        f"lrt-lab bench: device={result['device']} ({result['environment']['machine']}), "
+        f"preset={result['preset']} (model {s['model_preset']}), {s['dtype']}, "
+        f"median of {s['repeats']} (Exact: {s['exact_repeats']}), {s['clock']} clock, "
+        f"{result['environment']['threads']} thread(s), torch {result['environment']['torch']}"
+    ]
     w = _LABEL_WIDTH
 
     def row(label, value, unit, ratio, target=""):
@@ -653,17 +862,36 @@ def format_table(result: dict) -> str:
     pm = a["prefill_ms"]
     lines.append(row("transformer (OnePass)", pm["transformer"], "ms", 1.0))
     for k in PREFILL_CASES:
-        lines.append(row(k, pm[k], "ms", result["prefill_ratio"][k],
-                         "(paper 1.00x, aim <= 1.02x)" if k == "onepass" else ""))
-    lines.append(f"decoding ({s['decode_steps']} tokens after a {s['prompt_len']}-token prompt)"
-                 "          tok/s LRT/transformer")
+        lines.append(
+            row(
+                k,
+                pm[k],
+                "ms",
+                result["prefill_ratio"][k],
+                "(paper 1.00x, aim <= 1.02x)" if k == "onepass" else "",
+            )
+        )
+    lines.append(
+        f"decoding ({s['decode_steps']} tokens after a {s['prompt_len']}-token prompt)"
+        "          tok/s LRT/transformer"
+    )
     dt = a["decode_tokens_per_s"]
     for b, key in ((1, "batch_1"), (s["decode_batch_N"], "batch_N")):
         lines.append(row(f"transformer, batch {b}", dt[f"transformer_{key}"], "tok/s", 1.0))
-        lines.append(row(f"LRT, batch {b}", dt[f"lrt_{key}"], "tok/s", result["decode_throughput_ratio"][key],
-                         "(paper 0.92x, aim >= 0.97x)"))
+        lines.append(
+            row(
+                f"LRT, batch {b}",
+                dt[f"lrt_{key}"],
+                "tok/s",
+                result["decode_throughput_ratio"][key],
+                "(paper 0.92x, aim >= 0.97x)",
+            )
+        )
     if "peak_memory_mib" in a:
-        lines.append("peak memory (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in a["peak_memory_mib"].items()))
+        lines.append(
+            "peak memory (MiB): "
+            + ", ".join(f"{k} {v:.0f}" for k, v in a["peak_memory_mib"].items())
+        )
     lines.append(f"({result['elapsed_s']:.1f} s)")
     return "\n".join(lines)
 
@@ -678,9 +906,14 @@ def _train_rows(result: dict) -> list[str]:
     def train_row(label, k, ratio, ratio_fb, note=""):
         r = f"{ratio:6.2f}x" if ratio is not None else "      -"
         rf = f"{ratio_fb:6.2f}x" if ratio_fb is not None else "      -"
-        return f"  {label:<{_LABEL_WIDTH}} {tm[k]:>9.1f} {r} {fb[k]:>10.1f} {rf} {op[k]:>10.1f}  {note}"
-    lines = [f"training step (T={s['seq_len']}, B={s['batch_size']})     step ms   ratio   "
-             "fwd+bwd ms   ratio   optimizer ms", train_row("transformer (OnePass)", "transformer", 1.0, 1.0)]
+        times = f"{tm[k]:>9.1f} {r} {fb[k]:>10.1f} {rf} {op[k]:>10.1f}"
+        return f"  {label:<{_LABEL_WIDTH}} {times}  {note}"
+
+    lines = [
+        f"training step (T={s['seq_len']}, B={s['batch_size']})     step ms   ratio   "
+        "fwd+bwd ms   ratio   optimizer ms",
+        train_row("transformer (OnePass)", "transformer", 1.0, 1.0),
+    ]
     used = result.get("sweeps_used", {})
     for k in result["train_ratio"]:
         n = _case_seq_len(result, k)
@@ -688,14 +921,19 @@ def _train_rows(result: dict) -> list[str]:
         note = targets.get(k, "")
         if k in used:
             label = used[k]["spec"]
-            note = f"(sweeps used: median {used[k]['median']:g}, {min(used[k]['samples'])}-{max(used[k]['samples'])})"
+            samples = used[k]["samples"]
+            note = f"(sweeps used: median {used[k]['median']:g}, {min(samples)}-{max(samples)})"
         if k in result.get("rollout_share", {}):
             share = result["rollout_share"][k]
             label = share["spec"]
             note = f"(rollout: {100 * share['median']:.0f}% of fwd+bwd wall time)"
-        lines.append(train_row(label, k, result["train_ratio"][k], result["train_ratio_fwd_bwd"][k], note))
+        lines.append(
+            train_row(label, k, result["train_ratio"][k], result["train_ratio_fwd_bwd"][k], note)
+        )
     if "transformer_exact_T" in tm:
-        lines.append(train_row(f"transformer (T={s['exact_seq_len']})", "transformer_exact_T", None, None))
+        lines.append(
+            train_row(f"transformer (T={s['exact_seq_len']})", "transformer_exact_T", None, None)
+        )
     return lines
 
 
@@ -724,9 +962,11 @@ def load_results(folder) -> list[tuple[str, dict]]:
         if name.endswith(".json"):
             with open(os.path.join(folder, name)) as f:
                 results.append((name, json.load(f)))
+
     def shape(name_result):
         name, result = name_result
         return result["settings"]["seq_len"], result["settings"]["batch_size"], name
+
     return sorted(results, key=shape)
 
 
@@ -744,6 +984,7 @@ def markdown_table(results: list[tuple[str, dict]]) -> str:
 
 def _markdown_column(name: str, r: dict) -> dict[str, str]:
     """{row label: cell} of one result."""
+
     def ratio(x):
         return f"{x:.2f}x"
 
@@ -753,9 +994,9 @@ def _markdown_column(name: str, r: dict) -> dict[str, str]:
         "machine": f"{r['device']}: {env['machine']}",
         "threads, clock": f"{env['threads']}, {s['clock']}",
         "torch, model, repeats": f"{env['torch']}, {s['model_preset']}, "
-                                 f"median of {s['repeats']} (Exact {s['exact_repeats']})",
+        f"median of {s['repeats']} (Exact {s['exact_repeats']})",
         "transformer step, ms (fwd+bwd)": f"{a['train_step_ms']['transformer']:.1f} "
-                                          f"({a['train_fwd_bwd_ms']['transformer']:.1f})",
+        f"({a['train_fwd_bwd_ms']['transformer']:.1f})",
     }
     for key in r["train_ratio"]:
         cell = f"{ratio(r['train_ratio'][key])} ({ratio(r['train_ratio_fwd_bwd'][key])})"
@@ -765,12 +1006,15 @@ def _markdown_column(name: str, r: dict) -> dict[str, str]:
             cell += f", {r['sweeps_used'][key]['median']:g} sweeps"
         if key in r.get("rollout_share", {}):
             cell += f", rollout {100 * r['rollout_share'][key]['median']:.0f}%"
-        cells[f"train {TRAIN_CASES[key].spec if key in TRAIN_CASES else key}"] = cell  # added: key == spec
+        cells[f"train {TRAIN_CASES[key].spec if key in TRAIN_CASES else key}"] = (
+            cell  # added: key == spec
+        )
     for key, schedule in PREFILL_CASES.items():
         cells[f"prefill {schedule.spec}"] = ratio(r["prefill_ratio"][key])
     cells["decode tok/s, batch 1"] = ratio(r["decode_throughput_ratio"]["batch_1"])
-    cells["decode tok/s, batch N"] = (f"{ratio(r['decode_throughput_ratio']['batch_N'])} "
-                                      f"(N={s['decode_batch_N']})")
+    cells["decode tok/s, batch N"] = (
+        f"{ratio(r['decode_throughput_ratio']['batch_N'])} (N={s['decode_batch_N']})"
+    )
     return cells
 
 
@@ -792,49 +1036,89 @@ def replace_table(page: str, table: str) -> str:
     start, end = page.find(TABLE_START), page.find(TABLE_END)
     if start < 0 or end < start:
         raise ValueError(f"the page has no {TABLE_START} ... {TABLE_END} markers in that order")
-    return page[:start + len(TABLE_START)] + "\n" + table + "\n" + page[end:]
+    return page[: start + len(TABLE_START)] + "\n" + table + "\n" + page[end:]
 
 
-# Command line --------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`lrt-lab bench` options. Unset shape/repeat options come from the bench preset."""
     parser.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when available)")
-    parser.add_argument("--preset", default=None,
-                        help=f"bench preset: {', '.join(BENCH_PRESETS)} (default: cpu on CPU, d12 on CUDA)")
-    parser.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON here")
+    parser.add_argument(
+        "--preset",
+        default=None,
+        help=f"bench preset: {', '.join(BENCH_PRESETS)} (default: cpu on CPU, d12 on CUDA)",
+    )
+    parser.add_argument(
+        "--json", default=None, metavar="PATH", help="write the results as JSON here"
+    )
     parser.add_argument("--seq-len", type=int, default=None, help="training length T")
     parser.add_argument("--batch-size", type=int, default=None, help="training batch")
-    parser.add_argument("--prompt-len", type=int, default=None,
-                        help="prefill prompt length (default 1024; the tiny preset uses 16)")
+    parser.add_argument(
+        "--prompt-len",
+        type=int,
+        default=None,
+        help="prefill prompt length (default 1024; the tiny preset uses 16)",
+    )
     parser.add_argument("--decode-batch", type=int, default=None, help="the larger decode batch")
     parser.add_argument("--decode-steps", type=int, default=None, help="tokens decoded per repeat")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per case (median)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed warm-up runs per case")
     parser.add_argument("--exact-repeats", type=int, default=None, help="cap on Exact's repeats")
-    parser.add_argument("--exact-seq-len", type=int, default=None, help="T for Exact (default min(T, 256))")
-    parser.add_argument("--compile", action="store_true", help="experimental: torch.compile each model's stage (recompiles per position "
-                             "set; see docs/performance.md)")
+    parser.add_argument(
+        "--exact-seq-len", type=int, default=None, help="T for Exact (default min(T, 256))"
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="experimental: torch.compile each model's stage (recompiles per position "
+        "set; see docs/performance.md)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
-    parser.add_argument("--clock", default="wall", choices=("wall", "process"),
-                        help="CPU only: 'process' counts this process's CPU seconds (use with "
-                             "--threads 1 on a shared machine)")
+    parser.add_argument(
+        "--clock",
+        default="wall",
+        choices=("wall", "process"),
+        help="CPU only: 'process' counts this process's CPU seconds (use with "
+        "--threads 1 on a shared machine)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--schedules", action="append", default=None, metavar="SPEC[,SPEC...]",
-                        help="more LRT training cases, timed beside the default ones: schedule "
-                             "spellings, e.g. interleaved:3,chunked:8 (also those an installed package "
-                             "registers); repeatable")
+    parser.add_argument(
+        "--schedules",
+        action="append",
+        default=None,
+        metavar="SPEC[,SPEC...]",
+        help="more LRT training cases, timed beside the default ones: schedule "
+        "spellings, e.g. interleaved:3,chunked:8 (also those an installed package "
+        "registers); repeatable",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
 def run(args) -> int:
     """Run from parsed arguments: print the table, write --json; returns the exit code."""
     try:
-        run_bench(device=args.device, preset=args.preset, seq_len=args.seq_len, batch_size=args.batch_size,
-                  prompt_len=args.prompt_len, decode_batch=args.decode_batch, decode_steps=args.decode_steps,
-                  repeats=args.repeats, warmup=args.warmup, exact_repeats=args.exact_repeats,
-                  exact_seq_len=args.exact_seq_len, compile=args.compile, seed=args.seed,
-                  threads=args.threads, clock=args.clock, schedules=_split_specs(args.schedules),
-                  json_path=args.json, verbose=not getattr(args, "quiet", False), out=sys.stdout)
+        run_bench(
+            device=args.device,
+            preset=args.preset,
+            seq_len=args.seq_len,
+            batch_size=args.batch_size,
+            prompt_len=args.prompt_len,
+            decode_batch=args.decode_batch,
+            decode_steps=args.decode_steps,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            exact_repeats=args.exact_repeats,
+            exact_seq_len=args.exact_seq_len,
+            compile=args.compile,
+            seed=args.seed,
+            threads=args.threads,
+            clock=args.clock,
+            schedules=_split_specs(args.schedules),
+            json_path=args.json,
+            verbose=not getattr(args, "quiet", False),
+            out=sys.stdout,
+        )
     except ValueError as e:
         print(f"lrt-lab bench: error: {e}", file=sys.stderr)
         return 2

@@ -40,7 +40,9 @@ def int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: comma-separated integers, e.g. 64,128,256") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is invalid; allowed: comma-separated integers, e.g. 64,128,256"
+        ) from None
     if not values:
         raise argparse.ArgumentTypeError("needs at least one length")
     return values
@@ -48,55 +50,104 @@ def int_list(text: str) -> tuple[int, ...]:
 
 def add_train_arguments(p: argparse.ArgumentParser):
     d = TrainConfig()
-    p.add_argument("--task", default=d.task, help="task name (tasks.TASK_NAMES), e.g. a5_prefix, z60_prefix, copy")
+    p.add_argument(
+        "--task",
+        default=d.task,
+        help="task name (tasks.TASK_NAMES), e.g. a5_prefix, z60_prefix, copy",
+    )
     p.add_argument("--length", type=int, default=d.length, help="training sequence length")
-    p.add_argument("--curriculum", metavar="START:STEPS", help="grow the length from START to --length over STEPS steps")
-    p.add_argument("--task-opt", action="append", metavar="KEY=VALUE", help="task option, e.g. group=S4, alphabet_size=16")
+    p.add_argument(
+        "--curriculum",
+        metavar="START:STEPS",
+        help="grow the length from START to --length over STEPS steps",
+    )
+    p.add_argument(
+        "--task-opt",
+        action="append",
+        metavar="KEY=VALUE",
+        help="task option, e.g. group=S4, alphabet_size=16",
+    )
     p.add_argument("--preset", default=d.preset, help="model shape: tiny, small, a5, d12, d20, d24")
-    p.add_argument("--model", default=d.model,
-                   help="transformer, lrt, or a baseline: loop:N[:LO-HI] (the stack N times per token), "
-                        "ponder:N[:K|:LO-HI] (N latent thoughts per token, K Jacobi refinements in training)")
-    p.add_argument("--schedule", default=None,
-                   help="onepass | interleaved:S | fullseq:K[:w0,w1,...] | chunked:C | exact | "
-                        "fixedpoint:TOL:MAX[:G] | rollout[:G] (exact memory, G differentiated sweeps) "
-                        "(default: interleaved:2 for lrt, onepass for transformer and baselines)")
-    p.add_argument("--memory-preset", default=d.memory_preset,
-                   help="LRT memory: paper (its text: block round(0.6 L), raw residual, shared projections) "
-                        "or released (its code: final layer, RMS-normed, layerwise projections, 32-channel gates); "
-                        "--set memory.<field> applies on top")
-    p.add_argument("--set", action="append", metavar="FIELD=VALUE",
-                   help="override a model config field, e.g. n_layer=2, memory.source_layer=2, memory.gamma_init=0")
+    p.add_argument(
+        "--model",
+        default=d.model,
+        help="transformer, lrt, or a baseline: loop:N[:LO-HI] (the stack N times per token), "
+        "ponder:N[:K|:LO-HI] (N latent thoughts per token, K Jacobi refinements in training)",
+    )
+    p.add_argument(
+        "--schedule",
+        default=None,
+        help="onepass | interleaved:S | fullseq:K[:w0,w1,...] | chunked:C | exact | "
+        "fixedpoint:TOL:MAX[:G] | rollout[:G] (exact memory, G differentiated sweeps) "
+        "(default: interleaved:2 for lrt, onepass for transformer and baselines)",
+    )
+    p.add_argument(
+        "--memory-preset",
+        default=d.memory_preset,
+        help="LRT memory: paper (its text: block round(0.6 L), raw residual, shared projections) "
+        "or released (its code: final layer, RMS-normed, layerwise projections, 32-channel gates); "
+        "--set memory.<field> applies on top",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="override a model config field, e.g. n_layer=2, memory.source_layer=2, "
+        "memory.gamma_init=0",
+    )
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--lr-scale", type=float, default=d.lr_scale, help="multiplies every learning rate")
+    p.add_argument(
+        "--lr-scale", type=float, default=d.lr_scale, help="multiplies every learning rate"
+    )
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument("--eval-lengths", type=int_list, default=d.eval_lengths, help="e.g. 64,128,256")
-    p.add_argument("--eval-size", type=int, default=d.eval_size, help="sequences per evaluation length")
-    p.add_argument("--no-exact-eval", action="store_true", help="skip exact recurrent-decoding evaluation")
+    p.add_argument(
+        "--eval-size", type=int, default=d.eval_size, help="sequences per evaluation length"
+    )
+    p.add_argument(
+        "--no-exact-eval", action="store_true", help="skip exact recurrent-decoding evaluation"
+    )
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--device", default=d.device, help="auto, cpu or cuda")
-    p.add_argument("--compile", action="store_true", help="torch.compile the stage (slow first step)")
-    p.add_argument("--name", default=None, help="run folder name (default: derived from the config)")
+    p.add_argument(
+        "--compile", action="store_true", help="torch.compile the stage (slow first step)"
+    )
+    p.add_argument(
+        "--name", default=None, help="run folder name (default: derived from the config)"
+    )
     p.add_argument("--out", default="runs", help="run store directory")
-    p.add_argument("--resume", action="store_true", help="continue the run folder from its last checkpoint")
+    p.add_argument(
+        "--resume", action="store_true", help="continue the run folder from its last checkpoint"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_threads_argument(p)
 
 
 def add_threads_argument(p: argparse.ArgumentParser):
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads (default: $OMP_NUM_THREADS if set, else the cores free at the start, "
-                        "at most 4)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads (default: $OMP_NUM_THREADS if set, else the cores free at the start, "
+        "at most 4)",
+    )
 
 
 def add_log_arguments(p: argparse.ArgumentParser):
-    p.add_argument("--log", action="append", choices=tuple(MIRROR_PACKAGES), default=None,
-                   help="also mirror every metrics line, the config and the summary to W&B (offline unless "
-                        "WANDB_API_KEY is set) or TensorBoard (<run>/tensorboard); repeatable; needs the "
-                        "[wandb] / [tensorboard] extra")
-    p.add_argument("--wandb-project", default=None,
-                   help="W&B project (default: $WANDB_PROJECT, else lrt_lab)")
+    p.add_argument(
+        "--log",
+        action="append",
+        choices=tuple(MIRROR_PACKAGES),
+        default=None,
+        help="also mirror every metrics line, the config and the summary to W&B (offline unless "
+        "WANDB_API_KEY is set) or TensorBoard (<run>/tensorboard); repeatable; needs the "
+        "[wandb] / [tensorboard] extra",
+    )
+    p.add_argument(
+        "--wandb-project", default=None, help="W&B project (default: $WANDB_PROJECT, else lrt_lab)"
+    )
 
 
 def mirror_settings_from_args(a) -> MirrorSettings:
@@ -110,13 +161,32 @@ def train_config_from_args(a) -> TrainConfig:
         try:
             task_options.update(curriculum_start=int(start), curriculum_steps=int(steps))
         except ValueError:
-            raise ValueError(f"--curriculum {a.curriculum!r} is invalid; allowed: START:STEPS, e.g. 4:1000") from None
+            raise ValueError(
+                f"--curriculum {a.curriculum!r} is invalid; allowed: START:STEPS, e.g. 4:1000"
+            ) from None
     schedule = a.schedule or ("interleaved:2" if a.model == "lrt" else "onepass")
-    return TrainConfig(task=a.task, length=a.length, task_options=task_options, preset=a.preset, model=a.model,
-                       overrides=key_values(a.set, "--set"), memory_preset=a.memory_preset, schedule=schedule, steps=a.steps,
-                       batch_size=a.batch_size, seed=a.seed, lr_scale=a.lr_scale, eval_every=a.eval_every,
-                       eval_lengths=a.eval_lengths, eval_size=a.eval_size, eval_exact=not a.no_exact_eval,
-                       checkpoint_every=a.checkpoint_every, device=a.device, compile=a.compile, name=a.name)
+    return TrainConfig(
+        task=a.task,
+        length=a.length,
+        task_options=task_options,
+        preset=a.preset,
+        model=a.model,
+        overrides=key_values(a.set, "--set"),
+        memory_preset=a.memory_preset,
+        schedule=schedule,
+        steps=a.steps,
+        batch_size=a.batch_size,
+        seed=a.seed,
+        lr_scale=a.lr_scale,
+        eval_every=a.eval_every,
+        eval_lengths=a.eval_lengths,
+        eval_size=a.eval_size,
+        eval_exact=not a.no_exact_eval,
+        checkpoint_every=a.checkpoint_every,
+        device=a.device,
+        compile=a.compile,
+        name=a.name,
+    )
 
 
 def cmd_train(a) -> int:
@@ -126,10 +196,13 @@ def cmd_train(a) -> int:
     from lrt_lab.store.results import Run
     from lrt_lab.training.loop import train
     from lrt_lab.training.threads import apply_threads, choose_threads
+
     cfg = train_config_from_args(a)
     apply_threads(choose_threads(a.threads))
     finished_before = a.resume and Run(Path(a.out) / cfg.run_name).is_complete
-    run = train(cfg, out=a.out, resume=a.resume, progress=not a.quiet, log=mirror_settings_from_args(a))
+    run = train(
+        cfg, out=a.out, resume=a.resume, progress=not a.quiet, log=mirror_settings_from_args(a)
+    )
     status = run.status
     # A run that diverged or stopped in this process was said by train, in one line; a run found
     # finished by --resume is said here.
@@ -140,17 +213,28 @@ def cmd_train(a) -> int:
 
 def cmd_sweep(a) -> int:
     from lrt_lab.training.sweep import load_spec, run_sweep
+
     spec = load_spec(a.spec)
     if a.device:  # e.g. --device cuda for a spec written device-neutral
         spec.setdefault("train", {})["device"] = a.device
     slurm = None
     if a.slurm is not None:
         from lrt_lab.training.parallel import parse_slurm
+
         slurm = parse_slurm(a.slurm)
-    runs = run_sweep(spec, out=a.out, dry_run=a.dry_run, time_limit_s=a.time_limit,
-                     progress=not a.quiet, workers=a.workers, threads_per_run=a.threads_per_run,
-                     gpus_per_run=a.gpus_per_run, address=a.address, slurm=slurm,
-                     log=mirror_settings_from_args(a))
+    runs = run_sweep(
+        spec,
+        out=a.out,
+        dry_run=a.dry_run,
+        time_limit_s=a.time_limit,
+        progress=not a.quiet,
+        workers=a.workers,
+        threads_per_run=a.threads_per_run,
+        gpus_per_run=a.gpus_per_run,
+        address=a.address,
+        slurm=slurm,
+        log=mirror_settings_from_args(a),
+    )
     if a.dry_run:
         return exitcodes.COMPLETE
     return exitcodes.for_statuses(run.status for run in runs)  # what the store holds now
@@ -158,6 +242,7 @@ def cmd_sweep(a) -> int:
 
 def cmd_demo(a) -> int:
     from lrt_lab.commands.demo import DemoStopped, run_demo
+
     try:
         run_demo(out=a.out, quick=a.quick, quiet=a.quiet, threads=a.threads)
     except DemoStopped as stopped:  # its one line is said
@@ -169,6 +254,7 @@ def cmd_report(a) -> int:
     from pathlib import Path
 
     from lrt_lab.store.report import print_report
+
     if not Path(a.runs).is_dir():
         reason = "no such directory" if not Path(a.runs).exists() else "not a directory"
         raise ValueError(f"runs={a.runs!r} is invalid: {reason}; allowed: a run store directory")
@@ -178,23 +264,29 @@ def cmd_report(a) -> int:
 
 def cmd_analyze(a) -> int:
     from lrt_lab.commands.analyze import main as analyze_main
+
     return analyze_main(a.args)
 
 
 def cmd_bench(a) -> int:
     from lrt_lab.commands import bench
+
     return bench.run(a)
 
 
 def cmd_app(a) -> int:
     from lrt_lab.commands.app_launcher import launch
+
     return launch(a.runs, a.port)
 
 
 def build_parser() -> Parser:
     parser = Parser(prog="lrt-lab", description="Latent Recurrent Transformer research sandbox.")
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of an unexpected failure (also: LRT_LAB_DEBUG=1)")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback of an unexpected failure (also: LRT_LAB_DEBUG=1)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     stated = dict(epilog=exitcodes.epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -203,76 +295,136 @@ def build_parser() -> Parser:
     add_log_arguments(p)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("sweep", **stated,
-                       help="train a grid (tasks x models x schedules x seeds) from a TOML spec")
+    p = sub.add_parser(
+        "sweep", **stated, help="train a grid (tasks x models x schedules x seeds) from a TOML spec"
+    )
     p.add_argument("spec", help="path to the sweep spec (.toml); see experiments/")
-    p.add_argument("--out", default=None, help="run store directory (default: the spec's sweep.out, or runs)")
+    p.add_argument(
+        "--out", default=None, help="run store directory (default: the spec's sweep.out, or runs)"
+    )
     p.add_argument("--dry-run", action="store_true", help="list the runs without training")
-    p.add_argument("--device", default=None, help="auto, cpu or cuda for every run (default: the spec's)")
-    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
-                   help="stop after this many seconds, the run in progress checkpointed; run again to continue")
-    p.add_argument("--quiet", action="store_true", help="no progress bar (a line per finished run still)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="runs at a time, as Ray tasks (needs the [cluster] extra); 1: one after another, no Ray")
-    p.add_argument("--threads-per-run", type=int, default=None,
-                   help="CPU threads of each run with --workers (default: cores / workers)")
-    p.add_argument("--gpus-per-run", type=float, default=0.0, help="GPUs each run asks Ray for (e.g. 1)")
-    p.add_argument("--address", default=None,
-                   help="a running Ray cluster: auto, or ray://host:port (the store must be on a filesystem "
-                        "every node sees)")
-    p.add_argument("--slurm", default=None, metavar="KEY=VALUE,...",
-                   help="submit the grid to Slurm as a job array through submitit (the [slurm] extra), e.g. "
-                        "partition=gpu,gpus_per_node=1,timeout_min=240,slurm_array_parallelism=8")
+    p.add_argument(
+        "--device", default=None, help="auto, cpu or cuda for every run (default: the spec's)"
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop after this many seconds, the run in progress checkpointed; "
+        "run again to continue",
+    )
+    p.add_argument(
+        "--quiet", action="store_true", help="no progress bar (a line per finished run still)"
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="runs at a time, as Ray tasks (needs the [cluster] extra); "
+        "1: one after another, no Ray",
+    )
+    p.add_argument(
+        "--threads-per-run",
+        type=int,
+        default=None,
+        help="CPU threads of each run with --workers (default: cores / workers)",
+    )
+    p.add_argument(
+        "--gpus-per-run", type=float, default=0.0, help="GPUs each run asks Ray for (e.g. 1)"
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="a running Ray cluster: auto, or ray://host:port (the store must be on a filesystem "
+        "every node sees)",
+    )
+    p.add_argument(
+        "--slurm",
+        default=None,
+        metavar="KEY=VALUE,...",
+        help="submit the grid to Slurm as a job array through submitit (the [slurm] extra), e.g. "
+        "partition=gpu,gpus_per_node=1,timeout_min=240,slurm_array_parallelism=8",
+    )
     add_log_arguments(p)
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("demo", help="the main job: transformer vs LRT on a state-tracking task, in minutes")
+    p = sub.add_parser(
+        "demo", help="the main job: transformer vs LRT on a state-tracking task, in minutes"
+    )
     p.add_argument("--out", default="runs", help="run store directory")
-    p.add_argument("--quick", action="store_true", help="a much shorter run (smoke test, not a result)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars, only the table and the summary")
+    p.add_argument(
+        "--quick", action="store_true", help="a much shorter run (smoke test, not a result)"
+    )
+    p.add_argument(
+        "--quiet", action="store_true", help="no progress bars, only the table and the summary"
+    )
     add_threads_argument(p)
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("report", help="a comparison table over the runs in a store (mean, 95%% t-interval over seeds)")
+    p = sub.add_parser(
+        "report",
+        help="a comparison table over the runs in a store (mean, 95%% t-interval over seeds)",
+    )
     p.add_argument("runs", nargs="?", default="runs", help="run store directory")
-    p.add_argument("--metric", default=None, help="summary column to compare (default: pos@90 with exact decoding, one every run has)")
-    p.add_argument("--group-by", default=None,
-                   help="comma list of columns (e.g. method); default: one group per config up to the seed")
+    p.add_argument(
+        "--metric",
+        default=None,
+        help="summary column to compare (default: pos@90 with exact decoding, one every run has)",
+    )
+    p.add_argument(
+        "--group-by",
+        default=None,
+        help="comma list of columns (e.g. method); default: one group per config up to the seed",
+    )
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("analyze", help="probes, gap recovery, depth sweep (lrt-lab analyze probe|gap|depth -h)")
+    p = sub.add_parser(
+        "analyze", help="probes, gap recovery, depth sweep (lrt-lab analyze probe|gap|depth -h)"
+    )
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_analyze)
 
-    p = sub.add_parser("bench", help="time training, prefill and decoding: LRT vs transformer, side by side")
+    p = sub.add_parser(
+        "bench", help="time training, prefill and decoding: LRT vs transformer, side by side"
+    )
     try:
         from lrt_lab.commands import bench
+
         bench.add_arguments(p)
     except ImportError:
         pass
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("app", help="open the Streamlit dashboard over a run store")
-    p.add_argument("--runs", default=None, help="run store (default: $LRT_RUNS, else ./runs, else ./results)")
+    p.add_argument(
+        "--runs", default=None, help="run store (default: $LRT_RUNS, else ./runs, else ./results)"
+    )
     p.add_argument("--port", type=int, default=8501)
     p.set_defaults(func=cmd_app)
     return parser
 
 
-CONTINUE = {"train": "continue it with the same command and --resume",
-            "sweep": "run the same command again to continue",
-            "demo": "run the same command again to continue"}
+CONTINUE = {
+    "train": "continue it with the same command and --resume",
+    "sweep": "run the same command again to continue",
+    "demo": "run the same command again to continue",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     import os
+
     parser = build_parser()
     args = parser.parse_args(argv)
     debug = args.debug or os.environ.get("LRT_LAB_DEBUG", "") not in ("", "0")
     try:
         return args.func(args)
     except KeyboardInterrupt:
-        print(f"lrt-lab: interrupted ({CONTINUE.get(args.command, 'nothing was lost')})", file=sys.stderr)
+        print(
+            f"lrt-lab: interrupted ({CONTINUE.get(args.command, 'nothing was lost')})",
+            file=sys.stderr,
+        )
         return exitcodes.INTERRUPTED
     except Exception as e:  # noqa: BLE001 - every failure is one line naming its cause (--debug: traceback)
         if debug:
@@ -284,15 +436,26 @@ def main(argv: list[str] | None = None) -> int:
 def describe_failure(e: BaseException, command: str) -> str:
     """One line: what failed and what to do."""
     import errno
-    if isinstance(e, (ValueError, OSError)) and not (isinstance(e, OSError) and e.errno == errno.ENOSPC):
+
+    if isinstance(e, (ValueError, OSError)) and not (
+        isinstance(e, OSError) and e.errno == errno.ENOSPC
+    ):
         return str(e)  # bad input, a refused path, a claimed run: the message names it already
     if isinstance(e, OSError):  # a full disk
-        return f"{e.strerror or e}" if "disk full" in str(e) else f"disk full ({e}); free space and try again"
+        return (
+            f"{e.strerror or e}"
+            if "disk full" in str(e)
+            else f"disk full ({e}); free space and try again"
+        )
     name = type(e).__name__
     if isinstance(e, MemoryError) or "OutOfMemory" in name or "out of memory" in str(e).lower():
-        return (f"out of memory ({name}); lower --batch-size, --length or --eval-lengths, or use a larger "
-                f"device; {CONTINUE.get(command, 'try again')}")
-    return f"{name}: {str(e).splitlines()[0][:300] if str(e) else 'no message'} (run with --debug for the traceback)"
+        return (
+            f"out of memory ({name}); lower --batch-size, --length or --eval-lengths, or use a "
+            "larger "
+            f"device; {CONTINUE.get(command, 'try again')}"
+        )
+    first = str(e).splitlines()[0][:300] if str(e) else "no message"
+    return f"{name}: {first} (run with --debug for the traceback)"
 
 
 if __name__ == "__main__":

@@ -42,23 +42,43 @@ class DemoStopped(Exception):
 
 def demo_configs(quick: bool = False) -> list[TrainConfig]:
     steps = 40 if quick else 400
-    common = dict(task="group_prefix", task_options={"group": "S3", "curriculum_start": 4,
-                                                     "curriculum_steps": steps * 3 // 8},
-                  length=TRAIN_LENGTH, preset="small", steps=steps, batch_size=64,
-                  eval_every=0, eval_lengths=EVAL_LENGTHS, eval_size=64 if quick else 256,
-                  checkpoint_every=0)
+    common = dict(
+        task="group_prefix",
+        task_options={"group": "S3", "curriculum_start": 4, "curriculum_steps": steps * 3 // 8},
+        length=TRAIN_LENGTH,
+        preset="small",
+        steps=steps,
+        batch_size=64,
+        eval_every=0,
+        eval_lengths=EVAL_LENGTHS,
+        eval_size=64 if quick else 256,
+        checkpoint_every=0,
+    )
     suffix = "-quick" if quick else ""
     return [
-        TrainConfig(**common, model="transformer", schedule="onepass", overrides={"n_layer": 2},
-                    name=f"demo-transformer{suffix}"),
-        TrainConfig(**common, model="lrt", schedule="interleaved:2",
-                    overrides={"n_layer": 2, "memory.gamma_init": 0.0, "memory.rec_init": "zero"},
-                    name=f"demo-lrt-interleaved2{suffix}"),
+        TrainConfig(
+            **common,
+            model="transformer",
+            schedule="onepass",
+            overrides={"n_layer": 2},
+            name=f"demo-transformer{suffix}",
+        ),
+        TrainConfig(
+            **common,
+            model="lrt",
+            schedule="interleaved:2",
+            overrides={"n_layer": 2, "memory.gamma_init": 0.0, "memory.rec_init": "zero"},
+            name=f"demo-lrt-interleaved2{suffix}",
+        ),
         # Longer refinement (paper app. C.1): each refinement extends the chain of exact memory by
         # one position, at (K+1)x the token compute.
-        TrainConfig(**common, model="lrt", schedule="fullseq:3",
-                    overrides={"n_layer": 2, "memory.gamma_init": 0.0, "memory.rec_init": "zero"},
-                    name=f"demo-lrt-fullseq3{suffix}"),
+        TrainConfig(
+            **common,
+            model="lrt",
+            schedule="fullseq:3",
+            overrides={"n_layer": 2, "memory.gamma_init": 0.0, "memory.rec_init": "zero"},
+            name=f"demo-lrt-fullseq3{suffix}",
+        ),
     ]
 
 
@@ -72,7 +92,13 @@ def accuracy_at(run: Run, positions=(2, 4, 6, 8, 12, 24, 48)) -> pd.Series:
     length = table["length"].max()
     longest = table[(table["mode"] == "exact") & (table["length"] == length)]
     acc = longest.set_index("position")["accuracy"]
-    return pd.Series({f"accuracy at position {p} (exact, L={length})": acc[p] for p in positions if p in acc.index})
+    return pd.Series(
+        {
+            f"accuracy at position {p} (exact, L={length})": acc[p]
+            for p in positions
+            if p in acc.index
+        }
+    )
 
 
 def chance(run: Run) -> float:
@@ -99,24 +125,34 @@ def side_by_side(runs: list[Run]) -> pd.DataFrame:
 
 def _memory(run: Run) -> str:
     from lrt_lab.store.report import memory_label
+
     c = run.config
     mem = c["model"].get("memory") or {}
-    return memory_label({"config.kind": c.get("kind"), "config.train.memory_preset": c["train"].get("memory_preset"),
-                         **{f"config.model.memory.{k}": v for k, v in mem.items()}}).split(" (")[0]
+    return memory_label(
+        {
+            "config.kind": c.get("kind"),
+            "config.train.memory_preset": c["train"].get("memory_preset"),
+            **{f"config.model.memory.{k}": v for k, v in mem.items()},
+        }
+    ).split(" (")[0]
 
 
 def _params(run: Run) -> str:
     """The model's own parameter count; an LRT's says what its memory pathway adds."""
     p = run.config["params"]
-    return f"{p['total']:,}" + (f" (+{p['added_pct_of_baseline']:.1f}% memory)" if p["added"] else "")
+    return f"{p['total']:,}" + (
+        f" (+{p['added_pct_of_baseline']:.1f}% memory)" if p["added"] else ""
+    )
 
 
-def run_demo(out: str = "runs", quick: bool = False, quiet: bool = False,
-             threads: int | None = None) -> pd.DataFrame:
+def run_demo(
+    out: str = "runs", quick: bool = False, quiet: bool = False, threads: int | None = None
+) -> pd.DataFrame:
     """Train (or reuse) the three demo runs in `out` and print their side-by-side table.
 
     quiet: no progress bars (the header, the table and the summary are still printed).
-    threads: CPU threads (default: the cores free at the start, at most 4; lrt_lab.training.threads).
+    threads: CPU threads (default: the cores free at the start, at most 4;
+    lrt_lab.training.threads).
     """
     choice, saved = choose_threads(threads), torch.get_num_threads()
     apply_threads(choice)
@@ -128,15 +164,21 @@ def run_demo(out: str = "runs", quick: bool = False, quiet: bool = False,
 
 def _threads_label(choice: ThreadChoice) -> str:
     n = torch.get_num_threads()
-    return f"{n} CPU thread{'' if n == 1 else 's'}: {choice.why}; --threads or OMP_NUM_THREADS sets it"
+    return (
+        f"{n} CPU thread{'' if n == 1 else 's'}: {choice.why}; --threads or OMP_NUM_THREADS sets it"
+    )
 
 
 def _run_demo(out: str, quick: bool, quiet: bool, choice: ThreadChoice) -> pd.DataFrame:
     t0 = time.perf_counter()
-    print(f"lrt-lab demo: S3 prefix products (non-commutative state tracking), trained at length {TRAIN_LENGTH} "
-          f"with a 4 -> {TRAIN_LENGTH} curriculum,\nevaluated at lengths {EVAL_LENGTHS} with the training "
-          "schedule's parallel forward and with exact recurrent decoding "
-          f"({_threads_label(choice)}).\n")
+    print(
+        "lrt-lab demo: S3 prefix products (non-commutative state tracking), trained at length "
+        f"{TRAIN_LENGTH} "
+        f"with a 4 -> {TRAIN_LENGTH} curriculum,\n"
+        f"evaluated at lengths {EVAL_LENGTHS} with the training "
+        "schedule's parallel forward and with exact recurrent decoding "
+        f"({_threads_label(choice)}).\n"
+    )
     runs = []
     for cfg in demo_configs(quick):
         folder = Path(out) / cfg.run_name
@@ -158,10 +200,16 @@ def _run_demo(out: str, quick: bool, quiet: bool, choice: ThreadChoice) -> pd.Da
         print("\n" + table.to_string())
     tf, inter, full = (table[r.name] for r in runs)
     key = f"pos@90 exact (L={max(EVAL_LENGTHS)})"
-    print(f"\npos@90 with exact decoding at length {max(EVAL_LENGTHS)} (4x training): transformer "
-          f"{tf[key]}, LRT trained with Interleaved(2) {inter[key]}, with FullSequence(3) {full[key]}.")
-    print("pos@90 = the last position p such that accuracy >= 90% at every position 1..p (paper's metric); "
-          f"chance = {chance(runs[0]):.3f} at every position (a uniform guess).")
+    print(
+        f"\npos@90 with exact decoding at length {max(EVAL_LENGTHS)} (4x training): transformer "
+        f"{tf[key]}, LRT trained with Interleaved(2) {inter[key]}, with FullSequence(3) "
+        f"{full[key]}."
+    )
+    print(
+        "pos@90 = the last position p such that accuracy >= 90% at every position 1..p (paper's "
+        "metric); "
+        f"chance = {chance(runs[0]):.3f} at every position (a uniform guess)."
+    )
     print(f"\nDone in {time.perf_counter() - t0:.0f} s. Runs are in {Path(out).resolve()}.")
     print(f"Compare them in the dashboard:  lrt-lab app --runs {out}")
     print(f"Or as a table:                  lrt-lab report {out}")

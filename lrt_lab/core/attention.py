@@ -64,13 +64,15 @@ def _flash_attn_func():
 @functools.cache
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
+
     # FlexAttention is only fast compiled; compiling once per process is the documented usage.
     return torch.compile(flex_attention, dynamic=False)
 
 
 @functools.lru_cache(maxsize=128)
-def _cached_mask(start: int, stop: int, step: int, n_keys: int, window: int | None,
-                 device) -> torch.Tensor:
+def _cached_mask(
+    start: int, stop: int, step: int, n_keys: int, window: int | None, device
+) -> torch.Tensor:
     # the same mask serves every layer with this window, and every step with these positions;
     # built outside inference mode so autograd may save it later
     with torch.inference_mode(False):
@@ -97,6 +99,7 @@ def _sdpa(q, k, v, q_pos: range, window: int | None) -> torch.Tensor:
         # fused kernels without materialising a mask (its flash path ignores enable_gqa: MHA only)
         # imported here: the module loads torch._dynamo (about 2 s on CPU) for a GPU-only path
         from torch.nn.attention.bias import causal_lower_right
+
         bias = causal_lower_right(len(q_pos), n_keys)
         y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias, enable_gqa=gqa)
     else:
@@ -113,8 +116,9 @@ def _flash(q, k, v, q_pos: range, window: int | None) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=64)
-def _flex_block_mask(start: int, step: int, n_queries: int, n_keys: int, window: int | None,
-                     device):
+def _flex_block_mask(
+    start: int, step: int, n_queries: int, n_keys: int, window: int | None, device
+):
     """FlexAttention block mask for queries at start + i*step over keys 0..n_keys-1, cached: one
     serves every layer with this window and every step with these positions, so strided stages
     skip the fully masked key blocks without building a mask per layer."""
@@ -128,14 +132,20 @@ def _flex_block_mask(start: int, step: int, n_queries: int, n_keys: int, window:
 
     # built outside inference mode (a decoder's prefill) so a training stage may reuse it
     with torch.inference_mode(False):
-        return create_block_mask(mask_mod, B=None, H=None, Q_LEN=n_queries, KV_LEN=n_keys,
-                                 device=device)
+        return create_block_mask(
+            mask_mod, B=None, H=None, Q_LEN=n_queries, KV_LEN=n_keys, device=device
+        )
 
 
 def _flex(q, k, v, q_pos: range, window: int | None) -> torch.Tensor:
     block_mask = _flex_block_mask(q_pos.start, q_pos.step, q.size(1), k.size(1), window, q.device)
-    y = _compiled_flex()(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                         block_mask=block_mask, enable_gqa=q.size(2) != k.size(2))
+    y = _compiled_flex()(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        block_mask=block_mask,
+        enable_gqa=q.size(2) != k.size(2),
+    )
     return y.transpose(1, 2)
 
 
@@ -162,8 +172,9 @@ def pick_backend(q: torch.Tensor, q_pos: range, n_keys: int, window: int | None 
     return "flex"  # strided subsets and sliding windows: block-sparse, no dense T x T mask
 
 
-def attend_explicit(q, k, v, q_pos: range, window: int | None, on_scores=None,
-                    on_pattern=None) -> torch.Tensor:
+def attend_explicit(
+    q, k, v, q_pos: range, window: int | None, on_scores=None, on_pattern=None
+) -> torch.Tensor:
     """The same attention as `attend`, written out so its scores and pattern can be read or
     replaced (TransformerLens's hook_attn_scores / hook_pattern): scores (B, H, Tq, Tk) =
     q k^T / sqrt(D), -inf where a key is invisible; pattern = softmax(scores). on_scores /
@@ -212,11 +223,13 @@ def attend(q, k, v, q_pos, window: int | None = None, backend: str = "auto") -> 
         backend = pick_backend(q, q_pos, n_keys, window)
     if backend == "flash":
         if q_pos.step != 1 or q_pos.stop != n_keys:
-            raise ValueError("backend='flash' needs a contiguous block of queries ending at the "
-                             "last key")
+            raise ValueError(
+                "backend='flash' needs a contiguous block of queries ending at the last key"
+            )
         if _flash_attn_func() is None:
-            raise ValueError("backend='flash' needs the flash-attn package "
-                             "(pip install 'lrt-lab[gpu]')")
+            raise ValueError(
+                "backend='flash' needs the flash-attn package (pip install 'lrt-lab[gpu]')"
+            )
         return _flash(q, k, v, q_pos, window)
     if backend == "flex":
         return _flex(q, k, v, q_pos, window)

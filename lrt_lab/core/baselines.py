@@ -72,11 +72,13 @@ from lrt_lab.core.validation import check_int
 
 BASELINE_KINDS = {
     "loop:N": "loop transformer, the stack applied N >= 1 times per token (N forwards per token)",
-    "loop:N:LO-HI": "loop:N trained with a loop count drawn uniformly from LO..HI per step; evaluated at N",
+    "loop:N:LO-HI": "loop:N trained with a loop count drawn uniformly from LO..HI per step; "
+    "evaluated at N",
     "ponder:N": "PonderLM-2-style N >= 1 latent thoughts per token (N+1 forwards per token), "
-                "trained with K=3 Jacobi refinements",
+    "trained with K=3 Jacobi refinements",
     "ponder:N:K": "ponder:N trained with K >= 0 Jacobi refinements",
-    "ponder:N:LO-HI": "ponder:N trained with K drawn uniformly from LO..HI per step; evaluated with K=HI",
+    "ponder:N:LO-HI": "ponder:N trained with K drawn uniformly from LO..HI per step; "
+    "evaluated with K=HI",
 }
 
 _KIND = re.compile(r"(loop|ponder):(\d+)(?::(\d+)(?:-(\d+))?)?")
@@ -95,18 +97,24 @@ def build_baseline(kind: str, config: ModelConfig):
     """`loop:N[:LO-HI]` -> LoopTransformer, `ponder:N[:K|:LO-HI]` -> PonderLM over `config`."""
     m = _KIND.fullmatch(kind.strip()) if isinstance(kind, str) else None
     if m is None:
-        raise ValueError(f"model={kind!r} is invalid; allowed: {_allowed_kinds()} (N, K, LO, HI integers)")
+        raise ValueError(
+            f"model={kind!r} is invalid; allowed: {_allowed_kinds()} (N, K, LO, HI integers)"
+        )
     name, n = m.group(1), int(m.group(2))
     third, hi = m.group(3), m.group(4)
     if name == "loop" and third is not None and hi is None:
-        raise ValueError(f"model={kind!r} is invalid; allowed: loop:N or loop:N:LO-HI (a range of loop "
-                         "counts for training)")
+        raise ValueError(
+            f"model={kind!r} is invalid; allowed: loop:N or loop:N:LO-HI (a range of loop "
+            "counts for training)"
+        )
     try:
         if name == "loop":
             random = (int(third), int(hi)) if hi is not None else None
             return LoopTransformer(config, n_loops=n, random_loops=random)
         if hi is not None:
-            return PonderLM(config, n_thoughts=n, jacobi=int(hi), random_jacobi=(int(third), int(hi)))
+            return PonderLM(
+                config, n_thoughts=n, jacobi=int(hi), random_jacobi=(int(third), int(hi))
+            )
         return PonderLM(config, n_thoughts=n, jacobi=int(third) if third is not None else 3)
     except ValueError as e:
         raise ValueError(f"model={kind!r}: {e}") from None
@@ -115,16 +123,23 @@ def build_baseline(kind: str, config: ModelConfig):
 def _check_range(name: str, value, low: int):
     if value is None:
         return None
-    ok = (isinstance(value, (tuple, list)) and len(value) == 2
-          and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-          and low <= value[0] <= value[1])
+    ok = (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        and low <= value[0] <= value[1]
+    )
     if not ok:
-        raise ValueError(f"{name}={value!r} is invalid; allowed: None or (lo, hi) integers with {low} <= lo <= hi")
+        raise ValueError(
+            f"{name}={value!r} is invalid; allowed: None or (lo, hi) integers with {low} <= lo <= "
+            "hi"
+        )
     return (int(value[0]), int(value[1]))
 
 
 def _draw(bounds: tuple[int, int]) -> int:
-    """A count from lo..hi, from torch's global RNG (seeded and checkpointed by the training loop)."""
+    """A count from lo..hi, from torch's global RNG (seeded and checkpointed by the training loop).
+    A count from lo..hi, from torch's global RNG (seeded and checkpointed by the training loop)."""
     return int(torch.randint(bounds[0], bounds[1] + 1, (1,)).item())
 
 
@@ -148,20 +163,36 @@ class _Baseline(Transformer):
         if not isinstance(config, ModelConfig):
             raise ValueError(f"config={config!r} is invalid; allowed: a ModelConfig")
         if config.memory is not None:
-            raise ValueError("memory is invalid for a loop/ponder baseline; allowed: None (they are plain "
-                             "transformers underneath; use model='lrt' for the memory pathway)")
+            raise ValueError(
+                "memory is invalid for a loop/ponder baseline; allowed: None (they are plain "
+                "transformers underneath; use model='lrt' for the memory pathway)"
+            )
         super().__init__(config)
 
-    def _stack(self, x, tokens, ve_keep, cos, sin, rows: range, buffer, layer0: int, rows_per_token: int = 1,
-               hooked: bool = True):
-        """One pass of the blocks (`Transformer.run_blocks`, the same modules and hook points) over buffer
+    def _stack(
+        self,
+        x,
+        tokens,
+        ve_keep,
+        cos,
+        sin,
+        rows: range,
+        buffer,
+        layer0: int,
+        rows_per_token: int = 1,
+        hooked: bool = True,
+    ):
+        """One pass of the blocks (`Transformer.run_blocks`, the same modules and hook points) over
+        buffer
         rows `rows` (contiguous), writing buffer layers layer0..layer0+n_layer-1. x: (B, n, d) input
         vectors (also the x0 of the x0 skip); tokens: (B, n) ids for the value embeddings (None:
         none); ve_keep: (1, n, 1, 1) 0/1 per row, or None (all rows). Returns (residual stream
-        after the last block, per-layer K, per-layer V). hooked=False: the hook points skip this pass."""
+        after the last block, per-layer K, per-layer V). hooked=False: the hook points skip this
+        pass."""
         target = buffer if layer0 == 0 else _LayerOffset(buffer, layer0)
-        ctx = StageContext(rows, cos, sin, target, x, None, None, rows if hooked else None,
-                           rows_per_token)
+        ctx = StageContext(
+            rows, cos, sin, target, x, None, None, rows if hooked else None, rows_per_token
+        )
         x, ks, vs, _ = self.run_blocks(x, ctx, tokens, range(self.config.n_layer), ve_keep)
         return x, ks, vs
 
@@ -173,7 +204,9 @@ class _Baseline(Transformer):
 class LoopTransformer(_Baseline):
     """The stack applied n_loops times per token (see the module docstring)."""
 
-    def __init__(self, config: ModelConfig, n_loops: int = 2, random_loops: tuple[int, int] | None = None):
+    def __init__(
+        self, config: ModelConfig, n_loops: int = 2, random_loops: tuple[int, int] | None = None
+    ):
         check_int("n_loops", n_loops, 1)
         random_loops = _check_range("random_loops", random_loops, 1)
         super().__init__(config)
@@ -196,9 +229,16 @@ class LoopTransformer(_Baseline):
             n = _draw(self.random_loops)
         return SequenceBuffer.empty(self._layers_config(n * self.config.n_layer), tokens)
 
-    def new_decode_cache(self, batch_size: int, max_len: int, device=None, dtype=None) -> DecodeCache:
-        return DecodeCache(self._layers_config(self.n_loops * self.config.n_layer), batch_size, max_len,
-                           device=device, dtype=dtype)
+    def new_decode_cache(
+        self, batch_size: int, max_len: int, device=None, dtype=None
+    ) -> DecodeCache:
+        return DecodeCache(
+            self._layers_config(self.n_loops * self.config.n_layer),
+            batch_size,
+            max_len,
+            device=device,
+            dtype=dtype,
+        )
 
     def stage(self, tokens: torch.Tensor, P: range, buffer):
         """Positions P through all loops; the loop count is the buffer's (layers // n_layer).
@@ -207,8 +247,10 @@ class LoopTransformer(_Baseline):
         L = self.config.n_layer
         n_loops, rest = divmod(len(buffer.k), L)
         if rest or n_loops < 1:
-            raise ValueError(f"buffer has {len(buffer.k)} layers; allowed: a multiple of n_layer={L} "
-                             "(make it with model.empty_buffer / model.new_decode_cache)")
+            raise ValueError(
+                f"buffer has {len(buffer.k)} layers; allowed: a multiple of n_layer={L} "
+                "(make it with model.empty_buffer / model.new_decode_cache)"
+            )
         e = self.hook_embed(norm(self.wte(tokens)), positions=P)
         cos, sin = self.rotary(P, e.device, e.dtype)
         x, k_all, v_all = e, [], []
@@ -227,7 +269,15 @@ class PonderDecodeCache:
 
     in_place = True
 
-    def __init__(self, config: ModelConfig, stride: int, batch_size: int, max_len: int, device=None, dtype=None):
+    def __init__(
+        self,
+        config: ModelConfig,
+        stride: int,
+        batch_size: int,
+        max_len: int,
+        device=None,
+        dtype=None,
+    ):
         self.stride = stride
         self.rows = DecodeCache(config, batch_size, max_len * stride, device=device, dtype=dtype)
         self.max_len = max_len
@@ -240,11 +290,14 @@ class PonderDecodeCache:
         pass  # no memory, so no document ids to track
 
     def load(self, buffer: SequenceBuffer, tokens: torch.Tensor):
-        """Fill an empty cache from a prefilled buffer (its first n_layer layers are the row K/V)."""
+        """Fill an empty cache from a prefilled buffer (its first n_layer layers are the row K/V).
+        Fill an empty cache from a prefilled buffer (its first n_layer layers are the row K/V)."""
         n = tokens.size(1) * self.stride
         if self.rows.length != 0 or n > self.rows.max_len:
-            raise ValueError(f"prefill of {tokens.size(1)} tokens needs an empty cache with max_len >= "
-                             f"{tokens.size(1)}")
+            raise ValueError(
+                f"prefill of {tokens.size(1)} tokens needs an empty cache with max_len >= "
+                f"{tokens.size(1)}"
+            )
         for layer in range(len(self.rows.k)):
             self.rows.k[layer][:, :n] = buffer.k[layer][:, :n]
             self.rows.v[layer][:, :n] = buffer.v[layer][:, :n]
@@ -256,8 +309,13 @@ class PonderLM(_Baseline):
 
     has_sequential_decoding = True  # the parallel (Jacobi) forward is an approximation of decoding
 
-    def __init__(self, config: ModelConfig, n_thoughts: int = 1, jacobi: int = 3,
-                 random_jacobi: tuple[int, int] | None = None):
+    def __init__(
+        self,
+        config: ModelConfig,
+        n_thoughts: int = 1,
+        jacobi: int = 3,
+        random_jacobi: tuple[int, int] | None = None,
+    ):
         check_int("n_thoughts", n_thoughts, 1)
         check_int("jacobi", jacobi, 0)
         random_jacobi = _check_range("random_jacobi", random_jacobi, 0)
@@ -275,23 +333,32 @@ class PonderLM(_Baseline):
         return 1.0 + (K + 1) * self.stride
 
     def empty_buffer(self, tokens: torch.Tensor) -> SequenceBuffer:
-        """Layers 0..L-1: K/V of the thought-interleaved rows; L..2L-1: the plain init pass's K/V."""
+        """Layers 0..L-1: K/V of the thought-interleaved rows; L..2L-1: the plain init pass's K/V.
+        Layers 0..L-1: K/V of the thought-interleaved rows; L..2L-1: the plain init pass's K/V."""
         return SequenceBuffer.empty(self._layers_config(2 * self.config.n_layer), tokens)
 
-    def new_decode_cache(self, batch_size: int, max_len: int, device=None, dtype=None) -> PonderDecodeCache:
-        return PonderDecodeCache(self.config, self.stride, batch_size, max_len, device=device, dtype=dtype)
+    def new_decode_cache(
+        self, batch_size: int, max_len: int, device=None, dtype=None
+    ) -> PonderDecodeCache:
+        return PonderDecodeCache(
+            self.config, self.stride, batch_size, max_len, device=device, dtype=dtype
+        )
 
     def stage(self, tokens: torch.Tensor, P: range, buffer):
         """Logits for the tokens at P (predicting P+1): Jacobi over a SequenceBuffer, sequential
         (the definition; N+1 forwards per token) over the Decoder's in-place cache."""
         if len(P) and P.step != 1:
-            raise ValueError(f"positions {P} are invalid for ponder; allowed: a contiguous range (schedules "
-                             "onepass, chunked:C, exact)")
+            raise ValueError(
+                f"positions {P} are invalid for ponder; allowed: a contiguous range (schedules "
+                "onepass, chunked:C, exact)"
+            )
         if buffer.in_place:  # the Decoder's PonderDecodeCache
             return self._sequential(tokens, P, buffer)
         if len(buffer.k) != 2 * self.config.n_layer:
-            raise ValueError(f"buffer has {len(buffer.k)} layers; allowed: 2 * n_layer = "
-                             f"{2 * self.config.n_layer} (make it with model.empty_buffer)")
+            raise ValueError(
+                f"buffer has {len(buffer.k)} layers; allowed: 2 * n_layer = "
+                f"{2 * self.config.n_layer} (make it with model.empty_buffer)"
+            )
         return self._jacobi(tokens, P, buffer)
 
     def _iterations(self) -> int:
@@ -309,12 +376,17 @@ class PonderLM(_Baseline):
         h, k_plain, v_plain = self._stack(e, tokens, None, cos_t, sin_t, P, buffer, L, hooked=False)
         thoughts = norm(h)[:, :, None].expand(B, C, N, d)
         rows = range(s * P.start, s * P.stop)
-        cos, sin = cos_t.repeat_interleave(s, dim=1), sin_t.repeat_interleave(s, dim=1)  # shared positions
+        cos, sin = (
+            cos_t.repeat_interleave(s, dim=1),
+            sin_t.repeat_interleave(s, dim=1),
+        )  # shared positions
         ids = tokens.repeat_interleave(s, dim=1)
         keep = torch.zeros(s, dtype=e.dtype, device=e.device)
         keep[0] = 1.0  # value embeddings at token rows only
         keep = keep.repeat(C).view(1, C * s, 1, 1)
-        K = min(self._iterations(), C * N)  # beyond C*N refinements the iteration is at its fixed point
+        K = min(
+            self._iterations(), C * N
+        )  # beyond C*N refinements the iteration is at its fixed point
         for _ in range(K + 1):
             x = torch.cat([e[:, :, None], thoughts], dim=2).reshape(B, C * s, d)
             out, ks, vs = self._stack(x, ids, keep, cos, sin, rows, buffer, 0, rows_per_token=s)
@@ -325,17 +397,20 @@ class PonderLM(_Baseline):
 
     def _sequential(self, tokens, P: range, cache: PonderDecodeCache):
         if P.start != cache.length:
-            raise ValueError(f"positions {P} cannot be appended to a cache holding {cache.length} tokens")
+            raise ValueError(
+                f"positions {P} cannot be appended to a cache holding {cache.length} tokens"
+            )
         s = self.stride
         logits = []
         for i, t in enumerate(P):
-            tok = tokens[:, i:i + 1]
+            tok = tokens[:, i : i + 1]
             x = self.hook_embed(norm(self.wte(tok)), positions=range(t, t + 1))
             cos, sin = self.rotary(range(t, t + 1), x.device, x.dtype)
             for j in range(s):
                 row = range(s * t + j, s * t + j + 1)
-                h, ks, vs = self._stack(x, tok if j == 0 else None, None, cos, sin, row, cache.rows, 0,
-                                        rows_per_token=s)
+                h, ks, vs = self._stack(
+                    x, tok if j == 0 else None, None, cos, sin, row, cache.rows, 0, rows_per_token=s
+                )
                 cache.rows.updated(row, ks, vs, None)
                 x = norm(h)  # the next thought's input
             logits.append(self.head(h))

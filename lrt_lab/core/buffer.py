@@ -68,7 +68,7 @@ def splice(old: torch.Tensor | None, P: range, new: torch.Tensor) -> torch.Tenso
         index = torch.arange(P.start, P.stop, P.step, device=new.device)
         head = _rows(old, P.stop, new).index_copy(1, index, new)
     if old is not None and old.size(1) > P.stop:
-        return torch.cat([head, old[:, P.stop:]], dim=1)
+        return torch.cat([head, old[:, P.stop :]], dim=1)
     return head
 
 
@@ -77,19 +77,19 @@ def shifted_rows(mem: torch.Tensor, P: range, shift: int) -> torch.Tensor:
     rows mem holds. A strided view of mem when every row exists (no copy); otherwise the view
     with zero rows attached at the ends."""
     a, step, count = P.start - shift, P.step, len(P)
-    lead = min(count, -(a // step)) if a < 0 else 0        # t - shift < 0
+    lead = min(count, -(a // step)) if a < 0 else 0  # t - shift < 0
     first = a + lead * step
     valid = 0
     if first < mem.size(1):
         valid = max(0, min(count - lead, (mem.size(1) - 1 - first) // step + 1))
-    trail = count - lead - valid                            # t - shift >= rows held
+    trail = count - lead - valid  # t - shift >= rows held
     if not lead and not trail:
-        return mem[:, first:first + (valid - 1) * step + 1:step] if valid else mem[:, :0]
+        return mem[:, first : first + (valid - 1) * step + 1 : step] if valid else mem[:, :0]
     if step == 1 and valid:
         # one constant_pad_nd (negative padding crops): cheaper under autograd than slice + cat
         pads = (0, 0) * (mem.dim() - 2) + (-a, a + count - mem.size(1))
         return F.pad(mem, pads)
-    body = mem[:, first:first + (valid - 1) * step + 1:step] if valid else mem[:, :0]
+    body = mem[:, first : first + (valid - 1) * step + 1 : step] if valid else mem[:, :0]
     zeros = lambda k: mem.new_zeros((mem.size(0), k) + tuple(mem.shape[2:]))
     parts = ([zeros(lead)] if lead else []) + [body] + ([zeros(trail)] if trail else [])
     return torch.cat(parts, dim=1)
@@ -122,20 +122,30 @@ class FrontierStorage:
     def append(self, slot, old: torch.Tensor | None, P: range, new: torch.Tensor) -> torch.Tensor:
         """splice(old, P, new), written in place when P appends to the newest extent of `slot`
         without autograd (a differentiable splice must stay out of place)."""
-        if (torch.is_grad_enabled() or old is None or P.step != 1 or P.start != old.size(1)
-                or P.start == 0):
+        if (
+            torch.is_grad_enabled()
+            or old is None
+            or P.step != 1
+            or P.start != old.size(1)
+            or P.start == 0
+        ):
             return splice(old, P, new)
         store, frontier = self._extents.get(slot, (None, 0))
         # only the newest extent may grow in place: a stage re-run from an older buffer (a branch)
         # must not overwrite rows a newer buffer's views still show
-        if (store is None or frontier != P.start or store.data_ptr() != old.data_ptr()
-                or store.size(1) < P.stop or store.dtype != new.dtype
-                or store.stride() != old.stride()):
+        if (
+            store is None
+            or frontier != P.start
+            or store.data_ptr() != old.data_ptr()
+            or store.size(1) < P.stop
+            or store.dtype != new.dtype
+            or store.stride() != old.stride()
+        ):
             store = old.new_empty((old.size(0), max(P.stop, self.capacity)) + tuple(old.shape[2:]))
-            store[:, :P.start] = old
-        store[:, P.start:P.stop] = new
+            store[:, : P.start] = old
+        store[:, P.start : P.stop] = new
         self._extents[slot] = (store, P.stop)
-        return store[:, :P.stop]
+        return store[:, : P.stop]
 
 
 class SequenceBuffer:
@@ -148,33 +158,41 @@ class SequenceBuffer:
     in_place = False
 
     def __init__(self, k, v, mem, doc, storage: FrontierStorage | None = None):
-        self.k: list[torch.Tensor | None] = k      # per layer (B, <=T, n_kv_head, head_dim)
+        self.k: list[torch.Tensor | None] = k  # per layer (B, <=T, n_kv_head, head_dim)
         self.v: list[torch.Tensor | None] = v
-        self.mem: torch.Tensor | None = mem        # (B, <=T, n_embd) source states
-        self.doc: torch.Tensor | None = doc        # (B, T) document ids, for reset_memory_at_bos
+        self.mem: torch.Tensor | None = mem  # (B, <=T, n_embd) source states
+        self.doc: torch.Tensor | None = doc  # (B, T) document ids, for reset_memory_at_bos
         # where no-grad appends at the frontier are written; shared by the buffers derived from
         # this one (safe: see FrontierStorage)
         self.storage = FrontierStorage() if storage is None else storage
 
     @classmethod
-    def empty(cls, config: ModelConfig, tokens: torch.Tensor,
-              memory_rows: torch.Tensor | None = None) -> "SequenceBuffer":
+    def empty(
+        cls, config: ModelConfig, tokens: torch.Tensor, memory_rows: torch.Tensor | None = None
+    ) -> SequenceBuffer:
         """No K/V yet; memory rows (B, <=T, d) when given (cached rollout states, paper
         sec. "SFT and Reinforcement Learning"), else none (every read is zero)."""
         doc = None
         if config.memory is not None and config.memory.reset_memory_at_bos:
             doc = document_ids(tokens, config.bos_token_id)
-        return cls([None] * config.n_layer, [None] * config.n_layer, memory_rows, doc,
-                   FrontierStorage(capacity=tokens.size(1)))
+        return cls(
+            [None] * config.n_layer,
+            [None] * config.n_layer,
+            memory_rows,
+            doc,
+            FrontierStorage(capacity=tokens.size(1)),
+        )
 
-    def with_memory_rows(self, rows: torch.Tensor) -> "SequenceBuffer":
+    def with_memory_rows(self, rows: torch.Tensor) -> SequenceBuffer:
         """This buffer with its memory rows replaced by `rows` (B, <=T, d)."""
         return SequenceBuffer(self.k, self.v, rows, self.doc, self.storage)
 
     def splice_kv(self, layer: int, P: range, k, v):
         """K/V for attention at P: the buffer's rows with P's rows replaced (covers >= P.stop)."""
-        return (self.storage.append(("k", layer), self.k[layer], P, k),
-                self.storage.append(("v", layer), self.v[layer], P, v))
+        return (
+            self.storage.append(("k", layer), self.k[layer], P, k),
+            self.storage.append(("v", layer), self.v[layer], P, v),
+        )
 
     def read_memory(self, P: range, lag: int, n: int) -> torch.Tensor | None:
         """(B, |P|, n, d): rows m[t-lag-j] for t in P, j < n; zeros before position 0.
@@ -191,12 +209,12 @@ class SequenceBuffer:
             return None
         front = lag + n - 1
         padded = F.pad(self.doc, (front, 0), value=-1)
-        here = self.doc[:, P.start:P.stop:P.step]
+        here = self.doc[:, P.start : P.stop : P.step]
         shift = front - lag
-        cols = [padded[:, P.start + shift - j: P.stop + shift - j: P.step] for j in range(n)]
+        cols = [padded[:, P.start + shift - j : P.stop + shift - j : P.step] for j in range(n)]
         return torch.stack(cols, dim=2) == here[:, :, None]
 
-    def updated(self, P: range, k_full: list, v_full: list, mem_new) -> "SequenceBuffer":
+    def updated(self, P: range, k_full: list, v_full: list, mem_new) -> SequenceBuffer:
         mem = self.mem if mem_new is None else self.storage.append("mem", self.mem, P, mem_new)
         return SequenceBuffer(k_full, v_full, mem, self.doc, self.storage)
 
@@ -209,8 +227,15 @@ class DecodeCache:
 
     in_place = True
 
-    def __init__(self, config: ModelConfig, batch_size: int, max_len: int, device=None, dtype=None,
-                 keep_memory: bool = False):
+    def __init__(
+        self,
+        config: ModelConfig,
+        batch_size: int,
+        max_len: int,
+        device=None,
+        dtype=None,
+        keep_memory: bool = False,
+    ):
         shape = (batch_size, max_len, config.n_kv_head, config.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
@@ -219,40 +244,48 @@ class DecodeCache:
         # ring of the last `history` source states: slot p % history holds m[p]. Kept whole: row p
         # holds m[p], allocated at the first write in the dtype the source states come in (None
         # until then: the first position reads zero memory, as in a SequenceBuffer)
-        self.mem = (torch.zeros(batch_size, self.history, config.n_embd, device=device, dtype=dtype)
-                    if self.history and not self.keep_memory else None)
+        self.mem = (
+            torch.zeros(batch_size, self.history, config.n_embd, device=device, dtype=dtype)
+            if self.history and not self.keep_memory
+            else None
+        )
         self.bos_token_id = config.bos_token_id
-        self.doc = (torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
-                    if config.memory is not None and config.memory.reset_memory_at_bos else None)
+        self.doc = (
+            torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
+            if config.memory is not None and config.memory.reset_memory_at_bos
+            else None
+        )
         self.max_len = max_len
         self.length = 0
 
     def _check_append(self, P: range):
         if P.start != self.length or P.step != 1 or P.stop > self.max_len:
-            raise ValueError(f"positions {P} cannot be appended to a cache holding {self.length} "
-                             f"of max_len={self.max_len} positions")
+            raise ValueError(
+                f"positions {P} cannot be appended to a cache holding {self.length} "
+                f"of max_len={self.max_len} positions"
+            )
 
     def append_tokens(self, tokens: torch.Tensor):
         """Record document ids for the tokens about to be decoded (reset_memory_at_bos only)."""
         if self.doc is None:
             return
         t = self.length
-        prev = self.doc[:, t - 1: t] if t > 0 else torch.zeros_like(tokens[:, :1])
-        self.doc[:, t: t + tokens.size(1)] = prev + (tokens == self.bos_token_id).long().cumsum(1)
+        prev = self.doc[:, t - 1 : t] if t > 0 else torch.zeros_like(tokens[:, :1])
+        self.doc[:, t : t + tokens.size(1)] = prev + (tokens == self.bos_token_id).long().cumsum(1)
 
     def splice_kv(self, layer: int, P: range, k, v):
         self._check_append(P)
-        self.k[layer][:, P.start:P.stop] = k
-        self.v[layer][:, P.start:P.stop] = v
-        return self.k[layer][:, :P.stop], self.v[layer][:, :P.stop]
+        self.k[layer][:, P.start : P.stop] = k
+        self.v[layer][:, P.start : P.stop] = v
+        return self.k[layer][:, : P.stop], self.v[layer][:, : P.stop]
 
     def read_memory(self, P: range, lag: int, n: int):
         if self.mem is None:
             return None
         if self.keep_memory:
-            held = self.mem[:, :self.length]
+            held = self.mem[:, : self.length]
             if n == 1 and len(P) == 1 and P.start >= lag:  # one step: a view of its row
-                return held[:, P.start - lag:P.start - lag + 1, None]
+                return held[:, P.start - lag : P.start - lag + 1, None]
             cols = [shifted_rows(held, P, lag + j) for j in range(n)]
             return torch.stack(cols, dim=2)
         h = self.history
@@ -260,8 +293,12 @@ class DecodeCache:
             return self.mem[:, :, None]  # the default decoding step: m[t-1], (B, 1, 1, d), a view
         rows = []
         for t in P:
-            per_j = [self.mem[:, (t - lag - j) % h] if t - lag - j >= 0
-                     else self.mem.new_zeros(self.mem.size(0), self.mem.size(2)) for j in range(n)]
+            per_j = [
+                self.mem[:, (t - lag - j) % h]
+                if t - lag - j >= 0
+                else self.mem.new_zeros(self.mem.size(0), self.mem.size(2))
+                for j in range(n)
+            ]
             rows.append(torch.stack(per_j, dim=1))
         return torch.stack(rows, dim=1)
 
@@ -271,11 +308,11 @@ class DecodeCache:
         cols = [[self.doc[:, max(t - lag - j, 0)] == self.doc[:, t] for j in range(n)] for t in P]
         return torch.stack([torch.stack(c, dim=1) for c in cols], dim=1)
 
-    def updated(self, P: range, k_full, v_full, mem_new) -> "DecodeCache":
+    def updated(self, P: range, k_full, v_full, mem_new) -> DecodeCache:
         if mem_new is not None and self.keep_memory:
             if self.mem is None:
                 self.mem = mem_new.new_zeros((mem_new.size(0), self.max_len, mem_new.size(2)))
-            self.mem[:, P.start:P.stop] = mem_new  # each row is written once: views stay valid
+            self.mem[:, P.start : P.stop] = mem_new  # each row is written once: views stay valid
         elif mem_new is not None:
             if self.history == 1:
                 # rebind rather than write in place: views handed out by read_memory (and hooks
@@ -309,6 +346,8 @@ class DecodeCache:
         """(B, length, d): every source state so far (keep_memory only; None before any was
         written)."""
         if not self.keep_memory:
-            raise ValueError("memory_rows needs a cache made with keep_memory=True (a plain decode "
-                             "cache keeps only the last memory.history rows)")
-        return None if self.mem is None else self.mem[:, :self.length]
+            raise ValueError(
+                "memory_rows needs a cache made with keep_memory=True (a plain decode "
+                "cache keeps only the last memory.history rows)"
+            )
+        return None if self.mem is None else self.mem[:, : self.length]

@@ -105,22 +105,35 @@ class MemoryConfig:
                 check_int(f"memory.{f.name}", getattr(self, f.name), f.metadata["min"])
         if self.source_layer is not None:
             check_int("memory.source_layer", self.source_layer, 1)
-        if (not isinstance(self.gamma_init, (int, float)) or isinstance(self.gamma_init, bool)
-                or not math.isfinite(self.gamma_init)):
+        if (
+            not isinstance(self.gamma_init, (int, float))
+            or isinstance(self.gamma_init, bool)
+            or not math.isfinite(self.gamma_init)
+        ):
             fail("memory.gamma_init", self.gamma_init, "a finite number")
         if abs(self.gamma_init) > FLOAT32_MAX:  # the parameter is float32 (or bf16) in training
-            fail("memory.gamma_init", self.gamma_init,
-                 f"a number of magnitude <= {FLOAT32_MAX:.3g} (it must be finite as float32, "
-                 "the dtype it is trained in)")
+            fail(
+                "memory.gamma_init",
+                self.gamma_init,
+                f"a number of magnitude <= {FLOAT32_MAX:.3g} (it must be finite as float32, "
+                "the dtype it is trained in)",
+            )
         if not self.residual and self.kv == "none" and not self.queries:
-            fail("memory.kv", self.kv, "'both', 'keys' or 'values' when memory.residual is False "
-                  "(with neither pathway, use memory=None for a plain transformer)")
+            fail(
+                "memory.kv",
+                self.kv,
+                "'both', 'keys' or 'values' when memory.residual is False "
+                "(with neither pathway, use memory=None for a plain transformer)",
+            )
 
     @classmethod
     def choices(cls) -> dict[str, tuple]:
         """The categorical options and their allowed values (from the fields' metadata)."""
-        return {f.name: f.metadata["choices"] for f in dataclasses.fields(cls)
-                if "choices" in f.metadata}
+        return {
+            f.name: f.metadata["choices"]
+            for f in dataclasses.fields(cls)
+            if "choices" in f.metadata
+        }
 
     @property
     def uses_kv(self) -> bool:
@@ -208,14 +221,23 @@ class ModelConfig:
                 fail("memory", self.memory, "a MemoryConfig or None")
             m = self.memory
             if m.source_layer is not None and m.source_layer > self.n_layer:
-                fail("memory.source_layer", m.source_layer,
-                     f"an integer in [1, n_layer={self.n_layer}]")
+                fail(
+                    "memory.source_layer",
+                    m.source_layer,
+                    f"an integer in [1, n_layer={self.n_layer}]",
+                )
             if m.source_avg > self.source_layer:
-                fail("memory.source_avg", m.source_avg,
-                      f"an integer in [1, source_layer={self.source_layer}]")
+                fail(
+                    "memory.source_avg",
+                    m.source_avg,
+                    f"an integer in [1, source_layer={self.source_layer}]",
+                )
             if m.gate_channels is not None and m.gate_channels > self.n_embd:
-                fail("memory.gate_channels", m.gate_channels,
-                     f"None or an integer <= n_embd={self.n_embd}")
+                fail(
+                    "memory.gate_channels",
+                    m.gate_channels,
+                    f"None or an integer <= n_embd={self.n_embd}",
+                )
             if m.reset_memory_at_bos and self.bos_token_id is None:
                 fail("bos_token_id", None, "a token id when memory.reset_memory_at_bos is True")
 
@@ -243,14 +265,14 @@ class ModelConfig:
         sizes[-1] = None  # the last layer always sees the full context (nanochat, paper app. A)
         return sizes
 
-    def replace(self, **changes) -> "ModelConfig":
+    def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
+    def from_dict(cls, d: dict) -> ModelConfig:
         d = dict(d)
         unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
@@ -276,14 +298,14 @@ MEMORY_PRESETS: dict[str, str] = {
     # l_src = round(0.6 L) (12 of 20, 14 of 24); "LRT-shared" projections (sec. 5, the default);
     # gamma_l initialised to 0.1 (eq. 6); gates 2 sigmoid(W_g x) with W_g in R^{2 n_kv x d} (eq. 3).
     "paper": "source layer round(0.6 L), raw residual, shared projections, gamma 0.1, "
-             "uniform W_rec, gates on all d channels",
+    "uniform W_rec, gates on all d channels",
     # the released code: the feedback is h_final "after final norm" (the LM head's input), so
     # source_layer = L with source_tap "normed"; one K and one V projection per layer
     # (`interleaved_projections`, `interleaved_key_projections`); the gates read
     # x[..., :ve_gate_channels] with ve_gate_channels = 32 (GPTConfig default at commit e0d0f6e).
     # Not reproduced: its third gate channel for a token-indexed "init value embedding".
     "released": "final layer, RMS-normed, layerwise projections, gamma 0.1, uniform W_rec, "
-                "gates on the first 32 channels",
+    "gates on the first 32 channels",
 }
 
 
@@ -295,28 +317,58 @@ def memory_preset(name: str, n_layer: int, **overrides) -> MemoryConfig:
     check_int("n_layer", n_layer, 1)
     fields = {}  # "paper" is MemoryConfig's defaults: source_layer None resolves to round(0.6 L)
     if name == "released":
-        fields = dict(source_layer=n_layer, source_tap="normed", projections="layerwise",
-                      gate_channels=32)
+        fields = dict(
+            source_layer=n_layer, source_tap="normed", projections="layerwise", gate_channels=32
+        )
     return MemoryConfig(**{**fields, **overrides})
 
 
 def _nanochat_shape(depth: int) -> dict:
     # nanochat's constant aspect ratio (app. A "Model scaling"): d = 64 * depth, head_dim 128.
     d = 64 * depth
-    return dict(n_layer=depth, n_embd=d, n_head=d // 128, n_kv_head=d // 128,
-                vocab_size=32768, sequence_len=2048, window_pattern="SSSL")
+    return dict(
+        n_layer=depth,
+        n_embd=d,
+        n_head=d // 128,
+        n_kv_head=d // 128,
+        vocab_size=32768,
+        sequence_len=2048,
+        window_pattern="SSSL",
+    )
 
 
 PRESETS: dict[str, dict] = {
     # Tests: every pathway active, windows exercised at short T, GQA (2 query heads per KV head).
-    "tiny": dict(n_layer=2, n_embd=32, n_head=4, n_kv_head=2, vocab_size=64, sequence_len=16,
-                 window_pattern="SL", short_window=4),
+    "tiny": dict(
+        n_layer=2,
+        n_embd=32,
+        n_head=4,
+        n_kv_head=2,
+        vocab_size=64,
+        sequence_len=16,
+        window_pattern="SL",
+        short_window=4,
+    ),
     # CPU-sized runs (demo, bench on a laptop).
-    "small": dict(n_layer=4, n_embd=128, n_head=2, n_kv_head=2, vocab_size=64, sequence_len=64,
-                  window_pattern="L"),
+    "small": dict(
+        n_layer=4,
+        n_embd=128,
+        n_head=2,
+        n_kv_head=2,
+        vocab_size=64,
+        sequence_len=64,
+        window_pattern="L",
+    ),
     # The paper's state-tracking model (app. "Non-Commutative State Tracking"): depth 4, d 256.
-    "a5": dict(n_layer=4, n_embd=256, n_head=2, n_kv_head=2, vocab_size=60, sequence_len=64,
-               window_pattern="L"),
+    "a5": dict(
+        n_layer=4,
+        n_embd=256,
+        n_head=2,
+        n_kv_head=2,
+        vocab_size=60,
+        sequence_len=64,
+        window_pattern="L",
+    ),
     "d12": _nanochat_shape(12),
     "d20": _nanochat_shape(20),
     "d24": _nanochat_shape(24),

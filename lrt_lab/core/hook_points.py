@@ -17,7 +17,7 @@ import torch.nn as nn
 class Hook:
     """What a TransformerLens-style hook function `fn(activation, hook)` receives."""
 
-    name: str        # the hook point's name, e.g. "blocks.0.attn.hook_pattern"
+    name: str  # the hook point's name, e.g. "blocks.0.attn.hook_pattern"
     positions: range  # the sequence positions of the activation's rows
 
     def layer(self) -> int | None:

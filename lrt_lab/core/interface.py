@@ -1,6 +1,7 @@
 """What the library asks of a model, a schedule and a task, written down once as typing Protocols.
 
-Schedules (`lrt_lab.run.schedules`), the Decoder, the training loop, evaluation, the bench and scale/
+Schedules (`lrt_lab.run.schedules`), the Decoder, the training loop, evaluation, the bench and
+scale/
 read these members with plain attribute access, so a model that lacks one fails where it is read
 instead of being silently treated as something else. `LRT` and the baselines (`LoopTransformer`,
 `PonderLM`) define every member; a new model kind implements `SequenceModel` (in practice by
@@ -14,8 +15,9 @@ base class of every built-in task, provides all of it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # annotations only: importing this module stays free of torch
     import torch
@@ -83,14 +85,11 @@ class SequenceModel(Protocol):
         """Parameter counts for the run's config (total, baseline, added by the memory)."""
         ...
 
-    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:
-        ...
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
 
-    def train(self, mode: bool = True) -> Any:
-        ...
+    def train(self, mode: bool = True) -> Any: ...
 
-    def eval(self) -> Any:
-        ...
+    def eval(self) -> Any: ...
 
 
 @dataclass
@@ -182,12 +181,11 @@ class Task(Protocol):
     """
 
     name: str
-    length: int              # the training length (a curriculum's end)
-    min_length: int          # the shortest sequence the task can make
+    length: int  # the training length (a curriculum's end)
+    min_length: int  # the shortest sequence the task can make
     vocab_size: int
 
-    def length_at(self, step: int) -> int:
-        ...
+    def length_at(self, step: int) -> int: ...
 
     def sample(self, batch_size: int, generator, length: int | None = None) -> Any:
         """A Batch (inputs, targets, loss_mask, state) of `length` positions."""

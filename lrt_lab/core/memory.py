@@ -67,7 +67,7 @@ class MemoryRead:
     # are formed per layer and not kept
     projected: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    def patched(self, m: torch.Tensor) -> "MemoryRead":
+    def patched(self, m: torch.Tensor) -> MemoryRead:
         """The same read with m replaced (a hook's intervention): the projections of m are formed
         again, the gammas (independent of m) are kept."""
         return MemoryRead(m, positions=self.positions, gammas=self.gammas)
@@ -95,10 +95,11 @@ def register_memory(name: str):
             raise ValueError(f"{cls!r} is invalid; allowed: a subclass of MemoryPathway")
         MEMORY_MECHANISMS[name] = cls
         return cls
+
     return register
 
 
-def build_memory(config: ModelConfig) -> "MemoryPathway":
+def build_memory(config: ModelConfig) -> MemoryPathway:
     """The pathway `config.memory.mechanism` names."""
     return MEMORY_MECHANISMS[config.memory.mechanism](config)
 
@@ -116,8 +117,9 @@ class MemoryPathway(nn.Module):
         # which blocks (0-based) feed m_t: stated here once; the Exact split is derived from it
         self.source_blocks: tuple[int, ...] = tuple(range(src - m.source_avg, src))
         # "KV replace, early 1/3 layers" (app. B): these layers take W_rec m instead of adding it
-        self.replace_layers = (frozenset(range(max(1, L // 3))) if m.kv_mode == "replace"
-                               else frozenset())
+        self.replace_layers = (
+            frozenset(range(max(1, L // 3))) if m.kv_mode == "replace" else frozenset()
+        )
         n_proj = 1 if m.projections == "shared" else L
 
         def projections(out_dim):
@@ -129,9 +131,11 @@ class MemoryPathway(nn.Module):
         self.v_rec = projections(Hkv * D) if m.kv in ("both", "values") else None
         # the gates read the first gate_channels channels (None: all d; 32: the released code)
         self.gate_channels = m.gate_channels or d
-        self.gates = (nn.ModuleList(nn.Linear(self.gate_channels, 2 * Hkv, bias=False)
-                                    for _ in range(L))
-                      if m.gated else None)
+        self.gates = (
+            nn.ModuleList(nn.Linear(self.gate_channels, 2 * Hkv, bias=False) for _ in range(L))
+            if m.gated
+            else None
+        )
         self.source_weights = nn.Parameter(torch.zeros(m.source_avg)) if m.source_avg > 1 else None
         # the gated update's W_z: z = sigmoid(W_z h_t) per channel (config: update="gated")
         self.update_gate = nn.Linear(d, d, bias=False) if m.update == "gated" else None
@@ -144,9 +148,16 @@ class MemoryPathway(nn.Module):
         """Optimizer role of every parameter (lrt_lab.training.optim): the projections and the gate
         matrices are hidden matrices (Muon, as in the paper's released code, where the gates stay
         unsaturated), gamma and the mixing weights are scalars."""
-        return {"gamma": "scalar", "source_weights": "scalar", "lag_weights": "scalar",
-                "q_rec.*": "matrix", "k_rec.*": "matrix", "v_rec.*": "matrix", "gates.*": "matrix",
-                "update_gate.*": "matrix"}
+        return {
+            "gamma": "scalar",
+            "source_weights": "scalar",
+            "lag_weights": "scalar",
+            "q_rec.*": "matrix",
+            "k_rec.*": "matrix",
+            "v_rec.*": "matrix",
+            "gates.*": "matrix",
+            "update_gate.*": "matrix",
+        }
 
     @torch.no_grad()
     def reset_parameters(self):
@@ -169,8 +180,9 @@ class MemoryPathway(nn.Module):
                 w.zero_()  # a uniform average to start
 
     # Reading ------------------------------------------------------------------------------------
-    def read(self, buffer, P: range, batch: int, like: torch.Tensor,
-             hook_positions: range | None = None) -> MemoryRead:
+    def read(
+        self, buffer, P: range, batch: int, like: torch.Tensor, hook_positions: range | None = None
+    ) -> MemoryRead:
         """m_{t-lag} for t in P, or the learned average of m_{t-lag} .. m_{t-lag-lag_avg+1}
         (`MemoryConfig.read_offsets`); zero before position 0, before anything was written (an
         init stage), and, with reset_memory_at_bos, across document boundaries. hook_positions:
@@ -204,7 +216,7 @@ class MemoryPathway(nn.Module):
         the gates are off (both fixed at 1)."""
         if self.gates is None:
             return None, None
-        x = h if self.gate_channels == h.size(-1) else h[..., :self.gate_channels]
+        x = h if self.gate_channels == h.size(-1) else h[..., : self.gate_channels]
         return (2 * torch.sigmoid(self.gates[l](x))).chunk(2, dim=-1)
 
     def project_memory(self, name: str, l: int, mem: MemoryRead) -> torch.Tensor | None:

@@ -72,16 +72,17 @@ class Rotary(nn.Module):
     def __init__(self, head_dim: int, base: float):
         super().__init__()
         self.head_dim, self.base = head_dim, base
-        self.table_cache: dict[tuple[torch.device, torch.dtype],
-                               tuple[torch.Tensor, torch.Tensor]] = {}
+        self.table_cache: dict[
+            tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]
+        ] = {}
 
     def _build(self, n: int, device, dtype: torch.dtype):
         """(cos, sin), each (1, n, 1, D), for positions 0..n-1."""
         exponent = torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float64)
-        exponent = exponent / self.head_dim                        # 2i / D
+        exponent = exponent / self.head_dim  # 2i / D
         inv_freq = self.base ** (-exponent)
         pos = torch.arange(n, device=device, dtype=torch.float64)
-        angles = pos[:, None] * inv_freq[None, :]                  # (n, D/2)
+        angles = pos[:, None] * inv_freq[None, :]  # (n, D/2)
         cos, sin = angles.cos(), angles.sin()
         cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, -sin], -1)
         return cos.to(dtype)[None, :, None, :], sin.to(dtype)[None, :, None, :]
@@ -89,7 +90,7 @@ class Rotary(nn.Module):
     def forward(self, P: range, device, dtype: torch.dtype):
         """(cos, sin), each (1, |P|, 1, D), for the positions in P."""
         cos, sin = self._tables(P.stop, device, dtype)
-        return cos[:, P.start:P.stop:P.step], sin[:, P.start:P.stop:P.step]
+        return cos[:, P.start : P.stop : P.step], sin[:, P.start : P.stop : P.step]
 
     def _tables(self, n: int, device, dtype: torch.dtype):
         """(cos, sin) covering at least positions 0..n-1: from `table_cache`, else built and
@@ -110,12 +111,12 @@ class Rotary(nn.Module):
 class StageContext:
     """What every block of one stage shares (passed as an argument, never stored on a module)."""
 
-    positions: range                 # the sequence positions this stage computes (buffer rows)
-    cos: torch.Tensor                # RoPE tables at those positions
+    positions: range  # the sequence positions this stage computes (buffer rows)
+    cos: torch.Tensor  # RoPE tables at those positions
     sin: torch.Tensor
-    buffer: object                   # SequenceBuffer or DecodeCache: K/V of every layer, memory
-    x0: torch.Tensor                 # the normed token embedding (nanochat's x0 skip)
-    read: MemoryRead | None          # what the positions read (None: no memory pathway)
+    buffer: object  # SequenceBuffer or DecodeCache: K/V of every layer, memory
+    x0: torch.Tensor  # the normed token embedding (nanochat's x0 skip)
+    read: MemoryRead | None  # what the positions read (None: no memory pathway)
     pathway: MemoryPathway | None
     # what the hook points receive as `positions`: the stage's positions, or None for a pass whose
     # rows are not the model's output (`lrt_lab.run.hooks` skips those calls)
@@ -126,15 +127,15 @@ class StageContext:
 
 
 class Output(NamedTuple):
-    logits: torch.Tensor             # (B, T, V)
-    loss: torch.Tensor | None        # mean cross-entropy over the counted targets, or None
+    logits: torch.Tensor  # (B, T, V)
+    loss: torch.Tensor | None  # mean cross-entropy over the counted targets, or None
 
 
 class BlockOutput(NamedTuple):
-    x: torch.Tensor                  # residual stream after the block
-    k: torch.Tensor                  # the K this layer's attention saw (buffer, P's rows replaced)
+    x: torch.Tensor  # residual stream after the block
+    k: torch.Tensor  # the K this layer's attention saw (buffer, P's rows replaced)
     v: torch.Tensor
-    attn_out: torch.Tensor           # the attention output added to the residual stream
+    attn_out: torch.Tensor  # the attention output added to the residual stream
 
 
 def mix_residual(x: torch.Tensor, x0: torch.Tensor, alpha, beta) -> torch.Tensor:
@@ -161,20 +162,36 @@ class Attention(nn.Module):
         self.c_k = nn.Linear(d, kv, bias=False)
         self.c_v = nn.Linear(d, kv, bias=False)
         self.c_proj = nn.Linear(config.n_head * config.head_dim, d, bias=False)
-        self.ve_gate = (nn.Linear(min(VE_GATE_CHANNELS, d), config.n_kv_head, bias=False)
-                        if config.use_value_embeds else None)
+        self.ve_gate = (
+            nn.Linear(min(VE_GATE_CHANNELS, d), config.n_kv_head, bias=False)
+            if config.use_value_embeds
+            else None
+        )
         # TransformerLens's names: hook_q / hook_k before QK-norm and RoPE (with the memory
         # injected), hook_rot_q / hook_rot_k what attention sees; hook_z the heads' outputs before
         # c_proj; hook_attn_scores / hook_pattern (B, H, q, k) computed only while hooked
-        names = ["hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_attn_scores",
-                 "hook_pattern", "hook_z"]
+        names = [
+            "hook_q",
+            "hook_k",
+            "hook_v",
+            "hook_rot_q",
+            "hook_rot_k",
+            "hook_attn_scores",
+            "hook_pattern",
+            "hook_z",
+        ]
         if config.memory is not None and config.memory.gated:
             names += ["hook_gate_local", "hook_gate_rec"]
         for name in names:
             setattr(self, name, HookPoint())
 
-    def forward(self, h: torch.Tensor, ctx: StageContext, read: MemoryRead | None = None,
-                value_embed: torch.Tensor | None = None):
+    def forward(
+        self,
+        h: torch.Tensor,
+        ctx: StageContext,
+        read: MemoryRead | None = None,
+        value_embed: torch.Tensor | None = None,
+    ):
         """Attention of the stage's positions over the buffer, with k~ = g_loc k + g_rec W_k,rec m
         (same for v; sec. 2.1, eqs. 2-5). h: the normed residual stream (B, n, d) at
         ctx.positions. Returns (output (B, n, d), the K and V attention saw, for the buffer)."""
@@ -187,15 +204,20 @@ class Attention(nn.Module):
             v = self._add_value_embed(v, h, value_embed)
         if read is not None:
             q, k, v = self._inject_memory(h, q, k, v, ctx, read)
-        q, k, v = (self.hook_q(q, positions=hp), self.hook_k(k, positions=hp),
-                   self.hook_v(v, positions=hp))
+        q, k, v = (
+            self.hook_q(q, positions=hp),
+            self.hook_k(k, positions=hp),
+            self.hook_v(v, positions=hp),
+        )
         # QK-norm, then RoPE at t: the recurrent key is encoded at t like the local one (eq. 5)
         q = self.hook_rot_q(apply_rotary(norm(q), ctx.cos, ctx.sin).to(v.dtype), positions=hp)
         k = self.hook_rot_k(apply_rotary(norm(k), ctx.cos, ctx.sin).to(v.dtype), positions=hp)
         K, V = ctx.buffer.splice_kv(self.layer, ctx.positions, k, v)
         # softmax(q K^T / sqrt(D)) V, causal within this layer's window, over the keys up to the
         # stage's last position: a fused kernel, or written out while scores or pattern are hooked
-        stop = ctx.positions.stop  # the buffer may hold rows past the stage (a prefix refined again)
+        stop = (
+            ctx.positions.stop
+        )  # the buffer may hold rows past the stage (a prefix refined again)
         Ks, Vs = (K, V) if K.size(1) == stop else (K[:, :stop], V[:, :stop])
         P, window = as_range(ctx.positions, n), self.window
         if window is not None:  # windows count tokens; rows may interleave other vectors
@@ -210,7 +232,7 @@ class Attention(nn.Module):
     def _add_value_embed(self, v, h, value_embed) -> torch.Tensor:
         """v + g * ve: nanochat's value embeddings, gated per KV head by g = 2 sigmoid(W h[:32]),
         added in one fused addcmul."""
-        g = 2 * torch.sigmoid(self.ve_gate(h[..., :self.ve_gate.in_features]))
+        g = 2 * torch.sigmoid(self.ve_gate(h[..., : self.ve_gate.in_features]))
         return torch.addcmul(v, g.unsqueeze(-1), value_embed.to(v.dtype))
 
     def _inject_memory(self, h, q, k, v, ctx: StageContext, read: MemoryRead):
@@ -225,9 +247,15 @@ class Attention(nn.Module):
     def _attend_explicit(self, q, K, V, P: range, window, hp) -> torch.Tensor:
         """The same attention written out, its scores and pattern passed through their hook
         points."""
-        return attend_explicit(q, K, V, P, window,
-                               on_scores=lambda s: self.hook_attn_scores(s, positions=hp),
-                               on_pattern=lambda a: self.hook_pattern(a, positions=hp))
+        return attend_explicit(
+            q,
+            K,
+            V,
+            P,
+            window,
+            on_scores=lambda s: self.hook_attn_scores(s, positions=hp),
+            on_pattern=lambda a: self.hook_pattern(a, positions=hp),
+        )
 
 
 class MLP(nn.Module):
@@ -252,15 +280,26 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         # hook_resid_pre: the block's input; hook_resid_injected: what attention's norm reads,
         # alpha x + beta x0 (+ gamma m: the memory injected, sec. 2.2)
-        names = ["hook_resid_pre", "hook_resid_injected", "hook_attn_out", "hook_mlp_out",
-                 "hook_resid_post"]
+        names = [
+            "hook_resid_pre",
+            "hook_resid_injected",
+            "hook_attn_out",
+            "hook_mlp_out",
+            "hook_resid_post",
+        ]
         if config.memory is not None:
             names.append("hook_mem_in")
         for name in names:
             setattr(self, name, HookPoint())
 
-    def forward(self, x: torch.Tensor, ctx: StageContext, alpha=None, beta=None,
-                value_embed: torch.Tensor | None = None) -> BlockOutput:
+    def forward(
+        self,
+        x: torch.Tensor,
+        ctx: StageContext,
+        alpha=None,
+        beta=None,
+        value_embed: torch.Tensor | None = None,
+    ) -> BlockOutput:
         """x_bar = alpha x + beta x0 + gamma m (sec. 2.2), then x_bar + attn(norm(x_bar)) and
         the MLP, pre-norm. alpha, beta: this layer's scalars (None: 1 and 0); value_embed: this
         layer's value embedding of the tokens."""
@@ -286,7 +325,7 @@ def _renamed_pathway_keys(module, state_dict, prefix, *args) -> None:
     """State dicts saved while the pathway was `model.memory`: its keys under `pathway.`."""
     old = prefix + "memory."
     for key in [k for k in state_dict if k.startswith(old)]:
-        state_dict[prefix + "pathway." + key[len(old):]] = state_dict.pop(key)
+        state_dict[prefix + "pathway." + key[len(old) :]] = state_dict.pop(key)
 
 
 class Transformer(nn.Module):
@@ -326,9 +365,11 @@ class Transformer(nn.Module):
         self.wte = nn.Embedding(config.vocab_size, d)
         self.blocks = nn.ModuleList(Block(config, l) for l in range(n_layer))
         kv = config.n_kv_head * config.head_dim
-        self.value_embeds = (nn.ModuleList(nn.Embedding(config.vocab_size, kv)
-                                           for _ in range(n_layer))
-                             if config.use_value_embeds else None)
+        self.value_embeds = (
+            nn.ModuleList(nn.Embedding(config.vocab_size, kv) for _ in range(n_layer))
+            if config.use_value_embeds
+            else None
+        )
         self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
         self.pathway = None  # a model with a memory pathway builds it here (LRT)
 
@@ -354,18 +395,32 @@ class Transformer(nn.Module):
 
     def param_roles(self) -> dict[str, str]:
         """Optimizer role of the backbone's parameters (patterns; lrt_lab.training.optim)."""
-        return {"wte.weight": "embedding", "value_embeds.*": "embedding", "lm_head.weight": "head",
-                "blocks.*.attn.c_*": "matrix", "blocks.*.attn.ve_gate.weight": "matrix",
-                "blocks.*.mlp.*": "matrix", "resid_lambdas": "resid_scalar",
-                "x0_lambdas": "x0_scalar"}
+        return {
+            "wte.weight": "embedding",
+            "value_embeds.*": "embedding",
+            "lm_head.weight": "head",
+            "blocks.*.attn.c_*": "matrix",
+            "blocks.*.attn.ve_gate.weight": "matrix",
+            "blocks.*.mlp.*": "matrix",
+            "resid_lambdas": "resid_scalar",
+            "x0_lambdas": "x0_scalar",
+        }
 
     def stage(self, tokens: torch.Tensor, P: range, buffer):
         """Recompute positions P against `buffer`: (logits at P, the buffer to use next). Each
-        model kind writes its own (LRT: the memory pathway's stage; the baselines: loops, thoughts)."""
+        model kind writes its own (LRT: the memory pathway's stage; the baselines: loops,
+        thoughts)."""
         raise NotImplementedError
 
-    def run_blocks(self, x: torch.Tensor, ctx: StageContext, tokens: torch.Tensor | None,
-                   layers: range, ve_keep: torch.Tensor | None = None, source_blocks=()):
+    def run_blocks(
+        self,
+        x: torch.Tensor,
+        ctx: StageContext,
+        tokens: torch.Tensor | None,
+        layers: range,
+        ve_keep: torch.Tensor | None = None,
+        source_blocks=(),
+    ):
         """x through the blocks `layers` over the rows of one stage, each reading ctx.read: the
         one block loop (the LRT's stages and the loop/ponder baselines' passes). tokens: the ids
         at the rows, for the value embeddings (None: rows without a token get none); ve_keep:
@@ -427,18 +482,21 @@ class Transformer(nn.Module):
         logits, _ = self.stage(idx, range(0, idx.size(1)), self.empty_buffer(idx))
         return Output(logits, None if targets is None else cross_entropy(logits, targets))
 
-    def empty_buffer(self, tokens: torch.Tensor,
-                     memory_rows: torch.Tensor | None = None) -> SequenceBuffer:
+    def empty_buffer(
+        self, tokens: torch.Tensor, memory_rows: torch.Tensor | None = None
+    ) -> SequenceBuffer:
         """The buffer a schedule starts from: no K/V, and zero memory or the given memory rows
         (models with other state override this)."""
         return SequenceBuffer.empty(self.config, tokens, memory_rows)
 
-    def new_decode_cache(self, batch_size: int, max_len: int, device=None, dtype=None,
-                         keep_memory: bool = False) -> DecodeCache:
+    def new_decode_cache(
+        self, batch_size: int, max_len: int, device=None, dtype=None, keep_memory: bool = False
+    ) -> DecodeCache:
         """The in-place state the Decoder appends to (models with other state override this);
         keep_memory keeps every memory row it produces (`DecodeCache.memory_rows`)."""
-        return DecodeCache(self.config, batch_size, max_len, device=device, dtype=dtype,
-                           keep_memory=keep_memory)
+        return DecodeCache(
+            self.config, batch_size, max_len, device=device, dtype=dtype, keep_memory=keep_memory
+        )
 
     def param_report(self) -> dict:
         """Parameters the memory pathway adds, absolute and relative.
@@ -449,9 +507,13 @@ class Transformer(nn.Module):
         total = sum(p.numel() for p in self.parameters())
         added = sum(p.numel() for p in self.pathway.parameters()) if self.pathway is not None else 0
         baseline = total - added
-        return {"total": total, "baseline": baseline, "added": added,
-                "added_pct_of_baseline": 100.0 * added / baseline,
-                "added_pct_of_total": 100.0 * added / total}
+        return {
+            "total": total,
+            "baseline": baseline,
+            "added": added,
+            "added_pct_of_baseline": 100.0 * added / baseline,
+            "added_pct_of_total": 100.0 * added / total,
+        }
 
 
 class LRT(Transformer):
@@ -479,8 +541,14 @@ class LRT(Transformer):
             self.pathway.reset_parameters()
 
     # The stage primitive ----------------------------------------------------------------------
-    def stage(self, tokens: torch.Tensor, P: range, buffer, layers: range | None = None,
-              resid: torch.Tensor | None = None):
+    def stage(
+        self,
+        tokens: torch.Tensor,
+        P: range,
+        buffer,
+        layers: range | None = None,
+        resid: torch.Tensor | None = None,
+    ):
         """Recompute positions P against `buffer`: embed, read m_{t-lag} (sec. 2), run the blocks,
         write P's K/V and m_t back (docs/design.md).
 
@@ -495,7 +563,9 @@ class LRT(Transformer):
         x0 = self.hook_embed(norm(self.wte(tokens)), positions=P)
         x = x0 if resid is None else resid
         cos, sin = self.rotary(P, x.device, x.dtype)
-        ctx = StageContext(P, cos, sin, buffer, x0, self._read_memory(buffer, P, x0), self.pathway, P)
+        ctx = StageContext(
+            P, cos, sin, buffer, x0, self._read_memory(buffer, P, x0), self.pathway, P
+        )
         source_blocks = self.pathway.source_blocks if self.pathway is not None else ()
         x, k_new, v_new, sources = self.run_blocks(x, ctx, tokens, layers, None, source_blocks)
         k_all, v_all = list(buffer.k), list(buffer.v)
@@ -512,8 +582,10 @@ class LRT(Transformer):
         if not sources:
             return None
         if len(sources) != len(self.pathway.source_blocks):
-            raise ValueError(f"layers={layers} is invalid; allowed: a range holding all of the "
-                             f"source blocks {self.pathway.source_blocks} or none of them")
+            raise ValueError(
+                f"layers={layers} is invalid; allowed: a range holding all of the "
+                f"source blocks {self.pathway.source_blocks} or none of them"
+            )
         return self.hook_mem_out(self.pathway.emit(sources, ctx.read), positions=ctx.positions)
 
     def _read_memory(self, buffer, P: range, like: torch.Tensor) -> MemoryRead | None:
@@ -527,13 +599,17 @@ class LRT(Transformer):
     def _check_layers(self, layers, resid) -> range:
         L = self.config.n_layer
         layers = range(L) if layers is None else layers
-        if not (isinstance(layers, range) and layers.step == 1
-                and 0 <= layers.start < layers.stop <= L):
-            raise ValueError(f"layers={layers!r} is invalid; allowed: range(a, b) with "
-                             f"0 <= a < b <= n_layer={L}")
+        if not (
+            isinstance(layers, range) and layers.step == 1 and 0 <= layers.start < layers.stop <= L
+        ):
+            raise ValueError(
+                f"layers={layers!r} is invalid; allowed: range(a, b) with 0 <= a < b <= n_layer={L}"
+            )
         if (layers.start > 0) != (resid is not None):
-            raise ValueError("resid is invalid: allowed: the residual stream (B, |P|, d) exactly "
-                             f"when layers starts above block 0 (layers={layers})")
+            raise ValueError(
+                "resid is invalid: allowed: the residual stream (B, |P|, d) exactly "
+                f"when layers starts above block 0 (layers={layers})"
+            )
         return layers
 
     def exact_split(self, chunk: int = 1) -> int | None:

@@ -17,5 +17,5 @@ def assemble(parts: list[tuple[range, torch.Tensor]], T: int) -> torch.Tensor:
     ref = parts[0][1]
     out = ref.new_zeros((ref.size(0), T) + tuple(ref.shape[2:]))
     for P, t in parts:
-        out[:, P.start:P.stop:P.step] = t
+        out[:, P.start : P.stop : P.step] = t
     return out

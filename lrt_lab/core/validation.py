@@ -1,4 +1,5 @@
-"""Validation at the boundary: every bad value becomes one ValueError naming the field and what is allowed.
+"""Validation at the boundary: every bad value becomes one ValueError naming the field and what is
+allowed.
 
 Why one module: the same kinds of mistake (a bool where an int belongs, NaN or inf in a float, a
 string where a tuple belongs, a token id outside the vocabulary) reach the library through many
@@ -19,17 +20,19 @@ import dataclasses
 import math
 import types
 import typing
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import torch
 
 # Training seeds stay below this: evaluation sets are drawn from generators seeded at or above it
-# (lrt_tasks.eval_sets.EVAL_SEED_OFFSET imports it), so no training batch can come from an evaluation
+# (lrt_tasks.eval_sets.EVAL_SEED_OFFSET imports it), so no training batch can come from an
+# evaluation
 # stream, and every seed fits torch's int64 generator seeds.
 TRAIN_SEED_LIMIT = 2**62
 
-# torch.Generator.manual_seed accepts [-2**63, 2**64); sampling seeds (generate) use the non-negative part.
+# torch.Generator.manual_seed accepts [-2**63, 2**64); sampling seeds (generate) use the
+# non-negative part.
 TORCH_SEED_LIMIT = 2**64
 
 
@@ -53,8 +56,13 @@ def check_int(name: str, value, low: int, high: int | None = None) -> None:
         fail(name, value, f"an integer in [{low}, {high if high is not None else 'inf'}]")
 
 
-def is_number(value, low: float | None = None, high: float | None = None,
-              low_open: bool = False, high_open: bool = False) -> bool:
+def is_number(
+    value,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> bool:
     """Whether value is a finite real number (int or float, not bool) in [low, high] (or open at
     either end)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -70,8 +78,14 @@ def is_number(value, low: float | None = None, high: float | None = None,
     return ok
 
 
-def check_number(name: str, value, low: float | None = None, high: float | None = None,
-                 low_open: bool = False, high_open: bool = False) -> None:
+def check_number(
+    name: str,
+    value,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> None:
     """A finite real number (int or float, not bool) in [low, high] (or open at either end)."""
     if not is_number(value, low, high, low_open, high_open):
         lo = "" if low is None else f"{'>' if low_open else '>='} {low}"
@@ -92,8 +106,14 @@ def check_seed(name: str, value, limit: int = TRAIN_SEED_LIMIT) -> None:
 
 # Dataclasses from their declared types ---------------------------------------------------------
 def _type_name(tp) -> str:
-    return {int: "an integer", float: "a finite number", bool: "True or False", str: "a string",
-            tuple: "a tuple or list", dict: "a dict with string keys"}.get(tp, getattr(tp, "__name__", str(tp)))
+    return {
+        int: "an integer",
+        float: "a finite number",
+        bool: "True or False",
+        str: "a string",
+        tuple: "a tuple or list",
+        dict: "a dict with string keys",
+    }.get(tp, getattr(tp, "__name__", str(tp)))
 
 
 def _split_optional(tp):
@@ -127,7 +147,7 @@ def _matches(value, tp) -> bool:
     return True  # an annotation this helper does not know: left to the class's own checks
 
 
-@lru_cache(maxsize=None)
+@cache
 def _hints(cls) -> dict:
     return typing.get_type_hints(cls)
 
@@ -149,7 +169,9 @@ def check_fields(obj, prefix: str = "") -> None:
             allowed = " or ".join(_type_name(typing.get_origin(t) or t) for t in inner)
             if "range" in f.metadata:
                 low, high = f.metadata["range"]
-                allowed += f" in [{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+                allowed += (
+                    f" in [{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+                )
             if "choices" in f.metadata:
                 allowed += ": " + ", ".join(repr(c) for c in f.metadata["choices"])
             fail(name, value, allowed + (" or None" if optional else ""))
@@ -182,7 +204,9 @@ def vocab_size_of(model) -> int:
     return model.config.vocab_size
 
 
-def check_token_ids(name: str, ids, vocab_size: int | None, ndim: int | tuple = 2, values: bool = True) -> None:
+def check_token_ids(
+    name: str, ids, vocab_size: int | None, ndim: int | tuple = 2, values: bool = True
+) -> None:
     """ids: a LongTensor of `ndim` dims whose entries are token ids in [0, vocab_size).
 
     An out-of-range id would raise IndexError on the CPU and a device-side assert on CUDA (which
@@ -194,25 +218,40 @@ def check_token_ids(name: str, ids, vocab_size: int | None, ndim: int | tuple = 
     ids_range = f"[0, {vocab_size - 1}]" if vocab_size is not None else "[0, vocab_size)"
     if not _is_long_tensor(ids, ndim):
         want = " or ".join(shape[n] for n in (ndim if isinstance(ndim, tuple) else (ndim,)))
-        raise ValueError(f"{name} is invalid: got {_describe(ids)}; allowed: a torch.long tensor of shape "
-                         f"{want} with token ids in {ids_range}")
+        raise ValueError(
+            f"{name} is invalid: got {_describe(ids)}; allowed: a torch.long tensor of shape "
+            f"{want} with token ids in {ids_range}"
+        )
     high = vocab_size if vocab_size is not None else 2**63 - 1
     if values and ids.numel() and bool(((ids < 0) | (ids >= high)).any()):
         lo, hi = int(ids.min()), int(ids.max())
-        raise ValueError(f"{name} is invalid: token ids range over [{lo}, {hi}]; allowed: token ids in "
-                         f"{ids_range} (the model's vocab_size is {vocab_size})")
+        raise ValueError(
+            f"{name} is invalid: token ids range over [{lo}, {hi}]; allowed: token ids in "
+            f"{ids_range} (the model's vocab_size is {vocab_size})"
+        )
 
 
-def check_targets(name: str, targets, shape: tuple, vocab_size: int | None, ignore_index: int) -> None:
+def check_targets(
+    name: str, targets, shape: tuple, vocab_size: int | None, ignore_index: int
+) -> None:
     """targets: a LongTensor of `shape` with class ids in [0, vocab_size) or ignore_index."""
     ids_range = f"[0, {vocab_size - 1}]" if vocab_size is not None else "[0, vocab_size)"
-    allowed = f"a torch.long tensor of shape {tuple(shape)} with targets in {ids_range} or {ignore_index} (ignored)"
-    if not isinstance(targets, torch.Tensor) or targets.dtype != torch.long or tuple(targets.shape) != tuple(shape):
+    allowed = (
+        f"a torch.long tensor of shape {tuple(shape)} with targets in {ids_range} "
+        f"or {ignore_index} (ignored)"
+    )
+    if (
+        not isinstance(targets, torch.Tensor)
+        or targets.dtype != torch.long
+        or tuple(targets.shape) != tuple(shape)
+    ):
         raise ValueError(f"{name} is invalid: got {_describe(targets)}; allowed: {allowed}")
     high = vocab_size if vocab_size is not None else 2**63 - 1
     bad = ((targets < 0) | (targets >= high)) & (targets != ignore_index)
     if targets.numel() and bool(bad.any()):
-        raise ValueError(f"{name} is invalid: e.g. {int(targets[bad][0])} is out of range; allowed: {allowed}")
+        raise ValueError(
+            f"{name} is invalid: e.g. {int(targets[bad][0])} is out of range; allowed: {allowed}"
+        )
 
 
 # Paths -----------------------------------------------------------------------------------------
@@ -224,6 +263,8 @@ def check_out_dir(name: str, path) -> Path:
     for part in (p, *p.parents):
         if part.exists() and not part.is_dir():
             reason = "is a file" if part == p else f"{str(part)!r} is a file"
-            raise ValueError(f"{name}={str(path)!r} is invalid ({reason}); allowed: a directory, "
-                             "existing or not yet made")
+            raise ValueError(
+                f"{name}={str(path)!r} is invalid ({reason}); allowed: a directory, "
+                "existing or not yet made"
+            )
     return p

@@ -41,8 +41,15 @@ class Decoder:
     cached keys were computed from memory its last stage had not finished). The default keeps only
     the last `memory.history` rows, as the paper's decoder does."""
 
-    def __init__(self, model, batch_size: int, max_len: int, device=None, dtype=None,
-                 keep_memory: bool = False):
+    def __init__(
+        self,
+        model,
+        batch_size: int,
+        max_len: int,
+        device=None,
+        dtype=None,
+        keep_memory: bool = False,
+    ):
         for name, value in (("batch_size", batch_size), ("max_len", max_len)):
             check_int(name, value, 1)
         ref = next(model.parameters())
@@ -58,8 +65,9 @@ class Decoder:
     def _new_cache(self, max_len: int, device, dtype):
         if not self.keep_memory or self.model.pathway is None:  # no rows to keep
             return self.model.new_decode_cache(self.batch_size, max_len, device=device, dtype=dtype)
-        return self.model.new_decode_cache(self.batch_size, max_len, device=device, dtype=dtype,
-                                           keep_memory=True)
+        return self.model.new_decode_cache(
+            self.batch_size, max_len, device=device, dtype=dtype, keep_memory=True
+        )
 
     def _match_compute_dtype(self):
         """Re-create a still empty cache in the dtype the next forward computes in (a Decoder made
@@ -71,9 +79,11 @@ class Decoder:
         if keys[0].dtype == want:
             return
         if self.cache.length:
-            raise ValueError(f"the decoder's cache holds {keys[0].dtype} keys but this step "
-                             f"computes in {want}; allowed: decode in the autocast (or dtype) the "
-                             "cache was filled in")
+            raise ValueError(
+                f"the decoder's cache holds {keys[0].dtype} keys but this step "
+                f"computes in {want}; allowed: decode in the autocast (or dtype) the "
+                "cache was filled in"
+            )
         self.cache = self._new_cache(self.cache.max_len, keys[0].device, want)
 
     @property
@@ -93,8 +103,10 @@ class Decoder:
     def _check_tokens(self, tokens: torch.Tensor, name: str, ndim: int, values: bool = True):
         check_token_ids(name, tokens, vocab_size_of(self.model), ndim, values=values)
         if tokens.size(0) != self.batch_size:
-            raise ValueError(f"{name} is invalid: batch size {tokens.size(0)}; allowed: the "
-                             f"decoder's batch_size={self.batch_size}")
+            raise ValueError(
+                f"{name} is invalid: batch size {tokens.size(0)}; allowed: the "
+                f"decoder's batch_size={self.batch_size}"
+            )
 
     @torch.inference_mode()
     def prefill(self, prompt_idx: torch.Tensor, strategy=None) -> torch.Tensor:
@@ -102,11 +114,13 @@ class Decoder:
         logits (B, V)."""
         self._check_tokens(prompt_idx, "prompt_idx", 2)
         if self.cache.length:
-            raise ValueError("prefill needs an empty decoder; create a new Decoder per prompt "
-                             "batch")
+            raise ValueError(
+                "prefill needs an empty decoder; create a new Decoder per prompt batch"
+            )
         if prompt_idx.size(1) > self.cache.max_len:
-            raise ValueError(f"prompt of {prompt_idx.size(1)} tokens exceeds "
-                             f"max_len={self.cache.max_len}")
+            raise ValueError(
+                f"prompt of {prompt_idx.size(1)} tokens exceeds max_len={self.cache.max_len}"
+            )
         self._match_compute_dtype()
         out = run_schedule(self.model, prompt_idx, None, strategy or OnePass())
         self.cache.load(out.buffer, prompt_idx)
@@ -131,8 +145,9 @@ class Decoder:
         return logits[:, 0]
 
 
-def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None,
-                generator) -> torch.Tensor:
+def sample_next(
+    logits: torch.Tensor, temperature: float, top_k: int | None, generator
+) -> torch.Tensor:
     """Greedy at temperature 0; otherwise softmax sampling, optionally restricted to the top k."""
     if temperature == 0:
         return logits.argmax(dim=-1)
@@ -143,8 +158,15 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None,
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
 
 
-def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-             top_k: int | None = None, seed: int | None = None, prefill=None) -> torch.Tensor:
+def generate(
+    model,
+    prompt_ids: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    seed: int | None = None,
+    prefill=None,
+) -> torch.Tensor:
     """(B, T_prompt + max_new_tokens): the prompt followed by sampled tokens.
 
     The prompt is prefilled with `prefill` (default OnePass: one parallel pass with zero memory,
@@ -160,8 +182,10 @@ def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: 
     if prompt_ids.dim() == 1:
         prompt_ids = prompt_ids[None]
     if prompt_ids.numel() == 0:
-        raise ValueError(f"prompt_ids is invalid: shape {tuple(prompt_ids.shape)}; allowed: at "
-                         "least one sequence of at least one token")
+        raise ValueError(
+            f"prompt_ids is invalid: shape {tuple(prompt_ids.shape)}; allowed: at "
+            "least one sequence of at least one token"
+        )
     B, T = prompt_ids.shape
     generator = None
     if seed is not None:

@@ -1,6 +1,7 @@
 """Evaluation with the decoding the model will really use (paper sec. 4): per-position accuracy
 and pos@90 at each evaluation length, with the training schedule's parallel forward *and* with exact
-recurrent decoding (the Decoder, one position at a time), so the train/inference mismatch is visible.
+recurrent decoding (the Decoder, one position at a time), so the train/inference mismatch is
+visible.
 """
 
 from __future__ import annotations
@@ -15,19 +16,24 @@ from lrt_lab.run.decode import Decoder
 from lrt_lab.run.metrics import per_position_accuracy, pos_at
 from lrt_lab.run.runner import run_schedule
 
-EVAL_CHUNK = 128   # evaluation sequences per forward (evaluate's chunk)
+EVAL_CHUNK = 128  # evaluation sequences per forward (evaluate's chunk)
 
 
 @torch.no_grad()
 def exact_logits(model, inputs: torch.Tensor) -> torch.Tensor:
     """Logits under exact recurrent decoding: one Decoder step per position."""
-    check_token_ids("inputs", inputs, vocab_size_of(model))  # once, not once per position (a sync each on CUDA)
+    check_token_ids(
+        "inputs", inputs, vocab_size_of(model)
+    )  # once, not once per position (a sync each on CUDA)
     dec = Decoder(model, inputs.size(0), inputs.size(1))
-    return torch.stack([dec.step(inputs[:, t], check_values=False) for t in range(inputs.size(1))], dim=1)
+    return torch.stack(
+        [dec.step(inputs[:, t], check_values=False) for t in range(inputs.size(1))], dim=1
+    )
 
 
-def evaluate(model, schedule, eval_sets: dict, exact: bool = True, chunk: int = EVAL_CHUNK,
-             autocast=None) -> dict:
+def evaluate(
+    model, schedule, eval_sets: dict, exact: bool = True, chunk: int = EVAL_CHUNK, autocast=None
+) -> dict:
     """{length: {"parallel": acc[T], "exact": acc[T]}} per-position accuracy (CPU float tensors).
 
     For a model without memory, exact decoding equals the parallel forward (tested in
@@ -41,9 +47,9 @@ def evaluate(model, schedule, eval_sets: dict, exact: bool = True, chunk: int = 
     for length, batch in eval_sets.items():
         accs = {"parallel": [], "exact": []}
         for i in range(0, batch.inputs.size(0), chunk):
-            inputs = batch.inputs[i:i + chunk].to(device)
-            targets = batch.targets[i:i + chunk].to(device)
-            mask = batch.loss_mask[i:i + chunk].to(device)
+            inputs = batch.inputs[i : i + chunk].to(device)
+            targets = batch.targets[i : i + chunk].to(device)
+            mask = batch.loss_mask[i : i + chunk].to(device)
             with autocast or contextlib.nullcontext():
                 par = run_schedule(model, inputs, None, schedule).logits
                 accs["parallel"].append((per_position_accuracy(par, targets, mask), mask.sum(0)))
@@ -56,7 +62,9 @@ def evaluate(model, schedule, eval_sets: dict, exact: bool = True, chunk: int = 
                 continue
             num = sum(torch.nan_to_num(a.float().cpu()) * n.cpu() for a, n in parts)
             den = sum(n.cpu() for _, n in parts)
-            res[mode] = torch.where(den > 0, num / den.clamp(min=1), torch.full_like(num, float("nan")))
+            res[mode] = torch.where(
+                den > 0, num / den.clamp(min=1), torch.full_like(num, float("nan"))
+            )
         if "exact" not in res:
             res["exact"] = res["parallel"]
         out[length] = res

@@ -1,6 +1,7 @@
 """Hook points: every activation a probe or an intervention needs, by one stable name.
 
-A `HookPoint` (`lrt_lab.core.hook_points`) is an identity module placed where an activation is formed; its name is its module
+A `HookPoint` (`lrt_lab.core.hook_points`) is an identity module placed where an activation is
+formed; its name is its module
 path, in TransformerLens's convention: `hook_embed`, `hook_mem_in` (the memory m_{t-lag} each
 position reads), `blocks.{l}.hook_mem_in` (the same quantity as layer l reads it),
 `blocks.{l}.hook_resid_pre` (the block's input), `blocks.{l}.hook_resid_injected` (alpha x + beta x0
@@ -11,10 +12,12 @@ position reads), `blocks.{l}.hook_mem_in` (the same quantity as layer l reads it
 while one of them is hooked), `blocks.{l}.attn.hook_z` (the heads' outputs before c_proj),
 `blocks.{l}.attn.hook_gate_local` / `hook_gate_rec` (the gates 2*sigmoid(W_g x), per KV head),
 `blocks.{l}.hook_attn_out`, `blocks.{l}.hook_mlp_out`, `blocks.{l}.hook_resid_post`, `hook_mem_out`
-(the m_t a position emits). `run_with_cache(model, idx, schedule)` (lrt_lab.run.runner) returns (logits, cache) as
+(the m_t a position emits). `run_with_cache(model, idx, schedule)` (lrt_lab.run.runner) returns
+(logits, cache) as
 TransformerLens's `model.run_with_cache` does.
 The memory pathway declares the hook points of its own values (`pathway.hook_source`, the source
-activation before any update; `pathway.hook_update_gate`, z of update="gated"; lrt_lab.core.memory), so
+activation before any update; `pathway.hook_update_gate`, z of update="gated"; lrt_lab.core.memory),
+so
 a new mechanism's internal values are hookable without touching the backbone.
 
 Because hook points are modules called by every stage, one mechanism serves every training
@@ -38,8 +41,8 @@ TransformerLens's layout (B, heads, queries, keys): a stage's queries against th
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -74,8 +77,10 @@ def hooks(model: nn.Module, fns: dict[str, HookFn]):
     """Run `fns[name](activation, positions)` (or `fn(activation, hook)`, TransformerLens's form)
     at each named hook point while the block runs."""
     if not isinstance(fns, dict) or not all(callable(f) for f in fns.values()):
-        raise ValueError("hooks is invalid; allowed: a dict {hook name: fn(activation, positions) "
-                         "or fn(activation, hook)}")
+        raise ValueError(
+            "hooks is invalid; allowed: a dict {hook name: fn(activation, positions) "
+            "or fn(activation, hook)}"
+        )
     points = _resolve(model, list(fns))
     handles = []
     try:
@@ -86,6 +91,7 @@ def hooks(model: nn.Module, fns: dict[str, HookFn]):
                 if positions is None:
                     return None
                 return fn(output, Hook(name, positions)) if tl_form else fn(output, positions)
+
             handles.append(points[name].register_forward_hook(call, with_kwargs=True))
         yield
     finally:
@@ -106,6 +112,7 @@ class Capture:
                 with torch.inference_mode(False):
                     x = x.clone()
             self.calls.setdefault(name, []).append((positions, x))
+
         return fn
 
     def assembled(self, T: int) -> dict[str, torch.Tensor]:
@@ -162,12 +169,14 @@ def zero_at(selected) -> HookFn:
         keep = torch.ones(x.size(1), dtype=x.dtype, device=x.device)
         keep[rows[0].to(x.device)] = 0
         return x * keep.view(1, -1, *([1] * (x.dim() - 2)))
+
     return fn
 
 
 def patch_from(source: torch.Tensor, selected=None) -> HookFn:
     """Replace the activation at the selected positions (default: all) by `source[:, position]`,
     e.g. a (B, T, ...) tensor captured from another run (activation patching)."""
+
     def fn(x, positions):
         rows = _rows_at(positions, selected if selected is not None else positions)
         if rows is None:
@@ -176,5 +185,5 @@ def patch_from(source: torch.Tensor, selected=None) -> HookFn:
         out = x.clone()
         out[:, local] = source[:, pos].to(device=x.device, dtype=x.dtype)
         return out
-    return fn
 
+    return fn

@@ -26,19 +26,27 @@ def _predictions(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor
     elif logits.dim() == 2:
         preds = logits
     else:
-        raise ValueError(f"logits: expected (B, T, V) scores or (B, T) predictions, got {tuple(logits.shape)}")
+        raise ValueError(
+            f"logits: expected (B, T, V) scores or (B, T) predictions, got {tuple(logits.shape)}"
+        )
     if preds.shape != targets.shape:
-        raise ValueError(f"logits: shape {tuple(logits.shape)} does not match targets {tuple(targets.shape)}")
+        raise ValueError(
+            f"logits: shape {tuple(logits.shape)} does not match targets {tuple(targets.shape)}"
+        )
     if mask is None:
         mask = torch.ones_like(targets, dtype=torch.bool)
     elif mask.shape != targets.shape:
-        raise ValueError(f"mask: shape {tuple(mask.shape)} does not match targets {tuple(targets.shape)}")
+        raise ValueError(
+            f"mask: shape {tuple(mask.shape)} does not match targets {tuple(targets.shape)}"
+        )
     mask = mask.to(device=targets.device, dtype=torch.bool)
     correct = (preds.to(targets.device) == targets) & mask
     return correct, mask
 
 
-def per_position_accuracy(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+def per_position_accuracy(
+    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Accuracy at each position over the batch: float32 tensor [T]; acc[0] is position 1.
 
     Masked-out examples are excluded from a position's denominator; a position with no counted
@@ -83,14 +91,18 @@ def bits_per_byte(total_nats: float, total_bytes: int) -> float:
     return total_nats / (math.log(2) * total_bytes)
 
 
-def accuracy(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None) -> float:
+def accuracy(
+    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None
+) -> float:
     """Fraction of counted positions predicted right (NaN if none counted)."""
     correct, mask = _predictions(logits, targets, mask)
     n = int(mask.sum())
     return float(correct.sum()) / n if n else math.nan
 
 
-def sequence_accuracy(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None) -> float:
+def sequence_accuracy(
+    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None
+) -> float:
     """Fraction of sequences with every counted position right (exact match).
 
     Sequences with no counted position are left out of the denominator; NaN if none is left.

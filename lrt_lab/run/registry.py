@@ -16,7 +16,7 @@ import dataclasses
 import importlib.metadata
 import re
 import typing
-from typing import Callable
+from collections.abc import Callable
 
 from lrt_lab.core.interface import Schedule
 
@@ -25,12 +25,12 @@ ENTRY_POINT_GROUP = "lrt_lab.schedules"
 
 @dataclasses.dataclass(frozen=True)
 class Registered:
-    spelling: str                       # e.g. "fixedpoint:TOL:MAX[:G]"
+    spelling: str  # e.g. "fixedpoint:TOL:MAX[:G]"
     cls: type
     parse: Callable[[list[str]], Schedule]
 
 
-SCHEDULES: dict[str, Registered] = {}   # name -> registration, in registration order
+SCHEDULES: dict[str, Registered] = {}  # name -> registration, in registration order
 _entry_points_loaded = False
 
 
@@ -45,6 +45,7 @@ def register_schedule(spelling: str, parse: Callable[[list[str]], Schedule] | No
         parser = parse or _positional_parser(cls, name, required, optional)
         SCHEDULES[name] = Registered(spelling, cls, parser)
         return cls
+
     return register
 
 
@@ -52,8 +53,9 @@ def _read_spelling(spelling: str) -> tuple[str, int, int]:
     """(name, required argument count, optional argument count) of `name:A:B[:C]`."""
     m = re.fullmatch(r"([a-z_][a-z0-9_]*)((?::[^:\[\]]+)*)((?:\[:[^\]]+\])?)", spelling)
     if m is None:
-        raise ValueError(f"spelling={spelling!r} is invalid; allowed: name[:ARG...][[:ARG...]] "
-                         "in lower case")
+        raise ValueError(
+            f"spelling={spelling!r} is invalid; allowed: name[:ARG...][[:ARG...]] in lower case"
+        )
     required = m.group(2).count(":")
     optional = m.group(3).count(":")
     return m.group(1), required, optional
@@ -63,14 +65,18 @@ def _positional_parser(cls, name: str, required: int, optional: int):
     fields = [f for f in dataclasses.fields(cls) if f.init]
     hints = typing.get_type_hints(cls)
     if required + optional > len(fields):
-        raise ValueError(f"{cls.__name__}: its spelling names {required + optional} arguments, "
-                         f"its dataclass has {len(fields)} fields")
+        raise ValueError(
+            f"{cls.__name__}: its spelling names {required + optional} arguments, "
+            f"its dataclass has {len(fields)} fields"
+        )
 
     def parse(args: list[str]):
         if not required <= len(args) <= required + optional:
-            raise ValueError(f"{name} takes {_count(required, optional)} argument(s), "
-                             f"{len(args)} given")
+            raise ValueError(
+                f"{name} takes {_count(required, optional)} argument(s), {len(args)} given"
+            )
         return cls(*(_convert(hints[f.name], a) for f, a in zip(fields, args)))
+
     return parse
 
 
@@ -125,9 +131,14 @@ def as_schedule(schedule) -> Schedule:
     if isinstance(schedule, str):
         return parse_schedule(schedule)
     if not isinstance(schedule, Schedule):
-        missing = [m for m in ("spec", "cost", "exact", "stages", "stage_weights", "run", "forwards")
-                   if not hasattr(schedule, m)]
-        raise ValueError(f"schedule={schedule!r} is invalid (it lacks {', '.join(missing)}); "
-                         "allowed: a schedule (lrt_lab.core.interface.Schedule, e.g. Interleaved(2)) "
-                         f"or a string: {spellings()}")
+        missing = [
+            m
+            for m in ("spec", "cost", "exact", "stages", "stage_weights", "run", "forwards")
+            if not hasattr(schedule, m)
+        ]
+        raise ValueError(
+            f"schedule={schedule!r} is invalid (it lacks {', '.join(missing)}); "
+            "allowed: a schedule (lrt_lab.core.interface.Schedule, e.g. Interleaved(2)) "
+            f"or a string: {spellings()}"
+        )
     return schedule

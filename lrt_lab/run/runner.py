@@ -24,18 +24,23 @@ from lrt_lab.run.registry import as_schedule
 
 @dataclass
 class ScheduleOutput:
-    logits: torch.Tensor                    # (B, T, V): final logits per position
-    loss: torch.Tensor | None               # the schedule's training loss
-    stage_losses: list[torch.Tensor]        # one per stage (one mean when weights are None)
-    stages: list[range]                     # the position set of each stage
-    stage_logits: list[torch.Tensor]        # logits of each stage at its positions
-    buffer: object                          # the final SequenceBuffer (prefill hands it on)
-    measured: Measured                      # what the run measured (its cost at least)
+    logits: torch.Tensor  # (B, T, V): final logits per position
+    loss: torch.Tensor | None  # the schedule's training loss
+    stage_losses: list[torch.Tensor]  # one per stage (one mean when weights are None)
+    stages: list[range]  # the position set of each stage
+    stage_logits: list[torch.Tensor]  # logits of each stage at its positions
+    buffer: object  # the final SequenceBuffer (prefill hands it on)
+    measured: Measured  # what the run measured (its cost at least)
 
 
-def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                 schedule: Schedule | str | None = None, cache: dict | None = None,
-                 memory_rows: torch.Tensor | None = None) -> ScheduleOutput:
+def run_schedule(
+    model,
+    idx: torch.Tensor,
+    targets: torch.Tensor | None = None,
+    schedule: Schedule | str | None = None,
+    cache: dict | None = None,
+    memory_rows: torch.Tensor | None = None,
+) -> ScheduleOutput:
     """Run `schedule` (default OnePass; a string like "exact" is parsed) on idx (B, T); optionally
     compute its training loss. Token ids and targets are checked against the model's vocabulary.
 
@@ -44,7 +49,8 @@ def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None,
     logits, from the last stage that computed each position. To intervene rather than capture, run
     inside `lrt_lab.run.hooks.hooks(model, {...})`.
 
-    memory_rows: memory rows m_t (B, <=T, d) the buffer starts from instead of zeros, e.g. the rows a
+    memory_rows: memory rows m_t (B, <=T, d) the buffer starts from instead of zeros, e.g. the rows
+    a
     `Decoder(..., keep_memory=True)` produced (`memory_rows()`): the paper's SFT/RL recipe (sec.
     "SFT and Reinforcement Learning"), and a way to score decoded sequences in one parallel pass
     (`FullSequence(0)` from them gives the decoder's logits). Stages read them wherever nothing was
@@ -55,11 +61,14 @@ def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None,
     schedule = as_schedule(schedule)
     memory_rows = _check_memory_rows(model, idx, memory_rows)
     if cache is not None and not isinstance(cache, dict):
-        raise ValueError(f"cache={type(cache).__name__} is invalid; allowed: a dict (filled with "
-                         "the hooks) or None")
+        raise ValueError(
+            f"cache={type(cache).__name__} is invalid; allowed: a dict (filled with "
+            "the hooks) or None"
+        )
     T = idx.size(1)
-    buffer = (model.empty_buffer(idx) if memory_rows is None
-              else model.empty_buffer(idx, memory_rows))
+    buffer = (
+        model.empty_buffer(idx) if memory_rows is None else model.empty_buffer(idx, memory_rows)
+    )
     with capture(model) if cache is not None else contextlib.nullcontext() as recorded:
         ran = schedule.run(model, idx, buffer)
     if cache is not None:
@@ -68,8 +77,9 @@ def run_schedule(model, idx: torch.Tensor, targets: torch.Tensor | None = None,
     loss, stage_losses = None, []
     if targets is not None:
         loss, stage_losses = _loss(logits, targets, ran)
-    return ScheduleOutput(logits, loss, stage_losses, ran.stages, ran.stage_logits, ran.buffer,
-                          ran.measured)
+    return ScheduleOutput(
+        logits, loss, stage_losses, ran.stages, ran.stage_logits, ran.buffer, ran.measured
+    )
 
 
 def _loss(logits: torch.Tensor, targets: torch.Tensor, ran: ScheduleRun):
@@ -78,8 +88,10 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor, ran: ScheduleRun):
     if ran.weights is None:
         loss = cross_entropy(logits, targets)
         return loss, [loss]
-    stage_losses = [cross_entropy(lp, targets[:, P.start:P.stop:P.step])
-                    for P, lp in zip(ran.stages, ran.stage_logits)]
+    stage_losses = [
+        cross_entropy(lp, targets[:, P.start : P.stop : P.step])
+        for P, lp in zip(ran.stages, ran.stage_logits)
+    ]
     loss = sum(w * l for w, l in zip(ran.weights, stage_losses)) / sum(ran.weights)
     return loss, stage_losses
 
@@ -90,17 +102,33 @@ def _check_memory_rows(model, idx: torch.Tensor, memory_rows):
     if memory_rows is None:
         return None
     if model.pathway is None:
-        raise ValueError("memory_rows is invalid for a model without a memory pathway "
-                         "(config.memory=None); allowed: None")
+        raise ValueError(
+            "memory_rows is invalid for a model without a memory pathway "
+            "(config.memory=None); allowed: None"
+        )
     B, T, d = idx.size(0), idx.size(1), model.config.n_embd
-    if (not isinstance(memory_rows, torch.Tensor) or memory_rows.dim() != 3 or not memory_rows.is_floating_point()
-            or memory_rows.size(0) != B or not 1 <= memory_rows.size(1) <= T or memory_rows.size(2) != d):
-        shape = tuple(memory_rows.shape) if isinstance(memory_rows, torch.Tensor) else type(memory_rows).__name__
-        raise ValueError(f"memory_rows is invalid: {shape}; allowed: a floating tensor "
-                         f"(B={B}, 1..T={T}, d={d}) of memory rows")
+    if (
+        not isinstance(memory_rows, torch.Tensor)
+        or memory_rows.dim() != 3
+        or not memory_rows.is_floating_point()
+        or memory_rows.size(0) != B
+        or not 1 <= memory_rows.size(1) <= T
+        or memory_rows.size(2) != d
+    ):
+        shape = (
+            tuple(memory_rows.shape)
+            if isinstance(memory_rows, torch.Tensor)
+            else type(memory_rows).__name__
+        )
+        raise ValueError(
+            f"memory_rows is invalid: {shape}; allowed: a floating tensor "
+            f"(B={B}, 1..T={T}, d={d}) of memory rows"
+        )
     if memory_rows.device != idx.device:
-        raise ValueError(f"memory_rows is invalid: on {memory_rows.device}; allowed: the device of idx "
-                         f"({idx.device})")
+        raise ValueError(
+            f"memory_rows is invalid: on {memory_rows.device}; allowed: the device of idx "
+            f"({idx.device})"
+        )
     if not bool(torch.isfinite(memory_rows).all()):
         raise ValueError("memory_rows is invalid: it holds NaN or inf; allowed: finite memory rows")
     if memory_rows.is_inference() and not torch.is_inference_mode_enabled():

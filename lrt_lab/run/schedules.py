@@ -64,7 +64,9 @@ class StagedSchedule:
     @property
     def spec(self) -> str:
         values = [getattr(self, f.name) for f in dataclasses.fields(self) if f.init]
-        return ":".join([self.name, *(f"{v:g}" if isinstance(v, float) else str(v) for v in values)])
+        return ":".join(
+            [self.name, *(f"{v:g}" if isinstance(v, float) else str(v) for v in values)]
+        )
 
     def forwards(self, model, T: int) -> Forwards:
         """Every stage differentiated: the positions it computes per token."""
@@ -74,7 +76,7 @@ class StagedSchedule:
         T = idx.size(1)
         stages, stage_logits = self.stages(T), []
         for P in stages:
-            logits_P, buffer = model.stage(idx[:, P.start:P.stop:P.step], P, buffer)
+            logits_P, buffer = model.stage(idx[:, P.start : P.stop : P.step], P, buffer)
             stage_logits.append(logits_P)
         return ScheduleRun(stages, stage_logits, self.stage_weights(T), buffer, Measured(self.cost))
 
@@ -131,16 +133,22 @@ class FullSequence(StagedSchedule):
         check_int("FullSequence.K", self.K, 0)
         if self.weights is not None:
             if not isinstance(self.weights, (tuple, list)):
-                raise ValueError(f"FullSequence.weights={self.weights!r} is invalid; allowed: "
-                                 f"None or a tuple of K+1 = {self.K + 1} non-negative numbers")
+                raise ValueError(
+                    f"FullSequence.weights={self.weights!r} is invalid; allowed: "
+                    f"None or a tuple of K+1 = {self.K + 1} non-negative numbers"
+                )
             w = tuple(self.weights)
             object.__setattr__(self, "weights", w)
             if len(w) != self.K + 1:
-                raise ValueError(f"FullSequence.weights has {len(w)} entries; allowed: exactly "
-                                 f"K+1 = {self.K + 1} (init + each refinement)")
+                raise ValueError(
+                    f"FullSequence.weights has {len(w)} entries; allowed: exactly "
+                    f"K+1 = {self.K + 1} (init + each refinement)"
+                )
             if not all(is_number(x, low=0) for x in w) or not 0 < sum(w) < float("inf"):
-                raise ValueError(f"FullSequence.weights={w} is invalid; allowed: finite "
-                                 "non-negative numbers with a positive (finite) sum")
+                raise ValueError(
+                    f"FullSequence.weights={w} is invalid; allowed: finite "
+                    "non-negative numbers with a positive (finite) sum"
+                )
 
     def stages(self, T: int) -> list[range]:
         return [range(0, T)] * (self.K + 1)
@@ -195,7 +203,7 @@ class Chunked(StagedSchedule):
             return super().run(model, idx, buffer)
         stages = self.stages(idx.size(1))
         logits, buffer = _run_split(model, idx, stages, split, buffer)
-        stage_logits = [logits[:, P.start:P.stop] for P in stages]
+        stage_logits = [logits[:, P.start : P.stop] for P in stages]
         return ScheduleRun(stages, stage_logits, None, buffer, Measured(self.cost))
 
 
@@ -215,7 +223,7 @@ def _run_split(model, idx: torch.Tensor, stages: list[range], split: int, buffer
     lower, upper = range(0, split), range(split, model.config.n_layer)
     resid = []
     for P in stages:
-        x_P, buffer = model.stage(idx[:, P.start:P.stop], P, buffer, layers=lower)
+        x_P, buffer = model.stage(idx[:, P.start : P.stop], P, buffer, layers=lower)
         resid.append(x_P)
     full = range(0, idx.size(1))
     return model.stage(idx, full, buffer, layers=upper, resid=torch.cat(resid, dim=1))
@@ -225,10 +233,10 @@ def _run_split(model, idx: torch.Tensor, stages: list[range], split: int, buffer
 class FixedPointMeasured(Measured):
     """What a FixedPoint step saw, besides its cost."""
 
-    sweeps: int = 0                     # sweeps run after init
+    sweeps: int = 0  # sweeps run after init
     residuals: list[float] = field(default_factory=list)  # the memory's change after each sweep
-    converged: bool = False             # whether the last change was <= tol
-    residual_per_position: torch.Tensor | None = None     # (sweeps, T): each sweep's per position
+    converged: bool = False  # whether the last change was <= tol
+    residual_per_position: torch.Tensor | None = None  # (sweeps, T): each sweep's per position
 
     def record(self, step_s: float) -> dict:
         return {"sweeps": self.sweeps, "residual": self.residuals[-1], "converged": self.converged}
@@ -348,8 +356,9 @@ class FixedPoint:
                         break
             for _ in range(self.grad_sweeps):
                 buffer, converged = sweep(differentiated, buffer)
-        measured = FixedPointMeasured(cost[0], len(residuals), residuals, bool(converged),
-                                      torch.stack(per_position))
+        measured = FixedPointMeasured(
+            cost[0], len(residuals), residuals, bool(converged), torch.stack(per_position)
+        )
         return ScheduleRun(stages, stage_logits, [1.0] * len(stages), buffer, measured)
 
 
@@ -358,7 +367,7 @@ class RolloutMeasured(Measured):
     """What a Rollout step saw, besides its cost."""
 
     rollout_cost: float = 0.0  # the rollout's share of the cost (forward only)
-    rollout_s: float = 0.0     # seconds the rollout took
+    rollout_s: float = 0.0  # seconds the rollout took
     grad_sweeps: int = 1
 
     def record(self, step_s: float) -> dict:
@@ -418,8 +427,7 @@ class Rollout:
             return Forwards(float(self.grad_sweeps))
         split = model.exact_split(1)
         share = (split if split is not None else model.config.n_layer) / model.config.n_layer
-        return Forwards(float(self.grad_sweeps),
-                        share * rolled_out_positions(model.config, T) / T)
+        return Forwards(float(self.grad_sweeps), share * rolled_out_positions(model.config, T) / T)
 
     def run(self, model, idx: torch.Tensor, buffer) -> ScheduleRun:
         """Drive the rollout and the G stages on idx from `buffer` (its memory rows are replaced
@@ -437,8 +445,9 @@ class Rollout:
         for _ in range(self.grad_sweeps):
             logits, buffer = model.stage(idx, full, buffer)
             stage_logits.append(logits)
-        measured = RolloutMeasured(rollout_cost + self.grad_sweeps, rollout_cost, rollout_s,
-                                   self.grad_sweeps)
+        measured = RolloutMeasured(
+            rollout_cost + self.grad_sweeps, rollout_cost, rollout_s, self.grad_sweeps
+        )
         stages = [full] * self.grad_sweeps
         return ScheduleRun(stages, stage_logits, [1.0] * self.grad_sweeps, buffer, measured)
 
@@ -463,7 +472,7 @@ def rollout_memory(model, idx: torch.Tensor) -> tuple[torch.Tensor | None, range
     cache = model.new_decode_cache(B, T, device=idx.device, dtype=dtype, keep_memory=True)
     with launch_bound_threads(idx.device):
         for t in range(rolled_out_positions(model.config, T)):
-            tokens = idx[:, t:t + 1]
+            tokens = idx[:, t : t + 1]
             cache.append_tokens(tokens)
             model.stage(tokens, range(t, t + 1), cache, layers=layers)
     return cache.memory_rows(), layers
@@ -495,8 +504,9 @@ def launch_bound_threads(device: torch.device):
 
 
 @torch.no_grad()
-def memory_change(prev: torch.Tensor | None,
-                  new: torch.Tensor | None) -> tuple[float, torch.Tensor]:
+def memory_change(
+    prev: torch.Tensor | None, new: torch.Tensor | None
+) -> tuple[float, torch.Tensor]:
     """(r, r_t): the largest change of the memory between two sweeps relative to the batch's RMS
     memory norm (FixedPoint), and per position (T,) the largest over the batch. None is zero
     memory."""
@@ -504,8 +514,8 @@ def memory_change(prev: torch.Tensor | None,
         return 0.0, torch.zeros(0)
     dtype = torch.promote_types(new.dtype, torch.float32)  # bf16 memory measured in fp32, fp64 kept
     new = new.detach().to(dtype)
-    prev = torch.zeros_like(new) if prev is None else prev.detach().to(dtype)[:, :new.size(1)]
-    change = (new - prev).norm(dim=-1)                               # (B, T)
+    prev = torch.zeros_like(new) if prev is None else prev.detach().to(dtype)[:, : new.size(1)]
+    change = (new - prev).norm(dim=-1)  # (B, T)
     scale = new.norm(dim=-1).square().mean().sqrt()
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     per_position = (change / scale).amax(dim=0).cpu()

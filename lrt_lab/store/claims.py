@@ -24,8 +24,8 @@ import warnings
 from pathlib import Path
 
 CLAIM = ".claim"
-HEARTBEAT_S = 30.0     # how often the owner touches its claim
-STALE_S = 300.0        # a claim untouched this long is abandoned (10 missed heartbeats)
+HEARTBEAT_S = 30.0  # how often the owner touches its claim
+STALE_S = 300.0  # a claim untouched this long is abandoned (10 missed heartbeats)
 
 
 class RunClaimedError(ValueError):
@@ -80,8 +80,12 @@ class Claim:
     def __init__(self, path: Path, heartbeat_s: float = HEARTBEAT_S):
         self.path = Path(path)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, args=(heartbeat_s,), daemon=True,
-                                         name=f"claim-heartbeat:{self.path.parent.name}")
+        self._thread = threading.Thread(
+            target=self._beat,
+            args=(heartbeat_s,),
+            daemon=True,
+            name=f"claim-heartbeat:{self.path.parent.name}",
+        )
         self._thread.start()
 
     def _beat(self, every: float) -> None:
@@ -91,7 +95,7 @@ class Claim:
             except OSError:
                 continue  # renamed into place just now (Run.create), or removed: try again later
 
-    def moved_to(self, run_dir: Path) -> "Claim":
+    def moved_to(self, run_dir: Path) -> Claim:
         """The same claim after its folder was renamed to run_dir (Run.create)."""
         self.path = Path(run_dir) / CLAIM
         return self
@@ -106,7 +110,7 @@ class Claim:
         if mine:
             self.path.unlink(missing_ok=True)
 
-    def __enter__(self) -> "Claim":
+    def __enter__(self) -> Claim:
         return self
 
     def __exit__(self, *exc) -> bool:
@@ -123,8 +127,10 @@ def acquire(run_dir, stale_s: float = STALE_S, heartbeat_s: float = HEARTBEAT_S)
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             if not is_stale(path, stale_s):
-                raise RunClaimedError(f"run {Path(run_dir).name} is being written by {describe(path)}; "
-                                      "wait for it, or remove its .claim if that process is gone") from None
+                raise RunClaimedError(
+                    f"run {Path(run_dir).name} is being written by {describe(path)}; "
+                    "wait for it, or remove its .claim if that process is gone"
+                ) from None
             who = describe(path)
             aside = path.with_name(f"{CLAIM}.stale.{os.getpid()}.{time.time_ns()}")
             try:
@@ -132,7 +138,9 @@ def acquire(run_dir, stale_s: float = STALE_S, heartbeat_s: float = HEARTBEAT_S)
             except FileNotFoundError:
                 continue
             aside.unlink(missing_ok=True)
-            warnings.warn(f"run {Path(run_dir).name}: taking over a stale claim ({who})", stacklevel=2)
+            warnings.warn(
+                f"run {Path(run_dir).name}: taking over a stale claim ({who})", stacklevel=2
+            )
             continue
         except OSError as e:
             if e.errno == errno.ENOENT:
@@ -141,7 +149,9 @@ def acquire(run_dir, stale_s: float = STALE_S, heartbeat_s: float = HEARTBEAT_S)
         with os.fdopen(fd, "w") as f:
             json.dump(_owner(), f)
         return Claim(path, heartbeat_s)
-    raise RunClaimedError(f"run {Path(run_dir).name}: its claim changed hands while taking it over; try again")
+    raise RunClaimedError(
+        f"run {Path(run_dir).name}: its claim changed hands while taking it over; try again"
+    )
 
 
 def claimed_by_other(run_dir, stale_s: float = STALE_S) -> str | None:

@@ -1,7 +1,8 @@
 """The run store: one folder per run, written atomically, read back as pandas tables.
 
     runs/<name>/config.json     everything needed to rerun it (train config, model config, params)
-    runs/<name>/metrics.jsonl   one JSON object per logged step ({"step", "kind": "train"|"eval", ...})
+    runs/<name>/metrics.jsonl   one JSON object per logged step ({"step", "kind": "train"|"eval",
+    ...})
     runs/<name>/summary.json    final figures; present only once the run completed
     runs/<name>/tables/*.csv    tables (per-position accuracy, analysis outputs)
     runs/<name>/checkpoints/    step_XXXXXXX.pt, for --resume
@@ -38,7 +39,13 @@ import pandas as pd
 
 from lrt_lab.store.claims import Claim, acquire
 
-CONFIG, METRICS, SUMMARY, TABLES, CHECKPOINTS = "config.json", "metrics.jsonl", "summary.json", "tables", "checkpoints"
+CONFIG, METRICS, SUMMARY, TABLES, CHECKPOINTS = (
+    "config.json",
+    "metrics.jsonl",
+    "summary.json",
+    "tables",
+    "checkpoints",
+)
 
 
 def _clean(obj):
@@ -96,15 +103,41 @@ class DamagedFileError(ValueError):
 # The fields readers use, with the JSON types they must have when present (None: JSON null, for
 # NaN/inf written by _clean). Unknown fields are kept as they are.
 _NUMBER = (int, float, type(None))
-CONFIG_SCHEMA = {"train": dict, "model": dict, "params": dict, "kind": str, "schedule": str,
-                 "schedule_cost": _NUMBER, "forwards_per_token": _NUMBER, "task_vocab_size": _NUMBER}
-SUMMARY_SCHEMA = {"status": str, "steps": _NUMBER, "final_loss": _NUMBER, "wall_time_s": _NUMBER,
-                  "tokens": _NUMBER, "compute_tokens": _NUMBER, "schedule_cost": _NUMBER,
-                  "forwards_per_token": _NUMBER, "eval": dict}
-# A metrics record: the fields the training-curve readers plot (step is an integer, see _read_jsonl).
-METRICS_SCHEMA = {"step": (int,), "kind": str, "loss": _NUMBER, "tokens": _NUMBER, "compute_tokens": _NUMBER,
-                  "time": _NUMBER, "lr_mult": _NUMBER, "length": _NUMBER, "tokens_per_s": _NUMBER,
-                  "stage_losses": list}
+CONFIG_SCHEMA = {
+    "train": dict,
+    "model": dict,
+    "params": dict,
+    "kind": str,
+    "schedule": str,
+    "schedule_cost": _NUMBER,
+    "forwards_per_token": _NUMBER,
+    "task_vocab_size": _NUMBER,
+}
+SUMMARY_SCHEMA = {
+    "status": str,
+    "steps": _NUMBER,
+    "final_loss": _NUMBER,
+    "wall_time_s": _NUMBER,
+    "tokens": _NUMBER,
+    "compute_tokens": _NUMBER,
+    "schedule_cost": _NUMBER,
+    "forwards_per_token": _NUMBER,
+    "eval": dict,
+}
+# A metrics record: the fields the training-curve readers plot (step is an integer, see
+# _read_jsonl).
+METRICS_SCHEMA = {
+    "step": (int,),
+    "kind": str,
+    "loss": _NUMBER,
+    "tokens": _NUMBER,
+    "compute_tokens": _NUMBER,
+    "time": _NUMBER,
+    "lr_mult": _NUMBER,
+    "length": _NUMBER,
+    "tokens_per_s": _NUMBER,
+    "stage_losses": list,
+}
 MAX_DEPTH = 8  # deeper JSON is not something this library writes
 
 
@@ -142,8 +175,11 @@ def _parse_json(data: bytes, what: str):
 def _bad_type(obj: dict, schema: dict) -> str | None:
     for key, types in schema.items():
         value = obj.get(key)
-        if key in obj and (not isinstance(value, types) or isinstance(value, bool) and bool not in
-                           (types if isinstance(types, tuple) else (types,))):
+        if key in obj and (
+            not isinstance(value, types)
+            or isinstance(value, bool)
+            and bool not in (types if isinstance(types, tuple) else (types,))
+        ):
             return f"{key!r} is {type(value).__name__}"
     return None
 
@@ -157,7 +193,9 @@ def read_json(path: Path, schema: dict | None = None):
     try:
         data = path.read_bytes()
     except OSError as e:  # a directory in its place, unreadable
-        raise DamagedFileError(f"{path.name}: unreadable ({e.strerror or type(e).__name__})") from None
+        raise DamagedFileError(
+            f"{path.name}: unreadable ({e.strerror or type(e).__name__})"
+        ) from None
     obj = _parse_json(data, path.name)
     if schema is not None:
         if not isinstance(obj, dict):
@@ -169,7 +207,9 @@ def read_json(path: Path, schema: dict | None = None):
             ev = obj.get("eval", {})
             odd = [k for k, v in ev.items() if not isinstance(v, (int, float, str, type(None)))]
             if odd:
-                raise DamagedFileError(f"{path.name}: eval[{odd[0]!r}] is {type(ev[odd[0]]).__name__}, not a number")
+                raise DamagedFileError(
+                    f"{path.name}: eval[{odd[0]!r}] is {type(ev[odd[0]]).__name__}, not a number"
+                )
     return obj
 
 
@@ -184,13 +224,13 @@ class Run:
         return self.path.name
 
     @classmethod
-    def create(cls, root, name: str, config: dict) -> "Run":
+    def create(cls, root, name: str, config: dict) -> Run:
         """Make root/name with config.json in one atomic rename; fails if it already exists."""
         run, claim = cls._assemble(root, name, config, claimed=False)
         return run
 
     @classmethod
-    def create_claimed(cls, root, name: str, config: dict) -> tuple["Run", Claim]:
+    def create_claimed(cls, root, name: str, config: dict) -> tuple[Run, Claim]:
         """Run.create with this process's claim inside the folder before it appears (one writer
         per run, `lrt_lab.store.claims`): (the run, the claim to release when done)."""
         return cls._assemble(root, name, config, claimed=True)
@@ -201,7 +241,9 @@ class Run:
         root.mkdir(parents=True, exist_ok=True)
         final = root / name
         if final.exists():
-            raise FileExistsError(f"run folder {final} already exists (use --resume to continue it)")
+            raise FileExistsError(
+                f"run folder {final} already exists (use --resume to continue it)"
+            )
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}."))
         claim = None
         try:
@@ -214,8 +256,9 @@ class Run:
                 os.rename(tmp, final)  # fails when another process made `final` meanwhile
             except OSError as e:
                 if final.exists():
-                    raise FileExistsError(f"run folder {final} already exists (made by another process just "
-                                          "now)") from None
+                    raise FileExistsError(
+                        f"run folder {final} already exists (made by another process just now)"
+                    ) from None
                 raise e
         except BaseException:
             if claim is not None:
@@ -276,7 +319,7 @@ class Run:
 
     @property
     def status(self) -> str:
-        """"complete", "diverged" (summary.json written with that status), or "incomplete"."""
+        """ "complete", "diverged" (summary.json written with that status), or "incomplete"."""
         summary = self.summary
         return "incomplete" if summary is None else summary.get("status", "complete")
 
@@ -306,8 +349,10 @@ class Run:
 def diverged_line(name: str, summary: dict) -> str:
     """The one line that says a run diverged and what to do, from its summary.json."""
     step, loss = summary.get("diverged_at_step", "?"), summary.get("diverged_loss", "?")
-    return (f"{name}: diverged at step {step} (loss {loss}); summary.json status 'diverged'. "
-            "Lower --lr-scale (or the learning rates) and train it under a new name")
+    return (
+        f"{name}: diverged at step {step} (loss {loss}); summary.json status 'diverged'. "
+        "Lower --lr-scale (or the learning rates) and train it under a new name"
+    )
 
 
 def first_names(names: list[str], most: int = 3) -> str:
@@ -327,7 +372,9 @@ def _read_jsonl(path: Path) -> tuple[list[dict], int]:
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise DamagedFileError(f"{path.name}: unreadable ({e.strerror or type(e).__name__})") from None
+        raise DamagedFileError(
+            f"{path.name}: unreadable ({e.strerror or type(e).__name__})"
+        ) from None
     for line in data.split(b"\n"):
         if not line.strip():
             continue
@@ -385,7 +432,9 @@ def load_runs(root, include_incomplete: bool = False) -> pd.DataFrame:
                 skipped.append((d.name, f"unreadable: {e.strerror or type(e).__name__}"))
                 continue
             if summary is None and not include_incomplete:
-                skipped.append((d.name, "incomplete: no summary.json (running, or killed; --resume it)"))
+                skipped.append(
+                    (d.name, "incomplete: no summary.json (running, or killed; --resume it)")
+                )
                 continue
             status = "incomplete" if summary is None else summary.get("status", "complete")
             row = {"run": d.name, "path": str(d), "status": status}
@@ -426,7 +475,9 @@ def load_metrics(run, kind: str | None = None) -> pd.DataFrame:
         records, bad, damaged = [], 0, str(e)
         warnings.warn(f"run {path.name!r}: {damaged}; no metrics read", stacklevel=2)
     if bad:
-        warnings.warn(f"run {path.name!r}: {bad} unreadable line(s) of {METRICS} dropped", stacklevel=2)
+        warnings.warn(
+            f"run {path.name!r}: {bad} unreadable line(s) of {METRICS} dropped", stacklevel=2
+        )
     if kind is not None:
         records = [r for r in records if r.get("kind") == kind]
     df = pd.DataFrame([flatten_dict(r) for r in records])
@@ -437,7 +488,11 @@ def load_metrics(run, kind: str | None = None) -> pd.DataFrame:
 
 def load_table(run, name: str) -> pd.DataFrame | None:
     """tables/<name>.csv of a run, or None when the run has no such table."""
-    path = Path(run["path"] if isinstance(run, pd.Series) else getattr(run, "path", run)) / TABLES / f"{name}.csv"
+    path = (
+        Path(run["path"] if isinstance(run, pd.Series) else getattr(run, "path", run))
+        / TABLES
+        / f"{name}.csv"
+    )
     if not path.exists():
         return None
     try:

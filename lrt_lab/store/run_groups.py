@@ -29,18 +29,39 @@ IDENTITY_FIELDS = ("config.train.seed", "config.train.name")
 # Fields written from other fields (the schedule's cost, parameter counts, the overrides that were
 # also applied to config.model, the model kind as given on the command line, the vocabulary): they
 # stay in the group key (harmless, they follow the rest) but a label never needs them.
-DERIVED_PREFIXES = ("config.params.", "config.train.overrides.", "config.schedule_cost", "config.forwards_per_token",
-                    "config.train.model", "config.train.schedule", "config.task_vocab_size",
-                    "config.model.vocab_size", "config.model.sequence_len")
+DERIVED_PREFIXES = (
+    "config.params.",
+    "config.train.overrides.",
+    "config.schedule_cost",
+    "config.forwards_per_token",
+    "config.train.model",
+    "config.train.schedule",
+    "config.task_vocab_size",
+    "config.model.vocab_size",
+    "config.model.sequence_len",
+)
 
 # The order in which fields are considered for a label: a field is added only where it tells apart
 # groups that the method and the fields before it do not (the task whenever it varies).
-PRIMARY_FIELDS = ("config.train.task", "config.train.task_options.", "config.train.length", "config.train.preset",
-                  "config.model.n_layer", "config.model.n_embd", "config.train.steps")
+PRIMARY_FIELDS = (
+    "config.train.task",
+    "config.train.task_options.",
+    "config.train.length",
+    "config.train.preset",
+    "config.model.n_layer",
+    "config.model.n_embd",
+    "config.train.steps",
+)
 SECONDARY_ORDER = ("config.model.memory.", "config.model.", "config.train.", "config.")
 
-SHORT_NAMES = {"config.train.task": "", "config.train.length": "L", "config.train.preset": "",
-               "config.model.n_layer": "layers", "config.model.n_embd": "d", "config.train.steps": "steps"}
+SHORT_NAMES = {
+    "config.train.task": "",
+    "config.train.length": "L",
+    "config.train.preset": "",
+    "config.model.n_layer": "layers",
+    "config.model.n_embd": "d",
+    "config.train.steps": "steps",
+}
 
 # The README's convention for "mean [interval]" cells: Student's t over seeds (lrt_lab.store.stats).
 INTERVAL_NOTE = "95% t-interval over seeds"
@@ -79,8 +100,14 @@ def group_keys(df: pd.DataFrame) -> pd.Series:
     cols = config_columns(df)
     if df.empty:
         return pd.Series([], index=df.index, dtype=object)
-    return pd.Series([json.dumps({c: canonical(row[c]) for c in cols}, sort_keys=True, default=str)
-                      for _, row in df[cols].iterrows()], index=df.index, dtype=object)
+    return pd.Series(
+        [
+            json.dumps({c: canonical(row[c]) for c in cols}, sort_keys=True, default=str)
+            for _, row in df[cols].iterrows()
+        ],
+        index=df.index,
+        dtype=object,
+    )
 
 
 def group_name(config: dict, limit: int = 128) -> str:
@@ -88,13 +115,23 @@ def group_name(config: dict, limit: int = 128) -> str:
     process of a sweep names its own run's group): what was trained, then a digest of the group
     key, so runs share the name exactly when `lrt-lab report` pools them as seeds. At most
     `limit` characters (W&B's bound on a group name)."""
-    config = json.loads(json.dumps(config, default=str))  # as config.json reads back: tuples become lists
+    config = json.loads(
+        json.dumps(config, default=str)
+    )  # as config.json reads back: tuples become lists
     row = pd.DataFrame([flatten_dict(config, "config.")])
     digest = hashlib.sha1(group_keys(row).iloc[0].encode()).hexdigest()[:8]
     train = config.get("train", {})
-    what = " ".join(str(v) for v in (train.get("task"), f"L{train.get('length')}", train.get("preset"),
-                                     method_label(row.iloc[0])) if v is not None)
-    return f"{what[:limit - len(digest) - 1]} {digest}"
+    what = " ".join(
+        str(v)
+        for v in (
+            train.get("task"),
+            f"L{train.get('length')}",
+            train.get("preset"),
+            method_label(row.iloc[0]),
+        )
+        if v is not None
+    )
+    return f"{what[: limit - len(digest) - 1]} {digest}"
 
 
 def _field_name(col: str) -> str:
@@ -102,7 +139,7 @@ def _field_name(col: str) -> str:
         return SHORT_NAMES[col]
     for prefix in ("config.train.task_options.", "config.model.", "config.train.", "config."):
         if col.startswith(prefix):
-            return col[len(prefix):]
+            return col[len(prefix) :]
     return col
 
 
@@ -112,9 +149,19 @@ def _text(v) -> str:
 
 
 def _ordered_candidates(cols: list[str]) -> tuple[list[str], list[str]]:
-    """(primary, secondary) label fields, each in reading order; derived and identity fields left out."""
-    usable = [c for c in cols if not c.startswith(DERIVED_PREFIXES) and c not in ("config.kind", "config.schedule")]
-    primary = [c for p in PRIMARY_FIELDS for c in usable if (c == p or (p.endswith(".") and c.startswith(p)))]
+    """(primary, secondary) label fields, each in reading order; derived and identity fields left
+    out."""
+    usable = [
+        c
+        for c in cols
+        if not c.startswith(DERIVED_PREFIXES) and c not in ("config.kind", "config.schedule")
+    ]
+    primary = [
+        c
+        for p in PRIMARY_FIELDS
+        for c in usable
+        if (c == p or (p.endswith(".") and c.startswith(p)))
+    ]
     rest = [c for c in usable if c not in primary]
     secondary = [c for p in SECONDARY_ORDER for c in rest if c.startswith(p)]
     return primary, list(dict.fromkeys(secondary))
@@ -146,7 +193,9 @@ def group_labels(df: pd.DataFrame, exclude=()) -> pd.Series:
 
     # The task always (a label without it reads as a claim about every task); every other field
     # only where it tells groups apart that the fields before it do not, so labels stay short.
-    chosen = [c for c in primary[:1] if c == "config.train.task" and reps[c].astype(str).nunique() > 1]
+    chosen = [
+        c for c in primary[:1] if c == "config.train.task" and reps[c].astype(str).nunique() > 1
+    ]
     for c in primary + secondary:
         if n_distinct(chosen) >= n_groups:
             break
@@ -162,7 +211,9 @@ def group_labels(df: pd.DataFrame, exclude=()) -> pd.Series:
             parts[i].append(_text(v) if not name else f"{name}={_text(v)}")
     labels = pd.Series({i: " | ".join(p) for i, p in parts.items()}, dtype=object).reindex(df.index)
     # Dropping unset fields must not merge two groups: fall back to spelling them out.
-    keys = group_keys(df[[c for c in cols if not c.startswith(DERIVED_PREFIXES)]])  # derived ones follow the rest
+    keys = group_keys(
+        df[[c for c in cols if not c.startswith(DERIVED_PREFIXES)]]
+    )  # derived ones follow the rest
     clash = labels.groupby(labels).transform(lambda s: keys[s.index].nunique() > 1)
     if clash.any():
         for i in df.index[clash.astype(bool)]:
@@ -202,8 +253,13 @@ def with_train_length_metric(df: pd.DataFrame) -> pd.DataFrame:
 def default_metric(df: pd.DataFrame) -> str:
     """The first pos@90 (exact decoding) column every run has; else pos@90 at each run's training
     length (AT_TRAIN_LENGTH, when every run has that); else the final training loss."""
-    for col in [c for c in eval_columns(df) if "pos90_exact@" in c] + [AT_TRAIN_LENGTH, "summary.final_loss"]:
+    for col in [c for c in eval_columns(df) if "pos90_exact@" in c] + [
+        AT_TRAIN_LENGTH,
+        "summary.final_loss",
+    ]:
         if col in df.columns and df[col].notna().all():
             return col
-    raise ValueError("metric: no summary column is set for every run; pass --metric with a summary column "
-                     f"(e.g. {', '.join(eval_columns(df)[:4]) or 'summary.final_loss'})")
+    raise ValueError(
+        "metric: no summary column is set for every run; pass --metric with a summary column "
+        f"(e.g. {', '.join(eval_columns(df)[:4]) or 'summary.final_loss'})"
+    )

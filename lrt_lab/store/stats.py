@@ -28,8 +28,14 @@ def _check_confidence(confidence) -> float:
     return float(confidence)
 
 
-def bootstrap_ci(values, statistic=np.mean, confidence: float = 0.95, n_resamples: int = 9999,
-                 seed: int = 0, method: str = "percentile") -> tuple[float, float]:
+def bootstrap_ci(
+    values,
+    statistic=np.mean,
+    confidence: float = 0.95,
+    n_resamples: int = 9999,
+    seed: int = 0,
+    method: str = "percentile",
+) -> tuple[float, float]:
     """Bootstrap CI of `statistic` over `values` (scipy.stats.bootstrap); NaN bounds for < 2 values.
 
     Identical values give a zero-width interval at that value (scipy would warn and return NaN)."""
@@ -44,8 +50,15 @@ def bootstrap_ci(values, statistic=np.mean, confidence: float = 0.95, n_resample
     # numpy's reductions take axis=: scipy then resamples in one array operation instead of one
     # Python call per resample (the same draws, the same interval, some 50x less CPU)
     vectorized = statistic in (np.mean, np.median)
-    res = sps.bootstrap((x,), statistic, confidence_level=confidence, n_resamples=n_resamples,
-                        method=method, rng=np.random.default_rng(seed), vectorized=vectorized)
+    res = sps.bootstrap(
+        (x,),
+        statistic,
+        confidence_level=confidence,
+        n_resamples=n_resamples,
+        method=method,
+        rng=np.random.default_rng(seed),
+        vectorized=vectorized,
+    )
     return (float(res.confidence_interval.low), float(res.confidence_interval.high))
 
 
@@ -71,35 +84,44 @@ def mean_ci(values, confidence: float = 0.95, method: str = "t", seed: int = 0) 
 
 
 def method_column(df: pd.DataFrame) -> pd.Series:
-    """`transformer`, `lrt interleaved:2`, ... per row of load_runs (lrt_lab.store.run_groups.method_label)."""
+    """`transformer`, `lrt interleaved:2`, ... per row of load_runs
+    (lrt_lab.store.run_groups.method_label)."""
     if df.empty:
         return pd.Series([], dtype=object, index=df.index)
     return df.apply(method_label, axis=1)
 
 
-def seed_stats(df: pd.DataFrame, metric: str, group_by=None, confidence: float = 0.95,
-               method: str = "t") -> pd.DataFrame:
+def seed_stats(
+    df: pd.DataFrame, metric: str, group_by=None, confidence: float = 0.95, method: str = "t"
+) -> pd.DataFrame:
     """Mean, std and CI over seeds of `metric` for each group of a load_runs DataFrame.
 
-    group_by None (default): lrt_lab.store.run_groups' rule, one group per config up to the seed, named by
+    group_by None (default): lrt_lab.store.run_groups' rule, one group per config up to the seed,
+    named by
     the fields that differ between the groups of `df` (columns `group` and `method`); or column
     names ("method" is added from config.kind/config.schedule when missing).
     Returns one row per group: the group columns, n, mean, std, sem, ci_low, ci_high, seeds (the
     seeds that had a value), and the metric name in df.attrs["metric"].
     """
     if not isinstance(df, pd.DataFrame):
-        raise ValueError("df is invalid; allowed: a pandas DataFrame (e.g. lrt_lab.store.results.load_runs)")
+        raise ValueError(
+            "df is invalid; allowed: a pandas DataFrame (e.g. lrt_lab.store.results.load_runs)"
+        )
     if metric not in df.columns:
         cols = [c for c in df.columns if c.startswith(("summary.", "bpb."))]
-        raise ValueError(f"metric={metric!r} is invalid; allowed: a column of the runs table, e.g. "
-                         f"{', '.join(cols[:8]) or 'summary.final_loss'}")
+        raise ValueError(
+            f"metric={metric!r} is invalid; allowed: a column of the runs table, e.g. "
+            f"{', '.join(cols[:8]) or 'summary.final_loss'}"
+        )
     df = df.copy()
     if group_by is None:
         df["group"] = group_labels(df)
         df["_key"] = group_keys(df)
         df["method"] = method_column(df)
         keys = ["group", "method"]
-        if df.groupby("group")["_key"].nunique().gt(1).any():  # group_labels guarantees this; keep it honest
+        if (
+            df.groupby("group")["_key"].nunique().gt(1).any()
+        ):  # group_labels guarantees this; keep it honest
             raise ValueError("group labels do not separate the configs; report this as a bug")
     else:
         keys = [group_by] if isinstance(group_by, str) else list(group_by)
@@ -107,19 +129,31 @@ def seed_stats(df: pd.DataFrame, metric: str, group_by=None, confidence: float =
             df["method"] = method_column(df)
     for k in keys:
         if k not in df.columns:
-            raise ValueError(f"group_by={k!r} is invalid; allowed: None (one group per config up to the seed), "
-                             "'method' or a column of the runs table")
+            raise ValueError(
+                f"group_by={k!r} is invalid; allowed: None (one group per config up to the seed), "
+                "'method' or a column of the runs table"
+            )
     seed_col = "config.train.seed" if "config.train.seed" in df.columns else None
     rows = []
     for key, sub in df.groupby(keys, dropna=False, sort=True):
         key = key if isinstance(key, tuple) else (key,)
         values = pd.to_numeric(sub[metric], errors="coerce")
         seeds = sub.loc[values.notna(), seed_col].tolist() if seed_col else []
-        rows.append({**dict(zip(keys, key)), **mean_ci(values, confidence, method),
-                     "seeds": ", ".join(str(_int_or(s)) for s in seeds)})
-    out = pd.DataFrame(rows, columns=keys + ["n", "mean", "std", "sem", "ci_low", "ci_high", "seeds"])
+        rows.append(
+            {
+                **dict(zip(keys, key)),
+                **mean_ci(values, confidence, method),
+                "seeds": ", ".join(str(_int_or(s)) for s in seeds),
+            }
+        )
+    out = pd.DataFrame(
+        rows, columns=keys + ["n", "mean", "std", "sem", "ci_low", "ci_high", "seeds"]
+    )
     out.attrs["metric"] = metric
-    out.attrs["interval"] = f"{round(100 * confidence)}% {'t-interval' if method == 't' else 'bootstrap interval'} over seeds"
+    out.attrs["interval"] = (
+        f"{round(100 * confidence)}% {'t-interval' if method == 't' else 'bootstrap interval'} "
+        "over seeds"
+    )
     return out
 
 
@@ -135,15 +169,24 @@ def plot_seed_stats(table: pd.DataFrame, x: str | None = None, ax=None, title: s
 
     x = x or ("group" if "group" in table.columns else "method")
     if x not in table.columns:
-        raise ValueError(f"x={x!r} is invalid; allowed: a column of the table ({', '.join(table.columns)})")
-    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(max(4, 1.2 * len(table)), 3.5))
+        raise ValueError(
+            f"x={x!r} is invalid; allowed: a column of the table ({', '.join(table.columns)})"
+        )
+    fig, ax = (
+        (ax.figure, ax) if ax is not None else plt.subplots(figsize=(max(4, 1.2 * len(table)), 3.5))
+    )
     sns.barplot(data=table, x=x, y="mean", ax=ax, color="tab:blue")
     lo = (table["mean"] - table["ci_low"]).fillna(0).clip(lower=0)
     hi = (table["ci_high"] - table["mean"]).fillna(0).clip(lower=0)
-    ax.errorbar(range(len(table)), table["mean"], yerr=[lo, hi], fmt="none", ecolor="black", capsize=4)
+    ax.errorbar(
+        range(len(table)), table["mean"], yerr=[lo, hi], fmt="none", ecolor="black", capsize=4
+    )
     ax.set_ylabel(table.attrs.get("metric", "mean"))
-    ax.set_title(title or f"mean over seeds ({int(table['n'].min()) if len(table) else 0}+ seeds); bars: "
-                 + table.attrs.get("interval", "confidence interval"))
+    ax.set_title(
+        title
+        or f"mean over seeds ({int(table['n'].min()) if len(table) else 0}+ seeds); bars: "
+        + table.attrs.get("interval", "confidence interval")
+    )
     ax.tick_params(axis="x", rotation=20)
     fig.tight_layout()
     return fig

@@ -18,23 +18,36 @@ import torch
 from lrt_lab.store.results import Run
 
 
-def save_checkpoint(run: Run, step: int, model, opts, generator, elapsed: float, counters: dict, keep: int = 2):
+def save_checkpoint(
+    run: Run, step: int, model, opts, generator, elapsed: float, counters: dict, keep: int = 2
+):
     """Write step's model, optimizer and RNG state atomically (a temporary file renamed into place);
     keep the newest `keep`. A full disk becomes one OSError saying so."""
     d = run.checkpoint_dir()
-    state = {"step": step, "model": model.state_dict(), "optimizers": [o.state_dict() for o in opts],
-             "generator": generator.get_state(), "torch_rng": torch.get_rng_state(),
-             "elapsed": elapsed, "counters": counters}
+    state = {
+        "step": step,
+        "model": model.state_dict(),
+        "optimizers": [o.state_dict() for o in opts],
+        "generator": generator.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "elapsed": elapsed,
+        "counters": counters,
+    }
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".ckpt.", suffix=".tmp")
     os.close(fd)
     try:
         torch.save(state, tmp)
         os.replace(tmp, d / f"step_{step:07d}.pt")
     except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)  # a full checkpoint's worth of disk, otherwise never reclaimed
+        Path(tmp).unlink(
+            missing_ok=True
+        )  # a full checkpoint's worth of disk, otherwise never reclaimed
         if disk_full(e, d):
-            raise OSError(errno.ENOSPC, f"disk full while writing the checkpoint of step {step} in {d}: free "
-                                        "space there, then run the same command again (train: with --resume)") from None
+            raise OSError(
+                errno.ENOSPC,
+                f"disk full while writing the checkpoint of step {step} in {d}: free "
+                "space there, then run the same command again (train: with --resume)",
+            ) from None
         raise
     for old in sorted(d.glob("step_*.pt"))[:-keep]:
         old.unlink()
@@ -68,22 +81,33 @@ def restore_checkpoint(run: Run, model, opts, generator, device) -> dict | None:
             state = torch.load(path, map_location=device, weights_only=False)
             model.load_state_dict(state["model"])
             if len(state["optimizers"]) != len(opts):
-                raise ValueError(f"{len(state['optimizers'])} optimizer states for {len(opts)} optimizers")
+                raise ValueError(
+                    f"{len(state['optimizers'])} optimizer states for {len(opts)} optimizers"
+                )
             for opt, s in zip(opts, state["optimizers"]):
                 opt.load_state_dict(s)
             generator.set_state(state["generator"])
             torch.set_rng_state(state["torch_rng"])
-            state = {"step": int(state["step"]), "elapsed": float(state["elapsed"]),
-                     "counters": dict(state["counters"]), "path": path}
+            state = {
+                "step": int(state["step"]),
+                "elapsed": float(state["elapsed"]),
+                "counters": dict(state["counters"]),
+                "path": path,
+            }
         except Exception as e:  # noqa: BLE001  (a damaged file can fail in any of torch's loaders)
             failures.append(f"{path.name}: {type(e).__name__}: {str(e)[:120]}")
-            warnings.warn(f"checkpoint {path} is unreadable ({type(e).__name__}); trying the one before it",
-                          stacklevel=2)
+            warnings.warn(
+                f"checkpoint {path} is unreadable ({type(e).__name__}); trying the one before it",
+                stacklevel=2,
+            )
             continue
         return state
     if failures:
-        raise ValueError(f"--resume: no readable checkpoint in {run.path / 'checkpoints'} ({'; '.join(failures)}); "
-                         "remove that folder to restart the run from step 0")
+        raise ValueError(
+            f"--resume: no readable checkpoint in {run.path / 'checkpoints'} "
+            f"({'; '.join(failures)}); "
+            "remove that folder to restart the run from step 0"
+        )
     return None
 
 
@@ -93,36 +117,60 @@ def open_for_resume(root: Path, cfg, config: dict | None = None) -> Run:
     a hand-edited model or schedule is refused too."""
     run = Run(root / cfg.run_name)
     if not (run.path / "config.json").is_file():
-        origin = "derived from the arguments; pass --name NAME" if cfg.name is None else "given by --name"
-        runs = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) \
-            if root.is_dir() else []
-        listing = f"; run folders in {root}: {', '.join(runs[:8])}{' ...' if len(runs) > 8 else ''}" if runs else ""
-        raise ValueError(f"--resume: no run folder {run.path} (its name {cfg.run_name!r} is {origin}){listing}")
+        origin = (
+            "derived from the arguments; pass --name NAME"
+            if cfg.name is None
+            else "given by --name"
+        )
+        runs = (
+            sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+            if root.is_dir()
+            else []
+        )
+        listing = (
+            f"; run folders in {root}: {', '.join(runs[:8])}{' ...' if len(runs) > 8 else ''}"
+            if runs
+            else ""
+        )
+        raise ValueError(
+            f"--resume: no run folder {run.path} (its name {cfg.run_name!r} is {origin}){listing}"
+        )
     saved = run.config.get("train")
     now = json.loads(json.dumps(cfg.to_dict()))
     if saved != now:
         saved = saved if isinstance(saved, dict) else {}
-        diffs = [f"{k}: {saved.get(k)!r} in config.json, {now.get(k)!r} now"
-                 for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
-        raise ValueError(f"--resume: the arguments differ from {run.path / 'config.json'} ({'; '.join(diffs)}); "
-                         "resume with the same ones")
+        diffs = [
+            f"{k}: {saved.get(k)!r} in config.json, {now.get(k)!r} now"
+            for k in sorted(set(saved) | set(now))
+            if saved.get(k) != now.get(k)
+        ]
+        raise ValueError(
+            f"--resume: the arguments differ from {run.path / 'config.json'} ({'; '.join(diffs)}); "
+            "resume with the same ones"
+        )
     if config is not None:
         diffs = config_differences(run.config, config)
         if diffs:
-            raise ValueError(f"--resume: {run.path / 'config.json'} differs from the config these arguments build "
-                             f"({'; '.join(diffs[:6])}); was it edited? Restore it or start a new run")
+            raise ValueError(
+                f"--resume: {run.path / 'config.json'} differs from the config these arguments "
+                "build "
+                f"({'; '.join(diffs[:6])}); was it edited? Restore it or start a new run"
+            )
     return run
 
 
 def config_differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
-    """'field: saved value in config.json, value now' for every leaf that differs (JSON-normalised)."""
+    """'field: saved value in config.json, value now' for every leaf that differs (JSON-normalised).
+    'field: saved value in config.json, value now' for every leaf that differs (JSON-normalised)."""
     saved, now = json.loads(json.dumps(saved)), json.loads(json.dumps(now, default=str))
     out = []
     for key in sorted(set(saved) | set(now)):
         a, b = saved.get(key), now.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
             out += config_differences(a, b, f"{prefix}{key}.")
-        elif a != b and not (isinstance(a, float) and isinstance(b, float) and math.isclose(a, b, rel_tol=1e-12)):
+        elif a != b and not (
+            isinstance(a, float) and isinstance(b, float) and math.isclose(a, b, rel_tol=1e-12)
+        ):
             out.append(f"{prefix}{key}: {a!r} in config.json, {b!r} now")
     return out
 
@@ -134,5 +182,7 @@ def remove_empty_folder(folder: Path) -> None:
         try:
             folder.rmdir()
         except OSError:
-            raise ValueError(f"{folder} exists and is not a run folder (no config.json) but is not empty; "
-                             "move it away or choose another --name / --out") from None
+            raise ValueError(
+                f"{folder} exists and is not a run folder (no config.json) but is not empty; "
+                "move it away or choose another --name / --out"
+            ) from None

@@ -9,23 +9,23 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Iterable
 
-COMPLETE = 0     # every run finished with status "complete" (also --dry-run, --help)
-ERROR = 1        # an unexpected failure (out of memory, a bug): one `lrt-lab: error:` line
-USAGE = 2        # refused: a bad argument, spec or path, a run another process trains, a full disk
-INCOMPLETE = 3   # stopped before the end, checkpointed: run the same command again to continue
-DIVERGED = 4     # a run's loss became NaN or inf (summary.json status "diverged")
+COMPLETE = 0  # every run finished with status "complete" (also --dry-run, --help)
+ERROR = 1  # an unexpected failure (out of memory, a bug): one `lrt-lab: error:` line
+USAGE = 2  # refused: a bad argument, spec or path, a run another process trains, a full disk
+INCOMPLETE = 3  # stopped before the end, checkpointed: run the same command again to continue
+DIVERGED = 4  # a run's loss became NaN or inf (summary.json status "diverged")
 INTERRUPTED = 130  # Ctrl-C (SIGINT), the shell's 128 + 2; resumable like INCOMPLETE
 
 MEANINGS = {
     COMPLETE: "complete: every run finished, none diverged",
     ERROR: "error: an unexpected failure (out of memory, a bug), named in one line",
     USAGE: "refused: an invalid argument, spec or path, a run another process trains, or a full "
-           "disk; named in one line",
+    "disk; named in one line",
     INCOMPLETE: "incomplete: stopped before the end (SIGTERM or SIGUSR1, --time-limit, runs left "
-                "to train or still running on Slurm), checkpointed; run the same command again "
-                "(train: with --resume) to continue",
+    "to train or still running on Slurm), checkpointed; run the same command again "
+    "(train: with --resume) to continue",
     DIVERGED: "diverged: a loss became NaN or inf (summary.json status 'diverged'); for a sweep: "
-              "every run finished, at least one diverged",
+    "every run finished, at least one diverged",
     INTERRUPTED: "interrupted by Ctrl-C; resumable like 3",
 }
 
@@ -44,6 +44,9 @@ def epilog() -> str:
     """The exit statuses as a --help epilog (for argparse's RawDescriptionHelpFormatter)."""
     lines = ["exit status:"]
     for code, meaning in MEANINGS.items():
-        lines.append(textwrap.fill(meaning, width=88, initial_indent=f"  {code:<5}",
-                                   subsequent_indent=" " * 7))
+        lines.append(
+            textwrap.fill(
+                meaning, width=88, initial_indent=f"  {code:<5}", subsequent_indent=" " * 7
+            )
+        )
     return "\n".join(lines)

@@ -17,7 +17,8 @@ Evaluation uses the decoding the model will really use: per-position accuracy an
 evaluation length with the training schedule's parallel forward *and* with exact recurrent decoding
 (the Decoder, one position at a time), so the train/inference mismatch is visible.
 
-Tasks come from a provider registered under the `lrt_lab.tasks` entry point (the built-in `lrt_tasks`, the tasks/ folder
+Tasks come from a provider registered under the `lrt_lab.tasks` entry point (the built-in
+`lrt_tasks`, the tasks/ folder
 package registers itself), so lrt_lab never imports the task code; a Task object can also be passed
 directly to `train(..., task=...)` (what it must provide: `lrt_lab.core.interface.Task`).
 """
@@ -68,7 +69,10 @@ from lrt_lab.training.optim import build_optimizers, optimizer_step, set_lr_sche
 from lrt_lab.training.resources import check_memory_fits, resolve_device
 from lrt_lab.training.stopping import StopRequest
 
-MODEL_KINDS = ("transformer", "lrt")  # plus the baselines' spellings, lrt_lab.core.baselines.BASELINE_KINDS
+MODEL_KINDS = (
+    "transformer",
+    "lrt",
+)  # plus the baselines' spellings, lrt_lab.core.baselines.BASELINE_KINDS
 
 
 def _ranged(default, low=None, high=None, **kw):
@@ -85,28 +89,30 @@ class TrainConfig:
     """
 
     task: str = "a5_prefix"
-    length: int = _ranged(64, 1)           # training sequence length (the curriculum's end)
-    task_options: dict = field(default_factory=dict)   # e.g. curriculum_start, curriculum_steps
+    length: int = _ranged(64, 1)  # training sequence length (the curriculum's end)
+    task_options: dict = field(default_factory=dict)  # e.g. curriculum_start, curriculum_steps
     preset: str = field(default="small", metadata={"choices": tuple(PRESETS)})
-    model: str = "lrt"                     # transformer | lrt (baselines: loop:N, ponder:N)
-    overrides: dict = field(default_factory=dict)      # ModelConfig fields, "memory.<field>" too
-    memory_preset: str = "paper"           # LRT memory: "paper" (its text) or "released" (its code)
+    model: str = "lrt"  # transformer | lrt (baselines: loop:N, ponder:N)
+    overrides: dict = field(default_factory=dict)  # ModelConfig fields, "memory.<field>" too
+    memory_preset: str = "paper"  # LRT memory: "paper" (its text) or "released" (its code)
     schedule: str = "interleaved:2"
     steps: int = _ranged(1000, 1)
     batch_size: int = _ranged(64, 1)
-    seed: int = _ranged(0, 0, TRAIN_SEED_LIMIT - 1)   # below the evaluation seeds (lrt_tasks.eval_sets)
+    seed: int = _ranged(
+        0, 0, TRAIN_SEED_LIMIT - 1
+    )  # below the evaluation seeds (lrt_tasks.eval_sets)
     lr_scale: float = _ranged(1.0, 0)
-    matrix_lr: float = _ranged(0.02, 0)    # Muon (paper: 0.02)
+    matrix_lr: float = _ranged(0.02, 0)  # Muon (paper: 0.02)
     embedding_lr: float = _ranged(0.1, 0)  # AdamW, before (d/768)^-1/2 (paper 0.3; capped for toys)
-    head_lr: float = _ranged(0.004, 0)     # AdamW, before (d/768)^-1/2 (paper 0.004)
-    scalar_lr: float = _ranged(0.05, 0)    # AdamW: gamma, residual scalars (paper 0.5)
+    head_lr: float = _ranged(0.004, 0)  # AdamW, before (d/768)^-1/2 (paper 0.004)
+    scalar_lr: float = _ranged(0.05, 0)  # AdamW: gamma, residual scalars (paper 0.5)
     weight_decay: float = _ranged(0.0, 0)
-    warmdown_frac: float = _ranged(0.5, 0, 1)   # linear warm-down to 0 over this final fraction
+    warmdown_frac: float = _ranged(0.5, 0, 1)  # linear warm-down to 0 over this final fraction
     grad_clip: float = _ranged(1.0, 0)
     eval_every: int = _ranged(200, 0)
     eval_lengths: tuple = (64, 128, 256)
     eval_size: int = _ranged(256, 1)
-    eval_exact: bool = True                # also evaluate with exact recurrent decoding
+    eval_exact: bool = True  # also evaluate with exact recurrent decoding
     checkpoint_every: int = _ranged(500, 0)  # 0: only at the end
     device: str = field(default="auto", metadata={"choices": ("auto", "cpu", "cuda")})
     compile: bool = False
@@ -132,7 +138,9 @@ class TrainConfig:
         sched = "" if self.model != "lrt" else f"-{self.schedule}"
         if self.model == "lrt" and self.memory_preset != "paper":  # the default keeps older names
             sched += f"-{self.memory_preset}"
-        return f"{self.task}-L{self.length}-{self.preset}-{self.model}{sched}-s{self.seed}".replace(":", "_")
+        return f"{self.task}-L{self.length}-{self.preset}-{self.model}{sched}-s{self.seed}".replace(
+            ":", "_"
+        )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -140,10 +148,13 @@ class TrainConfig:
 
 # Tasks ------------------------------------------------------------------------------------------
 def task_provider():
-    """The module registered under the `lrt_lab.tasks` entry point (the built-in `lrt_tasks`, the tasks/ folder)."""
+    """The module registered under the `lrt_lab.tasks` entry point (the built-in `lrt_tasks`, the
+    tasks/ folder)."""
     eps = list(importlib.metadata.entry_points(group="lrt_lab.tasks"))
     if not eps:
-        raise ValueError("task: no task provider is installed; `pip install -e .` registers the built-in tasks")
+        raise ValueError(
+            "task: no task provider is installed; `pip install -e .` registers the built-in tasks"
+        )
     return eps[0].load()
 
 
@@ -168,23 +179,33 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     """The ModelConfig for a run: preset + memory (the run's memory_preset, for LRT) + dotted
     overrides (memory.<field> on top of the memory preset)."""
     if cfg.model not in MODEL_KINDS and not is_baseline_kind(cfg.model):
-        raise ValueError(f"model={cfg.model!r} is invalid; allowed: {', '.join(MODEL_KINDS)}, "
-                         f"{', '.join(BASELINE_KINDS)}")
+        raise ValueError(
+            f"model={cfg.model!r} is invalid; allowed: {', '.join(MODEL_KINDS)}, "
+            f"{', '.join(BASELINE_KINDS)}"
+        )
     top, mem = {}, {}
     model_fields = {f.name for f in dataclasses.fields(ModelConfig)} - {"memory"}
     mem_fields = {f.name for f in dataclasses.fields(MemoryConfig)}
     for key, value in cfg.overrides.items():
         if key.startswith("memory."):
-            sub = key[len("memory."):]
+            sub = key[len("memory.") :]
             if sub not in mem_fields:
-                raise ValueError(f"--set {key}: unknown field; allowed memory fields: {', '.join(sorted(mem_fields))}")
+                raise ValueError(
+                    f"--set {key}: unknown field; allowed memory fields: "
+                    f"{', '.join(sorted(mem_fields))}"
+                )
             mem[sub] = value
         elif key in model_fields:
             top[key] = value
         else:
-            raise ValueError(f"--set {key}: unknown field; allowed: {', '.join(sorted(model_fields))}, memory.<field>")
+            raise ValueError(
+                f"--set {key}: unknown field; allowed: {', '.join(sorted(model_fields))}, "
+                "memory.<field>"
+            )
     if cfg.model != "lrt" and mem:
-        raise ValueError(f"--set {next(iter(mem))}: model={cfg.model!r} has no memory; use --model lrt")
+        raise ValueError(
+            f"--set {next(iter(mem))}: model={cfg.model!r} has no memory; use --model lrt"
+        )
     n_layer = top.get("n_layer", PRESETS[cfg.preset]["n_layer"])
     memory = make_memory(cfg.memory_preset, n_layer, **mem) if cfg.model == "lrt" else None
     fields = {"vocab_size": vocab_size, "sequence_len": cfg.length, **top}
@@ -204,9 +225,14 @@ def make_optimizers(model, cfg: TrainConfig) -> list[torch.optim.Optimizer]:
     (lrt_lab.training.optim); the embedding and head rates scale as (d/768)^-1/2 (app. A)."""
     width = (model.config.n_embd / 768) ** -0.5
     s = cfg.lr_scale
-    lrs = {"matrix": cfg.matrix_lr * s, "embedding": cfg.embedding_lr * width * s,
-           "head": cfg.head_lr * width * s, "scalar": cfg.scalar_lr * s,
-           "resid_scalar": cfg.scalar_lr * s, "x0_scalar": cfg.scalar_lr * s}
+    lrs = {
+        "matrix": cfg.matrix_lr * s,
+        "embedding": cfg.embedding_lr * width * s,
+        "head": cfg.head_lr * width * s,
+        "scalar": cfg.scalar_lr * s,
+        "resid_scalar": cfg.scalar_lr * s,
+        "x0_scalar": cfg.scalar_lr * s,
+    }
     return build_optimizers(model, lrs, weight_decay=cfg.weight_decay)
 
 
@@ -223,17 +249,27 @@ def _masked_targets(batch) -> torch.Tensor:
 def trained_by() -> dict:
     """Which host and process trained a run (a sweep spreads runs over processes and nodes)."""
     import socket
+
     return {"host": socket.gethostname(), "pid": os.getpid(), "finished": time.time()}
 
 
-def diverged(run: Run, cfg: TrainConfig, step: int, loss: float, elapsed: float, counters: dict, bar) -> Run:
+def diverged(
+    run: Run, cfg: TrainConfig, step: int, loss: float, elapsed: float, counters: dict, bar
+) -> Run:
     """End a run whose loss became NaN or inf: summary.json says so (status "diverged", the step and
     the loss), so a sweep goes on to its next run and a re-run does not train it again."""
     if bar is not None:
         bar.close()
-    summary = {"status": "diverged", "steps": cfg.steps, "diverged_at_step": step,
-               "trained_by": trained_by(), "diverged_loss": str(loss), "wall_time_s": elapsed,
-               "tokens": counters["tokens"], "compute_tokens": counters["compute_tokens"]}
+    summary = {
+        "status": "diverged",
+        "steps": cfg.steps,
+        "diverged_at_step": step,
+        "trained_by": trained_by(),
+        "diverged_loss": str(loss),
+        "wall_time_s": elapsed,
+        "tokens": counters["tokens"],
+        "compute_tokens": counters["compute_tokens"],
+    }
     run.write_summary(summary)
     print(diverged_line(run.name, summary), file=sys.stderr)
     return run
@@ -246,17 +282,28 @@ def prepare(cfg: TrainConfig, task=None):
     sweep can check every run of its grid first; train() builds the real one under the run's seed.
     """
     task = task if task is not None else make_task(cfg)
-    if not isinstance(task, Task):  # a task passed in by hand fails here, not at the step that reads it
-        fail("task", task, "a task with name, length, min_length, vocab_size, length_at(step) and "
-                           "sample(...) (lrt_lab.core.interface.Task; lrt_tasks.Task provides them)")
+    if not isinstance(
+        task, Task
+    ):  # a task passed in by hand fails here, not at the step that reads it
+        fail(
+            "task",
+            task,
+            "a task with name, length, min_length, vocab_size, length_at(step) and "
+            "sample(...) (lrt_lab.core.interface.Task; lrt_tasks.Task provides them)",
+        )
     if cfg.model != "lrt" and cfg.schedule != "onepass":
-        raise ValueError(f"schedule={cfg.schedule!r} is invalid for model={cfg.model!r} (it has no memory; "
-                         "a baseline's own training forward is its stage); allowed: onepass")
+        raise ValueError(
+            f"schedule={cfg.schedule!r} is invalid for model={cfg.model!r} (it has no memory; "
+            "a baseline's own training forward is its stage); allowed: onepass"
+        )
     with torch.device("meta"):
         model = build_model(cfg, task.vocab_size)
     if model.config.vocab_size < task.vocab_size:
-        fail("vocab_size", model.config.vocab_size,
-             f"an integer >= {task.vocab_size}, the vocabulary of task {cfg.task!r}")
+        fail(
+            "vocab_size",
+            model.config.vocab_size,
+            f"an integer >= {task.vocab_size}, the vocabulary of task {cfg.task!r}",
+        )
     schedule = parse_schedule(cfg.schedule)
     check_memory_fits(cfg, model.config, schedule)
     start_length = task.length_at(0)
@@ -267,7 +314,11 @@ def prepare(cfg: TrainConfig, task=None):
     min_length = task.min_length
     for n in cfg.eval_lengths:
         if n < min_length:
-            fail("eval_lengths", cfg.eval_lengths, f"integers >= {min_length}, the shortest sequence of task {cfg.task!r}")
+            fail(
+                "eval_lengths",
+                cfg.eval_lengths,
+                f"integers >= {min_length}, the shortest sequence of task {cfg.task!r}",
+            )
     for length in sorted({start_length, cfg.length}):
         task.sample(1, torch.Generator().manual_seed(cfg.seed), length=length)
     make_eval_sets(task, cfg.eval_lengths, 1, seed=0)
@@ -282,15 +333,30 @@ def _progress_bar(total: int, initial: int, desc: str):
     """
     from tqdm.asyncio import tqdm as console_tqdm
     from tqdm.auto import tqdm
+
     in_notebook = tqdm is not console_tqdm  # tqdm.auto picked the Jupyter widget
     interactive = in_notebook or sys.stderr.isatty()
-    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, leave=True,
-                mininterval=0.1 if interactive else 30.0)
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=desc,
+        dynamic_ncols=True,
+        leave=True,
+        mininterval=0.1 if interactive else 30.0,
+    )
 
 
-def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: bool = False,
-          progress: bool = True, stop_after: int | None = None, deadline: float | None = None,
-          stop: "StopRequest | None" = None, log=()) -> Run:
+def train(
+    cfg: TrainConfig,
+    out: str | os.PathLike = "runs",
+    task=None,
+    resume: bool = False,
+    progress: bool = True,
+    stop_after: int | None = None,
+    deadline: float | None = None,
+    stop: StopRequest | None = None,
+    log=(),
+) -> Run:
     """Train one run into out/<cfg.run_name>; returns the Run (complete unless stopped early).
 
     resume: continue the run folder from its latest readable checkpoint (metrics after it are
@@ -315,9 +381,16 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
     mirroring = mirror_settings(log)  # a missing package fails here, before anything is written
     device = resolve_device(cfg.device)
     root = check_out_dir("out", out)
-    config = {"train": cfg.to_dict(), "model": model.config.to_dict(), "params": model.param_report(),
-              "kind": cfg.model, "schedule": schedule.spec, "schedule_cost": schedule.cost,
-              "forwards_per_token": model.forwards_per_token, "task_vocab_size": task.vocab_size}
+    config = {
+        "train": cfg.to_dict(),
+        "model": model.config.to_dict(),
+        "params": model.param_report(),
+        "kind": cfg.model,
+        "schedule": schedule.spec,
+        "schedule_cost": schedule.cost,
+        "forwards_per_token": model.forwards_per_token,
+        "task_vocab_size": task.vocab_size,
+    }
     if resume:
         run = open_for_resume(root, cfg, config)
         claim = acquire(run.path)
@@ -330,10 +403,22 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
     own_stop = stop is None
     stop = StopRequest() if own_stop else stop
     try:
-        with stop.installed() if own_stop else contextlib.nullcontext(), \
-                mirrored(run, mirroring, config) as logged_run:  # the store, then the mirrors
-            _train_claimed(cfg, logged_run, task, schedule, device, resume, progress, stop_after, deadline,
-                           stop)
+        with (
+            stop.installed() if own_stop else contextlib.nullcontext(),
+            mirrored(run, mirroring, config) as logged_run,
+        ):  # the store, then the mirrors
+            _train_claimed(
+                cfg,
+                logged_run,
+                task,
+                schedule,
+                device,
+                resume,
+                progress,
+                stop_after,
+                deadline,
+                stop,
+            )
             return run
     finally:
         claim.release()
@@ -343,10 +428,10 @@ def train(cfg: TrainConfig, out: str | os.PathLike = "runs", task=None, resume: 
 class LoopState:
     """What the training loop carries from one step to the next."""
 
-    step: int                 # steps done
-    stop: int                 # the step this process stops after (cfg.steps, or earlier on request)
-    counters: dict            # tokens and compute_tokens so far
-    t0: float                 # perf_counter() at step 0 (a resumed run's earlier time included)
+    step: int  # steps done
+    stop: int  # the step this process stops after (cfg.steps, or earlier on request)
+    counters: dict  # tokens and compute_tokens so far
+    t0: float  # perf_counter() at step 0 (a resumed run's earlier time included)
     last_eval: dict = field(default_factory=dict)
     results: dict | None = None  # the latest evaluation (evaluate's output)
 
@@ -354,8 +439,18 @@ class LoopState:
         return time.perf_counter() - self.t0
 
 
-def _train_claimed(cfg: TrainConfig, run: Run, task, schedule, device, resume: bool, progress: bool,
-                   stop_after: int | None, deadline: float | None, stop_request: StopRequest) -> Run:
+def _train_claimed(
+    cfg: TrainConfig,
+    run: Run,
+    task,
+    schedule,
+    device,
+    resume: bool,
+    progress: bool,
+    stop_after: int | None,
+    deadline: float | None,
+    stop_request: StopRequest,
+) -> Run:
     """The training loop of a claimed run folder (see `train`)."""
     model, opts, generator, state = _start(cfg, run, task, device, resume)
     if state is None:  # complete: nothing to do
@@ -375,14 +470,17 @@ def _train_claimed(cfg: TrainConfig, run: Run, task, schedule, device, resume: b
         if not math.isfinite(record["loss"]):
             run.log(record)
             return diverged(run, cfg, loop.step, record["loss"], loop.elapsed(), loop.counters, bar)
-        if loop.step < loop.stop and ((deadline is not None and time.monotonic() >= deadline)
-                                      or stop_request.requested):
+        if loop.step < loop.stop and (
+            (deadline is not None and time.monotonic() >= deadline) or stop_request.requested
+        ):
             loop.stop = loop.step  # out of time, SIGTERM or SIGUSR1: checkpoint here, resume later
         run.log(record)
         # The checkpoint comes before the evaluation, so a failing or killed evaluation (it can
         # take longer than many steps) loses no training; the evaluation it lost is redone from
         # that checkpoint on resume (_redo_lost_evaluation).
-        if (cfg.checkpoint_every and loop.step % cfg.checkpoint_every == 0) or loop.step == loop.stop:
+        if (
+            cfg.checkpoint_every and loop.step % cfg.checkpoint_every == 0
+        ) or loop.step == loop.stop:
             save_checkpoint(run, loop.step, model, opts, generator, loop.elapsed(), loop.counters)
         if evaluation_due(cfg, loop.step):
             _evaluate_and_log(run, model, schedule, eval_sets, cfg, autocast, loop)
@@ -391,15 +489,20 @@ def _train_claimed(cfg: TrainConfig, run: Run, task, schedule, device, resume: b
         bar.close()
     if loop.step < cfg.steps:
         if stop_request.requested:
-            print(f"{run.name}: stopped at step {loop.step} on {stop_request.requested}, checkpointed; run the "
-                  "same command again (train: with --resume) to continue", file=sys.stderr)
+            print(
+                f"{run.name}: stopped at step {loop.step} on {stop_request.requested}, "
+                "checkpointed; run the "
+                "same command again (train: with --resume) to continue",
+                file=sys.stderr,
+            )
         return run  # stopped early on request: resumable, no summary
     return _finish(run, cfg, model, schedule, eval_sets, autocast, loop)
 
 
 def _start(cfg: TrainConfig, run: Run, task, device, resume: bool):
     """(model, optimizers, data generator, state) under the run's seed, restored from the newest
-    readable checkpoint when resuming; state is {step, elapsed, counters}, None for a complete run."""
+    readable checkpoint when resuming; state is {step, elapsed, counters}, None for a complete
+    run."""
     if resume:
         run.remove_temp_files()  # left by a killed process (a full checkpoint each)
     torch.manual_seed(cfg.seed)
@@ -412,16 +515,25 @@ def _start(cfg: TrainConfig, run: Run, task, device, resume: bool):
     elif resume:
         run.truncate_metrics(-1)
     if resume and not run.is_complete:  # always said: which step a resumed run continues from
-        where = f"step {state['step']} ({state['path'].name})" if state is not None else "step 0 (no checkpoint yet)"
+        where = (
+            f"step {state['step']} ({state['path'].name})"
+            if state is not None
+            else "step 0 (no checkpoint yet)"
+        )
         print(f"resuming {run.name} from {where}", file=sys.stderr)
     if run.is_complete:
         return model, opts, generator, None
-    return model, opts, generator, state or {"step": 0, "elapsed": 0.0, "counters": {"tokens": 0,
-                                                                                     "compute_tokens": 0.0}}
+    return (
+        model,
+        opts,
+        generator,
+        state or {"step": 0, "elapsed": 0.0, "counters": {"tokens": 0, "compute_tokens": 0.0}},
+    )
 
 
-def _train_step(cfg: TrainConfig, model, opts, task, schedule, generator, device, autocast,
-                loop: LoopState) -> dict:
+def _train_step(
+    cfg: TrainConfig, model, opts, task, schedule, generator, device, autocast, loop: LoopState
+) -> dict:
     """Sample a batch, run the schedule forward and backward, step the optimizers; advances
     `loop` (step, counters) and returns the step's metrics line."""
     length = task.length_at(loop.step)
@@ -439,13 +551,22 @@ def _train_step(cfg: TrainConfig, model, opts, task, schedule, generator, device
     loop.counters["tokens"] += n_tokens
     loop.counters["compute_tokens"] += n_tokens * step_cost
     loop.step += 1
-    record = {"kind": "train", "step": loop.step, "loss": result.loss.item(),
-              "stage_losses": [l.item() for l in result.stage_losses], "lr_mult": mult, "length": length,
-              "tokens": loop.counters["tokens"], "compute_tokens": loop.counters["compute_tokens"],
-              "time": loop.elapsed(), "tokens_per_s": n_tokens / max(dt, 1e-9),
-              # forwards per token this step ran, and what else the schedule measured
-              # (FixedPoint: sweeps, last residual, converged; Rollout: the rollout's time share)
-              "step_cost": step_cost, **result.measured.record(dt)}
+    record = {
+        "kind": "train",
+        "step": loop.step,
+        "loss": result.loss.item(),
+        "stage_losses": [l.item() for l in result.stage_losses],
+        "lr_mult": mult,
+        "length": length,
+        "tokens": loop.counters["tokens"],
+        "compute_tokens": loop.counters["compute_tokens"],
+        "time": loop.elapsed(),
+        "tokens_per_s": n_tokens / max(dt, 1e-9),
+        # forwards per token this step ran, and what else the schedule measured
+        # (FixedPoint: sweeps, last residual, converged; Rollout: the rollout's time share)
+        "step_cost": step_cost,
+        **result.measured.record(dt),
+    }
     return record
 
 
@@ -454,8 +575,9 @@ def evaluation_due(cfg: TrainConfig, step: int) -> bool:
     return bool(cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps
 
 
-def _redo_lost_evaluation(run: Run, model, schedule, eval_sets: dict, cfg: TrainConfig, autocast,
-                          loop: LoopState) -> None:
+def _redo_lost_evaluation(
+    run: Run, model, schedule, eval_sets: dict, cfg: TrainConfig, autocast, loop: LoopState
+) -> None:
     """On resume from the checkpoint of step s: evaluate and log step s if its evaluation is due
     and missing from metrics.jsonl (the process died during it, after the checkpoint was written).
 
@@ -470,17 +592,29 @@ def _redo_lost_evaluation(run: Run, model, schedule, eval_sets: dict, cfg: Train
         _evaluate_and_log(run, model, schedule, eval_sets, cfg, autocast, loop)
     earlier = [s for s in lost if s != loop.step]
     if earlier:
-        warnings.warn(f"{run.name}: metrics.jsonl has no evaluation at step(s) "
-                      f"{', '.join(map(str, earlier[:8]))}{' ...' if len(earlier) > 8 else ''}; "
-                      "they cannot be redone (the model at those steps is not kept)", stacklevel=3)
+        warnings.warn(
+            f"{run.name}: metrics.jsonl has no evaluation at step(s) "
+            f"{', '.join(map(str, earlier[:8]))}{' ...' if len(earlier) > 8 else ''}; "
+            "they cannot be redone (the model at those steps is not kept)",
+            stacklevel=3,
+        )
 
 
-def _evaluate_and_log(run: Run, model, schedule, eval_sets: dict, cfg: TrainConfig, autocast,
-                      loop: LoopState) -> None:
+def _evaluate_and_log(
+    run: Run, model, schedule, eval_sets: dict, cfg: TrainConfig, autocast, loop: LoopState
+) -> None:
     loop.results = evaluate(model, schedule, eval_sets, cfg.eval_exact, autocast=autocast)
     loop.last_eval = eval_record(loop.results)
-    run.log({"kind": "eval", "step": loop.step, "tokens": loop.counters["tokens"],
-             "compute_tokens": loop.counters["compute_tokens"], "time": loop.elapsed(), **loop.last_eval})
+    run.log(
+        {
+            "kind": "eval",
+            "step": loop.step,
+            "tokens": loop.counters["tokens"],
+            "compute_tokens": loop.counters["compute_tokens"],
+            "time": loop.elapsed(),
+            **loop.last_eval,
+        }
+    )
 
 
 def _show_progress(bar, record: dict, last_eval: dict, cfg: TrainConfig) -> None:
@@ -494,19 +628,30 @@ def _show_progress(bar, record: dict, last_eval: dict, cfg: TrainConfig) -> None
     bar.update(1)
 
 
-def _finish(run: Run, cfg: TrainConfig, model, schedule, eval_sets: dict, autocast, loop: LoopState) -> Run:
+def _finish(
+    run: Run, cfg: TrainConfig, model, schedule, eval_sets: dict, autocast, loop: LoopState
+) -> Run:
     """The final evaluation's per-position table and summary.json: the run is complete."""
     if loop.results is None:  # resumed at the end after its evaluation was logged: not in memory
         loop.results = evaluate(model, schedule, eval_sets, cfg.eval_exact, autocast=autocast)
     run.write_table("per_position", per_position_table(loop.results))
     train_losses = [r["loss"] for r in run.metrics_records() if r.get("kind") == "train"]
-    tail = train_losses[-max(1, len(train_losses) // 20):]
+    tail = train_losses[-max(1, len(train_losses) // 20) :]
     counters = loop.counters
     # the mean of what the steps ran (a schedule that adapts to the data: not its upper bound)
     cost = counters["compute_tokens"] / max(counters["tokens"], 1)
-    run.write_summary({"status": "complete", "steps": cfg.steps, "trained_by": trained_by(),
-                       "final_loss": sum(tail) / len(tail), "wall_time_s": loop.elapsed(),
-                       "tokens": counters["tokens"], "compute_tokens": counters["compute_tokens"],
-                       "schedule_cost": cost, "forwards_per_token": model.forwards_per_token,
-                       "eval": eval_record(loop.results)})
+    run.write_summary(
+        {
+            "status": "complete",
+            "steps": cfg.steps,
+            "trained_by": trained_by(),
+            "final_loss": sum(tail) / len(tail),
+            "wall_time_s": loop.elapsed(),
+            "tokens": counters["tokens"],
+            "compute_tokens": counters["compute_tokens"],
+            "schedule_cost": cost,
+            "forwards_per_token": model.forwards_per_token,
+            "eval": eval_record(loop.results),
+        }
+    )
     return run

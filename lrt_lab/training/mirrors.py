@@ -3,7 +3,8 @@ and/or TensorBoard while it trains (`lrt-lab train/sweep --log wandb --log tenso
 
 The run store stays the source of truth: every record is written there first, then mirrored. A
 mirror that fails (a full disk under its folder, a network error online) is dropped with one warning
-line; the run goes on. A mirror is not part of a run's identity, so it is never in TrainConfig: train()
+line; the run goes on. A mirror is not part of a run's identity, so it is never in TrainConfig:
+train()
 and run_sweep() take the names as an argument of their own.
 
 - TensorBoard writes <run folder>/tensorboard (`tensorboard --logdir runs/` shows every run):
@@ -28,9 +29,10 @@ import json
 import os
 import sys
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from lrt_lab.store.results import Run, write_json
 from lrt_lab.store.run_groups import group_name
@@ -59,18 +61,22 @@ class MirrorSettings:
     """Which mirrors a run writes to, and their options (picklable: it travels to Ray tasks)."""
 
     names: tuple[str, ...] = ()
-    wandb_project: str | None = None   # None: $WANDB_PROJECT, else DEFAULT_WANDB_PROJECT
+    wandb_project: str | None = None  # None: $WANDB_PROJECT, else DEFAULT_WANDB_PROJECT
 
     def __post_init__(self):
-        object.__setattr__(self, "names", tuple(dict.fromkeys(self.names)))  # --log wandb twice: once
+        object.__setattr__(
+            self, "names", tuple(dict.fromkeys(self.names))
+        )  # --log wandb twice: once
         for name in self.names:
             if name not in MIRROR_PACKAGES:
-                raise ValueError(f"--log {name!r} is invalid; allowed: {', '.join(MIRROR_PACKAGES)}")
+                raise ValueError(
+                    f"--log {name!r} is invalid; allowed: {', '.join(MIRROR_PACKAGES)}"
+                )
         if self.wandb_project is not None and "wandb" not in self.names:
             raise ValueError("--wandb-project needs --log wandb")
 
 
-def mirror_settings(log: "Sequence[str] | MirrorSettings | None") -> MirrorSettings:
+def mirror_settings(log: Sequence[str] | MirrorSettings | None) -> MirrorSettings:
     """Settings from what train() / run_sweep() were given (names, or settings), checked: every
     mirror's package must import, so a missing one fails before any run folder is written."""
     settings = log if isinstance(log, MirrorSettings) else MirrorSettings(tuple(log or ()))
@@ -85,8 +91,9 @@ def require_package(name: str) -> None:
     try:
         importlib.import_module(module)
     except ImportError:
-        raise ValueError(f"--log {name}: the {module} package is not installed; "
-                         f"pip install 'lrt-lab[{extra}]'") from None
+        raise ValueError(
+            f"--log {name}: the {module} package is not installed; pip install 'lrt-lab[{extra}]'"
+        ) from None
 
 
 # Records -> scalars ------------------------------------------------------------------------------
@@ -129,6 +136,7 @@ class TensorBoardMirror:
 
     def _open(self, first_step: int | None):
         from torch.utils.tensorboard import SummaryWriter
+
         self.writer = SummaryWriter(str(self.folder), purge_step=first_step, flush_secs=30)
         if self.config_text is not None:
             self.writer.add_text("config", self.config_text, 0)
@@ -160,12 +168,20 @@ class WandbMirror:
 
     def start(self, config: dict, run_name: str, group: str) -> None:
         import wandb
+
         wandb_dir = self.folder / WANDB_FOLDER
         wandb_dir.mkdir(exist_ok=True)
-        self.run = wandb.init(project=self.project, name=run_name, group=group, config=config,
-                              dir=str(self.folder), id=wandb_run_id(wandb_dir), resume="allow",
-                              mode=wandb_mode(os.environ),
-                              settings=wandb.Settings(console="off", quiet=True, disable_git=True))
+        self.run = wandb.init(
+            project=self.project,
+            name=run_name,
+            group=group,
+            config=config,
+            dir=str(self.folder),
+            id=wandb_run_id(wandb_dir),
+            resume="allow",
+            mode=wandb_mode(os.environ),
+            settings=wandb.Settings(console="off", quiet=True, disable_git=True),
+        )
         # online, a resumed W&B run knows its last step: the steps up to it are there already
         self.first_new_step = self.run.step if self.run.resumed else 0
 
@@ -227,10 +243,13 @@ class Mirrors:
             except Exception as e:  # noqa: BLE001 - whatever a tracker raises, training goes on
                 del self.active[name]
                 error = " ".join(str(e).split())[:200]  # one line, whatever the tracker's message
-                print(f"lrt-lab: warning: --log {name} stopped mirroring {self.run_name} after "
-                      f"{type(e).__name__}: {error} (the run store has every metric)", file=sys.stderr)
+                print(
+                    f"lrt-lab: warning: --log {name} stopped mirroring {self.run_name} after "
+                    f"{type(e).__name__}: {error} (the run store has every metric)",
+                    file=sys.stderr,
+                )
 
-    def start(self, config: dict, run_name: str, group: str) -> "Mirrors":
+    def start(self, config: dict, run_name: str, group: str) -> Mirrors:
         self._each(lambda m: m.start(config, run_name, group))
         return self
 

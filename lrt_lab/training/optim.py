@@ -42,14 +42,19 @@ def param_roles(model: nn.Module) -> dict[str, str]:
         if isinstance(module, DeclaresParamRoles):
             for pattern, role in module.param_roles().items():
                 if role not in ROLES:
-                    raise ValueError(f"role {role!r} of {prefix}.{pattern} is invalid; allowed: {', '.join(ROLES)}")
+                    raise ValueError(
+                        f"role {role!r} of {prefix}.{pattern} is invalid; allowed: "
+                        f"{', '.join(ROLES)}"
+                    )
                 declared.append((f"{prefix}.{pattern}" if prefix else pattern, role))
     out = {}
     for name, _ in model.named_parameters():
         hits = {role for pattern, role in declared if fnmatchcase(name, pattern)}
         if len(hits) != 1:
-            raise ValueError(f"parameter {name!r} has roles {sorted(hits)}; allowed: exactly one "
-                             f"(declare it in its module's param_roles())")
+            raise ValueError(
+                f"parameter {name!r} has roles {sorted(hits)}; allowed: exactly one "
+                f"(declare it in its module's param_roles())"
+            )
         out[name] = hits.pop()
     return out
 
@@ -63,8 +68,9 @@ def param_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
     return groups
 
 
-def newton_schulz(update: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
-                  eps: float) -> torch.Tensor:
+def newton_schulz(
+    update: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float
+) -> torch.Tensor:
     """The quintic Newton-Schulz orthogonalisation of torch.optim.Muon (Keller Jordan's
     coefficients; approximately U V^T of update = U S V^T), in update's own dtype."""
     a, b, c = coefficients
@@ -96,10 +102,13 @@ class Muon(torch.optim.Muon):
             for p, grad, buf in zip(params, grads, bufs):
                 buf.lerp_(grad, 1 - momentum)
                 update = grad.lerp(buf, momentum) if group["nesterov"] else buf
-                update = newton_schulz(update.float(), group["ns_coefficients"], group["ns_steps"],
-                                       group["eps"])
+                update = newton_schulz(
+                    update.float(), group["ns_coefficients"], group["ns_steps"], group["eps"]
+                )
                 p.mul_(1 - lr * group["weight_decay"])
-                p.add_(update.to(p.dtype), alpha=-lr * _muon_lr_scale(group["adjust_lr_fn"], p.shape))
+                p.add_(
+                    update.to(p.dtype), alpha=-lr * _muon_lr_scale(group["adjust_lr_fn"], p.shape)
+                )
         return loss
 
 
@@ -112,9 +121,15 @@ def _muon_lr_scale(adjust_lr_fn: str | None, shape: torch.Size) -> float:
     return 0.2 * max(rows, cols) ** 0.5
 
 
-def build_optimizers(model: nn.Module, lrs: dict[str, float], *, weight_decay: float = 0.0,
-                     adam_betas=(0.8, 0.95), betas: dict[str, tuple] | None = None,
-                     fused: bool | None = None) -> list[torch.optim.Optimizer]:
+def build_optimizers(
+    model: nn.Module,
+    lrs: dict[str, float],
+    *,
+    weight_decay: float = 0.0,
+    adam_betas=(0.8, 0.95),
+    betas: dict[str, tuple] | None = None,
+    fused: bool | None = None,
+) -> list[torch.optim.Optimizer]:
     """Muon for the `matrix` role, AdamW (eps 1e-10, no weight decay) for the others.
 
     lrs: a learning rate for every role that has parameters; betas: AdamW betas per role where they
@@ -123,16 +138,29 @@ def build_optimizers(model: nn.Module, lrs: dict[str, float], *, weight_decay: f
     groups = param_groups(model)
     missing = [r for r, ps in groups.items() if ps and r not in lrs]
     if missing:
-        raise ValueError(f"lrs is missing roles {missing}; allowed: a rate for each of {', '.join(ROLES)}")
+        raise ValueError(
+            f"lrs is missing roles {missing}; allowed: a rate for each of {', '.join(ROLES)}"
+        )
     betas = betas or {}
     opts = []
     if groups["matrix"]:
-        opts.append(Muon([{"params": groups["matrix"], "lr": lrs["matrix"], "name": "matrix"}],
-                         lr=lrs["matrix"], momentum=0.95, weight_decay=weight_decay))
-    adam = [{"params": groups[r], "lr": lrs[r], "name": r, "betas": betas.get(r, adam_betas)}
-            for r in ROLES if r != "matrix" and groups[r]]
+        opts.append(
+            Muon(
+                [{"params": groups["matrix"], "lr": lrs["matrix"], "name": "matrix"}],
+                lr=lrs["matrix"],
+                momentum=0.95,
+                weight_decay=weight_decay,
+            )
+        )
+    adam = [
+        {"params": groups[r], "lr": lrs[r], "name": r, "betas": betas.get(r, adam_betas)}
+        for r in ROLES
+        if r != "matrix" and groups[r]
+    ]
     if adam:
-        opts.append(torch.optim.AdamW(adam, betas=adam_betas, eps=1e-10, weight_decay=0.0, fused=fused))
+        opts.append(
+            torch.optim.AdamW(adam, betas=adam_betas, eps=1e-10, weight_decay=0.0, fused=fused)
+        )
     for opt in opts:
         for g in opt.param_groups:
             g["initial_lr"] = g["lr"]
@@ -146,7 +174,8 @@ def gate_saturation(gates: list[torch.Tensor], low: float = 0.05, high: float = 
     return ((values < low) | (values > high)).float().mean().item()
 
 
-# The learning-rate schedule (paper app. A), shared by the toy loop and scale/ --------------------------
+# The learning-rate schedule (paper app. A), shared by the toy loop and scale/
+# --------------------------
 def lr_multiplier(step: int, total: int, warmdown_frac: float) -> float:
     """No warm-up; linear warm-down to zero over the final `warmdown_frac` of training."""
     start = total * (1 - warmdown_frac)
@@ -160,8 +189,14 @@ def muon_momentum(step: int, warmup_steps: int = 300) -> float:
     return 0.85 + 0.10 * (min(step / warmup_steps, 1.0) if warmup_steps else 1.0)
 
 
-def set_lr_schedule(opts, step: int, total_steps: int, warmdown_frac: float, momentum_warmup_steps: int = 300,
-                    muon_weight_decay: float | None = None) -> float:
+def set_lr_schedule(
+    opts,
+    step: int,
+    total_steps: int,
+    warmdown_frac: float,
+    momentum_warmup_steps: int = 300,
+    muon_weight_decay: float | None = None,
+) -> float:
     """Set every group's rate to its initial rate x lr_multiplier, Muon's momentum (and its weight
     decay, when given) for `step`; returns the multiplier."""
     mult = lr_multiplier(step, total_steps, warmdown_frac)
@@ -177,7 +212,8 @@ def set_lr_schedule(opts, step: int, total_steps: int, warmdown_frac: float, mom
 
 
 def optimizer_step(opts, params, grad_clip: float = 0.0) -> None:
-    """Clip the gradient norm of `params` (when grad_clip > 0), step every optimizer, clear grads."""
+    """Clip the gradient norm of `params` (when grad_clip > 0), step every optimizer, clear grads.
+    Clip the gradient norm of `params` (when grad_clip > 0), step every optimizer, clear grads."""
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(params, grad_clip)
     for opt in opts:

@@ -12,7 +12,7 @@ from lrt_lab.run.evaluation import EVAL_CHUNK
 
 
 def resolve_device(name: str) -> torch.device:
-    """"auto": CUDA when available, else the CPU; otherwise the named device."""
+    """ "auto": CUDA when available, else the CPU; otherwise the named device."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
@@ -29,7 +29,9 @@ def memory_estimate(cfg, config: ModelConfig, schedule) -> dict[str, float]:
     B, T = cfg.batch_size, cfg.length
     train = 4 * B * T * (20 * d * L + 3 * V) * stages + 4 * B * H * T * T + T * T
     n, T_eval = min(cfg.eval_size, EVAL_CHUNK), max(cfg.eval_lengths)
-    evaluation = 4 * n * T_eval * (4 * d * L + 2 * V) + 4 * n * H * T_eval * T_eval + T_eval * T_eval
+    evaluation = (
+        4 * n * T_eval * (4 * d * L + 2 * V) + 4 * n * H * T_eval * T_eval + T_eval * T_eval
+    )
     return {"train": train, "eval": evaluation}
 
 
@@ -51,11 +53,19 @@ def check_memory_fits(cfg, config: ModelConfig, schedule, fraction: float = 0.8)
     need = memory_estimate(cfg, config, schedule)
     gib = lambda b: f"{b / 2**30:.1f} GiB"
     if need["train"] > fraction * have:
-        fail("length" if cfg.length ** 2 > cfg.batch_size * cfg.length else "batch_size",
-             cfg.length if cfg.length ** 2 > cfg.batch_size * cfg.length else cfg.batch_size,
-             f"a size that fits in memory: length={cfg.length} with batch_size={cfg.batch_size} needs about "
-             f"{gib(need['train'])} for training (estimate), this device has {gib(have)}; lower length or batch_size")
+        fail(
+            "length" if cfg.length**2 > cfg.batch_size * cfg.length else "batch_size",
+            cfg.length if cfg.length**2 > cfg.batch_size * cfg.length else cfg.batch_size,
+            f"a size that fits in memory: length={cfg.length} with batch_size={cfg.batch_size} "
+            "needs about "
+            f"{gib(need['train'])} for training (estimate), this device has {gib(have)}; lower "
+            "length or batch_size",
+        )
     if need["eval"] > fraction * have:
-        fail("eval_lengths", cfg.eval_lengths,
-             f"lengths that fit in memory: evaluating at {max(cfg.eval_lengths)} needs about {gib(need['eval'])} "
-             f"(estimate), this device has {gib(have)}; lower eval_lengths")
+        fail(
+            "eval_lengths",
+            cfg.eval_lengths,
+            f"lengths that fit in memory: evaluating at {max(cfg.eval_lengths)} needs about "
+            f"{gib(need['eval'])} "
+            f"(estimate), this device has {gib(have)}; lower eval_lengths",
+        )

@@ -1,9 +1,11 @@
-"""`lrt-lab sweep SPEC.toml`: a grid of runs (tasks x models x schedules x seeds) with one progress bar.
+"""`lrt-lab sweep SPEC.toml`: a grid of runs (tasks x models x schedules x seeds) with one progress
+bar.
 
     [sweep]
     out = "runs/a5"                      # run store (the CLI's --out wins)
     tasks = ["a5_prefix", "z60_prefix"]
-    models = ["transformer", "lrt"]      # a transformer or baseline (loop:N, ponder:N) runs once (onepass)
+    models = ["transformer", "lrt"]      # a transformer or baseline (loop:N, ponder:N) runs once
+    (onepass)
     schedules = ["interleaved:2", "fullseq:3", "exact"]
     seeds = [0, 1, 2]
 
@@ -55,15 +57,25 @@ from lrt_lab.training.stopping import StopRequest
 WAIT_S = 15.0  # how often a sweep looks again at a run another process trains
 
 SWEEP_KEYS = {"out", "tasks", "models", "schedules", "seeds", "name_prefix"}
-TRAIN_KEYS = {f.name for f in dataclasses.fields(TrainConfig)} - {"task", "model", "schedule", "seed", "name"}
+TRAIN_KEYS = {f.name for f in dataclasses.fields(TrainConfig)} - {
+    "task",
+    "model",
+    "schedule",
+    "seed",
+    "name",
+}
 
 
 def load_spec(path) -> dict:
     path = Path(path)
     if not path.exists():
-        raise ValueError(f"spec={str(path)!r} is invalid: no such file; allowed: a path to a .toml sweep spec")
+        raise ValueError(
+            f"spec={str(path)!r} is invalid: no such file; allowed: a path to a .toml sweep spec"
+        )
     if not path.is_file():
-        raise ValueError(f"spec={str(path)!r} is invalid: not a file; allowed: a path to a .toml sweep spec")
+        raise ValueError(
+            f"spec={str(path)!r} is invalid: not a file; allowed: a path to a .toml sweep spec"
+        )
     try:
         spec = tomllib.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -74,11 +86,18 @@ def load_spec(path) -> dict:
 
 
 def _list_of(where: str, value, kind: type, what: str, required: bool = True) -> None:
-    """A non-empty list of `kind` (a TOML string where a list belongs would be iterated letter by letter)."""
-    ok = isinstance(value, list) and (value or not required) and all(
-        isinstance(v, kind) and not (kind is int and isinstance(v, bool)) for v in value)
+    """A non-empty list of `kind` (a TOML string where a list belongs would be iterated letter by
+    letter)."""
+    ok = (
+        isinstance(value, list)
+        and (value or not required)
+        and all(isinstance(v, kind) and not (kind is int and isinstance(v, bool)) for v in value)
+    )
     if not ok:
-        raise ValueError(f"{where}={value!r} is invalid; allowed: a{' non-empty' if required else ''} list of {what}")
+        raise ValueError(
+            f"{where}={value!r} is invalid; allowed: a{' non-empty' if required else ''} list of "
+            f"{what}"
+        )
 
 
 def _table(where: str, value) -> dict:
@@ -88,33 +107,48 @@ def _table(where: str, value) -> dict:
 
 
 def validate_spec(spec: dict) -> dict:
-    """Check the spec's shape and field types; the runs themselves are checked by `expand`/`check_grid`."""
+    """Check the spec's shape and field types; the runs themselves are checked by
+    `expand`/`check_grid`."""
     _table("spec", spec)
     unknown = set(spec) - {"sweep", "train", "models"}
     if unknown:
-        raise ValueError(f"spec: unknown section(s) {sorted(unknown)}; allowed: [sweep], [train], [models.NAME]")
+        raise ValueError(
+            f"spec: unknown section(s) {sorted(unknown)}; allowed: [sweep], [train], [models.NAME]"
+        )
     sweep = _table("sweep", spec.get("sweep", {}))
     bad = set(sweep) - SWEEP_KEYS
     if bad:
-        raise ValueError(f"[sweep] {sorted(bad)}: unknown key; allowed: {', '.join(sorted(SWEEP_KEYS))}")
+        raise ValueError(
+            f"[sweep] {sorted(bad)}: unknown key; allowed: {', '.join(sorted(SWEEP_KEYS))}"
+        )
     bad = set(_table("train", spec.get("train", {}))) - TRAIN_KEYS
     if bad:
-        raise ValueError(f"[train] {sorted(bad)}: unknown key; allowed: {', '.join(sorted(TRAIN_KEYS))}")
+        raise ValueError(
+            f"[train] {sorted(bad)}: unknown key; allowed: {', '.join(sorted(TRAIN_KEYS))}"
+        )
     for name, variant in _table("models", spec.get("models", {})).items():
         bad = set(_table(f"models.{name}", variant)) - (TRAIN_KEYS | {"model", "schedules"})
         if bad:
-            raise ValueError(f"[models.{name}] {sorted(bad)}: unknown key; allowed: model, schedules, "
-                             + ", ".join(sorted(TRAIN_KEYS)))
+            raise ValueError(
+                f"[models.{name}] {sorted(bad)}: unknown key; allowed: model, schedules, "
+                + ", ".join(sorted(TRAIN_KEYS))
+            )
         if "model" in variant and not isinstance(variant["model"], str):
-            raise ValueError(f"models.{name}.model={variant['model']!r} is invalid; allowed: a model kind string "
-                             "(transformer, lrt, loop:N, ponder:N)")
+            raise ValueError(
+                f"models.{name}.model={variant['model']!r} is invalid; allowed: a model kind "
+                "string "
+                "(transformer, lrt, loop:N, ponder:N)"
+            )
         if "schedules" in variant:
             _list_of(f"models.{name}.schedules", variant["schedules"], str, "schedule strings")
     if "tasks" not in sweep:
         raise ValueError("[sweep] tasks: required, a non-empty list of task names")
     _list_of("sweep.tasks", sweep["tasks"], str, "task names")
     if "models" not in sweep:
-        raise ValueError("[sweep] models: required, a non-empty list (transformer, lrt, or [models.NAME] variants)")
+        raise ValueError(
+            "[sweep] models: required, a non-empty list (transformer, lrt, or [models.NAME] "
+            "variants)"
+        )
     _list_of("sweep.models", sweep["models"], str, "model kinds or [models.NAME] variant names")
     if "schedules" in sweep:
         _list_of("sweep.schedules", sweep["schedules"], str, "schedule strings")
@@ -141,13 +175,23 @@ def expand(spec: dict) -> list[TrainConfig]:
                 model_schedules = ["onepass"]
             for sched in model_schedules:
                 for seed in sweep.get("seeds", [0]):
-                    fields = {**shared, **variant, "task": task, "model": kind, "schedule": sched, "seed": seed}
+                    fields = {
+                        **shared,
+                        **variant,
+                        "task": task,
+                        "model": kind,
+                        "schedule": sched,
+                        "seed": seed,
+                    }
                     if "overrides" in shared and "overrides" in variant:
                         fields["overrides"] = {**shared["overrides"], **variant["overrides"]}
                     tag = "" if label == kind else f"-{label}"
                     base = TrainConfig(**{**fields, "name": None}).run_name
-                    # built again with its name, so the name (prefix, variant label) is validated too
-                    cfg = TrainConfig(**{**fields, "name": f"{prefix}{base}{tag}".replace(":", "_")})
+                    # built again with its name, so the name (prefix, variant label) is validated
+                    # too
+                    cfg = TrainConfig(
+                        **{**fields, "name": f"{prefix}{base}{tag}".replace(":", "_")}
+                    )
                     if cfg.name in names:
                         continue
                     names.add(cfg.name)
@@ -155,10 +199,20 @@ def expand(spec: dict) -> list[TrainConfig]:
     return configs
 
 
-def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False,
-              time_limit_s: float | None = None, progress: bool = True, wait_s: float = WAIT_S,
-              workers: int = 1, threads_per_run: int | None = None, gpus_per_run: float = 0.0,
-              address: str | None = None, slurm: dict | None = None, log=()) -> list[Run]:
+def run_sweep(
+    spec: dict,
+    out: str | None = None,
+    dry_run: bool = False,
+    time_limit_s: float | None = None,
+    progress: bool = True,
+    wait_s: float = WAIT_S,
+    workers: int = 1,
+    threads_per_run: int | None = None,
+    gpus_per_run: float = 0.0,
+    address: str | None = None,
+    slurm: dict | None = None,
+    log=(),
+) -> list[Run]:
     """Train every run of the grid not yet complete. With time_limit_s (or on SIGTERM / SIGUSR1),
     stop (checkpointed) once that many seconds have passed; the Runs returned then include
     incomplete ones. Runs other processes are training are done last: waited for, or taken over
@@ -169,8 +223,12 @@ def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False,
     parameters, the grid goes to Slurm as a job array (the jobs are returned, not waited for).
     log: mirrors for every run (train's `log`; not part of the grid's configs): the seeds of one
     config share a W&B group."""
-    if time_limit_s is not None and not (isinstance(time_limit_s, (int, float)) and time_limit_s > 0):
-        raise ValueError(f"time_limit_s={time_limit_s!r} is invalid; allowed: a number of seconds > 0")
+    if time_limit_s is not None and not (
+        isinstance(time_limit_s, (int, float)) and time_limit_s > 0
+    ):
+        raise ValueError(
+            f"time_limit_s={time_limit_s!r} is invalid; allowed: a number of seconds > 0"
+        )
     deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
     out = out or spec["sweep"].get("out", "runs")
     configs = checked_grid(spec, out)
@@ -183,8 +241,17 @@ def run_sweep(spec: dict, out: str | None = None, dry_run: bool = False,
     if threads_per_run is not None:
         check_int("threads_per_run", threads_per_run, 1)
     if slurm is not None or workers > 1 or address is not None:
-        return _run_elsewhere(configs, out, workers, threads_per_run, gpus_per_run, address, slurm,
-                              progress, mirroring)
+        return _run_elsewhere(
+            configs,
+            out,
+            workers,
+            threads_per_run,
+            gpus_per_run,
+            address,
+            slurm,
+            progress,
+            mirroring,
+        )
     stop = StopRequest()
     with stop.installed():
         runs = _run_here(configs, out, deadline, stop, progress, wait_s, mirroring)
@@ -206,51 +273,70 @@ def checked_grid(spec: dict, out: str) -> list[TrainConfig]:
     return configs
 
 
-def _run_elsewhere(configs, out, workers, threads_per_run, gpus_per_run, address, slurm, progress,
-                   mirroring) -> list[Run]:
+def _run_elsewhere(
+    configs, out, workers, threads_per_run, gpus_per_run, address, slurm, progress, mirroring
+) -> list[Run]:
     """The runs not yet complete as Ray tasks (waited for) or a Slurm job array (submitted)."""
     from lrt_lab.training import parallel
+
     todo = parallel.pending_runs(configs, out)
     if slurm is not None:
         jobs = parallel.run_on_slurm(todo, out, slurm, log=mirroring)
-        print(f"sweep: submitted {len(jobs)} run(s) to Slurm as a job array ({len(configs) - len(todo)} "
-              f"already complete); run the same command again once they finish to check the grid")
+        print(
+            f"sweep: submitted {len(jobs)} run(s) to Slurm as a job array "
+            f"({len(configs) - len(todo)} "
+            f"already complete); run the same command again once they finish to check the grid"
+        )
     else:
-        parallel.run_on_ray(todo, out, workers, threads_per_run, gpus_per_run, address, progress,
-                            log=mirroring)
+        parallel.run_on_ray(
+            todo, out, workers, threads_per_run, gpus_per_run, address, progress, log=mirroring
+        )
         _say_done(configs, out)
     return [Run(Path(out) / c.run_name) for c in configs]
 
 
-def _run_here(configs, out, deadline, stop: StopRequest, progress: bool, wait_s: float,
-              mirroring) -> dict[str, Run]:
+def _run_here(
+    configs, out, deadline, stop: StopRequest, progress: bool, wait_s: float, mirroring
+) -> dict[str, Run]:
     """Train the grid in this process, one run at a time; runs other processes hold are passed
     over, and come back when everything else is done (waited for, or taken over)."""
     from tqdm.auto import tqdm
-    bar = tqdm(total=len(configs), desc="sweep", unit="run", dynamic_ncols=True, disable=not progress)
+
+    bar = tqdm(
+        total=len(configs), desc="sweep", unit="run", dynamic_ncols=True, disable=not progress
+    )
     runs: dict[str, Run] = {}
     trained: list[str] = []  # the runs this segment has trained (resumed or started)
     pending = list(configs)
     while pending and not stopped(stop, deadline, trained):
-        waiting = [cfg for cfg in pending
-                   if not _train_or_skip(cfg, out, deadline, stop, bar, runs, trained, mirroring)]
+        waiting = [
+            cfg
+            for cfg in pending
+            if not _train_or_skip(cfg, out, deadline, stop, bar, runs, trained, mirroring)
+        ]
         if waiting and len(waiting) == len(pending) and not stopped(stop, deadline, trained):
-            owners = "; ".join(f"{c.run_name} ({claimed_by_other(Path(out) / c.run_name) or 'free now'})"
-                               for c in waiting[:3])
-            tqdm.write(f"sweep: waiting for {len(waiting)} run(s) other processes train: {owners}",
-                       file=sys.stderr)
+            owners = "; ".join(
+                f"{c.run_name} ({claimed_by_other(Path(out) / c.run_name) or 'free now'})"
+                for c in waiting[:3]
+            )
+            tqdm.write(
+                f"sweep: waiting for {len(waiting)} run(s) other processes train: {owners}",
+                file=sys.stderr,
+            )
             time.sleep(wait_s)
         pending = waiting
     bar.close()
     return runs
 
 
-def _train_or_skip(cfg: TrainConfig, out, deadline, stop: StopRequest, bar, runs: dict,
-                   trained: list, mirroring) -> bool:
+def _train_or_skip(
+    cfg: TrainConfig, out, deadline, stop: StopRequest, bar, runs: dict, trained: list, mirroring
+) -> bool:
     """Train one run of the grid (resuming its folder) unless it is complete; False when it must
     wait: out of time, or another process holds its claim. Appends the run's name to `trained`
     when it trained it."""
     from tqdm.auto import tqdm
+
     if stopped(stop, deadline, trained):
         return False
     folder = Path(out) / cfg.run_name
@@ -262,8 +348,15 @@ def _train_or_skip(cfg: TrainConfig, out, deadline, stop: StopRequest, bar, runs
     if claimed_by_other(folder):
         return False
     try:
-        run = train(cfg, out=out, resume=(folder / "config.json").exists(), progress=False,
-                    deadline=deadline, stop=stop, log=mirroring)
+        run = train(
+            cfg,
+            out=out,
+            resume=(folder / "config.json").exists(),
+            progress=False,
+            deadline=deadline,
+            stop=stop,
+            log=mirroring,
+        )
     except (RunClaimedError, FileExistsError):  # another process took it just now
         return False
     runs[cfg.run_name] = run
@@ -278,10 +371,15 @@ def _say_done(configs, out, why: str = "") -> None:
     statuses = {c.run_name: Run(Path(out) / c.run_name).status for c in configs}
     done = sum(s == "complete" for s in statuses.values())
     diverged = [name for name, s in statuses.items() if s == "diverged"]
-    print(f"sweep: {done} of {len(configs)} runs complete in {out}{why}"
-          + (f"; {len(diverged)} diverged: {first_names(diverged)}" if diverged else "")
-          + ("" if done + len(diverged) == len(configs)
-             else "; run the same command again to continue"))
+    print(
+        f"sweep: {done} of {len(configs)} runs complete in {out}{why}"
+        + (f"; {len(diverged)} diverged: {first_names(diverged)}" if diverged else "")
+        + (
+            ""
+            if done + len(diverged) == len(configs)
+            else "; run the same command again to continue"
+        )
+    )
 
 
 def stopped(stop: StopRequest, deadline: float | None, trained: list | None = None) -> bool:
@@ -314,6 +412,10 @@ def check_unchanged(configs: list[TrainConfig], out: Path) -> None:
         if diffs:
             changed.append(f"{cfg.run_name} ({'; '.join(diffs[:4])})")
     if changed:
-        raise ValueError(f"{len(changed)} complete run(s) in {out} were trained with another config than the spec "
-                         f"gives now: {' | '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}; keep the spec, "
-                         "or give the changed runs new names (sweep.name_prefix) or another --out")
+        raise ValueError(
+            f"{len(changed)} complete run(s) in {out} were trained with another config than the "
+            "spec "
+            f"gives now: {' | '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}; keep the "
+            "spec, "
+            "or give the changed runs new names (sweep.name_prefix) or another --out"
+        )

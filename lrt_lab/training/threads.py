@@ -30,18 +30,24 @@ REUSE_S = 30.0
 
 class ThreadChoice(NamedTuple):
     threads: int | None  # None: leave torch's setting alone (it already follows OMP_NUM_THREADS)
-    why: str             # a phrase for the log, e.g. "2 usable cores, 1 busy (CPU 52% over 0.3 s)"
+    why: str  # a phrase for the log, e.g. "2 usable cores, 1 busy (CPU 52% over 0.3 s)"
 
 
 class CpuSample(NamedTuple):
-    busy: float     # cores' worth of CPU time other processes used on this process's cores
+    busy: float  # cores' worth of CPU time other processes used on this process's cores
     seconds: float  # over how long
 
 
-def choose_threads(requested: int | None = None, *, cap: int = DEFAULT_CAP, env=None,
-                   usable_cores: int | None = None, machine_cores: int | None = None,
-                   load_1min: float | None = None,
-                   sample: CpuSample | None = None) -> ThreadChoice:
+def choose_threads(
+    requested: int | None = None,
+    *,
+    cap: int = DEFAULT_CAP,
+    env=None,
+    usable_cores: int | None = None,
+    machine_cores: int | None = None,
+    load_1min: float | None = None,
+    sample: CpuSample | None = None,
+) -> ThreadChoice:
     """Threads for torch: an explicit request, else the user's OMP_NUM_THREADS, else the free cores.
 
     requested (a --threads flag) wins, then a non-empty OMP_NUM_THREADS in env (threads None: torch
@@ -64,9 +70,12 @@ def choose_threads(requested: int | None = None, *, cap: int = DEFAULT_CAP, env=
     return ThreadChoice(threads, f"{cores}, {busy} busy ({measured})")
 
 
-def busy_cores(usable_cores: int | None = None, machine_cores: int | None = None,
-               load_1min: float | None = None,
-               sample: CpuSample | None = None) -> tuple[int, int, str]:
+def busy_cores(
+    usable_cores: int | None = None,
+    machine_cores: int | None = None,
+    load_1min: float | None = None,
+    sample: CpuSample | None = None,
+) -> tuple[int, int, str]:
     """(usable cores, how many of them other processes keep busy, what that was measured from).
 
     Measured from what the machine does now: the CPU time other processes use on this process's
@@ -101,6 +110,7 @@ def sample_cpu(seconds: float = SAMPLE_S) -> CpuSample | None:
     """
     try:
         import psutil
+
         me = psutil.Process()
         before, mine_before, start = psutil.cpu_times(True), me.cpu_times(), time.monotonic()
         time.sleep(seconds)
@@ -115,7 +125,7 @@ def sample_cpu(seconds: float = SAMPLE_S) -> CpuSample | None:
         busy = sum(shares[c] for c in cpus)
     else:
         busy = sum(shares) * (len(cpus) or len(shares)) / len(shares)
-    mine = (mine_after.user + mine_after.system - mine_before.user - mine_before.system)
+    mine = mine_after.user + mine_after.system - mine_before.user - mine_before.system
     return CpuSample(max(0.0, busy - mine / (end - start)), end - start)
 
 
@@ -144,6 +154,7 @@ def wait_passively_when_busy(env=None, *, torch_loaded: bool | None = None, **sy
 def apply_threads(choice: ThreadChoice) -> int:
     """Set torch's thread count from a choice (None: unchanged); returns torch's count now."""
     import torch
+
     if choice.threads is not None:
         torch.set_num_threads(choice.threads)
     return torch.get_num_threads()
@@ -167,10 +178,12 @@ def _recent_sample() -> CpuSample | None:
 
 def _busy_share(before, after) -> float:
     """The share of one core's time spent busy between two psutil.cpu_times readings."""
+
     def busy_and_total(t):
         # Linux counts guest time inside user time as well; idle and I/O wait are not busy
         total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
         return total - t.idle - getattr(t, "iowait", 0.0), total
+
     (busy0, total0), (busy1, total1) = busy_and_total(before), busy_and_total(after)
     return min(1.0, max(0.0, (busy1 - busy0) / (total1 - total0))) if total1 > total0 else 0.0
 
