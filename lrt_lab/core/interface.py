@@ -108,13 +108,15 @@ class Measured:
 class ScheduleRun:
     """What `Schedule.run` returns: the stages that produced logits, their logits at their
     positions, the loss weight of each (None: one mean over the final logits), the final buffer
-    and what the run measured."""
+    and what the run measured; `logits` when the run formed the final (B, T, V) logits in one
+    piece itself (else each position's come from the last stage that computed it)."""
 
     stages: list[range]
     stage_logits: list[torch.Tensor]
     weights: list[float] | None
     buffer: object
     measured: Measured
+    logits: torch.Tensor | None = None
 
 
 class Forwards(NamedTuple):

@@ -73,7 +73,9 @@ def run_schedule(
         ran = schedule.run(model, idx, buffer)
     if cache is not None:
         cache.update(recorded.assembled(T))
-    logits = assemble(list(zip(ran.stages, ran.stage_logits)), T)
+    logits = ran.logits
+    if logits is None:
+        logits = assemble(list(zip(ran.stages, ran.stage_logits)), T)
     loss, stage_losses = None, []
     if targets is not None:
         loss, stage_losses = _loss(logits, targets, ran)

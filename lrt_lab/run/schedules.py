@@ -204,7 +204,7 @@ class Chunked(StagedSchedule):
         stages = self.stages(idx.size(1))
         logits, buffer = _run_split(model, idx, stages, split, buffer)
         stage_logits = [logits[:, P.start : P.stop] for P in stages]
-        return ScheduleRun(stages, stage_logits, None, buffer, Measured(self.cost))
+        return ScheduleRun(stages, stage_logits, None, buffer, Measured(self.cost), logits)
 
 
 @register_schedule("exact")
