@@ -75,14 +75,12 @@ def display_table(table: pd.DataFrame, length: int, lengths: list[int]) -> pd.Da
     for figure, title in figure_columns(length, lengths).items():
         if f"{figure}.mean" not in table:
             continue
-        if (
-            figure in SPENT
-        ):  # what a method costs varies little between seeds: its mean is the figure
+        # what a method costs varies little between seeds: its mean is the figure
+        if figure in SPENT:
             out[title] = [f"{v:.3g}" if not math.isnan(v) else "-" for v in table[f"{figure}.mean"]]
         else:
-            per_seed = figure.startswith(
-                "pos90_"
-            )  # the seeds of a pos@90 often disagree wildly: list them
+            # the seeds of a pos@90 often disagree wildly: list them
+            per_seed = figure.startswith("pos90_")
             out[title] = [seed_cell(row, figure, per_seed) for _, row in table.iterrows()]
     return out
 

@@ -205,9 +205,8 @@ def annotate(df: pd.DataFrame) -> pd.DataFrame:
     )
     df["preset"] = _column(df, "config.train.preset", "?").fillna("?").astype(str)
     df["known_kind"] = [k in KNOWN_KINDS or k.startswith(KNOWN_KIND_PREFIXES) for k in df["kind"]]
-    df["store_group"] = run_groups.group_labels(
-        df
-    )  # labelled against the whole store: stable filter options
+    # labelled against the whole store: stable filter options
+    df["store_group"] = run_groups.group_labels(df)
     return df
 
 
@@ -350,9 +349,8 @@ def curves(
             notes.append(f"{row['run']}: no {metric} records")
             continue
         if field not in m.columns:
-            if (
-                field == "compute_tokens" and "tokens" in m.columns
-            ):  # records older than compute_tokens
+            # records older than compute_tokens
+            if field == "compute_tokens" and "tokens" in m.columns:
                 cost = row.get("config.schedule_cost", 1.0)
                 m = m.assign(compute_tokens=m["tokens"] * (1.0 if pd.isna(cost) else float(cost)))
             else:
@@ -362,9 +360,8 @@ def curves(
         if m.empty:
             continue
         y = m[metric].to_numpy(dtype=float)
-        task = row.get(
-            "config.train.task", row.get("task", "?")
-        )  # the task's name: one loss family per panel
+        # the task's name: one loss family per panel
+        task = row.get("config.train.task", row.get("task", "?"))
         parts.append(
             pd.DataFrame(
                 {

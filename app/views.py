@@ -151,9 +151,8 @@ def _heatmap(
         "resolve": {"scale": {"x": "independent", "y": "independent"}},
         "spec": {
             "width": width,
-            "height": max(
-                60, 22 * n_y
-            ),  # a step height ({"step": 22}) breaks Streamlit's sizing of facets
+            # a step height ({"step": 22}) breaks Streamlit's sizing of facets
+            "height": max(60, 22 * n_y),
             "encoding": {
                 "x": _o(x, x_title, axis={"labelAngle": 0}),
                 "y": _o(

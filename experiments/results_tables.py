@@ -466,9 +466,8 @@ def probes_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 8) -> 
         probes = probes[(probes["site"] == "hook_mem_in") & (probes["target"] == "state_prev")]
         acc = probes[probes["control"] == "probe"].set_index("position")["accuracy"]
         shuffled = probes[probes["control"] == "shuffled_labels"]["accuracy"]
-        where = (
-            run["model"].split("(", 1)[1].rstrip(")").split(", ", 1)
-        )  # "4 layers[, memory from block 4]"
+        # "4 layers[, memory from block 4]"
+        where = run["model"].split("(", 1)[1].rstrip(")").split(", ", 1)
         name = f"LRT {run['config.schedule']}{', ' + where[1] if len(where) > 1 else ''}"
         pos90 = whole(run[f"summary.eval.pos90_exact@{length}"])
         rows.append(

@@ -46,9 +46,8 @@ class SyntheticData:
         self.V, self.T, self.B = vocab_size, seq_len, batch_size
         self.rank, self.world = rank, world_size
         self.seed, self.kind, self.device = seed, kind, torch.device(device)
-        self.offset = (
-            0 if split == "train" else 1 << 40
-        )  # validation rows never overlap training rows
+        # validation rows never overlap training rows
+        self.offset = 0 if split == "train" else 1 << 40
 
     def rows(self, index: int, first_row: int, n_rows: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.offset + index)

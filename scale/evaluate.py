@@ -241,9 +241,8 @@ def sequential_bpb(
                     f"prompt_len={prompt_len} is invalid for sequences of T={T}; allowed: 0 <= "
                     "prompt_len < T"
                 )
-            check_token_ids(
-                "inputs", inputs, vocab_size_of(model)
-            )  # once, not a sync per position on CUDA
+            # once, not a sync per position on CUDA
+            check_token_ids("inputs", inputs, vocab_size_of(model))
             dec = Decoder(model, B, T)
             logits = []
             with autocast or contextlib.nullcontext():
@@ -370,9 +369,8 @@ def score_item(
     if render is None:
         raise ValueError(f"task type {task_type!r} is invalid; allowed: {', '.join(TASK_TYPES)}")
     tokens, starts, ends = item_sequences(tokenizer, task_type, render(item, delimiter, fewshot))
-    if (
-        max_len is not None
-    ):  # keep the last max_len tokens (nanochat's crop for short-context models)
+    # keep the last max_len tokens (nanochat's crop for short-context models)
+    if max_len is not None:
         crops = [max(0, len(t) - max_len) for t in tokens]
         tokens = [t[c:] for t, c in zip(tokens, crops)]
         starts = [max(1, s - c) for s, c in zip(starts, crops)]
@@ -382,9 +380,8 @@ def score_item(
     if task_type == "language_modeling":
         s, e = starts[0], ends[0]
         return bool(torch.equal(logits[0, s - 1 : e - 1].argmax(-1), ids[0, s:e]))
-    losses = F.cross_entropy(
-        logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none"
-    )  # predicts ids[:, t+1]
+    # predicts ids[:, t+1]
+    losses = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
     means = [losses[i, s - 1 : e - 1].mean().item() for i, (s, e) in enumerate(zip(starts, ends))]
     return means.index(min(means)) == item["gold"]
 

@@ -317,13 +317,11 @@ def train_tokenizer(
     merges = json.loads(hf.to_str())["model"]["merges"]
     ranks = {bytes([b]): b for b in range(256)}
     for merge in merges:
-        left, right = (
-            merge.split(" ") if isinstance(merge, str) else merge
-        )  # tokenizers < 0.20 uses "a b"
+        # tokenizers < 0.20 uses "a b"
+        left, right = merge.split(" ") if isinstance(merge, str) else merge
         tok = _hf_token_to_bytes(left) + _hf_token_to_bytes(right)
-        if (
-            tok in ranks
-        ):  # cannot happen for a BPE trainer (each merge makes a new token); guard anyway
+        # cannot happen for a BPE trainer (each merge makes a new token); guard anyway
+        if tok in ranks:
             raise RuntimeError(f"duplicate merge result {tok!r}")
         ranks[tok] = len(ranks)
     return Tokenizer(ranks, special_tokens=special_tokens, pattern=pattern)

@@ -729,9 +729,8 @@ def _train(args, ctx: DistContext) -> Path | None:
     if loop.step < setup.plan.steps:
         ctx.print0(f"stopped at step {loop.step} of {setup.plan.steps}; continue with --resume")
         return run.path
-    if (
-        start == setup.plan.steps
-    ):  # resumed after the last step (killed before the summary): evaluate now
+    # resumed after the last step (killed before the summary): evaluate now
+    if start == setup.plan.steps:
         evaluate_and_log(core=True, sequential=True)
     if ctx.rank == 0:
         _write_summary(run, args, ctx, setup, data, loop)
@@ -861,9 +860,8 @@ def _restore(ckpt_path: str | None, model, opts, data, ctx: DistContext) -> tupl
     for opt, s in zip(opts, state["optimizers"]):
         opt.load_state_dict(s)
     start, elapsed, counters = state["step"], state["elapsed"], dict(state["counters"])
-    del (
-        state
-    )  # the loaded tensors (a full model + optimizer state) would stay on the GPU for the whole run
+    # the loaded tensors (a full model + optimizer state) would stay on the GPU for the whole run
+    del state
     data_states = counters.pop("data", None)
     saved_world = counters.pop("world_size", ctx.world_size)
     if data_states is not None and any(s is not None for s in data_states):

@@ -14,9 +14,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(
-    0, str(REPO)
-)  # this checkout's lrt_lab, not another installed copy: the page documents it
+# this checkout's lrt_lab, not another installed copy: the page documents it
+sys.path.insert(0, str(REPO))
 
 from lrt_lab.commands.bench import load_results, markdown_table, replace_table  # noqa: E402
 

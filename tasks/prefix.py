@@ -40,9 +40,8 @@ class PrefixProductTask(Task):
         self.name = name or f"{group.name.lower()}_prefix"
         super().__init__(length, curriculum)
         shortest = curriculum.start_length if curriculum is not None else length
-        check_int(
-            "supervise_every", supervise_every, 1, shortest
-        )  # every batch counts some position
+        # every batch counts some position
+        check_int("supervise_every", supervise_every, 1, shortest)
         self.supervise_every = supervise_every
 
     @property

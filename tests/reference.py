@@ -91,9 +91,8 @@ class NaiveLRT:
             if m is not None and (m.kv != "none" or m.queries):
                 i = 0 if m.projections == "shared" else l
                 if m.gate:
-                    gc = (
-                        m.gate_channels or h.numel()
-                    )  # the first gate_channels channels (None: all)
+                    # the first gate_channels channels (None: all)
+                    gc = m.gate_channels or h.numel()
                     g = 2 * torch.sigmoid(W[f"pathway.gates.{l}.weight"] @ h[:gc]).view(2, Hkv)
                     g_loc, g_rec = g[0][:, None], g[1][:, None]
                 else:

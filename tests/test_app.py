@@ -188,9 +188,8 @@ def test_empty_missing_and_changed_store(store, tmp_path, monkeypatch):
 @on_the_store
 def test_analysis_pages_hint_when_no_tables(store, tmp_path, monkeypatch):
     bare = tmp_path / "bare"
-    shutil.copytree(
-        store / TRANSFORMER_RUN, bare / TRANSFORMER_RUN
-    )  # a store with no analysis tables
+    # a store with no analysis tables
+    shutil.copytree(store / TRANSFORMER_RUN, bare / TRANSFORMER_RUN)
     at = run_app(monkeypatch, bare)
     assert_clean(at)
     assert "No run shown has BPB tables" in " ".join(i.value for i in page(at, "Gap recovery").info)

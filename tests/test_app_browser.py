@@ -265,9 +265,8 @@ def _tab(driver, title: str):
         return found
 
     tab().click()
-    panel = driver.find_element(
-        By.ID, tab().get_attribute("aria-controls")
-    )  # the selected tab's only
+    # the selected tab's only
+    panel = driver.find_element(By.ID, tab().get_attribute("aria-controls"))
     _settle(driver, panel)
     return panel
 

@@ -267,9 +267,8 @@ def test_ponder_capture_is_per_row_under_any_chunking():
     """Block hooks report rows ((N+1) per token) of the passes that produce the output; the init
     pass
     over the tokens alone is not reported, so a chunked capture tiles the rows like OnePass's."""
-    model = randomise(
-        PonderLM(config(), 1, jacobi=T)
-    )  # at the fixed point chunking changes nothing
+    # at the fixed point chunking changes nothing
+    model = randomise(PonderLM(config(), 1, jacobi=T))
     idx = tokens()
     caps = []
     for schedule in (OnePass(), Chunked(5)):

@@ -94,9 +94,8 @@ def test_bench_tiny_writes_valid_json(tmp_path, capsys):
     assert all(_positive_finite(v) for v in _numbers(absolute)), absolute
     assert result["settings"]["prompt_len"] == 16  # the tiny preset shrinks the 1,024-token prompt
     used = result["sweeps_used"]["fixedpoint"]
-    assert (
-        used["spec"] == "fixedpoint:0.01:8" and len(used["samples"]) == 1
-    )  # one repeat, no warm-up
+    # one repeat, no warm-up
+    assert used["spec"] == "fixedpoint:0.01:8" and len(used["samples"]) == 1
     assert all(1 <= k <= 8 for k in used["samples"]) and "sweeps used" in table
     for key, spec in (("rollout_1", "rollout:1"), ("rollout_2", "rollout:2")):
         share = result["rollout_share"][key]

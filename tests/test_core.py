@@ -185,9 +185,8 @@ def test_hooks_expose_memory_flow():
     out = run_schedule(model, idx, None, Exact(), cache=cache)
     assert maxdiff(cache["hook_mem_in"][:, 1:], cache["hook_mem_out"][:, :-1]) <= TOL
     assert cache["hook_mem_in"][:, 0].abs().max() == 0
-    assert (
-        maxdiff(cache["hook_mem_out"], cache["blocks.1.hook_resid_post"]) <= TOL
-    )  # source layer 2 (1-based)
+    # source layer 2 (1-based)
+    assert maxdiff(cache["hook_mem_out"], cache["blocks.1.hook_resid_post"]) <= TOL
     for l in range(model.config.n_layer):
         for hook in ("resid_pre", "resid_post", "attn_out", "mlp_out", "mem_in"):
             assert cache[f"blocks.{l}.hook_{hook}"].shape == (2, T, model.config.n_embd)

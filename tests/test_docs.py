@@ -247,9 +247,8 @@ def unknown_lrt_lab_flags(arguments: list[str]) -> list[str]:
     if not words or words[0] not in subparsers:
         return [f"subcommand {words[0] if words else '(none)'!r}"]
     command = subparsers[words[0]]
-    if any(
-        a.nargs == "..." for a in command._actions
-    ):  # e.g. analyze: the rest goes to its own parser
+    # e.g. analyze: the rest goes to its own parser
+    if any(a.nargs == "..." for a in command._actions):
         return []
     known = option_strings(command)
     return [w for w in words[1:] if re.match(r"--?[A-Za-z]", w) and w.split("=")[0] not in known]
@@ -328,6 +327,5 @@ def test_python_c_commands_run(block, tmp_path):
 def test_every_block_has_a_rule():
     unknown = [f"{b.name} ({b.language})" for b in ALL_BLOCKS if b.language not in KNOWN_LANGUAGES]
     assert not unknown, "no rule for these blocks' language (add one here): " + ", ".join(unknown)
-    assert len(ALL_BLOCKS) > 20 and any(
-        b.excerpt_of for b in ALL_BLOCKS
-    )  # the extraction found the blocks
+    # the extraction found the blocks
+    assert len(ALL_BLOCKS) > 20 and any(b.excerpt_of for b in ALL_BLOCKS)

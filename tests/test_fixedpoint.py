@@ -210,9 +210,8 @@ def test_convergence_trace_against_fixedpoint_and_the_jacobi_bound():
 
     model = contracting_model()
     idx, targets = tokens(B=3, T=T), tokens(B=3, T=T, seed=4)
-    trace = convergence_trace(
-        model, idx, targets, chunk=2
-    )  # two chunks: maxima over the batch combine
+    # two chunks: maxima over the batch combine
+    trace = convergence_trace(model, idx, targets, chunk=2)
     assert len(trace) == (T + 1) * T
     res = torch.tensor(trace.pivot(index="sweep", columns="position", values="residual").to_numpy())
     err = torch.tensor(trace.pivot(index="sweep", columns="position", values="error").to_numpy())

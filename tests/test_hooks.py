@@ -121,9 +121,8 @@ def test_decoding_runs_without_autograd_yet_its_captures_and_caches_serve_traini
         dec.prefill(idx, Interleaved(2))
         logits = dec.step(idx[:, 0])
     assert logits.is_inference()  # the step really ran without autograd
-    acts = torch.cat(
-        [x for _, x in cap.calls["blocks.1.hook_resid_post"][1:]], dim=1
-    )  # as recorded
+    # as recorded
+    acts = torch.cat([x for _, x in cap.calls["blocks.1.hook_resid_post"][1:]], dim=1)
     probe = torch.nn.Linear(acts.size(-1), 1).double()
     probe(acts).square().mean().backward()
     assert probe.weight.grad is not None and probe.weight.grad.abs().sum() > 0

@@ -147,9 +147,8 @@ def check_invariants(memory: MemoryConfig):
         for sched in (Chunked(1), Chunked(memory.exact_chunk), Interleaved(T), FullSequence(T)):
             assert close(run_schedule(model, idx, None, sched).logits, exact), sched
         # exact_chunk is the longest exact chunk: one more position reads zero memory inside itself
-        if not close(
-            run_schedule(model, idx, None, FullSequence(0)).logits, exact
-        ):  # memory matters
+        # memory matters
+        if not close(run_schedule(model, idx, None, FullSequence(0)).logits, exact):
             longer = run_schedule(model, idx, None, Chunked(memory.exact_chunk + 1)).logits
             assert not close(longer, exact), "Chunked(exact_chunk + 1) matched Exact"
         assert close(decode_all(model, idx), exact), "decoder"

@@ -226,9 +226,8 @@ def test_wandb_resume_continues_the_same_wandb_run(tmp_path, offline_wandb):
     train(cfg, out=tmp_path / "runs", progress=False, stop_after=3, log=["wandb"])
     run = train(cfg, out=tmp_path / "runs", progress=False, resume=True, log=["wandb"])
     first, second = offline_run(run, 0), offline_run(run, 1)
-    assert (
-        second["folders"] == 2 and first["run"].run_id == second["run"].run_id
-    )  # one W&B run, two segments
+    # one W&B run, two segments
+    assert second["folders"] == 2 and first["run"].run_id == second["run"].run_id
     assert sorted(first["history"]["train/loss"]) == [1, 2, 3]
     assert sorted(second["history"]["train/loss"]) == [4, 5, 6]
     both = {**first["history"]["train/loss"], **second["history"]["train/loss"]}
@@ -290,9 +289,8 @@ def test_a_diverged_run_ends_its_mirrors_with_its_status(tmp_path, offline_wandb
     assert exit_record.exit.exit_code == 1  # W&B shows it failed
     losses = tensorboard_scalars(tensorboard_events(run.path / "tensorboard"))["train/loss"]
     assert losses[-1][0] == summary["diverged_at_step"]
-    assert not np.isfinite(
-        losses[-1][1]
-    )  # the loss that ended it (null in the store: JSON has no NaN)
+    # the loss that ended it (null in the store: JSON has no NaN)
+    assert not np.isfinite(losses[-1][1])
     assert wb["history"]["train/loss"].keys() == {step for step, _ in losses}
 
 
@@ -309,9 +307,8 @@ def test_wandb_is_offline_without_an_api_key():
 def test_a_missing_package_is_one_line_naming_the_extra_and_nothing_is_written(
     tmp_path, monkeypatch, capsys, name, command
 ):
-    monkeypatch.setitem(
-        sys.modules, name, None
-    )  # `import name` now fails as if it were not installed
+    # `import name` now fails as if it were not installed
+    monkeypatch.setitem(sys.modules, name, None)
     spec = tmp_path / "grid.toml"
     spec.write_text(
         '[sweep]\ntasks = ["a5_prefix"]\nmodels = ["lrt"]\n[train]\nlength = 8\npreset = "tiny"\n'

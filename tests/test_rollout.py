@@ -91,9 +91,8 @@ def test_measured_cost_is_the_rollout_fraction_plus_the_sweeps():
     assert run_schedule(top, tokens(T=T), None, Rollout()).measured.cost == pytest.approx(
         1 + (T - 1) / T
     )
-    lag2 = make_model(
-        MemoryConfig(source_layer=3, lag=2)
-    )  # position t reads m_{t-2}: T-2 rolled out
+    # position t reads m_{t-2}: T-2 rolled out
+    lag2 = make_model(MemoryConfig(source_layer=3, lag=2))
     assert run_schedule(lag2, tokens(T=T), None, Rollout()).measured.cost == pytest.approx(
         1 + (T - 2) / T
     )
@@ -173,9 +172,8 @@ def test_given_memory_is_read_and_exact_schedules_ignore_it():
     exact = run_schedule(model, idx, None, Exact()).logits
     for sched in (Exact(), Rollout()):  # every row they read, they compute
         assert maxdiff(run_schedule(model, idx, None, sched, memory_rows=rows).logits, exact) <= TOL
-    short = run_schedule(
-        model, idx, None, FullSequence(0), memory_rows=rows[:, :4]
-    ).logits  # later rows zero
+    # later rows zero
+    short = run_schedule(model, idx, None, FullSequence(0), memory_rows=rows[:, :4]).logits
     padded = torch.cat([rows[:, :4], torch.zeros_like(rows[:, 4:])], dim=1)
     assert (
         maxdiff(short, run_schedule(model, idx, None, FullSequence(0), memory_rows=padded).logits)

@@ -215,9 +215,8 @@ def test_download_gives_up_but_keeps_part_for_next_run(payload, tmp_path):
         data.download_file("http://x/shard", dest, opener=server, sleep=lambda s: None, retries=2)
     part = tmp_path / "s.parquet.part"
     assert part.read_bytes() == payload[: len(payload) // 2]
-    data.download_file(
-        "http://x/shard", dest, opener=server, sleep=lambda s: None
-    )  # the next run resumes
+    # the next run resumes
+    data.download_file("http://x/shard", dest, opener=server, sleep=lambda s: None)
     assert dest.read_bytes() == payload and not part.exists()
 
 

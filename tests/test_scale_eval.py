@@ -44,9 +44,8 @@ class FixedLM(torch.nn.Module):
     def __init__(self, probs):
         super().__init__()
         self.register_buffer("logp", torch.tensor(probs, dtype=torch.float64).log())
-        self.anchor = torch.nn.Parameter(
-            torch.zeros(1, dtype=torch.float64)
-        )  # Decoder reads a dtype/device
+        # Decoder reads a dtype/device
+        self.anchor = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
         self.config = SimpleNamespace(is_lrt=False, vocab_size=len(probs))
 
     def empty_buffer(self, idx):
@@ -370,8 +369,7 @@ def test_decoder_refuses_to_mix_dtypes_after_filling():
     dec = Decoder(model, 1, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         dec.step(torch.tensor([3]))
-    assert (
-        dec.cache.k[0].dtype == torch.bfloat16
-    )  # made outside autocast, settled at the first step
+    # made outside autocast, settled at the first step
+    assert dec.cache.k[0].dtype == torch.bfloat16
     with pytest.raises(ValueError, match="computes in torch.float32"):
         dec.step(torch.tensor([4]))

@@ -179,9 +179,8 @@ def test_carry_policy_loses_nothing_but_the_final_partial_batch(corpus):
         assert pos == list(range(len(pos))), f"document {doc} out of order or duplicated"
     full = sum(len(tok.ids(t)) + 1 for t in docs[:80])
     assert emitted_total == n_bos + sum(map(len, emitted_pos.values()))
-    assert (
-        full == emitted_total + tail and tail < 2 * 4 * 65
-    )  # at most the last partial batch per rank
+    # at most the last partial batch per rank
+    assert full == emitted_total + tail and tail < 2 * 4 * 65
     complete = [d for d, p in emitted_pos.items() if len(p) == len(tok.ids(docs[d]))]
     assert len(complete) >= 70
 

@@ -61,9 +61,8 @@ def test_learned_merges_compress_the_corpus(tok, docs):
     n_bytes = sum(len(d.encode()) for d in docs)
     n_tokens = sum(len(ids) for ids in tok.encode_batch(docs))
     assert n_tokens < 0.6 * n_bytes
-    assert (
-        b"   " in tok.mergeable_ranks and b" return" in tok.mergeable_ranks
-    )  # indentation, keyword
+    # indentation, keyword
+    assert b"   " in tok.mergeable_ranks and b" return" in tok.mergeable_ranks
 
 
 @pytest.mark.parametrize("text", EDGE_CASES, ids=range(len(EDGE_CASES)))

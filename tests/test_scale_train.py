@@ -139,9 +139,8 @@ def test_matmul_flops_match_torch_flop_counter(mem, spec):
         out.loss.backward()
     counts = fl.count_params(model)
     rec = sum(p.numel() for n, p in model.named_parameters() if ".k_rec." in n or ".v_rec." in n)
-    skipped = rec * len(
-        schedule.stages(T)[0]
-    )  # the first stage reads no memory: its W_rec m is skipped
+    # the first stage reads no memory: its W_rec m is skipped
+    skipped = rec * len(schedule.stages(T)[0])
     expected = 2 * B * (counts["matmul"] * schedule.forwards(model, T).differentiated * T - skipped)
     measured = sum(v for k, v in fwd.get_flop_counts()["Global"].items() if "mm" in str(k))
     assert measured == expected
@@ -192,9 +191,8 @@ def test_rollout_flops_are_the_sweeps_plus_a_forward_only_rollout(G):
     # the rollout: positions 0 .. T-2 (the last one's memory is read by no position) through blocks
     # [0, split), W_rec m from position 1 on (0 reads zero memory)
     rollout = 2 * B * (lower * (T - 1) + rec * (T - 2))
-    sweeps = (
-        2 * B * counts["matmul"] * T * G
-    )  # every sweep reads the rolled-out memory: nothing skipped
+    # every sweep reads the rolled-out memory: nothing skipped
+    sweeps = 2 * B * counts["matmul"] * T * G
     assert fwd.flops == sweeps + rollout
     # backward: 2x the sweeps, less the input gradient of W_rec m in the first sweep (its rows are
     # the rollout's, detached: nothing upstream to reach)
@@ -302,9 +300,8 @@ def test_optimizer_groups_follow_the_paper(tmp_path):
     )
     args.n_layer, args.total_steps = 12, 10
     with torch.device("meta"):
-        model = LRT(
-            preset("tiny", memory=MemoryConfig(), n_embd=64, n_head=2, n_kv_head=2)
-        )  # d = 64
+        # d = 64
+        model = LRT(preset("tiny", memory=MemoryConfig(), n_embd=64, n_head=2, n_kv_head=2))
     muon, adam = st.make_optimizers(model, args)
     half = 0.5  # sqrt(2^17 / 2^19)
     width = (64 / 768) ** -0.5
@@ -323,12 +320,10 @@ def test_optimizer_groups_follow_the_paper(tmp_path):
     assert muon.param_groups[0]["momentum"] == pytest.approx(0.85) and muon.param_groups[0][
         "weight_decay"
     ] == pytest.approx(0.2)
-    assert st.set_schedules([muon, adam], 8, args) == pytest.approx(
-        0.4
-    )  # warm-down over the final half
-    assert muon.param_groups[0]["weight_decay"] == pytest.approx(
-        0.2 * 0.2
-    )  # annealed linearly to 0
+    # warm-down over the final half
+    assert st.set_schedules([muon, adam], 8, args) == pytest.approx(0.4)
+    # annealed linearly to 0
+    assert muon.param_groups[0]["weight_decay"] == pytest.approx(0.2 * 0.2)
     args.n_layer = 24
     assert st.weight_decay_at(0, args) == pytest.approx(0.2 / 4)  # x (12/L)^2
 
@@ -580,9 +575,8 @@ def test_shards_tokenizer_resume_and_evaluate(tmp_path, corpus, capsys):
         == 0
     )
     rec = [r for r in run.metrics_records() if r.get("source") == "lrt_scale.evaluate"][-1]
-    assert rec["val_bpb"] == pytest.approx(
-        ev["val_bpb"], rel=1e-6
-    )  # same model, same validation tokens
+    # same model, same validation tokens
+    assert rec["val_bpb"] == pytest.approx(ev["val_bpb"], rel=1e-6)
     assert rec["core"] == pytest.approx(ev["core"])
     assert {"seq_bpb_onepass", "seq_bpb_exact", "cont_bpb_parallel"} <= set(rec)
 
@@ -598,9 +592,8 @@ def test_ratio_params_and_data_plan():
         preset("d20", memory=MemoryConfig()), "interleaved:2", ratio=20, ratio_params="matrices"
     )
     assert base.params_ratio == 435_165_440 and base.ratio_params == "matrices"
-    assert (
-        lrt.params_ratio > base.params_ratio and lrt.tokens > base.tokens
-    )  # the LRT counts its memory matrices
+    # the LRT counts its memory matrices
+    assert lrt.params_ratio > base.params_ratio and lrt.tokens > base.tokens
     total = fl.plan(preset("d20"), ratio=10)
     assert total.params_ratio == 1_315_969_320 and total.tokens == pytest.approx(13.16e9, rel=1e-3)
     shards = fl.data_plan(fl.plan(preset("d20"), ratio=20).tokens)["train_shards"]
@@ -633,9 +626,8 @@ def test_unused_parameters_from_one_backward(spec, memory_unused):
     assert torch.equal(torch.random.get_rng_state(), state)
     assert all(p.grad is None for p in model.parameters())
     assert bool(unused) == memory_unused
-    assert all(
-        n.startswith("pathway.") for n in unused
-    )  # (the gates still get a gradient: they see h)
+    # (the gates still get a gradient: they see h)
+    assert all(n.startswith("pathway.") for n in unused)
 
 
 @pytest.mark.slow

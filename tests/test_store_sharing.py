@@ -194,9 +194,8 @@ def test_the_heartbeat_keeps_a_claim_fresh(tmp_path):
 def test_resume_of_a_complete_run_changes_nothing(tmp_path):
     run = train(tiny_cfg(name="done"), out=tmp_path, progress=False)
     before = {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()}
-    for (
-        ckpt
-    ) in run.checkpoints():  # pruned checkpoints, then a damaged newest one: still nothing moves
+    # pruned checkpoints, then a damaged newest one: still nothing moves
+    for ckpt in run.checkpoints():
         ckpt.unlink()
     assert (
         main(
@@ -282,9 +281,8 @@ def test_a_termination_signal_checkpoints_the_step_it_arrived_at(tmp_path, sig):
     assert f"on {signal.Signals(sig).name}" in err and "--resume" in err
     run = Run(tmp_path / "r")
     last = train_steps(run.path)[-1]
-    assert (
-        30 <= last < 3000 and run.latest_checkpoint().name == f"step_{last:07d}.pt"
-    )  # not step 1000
+    # not step 1000
+    assert 30 <= last < 3000 and run.latest_checkpoint().name == f"step_{last:07d}.pt"
     assert not run.is_complete and not (run.path / claims.CLAIM).exists()
 
 
@@ -527,9 +525,8 @@ def test_a_diverged_train_ends_in_one_line_naming_the_cause(tmp_path, capsys):
     folder = tmp_path / "wild"
     summary = Run(folder).summary
     assert summary["status"] == "diverged"
-    assert train_steps(folder) == list(
-        range(1, summary["diverged_at_step"] + 1)
-    )  # every step logged is kept
+    # every step logged is kept
+    assert train_steps(folder) == list(range(1, summary["diverged_at_step"] + 1))
     files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
     # --resume finds it diverged: the same line and status, nothing changed
     assert main(args + ["--resume"]) == exitcodes.DIVERGED

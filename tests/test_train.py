@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import pandas as pd
 import pytest
@@ -124,9 +125,8 @@ def _evaluations(run_path):
     return evals[["step"] + [c for c in evals.columns if c.startswith(("acc_", "pos90_"))]]
 
 
-@pytest.mark.parametrize(
-    "lost", [1, 3]
-)  # the evaluation at step 10 (mid-run), at 30 (the final one)
+# the evaluation at step 10 (mid-run), at 30 (the final one)
+@pytest.mark.parametrize("lost", [1, 3])
 def test_an_evaluation_killed_after_its_checkpoint_is_redone_on_resume(tmp_path, monkeypatch, lost):
     """Killed during an evaluation, after that step's checkpoint: the resumed run's metrics hold
     every evaluation an uninterrupted run writes, with the same figures."""
@@ -468,9 +468,8 @@ def test_demo_quick_trains_three_models_and_reuses_them(tmp_path, capsys, monkey
         f"{reports[0]['total']:,}",
         *(f"{r['total']:,} (+{r['added_pct_of_baseline']:.1f}% memory)" for r in reports[1:]),
     ]
-    assert (
-        printed.out.count("training demo-") == 3 and "it/s" not in printed.err
-    )  # quiet: no progress bars
+    # quiet: no progress bars
+    assert printed.out.count("training demo-") == 3 and "it/s" not in printed.err
     df = load_runs(tmp_path)
     assert sorted(df["config.schedule"]) == ["fullseq:3", "interleaved:2", "onepass"]
     run_demo(out=str(tmp_path), quick=True)  # a second demo reuses the complete runs
@@ -538,9 +537,74 @@ def test_a_task_without_the_task_interface_fails_before_anything_is_written(tmp_
 
     cfg = tiny_cfg()
     task = make_task(cfg)
-    assert (
-        prepare(cfg, task)[0] is task
-    )  # every built-in task implements lrt_lab.core.interface.Task
+    # every built-in task implements lrt_lab.core.interface.Task
+    assert prepare(cfg, task)[0] is task
     with pytest.raises(ValueError, match="task=.*length_at"):
         train(cfg, out=tmp_path, task=NoCurriculum(task), progress=False)
     assert not (tmp_path / cfg.run_name).exists()
+
+
+def test_a_name_taken_by_other_arguments_says_to_choose_another_name(tmp_path, capsys):
+    """A run folder that exists under the same name: with the same arguments the error points to
+    --resume; with other ones (an option a run name does not show) it names the arguments that
+    differ and points to --name, since --resume would refuse them."""
+    args = [
+        "train",
+        "--task",
+        "group_prefix",
+        "--task-opt",
+        "group=S3",
+        "--length",
+        "6",
+        "--preset",
+        "tiny",
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--eval-every",
+        "0",
+        "--eval-size",
+        "8",
+        "--eval-lengths",
+        "6",
+        "--out",
+        str(tmp_path),
+        "--quiet",
+        "--threads",
+        "1",
+    ]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args) == 2
+    same = capsys.readouterr().err
+    assert "already exists" in same and "--resume" in same and "--name" not in same
+    assert main([*args, "--set", "n_layer=1"]) == 2
+    other = capsys.readouterr().err
+    assert "other arguments" in other and "n_layer" in other and "--name" in other
+    assert main([*args, "--set", "n_layer=1", "--name", "one-layer"]) == 0
+
+
+def test_a_curriculum_that_cannot_reach_the_training_length_is_warned_about():
+    """`--curriculum 4:1000 --steps 100` trains at length 4 throughout in a run named for its
+    training length: the run says so before it starts; a curriculum that ends in time says
+    nothing."""
+    from lrt_lab.training.loop import TrainConfig, prepare
+
+    def config(steps):
+        return TrainConfig(
+            task="group_prefix",
+            length=8,
+            preset="tiny",
+            steps=steps,
+            task_options={"group": "S3", "curriculum_start": 4, "curriculum_steps": 50},
+            eval_lengths=(8,),
+            eval_size=8,
+            device="cpu",
+        )
+
+    with pytest.warns(UserWarning, match="reaches length 4 by the last step"):
+        prepare(config(10))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prepare(config(60))

@@ -436,9 +436,8 @@ TASK_OPTIONS = sorted(
 def test_task_options_of_the_wrong_kind_are_rejected_by_name(task_option, value):
     task, option = task_option
     valid = {
-        "group": lambda v: (
-            False
-        ),  # no generated value spells a group (the alphabet has no digits after A/S/Z/D)
+        # no generated value spells a group (the alphabet has no digits after A/S/Z/D)
+        "group": lambda v: False,
         "alphabet_size": lambda v: (
             isinstance(v, int) and not isinstance(v, bool) and 2 <= v <= 2**20
         ),

@@ -349,9 +349,8 @@ def _decode_case(name, model, prompt, steps, device, warmup, repeats, vocab):
     @torch.no_grad()
     def fn(decoder, mark):
         for i in range(steps):
-            decoder.step(
-                feed[i], check_values=False
-            )  # fixed, valid tokens: neither sampling nor input checks are measured
+            # fixed, valid tokens: neither sampling nor input checks are measured
+            decoder.step(feed[i], check_values=False)
 
     return _Case(name, fn, warmup, repeats, setup=setup)
 
@@ -748,9 +747,8 @@ def _result(
         "device": s.device,
         "preset": s.preset,
         "train_ratio": _train_ratios(s, step),
-        "train_ratio_fwd_bwd": _train_ratios(
-            s, fwd_bwd
-        ),  # without the optimizer (same work for both models)
+        # without the optimizer (same work for both models)
+        "train_ratio_fwd_bwd": _train_ratios(s, fwd_bwd),
         "prefill_ratio": {k: pre[k] / pre["transformer"] for k in PREFILL_CASES},
         "decode_throughput_ratio": {
             key: tokens_per_s[f"lrt_{key}"] / tokens_per_s[f"transformer_{key}"]

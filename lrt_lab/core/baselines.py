@@ -384,9 +384,8 @@ class PonderLM(_Baseline):
         keep = torch.zeros(s, dtype=e.dtype, device=e.device)
         keep[0] = 1.0  # value embeddings at token rows only
         keep = keep.repeat(C).view(1, C * s, 1, 1)
-        K = min(
-            self._iterations(), C * N
-        )  # beyond C*N refinements the iteration is at its fixed point
+        # beyond C*N refinements the iteration is at its fixed point
+        K = min(self._iterations(), C * N)
         for _ in range(K + 1):
             x = torch.cat([e[:, :, None], thoughts], dim=2).reshape(B, C * s, d)
             out, ks, vs = self._stack(x, ids, keep, cos, sin, rows, buffer, 0, rows_per_token=s)

@@ -215,9 +215,8 @@ class Attention(nn.Module):
         K, V = ctx.buffer.splice_kv(self.layer, ctx.positions, k, v)
         # softmax(q K^T / sqrt(D)) V, causal within this layer's window, over the keys up to the
         # stage's last position: a fused kernel, or written out while scores or pattern are hooked
-        stop = (
-            ctx.positions.stop
-        )  # the buffer may hold rows past the stage (a prefix refined again)
+        # the buffer may hold rows past the stage (a prefix refined again)
+        stop = ctx.positions.stop
         Ks, Vs = (K, V) if K.size(1) == stop else (K[:, :stop], V[:, :stop])
         P, window = as_range(ctx.positions, n), self.window
         if window is not None:  # windows count tokens; rows may interleave other vectors

@@ -22,9 +22,8 @@ EVAL_CHUNK = 128  # evaluation sequences per forward (evaluate's chunk)
 @torch.no_grad()
 def exact_logits(model, inputs: torch.Tensor) -> torch.Tensor:
     """Logits under exact recurrent decoding: one Decoder step per position."""
-    check_token_ids(
-        "inputs", inputs, vocab_size_of(model)
-    )  # once, not once per position (a sync each on CUDA)
+    # once, not once per position (a sync each on CUDA)
+    check_token_ids("inputs", inputs, vocab_size_of(model))
     dec = Decoder(model, inputs.size(0), inputs.size(1))
     return torch.stack(
         [dec.step(inputs[:, t], check_values=False) for t in range(inputs.size(1))], dim=1

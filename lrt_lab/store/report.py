@@ -404,9 +404,8 @@ def method_labels(df: pd.DataFrame) -> pd.Series:
     )
     chosen = [c for c in varying if c not in BOOKKEEPING and not c.startswith("config.model.")]
     memo = {}  # what each field's column says, worked out once (_label asks per run and field)
-    for c in (
-        c for c in varying if c not in chosen
-    ):  # in reading order: bookkeeping, then the model
+    # in reading order: bookkeeping, then the model
+    for c in (c for c in varying if c not in chosen):
         if _distinct_labels(methods, chosen, memo) == len(methods):
             break
         if _distinct_labels(methods, chosen + [c], memo) > _distinct_labels(methods, chosen, memo):

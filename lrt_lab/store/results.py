@@ -241,9 +241,7 @@ class Run:
         root.mkdir(parents=True, exist_ok=True)
         final = root / name
         if final.exists():
-            raise FileExistsError(
-                f"run folder {final} already exists (use --resume to continue it)"
-            )
+            raise FileExistsError(_exists_message(final, config))
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}."))
         claim = None
         try:
@@ -388,6 +386,24 @@ def _read_jsonl(path: Path) -> tuple[list[dict], int]:
             continue
         records.append(rec)
     return records, bad
+
+
+def _exists_message(folder: Path, config: dict) -> str:
+    """Why a new run cannot take `folder`: the same arguments (continue it with --resume), or
+    other ones under the same name (name this run another way with --name)."""
+    try:
+        stored = flatten_dict(json.loads((folder / CONFIG).read_text()))
+    except (OSError, ValueError):
+        return f"run folder {folder} already exists (use --resume to continue it)"
+    new = flatten_dict(json.loads(json.dumps(config)))
+    differ = sorted(k for k in stored.keys() | new.keys() if stored.get(k) != new.get(k))
+    if not differ:
+        return f"run folder {folder} already exists (use --resume to continue it)"
+    shown = ", ".join(differ[:3]) + (" ..." if len(differ) > 3 else "")
+    return (
+        f"run folder {folder} already exists with other arguments ({shown} differ): give "
+        "this run another name with --name, or pass the folder's own arguments to --resume it"
+    )
 
 
 def flatten_dict(d: dict, prefix: str = "") -> dict:

@@ -115,9 +115,8 @@ def group_name(config: dict, limit: int = 128) -> str:
     process of a sweep names its own run's group): what was trained, then a digest of the group
     key, so runs share the name exactly when `lrt-lab report` pools them as seeds. At most
     `limit` characters (W&B's bound on a group name)."""
-    config = json.loads(
-        json.dumps(config, default=str)
-    )  # as config.json reads back: tuples become lists
+    # as config.json reads back: tuples become lists
+    config = json.loads(json.dumps(config, default=str))
     row = pd.DataFrame([flatten_dict(config, "config.")])
     digest = hashlib.sha1(group_keys(row).iloc[0].encode()).hexdigest()[:8]
     train = config.get("train", {})
@@ -211,9 +210,8 @@ def group_labels(df: pd.DataFrame, exclude=()) -> pd.Series:
             parts[i].append(_text(v) if not name else f"{name}={_text(v)}")
     labels = pd.Series({i: " | ".join(p) for i, p in parts.items()}, dtype=object).reindex(df.index)
     # Dropping unset fields must not merge two groups: fall back to spelling them out.
-    keys = group_keys(
-        df[[c for c in cols if not c.startswith(DERIVED_PREFIXES)]]
-    )  # derived ones follow the rest
+    # derived ones follow the rest
+    keys = group_keys(df[[c for c in cols if not c.startswith(DERIVED_PREFIXES)]])
     clash = labels.groupby(labels).transform(lambda s: keys[s.index].nunique() > 1)
     if clash.any():
         for i in df.index[clash.astype(bool)]:

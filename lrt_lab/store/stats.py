@@ -119,9 +119,8 @@ def seed_stats(
         df["_key"] = group_keys(df)
         df["method"] = method_column(df)
         keys = ["group", "method"]
-        if (
-            df.groupby("group")["_key"].nunique().gt(1).any()
-        ):  # group_labels guarantees this; keep it honest
+        # group_labels guarantees this; keep it honest
+        if df.groupby("group")["_key"].nunique().gt(1).any():
             raise ValueError("group labels do not separate the configs; report this as a bug")
     else:
         keys = [group_by] if isinstance(group_by, str) else list(group_by)

@@ -39,9 +39,8 @@ def save_checkpoint(
         torch.save(state, tmp)
         os.replace(tmp, d / f"step_{step:07d}.pt")
     except BaseException as e:
-        Path(tmp).unlink(
-            missing_ok=True
-        )  # a full checkpoint's worth of disk, otherwise never reclaimed
+        # a full checkpoint's worth of disk, otherwise never reclaimed
+        Path(tmp).unlink(missing_ok=True)
         if disk_full(e, d):
             raise OSError(
                 errno.ENOSPC,

@@ -98,9 +98,8 @@ class TrainConfig:
     schedule: str = "interleaved:2"
     steps: int = _ranged(1000, 1)
     batch_size: int = _ranged(64, 1)
-    seed: int = _ranged(
-        0, 0, TRAIN_SEED_LIMIT - 1
-    )  # below the evaluation seeds (lrt_tasks.eval_sets)
+    # below the evaluation seeds (lrt_tasks.eval_sets)
+    seed: int = _ranged(0, 0, TRAIN_SEED_LIMIT - 1)
     lr_scale: float = _ranged(1.0, 0)
     matrix_lr: float = _ranged(0.02, 0)  # Muon (paper: 0.02)
     embedding_lr: float = _ranged(0.1, 0)  # AdamW, before (d/768)^-1/2 (paper 0.3; capped for toys)
@@ -282,9 +281,8 @@ def prepare(cfg: TrainConfig, task=None):
     sweep can check every run of its grid first; train() builds the real one under the run's seed.
     """
     task = task if task is not None else make_task(cfg)
-    if not isinstance(
-        task, Task
-    ):  # a task passed in by hand fails here, not at the step that reads it
+    # a task passed in by hand fails here, not at the step that reads it
+    if not isinstance(task, Task):
         fail(
             "task",
             task,
@@ -307,6 +305,14 @@ def prepare(cfg: TrainConfig, task=None):
     schedule = parse_schedule(cfg.schedule)
     check_memory_fits(cfg, model.config, schedule)
     start_length = task.length_at(0)
+    reached = task.length_at(cfg.steps - 1)
+    if reached < cfg.length:  # the run's name and evaluation say cfg.length
+        warnings.warn(
+            f"the curriculum reaches length {reached} by the last step ({cfg.steps}), not the "
+            f"training length {cfg.length}: train more steps or shorten the curriculum "
+            "(--curriculum START:STEPS)",
+            stacklevel=2,
+        )
     for length in sorted({start_length, cfg.length, *cfg.eval_lengths}):
         schedule.stages(length)  # e.g. Interleaved(S) needs S <= every length it will see
     # One sequence at every length the run will sample (training and evaluation), so a length the

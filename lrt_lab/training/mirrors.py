@@ -64,9 +64,8 @@ class MirrorSettings:
     wandb_project: str | None = None  # None: $WANDB_PROJECT, else DEFAULT_WANDB_PROJECT
 
     def __post_init__(self):
-        object.__setattr__(
-            self, "names", tuple(dict.fromkeys(self.names))
-        )  # --log wandb twice: once
+        # --log wandb twice: once
+        object.__setattr__(self, "names", tuple(dict.fromkeys(self.names)))
         for name in self.names:
             if name not in MIRROR_PACKAGES:
                 raise ValueError(

@@ -116,9 +116,8 @@ def run_on_ray(
                             "status": "failed",
                             "error": f"{type(e).__name__}: {e}",
                         }
-                    if (
-                        result["status"] == "claimed"
-                    ):  # trained by another process: look again later
+                    # trained by another process: look again later
+                    if result["status"] == "claimed":
                         time.sleep(min(wait_s, 1.0) if running else wait_s)
                         todo.append(cfg)
                         continue
