@@ -71,7 +71,7 @@ import torch.nn.functional as F
 from lrt_lab.core.config import ModelConfig
 from lrt_lab.core.loss import IGNORE_INDEX
 from lrt_lab.core.model import LRT
-from lrt_lab.core.validation import check_token_ids, vocab_size_of
+from lrt_lab.core.token_ids import check_token_ids, vocab_size_of
 from lrt_lab.run.decode import Decoder
 from lrt_lab.run.registry import as_schedule, parse_schedule
 from lrt_lab.run.runner import run_schedule

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lrt_lab.core.validation import check_targets, check_token_ids
+from lrt_lab.core.token_ids import check_targets, check_token_ids
 
 IGNORE_INDEX = -1
 

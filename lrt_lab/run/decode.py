@@ -16,14 +16,8 @@ from __future__ import annotations
 import torch
 
 from lrt_lab.core.buffer import compute_dtype
-from lrt_lab.core.validation import (
-    TORCH_SEED_LIMIT,
-    check_int,
-    check_number,
-    check_seed,
-    check_token_ids,
-    vocab_size_of,
-)
+from lrt_lab.core.token_ids import check_token_ids, vocab_size_of
+from lrt_lab.core.validation import TORCH_SEED_LIMIT, check_int, check_number, check_seed
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import OnePass
 

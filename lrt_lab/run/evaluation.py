@@ -11,7 +11,7 @@ import contextlib
 import pandas as pd
 import torch
 
-from lrt_lab.core.validation import check_token_ids, vocab_size_of
+from lrt_lab.core.token_ids import check_token_ids, vocab_size_of
 from lrt_lab.run.decode import Decoder
 from lrt_lab.run.metrics import per_position_accuracy, pos_at
 from lrt_lab.run.runner import run_schedule

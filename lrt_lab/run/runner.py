@@ -17,7 +17,7 @@ from lrt_lab.core.hook_points import hook_points
 from lrt_lab.core.interface import Measured, Schedule, ScheduleRun
 from lrt_lab.core.loss import check_inputs, cross_entropy
 from lrt_lab.core.positions import assemble
-from lrt_lab.core.validation import vocab_size_of
+from lrt_lab.core.token_ids import vocab_size_of
 from lrt_lab.run.hooks import capture
 from lrt_lab.run.registry import as_schedule
 
