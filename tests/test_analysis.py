@@ -492,3 +492,21 @@ def test_end_to_end_on_a_tiny_store(tmp_path):
         p.unlink()
     with pytest.raises(ValueError, match="no checkpoint"):
         load_model(runs["tr"])
+
+
+def test_analyze_help_lists_its_subcommands_and_explains_their_options(capsys):
+    """`lrt-lab analyze --help` is analyze's own help (its subcommands, not a bare "args"), each
+    subcommand's options say what they are, and other commands still refuse unknown options."""
+    from lrt_lab.commands.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["analyze", "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and out.startswith("usage: lrt-lab analyze")
+    assert all(name in out for name in ("probe", "gap", "depth", "convergence"))
+    with pytest.raises(SystemExit):
+        main(["analyze", "gap", "--help"])
+    assert "held-out sequences per run" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:
+        main(["report", "--bogus"])
+    assert refused.value.code == 2 and "--bogus" in capsys.readouterr().err

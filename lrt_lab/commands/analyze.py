@@ -1,4 +1,4 @@
-"""`lrt-lab analyze probe|gap|depth ...`: run an analysis on a run store, print its
+"""`lrt-lab analyze probe|gap|depth|convergence ...`: run an analysis on a run store, print its
 tables, write them (and a PNG of the plot) into the store.
 
     lrt-lab analyze probe runs/probe/RUN_A runs/probe/RUN_B --decoding exact
@@ -15,35 +15,37 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="lrt-lab analyze")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = argparse.ArgumentParser(
+        prog="lrt-lab analyze", description=__doc__.split("\n\n")[0].replace("\n", " ")
+    )
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{probe,gap,depth,convergence}")
     pr = sub.add_parser(
         "probe", help="probe runs (tables/probe_<decoding>.csv), heatmaps side by side"
     )
-    pr.add_argument("runs", nargs="+")
+    pr.add_argument("runs", nargs="+", help="run folders (each with a checkpoint)")
     pr.add_argument(
         "--decoding", default="exact", help="exact, train (the run's schedule), or a schedule spec"
     )
-    pr.add_argument("--n-sequences", type=int, default=512)
-    pr.add_argument("--max-positions", type=int, default=16)
+    pr.add_argument("--n-sequences", type=int, default=512, help="held-out sequences probed")
+    pr.add_argument("--max-positions", type=int, default=16, help="positions probed per sequence")
     g = sub.add_parser(
         "gap", help="BPB per run, gap recovery, mismatch, refinement (.analysis/tables/)"
     )
-    g.add_argument("store")
-    g.add_argument("--n-sequences", type=int, default=512)
-    g.add_argument("--metric", default="bpb.exact")
+    g.add_argument("store", help="a run store (folder of run folders)")
+    g.add_argument("--n-sequences", type=int, default=512, help="held-out sequences per run")
+    g.add_argument("--metric", default="bpb.exact", help="the metric gap recovery compares")
     d = sub.add_parser(
         "depth", help="depth sweep tables (.analysis/tables/depth_sweep.csv, depth_worth.csv)"
     )
-    d.add_argument("store")
-    d.add_argument("--metric", default=None)
+    d.add_argument("store", help="a run store of a depth sweep")
+    d.add_argument("--metric", default=None, help="default: the store's pos@90 at the train length")
     d.add_argument("--targets", default="", help="comma-separated pos@90 targets, e.g. 4,8")
     c = sub.add_parser(
         "convergence", help="fixed-point sweeps on trained runs (tables/convergence.csv + PNG)"
     )
-    c.add_argument("runs", nargs="+")
-    c.add_argument("--n-sequences", type=int, default=128)
-    c.add_argument("--max-sweeps", type=int, default=None)
+    c.add_argument("runs", nargs="+", help="run folders (each with a checkpoint)")
+    c.add_argument("--n-sequences", type=int, default=128, help="held-out sequences per run")
+    c.add_argument("--max-sweeps", type=int, default=None, help="default: the sequence length")
     c.add_argument("--tols", default="0.1,0.01,0.001", help="comma-separated tolerances")
     a = p.parse_args(argv)
 

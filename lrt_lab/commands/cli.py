@@ -380,7 +380,9 @@ def build_parser() -> Parser:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser(
-        "analyze", help="probes, gap recovery, depth sweep (lrt-lab analyze probe|gap|depth -h)"
+        "analyze",
+        help="probes, gap recovery, depth sweep, convergence (lrt-lab analyze -h)",
+        add_help=False,  # -h goes on to lrt-lab analyze's own parser, which knows its subcommands
     )
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_analyze)
@@ -416,7 +418,11 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "analyze":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:  # options before analyze's subcommand (-h) belong to its own parser
+        args.args = extra + args.args
     debug = args.debug or os.environ.get("LRT_LAB_DEBUG", "") not in ("", "0")
     try:
         return args.func(args)
