@@ -77,8 +77,8 @@ def only_groups(color: dict, present: set) -> dict:
 
 
 def palette_note(n_groups: int) -> None:
-    """A caption under the controls when more groups than PALETTE's colours are drawn (they repeat).
-    A caption under the controls when more groups than PALETTE's colours are drawn (they repeat)."""
+    """A caption under the controls when more groups than
+    PALETTE's colours are drawn (they repeat)."""
     if n_groups > len(PALETTE):
         st.caption(
             f"{n_groups} groups share {len(PALETTE)} colours: narrow them with the sidebar's "
@@ -125,8 +125,8 @@ def chart_spec(spec: dict, **datasets: pd.DataFrame) -> dict:
 
 
 def legend_entries(spec) -> int:
-    """The most entries any legend under the chart (LEGEND) lists: the size of its scale's domain.
-    The most entries any legend under the chart (LEGEND) lists: the size of its scale's domain."""
+    """The most entries any legend under the chart (LEGEND)
+    lists: the size of its scale's domain."""
     most = 0
     if isinstance(spec, dict):
         if spec.get("legend") is LEGEND and isinstance(spec.get("scale", {}).get("domain"), list):

@@ -86,8 +86,8 @@ def display_table(table: pd.DataFrame, length: int, lengths: list[int]) -> pd.Da
 
 
 def scatter_points(runs: pd.DataFrame, lengths: list[int]) -> pd.DataFrame:
-    """One point per run: its method, seed, compute, wall clock and pos@90 per decoding and length.
-    One point per run: its method, seed, compute, wall clock and pos@90 per decoding and length."""
+    """One point per run: its method, seed, compute, wall
+    clock and pos@90 per decoding and length."""
     points = pd.DataFrame(
         {
             "method": method_labels(runs),

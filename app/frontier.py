@@ -22,8 +22,8 @@ AXES = {
 
 
 def frontier_choices(shown: pd.DataFrame) -> list[tuple[str, int]]:
-    """(task, training length) pairs of the shown runs that have frontier points, most runs first.
-    (task, training length) pairs of the shown runs that have frontier points, most runs first."""
+    """(task, training length) pairs of the shown runs that
+    have frontier points, most runs first."""
     if shown.empty or "config.train.task" not in shown:
         return []
     pairs = (

@@ -120,8 +120,8 @@ def file_signature(path) -> tuple | None:
 # --------------------------------------------------------------------------------------
 @st.cache_data(show_spinner=False, max_entries=16)
 def cached_runs(root: str, include_incomplete: bool, signature: tuple) -> tuple[pd.DataFrame, list]:
-    """(annotated load_runs table, skipped folders as (name, reason)); `signature` keys the cache.
-    (annotated load_runs table, skipped folders as (name, reason)); `signature` keys the cache."""
+    """(annotated load_runs table, skipped folders as (name,
+    reason)); `signature` keys the cache."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the skipped folders are shown in the app instead
         df = load_runs(root, include_incomplete=include_incomplete)
@@ -311,8 +311,8 @@ def group_labels(df: pd.DataFrame, exclude=()) -> pd.Series:
 
 
 def ema(values: np.ndarray, weight: float) -> np.ndarray:
-    """Debiased exponential moving average (TensorBoard / W&B smoothing); weight 0 leaves it as is.
-    Debiased exponential moving average (TensorBoard / W&B smoothing); weight 0 leaves it as is."""
+    """Debiased exponential moving average (TensorBoard / W&B
+    smoothing); weight 0 leaves it as is."""
     values = np.asarray(values, dtype=float)
     if weight <= 0 or len(values) == 0:
         return values
@@ -467,8 +467,8 @@ def curriculum_switches(df: pd.DataFrame, x_axis: str, loader=None) -> pd.DataFr
 
 
 def chance_levels(df: pd.DataFrame) -> pd.DataFrame:
-    """(group, chance): 1 / the task's vocabulary, the accuracy of guessing on a group-product task.
-    (group, chance): 1 / the task's vocabulary, the accuracy of guessing on a group-product task."""
+    """(group, chance): 1 / the task's vocabulary, the
+    accuracy of guessing on a group-product task."""
     if "config.task_vocab_size" not in df.columns:
         return pd.DataFrame(columns=["group", "chance"])
     vocab = pd.to_numeric(df["config.task_vocab_size"], errors="coerce")

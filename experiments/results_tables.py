@@ -520,8 +520,8 @@ A5_AT_16 = [
 
 
 def anchor(heading: str) -> str:
-    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces as hyphens.
-    GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    """GitHub's anchor for a Markdown heading: lower case,
+    punctuation dropped, spaces as hyphens."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
@@ -634,8 +634,8 @@ def compact_baselines(df: pd.DataFrame) -> str | None:
 
 
 def compact_bench(bench_dir: Path = REPO / "docs" / "bench") -> str | None:
-    """The bench table's headline rows: the training step of the main trainers and batch-1 decoding.
-    The bench table's headline rows: the training step of the main trainers and batch-1 decoding."""
+    """The bench table's headline rows: the training step of
+    the main trainers and batch-1 decoding."""
     table = bench_table(bench_dir)
     if table is None:
         return None

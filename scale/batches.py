@@ -65,8 +65,8 @@ class SyntheticData:
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
 
     def block(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows [0, B) of batch `index`, whatever the rank (validation: the caller spreads blocks).
-        Rows [0, B) of batch `index`, whatever the rank (validation: the caller spreads blocks)."""
+        """Rows [0, B) of batch `index`, whatever the rank
+        (validation: the caller spreads blocks)."""
         rows = self.rows(index, 0, self.B).to(self.device)
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
 

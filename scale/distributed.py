@@ -82,8 +82,8 @@ def rank_and_world() -> tuple[int, int]:
 
 
 def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
-    """Sum a float64 vector over ranks (a no-op in one process). gloo and nccl both reduce float64.
-    Sum a float64 vector over ranks (a no-op in one process). gloo and nccl both reduce float64."""
+    """Sum a float64 vector over ranks (a no-op in one
+    process). gloo and nccl both reduce float64."""
     if is_distributed():
         dist.all_reduce(values)
     return values

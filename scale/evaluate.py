@@ -308,8 +308,8 @@ def _common_length(seqs: Sequence[Sequence[int]], from_end: bool = False) -> int
 def item_sequences(
     tokenizer, task_type: str, prompts: list[str]
 ) -> tuple[list[list[int]], list[int], list[int]]:
-    """Token sequences (BOS first) and, per sequence, the [start, end) of the scored continuation.
-    Token sequences (BOS first) and, per sequence, the [start, end) of the scored continuation."""
+    """Token sequences (BOS first) and, per sequence, the
+    [start, end) of the scored continuation."""
     tokens = [tokenizer.encode(p, prepend_bos=True) for p in prompts]
     if task_type == "multiple_choice":
         start = _common_length(tokens)
@@ -337,8 +337,8 @@ def _pad(tokens: list[list[int]], pad_id: int) -> torch.Tensor:
 
 
 def model_forward(model, schedule=None, autocast=None) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A (B, T) ids -> (B, T, V) logits function: `schedule`'s parallel forward (default OnePass).
-    A (B, T) ids -> (B, T, V) logits function: `schedule`'s parallel forward (default OnePass)."""
+    """A (B, T) ids -> (B, T, V) logits function:
+    `schedule`'s parallel forward (default OnePass)."""
     schedule = as_schedule(schedule)
 
     @torch.no_grad()

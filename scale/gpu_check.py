@@ -150,8 +150,8 @@ def _model(name: str, lrt: bool, sizes: Sizes, device, seed: int = 0) -> LRT:
 
 
 def _optimizers(model: LRT, name: str, steps: int):
-    """The run's optimizers at the paper's rates for a 2^19-token batch (lrt_scale.train's builder).
-    The run's optimizers at the paper's rates for a 2^19-token batch (lrt_scale.train's builder)."""
+    """The run's optimizers at the paper's rates for a
+    2^19-token batch (lrt_scale.train's builder)."""
     args = st.parse_args(["--preset", name, "--synthetic", "--steps", str(steps)])
     args.n_layer, args.total_steps, args.seq_len = (
         model.config.n_layer,

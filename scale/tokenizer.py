@@ -139,8 +139,8 @@ class Tokenizer:
 
     @property
     def n_ordinary(self) -> int:
-        """Number of ordinary (byte-sequence) tokens; ids below this are ordinary, the rest special.
-        Number of ordinary (byte-sequence) tokens; ids below this are ordinary, the rest special."""
+        """Number of ordinary (byte-sequence) tokens; ids below
+        this are ordinary, the rest special."""
         return len(self.mergeable_ranks)
 
     @property

@@ -93,8 +93,9 @@ from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import Scheduled, run_schedule
 from lrt_lab.store.results import Run
 from lrt_lab.training.checkpoints import save_checkpoint
-from lrt_lab.training.loop import model_config, parse_value
+from lrt_lab.training.loop import model_config
 from lrt_lab.training.optim import build_optimizers, optimizer_step, set_lr_schedule
+from lrt_lab.training.train_config import parse_value
 
 from . import evaluate as ev
 from . import flops as fl

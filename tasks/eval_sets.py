@@ -66,6 +66,6 @@ def make_eval_sets(
 
 
 def truncate(batch: Batch, length: int) -> Batch:
-    """The first `length` positions of every field (targets are aligned with inputs, tasks/base.py).
-    The first `length` positions of every field (targets are aligned with inputs, tasks/base.py)."""
+    """The first `length` positions of every field (targets
+    are aligned with inputs, tasks/base.py)."""
     return Batch(*(None if x is None else x[:, :length].contiguous() for x in batch))

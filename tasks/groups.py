@@ -125,8 +125,8 @@ class PermutationGroup(Group):
 
 
 def _permutation_group(name: str, perms: list[tuple]) -> PermutationGroup:
-    """Table for a list of permutations (of points 0..n-1), which must be closed under composition.
-    Table for a list of permutations (of points 0..n-1), which must be closed under composition."""
+    """Table for a list of permutations (of points 0..n-1),
+    which must be closed under composition."""
     perms = sorted(set(perms))
     n, size = len(perms[0]), len(perms)
     p = torch.tensor(perms, dtype=torch.long)  # [N, n]
@@ -179,8 +179,8 @@ def alternating(n: int) -> PermutationGroup:
 
 
 def dihedral(n: int) -> PermutationGroup:
-    """D_n: the 2n symmetries of a regular n-gon, as permutations of its vertices (D30: order 60).
-    D_n: the 2n symmetries of a regular n-gon, as permutations of its vertices (D30: order 60)."""
+    """D_n: the 2n symmetries of a regular n-gon, as
+    permutations of its vertices (D30: order 60)."""
     _check_int("n", n, 3, MAX_ORDER // 2)
     rot = [tuple((k + i) % n for i in range(n)) for k in range(n)]
     ref = [tuple((k - i) % n for i in range(n)) for k in range(n)]

@@ -1,5 +1,5 @@
-"""Loop transformer and PonderLM-2-style latent thoughts: float64, tiny models, every weight random.
-Loop transformer and PonderLM-2-style latent thoughts: float64, tiny models, every weight random."""
+"""Loop transformer and PonderLM-2-style latent thoughts:
+float64, tiny models, every weight random."""
 
 import pytest
 import torch

@@ -199,8 +199,8 @@ class Halves(StagedSchedule):
 
 @pytest.fixture
 def halves():
-    """Halves registered as `halves:R` for one test only (other tests list the built-in spellings).
-    Halves registered as `halves:R` for one test only (other tests list the built-in spellings)."""
+    """Halves registered as `halves:R` for one test only
+    (other tests list the built-in spellings)."""
     register_schedule("halves:R")(Halves)
     yield Halves
     del SCHEDULES["halves"]

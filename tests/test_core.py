@@ -50,8 +50,8 @@ def test_exact_matches_naive_reference(name):
     [Interleaved(2), Interleaved(3), FullSequence(1), FullSequence(2, (0.1, 0.3, 0.6)), Chunked(3)],
 )
 def test_parallel_schedules_match_naive_and_differ_from_exact(name, sched):
-    """The approximations are real (they differ from Exact) and are exactly what the paper defines.
-    The approximations are real (they differ from Exact) and are exactly what the paper defines."""
+    """The approximations are real (they differ from Exact)
+    and are exactly what the paper defines."""
     model = make_model(CONFIGS[name])
     idx = tokens(B=2, T=8)
     targets = tokens(B=2, T=8, seed=7)

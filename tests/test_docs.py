@@ -124,8 +124,8 @@ def code_part(line: str) -> str:
 
 
 def lines_missing_from(snippet: str, source: str) -> list[str]:
-    """The snippet's code lines that are no line of the source (comments and blank lines ignored).
-    The snippet's code lines that are no line of the source (comments and blank lines ignored)."""
+    """The snippet's code lines that are no line of the
+    source (comments and blank lines ignored)."""
     source_lines = {code_part(line) for line in source.splitlines()}
     wanted = [code_part(line) for line in snippet.splitlines()]
     return [line for line in wanted if line and line not in source_lines]
@@ -238,8 +238,8 @@ def option_strings(parser) -> set[str]:
 
 
 def unknown_lrt_lab_flags(arguments: list[str]) -> list[str]:
-    """What the CLI's own parser does not know in `lrt-lab ARGUMENTS`: the subcommand or any --flag.
-    What the CLI's own parser does not know in `lrt-lab ARGUMENTS`: the subcommand or any --flag."""
+    """What the CLI's own parser does not know in `lrt-lab
+    ARGUMENTS`: the subcommand or any --flag."""
     parser = build_parser()
     global_flags = option_strings(parser)
     words = [w for w in arguments if w not in global_flags]

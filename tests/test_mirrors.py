@@ -413,8 +413,8 @@ def test_a_mirror_failing_mid_run_costs_the_run_store_nothing(tmp_path, monkeypa
 
 
 def test_a_grid_point_passes_its_mirrors_to_the_run(tmp_path):
-    """The function Ray tasks and Slurm jobs run: its runs are mirrored like the sequential sweep's.
-    The function Ray tasks and Slurm jobs run: its runs are mirrored like the sequential sweep's."""
+    """The function Ray tasks and Slurm jobs run: its runs are
+    mirrored like the sequential sweep's."""
     pytest.importorskip("tensorboard")
     result = train_grid_point(
         tiny_cfg(steps=2, eval_every=0), str(tmp_path), threads=1, log=("tensorboard",)

@@ -58,8 +58,8 @@ def test_released_preset_reads_the_normed_final_state_with_layerwise_projections
 
 
 def test_released_memory_is_the_lm_heads_input():
-    """m_t is rms_norm of the last block's output: what lm_head reads (the released code's h_final).
-    m_t is rms_norm of the last block's output: what lm_head reads (the released code's h_final)."""
+    """m_t is rms_norm of the last block's output: what
+    lm_head reads (the released code's h_final)."""
     model = random_model(memory_preset("released", 3))
     idx = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(1))
     cache = {}

@@ -25,8 +25,8 @@ BOS = 0
 
 
 def stdlib_docs() -> list[str]:
-    """A tiny real corpus: the json and email packages' sources, one document per top-level block.
-    A tiny real corpus: the json and email packages' sources, one document per top-level block."""
+    """A tiny real corpus: the json and email packages'
+    sources, one document per top-level block."""
     docs = []
     for pkg in (json, email):
         for f in sorted(Path(pkg.__file__).parent.glob("*.py")):
@@ -58,8 +58,8 @@ def doc_of(token: int) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """3 shards of 40 docs in row groups of 4: train = 80 docs / 20 row groups, val = 40 docs / 10.
-    3 shards of 40 docs in row groups of 4: train = 80 docs / 20 row groups, val = 40 docs / 10."""
+    """3 shards of 40 docs in row groups of 4: train = 80 docs
+    / 20 row groups, val = 40 docs / 10."""
     d = tmp_path_factory.mktemp("fineweb")
     docs = stdlib_docs()[:120]
     for i in range(3):
@@ -76,8 +76,8 @@ def make(corpus, **kw):
 
 
 def rows_of(batches) -> list[list[int]]:
-    """Rebuild the (T+1)-token rows from (inputs, targets), checking the one-token shift on the way.
-    Rebuild the (T+1)-token rows from (inputs, targets), checking the one-token shift on the way."""
+    """Rebuild the (T+1)-token rows from (inputs, targets),
+    checking the one-token shift on the way."""
     out = []
     for x, y in batches:
         assert torch.equal(x[:, 1:], y[:, :-1])

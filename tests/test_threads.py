@@ -213,6 +213,23 @@ def test_a_user_s_wait_policy_wins_and_a_loaded_torch_is_left_alone():
     assert not wait_policy_set({}, busy=6.0, torch_loaded=True)  # too late: libgomp read it
 
 
+def test_the_cli_loads_no_torch_until_a_command_needs_it():
+    """`lrt-lab --help`, a subcommand's arguments and their errors answer without torch (a second
+    or more on a busy machine); only the command that trains or measures loads it."""
+    program = (
+        "import sys\n"
+        "from lrt_lab.commands import cli\n"
+        "parser = cli.build_parser()\n"
+        "parser.parse_args(['train', '--length', '8', '--schedule', 'exact'])\n"
+        "parser.parse_args(['report', 'runs'])\n"
+        "print('torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip() == "False", done.stderr[-2000:]
+
+
 def test_the_cli_sets_the_wait_policy_before_torch_loads():
     """Through OpenMP's own report of its settings, in a fresh interpreter on a machine made busy.
 
@@ -221,7 +238,7 @@ def test_the_cli_sets_the_wait_policy_before_torch_loads():
     program = (
         "from lrt_lab.training import threads\n"
         "threads.sample_cpu = lambda: threads.CpuSample(64.0, 0.3)\n"
-        "import runpy, sys; sys.argv = ['lrt-lab', 'report', '--help']\n"
+        "import runpy, sys; sys.argv = ['lrt-lab', 'bench', '--help']\n"
         "runpy.run_module('lrt_lab', run_name='__main__')"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}

@@ -477,8 +477,8 @@ def test_demo_quick_trains_three_models_and_reuses_them(tmp_path, capsys, monkey
 
 
 def test_demo_threads_follow_the_policy(monkeypatch, capsys, tmp_path):
-    """The demo asks lrt_lab.training.threads, says what it chose, and gives torch its setting back.
-    The demo asks lrt_lab.training.threads, says what it chose, and gives torch its setting back."""
+    """The demo asks lrt_lab.training.threads, says what it
+    chose, and gives torch its setting back."""
     from lrt_lab.commands import demo
 
     seen = []

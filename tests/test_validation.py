@@ -318,8 +318,8 @@ def model():
 
 
 def bad_token_tensors(shape=(2, 3), vocab=64):
-    """Tensors that are not valid token ids for a vocab-64 model: out-of-range values, other dtypes.
-    Tensors that are not valid token ids for a vocab-64 model: out-of-range values, other dtypes."""
+    """Tensors that are not valid token ids for a vocab-64
+    model: out-of-range values, other dtypes."""
     ints = st.lists(
         st.integers(-(2**40), 2**40), min_size=math.prod(shape), max_size=math.prod(shape)
     )

@@ -106,8 +106,8 @@ def convergence_trace(
 
 
 def _settled(values: pd.Series, tol: float) -> float:
-    """First sweep from which `values` (ordered by sweep, starting at 0) stay <= tol; NaN if never.
-    First sweep from which `values` (ordered by sweep, starting at 0) stay <= tol; NaN if never."""
+    """First sweep from which `values` (ordered by sweep,
+    starting at 0) stay <= tol; NaN if never."""
     above = (values.to_numpy() > tol).nonzero()[0]
     if len(above) == 0:
         return 0.0

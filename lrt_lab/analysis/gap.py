@@ -74,8 +74,8 @@ def read_bpb(df: pd.DataFrame) -> pd.DataFrame:
 # Gap recovery
 # ---------------------------------------------------------------------------------------
 def recovered_fraction(base, method, exact):
-    """(base - method) / (base - exact), elementwise; NaN where base == exact (no gap to recover).
-    (base - method) / (base - exact), elementwise; NaN where base == exact (no gap to recover)."""
+    """(base - method) / (base - exact), elementwise; NaN
+    where base == exact (no gap to recover)."""
     base, method, exact = (np.asarray(v, dtype=float) for v in (base, method, exact))
     gap = base - exact
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -284,8 +284,8 @@ def refinement_table(
 # Plots
 # -------------------------------------------------------------------------------------------------
 def plot_gap_recovery(table: pd.DataFrame, ax=None, title: str | None = None):
-    """Bars of the recovered fraction per method (bootstrap CI), with the per-seed points; Figure.
-    Bars of the recovered fraction per method (bootstrap CI), with the per-seed points; Figure."""
+    """Bars of the recovered fraction per method (bootstrap
+    CI), with the per-seed points; Figure."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 

@@ -87,8 +87,8 @@ def collect_activations(
 
 
 def choose_positions(T: int, max_positions: int | None) -> list[int]:
-    """0-based positions to probe: all T, or max_positions evenly spaced including first and last.
-    0-based positions to probe: all T, or max_positions evenly spaced including first and last."""
+    """0-based positions to probe: all T, or max_positions
+    evenly spaced including first and last."""
     if max_positions is None or max_positions >= T:
         return list(range(T))
     if not isinstance(max_positions, int) or max_positions < 1:

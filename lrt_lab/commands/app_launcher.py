@@ -20,8 +20,8 @@ MISSING_STREAMLIT = "lrt-lab app needs streamlit: pip install -e '.[app]'"
 
 
 def app_path() -> Path:
-    """app/streamlit_app.py of the installed (or checked-out) `lrt_app` package (the app/ folder).
-    app/streamlit_app.py of the installed (or checked-out) `lrt_app` package (the app/ folder)."""
+    """app/streamlit_app.py of the installed (or checked-out)
+    `lrt_app` package (the app/ folder)."""
     spec = importlib.util.find_spec("lrt_app")
     for loc in (spec.submodule_search_locations or []) if spec is not None else []:
         path = Path(loc) / APP_FILE

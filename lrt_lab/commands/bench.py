@@ -698,8 +698,8 @@ def _ms(seconds: dict[str, float]) -> dict[str, float]:
 
 
 def _train_ratios(s: BenchSettings, seconds: dict[str, float]) -> dict[str, float]:
-    """LRT / transformer per training case; a case at exact_seq_len against the transformer there.
-    LRT / transformer per training case; a case at exact_seq_len against the transformer there."""
+    """LRT / transformer per training case; a case at
+    exact_seq_len against the transformer there."""
     base = seconds["transformer"]
     exact_base = seconds.get("transformer_exact_T", base)
     return {

@@ -10,15 +10,30 @@ from __future__ import annotations
 
 import argparse
 import sys
+from types import SimpleNamespace
 
+from lrt_lab.run.registry import spellings
+from lrt_lab.training import exitcodes
+from lrt_lab.training.mirror_settings import MIRROR_PACKAGES, MirrorSettings
 from lrt_lab.training.threads import wait_passively_when_busy
+from lrt_lab.training.train_config import TrainConfig, defaults, parse_value
 
-# Before the imports below load torch: its OpenMP runtime reads OMP_WAIT_POLICY once, when it loads.
-wait_passively_when_busy()
+# This module and what it imports load no torch, so `--help` and argument errors answer at once;
+# each command loads what it needs when it runs. The commands that load torch first set the
+# OpenMP wait policy for a busy machine (its runtime reads it once, when torch loads).
+LOADS_TORCH = ("train", "sweep", "demo", "analyze", "bench")
+SCHEDULE_SPELLINGS = "{schedules}"  # in a help text: the registered spellings, filled at --help
 
-from lrt_lab.training import exitcodes  # noqa: E402
-from lrt_lab.training.loop import TrainConfig, parse_value  # noqa: E402
-from lrt_lab.training.mirrors import MIRROR_PACKAGES, MirrorSettings  # noqa: E402
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Fills {schedules} in an option's help with the registry's spellings when help is shown
+    (reading the registry loads the schedules, and with them torch: only `--help` pays it)."""
+
+    def _get_help_string(self, action):
+        text = super()._get_help_string(action)
+        if SCHEDULE_SPELLINGS in text:
+            text = text.replace(SCHEDULE_SPELLINGS, spellings().replace(", ", " | "))
+        return text
 
 
 class Parser(argparse.ArgumentParser):
@@ -49,7 +64,7 @@ def int_list(text: str) -> tuple[int, ...]:
 
 
 def add_train_arguments(p: argparse.ArgumentParser):
-    d = TrainConfig()
+    d = SimpleNamespace(**defaults())  # no TrainConfig() here: checking one loads torch
     p.add_argument(
         "--task",
         default=d.task,
@@ -77,9 +92,8 @@ def add_train_arguments(p: argparse.ArgumentParser):
     p.add_argument(
         "--schedule",
         default=None,
-        help="onepass | interleaved:S | fullseq:K[:w0,w1,...] | chunked:C | exact | "
-        "fixedpoint:TOL:MAX[:G] | rollout[:G] (exact memory, G differentiated sweeps) "
-        "(default: interleaved:2 for lrt, onepass for transformer and baselines)",
+        help=f"{SCHEDULE_SPELLINGS} (default: interleaved:2 for lrt, onepass for transformer "
+        "and baselines)",
     )
     p.add_argument(
         "--memory-preset",
@@ -271,7 +285,7 @@ def cmd_analyze(a) -> int:
 def cmd_bench(a) -> int:
     from lrt_lab.commands import bench
 
-    return bench.run(a)
+    return bench.main(a.args)
 
 
 def cmd_app(a) -> int:
@@ -289,7 +303,7 @@ def build_parser() -> Parser:
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    stated = dict(epilog=exitcodes.epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    stated = dict(epilog=exitcodes.epilog(), formatter_class=HelpFormatter)
     p = sub.add_parser("train", help="train one model on a toy task into the run store", **stated)
     add_train_arguments(p)
     add_log_arguments(p)
@@ -388,14 +402,12 @@ def build_parser() -> Parser:
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser(
-        "bench", help="time training, prefill and decoding: LRT vs transformer, side by side"
+        "bench",
+        help="time training, prefill and decoding: LRT vs transformer, side by side "
+        "(lrt-lab bench -h)",
+        add_help=False,  # its options are the bench's own parser's (it loads torch)
     )
-    try:
-        from lrt_lab.commands import bench
-
-        bench.add_arguments(p)
-    except ImportError:
-        pass
+    p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("app", help="open the Streamlit dashboard over a run store")
@@ -419,10 +431,12 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "analyze":
+    if extra and args.command not in ("analyze", "bench"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if extra:  # options before analyze's subcommand (-h) belong to its own parser
+    if extra:  # options before the rest (-h) belong to the command's own parser
         args.args = extra + args.args
+    if args.command in LOADS_TORCH:
+        wait_passively_when_busy()
     debug = args.debug or os.environ.get("LRT_LAB_DEBUG", "") not in ("", "0")
     try:
         return args.func(args)

@@ -138,8 +138,8 @@ def _check_range(name: str, value, low: int):
 
 
 def _draw(bounds: tuple[int, int]) -> int:
-    """A count from lo..hi, from torch's global RNG (seeded and checkpointed by the training loop).
-    A count from lo..hi, from torch's global RNG (seeded and checkpointed by the training loop)."""
+    """A count from lo..hi, from torch's global RNG (seeded
+    and checkpointed by the training loop)."""
     return int(torch.randint(bounds[0], bounds[1] + 1, (1,)).item())
 
 
@@ -290,8 +290,8 @@ class PonderDecodeCache:
         pass  # no memory, so no document ids to track
 
     def load(self, buffer: SequenceBuffer, tokens: torch.Tensor):
-        """Fill an empty cache from a prefilled buffer (its first n_layer layers are the row K/V).
-        Fill an empty cache from a prefilled buffer (its first n_layer layers are the row K/V)."""
+        """Fill an empty cache from a prefilled buffer (its
+        first n_layer layers are the row K/V)."""
         n = tokens.size(1) * self.stride
         if self.rows.length != 0 or n > self.rows.max_len:
             raise ValueError(
@@ -333,8 +333,8 @@ class PonderLM(_Baseline):
         return 1.0 + (K + 1) * self.stride
 
     def empty_buffer(self, tokens: torch.Tensor) -> SequenceBuffer:
-        """Layers 0..L-1: K/V of the thought-interleaved rows; L..2L-1: the plain init pass's K/V.
-        Layers 0..L-1: K/V of the thought-interleaved rows; L..2L-1: the plain init pass's K/V."""
+        """Layers 0..L-1: K/V of the thought-interleaved rows;
+        L..2L-1: the plain init pass's K/V."""
         return SequenceBuffer.empty(self._layers_config(2 * self.config.n_layer), tokens)
 
     def new_decode_cache(

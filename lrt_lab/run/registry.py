@@ -8,11 +8,16 @@ arguments (`"fixedpoint:TOL:MAX[:G]"`). A class with other needs gives `parse(ar
 defined outside the package register the same way (docs/extending.md); an installed package can
 also name its module under the entry point group `lrt_lab.schedules`, loaded the first time a
 spelling is not found, so sweep workers in new processes know them too.
+
+The built-in schedules (`lrt_lab.run.schedules`, which imports torch) join the table when it is
+first read, so reading a spelling's fields (the command line, a TrainConfig) costs no torch import
+until a schedule is parsed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.metadata
 import re
 import typing
@@ -31,7 +36,24 @@ class Registered:
 
 
 SCHEDULES: dict[str, Registered] = {}  # name -> registration, in registration order
+BUILTIN_MODULE = "lrt_lab.run.schedules"
 _entry_points_loaded = False
+_builtins_loaded = False
+
+
+def registered() -> dict[str, Registered]:
+    """Every registered schedule by name, the built-ins first."""
+    _load_builtins()
+    return SCHEDULES
+
+
+def _load_builtins() -> None:
+    """Import the built-in schedules' module once (each registers itself), before any other
+    registration, so the built-ins come first in every list of spellings."""
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True
+        importlib.import_module(BUILTIN_MODULE)
 
 
 def register_schedule(spelling: str, parse: Callable[[list[str]], Schedule] | None = None):
@@ -39,6 +61,7 @@ def register_schedule(spelling: str, parse: Callable[[list[str]], Schedule] | No
     schedule from the arguments after the name (default: the dataclass fields in order, each
     converted by its type; as many as the spelling names, the bracketed ones optional)."""
     name, required, optional = _read_spelling(spelling)
+    _load_builtins()
 
     def register(cls):
         cls.name = name
@@ -94,7 +117,7 @@ def _convert(kind, text: str):
 
 def spellings() -> str:
     """Every registered spelling, for messages and help: "onepass, interleaved:S, ..."."""
-    return ", ".join(r.spelling for r in SCHEDULES.values())
+    return ", ".join(r.spelling for r in registered().values())
 
 
 def parse_schedule(spec: str) -> Schedule:
@@ -103,7 +126,7 @@ def parse_schedule(spec: str) -> Schedule:
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"schedule={spec!r} is invalid; allowed: {spellings()}")
     name, *args = spec.strip().lower().split(":")
-    if name not in SCHEDULES:
+    if name not in registered():
         _load_entry_points()
     if name not in SCHEDULES:
         raise ValueError(f"schedule={spec!r} is invalid; allowed: {spellings()}")

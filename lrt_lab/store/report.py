@@ -207,8 +207,8 @@ def format_mean_std(mean: float, std: float) -> str:
 
 
 def print_report(root, metric: str | None = None, group_by: str | None = None) -> pd.DataFrame:
-    """Print comparison_table: one row per group, `mean [95% t-interval] (n)` and std; returns it.
-    Print comparison_table: one row per group, `mean [95% t-interval] (n)` and std; returns it."""
+    """Print comparison_table: one row per group, `mean [95%
+    t-interval] (n)` and std; returns it."""
     runs = load_runs(root)
     diverged = sorted(runs.loc[runs["status"] == "diverged", "run"]) if "status" in runs else []
     if diverged and len(diverged) == len(runs):

@@ -159,8 +159,8 @@ def open_for_resume(root: Path, cfg, config: dict | None = None) -> Run:
 
 
 def config_differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
-    """'field: saved value in config.json, value now' for every leaf that differs (JSON-normalised).
-    'field: saved value in config.json, value now' for every leaf that differs (JSON-normalised)."""
+    """'field: saved value in config.json, value now' for
+    every leaf that differs (JSON-normalised)."""
     saved, now = json.loads(json.dumps(saved)), json.loads(json.dumps(now, default=str))
     out = []
     for key in sorted(set(saved) | set(now)):

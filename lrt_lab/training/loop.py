@@ -28,10 +28,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.metadata
-import json
 import math
 import os
-import re
 import sys
 import time
 import warnings
@@ -40,18 +38,15 @@ from dataclasses import dataclass, field
 import torch
 
 from lrt_lab.core.baselines import BASELINE_KINDS, build_baseline, is_baseline_kind
-from lrt_lab.core.config import MEMORY_PRESETS, PRESETS, MemoryConfig, ModelConfig, preset
+from lrt_lab.core.config import PRESETS, MemoryConfig, ModelConfig, preset
 from lrt_lab.core.config import memory_preset as make_memory
 from lrt_lab.core.interface import Task
 from lrt_lab.core.loss import IGNORE_INDEX
 from lrt_lab.core.model import LRT
 from lrt_lab.core.validation import (
-    TRAIN_SEED_LIMIT,
-    check_fields,
     check_int,
     check_out_dir,
     fail,
-    is_int,
 )
 from lrt_lab.run.evaluation import eval_record, evaluate, per_position_table
 from lrt_lab.run.registry import parse_schedule
@@ -68,81 +63,7 @@ from lrt_lab.training.mirrors import mirror_settings, mirrored
 from lrt_lab.training.optim import build_optimizers, optimizer_step, set_lr_schedule
 from lrt_lab.training.resources import check_memory_fits, resolve_device
 from lrt_lab.training.stopping import StopRequest
-
-MODEL_KINDS = (
-    "transformer",
-    "lrt",
-)  # plus the baselines' spellings, lrt_lab.core.baselines.BASELINE_KINDS
-
-
-def _ranged(default, low=None, high=None, **kw):
-    """A field with a declared range, checked by validation.check_fields."""
-    return field(default=default, metadata={"range": (low, high)}, **kw)
-
-
-@dataclass
-class TrainConfig:
-    """Everything a run needs; saved as config.json["train"] so the run can be redone exactly.
-
-    Every field is validated at construction (types from the annotations, ranges and choices from
-    the field metadata), so a bad value fails before any run folder is written.
-    """
-
-    task: str = "a5_prefix"
-    length: int = _ranged(64, 1)  # training sequence length (the curriculum's end)
-    task_options: dict = field(default_factory=dict)  # e.g. curriculum_start, curriculum_steps
-    preset: str = field(default="small", metadata={"choices": tuple(PRESETS)})
-    model: str = "lrt"  # transformer | lrt (baselines: loop:N, ponder:N)
-    overrides: dict = field(default_factory=dict)  # ModelConfig fields, "memory.<field>" too
-    memory_preset: str = "paper"  # LRT memory: "paper" (its text) or "released" (its code)
-    schedule: str = "interleaved:2"
-    steps: int = _ranged(1000, 1)
-    batch_size: int = _ranged(64, 1)
-    # below the evaluation seeds (lrt_tasks.eval_sets)
-    seed: int = _ranged(0, 0, TRAIN_SEED_LIMIT - 1)
-    lr_scale: float = _ranged(1.0, 0)
-    matrix_lr: float = _ranged(0.02, 0)  # Muon (paper: 0.02)
-    embedding_lr: float = _ranged(0.1, 0)  # AdamW, before (d/768)^-1/2 (paper 0.3; capped for toys)
-    head_lr: float = _ranged(0.004, 0)  # AdamW, before (d/768)^-1/2 (paper 0.004)
-    scalar_lr: float = _ranged(0.05, 0)  # AdamW: gamma, residual scalars (paper 0.5)
-    weight_decay: float = _ranged(0.0, 0)
-    warmdown_frac: float = _ranged(0.5, 0, 1)  # linear warm-down to 0 over this final fraction
-    grad_clip: float = _ranged(1.0, 0)
-    eval_every: int = _ranged(200, 0)
-    eval_lengths: tuple = (64, 128, 256)
-    eval_size: int = _ranged(256, 1)
-    eval_exact: bool = True  # also evaluate with exact recurrent decoding
-    checkpoint_every: int = _ranged(500, 0)  # 0: only at the end
-    device: str = field(default="auto", metadata={"choices": ("auto", "cpu", "cuda")})
-    compile: bool = False
-    name: str | None = None
-
-    def __post_init__(self):
-        check_fields(self)
-        self.eval_lengths = tuple(self.eval_lengths)
-        if not self.eval_lengths or not all(is_int(n) and n >= 1 for n in self.eval_lengths):
-            fail("eval_lengths", self.eval_lengths, "a non-empty tuple of integers >= 1")
-        if self.memory_preset not in MEMORY_PRESETS:
-            fail("memory_preset", self.memory_preset, ", ".join(MEMORY_PRESETS))
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device='cuda' is invalid; allowed: auto, cpu (CUDA is not available)")
-        self.schedule = parse_schedule(self.schedule).spec  # validates, canonical spelling
-        if self.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:+=,-]*", self.name):
-            raise ValueError(f"name={self.name!r} is invalid; allowed: letters, digits and _.:+=,-")
-
-    @property
-    def run_name(self) -> str:
-        if self.name:
-            return self.name
-        sched = "" if self.model != "lrt" else f"-{self.schedule}"
-        if self.model == "lrt" and self.memory_preset != "paper":  # the default keeps older names
-            sched += f"-{self.memory_preset}"
-        return f"{self.task}-L{self.length}-{self.preset}-{self.model}{sched}-s{self.seed}".replace(
-            ":", "_"
-        )
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+from lrt_lab.training.train_config import MODEL_KINDS, TrainConfig
 
 
 # Tasks ------------------------------------------------------------------------------------------
@@ -166,14 +87,6 @@ def make_eval_sets(task, lengths, n, seed=0):
 
 
 # Model ------------------------------------------------------------------------------------------
-def parse_value(text: str):
-    """A --set value: JSON (numbers, true/false, null, lists) or else a plain string."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
 def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     """The ModelConfig for a run: preset + memory (the run's memory_preset, for LRT) + dotted
     overrides (memory.<field> on top of the memory preset)."""

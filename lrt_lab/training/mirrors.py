@@ -30,16 +30,13 @@ import os
 import sys
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from lrt_lab.store.results import Run, write_json
 from lrt_lab.store.run_groups import group_name
+from lrt_lab.training.mirror_settings import DEFAULT_WANDB_PROJECT, MIRROR_PACKAGES, MirrorSettings
 
-# --log NAME -> (the module it needs, the extra that installs it)
-MIRROR_PACKAGES = {"wandb": ("wandb", "wandb"), "tensorboard": ("tensorboard", "tensorboard")}
-DEFAULT_WANDB_PROJECT = "lrt_lab"
 TENSORBOARD_FOLDER = "tensorboard"
 WANDB_FOLDER = "wandb"
 WANDB_ID_FILE = "lrt_lab_run_id.json"
@@ -54,25 +51,6 @@ class Mirror(Protocol):
     def log(self, step: int, metrics: dict[str, float]) -> None: ...
 
     def finish(self, summary: dict | None) -> None: ...
-
-
-@dataclass(frozen=True)
-class MirrorSettings:
-    """Which mirrors a run writes to, and their options (picklable: it travels to Ray tasks)."""
-
-    names: tuple[str, ...] = ()
-    wandb_project: str | None = None  # None: $WANDB_PROJECT, else DEFAULT_WANDB_PROJECT
-
-    def __post_init__(self):
-        # --log wandb twice: once
-        object.__setattr__(self, "names", tuple(dict.fromkeys(self.names)))
-        for name in self.names:
-            if name not in MIRROR_PACKAGES:
-                raise ValueError(
-                    f"--log {name!r} is invalid; allowed: {', '.join(MIRROR_PACKAGES)}"
-                )
-        if self.wandb_project is not None and "wandb" not in self.names:
-            raise ValueError("--wandb-project needs --log wandb")
 
 
 def mirror_settings(log: Sequence[str] | MirrorSettings | None) -> MirrorSettings:

@@ -212,8 +212,8 @@ def set_lr_schedule(
 
 
 def optimizer_step(opts, params, grad_clip: float = 0.0) -> None:
-    """Clip the gradient norm of `params` (when grad_clip > 0), step every optimizer, clear grads.
-    Clip the gradient norm of `params` (when grad_clip > 0), step every optimizer, clear grads."""
+    """Clip the gradient norm of `params` (when grad_clip >
+    0), step every optimizer, clear grads."""
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(params, grad_clip)
     for opt in opts:
