@@ -200,3 +200,39 @@ def test_a_run_trained_longer_is_labelled_apart_from_the_seeds_of_its_group():
     ]
     # grouping by a Series (a label built on the fly) gives the same answer
     assert steps_suffix(df, df["label"]).tolist() == steps_suffix(df, "label").tolist()
+
+
+def test_runs_written_before_a_field_existed_group_with_the_runs_that_have_it(
+    two_by_two, tmp_path, capsys
+):
+    """A stored config that predates a field (memory.update, memory.mechanism) is read with
+    today's default filled in: the report, seed_stats and the dashboard show the same two groups
+    of two when one seed of each config is in the old schema, and the committed store's
+    FixedPoint(0.01, 16) seeds (seed 0 written before memory.update) are one group."""
+    import json
+    import shutil
+
+    from lrt_app import store_data
+    from lrt_lab.analysis import seed_stats
+    from lrt_lab.store.report import print_report
+    from lrt_lab.store.results import load_runs
+
+    store = tmp_path / "mixed"
+    shutil.copytree(two_by_two, store)
+    for run in ("lrt-default-s0", "lrt-src2-s1"):  # one seed of each config, in the old schema
+        path = store / run / "config.json"
+        config = json.loads(path.read_text())
+        for field in ("update", "mechanism"):
+            del config["model"]["memory"][field]
+        path.write_text(json.dumps(config))
+    df = load_runs(store)
+    metric = "summary.eval.acc_exact@6"
+    assert seed_stats(df, metric)["n"].tolist() == [2, 2]
+    assert print_report(store, metric=metric)["n"].tolist() == [2, 2]
+    capsys.readouterr()
+    runs, _ = store_data.cached_runs(str(store), False, store_data.store_signature(store))
+    assert store_data.group_overview(runs)["runs"].tolist() == [2, 2]
+
+    committed = load_runs(Path(__file__).resolve().parent.parent / "experiments" / "results")
+    seeds = committed[committed["run"].str.contains("lrt-fixedpoint_0.01_16-s")]
+    assert len(seeds) == 3 and group_keys(seeds).nunique() == 1

@@ -27,6 +27,7 @@ column names); folders that are not readable runs are skipped and listed in `df.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -37,6 +38,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lrt_lab.core.config import MemoryConfig, ModelConfig
 from lrt_lab.store.claims import Claim, acquire
 
 CONFIG, METRICS, SUMMARY, TABLES, CHECKPOINTS = (
@@ -406,6 +408,29 @@ def _exists_message(folder: Path, config: dict) -> str:
     )
 
 
+def with_current_defaults(config: dict) -> dict:
+    """A stored run config with today's defaults filled in for the model and memory fields it
+    predates (a run written before `memory.update` existed built what update="overwrite" builds),
+    so runs that differ only by when they were written group together everywhere (report,
+    dashboard, results tables). The config is copied, the file untouched."""
+    model = config.get("model")
+    if not isinstance(model, dict):
+        return config
+    model = {**_defaults(ModelConfig, skip=("memory",)), **model}
+    if isinstance(model.get("memory"), dict):
+        model["memory"] = {**_defaults(MemoryConfig), **model["memory"]}
+    return {**config, "model": model}
+
+
+def _defaults(cls, skip=()) -> dict:
+    """{field: default} of a config dataclass (fields without a plain default left out)."""
+    return {
+        f.name: f.default
+        for f in dataclasses.fields(cls)
+        if f.name not in skip and f.default is not dataclasses.MISSING
+    }
+
+
 def flatten_dict(d: dict, prefix: str = "") -> dict:
     """A nested dict as one level with dotted keys, each under `prefix`: {"train": {"seed": 0}}
     with prefix "config." gives {"config.train.seed": 0}. A list becomes its JSON text, so every
@@ -454,7 +479,7 @@ def load_runs(root, include_incomplete: bool = False) -> pd.DataFrame:
                 continue
             status = "incomplete" if summary is None else summary.get("status", "complete")
             row = {"run": d.name, "path": str(d), "status": status}
-            row.update(flatten_dict(config, "config."))
+            row.update(flatten_dict(with_current_defaults(config), "config."))
             row.update(flatten_dict(summary or {}, "summary."))
             rows.append(row)
     df = pd.DataFrame(rows)
