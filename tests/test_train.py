@@ -608,3 +608,16 @@ def test_a_curriculum_that_cannot_reach_the_training_length_is_warned_about():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         prepare(config(60))
+
+
+def test_evaluation_lengths_default_to_one_two_and_four_times_the_training_length():
+    """`lrt-lab train --length 16` evaluates at 16, 32 and 64 (the 1x/2x/4x the docs report), not at
+    a fixed 64/128/256 that never measures the training length; given lengths are kept."""
+    from lrt_lab.commands.cli import build_parser, train_config_from_args
+
+    assert TrainConfig(length=16, device="cpu").eval_lengths == (16, 32, 64)
+    assert TrainConfig(length=8, eval_lengths=(8, 12), device="cpu").eval_lengths == (8, 12)
+    parsed = build_parser().parse_args(["train", "--length", "12"])
+    assert train_config_from_args(parsed).eval_lengths == (12, 24, 48)
+    parsed = build_parser().parse_args(["train", "--length", "12", "--eval-lengths", "12,60"])
+    assert train_config_from_args(parsed).eval_lengths == (12, 60)

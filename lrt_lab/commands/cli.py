@@ -116,7 +116,12 @@ def add_train_arguments(p: argparse.ArgumentParser):
         "--lr-scale", type=float, default=d.lr_scale, help="multiplies every learning rate"
     )
     p.add_argument("--eval-every", type=int, default=d.eval_every)
-    p.add_argument("--eval-lengths", type=int_list, default=d.eval_lengths, help="e.g. 64,128,256")
+    p.add_argument(
+        "--eval-lengths",
+        type=int_list,
+        default=d.eval_lengths,
+        help="e.g. 64,128,256 (default: 1x, 2x and 4x the training length)",
+    )
     p.add_argument(
         "--eval-size", type=int, default=d.eval_size, help="sequences per evaluation length"
     )

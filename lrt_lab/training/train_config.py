@@ -52,7 +52,8 @@ class TrainConfig:
     warmdown_frac: float = _ranged(0.5, 0, 1)  # linear warm-down to 0 over this final fraction
     grad_clip: float = _ranged(1.0, 0)
     eval_every: int = _ranged(200, 0)
-    eval_lengths: tuple = (64, 128, 256)
+    # None: 1x, 2x and 4x the training length (the generalisation the docs report)
+    eval_lengths: tuple | None = None
     eval_size: int = _ranged(256, 1)
     eval_exact: bool = True  # also evaluate with exact recurrent decoding
     checkpoint_every: int = _ranged(500, 0)  # 0: only at the end
@@ -62,7 +63,9 @@ class TrainConfig:
 
     def __post_init__(self):
         check_fields(self)
-        self.eval_lengths = tuple(self.eval_lengths)
+        if self.eval_lengths is None and is_int(self.length):
+            self.eval_lengths = (self.length, 2 * self.length, 4 * self.length)
+        self.eval_lengths = tuple(self.eval_lengths or ())
         if not self.eval_lengths or not all(is_int(n) and n >= 1 for n in self.eval_lengths):
             fail("eval_lengths", self.eval_lengths, "a non-empty tuple of integers >= 1")
         if self.memory_preset not in MEMORY_PRESETS:
