@@ -198,3 +198,17 @@ def check_out_dir(name: str, path) -> Path:
                 "existing or not yet made"
             )
     return p
+
+
+def field_defaults(cls, skip=()) -> dict:
+    """{field: default} of a dataclass without constructing one (a factory's value made fresh):
+    what a parser shows and what an older stored config is read with."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out

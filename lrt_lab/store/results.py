@@ -27,7 +27,6 @@ column names); folders that are not readable runs are skipped and listed in `df.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -39,6 +38,7 @@ from pathlib import Path
 import pandas as pd
 
 from lrt_lab.core.config import MemoryConfig, ModelConfig
+from lrt_lab.core.validation import field_defaults
 from lrt_lab.store.claims import Claim, acquire
 
 CONFIG, METRICS, SUMMARY, TABLES, CHECKPOINTS = (
@@ -416,19 +416,10 @@ def with_current_defaults(config: dict) -> dict:
     model = config.get("model")
     if not isinstance(model, dict):
         return config
-    model = {**_defaults(ModelConfig, skip=("memory",)), **model}
+    model = {**field_defaults(ModelConfig, skip=("memory",)), **model}
     if isinstance(model.get("memory"), dict):
-        model["memory"] = {**_defaults(MemoryConfig), **model["memory"]}
+        model["memory"] = {**field_defaults(MemoryConfig), **model["memory"]}
     return {**config, "model": model}
-
-
-def _defaults(cls, skip=()) -> dict:
-    """{field: default} of a config dataclass (fields without a plain default left out)."""
-    return {
-        f.name: f.default
-        for f in dataclasses.fields(cls)
-        if f.name not in skip and f.default is not dataclasses.MISSING
-    }
 
 
 def flatten_dict(d: dict, prefix: str = "") -> dict:

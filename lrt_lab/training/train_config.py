@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from lrt_lab.core.config import MEMORY_PRESETS, PRESETS
-from lrt_lab.core.validation import TRAIN_SEED_LIMIT, check_fields, fail, is_int
+from lrt_lab.core.validation import TRAIN_SEED_LIMIT, check_fields, fail, field_defaults, is_int
 from lrt_lab.run.registry import parse_schedule
 
 # plus the baselines' spellings, lrt_lab.core.baselines.BASELINE_KINDS
@@ -106,10 +106,4 @@ def parse_value(text: str):
 
 def defaults() -> dict:
     """{field: default} of TrainConfig, without constructing one (which checks the schedule)."""
-    out = {}
-    for f in dataclasses.fields(TrainConfig):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-    return out
+    return field_defaults(TrainConfig)
