@@ -44,9 +44,10 @@ def test_per_position_accuracy_coincides_on_the_shared_prefix():
     res = evaluate(model, Interleaved(2), make_eval_sets(task, lengths=LENGTHS, n=64), exact=True)
     for mode in ("parallel", "exact"):
         for length in LENGTHS[:-1]:
-            assert torch.equal(res[length][mode], res[32][mode][:length]), (mode, length)
+            acc = res[length][mode]["accuracy"]
+            assert torch.equal(acc, res[32][mode]["accuracy"][:length]), (mode, length)
         # so pos@90 agrees wherever it ends inside the shortest length
-        p = [pos_at(res[length][mode], 0.9) for length in LENGTHS]
+        p = [pos_at(res[length][mode]["accuracy"], 0.9) for length in LENGTHS]
         assert p[0] == LENGTHS[0] or len(set(p)) == 1
     # the check is sensitive: independent draws per length give different curves on the prefix
     independent = {
@@ -54,4 +55,4 @@ def test_per_position_accuracy_coincides_on_the_shared_prefix():
         for L in LENGTHS
     }
     other = evaluate(model, Interleaved(2), independent, exact=False)
-    assert not torch.equal(other[8]["parallel"], other[32]["parallel"][:8])
+    assert not torch.equal(other[8]["parallel"]["accuracy"], other[32]["parallel"]["accuracy"][:8])

@@ -110,6 +110,19 @@ def add_train_arguments(p: argparse.ArgumentParser):
         "memory.gamma_init=0",
     )
     p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument(
+        "--tokens-per-param",
+        type=float,
+        default=d.tokens_per_param,
+        metavar="R",
+        help="a budget of R tokens per parameter: sets --steps from the parameter count",
+    )
+    p.add_argument(
+        "--param-convention",
+        default=d.param_convention,
+        help="the parameters R counts: all (the paper's text) or matrices (its released code: "
+        "hidden matrices and the head)",
+    )
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument(
@@ -194,6 +207,8 @@ def train_config_from_args(a) -> TrainConfig:
         memory_preset=a.memory_preset,
         schedule=schedule,
         steps=a.steps,
+        tokens_per_param=a.tokens_per_param,
+        param_convention=a.param_convention,
         batch_size=a.batch_size,
         seed=a.seed,
         lr_scale=a.lr_scale,

@@ -10,10 +10,11 @@ import contextlib
 
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
 from lrt_lab.core.token_ids import check_token_ids, vocab_size_of
 from lrt_lab.run.decode import Decoder
-from lrt_lab.run.metrics import per_position_accuracy, pos_at
+from lrt_lab.run.metrics import pos_at
 from lrt_lab.run.runner import run_schedule
 
 EVAL_CHUNK = 128  # evaluation sequences per forward (evaluate's chunk)
@@ -33,7 +34,10 @@ def exact_logits(model, inputs: torch.Tensor) -> torch.Tensor:
 def evaluate(
     model, schedule, eval_sets: dict, exact: bool = True, chunk: int = EVAL_CHUNK, autocast=None
 ) -> dict:
-    """{length: {"parallel": acc[T], "exact": acc[T]}} per-position accuracy (CPU float tensors).
+    """{length: {"parallel": scores, "exact": scores}}, scores = {"accuracy": acc[T], "ce": ce[T]}:
+    per-position accuracy and mean cross-entropy in nats (CPU float tensors; NaN at a position
+    with no counted example), with the training schedule's parallel forward and with exact
+    recurrent decoding.
 
     For a model without memory, exact decoding equals the parallel forward (tested in
     tests/test_core.py and tests/test_baselines.py), so it is not recomputed, unless the model
@@ -44,26 +48,18 @@ def evaluate(
     device = next(model.parameters()).device
     out = {}
     for length, batch in eval_sets.items():
-        accs = {"parallel": [], "exact": []}
+        parts = {"parallel": [], "exact": []}  # per chunk: (hits, ce sums, counts) per position
         for i in range(0, batch.inputs.size(0), chunk):
             inputs = batch.inputs[i : i + chunk].to(device)
             targets = batch.targets[i : i + chunk].to(device)
             mask = batch.loss_mask[i : i + chunk].to(device)
             with autocast or contextlib.nullcontext():
                 par = run_schedule(model, inputs, None, schedule).logits
-                accs["parallel"].append((per_position_accuracy(par, targets, mask), mask.sum(0)))
+                parts["parallel"].append(_position_sums(par, targets, mask))
                 if exact and (model.pathway is not None or model.has_sequential_decoding):
                     ex = exact_logits(model, inputs)
-                    accs["exact"].append((per_position_accuracy(ex, targets, mask), mask.sum(0)))
-        res = {}
-        for mode, parts in accs.items():
-            if not parts:
-                continue
-            num = sum(torch.nan_to_num(a.float().cpu()) * n.cpu() for a, n in parts)
-            den = sum(n.cpu() for _, n in parts)
-            res[mode] = torch.where(
-                den > 0, num / den.clamp(min=1), torch.full_like(num, float("nan"))
-            )
+                    parts["exact"].append(_position_sums(ex, targets, mask))
+        res = {mode: _position_means(sums) for mode, sums in parts.items() if sums}
         if "exact" not in res:
             res["exact"] = res["parallel"]
         out[length] = res
@@ -71,13 +67,38 @@ def evaluate(
     return out
 
 
+def _position_sums(logits, targets, mask) -> tuple:
+    """(hits, summed cross-entropy, counts) per position over a chunk's counted examples."""
+    mask = mask.bool()
+    hits = ((logits.argmax(-1) == targets) & mask).sum(0).float().cpu()
+    ce = F.cross_entropy(logits.float().transpose(1, 2), targets.clamp(min=0), reduction="none")
+    ce = (ce * mask).sum(0).cpu()
+    return hits, ce, mask.sum(0).cpu()
+
+
+def _position_means(sums: list) -> dict:
+    hits, ce, n = (sum(s[k] for s in sums) for k in range(3))
+    nan = torch.full_like(hits, float("nan"))
+    counted = n > 0
+    return {
+        "accuracy": torch.where(counted, hits / n.clamp(min=1), nan),
+        "ce": torch.where(counted, ce / n.clamp(min=1), nan),
+        "count": n,
+    }
+
+
 def eval_record(results: dict) -> dict:
-    """pos@90 and mean accuracy per evaluation length and decoding mode, for a metrics line."""
+    """Per evaluation length and decoding mode, for a metrics line: pos@90, the mean accuracy, and
+    the cross-entropy in nats per counted token (ce_*; for a byte-level task BPB = ce / ln 2)."""
     rec = {}
     for length, res in results.items():
-        for mode, acc in res.items():
+        for mode, scores in res.items():
+            acc, n = scores["accuracy"], scores["count"]
             rec[f"pos90_{mode}@{length}"] = pos_at(acc, 0.9, skip_nan=True)
             rec[f"acc_{mode}@{length}"] = float(torch.nanmean(acc))
+            total = n.sum().item()
+            ce = torch.nan_to_num(scores["ce"]) * n
+            rec[f"ce_{mode}@{length}"] = ce.sum().item() / total if total else float("nan")
     return rec
 
 
@@ -85,7 +106,10 @@ def per_position_table(results: dict) -> pd.DataFrame:
     """One row per (length, mode, position): the run's per_position table."""
     rows = []
     for length, res in results.items():
-        for mode, acc in res.items():
-            for p, a in enumerate(acc.tolist()):
-                rows.append({"length": length, "mode": mode, "position": p + 1, "accuracy": a})
+        for mode, scores in res.items():
+            pairs = zip(scores["accuracy"].tolist(), scores["ce"].tolist(), strict=True)
+            for p, (a, ce) in enumerate(pairs):
+                rows.append(
+                    {"length": length, "mode": mode, "position": p + 1, "accuracy": a, "ce": ce}
+                )
     return pd.DataFrame(rows)

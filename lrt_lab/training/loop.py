@@ -53,6 +53,7 @@ from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.store.claims import acquire
 from lrt_lab.store.results import Run, diverged_line
+from lrt_lab.training.budget import StepFlops, resolve_budget
 from lrt_lab.training.checkpoints import (
     open_for_resume,
     remove_empty_folder,
@@ -187,6 +188,17 @@ def diverged(
     return run
 
 
+def budgeted(cfg: TrainConfig, task=None) -> TrainConfig:
+    """cfg with its steps set from its tokens-per-parameter budget, if it has one
+    (`lrt_lab.training.budget`); what train() runs and records, and what a sweep compares."""
+    if cfg.tokens_per_param is None:
+        return cfg
+    task = task if task is not None else make_task(cfg)
+    with torch.device("meta"):
+        model = build_model(cfg, task.vocab_size)
+    return resolve_budget(cfg, model, task)
+
+
 def prepare(cfg: TrainConfig, task=None):
     """Validate everything a run needs before anything is written: (task, model, schedule).
 
@@ -296,6 +308,7 @@ def train(
     """
     if stop_after is not None:
         check_int("stop_after", stop_after, 0)
+    cfg = budgeted(cfg, task)
     task, model, schedule = prepare(cfg, task)
     mirroring = mirror_settings(log)  # a missing package fails here, before anything is written
     device = resolve_device(cfg.device)
@@ -310,6 +323,8 @@ def train(
         "forwards_per_token": model.forwards_per_token,
         "task_vocab_size": task.vocab_size,
     }
+    if callable(getattr(task, "describe", None)):  # e.g. a corpus's size and hash
+        config["task_info"] = task.describe()
     if resume:
         run = open_for_resume(root, cfg, config)
         claim = acquire(run.path)
@@ -349,10 +364,11 @@ class LoopState:
 
     step: int  # steps done
     stop: int  # the step this process stops after (cfg.steps, or earlier on request)
-    counters: dict  # tokens and compute_tokens so far
+    counters: dict  # tokens, compute_tokens and flops so far
     t0: float  # perf_counter() at step 0 (a resumed run's earlier time included)
     last_eval: dict = field(default_factory=dict)
     results: dict | None = None  # the latest evaluation (evaluate's output)
+    flops: StepFlops = field(default_factory=StepFlops)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -380,6 +396,7 @@ def _train_claimed(
         model.stage = torch.compile(model.stage)  # compiles the one primitive every stage uses
     stop = cfg.steps if stop_after is None else min(cfg.steps, state["step"] + stop_after)
     loop = LoopState(state["step"], stop, state["counters"], time.perf_counter() - state["elapsed"])
+    loop.flops.enabled = not cfg.compile
     if resume:
         _redo_lost_evaluation(run, model, schedule, eval_sets, cfg, autocast, loop)
     bar = _progress_bar(cfg.steps, loop.step, run.name) if progress else None
@@ -415,7 +432,7 @@ def _train_claimed(
                 file=sys.stderr,
             )
         return run  # stopped early on request: resumable, no summary
-    return _finish(run, cfg, model, schedule, eval_sets, autocast, loop)
+    return _finish(run, cfg, model, schedule, eval_sets, autocast, loop, task)
 
 
 def _start(cfg: TrainConfig, run: Run, task, device, resume: bool):
@@ -446,8 +463,13 @@ def _start(cfg: TrainConfig, run: Run, task, device, resume: bool):
         model,
         opts,
         generator,
-        state or {"step": 0, "elapsed": 0.0, "counters": {"tokens": 0, "compute_tokens": 0.0}},
+        state or {"step": 0, "elapsed": 0.0, "counters": new_counters()},
     )
+
+
+def new_counters() -> dict:
+    """What a run counts from step 0: tokens, forwards x tokens, FLOPs (forward + backward)."""
+    return {"tokens": 0, "compute_tokens": 0.0, "flops": 0.0}
 
 
 def _train_step(
@@ -460,15 +482,19 @@ def _train_step(
     inputs, targets = batch.inputs.to(device), _masked_targets(batch).to(device)
     mult = set_lr_schedule(opts, loop.step, cfg.steps, cfg.warmdown_frac)
     t_step = time.perf_counter()
-    with autocast or contextlib.nullcontext():
+    with autocast or contextlib.nullcontext(), loop.flops.counting(length) as forward:
         result = run_schedule(model, inputs, targets, schedule)
-    result.loss.backward()
+    with loop.flops.counting(length) as backward:
+        result.loss.backward()
     optimizer_step(opts, model.parameters(), cfg.grad_clip)
     dt = time.perf_counter() - t_step
     step_cost = result.measured.cost * model.forward_cost  # the baselines' forwards cost more
     n_tokens = inputs.numel()
+    step_flops = loop.flops.step(length, forward, backward, result.measured.cost)
     loop.counters["tokens"] += n_tokens
     loop.counters["compute_tokens"] += n_tokens * step_cost
+    # a checkpoint from before FLOPs were counted has none: its total stays unknown (NaN)
+    loop.counters["flops"] = loop.counters.get("flops", math.nan) + step_flops
     loop.step += 1
     record = {
         "kind": "train",
@@ -479,6 +505,8 @@ def _train_step(
         "length": length,
         "tokens": loop.counters["tokens"],
         "compute_tokens": loop.counters["compute_tokens"],
+        "flops": loop.counters["flops"],
+        "step_flops": step_flops,
         "time": loop.elapsed(),
         "tokens_per_s": n_tokens / max(dt, 1e-9),
         # forwards per token this step ran, and what else the schedule measured
@@ -530,6 +558,7 @@ def _evaluate_and_log(
             "step": loop.step,
             "tokens": loop.counters["tokens"],
             "compute_tokens": loop.counters["compute_tokens"],
+            "flops": loop.counters.get("flops", math.nan),
             "time": loop.elapsed(),
             **loop.last_eval,
         }
@@ -547,8 +576,15 @@ def _show_progress(bar, record: dict, last_eval: dict, cfg: TrainConfig) -> None
     bar.update(1)
 
 
+def _epochs(task, tokens: int) -> dict:
+    """{"epochs": passes over the training data} for a task of finite data (a corpus): a model
+    that sees the same text again is favoured over one that sees it less often."""
+    size = getattr(task, "train_tokens", None)
+    return {"epochs": tokens / size} if size else {}
+
+
 def _finish(
-    run: Run, cfg: TrainConfig, model, schedule, eval_sets: dict, autocast, loop: LoopState
+    run: Run, cfg: TrainConfig, model, schedule, eval_sets: dict, autocast, loop: LoopState, task
 ) -> Run:
     """The final evaluation's per-position table and summary.json: the run is complete."""
     if loop.results is None:  # resumed at the end after its evaluation was logged: not in memory
@@ -568,7 +604,10 @@ def _finish(
             "wall_time_s": loop.elapsed(),
             "tokens": counters["tokens"],
             "compute_tokens": counters["compute_tokens"],
+            # forward + backward, counted (lrt_lab.training.budget.StepFlops)
+            "flops": counters.get("flops", math.nan),
             "schedule_cost": cost,
+            **_epochs(task, counters["tokens"]),
             "forwards_per_token": model.forwards_per_token,
             "eval": eval_record(loop.results),
         }

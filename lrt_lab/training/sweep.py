@@ -50,7 +50,7 @@ from lrt_lab.core.validation import check_int, check_out_dir
 from lrt_lab.store.claims import RunClaimedError, claimed_by_other
 from lrt_lab.store.results import Run, first_names
 from lrt_lab.training.checkpoints import config_differences
-from lrt_lab.training.loop import TrainConfig, prepare, train
+from lrt_lab.training.loop import TrainConfig, budgeted, prepare, train
 from lrt_lab.training.mirrors import mirror_settings
 from lrt_lab.training.stopping import StopRequest
 
@@ -263,12 +263,14 @@ def checked_grid(spec: dict, out: str) -> list[TrainConfig]:
     """The grid's configs, every run checked before the first one writes anything, and none of
     the complete ones changed by the spec (`check_unchanged`)."""
     check_out_dir("out", out)
-    configs = expand(spec)
-    for cfg in configs:
+    configs = []
+    for cfg in expand(spec):
         try:
+            cfg = budgeted(cfg)  # a tokens-per-parameter budget sets the steps
             prepare(cfg)
         except ValueError as e:
             raise ValueError(f"run {cfg.run_name}: {e}") from None
+        configs.append(cfg)
     check_unchanged(configs, Path(out))
     return configs
 

@@ -14,6 +14,8 @@ from lrt_lab.core.config import MEMORY_PRESETS, PRESETS
 from lrt_lab.core.validation import TRAIN_SEED_LIMIT, check_fields, fail, field_defaults, is_int
 from lrt_lab.run.registry import parse_schedule
 
+PARAM_CONVENTIONS = ("all", "matrices")
+
 # plus the baselines' spellings, lrt_lab.core.baselines.BASELINE_KINDS
 MODEL_KINDS = ("transformer", "lrt")
 
@@ -39,7 +41,13 @@ class TrainConfig:
     overrides: dict = field(default_factory=dict)  # ModelConfig fields, "memory.<field>" too
     memory_preset: str = "paper"  # LRT memory: "paper" (its text) or "released" (its code)
     schedule: str = "interleaved:2"
-    steps: int = _ranged(1000, 1)
+    steps: int = _ranged(1000, 1)  # replaced by the budget when tokens_per_param is given
+    # A budget in the paper's units: train tokens = R x parameters (app. "Compute Budget"); the
+    # steps follow from it (`lrt_lab.training.budget`), so the warm-down lands at this run's end.
+    tokens_per_param: float | None = _ranged(None, 0)
+    # which parameters R counts: "all" (the paper's text) or "matrices" (its released code: the
+    # 2-D hidden matrices and the head, no embeddings or scalars)
+    param_convention: str = field(default="all", metadata={"choices": PARAM_CONVENTIONS})
     batch_size: int = _ranged(64, 1)
     # below the evaluation seeds (lrt_tasks.eval_sets)
     seed: int = _ranged(0, 0, TRAIN_SEED_LIMIT - 1)
@@ -77,6 +85,8 @@ class TrainConfig:
                 raise ValueError(
                     "device='cuda' is invalid; allowed: auto, cpu (CUDA is not available)"
                 )
+        if self.tokens_per_param is not None and not self.tokens_per_param > 0:
+            fail("tokens_per_param", self.tokens_per_param, "a number > 0 or None")
         self.schedule = parse_schedule(self.schedule).spec  # validates, canonical spelling
         if self.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:+=,-]*", self.name):
             raise ValueError(f"name={self.name!r} is invalid; allowed: letters, digits and _.:+=,-")
@@ -88,6 +98,9 @@ class TrainConfig:
         sched = "" if self.model != "lrt" else f"-{self.schedule}"
         if self.model == "lrt" and self.memory_preset != "paper":  # the default keeps older names
             sched += f"-{self.memory_preset}"
+        if self.tokens_per_param is not None:  # one run per budget point
+            sched += f"-R{self.tokens_per_param:g}"
+            sched += "-matrices" if self.param_convention == "matrices" else ""
         return f"{self.task}-L{self.length}-{self.preset}-{self.model}{sched}-s{self.seed}".replace(
             ":", "_"
         )

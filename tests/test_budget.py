@@ -1,0 +1,174 @@
+"""Budgets in tokens per parameter, counted FLOPs, and the evaluation's cross-entropy.
+
+References are independent of the code under test: parameter counts summed by hand from the
+model's modules, FLOPs from the matmul shapes (6 x tokens x weights, plus attention), a second
+full count on every step, and cross-entropy from torch's own loss on the same logits.
+"""
+
+import math
+
+import pytest
+import torch
+
+from lrt_lab.core.config import memory_preset, preset
+from lrt_lab.core.model import LRT
+from lrt_lab.run.evaluation import eval_record, evaluate
+from lrt_lab.run.registry import parse_schedule
+from lrt_lab.run.runner import run_schedule
+from lrt_lab.store.results import load_metrics
+from lrt_lab.training.budget import StepFlops, budget_steps, counted_params, flop_counter_mode
+from lrt_lab.training.loop import TrainConfig, budgeted, train
+from lrt_lab.training.sweep import checked_grid
+
+
+def lm(memory: bool, n_layer=2, d=32, T=16):
+    torch.manual_seed(0)
+    mem = memory_preset("paper", n_layer) if memory else None
+    return LRT(preset("tiny", memory=mem, vocab_size=50, sequence_len=T, n_layer=n_layer, n_embd=d))
+
+
+def test_counted_params_conventions_by_hand():
+    model = lm(memory=True)
+    assert counted_params(model, "all") == sum(p.numel() for p in model.parameters())
+    # the released code's count: the weights of the linear maps (hidden matrices, gates, head), no
+    # embeddings (token and value) and no scalars
+    assert counted_params(model, "matrices") == _linear_weights(model)
+    assert _linear_weights(model) < counted_params(model, "all")
+    with pytest.raises(ValueError, match="param_convention='some' is invalid"):
+        counted_params(model, "some")
+
+
+def test_budget_steps_reach_the_tokens_with_a_growing_length():
+    # 4 tokens per row at step 0, 8 from step 2: 4, 4, 8, 8 ... per row, 2 rows
+    assert budget_steps(40, 2, lambda s: 4 if s < 2 else 8) == 4  # 8 + 8 + 16 = 32 < 40 <= 48
+    assert budget_steps(48, 2, lambda s: 4 if s < 2 else 8) == 4
+    assert budget_steps(49, 2, lambda s: 4 if s < 2 else 8) == 5
+    assert budget_steps(1, 64, lambda s: 16) == 1
+
+
+def text_cfg(**kw):
+    base = dict(
+        task="text_bytes",
+        length=16,
+        preset="tiny",
+        model="lrt",
+        schedule="interleaved:2",
+        overrides={"n_layer": 2, "n_embd": 32},
+        batch_size=4,
+        eval_every=0,
+        eval_lengths=(16,),
+        eval_size=8,
+        checkpoint_every=0,
+        device="cpu",
+    )
+    return TrainConfig(**{**base, **kw})
+
+
+def test_tokens_per_param_sets_the_steps_and_names_the_run(tmp_path):
+    cfg = text_cfg(tokens_per_param=0.05)
+    resolved = budgeted(cfg)
+    with torch.device("meta"):
+        from lrt_lab.training.loop import build_model
+
+        n = sum(p.numel() for p in build_model(cfg, 256).parameters())
+    assert resolved.steps == math.ceil(0.05 * n / (4 * 16))
+    assert resolved.run_name.endswith("-R0.05-s0") and resolved.run_name == cfg.run_name
+    matrices = budgeted(text_cfg(tokens_per_param=0.05, param_convention="matrices"))
+    assert matrices.steps < resolved.steps and matrices.run_name.endswith("-R0.05-matrices-s0")
+    # a sweep trains the budgeted steps, and finds the stored run unchanged on the next call
+    spec = {
+        "sweep": {"tasks": ["text_bytes"], "models": ["lrt"], "schedules": ["interleaved:2"]},
+        "train": {k: v for k, v in cfg.to_dict().items() if k not in ("task", "model", "name")},
+    }
+    (grid,) = checked_grid(spec, str(tmp_path))
+    assert grid.steps == resolved.steps
+    run = train(grid, out=tmp_path, progress=False)
+    assert run.config["train"]["steps"] == resolved.steps
+    assert run.config["train"]["tokens_per_param"] == 0.05
+    # the warm-down ends at the budget's last step
+    lr = load_metrics(run, kind="train")["lr_mult"].tolist()
+    assert len(lr) == resolved.steps and lr[-1] < lr[0] / 2
+    assert run.summary["tokens"] >= 0.05 * n > run.summary["tokens"] - 4 * 16
+    assert checked_grid(spec, str(tmp_path))[0].steps == resolved.steps
+    with pytest.raises(ValueError, match="tokens_per_param=0 is invalid"):
+        text_cfg(tokens_per_param=0)
+
+
+def _linear_weights(model) -> int:
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def test_counted_flops_of_a_transformer_step_match_the_matmul_shapes():
+    model = lm(memory=False)
+    B, T = 3, 16
+    x, y = torch.randint(50, (B, T)), torch.randint(50, (B, T))
+    with flop_counter_mode() as fwd:
+        loss = run_schedule(model, x, y, parse_schedule("onepass")).loss
+    with flop_counter_mode() as bwd:
+        loss.backward()
+    cfg = model.config
+    head_dim = cfg.n_embd // cfg.n_head
+    # QK^T and AV: 2 x (2 B H T^2 hd) forward (keys and values at the query's heads); the
+    # backward's five products (the scores recomputed, then four gradients) 2.5 times that
+    attention = cfg.n_layer * 4 * B * cfg.n_head * T * T * head_dim
+    weights = _linear_weights(model)
+    assert fwd.get_total_flops() == 2 * B * T * weights + attention
+    assert bwd.get_total_flops() == 4 * B * T * weights + 5 * attention // 2
+
+
+def test_step_flops_of_an_adaptive_schedule_match_a_full_count():
+    """FixedPoint runs as many no-grad sweeps as it needs: scaling the counted step's forward by
+    the passes, and keeping its backward, gives what counting the other step finds."""
+    model = lm(memory=True)
+    x, y = torch.randint(50, (2, 16)), torch.randint(50, (2, 16))
+
+    def counted(spec):
+        with flop_counter_mode() as fwd:
+            result = run_schedule(model, x, y, parse_schedule(spec))
+        with flop_counter_mode() as bwd:
+            result.loss.backward()
+        return fwd, bwd, result.measured.cost
+
+    few = counted("fixedpoint:1000:8")  # converges at once
+    many = counted("fixedpoint:0:8")  # never converges: all 8 sweeps
+    assert many[2] > few[2] + 2  # the two steps ran different numbers of passes
+    meter = StepFlops()
+    meter.step(16, few[0], few[1], few[2])
+    predicted = meter.step(16, None, None, many[2])
+    exact = many[0].get_total_flops() + many[1].get_total_flops()
+    assert predicted == pytest.approx(exact, rel=0.02)
+    # counting passes alone (forward and backward scaled together) would overstate it
+    naive = (few[0].get_total_flops() + few[1].get_total_flops()) * many[2] / few[2]
+    assert naive > 1.2 * exact
+
+
+def test_a_run_records_flops_epochs_and_what_corpus_it_read(tmp_path):
+    run = train(text_cfg(steps=3), out=tmp_path, progress=False)
+    steps = load_metrics(run, kind="train")
+    assert run.summary["flops"] == pytest.approx(steps["step_flops"].sum())
+    assert (steps["step_flops"] == steps["step_flops"].iloc[0]).all()  # one length, fixed passes
+    assert steps["step_flops"].iloc[0] > 0
+    info = run.config["task_info"]
+    train_bytes = info["bytes"]["train"]
+    assert run.summary["epochs"] == pytest.approx(3 * 4 * 16 / train_bytes)
+
+
+def test_evaluation_cross_entropy_matches_torch_loss():
+    model = lm(memory=True)
+    torch.manual_seed(1)
+    x, y = torch.randint(50, (5, 16)), torch.randint(50, (5, 16))
+    mask = torch.rand(5, 16) > 0.3
+    mask[:, 3] = False  # a position nothing counts at
+    batch = type("B", (), {"inputs": x, "targets": y, "loss_mask": mask})
+    res = evaluate(model, parse_schedule("interleaved:2"), {16: batch}, exact=True, chunk=2)
+    with torch.no_grad():
+        logits = run_schedule(model, x, None, parse_schedule("interleaved:2")).logits
+    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none").double()
+    per_position = (ce * mask).sum(0) / mask.sum(0)
+    got = res[16]["parallel"]["ce"]
+    assert math.isnan(got[3]) and math.isnan(per_position[3])
+    keep = torch.arange(16) != 3
+    assert torch.allclose(got[keep].double(), per_position[keep], rtol=1e-5)
+    rec = eval_record(res)
+    assert rec["ce_parallel@16"] == pytest.approx((ce * mask).sum().item() / mask.sum().item())
+    assert rec["ce_exact@16"] != pytest.approx(rec["ce_parallel@16"], rel=1e-6)
