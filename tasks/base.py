@@ -45,6 +45,10 @@ class Task:
     generator state (use `Batch.to(device)` afterwards). `curriculum` is an optional
     `LengthCurriculum` set by `make_task(..., curriculum_start=..., curriculum_steps=...)`;
     `length_at(step)` is what a training loop should pass as `length=`.
+
+    Optional, for tasks that read a finite corpus (`TextBytesTask`): `describe() -> dict`, a
+    JSON-able account of the data a run read, and `train_tokens -> int`, the training split's size
+    in tokens; a training loop records them (and epochs = tokens seen / train_tokens) when present.
     """
 
     name: str = "task"

@@ -9,8 +9,8 @@ Names (TASK_NAMES):
                  (and supervise_every);
   copy           synthetic copying, option alphabet_size (default 16);
   flipflop       flip-flop language modelling, option p_ignore (default 0.8);
-  text_bytes     next-byte prediction on an offline corpus (BPB), option corpus ("stdlib" or
-  "pydoc").
+  text_bytes     next-byte prediction on an offline corpus (BPB), option corpus ("stdlib",
+                 "pydoc", "pylib" or "shakespeare"; see tasks/text.py).
 Every task also takes curriculum_start and curriculum_steps (together; plus optional
 curriculum_schedule, "doubling" or "linear"): the task then carries a LengthCurriculum from
 curriculum_start to `length`, and `task.length_at(step)` gives the training length at a step.

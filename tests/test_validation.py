@@ -33,7 +33,7 @@ from lrt_lab.training.sweep import expand, validate_spec
 from lrt_tasks import make_task
 from lrt_tasks.eval_sets import EVAL_SEED_OFFSET, eval_seed
 from lrt_tasks.registry import _OPTIONS
-from lrt_tasks.text import TextBytesTask
+from lrt_tasks.text import CORPORA, TextBytesTask
 
 # derandomize: the same examples on every run, so CI is deterministic; deadline None: the first
 # example of a test pays for imports and model construction.
@@ -442,7 +442,7 @@ def test_task_options_of_the_wrong_kind_are_rejected_by_name(task_option, value)
             isinstance(v, int) and not isinstance(v, bool) and 2 <= v <= 2**20
         ),
         "p_ignore": lambda v: _is_finite_number(v) and 0 <= v < 1,
-        "corpus": lambda v: v in ("stdlib", "pydoc") and isinstance(v, str),
+        "corpus": lambda v: isinstance(v, str) and v in CORPORA,
         "curriculum_start": lambda v: (
             isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 8
         ),
