@@ -11,6 +11,7 @@ over n seeds" means the same thing everywhere:
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
@@ -26,6 +27,16 @@ def _check_confidence(confidence) -> float:
     if not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
         raise ValueError(f"confidence={confidence!r} is invalid; allowed: a number in (0, 1)")
     return float(confidence)
+
+
+# scipy 1.15 named the resampling generator `rng` (SPEC 7); before that it was `random_state`.
+_RNG_KEYWORD = "rng" if "rng" in inspect.signature(sps.bootstrap).parameters else "random_state"
+
+
+def rng_argument(seed: int) -> dict:
+    """The keyword argument that seeds scipy.stats' resampling tests (bootstrap,
+    permutation_test) with numpy's default generator, under the name this scipy uses."""
+    return {_RNG_KEYWORD: np.random.default_rng(seed)}
 
 
 def bootstrap_ci(
@@ -56,7 +67,7 @@ def bootstrap_ci(
         confidence_level=confidence,
         n_resamples=n_resamples,
         method=method,
-        rng=np.random.default_rng(seed),
+        **rng_argument(seed),
         vectorized=vectorized,
     )
     return (float(res.confidence_interval.low), float(res.confidence_interval.high))
