@@ -18,7 +18,7 @@ from lrt_lab.run.runner import run_schedule
 from lrt_lab.store.results import load_metrics
 from lrt_lab.training.budget import StepFlops, budget_steps, counted_params, flop_counter_mode
 from lrt_lab.training.loop import TrainConfig, budgeted, train
-from lrt_lab.training.sweep import checked_grid
+from lrt_lab.training.sweep import checked_grid, expand, validate_spec
 
 
 def lm(memory: bool, n_layer=2, d=32, T=16):
@@ -172,3 +172,41 @@ def test_evaluation_cross_entropy_matches_torch_loss():
     rec = eval_record(res)
     assert rec["ce_parallel@16"] == pytest.approx((ce * mask).sum().item() / mask.sum().item())
     assert rec["ce_exact@16"] != pytest.approx(rec["ce_parallel@16"], rel=1e-6)
+
+
+def test_a_sweep_expands_budgets_per_model_and_can_run_seed_by_seed():
+    spec = validate_spec(
+        {
+            "sweep": {
+                "tasks": ["text_bytes"],
+                "models": ["transformer", "lrt", "loop2"],
+                "seeds": [0, 1],
+                "budgets": [5, 10],
+                "order": "seeds",
+            },
+            "train": {"length": 16, "preset": "tiny"},
+            "models": {
+                "lrt": {"budgets": [2.5]},
+                "loop2": {"model": "loop:2", "budgets": [20]},
+            },
+        }
+    )
+    configs = expand(spec)
+    got = [(c.model, c.tokens_per_param, c.seed) for c in configs]
+    # the sweep's budgets for the transformer, each variant's own for the others; all of seed 0
+    # before any of seed 1
+    assert got == [
+        ("transformer", 5, 0),
+        ("transformer", 10, 0),
+        ("lrt", 2.5, 0),
+        ("loop:2", 20, 0),
+        ("transformer", 5, 1),
+        ("transformer", 10, 1),
+        ("lrt", 2.5, 1),
+        ("loop:2", 20, 1),
+    ]
+    assert len({c.run_name for c in configs}) == 8
+    assert configs[0].run_name == "text_bytes-L16-tiny-transformer-R5-s0"
+    for bad, field in (({"budgets": [0]}, "sweep.budgets"), ({"order": "x"}, "sweep.order")):
+        with pytest.raises(ValueError, match=field):
+            validate_spec({"sweep": {"tasks": ["a5_prefix"], "models": ["lrt"], **bad}})

@@ -53,7 +53,7 @@ from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.store.claims import acquire
 from lrt_lab.store.results import Run, diverged_line
-from lrt_lab.training.budget import StepFlops, resolve_budget
+from lrt_lab.training.budget import StepFlops, counted_params, resolve_budget
 from lrt_lab.training.checkpoints import (
     open_for_resume,
     remove_empty_folder,
@@ -325,6 +325,14 @@ def train(
     }
     if callable(getattr(task, "describe", None)):  # e.g. a corpus's size and hash
         config["task_info"] = task.describe()
+    if cfg.tokens_per_param is not None:  # what R multiplied, so the store can plot R and C
+        n = counted_params(model, cfg.param_convention)
+        config["budget"] = {
+            "tokens_per_param": cfg.tokens_per_param,
+            "param_convention": cfg.param_convention,
+            "params": n,
+            "tokens": cfg.tokens_per_param * n,
+        }
     if resume:
         run = open_for_resume(root, cfg, config)
         claim = acquire(run.path)

@@ -37,6 +37,7 @@ finished and some diverged (`lrt_lab.training.exitcodes`).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -56,7 +57,8 @@ from lrt_lab.training.stopping import StopRequest
 
 WAIT_S = 15.0  # how often a sweep looks again at a run another process trains
 
-SWEEP_KEYS = {"out", "tasks", "models", "schedules", "seeds", "name_prefix"}
+SWEEP_KEYS = {"out", "tasks", "models", "schedules", "seeds", "budgets", "order", "name_prefix"}
+ORDERS = ("grid", "seeds")
 TRAIN_KEYS = {f.name for f in dataclasses.fields(TrainConfig)} - {
     "task",
     "model",
@@ -106,6 +108,19 @@ def _table(where: str, value) -> dict:
     return value
 
 
+def _budgets(where: str, value) -> None:
+    ok = (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in value)
+    )
+    if not ok:
+        raise ValueError(
+            f"{where}={value!r} is invalid; allowed: a non-empty list of tokens-per-parameter "
+            "budgets > 0"
+        )
+
+
 def validate_spec(spec: dict) -> dict:
     """Check the spec's shape and field types; the runs themselves are checked by
     `expand`/`check_grid`."""
@@ -127,10 +142,12 @@ def validate_spec(spec: dict) -> dict:
             f"[train] {sorted(bad)}: unknown key; allowed: {', '.join(sorted(TRAIN_KEYS))}"
         )
     for name, variant in _table("models", spec.get("models", {})).items():
-        bad = set(_table(f"models.{name}", variant)) - (TRAIN_KEYS | {"model", "schedules"})
+        bad = set(_table(f"models.{name}", variant)) - (
+            TRAIN_KEYS | {"model", "schedules", "budgets"}
+        )
         if bad:
             raise ValueError(
-                f"[models.{name}] {sorted(bad)}: unknown key; allowed: model, schedules, "
+                f"[models.{name}] {sorted(bad)}: unknown key; allowed: model, schedules, budgets, "
                 + ", ".join(sorted(TRAIN_KEYS))
             )
         if "model" in variant and not isinstance(variant["model"], str):
@@ -141,6 +158,8 @@ def validate_spec(spec: dict) -> dict:
             )
         if "schedules" in variant:
             _list_of(f"models.{name}.schedules", variant["schedules"], str, "schedule strings")
+        if "budgets" in variant:
+            _budgets(f"models.{name}.budgets", variant["budgets"])
     if "tasks" not in sweep:
         raise ValueError("[sweep] tasks: required, a non-empty list of task names")
     _list_of("sweep.tasks", sweep["tasks"], str, "task names")
@@ -154,6 +173,12 @@ def validate_spec(spec: dict) -> dict:
         _list_of("sweep.schedules", sweep["schedules"], str, "schedule strings")
     if "seeds" in sweep:
         _list_of("sweep.seeds", sweep["seeds"], int, "integer seeds")
+    if "budgets" in sweep:
+        _budgets("sweep.budgets", sweep["budgets"])
+    if sweep.get("order", "grid") not in ORDERS:
+        raise ValueError(
+            f"sweep.order={sweep['order']!r} is invalid; allowed: {', '.join(map(repr, ORDERS))}"
+        )
     for key in ("out", "name_prefix"):
         if key in sweep and not isinstance(sweep[key], str):
             raise ValueError(f"sweep.{key}={sweep[key]!r} is invalid; allowed: a string")
@@ -171,31 +196,36 @@ def expand(spec: dict) -> list[TrainConfig]:
             variant = dict(variants.get(label, {}))
             kind = variant.pop("model", label)
             model_schedules = variant.pop("schedules", schedules)
+            # tokens-per-parameter budgets: one run per budget point (None: the [train] value)
+            budgets = variant.pop("budgets", sweep.get("budgets", [None]))
             if kind != "lrt":  # transformer and baselines: their training forward is onepass
                 model_schedules = ["onepass"]
-            for sched in model_schedules:
-                for seed in sweep.get("seeds", [0]):
-                    fields = {
-                        **shared,
-                        **variant,
-                        "task": task,
-                        "model": kind,
-                        "schedule": sched,
-                        "seed": seed,
-                    }
-                    if "overrides" in shared and "overrides" in variant:
-                        fields["overrides"] = {**shared["overrides"], **variant["overrides"]}
-                    tag = "" if label == kind else f"-{label}"
-                    base = TrainConfig(**{**fields, "name": None}).run_name
-                    # built again with its name, so the name (prefix, variant label) is validated
-                    # too
-                    cfg = TrainConfig(
-                        **{**fields, "name": f"{prefix}{base}{tag}".replace(":", "_")}
-                    )
-                    if cfg.name in names:
-                        continue
-                    names.add(cfg.name)
-                    configs.append(cfg)
+            for sched, seed, budget in itertools.product(
+                model_schedules, sweep.get("seeds", [0]), budgets
+            ):
+                fields = {
+                    **shared,
+                    **variant,
+                    "task": task,
+                    "model": kind,
+                    "schedule": sched,
+                    "seed": seed,
+                }
+                if budget is not None:
+                    fields["tokens_per_param"] = budget
+                if "overrides" in shared and "overrides" in variant:
+                    fields["overrides"] = {**shared["overrides"], **variant["overrides"]}
+                tag = "" if label == kind else f"-{label}"
+                base = TrainConfig(**{**fields, "name": None}).run_name
+                # built again with its name, so the name (prefix, variant label) is validated
+                # too
+                cfg = TrainConfig(**{**fields, "name": f"{prefix}{base}{tag}".replace(":", "_")})
+                if cfg.name in names:
+                    continue
+                names.add(cfg.name)
+                configs.append(cfg)
+    if sweep.get("order") == "seeds":  # every seed's whole grid before the next seed's
+        configs.sort(key=lambda c: sweep.get("seeds", [0]).index(c.seed))
     return configs
 
 

@@ -1,0 +1,267 @@
+"""Bits per byte against training compute: the paper's headline comparison in miniature (sec.
+"Scaling Results", app. "Compute Budget and Full Scaling Results").
+
+Each run of a scaling grid trains at a budget of R tokens per parameter (`--tokens-per-param`).
+Its compute C is in the paper's units: tokens x forward passes per token / parameters, so the
+transformer at R sits at C = R and the LRT trained with Interleaved(2) (two forwards per token)
+at C = 2R. Every point also carries its counted forward+backward FLOPs and wall-clock, and the
+x-axis can be any of the three.
+
+    points = scaling_points(load_runs(store))  # one row per run, BPB with both forwards
+    deltas = paired_deltas(points)              # LRT minus transformer, token- and compute-matched
+    fits = fit_power_laws(points)               # L(C) = E + A C^-alpha, seed bootstrap
+    decide(deltas)                              # the decision rule, stated before the grid ran
+
+BPB is the held-out cross-entropy in bits per byte (byte-level tokens: nats / ln 2) under exact
+recurrent decoding (`bpb_exact`, what the model does at inference: the primary number) and under
+the training schedule's merged parallel forward (`bpb_parallel`, what the paper's released code
+logs as val/bpb). A comparison needs every run scored on the same held-out bytes;
+`check_same_heldout` checks it from what each run recorded instead of assuming it.
+
+Torch-free (pandas, scipy, matplotlib): the dashboard and the docs generator call it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import optimize
+
+from lrt_lab.store.contrasts import contrast
+from lrt_lab.store.run_groups import method_label
+
+METRICS = {
+    "bpb_exact": "held-out BPB, exact recurrent decoding",
+    "bpb_parallel": "held-out BPB, the training schedule's parallel forward",
+}
+X_AXES = {
+    "C": "compute C: tokens x forwards per token / parameters",
+    "flops": "training FLOPs (forward + backward, counted)",
+    "wall_s": "training wall-clock (s)",
+}
+BASE = "transformer"
+LRT = "lrt interleaved:2"
+MATCH_TOLERANCE = 0.1  # relative: two runs are at the same C within 10% (a budget rounds up)
+
+
+def _get(row, key, default=math.nan):
+    value = row.get(key, default)
+    return default if value is None else value
+
+
+def scaling_points(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per complete run trained to a tokens-per-parameter budget: method (with its Muon
+    rate when that is not the default), seed, R, params, C, flops, wall_s, epochs, bpb_exact,
+    bpb_parallel and heldout (what identifies the evaluation bytes)."""
+    rows = []
+    for _, row in df.iterrows():
+        r = _get(row, "config.train.tokens_per_param")
+        if not isinstance(r, (int, float)) or math.isnan(r) or row.get("status") != "complete":
+            continue
+        length = int(row["config.train.length"])
+        params = _get(row, "config.budget.params")
+        if isinstance(params, float) and math.isnan(params):  # runs from before it was recorded
+            params = row["config.params.total"]
+        ce = {m: _get(row, f"summary.eval.ce_{m}@{length}") for m in ("exact", "parallel")}
+        heldout = "|".join(
+            str(_get(row, key, "?"))
+            for key in ("config.task_info.sha256", "config.train.eval_size")
+        )
+        rows.append(
+            {
+                "method": method_label(row),
+                "matrix_lr": _get(row, "config.train.matrix_lr"),
+                "seed": int(row["config.train.seed"]),
+                "R": float(r),
+                "params": int(params),
+                "C": row["summary.compute_tokens"] / params,
+                "flops": _get(row, "summary.flops"),
+                "wall_s": _get(row, "summary.wall_time_s"),
+                "epochs": _get(row, "summary.epochs"),
+                "bpb_exact": ce["exact"] / math.log(2),
+                "bpb_parallel": ce["parallel"] / math.log(2),
+                "length": length,
+                "heldout": f"{heldout}|{length}",
+                "run": row["run"],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def check_same_heldout(points: pd.DataFrame) -> None:
+    """ValueError unless every run was scored on the same held-out bytes (corpus hash,
+    evaluation size, length): BPB on different text does not compare."""
+    kinds = points.groupby("heldout")["run"].apply(list)
+    if len(kinds) > 1:
+        parts = "; ".join(
+            f"{k}: {', '.join(v[:2])}{' ...' if len(v) > 2 else ''}" for k, v in kinds.items()
+        )
+        raise ValueError(
+            f"runs were scored on different held-out bytes (corpus sha256|eval_size|length): "
+            f"{parts}; compare runs of one corpus and evaluation only"
+        )
+
+
+def _paired(points: pd.DataFrame, metric: str, a: tuple, b: tuple) -> tuple[list, list]:
+    """(a values, b values) aligned by seed; a and b are (method, R)."""
+
+    def arm(method, r):
+        sub = points[(points["method"] == method) & np.isclose(points["R"], r)]
+        return sub.groupby("seed")[metric].mean()
+
+    x, y = arm(*a), arm(*b)
+    seeds = sorted(set(x.index) & set(y.index))
+    return [x[s] for s in seeds], [y[s] for s in seeds]
+
+
+def _cost(points: pd.DataFrame, method: str) -> float:
+    """Forward passes per token of a method: its median C / R."""
+    sub = points[points["method"] == method]
+    return float((sub["C"] / sub["R"]).median())
+
+
+def paired_deltas(
+    points: pd.DataFrame, base: str = BASE, method: str = LRT, metric: str = "bpb_exact"
+) -> pd.DataFrame:
+    """`method` minus `base` on `metric`, paired by seed, at each of the method's budgets:
+    token-matched (the base at the same R) and compute-matched (the base at the same C, i.e. at
+    R x the method's forwards per token). Columns: match, R, C, R_base, n, base, method, delta,
+    ci_low, ci_high (95% percentile bootstrap of the paired mean), p (paired permutation test)."""
+    if points.empty:
+        return pd.DataFrame()
+    cost_method, cost_base = _cost(points, method), _cost(points, base)
+    base_rs = sorted(points.loc[points["method"] == base, "R"].unique())
+    rows = []
+    for r in sorted(points.loc[points["method"] == method, "R"].unique()):
+        targets = {"tokens": r, "compute": r * cost_method / cost_base}
+        for match, r_base in targets.items():
+            near = [x for x in base_rs if abs(x - r_base) <= MATCH_TOLERANCE * r_base]
+            if not near:
+                continue
+            a, b = _paired(points, metric, (base, near[0]), (method, r))
+            res = contrast(a, b, paired=True)
+            rows.append(
+                {
+                    "match": match,
+                    "R": r,
+                    "C": r * cost_method,
+                    "R_base": near[0],
+                    "n": len(a),
+                    "base": float(np.mean(a)) if a else math.nan,
+                    "method": float(np.mean(b)) if b else math.nan,
+                    "delta": res["effect"],
+                    "ci_low": res["ci_low"],
+                    "ci_high": res["ci_high"],
+                    "p": res["p"],
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def power_law(c, e, a, alpha):
+    return e + a * np.power(c, -alpha)
+
+
+def _fit(c: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    if len(np.unique(c)) < 3:  # three parameters need three budgets
+        return (math.nan, math.nan, math.nan)
+    p0 = (float(y.min()) * 0.9, float(y.max() - y.min() * 0.9) * float(c.min()) ** 0.5, 0.5)
+    try:
+        (e, a, alpha), _ = optimize.curve_fit(
+            power_law, c, y, p0=p0, bounds=([0, 0, 0], [np.inf, np.inf, 5]), maxfev=20000
+        )
+    except (RuntimeError, ValueError):
+        return (math.nan, math.nan, math.nan)
+    return (float(e), float(a), float(alpha))
+
+
+def fit_power_laws(
+    points: pd.DataFrame,
+    metric: str = "bpb_exact",
+    x: str = "C",
+    n_resamples: int = 1000,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """L(x) = E + A x^-alpha per method, fitted to the seed means, with a bootstrap over seeds
+    (each resample draws whole seeds, with replacement, and refits): one row per method with E,
+    A, alpha and their 2.5/97.5 percentiles. With 3 seeds a resample has only 10 distinct
+    draws: the intervals are rough and say so by being wide."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for method, sub in points.groupby("method"):
+        table = sub.pivot_table(index="seed", columns="R", values=metric, aggfunc="mean")
+        xs = sub.groupby("R")[x].mean().reindex(table.columns).to_numpy(float)
+        values = table.to_numpy(float)
+        est = _fit(xs, np.nanmean(values, axis=0))
+        boots = []
+        for _ in range(n_resamples if len(table) > 1 else 0):
+            draw = values[rng.integers(0, len(table), len(table))]
+            boots.append(_fit(xs, np.nanmean(draw, axis=0)))
+        boots = np.array(boots) if boots else np.full((1, 3), np.nan)
+        row = {"method": method, "n_seeds": len(table), "budgets": len(xs)}
+        for i, name in enumerate(("E", "A", "alpha")):
+            row[name] = est[i]
+            finite = boots[:, i][np.isfinite(boots[:, i])]
+            row[f"{name}_low"] = float(np.percentile(finite, 2.5)) if finite.size else math.nan
+            row[f"{name}_high"] = float(np.percentile(finite, 97.5)) if finite.size else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _below_zero(rows: pd.DataFrame) -> bool:
+    return bool((rows["ci_high"] < 0).any())
+
+
+def decide(deltas: pd.DataFrame, compute_points=(40, 80)) -> str:
+    """The decision rule the grid's spec states before it runs:
+
+    - the token-matched delta (LRT minus transformer, exact decoding) is not below 0 (its 95%
+      interval entirely below 0) at any R: "the memory does not help at this size";
+    - it is, but the compute-matched delta is not below 0 at both C = 40 and C = 80: "the
+      compute-efficiency claim fails in miniature";
+    - both: "the compute-efficiency claim holds in miniature".
+    Budgets the grid has not reached yet make the answer "not decided".
+    """
+    if deltas.empty:
+        return "not decided: no paired runs yet"
+    tokens = deltas[deltas["match"] == "tokens"]
+    compute = deltas[deltas["match"] == "compute"]
+    if not _below_zero(tokens):
+        return "the memory does not help at this size (no token-matched delta below 0)"
+    at = {c: compute[np.isclose(compute["C"], c, rtol=MATCH_TOLERANCE)] for c in compute_points}
+    missing = [c for c, rows in at.items() if rows.empty]
+    if missing:
+        return f"not decided: no compute-matched pairs at C = {', '.join(map(str, missing))} yet"
+    if all(_below_zero(rows) for rows in at.values()):
+        return "the compute-efficiency claim holds in miniature"
+    return "the compute-efficiency claim fails in miniature (token-matched yes, compute-matched no)"
+
+
+def scaling_figure(points: pd.DataFrame, path, x: str = "C", metric: str = "bpb_exact") -> None:
+    """BPB against compute in the paper's form: log x, one curve per method (seed mean, with the
+    seeds' min-max as a band); the LRT's parallel-forward BPB dashed beside its exact decoding."""
+    import matplotlib.pyplot as plt
+
+    if x not in X_AXES or metric not in METRICS:
+        raise ValueError(f"x={x!r}, metric={metric!r}; allowed: {list(X_AXES)}, {list(METRICS)}")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, (method, sub) in enumerate(sorted(points.groupby("method"), key=lambda t: t[0])):
+        color = f"C{i % 10}"
+        grouped = sub.groupby("R")
+        xs = grouped[x].mean()
+        ys = grouped[metric]
+        ax.plot(xs, ys.mean(), "-", marker="o", color=color, label=method)
+        ax.fill_between(xs, ys.min(), ys.max(), color=color, alpha=0.15, lw=0)
+        if metric == "bpb_exact" and method.startswith("lrt"):  # the train/inference mismatch
+            par = grouped["bpb_parallel"].mean()
+            ax.plot(xs, par, "--", marker=".", color=color, label=f"{method} (parallel forward)")
+    ax.set_xscale("log")
+    ax.set_xlabel(X_AXES[x])
+    ax.set_ylabel(METRICS[metric])
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
