@@ -292,7 +292,33 @@ def cmd_report(a) -> int:
     if not Path(a.runs).is_dir():
         reason = "no such directory" if not Path(a.runs).exists() else "not a directory"
         raise ValueError(f"runs={a.runs!r} is invalid: {reason}; allowed: a run store directory")
+    if a.study is not None:
+        return report_study(a)
     print_report(a.runs, metric=a.metric, group_by=a.group_by)
+    return 0
+
+
+def report_study(a) -> int:
+    """`report --study SPEC.toml`: the spec's [study] over the runs of its grid in the store."""
+    for flag, value in (("--metric", a.metric), ("--group-by", a.group_by)):
+        if value is not None:
+            raise ValueError(
+                f"{flag} is invalid with --study; allowed: --study alone (the study names its "
+                "metrics and arms)"
+            )
+    from lrt_lab.store.study import parse_study, print_study
+
+    wait_passively_when_busy()  # as the commands that load torch do (LOADS_TORCH)
+    from lrt_lab.training.sweep import expand, load_spec  # loads torch: the grid's run names
+
+    spec = load_spec(a.study)  # checks the study and its arms against the grid
+    if "study" not in spec:
+        raise ValueError(
+            f"--study {a.study!r} is invalid: the spec has no [study] table; allowed: a sweep "
+            "spec with a [study] table (docs/tour.md)"
+        )
+    names = [cfg.run_name for cfg in expand(spec)]
+    print_study(a.runs, parse_study(spec["study"]), run_names=names, store_name=a.runs)
     return 0
 
 
@@ -410,6 +436,14 @@ def build_parser() -> Parser:
         "--group-by",
         default=None,
         help="comma list of columns (e.g. method); default: one group per config up to the seed",
+    )
+    p.add_argument(
+        "--study",
+        default=None,
+        metavar="SPEC.toml",
+        help="the [study] of a sweep spec instead: its question, budget and decision rules, and "
+        "each pre-stated contrast (B minus A, bootstrap interval, permutation p, Holm, power) "
+        "over the runs of its grid",
     )
     p.set_defaults(func=cmd_report)
 

@@ -50,6 +50,7 @@ else:  # pragma: no cover
 from lrt_lab.core.validation import check_int, check_out_dir
 from lrt_lab.store.claims import RunClaimedError, claimed_by_other
 from lrt_lab.store.results import Run, first_names
+from lrt_lab.store.study import check_arms, parse_study
 from lrt_lab.training.checkpoints import config_differences
 from lrt_lab.training.loop import TrainConfig, budgeted, prepare, train
 from lrt_lab.training.mirrors import mirror_settings
@@ -125,10 +126,11 @@ def validate_spec(spec: dict) -> dict:
     """Check the spec's shape and field types; the runs themselves are checked by
     `expand`/`check_grid`."""
     _table("spec", spec)
-    unknown = set(spec) - {"sweep", "train", "models"}
+    unknown = set(spec) - {"sweep", "train", "models", "study"}
     if unknown:
         raise ValueError(
-            f"spec: unknown section(s) {sorted(unknown)}; allowed: [sweep], [train], [models.NAME]"
+            f"spec: unknown section(s) {sorted(unknown)}; allowed: [sweep], [train], "
+            "[models.NAME], [study]"
         )
     sweep = _table("sweep", spec.get("sweep", {}))
     bad = set(sweep) - SWEEP_KEYS
@@ -182,6 +184,12 @@ def validate_spec(spec: dict) -> dict:
     for key in ("out", "name_prefix"):
         if key in sweep and not isinstance(sweep[key], str):
             raise ValueError(f"sweep.{key}={sweep[key]!r} is invalid; allowed: a string")
+    if "study" in spec:  # lrt_lab.store.study: its fields, then its arms against the grid
+        study = parse_study(spec["study"])
+        check_arms(
+            study,
+            [{"train": c.to_dict(), "kind": c.model, "schedule": c.schedule} for c in expand(spec)],
+        )
     return spec
 
 

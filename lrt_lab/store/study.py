@@ -1,0 +1,551 @@
+"""A study: a question, a primary metric and the contrasts that answer it, stated before the runs.
+
+A sweep spec may carry one as its `[study]` table (docs/tour.md):
+
+    [study]
+    question = "Which trainer learns A5 at length 16, at matched compute?"
+    primary = "pos90_exact@16"        # a key of summary.json["eval"], or a summary field
+    lower_is_better = true
+    budget = "matched forward+backward FLOPs"   # the budget rule, printed with the results
+    decision = "..."                  # what result means what, written before the runs
+    [[study.contrasts]]
+    a = "transformer"                 # an arm: a method label (run_groups.method_label) ...
+    b = "lrt interleaved:2 | steps=3000"   # ... narrowed by [train] fields where it must be
+    metric = "pos90_exact@16"         # optional, default: primary
+    paired = true                     # optional, default true: runs paired by seed
+
+`parse_study` checks the table when the spec loads (lrt_lab.training.sweep.validate_spec), and
+`check_arms` that every arm is the runs of exactly one config (up to the seed) of the grid the
+spec expands to. `study_table` computes every contrast (lrt_lab.store.contrasts: effect B minus A,
+bootstrap interval, permutation p, Holm over the study's contrasts, power) from a run store, and
+`print_study` is `lrt-lab report STORE --study SPEC.toml`. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from lrt_lab.store.contrasts import ALPHA, contrast, holm
+from lrt_lab.store.results import first_names, flatten_dict, load_runs
+from lrt_lab.store.run_groups import (
+    DERIVED_PREFIXES,
+    canonical,
+    config_columns,
+    group_keys,
+    method_label,
+)
+
+STUDY_KEYS = ("question", "primary", "lower_is_better", "budget", "decision", "contrasts")
+CONTRAST_KEYS = ("a", "b", "metric", "paired")
+TEXT_KEYS = ("question", "budget", "decision")
+UNSET = "unset"  # an arm's `FIELD=unset`: runs that leave the field unset
+TRAIN = "config.train."
+
+COLUMNS = [
+    "a",
+    "b",
+    "metric",
+    "paired",
+    "n_a",
+    "n_b",
+    "pairs",
+    "mean_a",
+    "mean_b",
+    "effect",
+    "ci_low",
+    "ci_high",
+    "d",
+    "p",
+    "p_holm",
+    "p_min",
+    "power",
+    "n_for_power",
+    "decided",
+]
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """Arm b against arm a on `metric`; the effect is B minus A."""
+
+    a: str
+    b: str
+    metric: str
+    paired: bool = True
+
+
+@dataclass(frozen=True)
+class Study:
+    question: str
+    primary: str
+    lower_is_better: bool
+    budget: str
+    decision: str
+    contrasts: tuple[Contrast, ...]
+
+
+# Parsing -----------------------------------------------------------------------------------------
+def parse_study(table) -> Study:
+    """The `[study]` table of a sweep spec as a Study; ValueError naming the first bad field.
+    The arms are checked against a grid by check_arms."""
+    if not isinstance(table, dict):
+        raise ValueError(f"study={table!r} is invalid; allowed: a TOML table ([study])")
+    unknown = sorted(set(table) - set(STUDY_KEYS))
+    if unknown:
+        raise ValueError(
+            f"[study] {unknown}: unknown key; allowed: {', '.join(STUDY_KEYS)} "
+            "([[study.contrasts]] for the contrasts)"
+        )
+    for key in STUDY_KEYS:
+        if key not in table:
+            raise ValueError(f"[study] {key}: required; {_ALLOWED[key]}")
+    for key in TEXT_KEYS:
+        _text_field(f"study.{key}", table[key])
+    primary = _metric_field("study.primary", table["primary"])
+    if not isinstance(table["lower_is_better"], bool):
+        raise ValueError(
+            f"study.lower_is_better={table['lower_is_better']!r} is invalid; "
+            f"{_ALLOWED['lower_is_better']}"
+        )
+    items = table["contrasts"]
+    if not isinstance(items, list) or not items:
+        raise ValueError(f"study.contrasts={items!r} is invalid; {_ALLOWED['contrasts']}")
+    contrasts = tuple(_parse_contrast(i, item, primary) for i, item in enumerate(items))
+    seen = {}
+    for i, c in enumerate(contrasts):
+        key = (c.a, c.b, c.metric)
+        if key in seen:
+            raise ValueError(
+                f"study.contrasts[{i}] repeats study.contrasts[{seen[key]}] ({c.b} vs {c.a} on "
+                f"{c.metric}); allowed: each contrast once"
+            )
+        seen[key] = i
+    return Study(
+        question=table["question"].strip(),
+        primary=primary,
+        lower_is_better=table["lower_is_better"],
+        budget=table["budget"].strip(),
+        decision=table["decision"].strip(),
+        contrasts=contrasts,
+    )
+
+
+_ALLOWED = {
+    "question": "allowed: a non-empty string, the question the study answers",
+    "primary": "allowed: a metric key of the runs' summary.json eval record (e.g. pos90_exact@16) "
+    "or a summary field (e.g. final_loss)",
+    "lower_is_better": "allowed: true or false (the direction of the primary metric)",
+    "budget": "allowed: a non-empty string, the budget rule the arms were matched by",
+    "decision": "allowed: a non-empty string, written before the runs: what result means what",
+    "contrasts": "allowed: a non-empty list of [[study.contrasts]] tables with a, b (arms), "
+    "optional metric and paired",
+}
+
+
+def _text_field(where: str, value) -> str:
+    if not isinstance(value, str) or not value.strip():
+        key = where.rsplit(".", 1)[-1]
+        raise ValueError(f"{where}={value!r} is invalid; {_ALLOWED[key]}")
+    return value
+
+
+def _metric_field(where: str, value) -> str:
+    if not isinstance(value, str) or not value.strip() or any(ch.isspace() for ch in value):
+        raise ValueError(f"{where}={value!r} is invalid; {_ALLOWED['primary']}")
+    return value
+
+
+def _parse_contrast(i: int, item, primary: str) -> Contrast:
+    where = f"study.contrasts[{i}]"
+    if not isinstance(item, dict):
+        raise ValueError(f"{where}={item!r} is invalid; allowed: a table with a, b, metric, paired")
+    unknown = sorted(set(item) - set(CONTRAST_KEYS))
+    if unknown:
+        raise ValueError(
+            f"{where} {unknown}: unknown key; allowed: {', '.join(CONTRAST_KEYS)} "
+            "(metric and paired optional)"
+        )
+    for arm in ("a", "b"):
+        if arm not in item:
+            raise ValueError(f"{where}.{arm}: required; allowed: {ARM_HELP}")
+        parse_arm(item[arm], f"{where}.{arm}")
+    if _normal_arm(item["a"]) == _normal_arm(item["b"]):
+        raise ValueError(
+            f"{where}: a and b are the same arm ({item['a']!r}); allowed: two different arms"
+        )
+    metric = _metric_field(f"{where}.metric", item.get("metric", primary))
+    paired = item.get("paired", True)
+    if not isinstance(paired, bool):
+        raise ValueError(
+            f"{where}.paired={paired!r} is invalid; allowed: true (runs paired by seed) or false"
+        )
+    return Contrast(a=item["a"].strip(), b=item["b"].strip(), metric=metric, paired=paired)
+
+
+# Arms --------------------------------------------------------------------------------------------
+ARM_HELP = (
+    "a method label as the report names it (transformer, lrt interleaved:2, loop:3, ...), "
+    "optionally narrowed by ' | FIELD=VALUE' on [train] fields (e.g. 'lrt exact | steps=3000', "
+    "'transformer | task=a5_prefix | overrides.n_layer=4'; VALUE unset: a field left unset)"
+)
+
+
+def parse_arm(arm, where: str = "arm") -> tuple[str, dict[str, str]]:
+    """'lrt exact | steps=3000' -> ("lrt exact", {"steps": "3000"})."""
+    if not isinstance(arm, str) or not arm.strip():
+        raise ValueError(f"{where}={arm!r} is invalid; allowed: {ARM_HELP}")
+    method, *parts = [p.strip() for p in arm.split("|")]
+    fields = {}
+    for part in parts:
+        field, sep, value = part.partition("=")
+        field, value = field.strip(), value.strip()
+        if not method or not sep or not field or not value or field in fields:
+            raise ValueError(f"{where}={arm!r} is invalid; allowed: {ARM_HELP}")
+        fields[field.removeprefix("train.")] = value
+    return " ".join(method.split()), fields
+
+
+def _normal_arm(arm: str) -> tuple:
+    method, fields = parse_arm(arm)
+    return method, tuple(sorted(fields.items()))
+
+
+def _same_value(cell, text: str) -> bool:
+    v = canonical(cell)
+    if text == UNSET:
+        return v is None
+    if v is None:
+        return False
+    if str(v) == text or (isinstance(v, bool) and str(v).lower() == text.lower()):
+        return True
+    try:
+        return not isinstance(v, (bool, str)) and float(v) == float(text)
+    except (TypeError, ValueError):
+        return False
+
+
+def arm_mask(df: pd.DataFrame, arm: str) -> pd.Series:
+    """Which runs of a load_runs table (or grid_frame) belong to `arm`."""
+    method, fields = parse_arm(arm)
+    if df.empty:
+        return pd.Series(False, index=df.index, dtype=bool)
+    mask = df.apply(method_label, axis=1) == method
+    for field, text in fields.items():
+        col = TRAIN + field
+        cells = df[col] if col in df.columns else pd.Series(None, index=df.index, dtype=object)
+        mask &= cells.map(lambda v, text=text: _same_value(v, text)).astype(bool)
+    return mask
+
+
+def grid_frame(grid) -> pd.DataFrame:
+    """The configs of a grid (config.json-shaped dicts) as a load_runs-style table of config.*
+    columns; a DataFrame is returned as it is."""
+    if isinstance(grid, pd.DataFrame):
+        return grid
+    return pd.DataFrame(
+        [flatten_dict(json.loads(json.dumps(c, default=str)), "config.") for c in grid]
+    )
+
+
+def _differing_fields(rows: pd.DataFrame) -> list[str]:
+    """'task (a5_prefix, z60_prefix)' for each config field whose value differs between `rows`,
+    the fields an arm can be narrowed by ([train]) first."""
+    out = []
+    cols = [c for c in config_columns(rows) if not c.startswith(DERIVED_PREFIXES)]
+    cols = sorted(cols, key=lambda c: (not c.startswith(TRAIN), c))
+    for c in cols:
+        values = sorted({str(canonical(v)) for v in rows[c].astype(object)})
+        if len(values) > 1:
+            name = c.removeprefix(TRAIN)
+            shown = ", ".join(UNSET if v == "None" else v for v in values[:4])
+            out.append(f"{name} ({shown}{', ...' if len(values) > 4 else ''})")
+    return out
+
+
+def check_one_config(rows: pd.DataFrame, where: str, arm: str, what: str) -> None:
+    """An arm is the runs (seeds) of one config: ValueError naming what differs when not."""
+    if rows.empty or group_keys(rows).nunique() <= 1:
+        return
+    differ = _differing_fields(rows)
+    train = [d.split(" (")[0] for d in differ if f"{TRAIN}{d.split(' (')[0]}" in rows.columns]
+    if train:
+        values = rows[TRAIN + train[0]].map(canonical).dropna()
+        example = str(values.iloc[0]) if len(values) else UNSET
+        hint = f"narrow the arm, e.g. '{arm} | {train[0]}={example}'"
+    else:  # the same [train] fields, built into different models (runs of older code)
+        hint = "keep the runs of one build of the config in the store"
+    raise ValueError(
+        f"{where}={arm!r} matches runs of {group_keys(rows).nunique()} configs of {what} (they "
+        f"differ in {'; '.join(differ[:3]) or 'derived fields only'}); allowed: one config up "
+        f"to the seed: {hint}"
+    )
+
+
+def check_arms(study: Study, grid) -> None:
+    """Every arm of the study matches the runs of exactly one config of the grid (up to the seed),
+    else ValueError naming the arm. grid: the configs a spec expands to, config.json-shaped
+    ({"train": {...}, "kind", "schedule"}), or a load_runs-style DataFrame."""
+    grid = grid_frame(grid)
+    labels = sorted(set(grid.apply(method_label, axis=1))) if not grid.empty else []
+    for i, c in enumerate(study.contrasts):
+        for side in ("a", "b"):
+            arm = getattr(c, side)
+            where = f"study.contrasts[{i}].{side}"
+            rows = grid[arm_mask(grid, arm)]
+            if rows.empty:
+                raise ValueError(
+                    f"{where}={arm!r} matches no run of the grid; allowed: an arm of the grid "
+                    f"({', '.join(labels) or 'none'}), optionally narrowed by ' | FIELD=VALUE'"
+                )
+            check_one_config(rows, where, arm, "the grid")
+
+
+# The table ---------------------------------------------------------------------------------------
+def metric_column(df: pd.DataFrame, metric: str) -> str | None:
+    """The runs-table column of a study metric: summary.eval.KEY, else summary.KEY (a full
+    summary.* column name is taken as it is); None when no run has it."""
+    candidates = (
+        [metric]
+        if metric.startswith("summary.")
+        else [f"summary.eval.{metric}", f"summary.{metric}"]
+    )
+    return next((c for c in candidates if c in df.columns), None)
+
+
+def _complete_runs(runs) -> pd.DataFrame:
+    df = load_runs(runs) if isinstance(runs, (str, Path)) else runs
+    if not isinstance(df, pd.DataFrame):
+        raise ValueError(
+            f"runs={runs!r} is invalid; allowed: a run store directory or a load_runs DataFrame"
+        )
+    if "status" in df.columns:
+        df = df[df["status"] == "complete"]
+    return df
+
+
+def _by_seed(rows: pd.DataFrame, column: str, where: str, arm: str) -> pd.Series:
+    """The arm's metric per seed (NaN where a run has none); one run per seed."""
+    if rows.empty:
+        return pd.Series([], dtype=float)
+    seeds = rows["config.train.seed"].map(canonical)
+    twice = seeds[seeds.duplicated(keep=False)]
+    if len(twice):
+        names = rows.loc[twice.index, "run"] if "run" in rows else twice.index.map(str)
+        raise ValueError(
+            f"{where}={arm!r} has more than one run of seed {twice.iloc[0]} "
+            f"({first_names(list(names))}); allowed: one run per seed in an arm"
+        )
+    values = pd.to_numeric(rows[column], errors="coerce")
+    return pd.Series(values.to_numpy(dtype=float), index=list(seeds), dtype=float)
+
+
+def study_table(
+    runs, study: Study, run_names=None, n_resamples: int = 9999, seed: int = 0
+) -> pd.DataFrame:
+    """One row per contrast of the study, from a run store (a path) or a load_runs DataFrame.
+
+    Only complete runs count; run_names (e.g. the names of the spec's grid) restricts them further.
+    Columns: a, b, metric, paired; n_a, n_b (runs with a value; paired: both are the pairs); pairs
+    (seeds with a value in both arms, paired contrasts only); mean_a, mean_b (over those runs);
+    effect (B minus A: mean_b - mean_a, the mean of the per-seed differences when paired) with its
+    95% percentile bootstrap interval ci_low, ci_high; d (Cohen's d; paired: d_z); p (two-sided
+    permutation test); p_holm (Holm-adjusted over the study's contrasts); p_min (the smallest p the
+    test can give at these n); power (of a two-sided t-test at alpha 0.05 for the observed d at
+    these n); n_for_power (seeds per arm for power 0.8); decided (p_holm <= 0.05).
+    attrs["notes"]: one line per thing left out (seeds in one arm only, runs without the metric).
+    """
+    df = _complete_runs(runs)
+    if run_names is not None:
+        df = df[df["run"].isin(set(run_names))] if "run" in df.columns else df.iloc[:0]
+    rows, notes = [], []
+    for i, c in enumerate(study.contrasts):
+        where = f"study.contrasts[{i}]"
+        column = metric_column(df, c.metric)
+        if column is None and not df.empty:
+            keys = sorted(
+                k.removeprefix("summary.eval.") for k in df if k.startswith("summary.eval.")
+            )
+            raise ValueError(
+                f"{where}.metric={c.metric!r} is invalid: no run of the store has it; allowed: an "
+                f"evaluation key ({', '.join(keys[:6]) or 'none'}) or a summary field (final_loss, "
+                "...)"
+            )
+        arms = {}
+        for side in ("a", "b"):
+            arm = getattr(c, side)
+            sel = df[arm_mask(df, arm)] if not df.empty else df
+            check_one_config(sel, f"{where}.{side}", arm, "the store")
+            arms[side] = _by_seed(sel, column, f"{where}.{side}", arm)
+            if sel.empty:
+                notes.append(f"{arm}: no complete runs")
+            elif arms[side].isna().any():
+                notes.append(
+                    f"{arm}: {int(arms[side].isna().sum())} run(s) without {c.metric}, not counted"
+                )
+        a, b = arms["a"].dropna(), arms["b"].dropna()
+        pairs = None
+        if c.paired:
+            common = sorted(set(a.index) & set(b.index))
+            for side, s in (("a", a), ("b", b)):
+                alone = sorted(set(s.index) - set(common))
+                if alone:
+                    notes.append(
+                        f"{getattr(c, side)} vs {getattr(c, 'b' if side == 'a' else 'a')}: "
+                        f"seed(s) {', '.join(str(x) for x in alone)} only in "
+                        f"{getattr(c, side)}, left out of the pairs"
+                    )
+            a, b, pairs = a[common], b[common], len(common)
+        stats = contrast(a.values, b.values, c.paired, n_resamples=n_resamples, seed=seed)
+        rows.append(
+            {"a": c.a, "b": c.b, "metric": c.metric, "paired": c.paired, "pairs": pairs, **stats}
+        )
+    table = pd.DataFrame(rows)
+    table["pairs"] = table["pairs"].astype("Int64")  # <NA> for an unpaired contrast
+    table["p_holm"] = holm(table["p"])
+    table["decided"] = table["p_holm"] <= ALPHA
+    table = table[COLUMNS]
+    missing = [] if run_names is None else sorted(set(run_names) - set(df.get("run", [])))
+    table.attrs.update(notes=list(dict.fromkeys(notes)), runs=len(df), missing=missing)
+    return table
+
+
+# Printing ----------------------------------------------------------------------------------------
+def _num(v, digits: int = 4) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float) and math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return f"{v:.{digits}g}"
+
+
+def verdict(row, study: Study) -> str:
+    """One line in words: how B compares with A, and whether that is decided at alpha 0.05 after
+    Holm (else the power the contrast had, and the seeds per arm it would need)."""
+    a, b = row["a"], row["b"]
+    n = (
+        f"{row['pairs']} pairs"
+        if row["paired"]
+        else f"unpaired, {row['n_a']} and {row['n_b']} runs"
+    )
+    head = f"{b} vs {a} ({row['metric']}, {n})"
+    if math.isnan(row["effect"]):
+        return f"{head}: no comparison ({row['n_a']} run(s) of A, {row['n_b']} of B with a value)"
+    e, lo, hi = row["effect"], row["ci_low"], row["ci_high"]
+    if e == 0:
+        words = f"B equal to A [{_num(lo)}, {_num(hi)}]"
+    else:
+        # the interval of the size of the difference, in the direction named (B - A flipped)
+        lo, hi = (lo, hi) if e > 0 else (-hi, -lo)
+        words = (
+            f"B {'higher' if e > 0 else 'lower'} than A by {_num(abs(e))} [{_num(lo)}, {_num(hi)}]"
+        )
+        if row["decided"] and row["metric"] == study.primary:
+            better = (e < 0) == study.lower_is_better
+            words += f" (B {'better' if better else 'worse'}: {_direction(study)})"
+    words += f", p_holm={_num(row['p_holm'], 3)}"
+    if row["decided"]:
+        return f"{head}: {words}, decided at alpha {ALPHA} after Holm"
+    n = row["pairs"] if row["paired"] else f"{row['n_a']}+{row['n_b']}"
+    unit = "pairs" if row["paired"] else "seeds per arm"
+    why = [f"power {_num(row['power'], 2)} for the observed effect at n={n}"]
+    needed = row["n_for_power"]
+    if isinstance(needed, (int, float)) and not math.isnan(needed):
+        why.append(f"about {int(needed)} {unit} needed for power 0.8")
+    elif not math.isnan(row["d"]) and row["d"] == 0:
+        why.append("no observed effect to size a study by")
+    m = len(study.contrasts)
+    if not math.isnan(row["p_min"]) and row["p_min"] * m > ALPHA:
+        why.append(
+            f"at n={n} no permutation test can reach p_holm <= {ALPHA} (smallest p "
+            f"{_num(row['p_min'], 3)}{f' x {m} contrasts' if m > 1 else ''})"
+        )
+    return f"{head}: {words}, not decided ({'; '.join(why)})"
+
+
+def _direction(study: Study) -> str:
+    return "lower is better" if study.lower_is_better else "higher is better"
+
+
+def format_study_table(table: pd.DataFrame) -> str:
+    """The table for a terminal: short labels, 4 significant digits."""
+    if table.empty:
+        return "(no contrasts)"
+    shown = pd.DataFrame(
+        {
+            "A": table["a"],
+            "B": table["b"],
+            "metric": table["metric"],
+            "pairing": [
+                f"{p} pairs" if paired else "unpaired"
+                for p, paired in zip(table["pairs"], table["paired"])
+            ],
+            "n_a": table["n_a"],
+            "n_b": table["n_b"],
+            "mean_a": table["mean_a"].map(_num),
+            "mean_b": table["mean_b"].map(_num),
+            "B-A": table["effect"].map(_num),
+            "95% CI": [
+                f"[{_num(lo)}, {_num(hi)}]" for lo, hi in zip(table["ci_low"], table["ci_high"])
+            ],
+            "d": table["d"].map(lambda v: _num(v, 3)),
+            "p": table["p"].map(lambda v: _num(v, 3)),
+            "p_holm": table["p_holm"].map(lambda v: _num(v, 3)),
+            "power": table["power"].map(lambda v: _num(v, 2)),
+        }
+    )
+    for col in shown.columns:  # every column reads left-aligned under its name
+        text = shown[col].astype(str)
+        shown[col] = text.str.ljust(max(text.str.len().max(), len(col)))
+    return shown.to_string(index=False, justify="left")
+
+
+def print_study(runs, study: Study, run_names=None, store_name: str | None = None) -> pd.DataFrame:
+    """Print the study (question, budget rule, decision rule), its table and a verdict per contrast
+    (`lrt-lab report STORE --study SPEC.toml`); returns study_table's table."""
+    table = study_table(runs, study, run_names=run_names)
+    print(f"Study: {study.question}")
+    print(f"Budget rule: {study.budget}")
+    print(f"Decision rule (stated before the runs): {study.decision}")
+    print(f"Primary metric: {study.primary} ({_direction(study)})")
+    if run_names is not None:
+        names = list(dict.fromkeys(run_names))
+        where = f" in {store_name}" if store_name else ""
+        missing = table.attrs["missing"]
+        print(
+            f"Runs: {table.attrs['runs']} of the spec's {len(names)} complete{where}"
+            + (f" (not complete: {first_names(missing)})" if missing else "")
+        )
+    print()
+    print(format_study_table(table))
+    print(
+        "\nB-A: B minus A (paired: mean of the per-seed differences); 95% CI: percentile "
+        "bootstrap; d: Cohen's d (paired: d_z); p: two-sided permutation test; p_holm: "
+        f"Holm-adjusted over the {len(table)} contrast(s); power: two-sided t-test at alpha "
+        f"{ALPHA} for the observed d at these n"
+    )
+    for _, row in table.iterrows():
+        print(f"- {verdict(row, study)}")
+    for note in table.attrs["notes"]:
+        print(f"  note: {note}")
+    return table
+
+
+__all__ = [
+    "Contrast",
+    "Study",
+    "arm_mask",
+    "check_arms",
+    "format_study_table",
+    "grid_frame",
+    "metric_column",
+    "parse_arm",
+    "parse_study",
+    "print_study",
+    "study_table",
+    "verdict",
+]
