@@ -1,10 +1,11 @@
-"""`lrt-lab analyze probe|gap|depth|convergence ...`: run an analysis on a run store, print its
-tables, write them (and a PNG of the plot) into the store.
+"""`lrt-lab analyze probe|gap|depth|convergence|scaling ...`: run an analysis on a run store,
+print its tables, write them (and a PNG of the plot) into the store.
 
     lrt-lab analyze probe runs/probe/RUN_A runs/probe/RUN_B --decoding exact
     lrt-lab analyze gap runs/gap
     lrt-lab analyze depth runs/depth --targets 4,8
     lrt-lab analyze convergence runs/gap/RUN_A --tols 0.1,0.01
+    lrt-lab analyze scaling experiments/scaling_runs --x flops
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="lrt-lab analyze", description=__doc__.split("\n\n")[0].replace("\n", " ")
     )
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="{probe,gap,depth,convergence}")
+    sub = p.add_subparsers(
+        dest="cmd", required=True, metavar="{probe,gap,depth,convergence,scaling}"
+    )
     pr = sub.add_parser(
         "probe", help="probe runs (tables/probe_<decoding>.csv), heatmaps side by side"
     )
@@ -47,7 +50,23 @@ def main(argv=None) -> int:
     c.add_argument("--n-sequences", type=int, default=128, help="held-out sequences per run")
     c.add_argument("--max-sweeps", type=int, default=None, help="default: the sequence length")
     c.add_argument("--tols", default="0.1,0.01,0.001", help="comma-separated tolerances")
+    s = sub.add_parser(
+        "scaling",
+        help="BPB against compute: points, paired deltas, power-law fits, decision (+ PNG)",
+    )
+    s.add_argument("store", help="a run store of runs trained with --tokens-per-param")
+    s.add_argument(
+        "--x", default="C", help="x-axis: C (the paper's compute per parameter), flops or wall_s"
+    )
+    s.add_argument("--metric", default="bpb_exact", help="bpb_exact (default) or bpb_parallel")
+    s.add_argument("--prefix", default="", help="only runs whose names start with this")
     a = p.parse_args(argv)
+    if a.cmd == "scaling":  # torch-free: answers without importing it
+        try:
+            return _scaling(a)
+        except ValueError as e:
+            print(f"lrt-lab analyze: error: {e}", file=sys.stderr)
+            return 2
 
     import matplotlib
 
@@ -126,6 +145,56 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"lrt-lab analyze: error: {e}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _scaling(a) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import pandas as pd
+
+    from lrt_lab.analysis.loading import analysis_dir, write_store_table
+    from lrt_lab.analysis.scaling import (
+        check_same_heldout,
+        decide,
+        fit_power_laws,
+        paired_deltas,
+        scaling_figure,
+        scaling_points,
+    )
+    from lrt_lab.store.results import load_runs
+
+    pd.set_option("display.width", 200)
+    runs = load_runs(a.store)
+    if not runs.empty and a.prefix:
+        runs = runs[runs["run"].str.startswith(a.prefix)]
+    points = scaling_points(runs)
+    if points.empty:
+        raise ValueError(
+            f"store={a.store!r}: no complete run trained with a tokens-per-parameter budget"
+        )
+    check_same_heldout(points)
+    deltas = paired_deltas(points, metric=a.metric)
+    fits = fit_power_laws(points, metric=a.metric, x=a.x)
+    summary = points.groupby(["method", "R"]).agg(
+        n=("seed", "size"),
+        C=("C", "mean"),
+        bpb_exact=("bpb_exact", "mean"),
+        bpb_parallel=("bpb_parallel", "mean"),
+        epochs=("epochs", "max"),
+    )
+    for name, table in (
+        ("scaling_points", summary.reset_index()),
+        ("scaling_deltas", deltas),
+        ("scaling_fits", fits),
+    ):
+        print(f"\n{name}\n{table.round(4).to_string(index=False)}")
+        write_store_table(a.store, name, table)
+    print(f"\ndecision ({a.metric}): {decide(deltas)}")
+    out = analysis_dir(a.store) / f"scaling_{a.metric}_{a.x}.png"
+    scaling_figure(points, out, x=a.x, metric=a.metric)
+    print(f"plot: {out}")
     return 0
 
 

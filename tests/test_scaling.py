@@ -1,0 +1,162 @@
+"""BPB against compute: points from a run store, paired deltas, power-law fits, the decision rule.
+
+The store is fabricated (config.json + summary.json per run, no training) with BPB values chosen
+so every expected number is computed by hand here: the paired deltas, which budgets pair, the
+fitted exponent of an exact power law.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lrt_lab.analysis.scaling import (
+    check_same_heldout,
+    decide,
+    fit_power_laws,
+    paired_deltas,
+    scaling_figure,
+    scaling_points,
+)
+from lrt_lab.store.results import load_runs
+
+L = 64
+N = 1000  # parameters
+
+
+def bpb_law(c, e=1.5, a=2.0, alpha=0.5):
+    return e + a * c**-alpha
+
+
+def write_run(root: Path, kind, schedule, r, seed, bpb_exact, bpb_parallel=None, sha="abc"):
+    cost = 2.0 if schedule == "interleaved:2" else 1.0
+    name = f"{kind}-{schedule}-R{r}-s{seed}".replace(":", "_")
+    folder = root / name
+    folder.mkdir(parents=True)
+    tokens = r * N
+    config = {
+        "kind": kind,
+        "schedule": schedule,
+        "params": {"total": N},
+        "budget": {"params": N, "tokens_per_param": r, "param_convention": "all"},
+        "task_info": {"sha256": sha},
+        "train": {
+            "task": "text_bytes",
+            "length": L,
+            "seed": seed,
+            "tokens_per_param": r,
+            "matrix_lr": 0.02,
+            "eval_size": 512,
+            "name": name,
+        },
+    }
+    ln2 = math.log(2)
+    par = bpb_exact if bpb_parallel is None else bpb_parallel
+    summary = {
+        "status": "complete",
+        "tokens": tokens,
+        "compute_tokens": tokens * cost,
+        "flops": tokens * cost * 6 * N,
+        "wall_time_s": tokens * cost / 1e3,
+        "eval": {f"ce_exact@{L}": bpb_exact * ln2, f"ce_parallel@{L}": par * ln2},
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def build(root: Path, lrt_offset, seeds=(0, 1, 2), lrt_rs=(2.5, 5, 10, 20, 40)):
+    """Transformer at R in 5..80 on an exact power law plus a per-seed shift; the LRT at R with
+    lrt_offset(R, seed) added to the transformer's value *at the same R* (token-matched)."""
+    for seed in seeds:
+        shift = 0.01 * seed
+        for r in (5, 10, 20, 40, 80):
+            write_run(root, "transformer", "onepass", r, seed, bpb_law(r) + shift)
+        for r in lrt_rs:
+            exact = bpb_law(r) + shift + lrt_offset(r, seed)
+            write_run(root, "lrt", "interleaved:2", r, seed, exact, exact + 0.05)
+    return scaling_points(load_runs(root))
+
+
+def test_points_read_bpb_and_compute_in_the_papers_units(tmp_path):
+    points = build(tmp_path, lambda r, s: -0.02)
+    lrt = points[points["method"] == "lrt interleaved:2"].set_index(["R", "seed"])
+    assert lrt.loc[(10, 1), "C"] == pytest.approx(20)  # plotted at twice its tokens
+    assert lrt.loc[(10, 1), "bpb_exact"] == pytest.approx(bpb_law(10) + 0.01 - 0.02)
+    assert lrt.loc[(10, 1), "bpb_parallel"] == pytest.approx(bpb_law(10) + 0.01 + 0.03)
+    tf = points[points["method"] == "transformer"]
+    assert (tf["C"] == tf["R"]).all() and len(points) == 30
+    check_same_heldout(points)  # one corpus, one evaluation
+    write_run(tmp_path, "transformer", "onepass", 7, 0, 2.0, sha="other")
+    with pytest.raises(ValueError, match="different held-out bytes"):
+        check_same_heldout(scaling_points(load_runs(tmp_path)))
+
+
+def test_paired_deltas_token_and_compute_matched_by_hand(tmp_path):
+    # the LRT is 0.02 better than the transformer at equal tokens, seed for seed (plus a little
+    # seed-dependent noise so the interval has width)
+    points = build(tmp_path, lambda r, s: -0.02 + 0.001 * s)
+    deltas = paired_deltas(points).set_index(["match", "R"])
+    tok = deltas.loc[("tokens", 10)]
+    assert tok["R_base"] == 10 and tok["n"] == 3
+    assert tok["delta"] == pytest.approx(-0.02 + 0.001)  # mean of -0.020, -0.019, -0.018
+    assert tok["ci_high"] < 0 and tok["p"] == pytest.approx(0.25)  # 3 pairs: 2 of 8 signs
+    comp = deltas.loc[("compute", 10)]  # the LRT at R = 10 costs C = 20: the transformer at 20
+    assert comp["R_base"] == 20 and comp["C"] == pytest.approx(20)
+    assert comp["delta"] == pytest.approx(bpb_law(10) - bpb_law(20) - 0.019)
+    # the LRT's R = 40 (C = 80) pairs with the transformer's R = 80; its R = 2.5 has no
+    # token-matched transformer
+    assert ("compute", 40) in deltas.index and ("tokens", 2.5) not in deltas.index
+
+
+def test_decision_rule_reads_the_intervals(tmp_path):
+    # token-matched better everywhere, but by less than the doubled compute buys: the claim fails
+    worse = build(tmp_path / "a", lambda r, s: -0.02 + 0.002 * s)
+    assert decide(paired_deltas(worse)).startswith("the compute-efficiency claim fails")
+    # the memory is worth more than the compute it costs: better at C = 40 and 80 too
+    better = build(tmp_path / "b", lambda r, s: -(bpb_law(r) - bpb_law(2 * r)) - 0.02 + 0.002 * s)
+    assert decide(paired_deltas(better)) == "the compute-efficiency claim holds in miniature"
+    # no token-matched advantage
+    none = build(tmp_path / "c", lambda r, s: 0.01 * (s - 1))
+    assert decide(paired_deltas(none)).startswith("the memory does not help")
+    # budgets still missing: not decided
+    partial = build(tmp_path / "d", lambda r, s: -0.05 + 0.002 * s, lrt_rs=(5, 10))
+    assert decide(paired_deltas(partial)).startswith("not decided")
+    assert decide(pd.DataFrame()).startswith("not decided")
+
+
+def test_power_law_fit_recovers_a_known_exponent(tmp_path):
+    points = build(tmp_path, lambda r, s: 0.0)
+    fits = fit_power_laws(points, n_resamples=50).set_index("method")
+    tf = fits.loc["transformer"]
+    # the seed means are the law plus 0.01 (the mean of the shifts 0, 0.01, 0.02)
+    assert tf["alpha"] == pytest.approx(0.5, rel=1e-3)
+    assert tf["E"] == pytest.approx(1.51, rel=1e-3) and tf["A"] == pytest.approx(2.0, rel=1e-3)
+    assert tf["alpha_low"] <= 0.5 + 1e-3 and tf["alpha_high"] >= 0.5 - 1e-3
+    lrt = fits.loc["lrt interleaved:2"]  # the same law in R, so in C = 2R: A' = A * 2^alpha
+    assert lrt["A"] == pytest.approx(2.0 * math.sqrt(2), rel=1e-3)
+
+
+def test_figure_is_written(tmp_path):
+    points = build(tmp_path / "s", lambda r, s: -0.01)
+    path = tmp_path / "bpb.png"
+    scaling_figure(points, path, x="flops")
+    assert path.stat().st_size > 10_000
+    with pytest.raises(ValueError, match="x='tokens'"):
+        scaling_figure(points, path, x="tokens")
+    assert np.isfinite(points["flops"]).all()
+
+
+def test_analyze_scaling_command(tmp_path, capsys):
+    from lrt_lab.commands.analyze import main
+
+    build(tmp_path, lambda r, s: -0.02 + 0.002 * s)
+    assert main(["scaling", str(tmp_path), "--x", "flops"]) == 0
+    out = capsys.readouterr().out
+    assert "decision (bpb_exact): the compute-efficiency claim fails" in out
+    assert (tmp_path / ".analysis" / "scaling_bpb_exact_flops.png").is_file()
+    assert (tmp_path / ".analysis" / "tables" / "scaling_deltas.csv").is_file()
+    assert main(["scaling", str(tmp_path / "empty")]) == 2
+    assert "no complete run trained with a tokens-per-parameter budget" in capsys.readouterr().err
