@@ -210,3 +210,45 @@ def test_a_sweep_expands_budgets_per_model_and_can_run_seed_by_seed():
     for bad, field in (({"budgets": [0]}, "sweep.budgets"), ({"order": "x"}, "sweep.order")):
         with pytest.raises(ValueError, match=field):
             validate_spec({"sweep": {"tasks": ["a5_prefix"], "models": ["lrt"], **bad}})
+
+
+def test_first_reach_and_censoring(tmp_path):
+    from lrt_lab.store.events import first_reach, reach_times
+    from lrt_lab.store.results import load_runs
+
+    evals = [
+        {"kind": "eval", "step": 10, "compute_tokens": 100, "pos90_exact@8": 3},
+        {"kind": "train", "step": 15, "pos90_exact@8": 8},  # not an evaluation
+        {"kind": "eval", "step": 20, "compute_tokens": 200, "flops": 7.0, "pos90_exact@8": 8},
+        {"kind": "eval", "step": 30, "compute_tokens": 300, "pos90_exact@8": 5},
+    ]
+    assert first_reach(evals, "pos90_exact@8", 8) == {
+        "step": 20,
+        "compute_tokens": 200,
+        "flops": 7.0,
+    }
+    assert first_reach(evals, "pos90_exact@8", 9) is None
+    # a trained run: its summary says when, and reach_times agrees with it (or censors)
+    cfg = TrainConfig(
+        task="group_prefix",
+        task_options={"group": "S3"},
+        length=2,
+        preset="tiny",
+        model="lrt",
+        schedule="interleaved:2",
+        steps=60,
+        batch_size=64,
+        eval_every=10,
+        eval_lengths=(2,),
+        eval_size=32,
+        checkpoint_every=0,
+        device="cpu",
+    )
+    run = train(cfg, out=tmp_path, progress=False)
+    hit = run.summary["reached"]["pos90_exact@2"]  # S3 at length 2 is learnt within 60 steps
+    times = reach_times(load_runs(tmp_path)).iloc[0]
+    assert times["reached"] and times["time"] == hit["step"] and hit["step"] % 10 == 0
+    evals = load_metrics(run, kind="eval")
+    assert (evals.loc[evals["step"] < hit["step"], "pos90_exact@2"] < 2).all()
+    with pytest.raises(ValueError, match="time='wall'"):
+        reach_times(load_runs(tmp_path), time="wall")

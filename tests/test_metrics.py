@@ -81,7 +81,16 @@ def test_pos_at_exactly_at_threshold_in_float32():
 def test_pos_at_nan_handling():
     acc = torch.tensor([math.nan, math.nan, 1.0, 0.5])
     assert pos_at(acc) == 0
-    assert pos_at(acc, skip_nan=True) == 3
+    assert pos_at(acc, skip_nan=True) == 3  # position 3, the first counted one, passes
+    # counted positions only: an unsupervised position never passes on its own
+    every_4th = torch.tensor([math.nan, math.nan, math.nan, 0.02] * 4)  # at chance everywhere
+    assert pos_at(every_4th, skip_nan=True) == 0
+    every_4th[[3, 7]] = 1.0  # positions 4 and 8 learnt, 12 not
+    assert pos_at(every_4th, skip_nan=True) == 8
+    every_4th[[11, 15]] = 0.95
+    assert pos_at(every_4th, skip_nan=True) == 16
+    assert pos_at(torch.tensor([1.0, math.nan, math.nan]), skip_nan=True) == 1
+    assert pos_at(torch.tensor([math.nan, math.nan]), skip_nan=True) == 0
     with pytest.raises(ValueError, match="threshold"):
         pos_at(acc, threshold=1.5)
 

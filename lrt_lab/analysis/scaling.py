@@ -41,6 +41,10 @@ X_AXES = {
     "flops": "training FLOPs (forward + backward, counted)",
     "wall_s": "training wall-clock (s)",
 }
+POINT_COLUMNS = [
+    "method", "matrix_lr", "seed", "R", "params", "C", "flops", "wall_s", "epochs",
+    "bpb_exact", "bpb_parallel", "length", "heldout", "run",
+]  # fmt: skip
 BASE = "transformer"
 LRT = "lrt interleaved:2"
 MATCH_TOLERANCE = 0.1  # relative: two runs are at the same C within 10% (a budget rounds up)
@@ -87,7 +91,7 @@ def scaling_points(df: pd.DataFrame) -> pd.DataFrame:
                 "run": row["run"],
             }
         )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=POINT_COLUMNS)
 
 
 def check_same_heldout(points: pd.DataFrame) -> None:
@@ -190,6 +194,8 @@ def fit_power_laws(
     draws: the intervals are rough and say so by being wide."""
     rng = np.random.default_rng(seed)
     rows = []
+    if points.empty:
+        return pd.DataFrame(columns=["method", "n_seeds", "budgets", "E", "A", "alpha"])
     for method, sub in points.groupby("method"):
         table = sub.pivot_table(index="seed", columns="R", values=metric, aggfunc="mean")
         xs = sub.groupby("R")[x].mean().reindex(table.columns).to_numpy(float)

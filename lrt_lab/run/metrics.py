@@ -67,8 +67,11 @@ def pos_at(acc, threshold: float = 0.9, skip_nan: bool = False) -> int:
 
     Accuracies up to 1e-6 below the threshold pass (float32 rounding of e.g. 9/10).
     A NaN position (no counted example) stops the run by default: "remains at least 90% at every
-    position" cannot be claimed where nothing was measured. skip_nan=True lets such positions pass
-    (e.g. the uncounted first half of the copy task).
+    position" cannot be claimed where nothing was measured. skip_nan=True reads the counted
+    positions only (a task that supervises every 4th position, the copy task's uncounted first
+    half): the result is the last counted position before the first counted one that fails (0
+    when the first counted position fails, the last counted position when none does), so an
+    unsupervised position never counts as passing.
     """
     if not 0.0 <= float(threshold) <= 1.0:
         raise ValueError(f"threshold={threshold!r} is invalid; allowed: a number in [0, 1]")
@@ -77,7 +80,10 @@ def pos_at(acc, threshold: float = 0.9, skip_nan: bool = False) -> int:
     # 1e-6 covers float32 rounding (~6e-8) yet is below one example's weight, 1/(10n), for n < 1e5.
     ok = acc >= float(threshold) - _POS_AT_SLACK
     if skip_nan:
-        ok = ok | torch.isnan(acc)
+        counted = (~torch.isnan(acc)).nonzero().flatten()
+        failing = counted[~ok[counted]]
+        passed = counted[counted < failing[0]] if len(failing) else counted
+        return int(passed[-1]) + 1 if len(passed) else 0
     bad = (~ok).nonzero()
     return int(bad[0, 0]) if len(bad) else int(acc.numel())
 

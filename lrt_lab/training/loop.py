@@ -52,6 +52,7 @@ from lrt_lab.run.evaluation import eval_record, evaluate, per_position_table
 from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.store.claims import acquire
+from lrt_lab.store.events import first_reach
 from lrt_lab.store.results import Run, diverged_line
 from lrt_lab.training.budget import StepFlops, counted_params, resolve_budget
 from lrt_lab.training.checkpoints import (
@@ -618,6 +619,11 @@ def _finish(
             **_epochs(task, counters["tokens"]),
             "forwards_per_token": model.forwards_per_token,
             "eval": eval_record(loop.results),
+            # when pos@90 first reached the training length (None: not within the budget)
+            "reached": {
+                key: first_reach(run.metrics_records(), key, cfg.length)
+                for key in (f"pos90_exact@{cfg.length}", f"pos90_parallel@{cfg.length}")
+            },
         }
     )
     return run
