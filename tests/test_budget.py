@@ -166,6 +166,7 @@ def test_evaluation_cross_entropy_matches_torch_loss():
     ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none").double()
     per_position = (ce * mask).sum(0) / mask.sum(0)
     got = res[16]["parallel"]["ce"]
+    assert not got.requires_grad  # no autograd graph kept alive by the results
     assert math.isnan(got[3]) and math.isnan(per_position[3])
     keep = torch.arange(16) != 3
     assert torch.allclose(got[keep].double(), per_position[keep], rtol=1e-5)

@@ -31,6 +31,7 @@ def exact_logits(model, inputs: torch.Tensor) -> torch.Tensor:
     )
 
 
+@torch.no_grad()  # the cross-entropy sums would otherwise hold every chunk's graph
 def evaluate(
     model, schedule, eval_sets: dict, exact: bool = True, chunk: int = EVAL_CHUNK, autocast=None
 ) -> dict:
