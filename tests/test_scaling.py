@@ -102,7 +102,10 @@ def test_paired_deltas_token_and_compute_matched_by_hand(tmp_path):
     tok = deltas.loc[("tokens", 10)]
     assert tok["R_base"] == 10 and tok["n"] == 3
     assert tok["delta"] == pytest.approx(-0.02 + 0.001)  # mean of -0.020, -0.019, -0.018
-    assert tok["ci_high"] < 0 and tok["p"] == pytest.approx(0.25)  # 3 pairs: 2 of 8 signs
+    # Student's t with 2 degrees of freedom: -0.019 -+ 4.303 x 0.001 / sqrt(3)
+    assert tok["ci_low"] == pytest.approx(-0.019 - 4.3027 * 0.001 / math.sqrt(3), rel=1e-4)
+    assert tok["ci_high"] == pytest.approx(-0.019 + 4.3027 * 0.001 / math.sqrt(3), rel=1e-4)
+    assert tok["p"] == pytest.approx(0.25)  # 3 pairs, all negative: 2 of the 8 sign patterns
     comp = deltas.loc[("compute", 10)]  # the LRT at R = 10 costs C = 20: the transformer at 20
     assert comp["R_base"] == 20 and comp["C"] == pytest.approx(20)
     assert comp["delta"] == pytest.approx(bpb_law(10) - bpb_law(20) - 0.019)
