@@ -170,7 +170,15 @@ def test_evaluation_cross_entropy_matches_torch_loss():
     assert math.isnan(got[3]) and math.isnan(per_position[3])
     keep = torch.arange(16) != 3
     assert torch.allclose(got[keep].double(), per_position[keep], rtol=1e-5)
+    with torch.no_grad():
+        from lrt_lab.run.evaluation import exact_logits
+
+        same = (logits.argmax(-1) == exact_logits(model, x).argmax(-1)) & mask
+    agreement = res[16]["exact"]["agreement"]
+    assert torch.allclose(agreement[keep].double(), (same.sum(0) / mask.sum(0))[keep].double())
     rec = eval_record(res)
+    assert rec["agree@16"] == pytest.approx(same.sum().item() / mask.sum().item())
+    assert 0 < rec["agree@16"] < 1  # an untrained memory: the two forwards differ somewhere
     assert rec["ce_parallel@16"] == pytest.approx((ce * mask).sum().item() / mask.sum().item())
     assert rec["ce_exact@16"] != pytest.approx(rec["ce_parallel@16"], rel=1e-6)
 

@@ -30,8 +30,8 @@ import pandas as pd
 from scipy import optimize
 
 from lrt_lab.store.contrasts import contrast
-from lrt_lab.store.stats import mean_ci
 from lrt_lab.store.run_groups import method_label
+from lrt_lab.store.stats import mean_ci
 
 METRICS = {
     "bpb_exact": "held-out BPB, exact recurrent decoding",
