@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from lrt_lab.analysis.scaling import (
+    LRT,
     check_same_heldout,
     decide,
     fit_power_laws,
@@ -152,6 +153,37 @@ def fits_table(points: pd.DataFrame) -> str | None:
     )
 
 
+def rivals_table(points: pd.DataFrame, c: float = 40.0) -> str | None:
+    """Every method near compute C (within 25%: the adaptive trainers' measured C varies), with
+    its seed mean and SD of BPB, and its difference from the LRT (Interleaved(2)) at C, paired by
+    seed."""
+    near = points[(points["C"] - c).abs() <= 0.25 * c]
+    if near.empty or near["method"].nunique() < 2:
+        return None
+    ref = near[near["method"] == LRT].groupby("seed")["bpb_exact"].mean()
+    rows = []
+    for (method, r), sub in near.groupby(["method", "R"]):
+        by_seed = sub.groupby("seed")["bpb_exact"].mean()
+        common = sorted(set(by_seed.index) & set(ref.index))
+        diff = (by_seed[common] - ref[common]) if method != LRT else None
+        rows.append(
+            {
+                "method": method,
+                "R": f"{r:g}",
+                "C (measured)": f"{sub['C'].mean():.1f}",
+                "seeds": len(sub),
+                "BPB exact": f"{sub['bpb_exact'].mean():.4f}",
+                "seed SD": f"{sub['bpb_exact'].std(ddof=1):.4f}" if len(sub) > 1 else "-",
+                "BPB parallel": f"{sub['bpb_parallel'].mean():.4f}",
+                "minus LRT (pairs)": "-"
+                if diff is None or diff.empty
+                else f"{diff.mean():+.4f} ({len(diff)})",
+                "wall (min)": f"{sub['wall_s'].mean() / 60:.0f}",
+            }
+        )
+    return markdown(pd.DataFrame(rows))
+
+
 def builders(runs: pd.DataFrame) -> dict:
     points = grid_points(runs)
     if not points.empty:
@@ -162,6 +194,7 @@ def builders(runs: pd.DataFrame) -> dict:
         "deltas": lambda: deltas_table(points),
         "deltas_parallel": lambda: deltas_table(points, "bpb_parallel"),
         "fits": lambda: fits_table(points),
+        "rivals": lambda: rivals_table(points),
         "decision": lambda: decide(paired_deltas(points)),
         "decision_parallel": lambda: decide(paired_deltas(points, metric="bpb_parallel")),
     }
