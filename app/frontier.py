@@ -56,6 +56,9 @@ def frontier_page(ctx) -> None:
     )
     points = frontier_points(ctx.shown, task, length)
     lengths = sorted(int(c.split("@")[1]) for c in points if c.startswith("pos90_exact@"))
+    if not lengths:  # e.g. byte-level text, whose runs are read by BPB (the Scaling tab)
+        st.info(f"The {task} runs shown have no pos@90 evaluations to draw the frontier from.")
+        return
     left, right = st.columns(2)
     n = left.selectbox(
         "evaluated at",

@@ -19,6 +19,7 @@ from lrt_app.charts import LEGEND, PALETTE, color_encoding, draw_chart, only_gro
 from lrt_app.compare import compare_page
 from lrt_app.convergence_page import convergence_page  # FixedPoint runs
 from lrt_app.frontier import frontier_page
+from lrt_app.scaling_page import scaling_page  # runs trained to a tokens-per-parameter budget
 
 # Where the analysis tables come from: shown when a store has none yet.
 HINT_PROBES = (
@@ -1037,6 +1038,7 @@ PAGES = {
     "Probes": probes_page,
     "Convergence": convergence_page,
     "Trainer frontier": frontier_page,
+    "Scaling": scaling_page,
 }
 
 
