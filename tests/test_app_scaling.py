@@ -4,8 +4,8 @@ import pytest
 
 pytest.importorskip("streamlit")
 
-from tests.app_helpers import assert_clean, run_app  # noqa: E402
-from tests.scaling_store import build, write_run  # noqa: E402
+from app_helpers import assert_clean, run_app  # noqa: E402
+from scaling_store import build, write_run  # noqa: E402
 
 
 def test_scaling_tab_plots_and_decides(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from scaling_store import bpb_law, build, write_run
 
 from lrt_lab.analysis.scaling import (
     check_same_heldout,
@@ -20,7 +21,6 @@ from lrt_lab.analysis.scaling import (
     scaling_points,
 )
 from lrt_lab.store.results import load_runs
-from tests.scaling_store import bpb_law, build, write_run
 
 
 def test_points_read_bpb_and_compute_in_the_papers_units(tmp_path):
