@@ -228,12 +228,13 @@ def cmd_train(a) -> int:
 
     from lrt_lab.store.report import print_run
     from lrt_lab.store.results import Run
+    from lrt_lab.training.checkpoints import resume_folder
     from lrt_lab.training.loop import train
     from lrt_lab.training.threads import apply_threads, choose_threads
 
     cfg = train_config_from_args(a)
     apply_threads(choose_threads(a.threads))
-    finished_before = a.resume and Run(Path(a.out) / cfg.run_name).is_complete
+    finished_before = a.resume and Run(resume_folder(Path(a.out), cfg)).is_complete
     run = train(
         cfg, out=a.out, resume=a.resume, progress=not a.quiet, log=mirror_settings_from_args(a)
     )
