@@ -326,7 +326,7 @@ def report_study(a) -> int:
 def cmd_analyze(a) -> int:
     from lrt_lab.commands.analyze import main as analyze_main
 
-    return analyze_main(a.args)
+    return analyze_main(a.args, debug=a.debug or None)
 
 
 def cmd_bench(a) -> int:
