@@ -314,3 +314,13 @@ def test_print_report_returns_the_table(store, capsys):
         "transformer",
     ]
     capsys.readouterr()
+
+
+def test_report_help_explains_every_option(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["report", "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and out.startswith("usage: lrt-lab report")
+    for option in ("--metric", "--group-by", "--format", "--task", "--where", "--prefix"):
+        assert option in out
+    assert "%%" not in out and "95% t-interval" in out

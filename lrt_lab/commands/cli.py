@@ -443,7 +443,7 @@ def build_parser() -> Parser:
         help="a comparison table over the runs in a store (mean, 95%% t-interval over seeds)",
         description="One table per study (a task at one training length): a row per group of "
         "runs that differ only by seed, named by what tells the groups shown apart, with the "
-        "study's metric as mean [95%% t-interval over seeds], n, std, the seeds, the schedule's "
+        "study's metric as mean [95% t-interval over seeds], n, std, the seeds, the schedule's "
         "cost and the wall clock.",
     )
     p.add_argument("runs", nargs="?", default="runs", help="run store directory")
