@@ -324,3 +324,13 @@ def test_report_help_explains_every_option(capsys):
     for option in ("--metric", "--group-by", "--format", "--task", "--where", "--prefix"):
         assert option in out
     assert "%%" not in out and "95% t-interval" in out
+
+
+def test_a_study_whose_runs_all_lack_the_metric_says_it_is_missing(store, capsys):
+    """Text runs with neither ce_exact in their summary nor tables/bpb.csv: no table of dashes,
+    one note saying BPB is missing and where it would come from."""
+    code, out, _ = report(
+        capsys, store, "--task", "text_bytes", "--prefix", "text_bytes-L16-tiny-lrt-exact-s2"
+    )
+    assert code == 0 and "BPB exact@16 is missing in every run of this study" in out
+    assert "tables/bpb.csv" in out and "group" not in out

@@ -347,7 +347,7 @@ def _metric_column(df: pd.DataFrame, metric: str) -> str:
             return column
     raise ValueError(
         f"--metric {metric!r} is invalid: no run has it; allowed: bpb, pos90, or a summary "
-        f"column such as {', '.join(c.removeprefix('summary.') for c in eval_columns(df)[:4])}"
+        f"column such as {', '.join(c.removeprefix('summary.eval.') for c in eval_columns(df)[:4])}"
         " or final_loss"
     )
 
@@ -391,11 +391,11 @@ def study_metric(runs: pd.DataFrame, task: str, length: int, metric: str | None 
         values = runs[column] if column in runs else pd.Series(math.nan, index=runs.index)
         name = f"pos@90 exact@{length}"
         what = (
-            f"pos@90, exact decoding, length {length} (higher is better): the last position up "
-            "to which accuracy stays >= 0.9"
+            f"pos@90, exact decoding, length {length}: last position up to which accuracy is "
+            ">= 0.9 (higher is better)"
         )
     else:
-        column = _metric_column(runs, metric) if metric in runs or not runs.empty else metric
+        column = metric  # a column of the whole store (report_table); this study may lack it
         values = runs[column] if column in runs else pd.Series(math.nan, index=runs.index)
         name = column.removeprefix("summary.eval.").removeprefix("summary.")
         what = f"{name} (the runs' {column})"
@@ -451,7 +451,15 @@ def report_table(
         runs = runs.dropna(axis=1, how="all")  # the fields of other tasks' runs
         values, name, what, study_notes = study_metric(runs, t, n, metric)
         lacking = runs.loc[values.isna(), "run"].tolist()
-        if lacking:
+        if len(lacking) == len(runs):
+            why = (
+                f": no ce_exact@{n} in their summaries and no tables/bpb.csv (lrt-lab analyze gap "
+                "writes it)"
+                if name.startswith("BPB")
+                else ""
+            )
+            study_notes.append(f"{name} is missing in every run of this study{why}")
+        elif lacking:
             study_notes.append(
                 f"{len(lacking)} run(s) have no {name} and are not counted: "
                 + first_names(lacking, 8)
@@ -560,16 +568,18 @@ def render_report(table: pd.DataFrame, fmt: str = "table") -> tuple[str, str]:
     for (t, n), study in table.groupby(["task", "length"], sort=False):
         header, body = _text_rows(study)
         about = notes.get((t, n), {})
+        measured = bool(study["n"].sum() > 0)  # else a table of dashes: the note says it is missing
         if fmt == "md":
             out += ["", f"### {t}, trained at length {n}", "", f"{about.get('what', '')}.", ""]
-            out += _markdown(header, body)
-            out += [""] * bool(about.get("notes")) + [f"- {n}" for n in about.get("notes", [])]
+            out += _markdown(header, body) if measured else []
+            out += [""] * (bool(about.get("notes")) and measured)
+            out += [f"- {note}" for note in about.get("notes", [])]
         else:
             out += ["", f"{t}, trained at length {n}"]
             out += textwrap.wrap(
                 about.get("what", ""), WIDTH, initial_indent="  ", subsequent_indent="  "
             )
-            out += _aligned(header, body)
+            out += _aligned(header, body) if measured else []
             for note in about.get("notes", []):
                 out += textwrap.wrap(
                     note,
