@@ -23,10 +23,10 @@ from lrt_lab.store.report import (
     compare_lengths,
     compare_table,
     format_mean_ci,
-    method_labels,
     studies_by_recency,
     study_runs,
 )
+from lrt_lab.store.run_groups import method_labels
 
 DECODINGS = {"exact": "pos90_exact", "parallel": "pos90_parallel"}
 SPENT = ("compute", "wall_min")

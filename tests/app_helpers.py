@@ -19,11 +19,29 @@ from lrt_lab.store.results import Run, write_table  # noqa: E402
 from lrt_lab.training.loop import TrainConfig, train  # noqa: E402
 
 APP = str(Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py")
-LRT_RUNS = [
-    "group_prefix-L6-tiny-lrt-interleaved_2-s0",
-    "group_prefix-L6-tiny-lrt-interleaved_2-s1",
-]
-TRANSFORMER_RUN = "group_prefix-L6-tiny-transformer-s0"
+
+
+def tiny_config(model: str, schedule: str, seed: int) -> TrainConfig:
+    return TrainConfig(
+        task="group_prefix",
+        task_options={"group": "S3"},
+        length=6,
+        preset="tiny",
+        model=model,
+        schedule=schedule,
+        steps=6,
+        batch_size=8,
+        eval_every=3,
+        eval_lengths=(6, 12),
+        eval_size=16,
+        checkpoint_every=0,
+        seed=seed,
+    )
+
+
+# group_prefix-L6-tiny-lrt-interleaved_2-s0-o<digest of the task options>, ...
+LRT_RUNS = [tiny_config("lrt", "interleaved:2", seed).run_name for seed in (0, 1)]
+TRANSFORMER_RUN = tiny_config("transformer", "onepass", 0).run_name
 UNKNOWN_RUN = "mystery-kind-s0"
 COMPLETE_RUNS = LRT_RUNS + [TRANSFORMER_RUN]
 
@@ -33,22 +51,7 @@ def build_store(root: Path, analysis: bool = True, lrt_seeds=(0, 1)) -> Path:
     torch.set_num_threads(1)
     runs = [("lrt", "interleaved:2", seed) for seed in lrt_seeds] + [("transformer", "onepass", 0)]
     for model, schedule, seed in runs:
-        cfg = TrainConfig(
-            task="group_prefix",
-            task_options={"group": "S3"},
-            length=6,
-            preset="tiny",
-            model=model,
-            schedule=schedule,
-            steps=6,
-            batch_size=8,
-            eval_every=3,
-            eval_lengths=(6, 12),
-            eval_size=16,
-            checkpoint_every=0,
-            seed=seed,
-        )
-        train(cfg, out=root, progress=False)
+        train(tiny_config(model, schedule, seed), out=root, progress=False)
     if not analysis:
         return root
     # A run of a kind the dashboard does not know (a later baseline, say).

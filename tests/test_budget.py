@@ -72,9 +72,9 @@ def test_tokens_per_param_sets_the_steps_and_names_the_run(tmp_path):
 
         n = sum(p.numel() for p in build_model(cfg, 256).parameters())
     assert resolved.steps == math.ceil(0.05 * n / (4 * 16))
-    assert resolved.run_name.endswith("-R0.05-s0") and resolved.run_name == cfg.run_name
+    assert resolved.base_name.endswith("-R0.05-s0") and resolved.run_name == cfg.run_name
     matrices = budgeted(text_cfg(tokens_per_param=0.05, param_convention="matrices"))
-    assert matrices.steps < resolved.steps and matrices.run_name.endswith("-R0.05-matrices-s0")
+    assert matrices.steps < resolved.steps and matrices.base_name.endswith("-R0.05-matrices-s0")
     # a sweep trains the budgeted steps, and finds the stored run unchanged on the next call
     spec = {
         "sweep": {"tasks": ["text_bytes"], "models": ["lrt"], "schedules": ["interleaved:2"]},
