@@ -699,9 +699,148 @@ def compact_block(df: pd.DataFrame) -> str:
     return "\n\n".join(parts)
 
 
+# Numbers of the prose ---------------------------------------------------------------------------
+# Every figure the template's prose states from the store is a `<!-- value: NAME -->` placeholder
+# filled from `prose_values`, so no number of the page is typed and a changed run changes the text.
+
+
+def seeds_text(values, fmt: str = "{:g}") -> str:
+    """Per-seed figures in seed order: "16, 10, 16"."""
+    return ", ".join("-" if pd.isna(v) else fmt.format(v) for v in values)
+
+
+def learned_text(values, length: int) -> str:
+    """How many of the runs reached pos@90 = length: "2 of 3"."""
+    values = list(values)
+    return f"{sum(int(v) >= length for v in values)} of {len(values)}"
+
+
+def p_text(p: float) -> str:
+    return "-" if p is None or math.isnan(p) else f"{p:.2f}" if p >= 0.01 else f"{p:.3f}"
+
+
+def frontier_runs(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16) -> pd.DataFrame:
+    """The load_runs rows of the trainer frontier (`frontier_points`), each with its `trainer`
+    label, in seed order per trainer: the frontier's points carry no run folder, and the prose
+    reads some runs' curves."""
+    points = frontier_points(df, task, length)
+    if points.empty:
+        return pd.DataFrame()
+    sub = df[(df["config.train.task"] == task) & (df["config.train.length"] == length)]
+    rows = []
+    for _, p in points.iterrows():
+        match = sub[
+            (sub.apply(method_label, axis=1) == p["trainer"].split(" (")[0])
+            & (sub["config.train.seed"] == p["seed"])
+            & (sub["summary.compute_tokens"] / 1e6 == p["compute"])
+            & (sub["summary.wall_time_s"] / 60 == p["wall_min"])
+        ]
+        if len(match) != 1:
+            raise SystemExit(f"frontier point {p['trainer']} seed {p['seed']}: {len(match)} runs")
+        rows.append(match.iloc[0].to_dict() | {"trainer": p["trainer"]})
+    return pd.DataFrame(rows).sort_values(["trainer", "config.train.seed"]).reset_index(drop=True)
+
+
+def trainer_runs(runs: pd.DataFrame, trainer: str) -> pd.DataFrame:
+    return runs[runs["trainer"] == trainer].sort_values("config.train.seed")
+
+
+def curve(run, column: str, kind: str = "train") -> pd.Series:
+    """A run's metric per step (metrics.jsonl)."""
+    m = load_metrics(run, kind=kind)
+    return m.set_index("step")[column]
+
+
+def frontier_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
+    """The trainer frontier's prose: which trainers reached the training length on which seeds,
+    the seeds run after the choice, and why rollout:1 and fixedpoint:0.01:16 are one update."""
+    runs = frontier_runs(df, length=length)
+    if runs.empty:
+        return {}
+    out = {}
+    lengths = sorted(
+        int(c.split("@")[1]) for c in runs if c.startswith("summary.eval.pos90_exact@")
+    )
+    lengths = [n for n in lengths if runs[f"summary.eval.pos90_exact@{n}"].notna().any()]
+    for trainer, key in (
+        ("lrt rollout:1", "rollout1"),
+        ("lrt rollout:2", "rollout2"),
+        ("lrt fixedpoint:0.01:16", "fp001_16"),
+        ("lrt fixedpoint:0.1:8", "fp01_8"),
+        ("lrt exact", "exact"),
+    ):
+        t = trainer_runs(runs, trainer)
+        if t.empty:
+            continue
+        at = t[f"summary.eval.pos90_exact@{length}"]
+        out[f"frontier.{key}.learned"] = learned_text(at, length)
+        out[f"frontier.{key}.pos90"] = seeds_text(at)
+        out[f"frontier.{key}.pos90_all"] = ", ".join(
+            "/".join(whole(r[f"summary.eval.pos90_exact@{n}"]) for n in lengths)
+            for _, r in t.iterrows()
+        )
+        out[f"frontier.{key}.seeds"] = seeds_text(t["config.train.seed"])
+        first = t["config.train.seed"].min()
+        later = t[t["config.train.seed"] != first]
+        out[f"frontier.{key}.later_pos90"] = seeds_text(later[f"summary.eval.pos90_exact@{length}"])
+        out[f"frontier.{key}.later_learned"] = learned_text(
+            later[f"summary.eval.pos90_exact@{length}"], length
+        )
+        out[f"frontier.{key}.compute"] = f"{(t['summary.compute_tokens'] / 1e6).mean():.1f}"
+        out[f"frontier.{key}.wall_min"] = f"{(t['summary.wall_time_s'] / 60).mean():.0f}"
+        out[f"frontier.{key}.acc"] = seeds_text(t[f"summary.eval.acc_exact@{length}"], "{:.2f}")
+        out[f"frontier.{key}.final_loss"] = seeds_text(t["summary.final_loss"], "{:.2f}")
+    # fixedpoint:0.01:16 against rollout:1 on their shared seed: the sweeps it ran at the training
+    # length, and how many steps their losses agree (one update, two roundings)
+    fp, r1 = trainer_runs(runs, "lrt fixedpoint:0.01:16"), trainer_runs(runs, "lrt rollout:1")
+    if not fp.empty and not r1.empty:
+        train = [load_metrics(row, kind="train") for _, row in fp.iterrows()]
+        at_length = pd.concat([m[m["length"] == length] for m in train])
+        out["frontier.fp001_16.sweeps_at_length"] = (
+            f"{int(at_length['sweeps'].min())}"
+            if at_length["sweeps"].nunique() == 1
+            else f"{int(at_length['sweeps'].min())}-{int(at_length['sweeps'].max())}"
+        )
+        out["frontier.fp001_16.residual_max"] = f"{at_length['residual'].max():g}"
+        seed = int(fp["config.train.seed"].min())
+        a = curve(fp[fp["config.train.seed"] == seed].iloc[0], "loss")
+        b = curve(r1[r1["config.train.seed"] == seed].iloc[0], "loss")
+        apart = (a - b).abs() > 1e-3
+        out["frontier.same_update.seed"] = str(seed)
+        out["frontier.same_update.steps"] = str(
+            int(apart[apart].index.min()) - 1 if apart.any() else int(a.index.max())
+        )
+        # the rollout:1 seeds that did not learn: their loss at the last step before the
+        # curriculum reaches the training length and 400 steps later
+        reach = int(train[0].loc[train[0]["length"] == length, "step"].min()) - 1
+        later = reach + 400
+        stalled = r1[r1[f"summary.eval.pos90_exact@{length}"] < length]
+        out["frontier.rollout1.stalled_seeds"] = seeds_text(stalled["config.train.seed"])
+        out["frontier.rollout1.stalled_acc"] = seeds_text(
+            stalled[f"summary.eval.acc_exact@{length}"], "{:.2f}"
+        )
+        out["frontier.rollout1.stalled_losses"] = ", ".join(
+            f"{curve(row, 'loss')[reach]:.2f} -> {curve(row, 'loss')[later]:.2f}"
+            for _, row in stalled.iterrows()
+        )
+        out["frontier.curriculum_short_until"] = str(reach)
+        out["frontier.curriculum_later_step"] = str(later)
+    return out
+
+
+def prose_values(df: pd.DataFrame) -> dict[str, str]:
+    """{NAME: text} for every `<!-- value: NAME -->` of the template, computed from the store."""
+    out = {}
+    for build in (frontier_values,):
+        out.update(build(df))
+    return out
+
+
 # docs/results.md and the README block ------------------------------------------------------------
 TEMPLATE = REPO / "experiments" / "results_template.md"
 PLACEHOLDER = re.compile(r"^<!-- table: ([\w@.-]+) -->$", re.MULTILINE)
+# a number of the prose, inline: `<!-- value: NAME -->`, filled from `prose_values`
+VALUE = re.compile(r"<!-- value: ([\w@.-]+) -->")
 BLOCK_START, BLOCK_END = "<!-- results:start -->", "<!-- results:end -->"
 GENERATED = (
     "<!-- Generated by experiments/results_tables.py --write from "
@@ -733,7 +872,10 @@ def tables(df: pd.DataFrame) -> dict:
 
 
 def render_results(template: str, df: pd.DataFrame) -> str:
+    """The template with every table placeholder (a line of its own) and every value placeholder
+    (inline) filled from the run store."""
     builders = tables(df)
+    named = prose_values(df)
 
     def fill(match):
         name = match.group(1)
@@ -744,7 +886,15 @@ def render_results(template: str, df: pd.DataFrame) -> str:
         table = builders[name]()
         return table if table is not None else f"(no runs for the table {name} in the store)"
 
-    return GENERATED + PLACEHOLDER.sub(fill, template)
+    def value(match):
+        name = match.group(1)
+        if name not in named:
+            raise SystemExit(
+                f"{TEMPLATE.name}: unknown value {name!r}; known: {', '.join(sorted(named))}"
+            )
+        return named[name]
+
+    return GENERATED + VALUE.sub(value, PLACEHOLDER.sub(fill, template))
 
 
 def replace_block(page: str, block: str) -> str:
