@@ -45,6 +45,7 @@ if __name__ == "__main__":
 from lrt_lab.analysis import seed_stats  # noqa: E402
 from lrt_lab.analysis.gap import gap_recovery, read_bpb  # noqa: E402
 from lrt_lab.commands.bench import load_results, markdown_table  # noqa: E402
+from lrt_lab.store.contrasts import contrast, smallest_p  # noqa: E402
 from lrt_lab.store.report import (  # noqa: E402
     frontier_points,
     memory_label,
@@ -509,6 +510,16 @@ A5_AT_8 = [
     ("lrt fullseq:3 (4 layers)", "start-as-transformer"),
     ("lrt exact (4 layers)", "start-as-transformer"),
 ]
+# the length-8 rows the prose names: {key: (label, init)}
+A5_AT_8_KEYS = {
+    "transformer": ("transformer (4 layers)", "-"),
+    "transformer8": ("transformer (8 layers)", "-"),
+    "il": ("lrt interleaved:2 (4 layers)", "start-as-transformer"),
+    "il_top": ("lrt interleaved:2 (4 layers, memory from block 4)", "start-as-transformer"),
+    "fullseq3": ("lrt fullseq:3 (4 layers)", "start-as-transformer"),
+    "exact": ("lrt exact (4 layers)", "start-as-transformer"),
+    "exact_top": ("lrt exact (4 layers, memory from block 4)", "start-as-transformer"),
+}
 A5_AT_16 = [
     ("transformer (4 layers)", "-"),
     ("lrt interleaved:2 (4 layers) (1500 steps)", "paper init"),
@@ -534,6 +545,16 @@ def short(label: str) -> str:
     return re.sub(r" \(\d+ layers\)", "", re.sub(r"\(\d+ layers, ", "(", label))
 
 
+def compact_rows(sub: pd.DataFrame, label: str, init: str) -> pd.DataFrame:
+    """The runs of `labelled` rows whose label is `label` and whose memory cell names `init` ("-":
+    no memory), in seed order: one row of a compact table."""
+    runs = sub[
+        (sub["label"].str.split(" [", regex=False).str[0] == label)
+        & (sub["memory"].str.contains(init, regex=False) if init != "-" else sub["memory"] == "-")
+    ]
+    return runs.sort_values("config.train.seed")
+
+
 def compact_state_tracking(df: pd.DataFrame, task: str, length: int, wanted) -> str | None:
     """Exact pos@90 at 1x / 2x / 4x the training length (means), the seeds that reach the training
     length, and the compute, for the rows `wanted` of the full table."""
@@ -543,14 +564,7 @@ def compact_state_tracking(df: pd.DataFrame, task: str, length: int, wanted) -> 
     lengths = evaluated_lengths(sub)
     rows = []
     for label, init in wanted:
-        runs = sub[
-            (sub["label"].str.split(" [", regex=False).str[0] == label)
-            & (
-                sub["memory"].str.contains(init, regex=False)
-                if init != "-"
-                else sub["memory"] == "-"
-            )
-        ]
+        runs = compact_rows(sub, label, init)
         if runs.empty:
             continue
         means = " / ".join(f"{runs[f'summary.eval.pos90_exact@{n}'].mean():.1f}" for n in lengths)
@@ -824,14 +838,122 @@ def frontier_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
             for _, row in stalled.iterrows()
         )
         out["frontier.curriculum_short_until"] = str(reach)
+        for trainer, key in (("lrt rollout:1", "rollout1"), ("lrt rollout:2", "rollout2")):
+            t = trainer_runs(runs, trainer)
+            out[f"frontier.{key}.loss_short"] = seeds_text(
+                [curve(r, "loss")[reach] for _, r in t.iterrows()], "{:.2f}"
+            )
+        r2 = trainer_runs(runs, "lrt rollout:2")
+        res = permutation(
+            r1[f"summary.eval.pos90_exact@{length}"], r2[f"summary.eval.pos90_exact@{length}"]
+        )
+        out["frontier.p.rollout2_vs_rollout1"] = p_text(res["p"])
         out["frontier.curriculum_later_step"] = str(later)
+    return out
+
+
+def a5_8_values(df: pd.DataFrame, length: int = 8) -> dict[str, str]:
+    """The A5 runs at length 8: per-seed exact pos@90 and how many seeds reach the training
+    length, from the same rows as the README's compact table (`compact_rows`)."""
+    sub = labelled(df[df["config.train.length"] == length], "a5_prefix")
+    if sub.empty:
+        return {}
+    out = {}
+    for key, (label, init) in A5_AT_8_KEYS.items():
+        runs = compact_rows(sub, label, init)
+        if runs.empty:
+            continue
+        pos = runs[f"summary.eval.pos90_exact@{length}"]
+        out[f"a5_8.{key}.pos90"] = seeds_text(pos)
+        out[f"a5_8.{key}.learned"] = learned_text(pos, length)
+    return out
+
+
+def permutation(a, b) -> dict:
+    """B against A, unpaired: `contrast` (exact two-sided permutation p, bootstrap interval)."""
+    return contrast(list(a), list(b), paired=False)
+
+
+def censoring_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
+    """How much of the factor study's budget the runs spend at the training length at the full
+    learning rate, and the losses still falling at its end (the runs are censored)."""
+    runs = frontier_runs(df, length=length)
+    base = trainer_runs(runs, "lrt interleaved:2 (1500 steps)") if not runs.empty else runs
+    if base.empty:
+        return {}
+    out = {}
+    train = load_metrics(base.iloc[0], kind="train")
+    at_length = train[train["length"] == length]
+    full_rate = at_length[at_length["lr_mult"] == 1.0]
+    steps = int(base["config.train.steps"].iloc[0])
+    out["a5_16.steps"] = str(steps)
+    out["a5_16.reaches_length_step"] = str(int(at_length["step"].min()))
+    out["a5_16.last_full_rate_step"] = str(int(full_rate["step"].max()))
+    out["a5_16.full_rate_steps"] = str(len(full_rate))
+    # the seed of the base whose loss falls most over the last 500 steps
+    checkpoints = [steps - 500, steps - 250, steps]
+    drops = {
+        int(r["config.train.seed"]): curve(r, "loss")[checkpoints].to_numpy()
+        for _, r in base.iterrows()
+    }
+    seed = max(drops, key=lambda k: drops[k][0] - drops[k][-1])
+    out["a5_16.falling_seed"] = str(seed)
+    out["a5_16.falling_steps"] = " / ".join(map(str, checkpoints))
+    out["a5_16.falling_losses"] = " -> ".join(f"{v:.2f}" for v in drops[seed])
+    # the transformer's exact pos@90 at every evaluation, per seed: has it plateaued?
+    plain = trainer_runs(runs, "transformer")
+    if not plain.empty:
+        evals = [load_metrics(r, kind="eval") for _, r in plain.iterrows()]
+        out["a5_16.transformer.eval_steps"] = " / ".join(str(int(v)) for v in evals[0]["step"])
+        out["a5_16.transformer.trajectory"] = "; ".join(
+            "/".join(whole(v) for v in e[f"pos90_exact@{length}"]) for e in evals
+        )
+    longer = trainer_runs(runs, f"lrt interleaved:2 ({2 * steps} steps)")
+    if not longer.empty:
+        out["a5_16.il_long_steps"] = str(2 * steps)
+        out["a5_16.il_long_parallel"] = whole(
+            longer[f"summary.eval.pos90_parallel@{length}"].iloc[0]
+        )
+        out["a5_16.il_long_exact"] = whole(longer[f"summary.eval.pos90_exact@{length}"].iloc[0])
+    return out
+
+
+def ranking_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
+    """The factor study's trainers against each other: per-seed exact pos@90, how many seeds reach
+    the training length, exact permutation tests, and the smallest p such a test can give."""
+    runs = frontier_runs(df, length=length)
+    if runs.empty:
+        return {}
+    out = {}
+    col = f"summary.eval.pos90_exact@{length}"
+    arms = {
+        "transformer": "transformer",
+        "il": "lrt interleaved:2 (1500 steps)",
+        "fp01_8": "lrt fixedpoint:0.1:8",
+        "fullseq3": "lrt fullseq:3",
+    }
+    got = {k: trainer_runs(runs, t) for k, t in arms.items()}
+    for key, t in got.items():
+        if t.empty:
+            continue
+        out[f"a5_16.{key}.pos90"] = seeds_text(t[col])
+        out[f"a5_16.{key}.learned"] = learned_text(t[col], length)
+        out[f"a5_16.{key}.n"] = str(len(t))
+        out[f"a5_16.{key}.compute"] = f"{(t['summary.compute_tokens'] / 1e6).mean():.1f}"
+        out[f"a5_16.{key}.steps"] = whole(t["config.train.steps"].iloc[0])
+    for a, b in (("transformer", "fp01_8"), ("il", "fp01_8"), ("transformer", "il")):
+        if got[a].empty or got[b].empty:
+            continue
+        res = permutation(got[a][col], got[b][col])
+        out[f"a5_16.p.{b}_vs_{a}"] = p_text(res["p"])
+        out["a5_16.p_min"] = p_text(smallest_p(len(got[a]), len(got[b])))
     return out
 
 
 def prose_values(df: pd.DataFrame) -> dict[str, str]:
     """{NAME: text} for every `<!-- value: NAME -->` of the template, computed from the store."""
     out = {}
-    for build in (frontier_values,):
+    for build in (a5_8_values, frontier_values, censoring_values, ranking_values):
         out.update(build(df))
     return out
 
