@@ -64,6 +64,12 @@ PAPER_A5 = {"transformer (4 layers)": "5", "lrt interleaved:2 (4 layers)": "24"}
 PAPER_GAP = {"lrt interleaved:2": "75%", "lrt fullseq:3": "88%"}
 
 
+# the compute every table shows: token-forwards the trainer ran (a token through the whole model
+# counts 1 whatever the depth, a no-grad sweep through the blocks that feed the memory its share of
+# the depth), with no backward pass counted: not FLOPs, and not time
+COMPUTE_HEADER = "compute (M token-forwards, not FLOPs)"
+
+
 def cell(row, fmt="{:.1f}") -> str:
     if row is None or row["n"] == 0:
         return "-"
@@ -171,7 +177,7 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
             f"accuracy at {lengths[0]}",
             f"pos@90 at {L} per seed",
             "parallel forward pos@90 per seed, at " + " / ".join(map(str, lengths)),
-            "compute (M token-forwards)",
+            COMPUTE_HEADER,
         ]
     )
     if paper is not None:
@@ -215,7 +221,7 @@ def frontier_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16) 
         )
     header = [
         "trainer",
-        "compute (M token-forwards)",
+        COMPUTE_HEADER,
         "wall clock (min, mean)",
         "seeds",
         "exact pos@90 at " + " / ".join(map(str, lengths)) + " per seed",
@@ -585,7 +591,7 @@ def compact_state_tracking(df: pd.DataFrame, task: str, length: int, wanted) -> 
             "model / trainer",
             "exact pos@90 at " + " / ".join(map(str, lengths)) + " (mean)",
             f"seeds at pos@90 = {length}",
-            "compute (M token-forwards)",
+            COMPUTE_HEADER,
         ],
     )
 
@@ -950,10 +956,148 @@ def ranking_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
     return out
 
 
+def compute_values(df: pd.DataFrame, length: int = 16, bench_dir: Path = REPO / "docs" / "bench"):
+    """What the compute axis (token-forwards) says against the wall clock: FixedPoint(0.1, 8)
+    against Interleaved(2) in token-forwards, in the runs' own wall clock, and in the bench's
+    training-step time at the study's shape."""
+    runs = frontier_runs(df, length=length)
+    if runs.empty:
+        return {}
+    fp = trainer_runs(runs, "lrt fixedpoint:0.1:8")
+    il = trainer_runs(runs, "lrt interleaved:2 (1500 steps)")
+    if fp.empty or il.empty:
+        return {}
+
+    def ratio(column):
+        return f"{fp[column].mean() / il[column].mean():.2f}"
+
+    out = {
+        "compute.fp_il_ratio": ratio("summary.compute_tokens"),
+        "compute.fp_il_wall_ratio": ratio("summary.wall_time_s"),
+        "compute.fp_wall_min": seeds_text(fp["summary.wall_time_s"] / 60, "{:.0f}"),
+        "compute.il_wall_min": seeds_text(il["summary.wall_time_s"] / 60, "{:.0f}"),
+    }
+    shape = (length, int(fp["config.train.batch_size"].iloc[0]))
+    for name, r in load_results(bench_dir) if Path(bench_dir).is_dir() else []:
+        s = r["settings"]
+        if (s["seq_len"], s["batch_size"]) != shape or "fixedpoint" not in r["train_ratio"]:
+            continue
+        out["compute.bench_file"] = name
+        out["compute.bench_fp_spec"] = r["sweeps_used"]["fixedpoint"]["spec"]
+        out["compute.bench_fp_sweeps"] = f"{r['sweeps_used']['fixedpoint']['median']:g}"
+        out["compute.bench_fp_il_ratio"] = (
+            f"{r['train_ratio']['fixedpoint'] / r['train_ratio']['interleaved_2']:.2f}"
+        )
+        out["compute.bench_threads"] = str(r["environment"]["threads"])
+    # FixedPoint(0.1, 8)'s sweeps: from which step every step ran all of them
+    train = [load_metrics(r, kind="train") for _, r in fp.iterrows()]
+    cap = int(str(fp["config.schedule"].iloc[0]).split(":")[2])
+    last_short = [int(m.loc[m["sweeps"] < cap, "step"].max()) for m in train]
+    out["a5_16.fp01_8.cap"] = str(cap)
+    out["a5_16.fp01_8.all_sweeps_after"] = seeds_text(last_short)
+    return out
+
+
+def convergence_by_sweep(run) -> pd.DataFrame | None:
+    """A run's tables/convergence.csv (`lrt-lab analyze convergence`) per sweep: the largest
+    relative change of the memory over positions (`residual`), the loss after that sweep and
+    exact decoding's loss."""
+    path = Path(run["path"]) / "tables" / "convergence.csv"
+    if not path.is_file():
+        return None
+    t = pd.read_csv(path)
+    return t.groupby("sweep").agg(
+        residual=("residual", "max"), loss=("loss", "first"), exact=("exact_loss", "first")
+    )
+
+
+def first_sweep(by_sweep: pd.DataFrame, ok: pd.Series) -> int | None:
+    """The first sweep (after the init pass, sweep 0) from which `ok` holds at every later sweep."""
+    bad = by_sweep.index[~ok.to_numpy()]
+    later = [int(k) for k in by_sweep.index if k > (bad.max() if len(bad) else -1) and k > 0]
+    return later[0] if later else None
+
+
+def span(values) -> str:
+    """ "3" or "3-4": the range of a few integers."""
+    values = [int(v) for v in values if v is not None]
+    if not values:
+        return "-"
+    lo, hi = min(values), max(values)
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def convergence_values(df: pd.DataFrame) -> dict[str, str]:
+    """The convergence diagnostics the prose quotes: the A5 FixedPoint(0.1, 8) models and the
+    Interleaved(2) ones at length 16, and the FixedPoint models on text."""
+    out = {}
+    runs = frontier_runs(df, length=16)
+    if not runs.empty:
+        fp = trainer_runs(runs, "lrt fixedpoint:0.1:8")
+        tables = [(int(r["config.train.seed"]), convergence_by_sweep(r)) for _, r in fp.iterrows()]
+        tables = [(seed, t) for seed, t in tables if t is not None]
+        if tables:
+            cap = int(str(fp["config.schedule"].iloc[0]).split(":")[2])
+            out["convergence.a5.seeds"] = seeds_text([seed for seed, _ in tables])
+            out["convergence.a5.residual_at_cap"] = seeds_text(
+                [t.loc[cap, "residual"] for _, t in tables], "{:.2f}"
+            )
+            out["convergence.a5.sweeps"] = str(int(tables[0][1].index.max()))
+            for tol, key in ((0.1, "to_0.1"), (0.001, "to_0.001")):
+                out[f"convergence.a5.sweeps_{key}"] = seeds_text(
+                    [first_sweep(t, t["residual"] < tol) for _, t in tables]
+                )
+            out["convergence.a5.loss_gap_at_cap"] = seeds_text(
+                [t.loc[cap, "loss"] - t.loc[cap, "exact"] for _, t in tables], "{:+.3f}"
+            )
+        sub = labelled(df[df["config.train.length"] == 16], "a5_prefix")
+        for key, (label, preset) in {
+            "base": ("lrt interleaved:2 (4 layers) (1500 steps)", "paper preset, paper init"),
+            "released": ("lrt interleaved:2 (4 layers, released preset)", "released preset"),
+        }.items():
+            rows = compact_rows(sub, label, preset)
+            t = convergence_by_sweep(rows.iloc[0]) if not rows.empty else None
+            if t is not None:
+                out[f"convergence.a5.il_{key}.sweeps_to_0.1"] = str(
+                    first_sweep(t, t["residual"] < 0.1)
+                )
+    text = df[
+        (df["config.train.task"] == "text_bytes")
+        & df["config.schedule"].astype(str).str.startswith("fixedpoint")
+    ]
+    tables = [convergence_by_sweep(r) for _, r in text.iterrows()]
+    tables = [t for t in tables if t is not None]
+    if tables:
+        out["convergence.text.runs"] = str(len(tables))
+        for tol in (0.1, 0.01, 0.001):
+            out[f"convergence.text.sweeps_to_{tol:g}"] = span(
+                first_sweep(t, t["residual"] < tol) for t in tables
+            )
+        out["convergence.text.sweeps_to_exact_loss"] = span(
+            first_sweep(t, (t["loss"] - t["exact"]).abs() < 1e-3) for t in tables
+        )
+        # how fast the change shrinks: the geometric mean of the per-sweep ratio, from sweep 2 to
+        # the sweep where it falls below 0.001
+        factors = []
+        for t in tables:
+            end = first_sweep(t, t["residual"] < 1e-3)
+            r = t.loc[2:end, "residual"].to_numpy()
+            factors.append((r[0] / r[-1]) ** (1 / (len(r) - 1)))
+        out["convergence.text.shrink"] = f"{statistics.mean(factors):.1f}"
+    return out
+
+
 def prose_values(df: pd.DataFrame) -> dict[str, str]:
     """{NAME: text} for every `<!-- value: NAME -->` of the template, computed from the store."""
     out = {}
-    for build in (a5_8_values, frontier_values, censoring_values, ranking_values):
+    for build in (
+        a5_8_values,
+        frontier_values,
+        censoring_values,
+        ranking_values,
+        compute_values,
+        convergence_values,
+    ):
         out.update(build(df))
     return out
 

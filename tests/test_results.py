@@ -107,7 +107,7 @@ def test_state_tracking_table_matches_the_run_files(task):
             evals = [s["eval"] for s in summaries]
             cells = _row(table, label, init)
             compute = statistics.mean(s["compute_tokens"] for s in summaries) / 1e6
-            assert cells[col["compute (M token-forwards)"]] == f"{compute:.1f}", (label, cells)
+            assert cells[col["compute (M token-forwards, not FLOPs)"]] == f"{compute:.1f}", (label, cells)
             for n in lengths:
                 values = [e[f"pos90_exact@{n}"] for e in evals]
                 cell = cells[col[f"pos@90 at {n}"]]
