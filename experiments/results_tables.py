@@ -37,6 +37,7 @@ import textwrap
 from pathlib import Path
 
 import pandas as pd
+from scipy import stats as scipy_stats
 
 REPO = Path(__file__).resolve().parents[1]
 if __name__ == "__main__":
@@ -44,7 +45,7 @@ if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
 
 from lrt_lab.analysis import seed_stats  # noqa: E402
-from lrt_lab.analysis.gap import gap_recovery, read_bpb  # noqa: E402
+from lrt_lab.analysis.gap import read_bpb  # noqa: E402
 from lrt_lab.commands.bench import load_results, markdown_table  # noqa: E402
 from lrt_lab.store.contrasts import contrast, smallest_p  # noqa: E402
 from lrt_lab.store.report import (  # noqa: E402
@@ -55,7 +56,7 @@ from lrt_lab.store.report import (  # noqa: E402
     steps_suffix,
     supervised_every,
 )
-from lrt_lab.store.results import load_metrics, load_runs  # noqa: E402
+from lrt_lab.store.results import load_metrics, load_runs, load_table  # noqa: E402
 
 # Paper, app. "Non-Commutative State Tracking" (depth 4, d 256, trained at length 64, pos@90 out of
 # 64
@@ -63,6 +64,7 @@ from lrt_lab.store.results import load_metrics, load_runs  # noqa: E402
 # Training".
 PAPER_A5 = {"transformer (4 layers)": "5", "lrt interleaved:2 (4 layers)": "24"}
 PAPER_GAP = {"lrt interleaved:2": "75%", "lrt fullseq:3": "88%"}
+PAPER_Z60_ACCURACY = "99.6%"  # its Z60 control (same appendix)
 
 
 # the compute every table shows: token-forwards the trainer ran (a token through the whole model
@@ -399,63 +401,112 @@ def frontier_figure(df: pd.DataFrame, path, task: str = "a5_prefix", length: int
     plt.close(fig)
 
 
-def gap_table(df: pd.DataFrame) -> str | None:
+def gap_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """The text runs with a tables/bpb.csv: bpb.exact, bpb.parallel, the held-out tokens they were
+    scored on (`bpb.n_tokens`) and their method label."""
     sub = df[df["config.train.task"] == "text_bytes"]
     if sub.empty:
-        return None
+        return sub
     with_bpb = read_bpb(sub)
     if "bpb.exact" not in with_bpb.columns:
-        return None
-    table = gap_recovery(with_bpb)
-    per_seed = table.attrs["per_seed"]
+        return with_bpb.iloc[0:0]
+    with_bpb = with_bpb[with_bpb["bpb.exact"].notna()].copy()
+    with_bpb["bpb.n_tokens"] = [
+        int(load_table(r, "bpb")["n_tokens"].iloc[0]) for _, r in with_bpb.iterrows()
+    ]
+    with_bpb["method"] = with_bpb.apply(method_label, axis=1)
+    return with_bpb
+
+
+def gap_contrasts(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per method (the exact-trained LRT included), paired by seed with the transformer: the
+    effect Delta = method minus transformer in exact-decoding BPB (`contrast`: bootstrap interval,
+    permutation p), the per-seed Deltas, and the gap recovered as a ratio of means, mean
+    Delta(method) / mean Delta(exact), over the seeds the method shares with both."""
+    bpb = runs.pivot_table(index="config.train.seed", columns="method", values="bpb.exact")
     rows = []
-    base = exact = None
+    for method in sorted(set(bpb.columns) - {"transformer"}, key=lambda m: (m != "lrt exact", m)):
+        pair = bpb[["transformer", method]].dropna()
+        res = contrast(pair["transformer"], pair[method], paired=True)
+        both = bpb[list(dict.fromkeys(["transformer", method, "lrt exact"]))].dropna()
+        gain = (both["lrt exact"] - both["transformer"]).mean()
+        rows.append(
+            {
+                "method": method,
+                "bpb": pair[method].mean(),
+                "seeds": list(pair.index),
+                "deltas": list(pair[method] - pair["transformer"]),
+                "recovered": (both[method] - both["transformer"]).mean() / gain,
+                **res,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def gap_table(df: pd.DataFrame) -> str | None:
+    """Gap recovery as paired deltas: each method's exact-decoding BPB minus the transformer's, per
+    seed, with its interval and permutation p, the recovered fraction as a ratio of means, and
+    what each trainer costs; every run scored on the same held-out sequences (the head says so,
+    or names the runs that differ)."""
+    runs = gap_runs(df)
+    if (
+        runs.empty
+        or "transformer" not in set(runs["method"])
+        or "lrt exact" not in set(runs["method"])
+    ):
+        return None
+    table = gap_contrasts(runs)
+    rows = []
     for _, r in table.iterrows():
-        base, exact = r["base"], r["exact"]
-        ci = (
-            ""
-            if math.isnan(r["ci_low"])
-            else f" [{100 * r['ci_low']:.0f}%, {100 * r['ci_high']:.0f}%]"
-        )
-        seeds = ", ".join(
-            f"{100 * v:.0f}%" for v in per_seed[per_seed["method"] == r["method"]]["recovered"]
-        )
-        runs = with_bpb[with_bpb.apply(method_label, axis=1) == r["method"]]
-        recovered = f"{100 * r['recovered']:.0f}%{ci} (n={int(r['n_seeds'])})"
+        method_runs = runs[runs["method"] == r["method"]]
         rows.append(
             [
                 r["method"],
-                f"{r['value']:.4f}",
-                recovered,
-                seeds,
+                f"{r['bpb']:.4f}",
+                f"{r['effect']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] (n={r['n_a']})",
+                p_text(r["p"]),
+                ", ".join(f"{d:+.4f}" for d in r["deltas"]),
+                "-" if r["method"] == "lrt exact" else f"{100 * r['recovered']:.0f}%",
                 PAPER_GAP.get(r["method"], "-"),
-                forwards_per_token(runs),
-                sweeps_per_step(runs),
+                forwards_per_token(method_runs),
+                sweeps_per_step(method_runs),
             ]
         )
-    memories = sorted({m for m in sub.apply(memory_label, axis=1) if m != "-"})
-    head = (
-        f"Baseline (transformer) {base:.4f} BPB, exact-trained LRT {exact:.4f} BPB (means over the "
-        "paired seeds); recovered = (baseline - method) / (baseline - exact), per seed, then "
-        "averaged "
-        "(95% bootstrap interval). LRT memory: " + "; ".join(memories) + "."
-    )
-    return (
-        head
-        + "\n\n"
-        + markdown(
-            rows,
-            [
-                "method",
-                "BPB (exact decoding)",
-                "gap recovered",
-                "per seed",
-                "paper",
-                "cost (forwards per token)",
-                "sweeps per step (mean; last 50 steps)",
-            ],
+    base = runs.loc[runs["method"] == "transformer", "bpb.exact"].mean()
+    tokens = sorted(set(runs["bpb.n_tokens"]))
+    length = int(runs["config.train.length"].iloc[0])
+    if len(tokens) == 1:
+        scored = (
+            f"Every run is scored with exact decoding on the same {tokens[0] // length} held-out "
+            f"sequences ({tokens[0]} tokens)"
         )
+    else:
+        scored = "Runs scored on different held-out sets: " + "; ".join(
+            f"{n} tokens: {', '.join(runs.loc[runs['bpb.n_tokens'] == n, 'run'])}" for n in tokens
+        )
+    memories = sorted({m for m in runs.apply(memory_label, axis=1) if m != "-"})
+    head = (
+        f"{scored}; the transformer's BPB is {base:.4f} (mean). Delta = method minus transformer, "
+        "paired by seed (negative: lower BPB than the transformer): mean [95% percentile "
+        f"bootstrap over the pairs] (n pairs), and the exact two-sided paired permutation p "
+        f"(sign flips; the smallest p possible with {int(table['n_a'].min())} pairs is "
+        f"{p_text(smallest_p(int(table['n_a'].min()), paired=True))}). Gap recovered = mean "
+        "Delta(method) / mean Delta(lrt exact), a ratio of means. LRT memory: "
+        + "; ".join(memories)
+        + "."
     )
+    header = [
+        "method",
+        "BPB (exact decoding, mean)",
+        "Delta BPB vs transformer [95% CI]",
+        "p (paired)",
+        "Delta per seed",
+        "gap recovered (ratio of means)",
+        "paper",
+        "cost (forwards per token)",
+        "sweeps per step (mean; last 50 steps)",
+    ]
+    return head + "\n\n" + markdown(rows, header)
 
 
 def forwards_per_token(runs: pd.DataFrame) -> str:
@@ -701,16 +752,15 @@ def compact_z60(df: pd.DataFrame) -> str | None:
 
 
 def compact_gap(df: pd.DataFrame) -> str | None:
-    """Gap recovered per parallel trainer: the gap table's method, recovered fraction and paper."""
+    """Per LRT trainer: its paired Delta BPB against the transformer, p, the gap recovered (ratio
+    of means), cost and the paper's figure: columns of the gap table."""
     table = gap_table(df)
     if table is None:
         return None
     lines = table.split("\n\n", 1)[1].splitlines()
-    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
-    return markdown(
-        [[c[0], c[2], c[5], c[4]] for c in cells],
-        ["method", "gap recovered", "cost (forwards per token)", "paper"],
-    )
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    keep = [0, 2, 3, 5, 7, 6]
+    return markdown([[r[i] for i in keep] for r in cells[2:]], [cells[0][i] for i in keep])
 
 
 def compact_baselines(df: pd.DataFrame) -> str | None:
@@ -763,7 +813,7 @@ COMPACT = [  # (study, section of docs/results.md, builder, what the numbers are
         "Gap recovery on byte-level text",
         "Gap recovery",
         compact_gap,
-        "2 layers, d=64, T=32, 300 steps; of the BPB gap to exact training",
+        "2 layers, d=64, T=32, 300 steps, 3 seeds; exact-decoding BPB, paired by seed",
     ),
     (
         "Baselines: looped and pondering models",
@@ -1236,10 +1286,96 @@ def protocol_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
     return out
 
 
+GAP_KEYS = {
+    "exact": "lrt exact",
+    "fullseq3": "lrt fullseq:3",
+    "il": "lrt interleaved:2",
+    "fp01": "lrt fixedpoint:0.1:8",
+    "fp001": "lrt fixedpoint:0.01:8",
+}
+
+
+def gap_values(df: pd.DataFrame) -> dict[str, str]:
+    """The gap-recovery prose: the held-out set, each method's paired Delta, whether Exact's own
+    gain is significant, the reruns' check against the originals, and FixedPoint's sweeps."""
+    runs = gap_runs(df)
+    if runs.empty or "transformer" not in set(runs["method"]):
+        return {}
+    table = gap_contrasts(runs).set_index("method")
+    out = {}
+    length = int(runs["config.train.length"].iloc[0])
+    tokens = sorted(set(runs["bpb.n_tokens"]))
+    out["gap.n_tokens"] = " or ".join(str(n) for n in tokens)
+    out["gap.n_sequences"] = " or ".join(str(n // length) for n in tokens)
+    out["gap.base"] = f"{runs.loc[runs['method'] == 'transformer', 'bpb.exact'].mean():.4f}"
+    out["gap.p_min"] = p_text(smallest_p(int(table["n_a"].min()), paired=True))
+    bpb = runs.pivot_table(index="config.train.seed", columns="method", values="bpb.exact")
+    for key, method in GAP_KEYS.items():
+        if method not in table.index:
+            continue
+        r = table.loc[method]
+        out[f"gap.{key}.delta"] = f"{r['effect']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]"
+        out[f"gap.{key}.p"] = p_text(r["p"])
+        out[f"gap.{key}.recovered"] = f"{100 * r['recovered']:.0f}%"
+        out[f"gap.{key}.bpb"] = f"{r['bpb']:.4f}"
+        pair = bpb[["transformer", method]].dropna()
+        out[f"gap.{key}.t_p"] = p_text(
+            float(scipy_stats.ttest_rel(pair[method], pair["transformer"]).pvalue)
+        )
+        method_runs = runs[runs["method"] == method]
+        out[f"gap.{key}.cost"] = forwards_per_token(method_runs)
+        # the training schedule's own (parallel) forward against the transformer
+        par = runs.pivot_table(index="config.train.seed", columns="method", values="bpb.parallel")
+        both = pd.concat([bpb["transformer"], par[method]], axis=1).dropna()
+        out[f"gap.{key}.parallel_delta"] = f"{(both.iloc[:, 1] - both.iloc[:, 0]).mean():+.4f}"
+        gap = (method_runs["bpb.parallel"] - method_runs["bpb.exact"]).abs().max()
+        out[f"gap.{key}.parallel_exact_max"] = f"{gap:.4f}"
+        if method.startswith("lrt fixedpoint"):
+            sweeps = [load_metrics(r, kind="train")["sweeps"] for _, r in method_runs.iterrows()]
+            out[f"gap.{key}.sweeps_first50"] = (
+                f"{statistics.mean(x.iloc[:50].mean() for x in sweeps):.1f}"
+            )
+            out[f"gap.{key}.sweeps_last50"] = (
+                f"{statistics.mean(x.iloc[-50:].mean() for x in sweeps):.1f}"
+            )
+    # runs retrained and rescored (their tables/retrain_check.csv): how close to the originals
+    checks = {}
+    for _, r in runs.iterrows():
+        t = load_table(r, "retrain_check")
+        if t is not None:
+            checks[(r["method"], int(r["config.train.seed"]))] = t.set_index("quantity")
+    if checks:
+        out["gap.retrained.runs"] = ", ".join(sorted({m for m, _ in checks}))
+        out["gap.retrained.seeds"] = seeds_text(sorted({s for _, s in checks}))
+        loss = [
+            abs(t.loc["final_loss", "retrained"] / t.loc["final_loss", "original"] - 1)
+            for t in checks.values()
+        ]
+        out["gap.retrained.loss_rel_max"] = f"{100 * max(loss):.1f}%"
+        diff = [
+            t.loc["bpb_exact_first_256", "retrained"] - t.loc["bpb_exact_first_256", "original"]
+            for t in checks.values()
+        ]
+        out["gap.retrained.bpb_diff"] = f"{min(diff):+.4f} to {max(diff):+.4f}"
+    return out
+
+
+def paper_values(df: pd.DataFrame) -> dict[str, str]:
+    """The paper's figures the prose quotes (typed once, in PAPER_*)."""
+    return {
+        "paper.gap.il": PAPER_GAP["lrt interleaved:2"],
+        "paper.gap.fullseq3": PAPER_GAP["lrt fullseq:3"],
+        "paper.a5.transformer": PAPER_A5["transformer (4 layers)"],
+        "paper.a5.il": PAPER_A5["lrt interleaved:2 (4 layers)"],
+        "paper.z60.accuracy": PAPER_Z60_ACCURACY,
+    }
+
+
 def prose_values(df: pd.DataFrame) -> dict[str, str]:
     """{NAME: text} for every `<!-- value: NAME -->` of the template, computed from the store."""
     out = {}
     for build in (
+        paper_values,
         a5_8_values,
         frontier_values,
         censoring_values,
@@ -1247,6 +1383,7 @@ def prose_values(df: pd.DataFrame) -> dict[str, str]:
         compute_values,
         convergence_values,
         protocol_values,
+        gap_values,
     ):
         out.update(build(df))
     return out
