@@ -47,6 +47,7 @@ if __name__ == "__main__":
 from lrt_lab.analysis import seed_stats  # noqa: E402
 from lrt_lab.analysis.gap import read_bpb  # noqa: E402
 from lrt_lab.commands.bench import load_results, markdown_table  # noqa: E402
+from lrt_lab.run.metrics import pos_at  # noqa: E402
 from lrt_lab.store.contrasts import contrast, smallest_p  # noqa: E402
 from lrt_lab.store.report import (  # noqa: E402
     frontier_points,
@@ -233,48 +234,87 @@ def frontier_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16) 
     return markdown(rows, header)
 
 
-def truncation_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16) -> str | None:
-    """Which trainer learns when only every k-th position is supervised: exact pos@90 per seed
-    at every evaluated length, one row per LRT trainer (paper preset and init), one column per k."""
+def supervised_pos90(run, lengths, threshold: float = 0.9) -> list[int]:
+    """pos@90 under exact decoding at each length over the supervised positions only, from the
+    run's tables/per_position.csv (an unsupervised position has no accuracy: NaN) with
+    `pos_at(skip_nan=True)`: the last supervised position before the first failing one, 0 when
+    the first fails. (The summary's pos@90 of runs made before that rule counted unsupervised
+    positions as passing.)"""
+    t = load_table(run, "per_position")
+    out = []
+    for n in lengths:
+        acc = t[(t["length"] == n) & (t["mode"] == "exact")].sort_values("position")["accuracy"]
+        out.append(pos_at(acc.to_numpy(dtype=float).copy(), threshold, skip_nan=True))
+    return out
+
+
+def truncation_runs(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16) -> pd.DataFrame:
+    """The LRT runs at `length` with every k-th position supervised (k > 1) and, for k = 1, the
+    frontier's runs of the same trainers: trainer, k, seed, final loss and pos@90 over supervised
+    positions at each evaluated length (`supervised_pos90`)."""
     sub = df[(df["config.train.task"] == task) & (df["config.train.length"] == length)]
     sub = sub.assign(k=sub.apply(supervised_every, axis=1))
     if sub.empty or (sub["k"] == 1).all():
-        return None
-    points = frontier_points(df, task, length)  # k = 1: the frontier's runs (baseline LRT only)
-    ks = sorted(sub["k"].unique())
-    lengths = sorted(int(c.split("@")[1]) for c in points if c.startswith("pos90_exact@"))
-    cols = [f"summary.eval.pos90_exact@{n}" for n in lengths]
+        return pd.DataFrame()
     trained = sub[(sub["k"] > 1) & (sub["config.kind"] == "lrt")]
-    trainers = sorted(
-        set(trained.apply(method_label, axis=1)), key=lambda m: (m.startswith("lrt exact"), m)
-    )
+    trained = trained.assign(trainer=trained.apply(method_label, axis=1))
+    full = frontier_runs(df, task, length).assign(k=1)
+    full = full[full["trainer"].isin(set(trained["trainer"]))]
+    runs = pd.concat([trained, full], ignore_index=True)
+    lengths = evaluated_lengths_of(runs)
+    rows = []
+    for _, r in runs.iterrows():
+        pos = supervised_pos90(r, lengths)
+        rows.append(
+            {
+                "trainer": r["trainer"],
+                "k": int(r["k"]),
+                "seed": int(r["config.train.seed"]),
+                "final_loss": r["summary.final_loss"],
+                "path": r["path"],
+                "summary_pos90": r[f"summary.eval.pos90_exact@{length}"],
+                **{f"pos90@{n}": p for n, p in zip(lengths, pos)},
+            }
+        )
+    return pd.DataFrame(rows).sort_values(["trainer", "k", "seed"]).reset_index(drop=True)
+
+
+def evaluated_lengths_of(runs: pd.DataFrame) -> list[int]:
+    cols = [c for c in runs if c.startswith("summary.eval.pos90_exact@") and runs[c].notna().any()]
+    return sorted(int(c.split("@")[1]) for c in cols)
+
+
+def truncation_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16) -> str | None:
+    """Which trainer learns when only every k-th position is supervised: pos@90 over supervised
+    positions per seed at every evaluated length, one row per LRT trainer (paper preset and init),
+    one column per k."""
+    runs = truncation_runs(df, task, length)
+    if runs.empty:
+        return None
+    lengths = sorted(int(c.split("@")[1]) for c in runs if c.startswith("pos90@"))
+    ks = sorted(runs["k"].unique())
+    trainers = sorted(set(runs["trainer"]), key=lambda m: (m.startswith("lrt exact"), m))
     rows = []
     for trainer in trainers:
         row = [trainer]
         for k in ks:
-            if k == 1:
-                runs = points[points["trainer"] == trainer].sort_values("seed")
-                vals = runs[[c.removeprefix("summary.eval.") for c in cols]].to_numpy()
-                losses = runs["final_loss"].to_numpy()
-            else:
-                runs = trained[
-                    (trained["k"] == k) & (trained.apply(method_label, axis=1) == trainer)
-                ]
-                runs = runs.sort_values("config.train.seed")
-                vals, losses = runs[cols].to_numpy(), runs["summary.final_loss"].to_numpy()
+            cell = runs[(runs["trainer"] == trainer) & (runs["k"] == k)]
             row.append(
                 ", ".join(
-                    f"{'/'.join(whole(v) for v in r)} ({loss:.2f})" for r, loss in zip(vals, losses)
+                    f"{'/'.join(whole(r[f'pos90@{n}']) for n in lengths)} ({r['final_loss']:.2f})"
+                    for _, r in cell.iterrows()
                 )
                 or "-"
             )
         rows.append(row)
     header = ["trainer"] + [f"k = {k}" for k in ks]
+    vocab = int(df.loc[df["config.train.task"] == task, "config.task_vocab_size"].iloc[0])
     note = (
-        f"Exact pos@90 at {' / '.join(map(str, lengths))} per seed, and in brackets the final "
-        "training "
-        f"loss (positions counted: every k-th; pos@{90} = {length} means every counted position up "
-        f"to {length} is at >= 90%; chance is ln 60 = 4.09)."
+        f"Exact pos@90 at {' / '.join(map(str, lengths))} per seed over the supervised positions "
+        "only, and in brackets the final training loss (k: every k-th position supervised and "
+        "counted; pos@90 is the last supervised position before the first supervised one below "
+        "90%, 0 when the first one is, computed from each run's tables/per_position.csv; chance "
+        f"loss is ln {vocab} = {math.log(vocab):.2f})."
     )
     return note + "\n\n" + markdown(rows, header)
 
@@ -1371,6 +1411,38 @@ def paper_values(df: pd.DataFrame) -> dict[str, str]:
     }
 
 
+def truncation_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
+    """The truncation study's prose: pos@90 over supervised positions at each k > 1, what the
+    summaries had counted, the accuracy of the counted positions against chance, and the losses."""
+    runs = truncation_runs(df, length=length)
+    if runs.empty:
+        return {}
+    out = {}
+    vocab = int(df.loc[df["config.train.task"] == "a5_prefix", "config.task_vocab_size"].iloc[0])
+    out["trunc.chance"] = f"{1 / vocab:.3f}"
+    out["trunc.chance_loss"] = f"{math.log(vocab):.2f}"
+    for k in sorted(runs["k"].unique()):
+        if k == 1:
+            continue
+        cell = runs[runs["k"] == k]
+        out[f"trunc.k{k}.pos90"] = span(cell[f"pos90@{length}"])
+        out[f"trunc.k{k}.summary_pos90"] = span(cell["summary_pos90"])
+        out[f"trunc.k{k}.runs"] = str(len(cell))
+        out[f"trunc.k{k}.first"] = str(k)
+        # accuracy of the supervised positions after the first k (exact decoding, at the
+        # training length)
+        accs = []
+        for _, r in cell.iterrows():
+            t = load_table(r, "per_position")
+            t = t[(t["length"] == length) & (t["mode"] == "exact") & t["accuracy"].notna()]
+            accs += list(t.loc[t["position"] > k, "accuracy"])
+        out[f"trunc.k{k}.acc_range"] = f"{min(accs):.3f}-{max(accs):.3f}"
+        losses = cell.groupby("trainer")["final_loss"].mean().sort_values()
+        out[f"trunc.k{k}.losses"] = ", ".join(f"{t} {v:.2f}" for t, v in losses.items())
+        out[f"trunc.k{k}.loss_range"] = f"{losses.min():.2f}-{losses.max():.2f}"
+    return out
+
+
 def prose_values(df: pd.DataFrame) -> dict[str, str]:
     """{NAME: text} for every `<!-- value: NAME -->` of the template, computed from the store."""
     out = {}
@@ -1384,6 +1456,7 @@ def prose_values(df: pd.DataFrame) -> dict[str, str]:
         convergence_values,
         protocol_values,
         gap_values,
+        truncation_values,
     ):
         out.update(build(df))
     return out

@@ -232,9 +232,23 @@ def test_frontier_table_and_figure_are_built_from_the_points(tmp_path):
     assert (tmp_path / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _supervised_pos90(accuracies: list) -> int:
+    """pos@90 over the supervised positions (None: unsupervised): the last supervised position
+    before the first supervised one below 90%, 0 when the first one is."""
+    last = 0
+    for position, acc in enumerate(accuracies, start=1):
+        if acc is None:
+            continue
+        if acc < 0.9 - 1e-6:
+            return last
+        last = position
+    return last
+
+
 def test_truncation_table_lists_every_supervised_every_kth_run():
-    """Each run with supervise_every = k > 1 appears in the k column of its trainer's row, its
-    exact pos@90 per evaluated length and its final training loss; absent such runs, no table."""
+    """Each run with supervise_every = k > 1 appears in the k column of its trainer's row, with
+    pos@90 over its supervised positions per evaluated length, read from its per_position.csv
+    (empty accuracy: an unsupervised position), and its final training loss."""
     counted = defaultdict(list)
     for folder in sorted(STORE.iterdir()):
         if not (folder / "summary.json").is_file():
@@ -243,10 +257,15 @@ def test_truncation_table_lists_every_supervised_every_kth_run():
         k = config["train"]["task_options"].get("supervise_every", 1)
         if config["train"]["task"] == "a5_prefix" and k > 1:
             summary = json.loads((folder / "summary.json").read_text())
-            ev = summary["eval"]
+            curves = defaultdict(dict)
+            lines = (folder / "tables" / "per_position.csv").read_text().splitlines()
+            for line in lines[1:]:
+                length, mode, position, acc = line.split(",")
+                if mode == "exact":
+                    curves[int(length)][int(position)] = float(acc) if acc else None
+            pos = [_supervised_pos90([c[p] for p in sorted(c)]) for _, c in sorted(curves.items())]
             counted[(f"lrt {config['schedule']}", k)].append(
-                f"{ev['pos90_exact@16']}/{ev['pos90_exact@32']}/{ev['pos90_exact@64']} "
-                f"({summary['final_loss']:.2f})"
+                f"{'/'.join(map(str, pos))} ({summary['final_loss']:.2f})"
             )
     table = _tables_module().truncation_table(load_runs(STORE))
     if not counted:
