@@ -1443,6 +1443,82 @@ def truncation_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
     return out
 
 
+A5_AT_16_CELLS = {  # the factor study's rows the prose names: {key: (label, memory cell)}
+    "base": ("lrt interleaved:2 (4 layers) (1500 steps)", "paper preset, paper init"),
+    "released": ("lrt interleaved:2 (4 layers, released preset)", "released preset"),
+    "normed": ("lrt interleaved:2 (4 layers, memory from block 4, normed)", "paper init"),
+    "src_final": ("lrt interleaved:2 (4 layers, memory from block 4)", "paper init"),
+    "layerwise": ("lrt interleaved:2 (4 layers, layerwise)", "paper init"),
+    "init_transformer": ("lrt interleaved:2 (4 layers)", "start-as-transformer"),
+    "exact": ("lrt exact (4 layers)", "paper init"),
+    "fp001": ("lrt fixedpoint:0.01:16 (4 layers)", "paper init"),
+}
+
+
+def versus(a, b) -> str:
+    """Seed by seed, how b compares with a: "higher on 1, equal on 1, lower on 1"."""
+    pairs = list(zip(a, b))
+    counts = [
+        sum(y > x for x, y in pairs),
+        sum(y == x for x, y in pairs),
+        sum(y < x for x, y in pairs),
+    ]
+    return ", ".join(f"{w} on {n}" for w, n in zip(("higher", "equal", "lower"), counts) if n)
+
+
+def cells_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
+    """The factor study's one-factor cells: exact and parallel pos@90 and accuracy per seed, and
+    the released preset against the base seed by seed."""
+    sub = labelled(df[df["config.train.length"] == length], "a5_prefix")
+    if sub.empty:
+        return {}
+    out, got = {}, {}
+    for key, (label, memory) in A5_AT_16_CELLS.items():
+        runs = compact_rows(sub, label, memory)
+        if runs.empty:
+            continue
+        got[key] = runs
+        out[f"cell.{key}.exact"] = seeds_text(runs[f"summary.eval.pos90_exact@{length}"])
+        out[f"cell.{key}.exact_all"] = ", ".join(
+            "/".join(
+                whole(r[c])
+                for c in sorted(
+                    (
+                        c
+                        for c in runs
+                        if c.startswith("summary.eval.pos90_exact@") and runs[c].notna().any()
+                    ),
+                    key=lambda c: int(c.split("@")[1]),
+                )
+            )
+            for _, r in runs.iterrows()
+        )
+        out[f"cell.{key}.parallel"] = seeds_text(runs[f"summary.eval.pos90_parallel@{length}"])
+        out[f"cell.{key}.acc"] = seeds_text(runs[f"summary.eval.acc_exact@{length}"], "{:.3f}")
+        out[f"cell.{key}.acc4"] = seeds_text(runs[f"summary.eval.acc_exact@{length}"], "{:.4f}")
+        out[f"cell.{key}.final_loss"] = seeds_text(runs["summary.final_loss"], "{:.2f}")
+        out[f"cell.{key}.n"] = str(len(runs))
+        out[f"cell.{key}.compute"] = f"{(runs['summary.compute_tokens'] / 1e6).mean():.1f}"
+    if "base" in got and "released" in got:
+        base = got["base"].set_index("config.train.seed")
+        released = got["released"].set_index("config.train.seed")
+        seeds = sorted(set(base.index) & set(released.index))
+        for metric, key in (("pos90_exact", "exact"), ("acc_exact", "acc")):
+            col = f"summary.eval.{metric}@{length}"
+            out[f"cell.released_vs_base.{key}"] = versus(
+                base.loc[seeds, col], released.loc[seeds, col]
+            )
+        out["cell.released_vs_base.seeds"] = str(len(seeds))
+    plain = frontier_runs(df, length=length)
+    plain = trainer_runs(plain, "transformer") if not plain.empty else plain
+    if "fp001" in got and not plain.empty:
+        ratio = (
+            got["fp001"]["summary.compute_tokens"].mean() / plain["summary.compute_tokens"].mean()
+        )
+        out["cell.fp001.compute_vs_transformer"] = f"{ratio:.1f}"
+    return out
+
+
 def prose_values(df: pd.DataFrame) -> dict[str, str]:
     """{NAME: text} for every `<!-- value: NAME -->` of the template, computed from the store."""
     out = {}
@@ -1457,6 +1533,7 @@ def prose_values(df: pd.DataFrame) -> dict[str, str]:
         protocol_values,
         gap_values,
         truncation_values,
+        cells_values,
     ):
         out.update(build(df))
     return out
