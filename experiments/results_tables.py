@@ -1058,7 +1058,7 @@ def a5_8_values(df: pd.DataFrame, length: int = 8) -> dict[str, str]:
     sub = labelled(df[df["config.train.length"] == length], "a5_prefix")
     if sub.empty:
         return {}
-    out = {}
+    out, got = {}, {}
     for key, (label, init) in A5_AT_8_KEYS.items():
         runs = compact_rows(sub, label, init)
         if runs.empty:
@@ -1066,6 +1066,46 @@ def a5_8_values(df: pd.DataFrame, length: int = 8) -> dict[str, str]:
         pos = runs[f"summary.eval.pos90_exact@{length}"]
         out[f"a5_8.{key}.pos90"] = seeds_text(pos)
         out[f"a5_8.{key}.learned"] = learned_text(pos, length)
+        out[f"a5_8.{key}.parallel"] = seeds_text(runs[f"summary.eval.pos90_parallel@{length}"])
+        out[f"a5_8.{key}.acc"] = f"{runs[f'summary.eval.acc_exact@{length}'].mean():.2f}"
+        out[f"a5_8.{key}.n"] = str(len(runs))
+        out[f"a5_8.{key}.wall_s"] = f"{runs['summary.wall_time_s'].mean():.0f}"
+        out[f"a5_8.{key}.seeds"] = seeds_text(runs["config.train.seed"])
+        longer = [n for n in evaluated_lengths(sub) if n > length]
+        reached = runs[pos >= length]
+        out[f"a5_8.{key}.beyond"] = (
+            "; ".join(
+                "/".join(whole(r[f"summary.eval.pos90_exact@{n}"]) for n in longer)
+                for _, r in reached.iterrows()
+            )
+            or "-"
+        )
+        out[f"a5_8.{key}.at_4x"] = span(reached[f"summary.eval.pos90_exact@{longer[-1]}"])
+        got[key] = runs
+    for key in ("il", "exact", "fullseq3", "exact_top", "il_top"):
+        if key in got and "transformer" in got:
+            col = f"summary.eval.pos90_exact@{length}"
+            out[f"a5_8.p.{key}_vs_transformer"] = p_text(
+                permutation(got["transformer"][col], got[key][col])["p"]
+            )
+    if "transformer" in got:
+        base = got["transformer"]["summary.wall_time_s"].mean()
+        for key in ("exact", "fullseq3", "il"):
+            if key in got:
+                out[f"a5_8.{key}.wall_ratio"] = (
+                    f"{got[key]['summary.wall_time_s'].mean() / base:.1f}"
+                )
+    learned = pd.concat(
+        [
+            r[r[f"summary.eval.pos90_exact@{length}"] >= length]
+            for k, r in got.items()
+            if k.startswith(("exact", "fullseq"))
+        ]
+    )
+    if not learned.empty:
+        longest = max(evaluated_lengths(sub))
+        out["a5_8.learned.at_4x"] = span(learned[f"summary.eval.pos90_exact@{longest}"])
+        out["a5_8.longest"] = str(longest)
     return out
 
 
