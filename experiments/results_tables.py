@@ -1623,6 +1623,56 @@ def baseline_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
     return out
 
 
+# the config fields the Exact runs at length 8 and 16 are compared on: (column, what it is)
+EXACT_FIELDS = (
+    ("config.model.memory.gamma_init", "gamma_init"),
+    ("config.model.memory.rec_init", "rec_init"),
+    ("config.train.length", "training length"),
+    ("config.train.steps", "steps"),
+    ("config.train.task_options.curriculum_steps", "curriculum steps"),
+    ("config.train.batch_size", "batch size"),
+    ("config.train.matrix_lr", "matrix_lr"),
+    ("config.train.embedding_lr", "embedding_lr"),
+    ("config.train.head_lr", "head_lr"),
+    ("config.train.scalar_lr", "scalar_lr"),
+    ("config.train.lr_scale", "lr_scale"),
+    ("config.train.warmdown_frac", "warmdown_frac"),
+)
+
+
+def plain(value) -> str:
+    """A config value as written: 300, not 300.0."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def exact_values(df: pd.DataFrame) -> dict[str, str]:
+    """Exact training at length 16 (one seed) against the length-8 runs: its outcome, and which
+    config fields differ between them (what the comparison confounds) and which do not."""
+    sub16 = labelled(df[df["config.train.length"] == 16], "a5_prefix")
+    sub8 = labelled(df[df["config.train.length"] == 8], "a5_prefix")
+    if sub16.empty or sub8.empty:
+        return {}
+    at16 = compact_rows(sub16, *A5_AT_16_CELLS["exact"])
+    at8 = compact_rows(sub8, *A5_AT_8_KEYS["exact"])
+    if at16.empty or at8.empty:
+        return {}
+    out = {"exact16.seeds": seeds_text(at16["config.train.seed"]), "exact16.n": str(len(at16))}
+    differ, same = [], []
+    for column, name in EXACT_FIELDS:
+        if column not in df.columns:
+            continue
+        a, b = {plain(v) for v in at8[column]}, {plain(v) for v in at16[column]}
+        if a == b and len(a) == 1:
+            same.append(f"{name} {a.pop()}")
+        else:
+            differ.append(f"{name} {' or '.join(sorted(a))} -> {' or '.join(sorted(b))}")
+    out["exact16.differs_in"] = "; ".join(differ)
+    out["exact16.same"] = ", ".join(same)
+    return out
+
+
 def prose_values(df: pd.DataFrame) -> dict[str, str]:
     """{NAME: text} for every `<!-- value: NAME -->` of the template, computed from the store."""
     out = {}
@@ -1639,6 +1689,7 @@ def prose_values(df: pd.DataFrame) -> dict[str, str]:
         truncation_values,
         cells_values,
         baseline_values,
+        exact_values,
     ):
         out.update(build(df))
     return out
