@@ -107,7 +107,10 @@ def test_state_tracking_table_matches_the_run_files(task):
             evals = [s["eval"] for s in summaries]
             cells = _row(table, label, init)
             compute = statistics.mean(s["compute_tokens"] for s in summaries) / 1e6
-            assert cells[col["compute (M token-forwards)"]] == f"{compute:.1f}", (label, cells)
+            assert cells[col["compute (M token-forwards, not FLOPs)"]] == f"{compute:.1f}", (
+                label,
+                cells,
+            )
             for n in lengths:
                 values = [e[f"pos90_exact@{n}"] for e in evals]
                 cell = cells[col[f"pos@90 at {n}"]]
@@ -126,9 +129,11 @@ def test_state_tracking_table_matches_the_run_files(task):
             ), (label, parallel)
 
 
-def test_gap_table_recovered_fraction_matches_the_bpb_tables():
-    """(base - method) / (base - exact) per seed from each run's tables/bpb.csv, averaged."""
-    bpb = defaultdict(dict)
+def test_gap_table_deltas_and_recovered_fraction_match_the_bpb_tables():
+    """From each run's tables/bpb.csv: every run scored on the same held-out tokens; per method the
+    mean paired Delta (method minus transformer, exact decoding) and the gap recovered as a ratio
+    of means, mean Delta(method) / mean Delta(exact), over the seeds both share."""
+    bpb, tokens = defaultdict(dict), set()
     for folder in sorted(STORE.iterdir()):
         csv = folder / "tables" / "bpb.csv"
         if not csv.is_file() or not (folder / "summary.json").is_file():
@@ -137,21 +142,28 @@ def test_gap_table_recovered_fraction_matches_the_bpb_tables():
         if config["train"]["task"] != "text_bytes":
             continue
         exact = next(
-            line.split(",")[3] for line in csv.read_text().splitlines() if line.startswith("exact,")
+            line.split(",") for line in csv.read_text().splitlines() if line.startswith("exact,")
         )
+        tokens.add(int(exact[4]))
         method = config["kind"] if config["kind"] != "lrt" else f"lrt {config['schedule']}"
-        bpb[method][config["train"]["seed"]] = float(exact)
+        bpb[method][config["train"]["seed"]] = float(exact[3])
     assert {"transformer", "lrt exact"} <= set(bpb), sorted(bpb)
+    assert len(tokens) == 1, f"runs scored on different held-out sets: {sorted(tokens)} tokens"
     table = _tables_module().gap_table(load_runs(STORE))
-    for method in set(bpb) - {"transformer", "lrt exact"}:
-        seeds = sorted(set(bpb[method]) & set(bpb["transformer"]) & set(bpb["lrt exact"]))
-        fractions = [
-            (bpb["transformer"][s] - bpb[method][s]) / (bpb["transformer"][s] - bpb["lrt exact"][s])
-            for s in seeds
-        ]
+    assert f"({tokens.pop()} tokens)" in table.split("\n\n")[0]
+    base = bpb["transformer"]
+    for method in set(bpb) - {"transformer"}:
+        seeds = sorted(set(bpb[method]) & set(base))
+        delta = statistics.mean(bpb[method][s] - base[s] for s in seeds)
         cells = _row(table, method)
-        assert cells[2].startswith(f"{100 * statistics.mean(fractions):.0f}%"), (method, cells)
+        assert cells[2].startswith(f"{delta:+.4f} ["), (method, cells)
         assert f"(n={len(seeds)})" in cells[2]
+        if method != "lrt exact":
+            shared = sorted(set(seeds) & set(bpb["lrt exact"]))
+            recovered = statistics.mean(bpb[method][s] - base[s] for s in shared) / statistics.mean(
+                bpb["lrt exact"][s] - base[s] for s in shared
+            )
+            assert cells[5] == f"{100 * recovered:.0f}%", (method, cells)
 
 
 def test_frontier_points_are_the_runs_that_differ_only_in_their_trainer():
@@ -220,9 +232,23 @@ def test_frontier_table_and_figure_are_built_from_the_points(tmp_path):
     assert (tmp_path / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _supervised_pos90(accuracies: list) -> int:
+    """pos@90 over the supervised positions (None: unsupervised): the last supervised position
+    before the first supervised one below 90%, 0 when the first one is."""
+    last = 0
+    for position, acc in enumerate(accuracies, start=1):
+        if acc is None:
+            continue
+        if acc < 0.9 - 1e-6:
+            return last
+        last = position
+    return last
+
+
 def test_truncation_table_lists_every_supervised_every_kth_run():
-    """Each run with supervise_every = k > 1 appears in the k column of its trainer's row, its
-    exact pos@90 per evaluated length and its final training loss; absent such runs, no table."""
+    """Each run with supervise_every = k > 1 appears in the k column of its trainer's row, with
+    pos@90 over its supervised positions per evaluated length, read from its per_position.csv
+    (empty accuracy: an unsupervised position), and its final training loss."""
     counted = defaultdict(list)
     for folder in sorted(STORE.iterdir()):
         if not (folder / "summary.json").is_file():
@@ -231,10 +257,15 @@ def test_truncation_table_lists_every_supervised_every_kth_run():
         k = config["train"]["task_options"].get("supervise_every", 1)
         if config["train"]["task"] == "a5_prefix" and k > 1:
             summary = json.loads((folder / "summary.json").read_text())
-            ev = summary["eval"]
+            curves = defaultdict(dict)
+            lines = (folder / "tables" / "per_position.csv").read_text().splitlines()
+            for line in lines[1:]:
+                length, mode, position, acc = line.split(",")
+                if mode == "exact":
+                    curves[int(length)][int(position)] = float(acc) if acc else None
+            pos = [_supervised_pos90([c[p] for p in sorted(c)]) for _, c in sorted(curves.items())]
             counted[(f"lrt {config['schedule']}", k)].append(
-                f"{ev['pos90_exact@16']}/{ev['pos90_exact@32']}/{ev['pos90_exact@64']} "
-                f"({summary['final_loss']:.2f})"
+                f"{'/'.join(map(str, pos))} ({summary['final_loss']:.2f})"
             )
     table = _tables_module().truncation_table(load_runs(STORE))
     if not counted:
