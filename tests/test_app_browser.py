@@ -222,6 +222,11 @@ def _drawn(driver, panel=None) -> bool:
     try:
         if driver.find_elements(By.CSS_SELECTOR, '[data-testid="stStatusWidget"]'):
             return False
+        # the status widget shows only after a delay: ask the app itself whether its script runs
+        if not driver.find_elements(
+            By.CSS_SELECTOR, '[data-testid="stApp"][data-test-script-state="notRunning"]'
+        ):
+            return False
         for chart in _charts(panel if panel is not None else driver):
             marks = chart.find_elements(By.CSS_SELECTOR, "canvas, svg.marks")
             if not marks or not all(m.size["width"] > 0 and m.size["height"] > 0 for m in marks):
