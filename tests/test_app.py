@@ -7,6 +7,7 @@ folder, a run still training, and analysis tables (probe, gap recovery, depth sw
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import sys
@@ -458,6 +459,25 @@ def read_runs(store):
     return store_data.cached_runs(str(store), False, store_data.store_signature(store))[0]
 
 
+def chart_specs(tab) -> list[dict]:
+    return [json.loads(e.proto.spec) for e in tab if getattr(e, "type", "") == "vega_lite_chart"]
+
+
+def color_domains(spec) -> list[list]:
+    """The colour scales' domains anywhere in a chart spec: what its legends list."""
+    found = []
+    if isinstance(spec, dict):
+        color = spec.get("color")
+        if isinstance(color, dict) and isinstance(color.get("scale", {}).get("domain"), list):
+            found.append(color["scale"]["domain"])
+        for v in spec.values():
+            found += color_domains(v)
+    elif isinstance(spec, list):
+        for v in spec:
+            found += color_domains(v)
+    return found
+
+
 def t_interval(values) -> tuple[float, float, float]:
     values = np.asarray(values, dtype=float)
     mean, n = values.mean(), len(values)
@@ -561,3 +581,53 @@ def test_delta_against_a_baseline_is_the_hand_computed_difference(four_groups):
         at_400 = [FAST[s][1] - BASE[s][3] for s in (0, 1, 2)]
         assert fast_at.loc[300 * unit] == pytest.approx(np.mean(at_300))
         assert fast_at.loc[400 * unit] == pytest.approx(np.mean(at_400))
+
+
+def test_the_group_picker_opens_on_at_most_eight_groups(template, tmp_path, monkeypatch):
+    """Ten groups that differ only in lr_scale: the picker shows eight, those with the most seeds
+    first, says two are hidden, and each chart names its groups by lr_scale alone."""
+    runs = [
+        {
+            "name": f"lr{k}-s{seed}",
+            "seed": seed,
+            "train": {"lr_scale": float(k)},
+            "records": loss_records([3.0 - 0.1 * k, 2.0, 1.0]),
+        }
+        for k in range(1, 11)
+        for seed in ((0, 1) if k >= 9 else (0,))
+    ]
+    store = synthetic_store(tmp_path / "ten", template, runs)
+    at = run_app(monkeypatch, store)
+    assert_clean(at)
+    for title in ("Training curves", "Length generalisation"):
+        tab = page(at, title)
+        (picker,) = [m for m in tab.multiselect if m.label == "groups"]
+        assert len(picker.options) == 10 and len(picker.value) == 8, title
+        assert {"transformer | lr_scale=9", "transformer | lr_scale=10"} <= set(picker.value)
+        assert "8 of 10 groups shown; 2 hidden" in " ".join(c.value for c in tab.caption)
+    (spec,) = chart_specs(page(at, "Training curves"))
+    (domain,) = {tuple(d) for d in color_domains(spec)}
+    assert len(domain) == 8 and all(g.startswith("transformer | lr_scale=") for g in domain)
+    assert all(g.count("|") == 1 for g in domain)
+    # every group, on demand
+    (picker,) = [m for m in page(at, "Training curves").multiselect if m.label == "groups"]
+    picker.set_value(picker.options).run()
+    assert_clean(at)
+    tab = page(at, "Training curves")
+    assert "10 of 10 groups shown." in " ".join(c.value for c in tab.caption)
+    (spec,) = chart_specs(tab)
+    assert {len(d) for d in color_domains(spec)} == {10}
+
+
+def test_legends_fit_the_window_and_never_outgrow_the_plot():
+    from lrt_app import charts
+
+    for labels in (["a"], [f"group {i}" for i in range(48)], ["x" * 300] * 3):
+        legend = charts.legend_for(labels)
+        width = legend["columns"] * (legend["labelLimit"] + charts.SYMBOL_PX)
+        assert width <= charts.LEGEND_WIDTH, labels[:2]
+    many = charts.color_encoding([f"group {i}" for i in range(48)], "group")
+    spec = {"height": 300, "mark": "line", "encoding": {"color": many}}
+    rows = charts.legend_rows(spec)
+    assert rows == -(-48 // many["legend"]["columns"])
+    assert charts.ROW_PX * rows > 300  # so draw_chart must grow the plot
