@@ -26,6 +26,7 @@ from lrt_app.charts import (
 )
 from lrt_app.compare import compare_page
 from lrt_app.convergence_page import convergence_page  # FixedPoint runs
+from lrt_app.delta import delta_page
 from lrt_app.frontier import frontier_page
 from lrt_app.picker import MAX_DEFAULT_GROUPS, pick_groups
 
@@ -1105,6 +1106,7 @@ PAGES = {
     "Compare": compare_page,
     "Runs": runs_page,
     "Training curves": curves_page,
+    "Delta vs baseline": delta_page,
     "Length generalisation": length_page,
     "Depth x length": depth_page,
     "Gap recovery": gap_page,

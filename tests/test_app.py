@@ -73,6 +73,7 @@ def test_every_page_renders(store, monkeypatch):
         "Compare",
         "Runs",
         "Training curves",
+        "Delta vs baseline",
         "Length generalisation",
         "Depth x length",
         "Gap recovery",
@@ -91,6 +92,7 @@ def test_every_page_renders(store, monkeypatch):
     n_charts = {
         "Compare": 1,  # the frontier scatter of the store's one study
         "Training curves": 1,
+        "Delta vs baseline": 1,  # the LRT and the unknown kind against the transformer
         "Length generalisation": 2,
         "Depth x length": 2,
         "Gap recovery": 1,
@@ -583,6 +585,35 @@ def test_delta_against_a_baseline_is_the_hand_computed_difference(four_groups):
         assert fast_at.loc[400 * unit] == pytest.approx(np.mean(at_400))
 
 
+def test_the_delta_page_shows_the_hand_computed_numbers(four_groups, monkeypatch):
+    at = run_app(monkeypatch, four_groups)
+    assert_clean(at)
+    tab = page(at, "Delta vs baseline")
+    (baseline,) = [s for s in tab.selectbox if s.label == "baseline"]
+    baseline.set_value(LABELS[1])
+    tab.slider(key="delta_smoothing").set_value(0.0)
+    tab.radio(key="delta_x").set_value("steps")
+    at.run()
+    assert_clean(at)
+    tab = page(at, "Delta vs baseline")
+    assert "FLOPs" in tab.radio(key="delta_x").options
+    table = tab.dataframe[0].value.set_index("group")
+    mean, lo, hi = t_interval([FAST[s][3] - BASE[s][3] for s in (0, 1, 2)])
+    assert table.loc[LABELS[2], "delta"] == f"{mean:.4g}"
+    assert table.loc[LABELS[2], "interval"] == f"[{lo:.4g}, {hi:.4g}] (95% t-interval)"
+    assert table.loc[LABELS[3], "interval"] == "[0.5, 0.7] (min-max)"
+    assert table.loc[LABELS[4], "delta"] == f"{2.0 - 1.1:.4g}"
+    assert table.loc[LABELS[4], "pairs"] == 0
+    (spec,) = chart_specs(tab)
+    assert color_domains(spec) == [[LABELS[2], LABELS[3], LABELS[4]]] * 2
+
+    curves = page(at, "Training curves")
+    caption = " ".join(c.value for c in curves.caption)
+    assert "95% t-interval over seeds for 2 group(s) of 3 seed(s)" in caption
+    assert "min to max of the seeds for 1 group(s) of 2 seed(s)" in caption
+    assert "clipped to the metric's range (loss >= 0)" in caption
+
+
 def test_the_group_picker_opens_on_at_most_eight_groups(template, tmp_path, monkeypatch):
     """Ten groups that differ only in lr_scale: the picker shows eight, those with the most seeds
     first, says two are hidden, and each chart names its groups by lr_scale alone."""
@@ -599,7 +630,7 @@ def test_the_group_picker_opens_on_at_most_eight_groups(template, tmp_path, monk
     store = synthetic_store(tmp_path / "ten", template, runs)
     at = run_app(monkeypatch, store)
     assert_clean(at)
-    for title in ("Training curves", "Length generalisation"):
+    for title in ("Training curves", "Delta vs baseline", "Length generalisation"):
         tab = page(at, title)
         (picker,) = [m for m in tab.multiselect if m.label == "groups"]
         assert len(picker.options) == 10 and len(picker.value) == 8, title
