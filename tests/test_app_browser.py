@@ -519,16 +519,27 @@ def test_every_tab_on_the_committed_store(committed_server, browser, tmp_path):
 def test_every_group_at_once_on_the_committed_store(committed_server, browser, tmp_path):
     """The page that once collapsed to a flat line under a legend of 48 groups: every group picked
     (the picker's *Select all*), the plots grow with their legends and nothing scrolls sideways."""
+    from selenium.common.exceptions import (
+        ElementNotInteractableException,
+        StaleElementReferenceException,
+    )
     from selenium.webdriver.common.by import By
 
     _open(browser, committed_server)
     title = "Length generalisation"
     panel = _tab(browser, title)
     panel.find_element(By.CSS_SELECTOR, '[data-testid="stExpander"] summary').click()
-    picker = panel.find_element(
-        By.CSS_SELECTOR, '[data-testid="stExpander"] [data-testid="stMultiSelect"]'
-    )
-    picker.find_element(By.TAG_NAME, "input").click()
+
+    def open_picker() -> bool:  # once the expander has finished opening
+        try:
+            panel.find_element(
+                By.CSS_SELECTOR, '[data-testid="stExpander"] [data-testid="stMultiSelect"] input'
+            ).click()
+        except (ElementNotInteractableException, StaleElementReferenceException):
+            return False
+        return True
+
+    _until("the group picker to open", open_picker, timeout=30, poll=0.3)
     every = _until(
         "the picker's options",
         lambda: browser.find_elements(By.XPATH, "//*[@role='option' or text()='Select all']"),
@@ -536,10 +547,12 @@ def test_every_group_at_once_on_the_committed_store(committed_server, browser, t
     select_all = [e for e in every if e.text.strip() == "Select all"]
     if not select_all:
         pytest.skip("this Streamlit's multiselect has no *Select all*")
-    select_all[0].click()
+    # a click from script: the option list may sit under the page's own elements a moment longer
+    browser.execute_script("arguments[0].click();", select_all[0])
     panel = _until(
         "every group to be shown",
         lambda: (p := _tab(browser, title)) and " groups shown." in p.text and p,
+        timeout=240,
     )
     shown = [line for line in panel.text.splitlines() if line.endswith(" groups shown.")]
     n, _, total = shown[0].split()[:3]
