@@ -167,3 +167,59 @@ def run_app(monkeypatch, runs_dir) -> AppTest:
 def assert_clean(at: AppTest) -> None:
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
+
+
+# Stores written by hand: every number known ------------------------------------------------------
+def template_run(root: Path) -> Path:
+    """One tiny real transformer run (a second): the config and summary the hand-written runs of
+    `synthetic_store` start from."""
+    torch.set_num_threads(1)
+    cfg = TrainConfig(
+        task="group_prefix",
+        task_options={"group": "S3"},
+        length=6,
+        preset="tiny",
+        model="transformer",
+        schedule="onepass",
+        steps=2,
+        batch_size=4,
+        eval_every=0,
+        eval_lengths=(6,),
+        eval_size=8,
+        checkpoint_every=0,
+        seed=0,
+        name="template",
+    )
+    train(cfg, out=root, progress=False)
+    return root / "template"
+
+
+def synthetic_store(root: Path, template: Path, runs: list[dict]) -> Path:
+    """A store of runs copied from `template` (template_run), each with its own config fields and
+    metrics.jsonl: runs are dicts of name, seed, train (config.train fields to set: lr_scale, ...)
+    and records (the metrics.jsonl lines, written as given)."""
+    for spec in runs:
+        path = root / spec["name"]
+        shutil.copytree(template, path, ignore=shutil.ignore_patterns("checkpoints"))
+        config = json.loads((path / "config.json").read_text())
+        config["train"] |= {"seed": spec["seed"], "name": spec["name"], **spec.get("train", {})}
+        (path / "config.json").write_text(json.dumps(config))
+        (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in spec["records"]))
+    return root
+
+
+def loss_records(losses, cost: float = 1.0, tokens_per_step: int = 100) -> list[dict]:
+    """metrics.jsonl train lines for losses at steps 1, 2, ...: tokens, compute (tokens x cost)
+    and FLOPs (10 per compute token) as the trainer logs them."""
+    return [
+        {
+            "kind": "train",
+            "step": i,
+            "loss": loss,
+            "tokens": i * tokens_per_step,
+            "compute_tokens": i * tokens_per_step * cost,
+            "flops": 10.0 * i * tokens_per_step * cost,
+            "time": 0.1 * i,
+        }
+        for i, loss in enumerate(losses, start=1)
+    ]

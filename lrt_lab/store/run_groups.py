@@ -248,8 +248,11 @@ BOOKKEEPING = (
     "config.train.device",
     "config.train.compile",
 )
-# Reading order of the fields a label names after the method.
+# Reading order of the fields a label names after the method: what was learned (the task, the
+# training length) first, where the labels shown span several.
 LABEL_ORDER = (
+    "config.train.task",
+    "config.train.length",
     "config.train.preset",
     "config.train.memory_preset",
     "config.train.overrides.",
