@@ -1,10 +1,11 @@
-"""`lrt-lab analyze probe|gap|depth|convergence|scaling ...`: run an analysis on a run store,
-print its tables, write them (and a PNG of the plot) into the store.
+"""`lrt-lab analyze probe|gap|depth|convergence|gradient|scaling ...`: run an analysis on a run
+store, print its tables, write them (and a PNG of the plot) into the store.
 
     lrt-lab analyze probe runs/probe/RUN_A runs/probe/RUN_B --decoding exact
     lrt-lab analyze gap runs/gap
     lrt-lab analyze depth runs/depth --targets 4,8
     lrt-lab analyze convergence runs/gap/RUN_A --tols 0.1,0.01
+    lrt-lab analyze gradient runs/gap/RUN_A --schedules fixedpoint:0:4:1,gaussseidel:2:4
     lrt-lab analyze scaling experiments/scaling_runs --x flops
 """
 
@@ -20,7 +21,7 @@ def main(argv=None) -> int:
         prog="lrt-lab analyze", description=__doc__.split("\n\n")[0].replace("\n", " ")
     )
     sub = p.add_subparsers(
-        dest="cmd", required=True, metavar="{probe,gap,depth,convergence,scaling}"
+        dest="cmd", required=True, metavar="{probe,gap,depth,convergence,gradient,scaling}"
     )
     pr = sub.add_parser(
         "probe", help="probe runs (tables/probe_<decoding>.csv), heatmaps side by side"
@@ -50,6 +51,20 @@ def main(argv=None) -> int:
     c.add_argument("--n-sequences", type=int, default=128, help="held-out sequences per run")
     c.add_argument("--max-sweeps", type=int, default=None, help="default: the sequence length")
     c.add_argument("--tols", default="0.1,0.01,0.001", help="comma-separated tolerances")
+    gr = sub.add_parser(
+        "gradient",
+        help="each trainer's gradient against exact BPTT's, per parameter group "
+        "(tables/gradient_fidelity.csv + PNG)",
+    )
+    gr.add_argument("run", help="a run folder (with a checkpoint)")
+    gr.add_argument(
+        "--schedules",
+        default=None,
+        metavar="SPEC[,SPEC...]",
+        help="schedule spellings to compare (default: fixedpoint, fullseq, gaussseidel, "
+        "interleaved and rollout at F = 1, 2, 4, ... up to the run's length)",
+    )
+    gr.add_argument("--n-sequences", type=int, default=16, help="held-out sequences")
     s = sub.add_parser(
         "scaling",
         help="BPB against compute: points, paired deltas, power-law fits, decision (+ PNG)",
@@ -134,6 +149,30 @@ def main(argv=None) -> int:
                 out = run.path / "convergence.png"
                 plot_convergence(trace, tols, title=run.name).savefig(out, dpi=110)
                 print(f"plot: {out}")
+        elif a.cmd == "gradient":
+            from lrt_lab.analysis.gradient import (
+                gradient_run,
+                plot_gradient_fidelity,
+                smallest_passing,
+            )
+            from lrt_lab.run.registry import split_spellings
+
+            run = as_run(a.run)
+            specs = split_spellings([a.schedules]) if a.schedules else None
+            table = gradient_run(run, specs, n_sequences=a.n_sequences)
+            print(run.name)
+            print(
+                table.pivot_table(
+                    index=["family", "F", "G", "schedule"], columns="group", values="cosine"
+                )
+                .round(3)
+                .to_string()
+            )
+            print("\nsmallest F whose cosine passes 0.9 in every group:")
+            print(smallest_passing(table).to_string(index=False))
+            out = run.path / "gradient_fidelity.png"
+            plot_gradient_fidelity(table, title=run.name).savefig(out, dpi=110)
+            print(f"table: {run.path / 'tables' / 'gradient_fidelity.csv'}\nplot: {out}")
         else:
             targets = tuple(float(x) for x in a.targets.split(",") if x.strip())
             tables = analyze_depth_sweep(a.store, a.metric, targets)
