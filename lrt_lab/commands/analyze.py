@@ -1,10 +1,11 @@
-"""`lrt-lab analyze probe|gap|depth|convergence|scaling ...`: run an analysis on a run store,
-print its tables, write them (and a PNG of the plot) into the store.
+"""`lrt-lab analyze probe|gap|depth|convergence|gradient|scaling ...`: run an analysis on a run
+store, print its tables, write them (and a PNG of the plot) into the store.
 
     lrt-lab analyze probe runs/probe/RUN_A runs/probe/RUN_B --decoding exact
     lrt-lab analyze gap runs/gap
     lrt-lab analyze depth runs/depth --targets 4,8
     lrt-lab analyze convergence runs/gap/RUN_A --tols 0.1,0.01
+    lrt-lab analyze gradient runs/gap/RUN_A --schedules fixedpoint:0:4:1,gaussseidel:2:4
     lrt-lab analyze scaling experiments/scaling_runs --x flops
 """
 
@@ -59,7 +60,7 @@ def build_parser() -> Parser:
     sub = p.add_subparsers(
         dest="cmd",
         required=True,
-        metavar="{probe,gap,depth,convergence,scaling}",
+        metavar="{probe,gap,depth,convergence,gradient,scaling}",
         parser_class=Parser,
     )
     pr = sub.add_parser(
@@ -162,6 +163,29 @@ def build_parser() -> Parser:
         default=(0.1, 0.01, 0.001),
         metavar="TOL1,TOL2",
         help="comma-separated tolerances on the residual (default: 0.1,0.01,0.001)",
+    )
+    gr = sub.add_parser(
+        "gradient",
+        help="each trainer's gradient against exact BPTT's, per parameter group "
+        "(tables/gradient_fidelity.csv + <run>/gradient_fidelity.png)",
+        description="On a run's latest checkpoint and held-out batches: the cosine similarity "
+        "and norm ratio of each schedule's gradient to exact BPTT's, per parameter group, against "
+        "the forward sweeps F and differentiated sweeps G; the smallest F whose cosine passes 0.9.",
+    )
+    gr.add_argument("run", metavar="RUN", help="a run folder (with a checkpoint)")
+    gr.add_argument(
+        "--schedules",
+        default=None,
+        metavar="SPEC[,SPEC...]",
+        help="schedule spellings to compare (default: fixedpoint, fullseq, gaussseidel, "
+        "interleaved and rollout at F = 1, 2, 4, ... up to the run's length)",
+    )
+    gr.add_argument(
+        "--n-sequences",
+        type=positive_int,
+        default=16,
+        metavar="N",
+        help="held-out sequences (default: %(default)s)",
     )
     s = sub.add_parser(
         "scaling",
@@ -304,6 +328,30 @@ def _analyze(a) -> int:
             out = run.path / "convergence.png"
             plot_convergence(trace, a.tols, title=run.name).savefig(out, dpi=110)
             print(f"plot: {out}")
+    elif a.cmd == "gradient":
+        from lrt_lab.analysis.gradient import (
+            gradient_run,
+            plot_gradient_fidelity,
+            smallest_passing,
+        )
+        from lrt_lab.run.registry import split_spellings
+
+        run = as_run(a.run)
+        specs = split_spellings([a.schedules]) if a.schedules else None
+        table = gradient_run(run, specs, n_sequences=a.n_sequences)
+        print(run.name)
+        print(
+            table.pivot_table(
+                index=["family", "F", "G", "schedule"], columns="group", values="cosine"
+            )
+            .round(3)
+            .to_string()
+        )
+        print("\nsmallest F whose cosine passes 0.9 in every group:")
+        print(smallest_passing(table).to_string(index=False))
+        out = run.path / "gradient_fidelity.png"
+        plot_gradient_fidelity(table, title=run.name).savefig(out, dpi=110)
+        print(f"table: {run.path / 'tables' / 'gradient_fidelity.csv'}\nplot: {out}")
     else:
         tables = analyze_depth_sweep(a.store, a.metric, a.targets)
         for name, t in tables.items():
