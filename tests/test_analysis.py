@@ -661,7 +661,7 @@ def test_every_analyze_option_has_help_and_the_usage_says_lrt_lab_analyze(capsys
 
     parser = build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    assert set(sub.choices) == {"probe", "gap", "depth", "convergence", "scaling"}
+    assert set(sub.choices) == {"probe", "gap", "depth", "convergence", "gradient", "scaling"}
     for name, command in sub.choices.items():
         for action in command._actions:
             assert action.help and action.help != argparse.SUPPRESS, (name, action.dest)
@@ -693,6 +693,8 @@ def test_every_analyze_option_has_help_and_the_usage_says_lrt_lab_analyze(capsys
         (["gap", "{missing}"], "no run"),
         (["depth", "{empty}"], ""),
         (["scaling", "{missing}"], "no complete run"),
+        (["gradient", "{missing}"], "config.json"),
+        (["gradient", "x", "--n-sequences", "0"], "--n-sequences"),
     ],
 )
 def test_every_analyze_error_is_one_line_with_its_prefix(tmp_path, capsys, args, says):

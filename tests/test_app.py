@@ -80,6 +80,7 @@ def test_every_page_renders(store, monkeypatch):
         "Probes",
         "Convergence",
         "Trainer frontier",
+        "Scaling",
     ]
     assert sorted(runs_table(at)["run"]) == sorted(COMPLETE_RUNS + [UNKNOWN_RUN])
     shown = " ".join(m.value for m in page(at, "Runs").markdown)
@@ -99,6 +100,7 @@ def test_every_page_renders(store, monkeypatch):
         "Probes": 1,
         "Convergence": 0,  # no FixedPoint run in this store
         "Trainer frontier": 1,
+        "Scaling": 0,  # no run trained to a tokens-per-parameter budget in this store
     }
     for tab in [t for t in at.tabs if t.label != "Runs"]:
         charts = [e for e in tab if getattr(e, "type", "") == "vega_lite_chart"]

@@ -60,6 +60,7 @@ TABS = [
     "Probes",
     "Convergence",
     "Trainer frontier",
+    "Scaling",
 ]
 COMMITTED_STORE = Path(__file__).resolve().parent.parent / "experiments" / "results"
 
