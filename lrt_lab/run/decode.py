@@ -194,7 +194,7 @@ def generate(
     if seed is not None:
         generator = torch.Generator(device=prompt_ids.device).manual_seed(seed)
     if prefill is None:
-        exact = model.pathway is not None or getattr(model, "has_sequential_decoding", False)
+        exact = model.pathway is not None or model.has_sequential_decoding
         prefill = Exact() if exact else OnePass()
     decoder = Decoder(model, B, T + max_new_tokens)
     # the forwards run in inference mode (Decoder); sampling runs outside it, so the ids returned
