@@ -633,22 +633,44 @@ def baseline_tests(sub: pd.DataFrame, method: str, length: int, against: str = "
     return welch, permutation(a, b)["p"]
 
 
-def probes_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 8) -> str | None:
-    """Linear probes of the memory an LRT reads at position t (`hook_mem_in`) for the state at t-1:
-    test accuracy per position, from each probed run's tables/probe_exact.csv (exact decoding)."""
+# The probe tables' setting: `lrt-lab analyze probe` on this many exact-decoded sequences, split by
+# sequence into train and test (`probe_activations`' train_frac); each run's table records n_test.
+PROBE_SEQUENCES = 1024
+PROBE_TRAIN_FRAC = 0.7
+
+
+def probed_runs(df: pd.DataFrame, task: str = "a5_prefix", length: int = 8) -> list:
+    """(run row, its memory probes: hook_mem_in for the state at t-1) of the runs at `length` that
+    have a tables/probe_exact.csv, in the probe table's order."""
     sub = labelled(df[df["config.train.length"] == length], task)
-    rows = []
+    if sub.empty:
+        return []
     lrt = sub[sub["config.kind"] == "lrt"].sort_values(
         ["config.schedule", "label", "config.train.seed"]
     )
+    out = []
     for _, run in lrt.iterrows():
         path = Path(run["path"]) / "tables" / "probe_exact.csv"
-        if not path.is_file():
-            continue
-        probes = pd.read_csv(path)
-        probes = probes[(probes["site"] == "hook_mem_in") & (probes["target"] == "state_prev")]
-        acc = probes[probes["control"] == "probe"].set_index("position")["accuracy"]
-        shuffled = probes[probes["control"] == "shuffled_labels"]["accuracy"]
+        if path.is_file():
+            out.append((run, pd.read_csv(path)))
+    return out
+
+
+def memory_probes(probes: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """(probe accuracy per position, shuffled-label accuracy per position) of the memory read at t
+    for the state at t-1."""
+    mem = probes[(probes["site"] == "hook_mem_in") & (probes["target"] == "state_prev")]
+    acc = mem[mem["control"] == "probe"].set_index("position")["accuracy"]
+    shuffled = mem[mem["control"] == "shuffled_labels"].set_index("position")["accuracy"]
+    return acc, shuffled
+
+
+def probes_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 8) -> str | None:
+    """Linear probes of the memory an LRT reads at position t (`hook_mem_in`) for the state at t-1:
+    test accuracy per position, from each probed run's tables/probe_exact.csv (exact decoding)."""
+    rows = []
+    for run, probes in probed_runs(df, task, length):
+        acc, shuffled = memory_probes(probes)
         # "4 layers[, memory from block 4]"
         where = run["model"].split("(", 1)[1].rstrip(")").split(", ", 1)
         name = f"LRT {run['config.schedule']}{', ' + where[1] if len(where) > 1 else ''}"
@@ -666,6 +688,57 @@ def probes_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 8) -> 
         + [str(t) for t in range(2, length + 1)]
         + ["shuffled labels (max)"],
     )
+
+
+def probe_values(df: pd.DataFrame, task: str = "a5_prefix", length: int = 8) -> dict[str, str]:
+    """The probes' size (examples per class) and what the table shows against its controls: per
+    run, the last position up to which the memory probe beats the shuffled-label control; and the
+    residual-stream probes of the top block against the memory's source block."""
+    probed = probed_runs(df, task, length)
+    if not probed:
+        return {}
+    n_test = {int(v) for _, p in probed for v in p["n_test"]}
+    n_train = PROBE_SEQUENCES - round(PROBE_SEQUENCES * (1 - PROBE_TRAIN_FRAC))
+    if n_test != {PROBE_SEQUENCES - n_train}:
+        raise SystemExit(f"probe tables hold n_test {sorted(n_test)}, not the setting's")
+    classes = int(probed[0][0]["config.task_vocab_size"])
+    out = {
+        "probe.sequences": str(PROBE_SEQUENCES),
+        "probe.n_train": str(n_train),
+        "probe.n_test": str(n_test.pop()),
+        "probe.classes": str(classes),
+        "probe.features": str(int(probed[0][0]["config.model.n_embd"])),
+        "probe.train_per_class": f"{n_train / classes:.0f}",
+        "probe.test_per_class": f"{(PROBE_SEQUENCES - n_train) / classes:.0f}",
+        "probe.chance": f"{1 / classes:.3f}",
+    }
+    carried, shuffled_max, top, source = [], [], [], []
+    n_layer = int(probed[0][0]["config.model.n_layer"])
+    for run, probes in probed:
+        acc, shuffled = memory_probes(probes)
+        floor = shuffled.max()
+        shuffled_max.append(floor)
+        last = 1
+        for t in range(2, length + 1):
+            if acc.get(t, 0.0) <= floor:
+                break
+            last = t
+        pos90 = whole(run[f"summary.eval.pos90_exact@{length}"])
+        carried.append(f"{pos90} -> {last}")
+        states = probes[(probes["control"] == "probe") & (probes["target"] == "state")]
+        later = states[states["position"] >= 2].groupby("site")["accuracy"].mean()
+        layer = run.get("config.model.memory.source_layer")
+        if pd.isna(layer):  # the default source: the paper's block round(0.6 x depth)
+            top.append(later[f"blocks.{n_layer - 1}.hook_resid_post"])
+            source.append(later[f"blocks.{round(0.6 * n_layer) - 1}.hook_resid_post"])
+    out["probe.carried"] = "; ".join(carried)
+    out["probe.shuffled_range"] = f"{min(shuffled_max):.2f}-{max(shuffled_max):.2f}"
+    out["probe.top_block"] = f"{statistics.mean(top):.2f}"
+    out["probe.source_block"] = f"{statistics.mean(source):.2f}"
+    out["probe.block_runs"] = str(len(top))
+    out["probe.top_index"] = str(n_layer)
+    out["probe.source_index"] = str(round(0.6 * n_layer))
+    return out
 
 
 def bench_table(bench_dir: Path = REPO / "docs" / "bench") -> str | None:
@@ -1105,6 +1178,10 @@ def a5_8_values(df: pd.DataFrame, length: int = 8) -> dict[str, str]:
         )
         out[f"a5_8.{key}.at_4x"] = span(reached[f"summary.eval.pos90_exact@{longer[-1]}"])
         got[key] = runs
+    if "il" in got and "il_top" in got:
+        col = f"summary.eval.pos90_exact@{length}"
+        out["a5_8.p.il_top_vs_il"] = p_text(permutation(got["il"][col], got["il_top"][col])["p"])
+        out["a5_8.p_min.il_top_vs_il"] = p_text(smallest_p(len(got["il"]), len(got["il_top"])))
     for key in ("il", "exact", "fullseq3", "exact_top", "il_top"):
         if key in got and "transformer" in got:
             col = f"summary.eval.pos90_exact@{length}"
@@ -1690,6 +1767,7 @@ def prose_values(df: pd.DataFrame) -> dict[str, str]:
         cells_values,
         baseline_values,
         exact_values,
+        probe_values,
     ):
         out.update(build(df))
     return out
