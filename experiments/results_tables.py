@@ -742,9 +742,30 @@ def probe_values(df: pd.DataFrame, task: str = "a5_prefix", length: int = 8) -> 
 
 
 def bench_table(bench_dir: Path = REPO / "docs" / "bench") -> str | None:
-    """The committed `lrt-lab bench --json` results: the table docs/performance.md shows."""
+    """The committed `lrt-lab bench --json` results: the table docs/performance.md shows, with a
+    column saying which way each row's ratio reads (`directed`)."""
     results = load_results(bench_dir) if Path(bench_dir).is_dir() else []
-    return markdown_table(results) if results else None
+    return directed(markdown_table(results)) if results else None
+
+
+def ratio_direction(label: str) -> str:
+    """How a bench row's LRT / transformer figure reads: a time ratio (training step, prefill), a
+    throughput ratio (decoding tokens per second), or no ratio (the rows naming the setting)."""
+    if label.startswith(("train ", "prefill ")):
+        return "LRT time / transformer time (> 1x: LRT slower)"
+    if label.startswith("decode tok/s"):
+        return "LRT tok/s / transformer tok/s (< 1x: LRT slower)"
+    return "-"
+
+
+def directed(table: str) -> str:
+    """A bench table with a second column giving each row's ratio direction: its rows mix time
+    ratios and throughput ratios under one header."""
+    lines = table.splitlines()
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    head = ["LRT vs transformer", "ratio"] + cells[0][1:]
+    rows = [[r[0], ratio_direction(r[0])] + r[1:] for r in cells[2:]]
+    return markdown(rows, head)
 
 
 def z60_table(df: pd.DataFrame) -> str | None:
@@ -950,10 +971,11 @@ COMPACT = [  # (study, section of docs/results.md, builder, what the numbers are
         "S3 prefix products at length 16, 2 layers, d=128, 300 steps",
     ),
     (
-        "Speed: LRT / transformer",
+        "Speed: LRT against the transformer",
         "Speed",
         lambda df: compact_bench(),
-        "one CPU thread; the whole training step, forward + backward alone in brackets",
+        "one CPU thread; the whole training step, forward + backward alone in brackets; each row "
+        "says which way its ratio reads",
     ),
 ]
 
