@@ -66,6 +66,7 @@ from lrt_lab.store.results import load_metrics, load_runs, load_table  # noqa: E
 PAPER_A5 = {"transformer (4 layers)": "5", "lrt interleaved:2 (4 layers)": "24"}
 PAPER_GAP = {"lrt interleaved:2": "75%", "lrt fullseq:3": "88%"}
 PAPER_Z60_ACCURACY = "99.6%"  # its Z60 control (same appendix)
+PAPER_SCALE = "1.3B"  # the model size of its looped and pondering comparison
 
 
 # the compute every table shows: token-forwards the trainer ran (a token through the whole model
@@ -1122,6 +1123,13 @@ def frontier_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
         out[f"frontier.{key}.wall_min"] = f"{(t['summary.wall_time_s'] / 60).mean():.0f}"
         out[f"frontier.{key}.acc"] = seeds_text(t[f"summary.eval.acc_exact@{length}"], "{:.2f}")
         out[f"frontier.{key}.final_loss"] = seeds_text(t["summary.final_loss"], "{:.2f}")
+        seed0 = t.iloc[0]
+        out[f"frontier.{key}.first_seed"] = whole(seed0["config.train.seed"])
+        out[f"frontier.{key}.first_pos90_all"] = ", ".join(
+            whole(seed0[f"summary.eval.pos90_exact@{n}"]) for n in lengths
+        )
+        out[f"frontier.{key}.first_acc"] = f"{seed0[f'summary.eval.acc_exact@{length}']:.4f}"
+        out["frontier.lengths"] = ", ".join(map(str, lengths))
     # fixedpoint:0.01:16 against rollout:1 on their shared seed: the sweeps it ran at the training
     # length, and how many steps their losses agree (one update, two roundings)
     fp, r1 = trainer_runs(runs, "lrt fixedpoint:0.01:16"), trainer_runs(runs, "lrt rollout:1")
@@ -1570,6 +1578,7 @@ def paper_values(df: pd.DataFrame) -> dict[str, str]:
         "paper.a5.transformer": PAPER_A5["transformer (4 layers)"],
         "paper.a5.il": PAPER_A5["lrt interleaved:2 (4 layers)"],
         "paper.z60.accuracy": PAPER_Z60_ACCURACY,
+        "paper.scale": PAPER_SCALE,
     }
 
 
@@ -1772,6 +1781,25 @@ def exact_values(df: pd.DataFrame) -> dict[str, str]:
     return out
 
 
+def z60_values(df: pd.DataFrame) -> dict[str, str]:
+    """The Z60 control per training length and model: exact pos@90 per seed, seeds at the training
+    length, mean accuracy at it."""
+    out = {}
+    z = df[df["config.train.task"] == "z60_prefix"]
+    for length in sorted(z["config.train.length"].unique()):
+        sub = labelled(df[df["config.train.length"] == length], "z60_prefix")
+        for label, runs in sub.groupby("label"):
+            key = "transformer" if label.startswith("transformer") else "il"
+            runs = runs.sort_values("config.train.seed")
+            pos = runs[f"summary.eval.pos90_exact@{length}"]
+            name = f"z60.L{int(length)}.{key}"
+            out[f"{name}.pos90"] = seeds_text(pos)
+            out[f"{name}.learned"] = learned_text(pos, int(length))
+            out[f"{name}.acc"] = f"{runs[f'summary.eval.acc_exact@{length}'].mean():.3f}"
+            out[f"{name}.n"] = str(len(runs))
+    return out
+
+
 def prose_values(df: pd.DataFrame) -> dict[str, str]:
     """{NAME: text} for every `<!-- value: NAME -->` of the template, computed from the store."""
     out = {}
@@ -1790,6 +1818,7 @@ def prose_values(df: pd.DataFrame) -> dict[str, str]:
         baseline_values,
         exact_values,
         probe_values,
+        z60_values,
     ):
         out.update(build(df))
     return out
