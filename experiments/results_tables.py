@@ -1875,6 +1875,12 @@ def render_results(template: str, df: pd.DataFrame) -> str:
         table = builders[name]()
         return table if table is not None else f"(no runs for the table {name} in the store)"
 
+    return GENERATED + render_prose(PLACEHOLDER.sub(fill, template), named)
+
+
+def render_prose(text: str, named: dict[str, str]) -> str:
+    """`text` with every `<!-- value: NAME -->` replaced by named[NAME] (`prose_values`)."""
+
     def value(match):
         name = match.group(1)
         if name not in named:
@@ -1883,7 +1889,7 @@ def render_results(template: str, df: pd.DataFrame) -> str:
             )
         return named[name]
 
-    return GENERATED + VALUE.sub(value, PLACEHOLDER.sub(fill, template))
+    return VALUE.sub(value, text)
 
 
 def replace_block(page: str, block: str) -> str:
