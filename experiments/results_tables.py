@@ -9,9 +9,12 @@ committed `experiments/results/`) and the committed bench results (`docs/bench/*
 
 docs/results.md is `experiments/results_template.md` (each study's question, setup and what it
 shows)
-with every `<!-- table: NAME -->` line replaced by the table NAME built here; the README's compact
-tables (between `<!-- results:start -->` and `<!-- results:end -->`) are built here too, so no table
-in either file is typed by hand and tests/test_results.py fails when one is stale.
+with every `<!-- table: NAME -->` line replaced by the table NAME built here and every inline
+`<!-- value: NAME -->` by the figure NAME of `prose_values`, so the prose states no number from the
+store by hand either; the README's compact tables and its summary under them (between
+`<!-- results:start -->` and `<!-- results:end -->`) are built here too, and tests/test_results.py
+fails when either file is stale, when the template's prose holds a typed decimal, or when a prose
+figure disagrees with its table.
 
 The studies: A5 state tracking (experiments/a5_cpu.toml, a5_beyond.toml, the factor study
 a5_study*.toml and the trainer frontier a5_trainer_frontier.toml), the truncated-gradient study
@@ -1260,6 +1263,14 @@ def censoring_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
     out["a5_16.reaches_length_step"] = str(int(at_length["step"].min()))
     out["a5_16.last_full_rate_step"] = str(int(full_rate["step"].max()))
     out["a5_16.full_rate_steps"] = str(len(full_rate))
+    # the jump to the training length: the mean training loss of the 50 steps after it against the
+    # 50 before, per run of the frontier
+    jump = int(at_length["step"].min())
+    raised = []
+    for _, r in runs.iterrows():
+        loss = curve(r, "loss")
+        raised.append(loss.loc[jump : jump + 49].mean() > loss.loc[jump - 50 : jump - 1].mean())
+    out["a5_16.jump_raised"] = f"{sum(raised)} of {len(raised)}"
     # the seed of the base whose loss falls most over the last 500 steps
     checkpoints = [steps - 500, steps - 250, steps]
     drops = {
