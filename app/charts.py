@@ -14,6 +14,7 @@ the chart stale without a word.) Legends sit under the chart in columns.
 from __future__ import annotations
 
 import hashlib
+import zlib
 
 import pandas as pd
 import streamlit as st
@@ -48,8 +49,35 @@ LEGEND = {
     "columns": 2,
     "labelLimit": 480,
     "symbolLimit": 0,
+    # a line's colour at full strength, even where a faint band shares its legend
+    "symbolOpacity": 1,
     "titleOrient": "top",
 }
+# What fits beside Streamlit's sidebar in a 1400 px window: the main column (about 930 px drawn),
+# and of it what a legend under a chart gets (the y axis takes the left of it). What a legend's
+# entries take there, measured in Chromium with Streamlit's theme (14 px labels): a label's
+# characters (5.9 px each), the symbol with its gaps, a row (20 px for lines, 30 px with points).
+MAIN_WIDTH = 980
+LEGEND_WIDTH = 820
+LABEL_CHAR_PX = 6.2
+SYMBOL_PX = 36
+ROW_PX = 30
+LEGEND_TITLE_PX = 30
+MAX_LEGEND_COLUMNS = 4
+
+
+def legend_for(labels) -> dict:
+    """LEGEND with as many columns as the longest label lets fit under the chart (labels longer
+    than a column are cut with an ellipsis, never pushed past the window)."""
+    longest = max((len(str(v)) for v in labels), default=1)
+    label_px = min(int(longest * LABEL_CHAR_PX) + 6, LEGEND_WIDTH - SYMBOL_PX)
+    columns = max(1, min(MAX_LEGEND_COLUMNS, len(labels), LEGEND_WIDTH // (label_px + SYMBOL_PX)))
+    return {**LEGEND, "columns": columns, "labelLimit": LEGEND_WIDTH // columns - SYMBOL_PX}
+
+
+def data_key(name: str, options) -> str:
+    """A widget key that changes with its options, so a stale choice never outlives its store."""
+    return f"{name}-{zlib.crc32(repr(list(map(str, options))).encode()):08x}"
 
 
 def color_encoding(groups: list, title: str, field_name: str = "group") -> dict:
@@ -59,7 +87,7 @@ def color_encoding(groups: list, title: str, field_name: str = "group") -> dict:
         "field": field_name,
         "type": "nominal",
         "title": title,
-        "legend": LEGEND,
+        "legend": legend_for(groups),
         "scale": {
             "domain": groups,
             "range": [PALETTE[i % len(PALETTE)] for i in range(len(groups))],
@@ -81,9 +109,8 @@ def palette_note(n_groups: int) -> None:
     PALETTE's colours are drawn (they repeat)."""
     if n_groups > len(PALETTE):
         st.caption(
-            f"{n_groups} groups share {len(PALETTE)} colours: narrow them with the sidebar's "
-            "*group* filter "
-            "to tell every line apart."
+            f"{n_groups} groups share {len(PALETTE)} colours: pick fewer in *groups* above to "
+            "tell every line apart."
         )
 
 
@@ -121,31 +148,40 @@ def chart_spec(spec: dict, **datasets: pd.DataFrame) -> dict:
         digest.update(k.encode())
         digest.update(pd.util.hash_pandas_object(used[k].astype(str), index=False).values.tobytes())
         digest.update(",".join(map(str, used[k].columns)).encode())
-    return {**spec, "datasets": used, "usermeta": {"data_digest": digest.hexdigest()}}
+    # drawn as SVG: crisp at any zoom, and its legends and plot are elements a browser test can
+    # measure
+    usermeta = {"data_digest": digest.hexdigest(), "embedOptions": {"renderer": "svg"}}
+    return {**spec, "datasets": used, "usermeta": usermeta}
 
 
-def legend_entries(spec) -> int:
-    """The most entries any legend under the chart (LEGEND)
-    lists: the size of its scale's domain."""
+def legend_rows(spec) -> int:
+    """The rows of the tallest legend under the chart (a bottom legend of legend_for / LEGEND):
+    its scale's domain over its columns."""
     most = 0
     if isinstance(spec, dict):
-        if spec.get("legend") is LEGEND and isinstance(spec.get("scale", {}).get("domain"), list):
-            most = len(spec["scale"]["domain"])
+        legend, domain = spec.get("legend"), spec.get("scale", {}).get("domain")
+        under = isinstance(legend, dict) and legend.get("orient") == "bottom"
+        if under and isinstance(domain, list):
+            most = -(-len(domain) // legend.get("columns", 1))
         for k, v in spec.items():
             if k != "datasets":
-                most = max(most, legend_entries(v))
+                most = max(most, legend_rows(v))
     elif isinstance(spec, list):
-        most = max([legend_entries(v) for v in spec] or [0])
+        most = max([legend_rows(v) for v in spec] or [0])
     return most
 
 
 def draw_chart(spec: dict, **datasets: pd.DataFrame) -> None:
     """Draw a spec whose layers name their data ({"data": {"name": key}}) from `datasets`.
 
-    A chart stretched to the column is fitted, legend included, into its height: the legend under
-    it gets rows of its own added to that height, so the plot keeps its size and no entry is cut."""
+    A chart stretched to the column fits its width to it (Vega's fit-x) and keeps its height for
+    the plot: the legend under it adds its own rows below, so no entry is cut and the plot is never
+    squeezed; and the plot is at least as tall as that legend, so a chart of many groups is a
+    tall chart, not a flat line over a long list."""
     facet = "facet" in spec or "columns" in spec
-    if not facet and "height" in spec:
-        rows = -(-legend_entries(spec) // LEGEND["columns"])
-        spec = {**spec, "height": spec["height"] + (40 + 20 * rows if rows else 0)}
+    if not facet:
+        spec = {"autosize": {"type": "fit-x", "contains": "padding"}, **spec}
+        if "height" in spec:
+            legend_px = LEGEND_TITLE_PX + ROW_PX * legend_rows(spec)
+            spec["height"] = max(spec["height"], legend_px)
     st.vega_lite_chart(chart_spec(spec, **datasets), width="content" if facet else "stretch")

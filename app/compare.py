@@ -6,7 +6,8 @@ method
 pos@90
 at 1x / 2x / 4x the training length as mean [95% t-interval] and the value of each seed, accuracy,
 compute and wall clock; then the trainer-frontier scatter of those runs. Methods are named by
-`lrt_lab.store.report.method_labels`: only what differs between the methods of the study shown.
+`lrt_lab.store.run_groups.method_labels`: only what differs between the methods of the study shown
+(the frontier scatter: between the methods it draws, picked as on every chart page).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ import streamlit as st
 
 from lrt_app.charts import color_encoding, draw_chart, palette_note
 from lrt_app.frontier import AXES
+from lrt_app.picker import MAX_DEFAULT_GROUPS, pick_groups
+from lrt_app.store_data import group_labels
 from lrt_lab.store.report import (
     COMPARE_METRICS,
     compare_lengths,
     compare_table,
     format_mean_ci,
-    method_labels,
     studies_by_recency,
     study_runs,
 )
@@ -90,7 +92,7 @@ def scatter_points(runs: pd.DataFrame, lengths: list[int]) -> pd.DataFrame:
     clock and pos@90 per decoding and length."""
     points = pd.DataFrame(
         {
-            "method": method_labels(runs),
+            "method": group_labels(runs),
             "seed": runs["config.train.seed"].astype(int),
             "compute": runs["summary.compute_tokens"] / 1e6,
             "wall_min": runs["summary.wall_time_s"] / 60,
@@ -155,7 +157,16 @@ def frontier_chart(runs: pd.DataFrame, lengths: list[int], length: int) -> None:
     decoding = middle.radio("decoding", list(DECODINGS), horizontal=True, key="compare_decoding")
     axis = right.radio("x axis", list(AXES), horizontal=True, key="compare_x")
     field, x_title = AXES[axis]
-    points = scatter_points(runs, lengths)
+    picked = pick_groups(
+        runs,
+        "compare_frontier",
+        help="methods drawn (the table above lists them all); by default at most "
+        f"{MAX_DEFAULT_GROUPS}, those with the most seeds",
+    )
+    if picked.empty:
+        st.info("No method picked: open *Groups* above and pick some.")
+        return
+    points = scatter_points(picked, lengths)
     y = f"{DECODINGS[decoding]}@{n}"
     methods = sorted(points["method"].unique())
     palette_note(len(methods))

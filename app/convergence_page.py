@@ -11,6 +11,8 @@ import pandas as pd
 import streamlit as st
 
 from lrt_app import store_data
+from lrt_app.charts import color_encoding, draw_chart
+from lrt_app.picker import pick_groups
 
 HINT = (
     "No per-sweep diagnostics yet: run `lrt-lab analyze convergence RUN_FOLDER [...]` (it writes "
@@ -52,30 +54,53 @@ def trace_table(runs: pd.DataFrame, loader=None) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
+def run_labels(runs: pd.DataFrame) -> dict:
+    """run -> its group's label (named by what tells the groups drawn apart) and its seed."""
+    if runs.empty:
+        return {}
+    seeds = runs["seed"].astype(str) if "seed" in runs else pd.Series("?", index=runs.index)
+    labels = store_data.group_labels(runs) + " | seed=" + seeds
+    # two runs of one seed in a group (a rerun): their names tell them apart
+    labels = labels.where(~labels.duplicated(keep=False), labels + " | " + runs["run"])
+    return dict(zip(runs["run"], labels))
+
+
 def convergence_page(ctx) -> None:
     if ctx.shown.empty:
         st.info("No runs match the filters in the sidebar.")
         return
-    sweeps = sweeps_table(ctx.shown)
+    sweeps, trace = sweeps_table(ctx.shown), trace_table(ctx.shown)
+    drawn = ctx.shown[ctx.shown["run"].isin(set(sweeps["run"]) | set(trace["run"]))]
+    if drawn.empty:
+        st.info(
+            "No run shown trained with a dynamic schedule (`--schedule fixedpoint:TOL:MAX[:G]`) "
+            "or has convergence diagnostics. " + HINT
+        )
+        return
+    drawn = pick_groups(drawn, "convergence")
+    sweeps = sweeps[sweeps["run"].isin(set(drawn["run"]))]
+    trace = trace[trace["run"].isin(set(drawn["run"]))]
+    names = run_labels(drawn)
     st.subheader("Sweeps used per training step")
     if sweeps.empty:
         st.info(
             "No run shown trained with a dynamic schedule (`--schedule fixedpoint:TOL:MAX[:G]`)."
         )
     else:
-        st.vega_lite_chart(
-            sweeps,
+        sweeps = sweeps.assign(label=sweeps["run"].map(names))
+        draw_chart(
             {
                 "height": 300,
+                "data": {"name": "sweeps"},
                 "mark": {"type": "line", "interpolate": "step-after"},
                 "encoding": {
                     "x": {"field": "step", "type": "quantitative"},
                     "y": {"field": "sweeps", "type": "quantitative", "title": "sweeps used"},
-                    "color": {"field": "run", "type": "nominal"},
+                    "color": color_encoding(sorted(set(sweeps["label"])), "run", "label"),
                     "tooltip": [{"field": c} for c in sweeps.columns],
                 },
             },
-            width="stretch",
+            sweeps=sweeps,
         )
         st.caption(
             "Refinement sweeps after the init pass (no-grad sweeps until the memory changed by <= "
@@ -83,14 +108,14 @@ def convergence_page(ctx) -> None:
             "then the differentiated ones)."
         )
     st.subheader("Residual after each sweep (trained model, held-out batch)")
-    trace = trace_table(ctx.shown)
     if trace.empty:
         st.info(HINT)
         return
-    st.vega_lite_chart(
-        trace.assign(value=trace["value"].clip(lower=1e-16)),
+    trace = trace.assign(value=trace["value"].clip(lower=1e-16), label=trace["run"].map(names))
+    draw_chart(
         {
             "height": 300,
+            "data": {"name": "trace"},
             "mark": {"type": "line", "point": True},
             "encoding": {
                 "x": {"field": "sweep", "type": "quantitative", "title": "sweep (0 = init pass)"},
@@ -100,11 +125,21 @@ def convergence_page(ctx) -> None:
                     "scale": {"type": "log"},
                     "title": "max over positions, relative",
                 },
-                "color": {"field": "run", "type": "nominal"},
-                "strokeDash": {"field": "measure", "type": "nominal"},
+                "color": color_encoding(sorted(set(trace["label"])), "run", "label"),
+                "strokeDash": {
+                    "field": "measure",
+                    "type": "nominal",
+                    "legend": {
+                        "orient": "top",
+                        "direction": "horizontal",
+                        "symbolType": "stroke",
+                        "symbolStrokeColor": "gray",
+                    },
+                },
+                "tooltip": [{"field": c} for c in ("run", "label", "sweep", "measure", "value")],
             },
         },
-        width="stretch",
+        trace=trace,
     )
     st.caption(
         "residual: change of the memory from the previous sweep; error: distance to the exact "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from lrt_app.charts import color_encoding, draw_chart
 from lrt_lab.store.report import frontier_points
 
 AXES = {
@@ -56,6 +57,9 @@ def frontier_page(ctx) -> None:
     )
     points = frontier_points(ctx.shown, task, length)
     lengths = sorted(int(c.split("@")[1]) for c in points if c.startswith("pos90_exact@"))
+    if not lengths:  # e.g. byte-level text, whose runs are read by BPB (the Scaling tab)
+        st.info(f"The {task} runs shown have no pos@90 evaluations to draw the frontier from.")
+        return
     left, right = st.columns(2)
     n = left.selectbox(
         "evaluated at",
@@ -65,10 +69,10 @@ def frontier_page(ctx) -> None:
     )
     axis = right.radio("x axis", list(AXES), horizontal=True, key="frontier_x")
     field, title = AXES[axis]
-    st.vega_lite_chart(
-        points,
+    draw_chart(
         {
             "height": 360,
+            "data": {"name": "points"},
             "mark": {"type": "point", "filled": True, "size": 90, "opacity": 0.85},
             "encoding": {
                 "x": {"field": field, "type": "quantitative", "title": title},
@@ -78,20 +82,20 @@ def frontier_page(ctx) -> None:
                     "title": f"exact pos@90 at {n}",
                     "scale": {"domain": [0, n]},
                 },
-                "color": {
-                    "field": "trainer",
+                "color": color_encoding(sorted(points["trainer"].unique()), "trainer", "trainer"),
+                "shape": {
+                    "field": "seed",
                     "type": "nominal",
-                    "title": "trainer",
-                    "legend": {"orient": "bottom", "columns": 3, "labelLimit": 300},
+                    "title": "seed",
+                    "legend": {"orient": "top", "direction": "horizontal"},
                 },
-                "shape": {"field": "seed", "type": "nominal", "title": "seed"},
                 "tooltip": [
                     {"field": c}
                     for c in ("trainer", "seed", "compute", "wall_min", f"pos90_exact@{n}")
                 ],
             },
         },
-        width="stretch",
+        points=points,
     )
     st.caption(
         f"One point per run and seed. The cheapest trainer whose points sit at {n} is the answer. "

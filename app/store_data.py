@@ -11,6 +11,7 @@ tables), so the views stay thin and the tests can check the numbers without a br
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import warnings
@@ -22,9 +23,10 @@ import streamlit as st
 from scipy import stats as sps
 
 from lrt_lab.analysis.gap import gap_recovery, mismatch_table, read_bpb, refinement_table
-from lrt_lab.store import run_groups as run_groups
-from lrt_lab.store.report import format_mean_ci, method_label, run_figures
+from lrt_lab.store import run_groups
+from lrt_lab.store.report import format_mean_ci, run_figures
 from lrt_lab.store.results import Run, load_metrics, load_runs, load_table
+from lrt_lab.store.run_groups import method_label, method_labels
 from lrt_lab.store.stats import mean_ci
 
 KNOWN_KINDS = ("transformer", "lrt")
@@ -38,12 +40,17 @@ X_AXES = {
     "tokens": ("tokens", "tokens seen"),
     "compute": ("compute_tokens", "baseline-equivalent compute (tokens x schedule cost)"),
     "wall-clock": ("time", "wall-clock time (s)"),
+    # counted by the trainer since FLOPs were logged (forward + backward, every train/eval line)
+    "FLOPs": ("flops", "training FLOPs (forward + backward)"),
 }
 BANDS = {
     "95% t-interval": "95% t-interval over seeds (the README's convention)",
     "min-max": "min to max over seeds",
     "none": None,
 }
+# Fewer seeds than this get the seeds' min to max instead of a t-interval: over 2 seeds the 95%
+# t-interval is the mean +- 12.7 standard errors, wider than anything the seeds did.
+MIN_SEEDS_T = 3
 
 # Columns the runs table shows first (short names made by `annotate`), then summary figures.
 RUN_COLUMNS = ["run", "status", "task", "method", "seed", "length", "preset", "n_layer"]
@@ -178,7 +185,8 @@ def _task_label(row) -> str:
         for k, v in row.items()
         if k.startswith("config.train.task_options.") and not pd.isna(v)
     }
-    return f"{task}({', '.join(f'{k}={v}' for k, v in sorted(opts.items()))})" if opts else task
+    text = ", ".join(f"{k}={run_groups.canonical(v)}" for k, v in sorted(opts.items()))
+    return f"{task}({text})" if opts else task
 
 
 def annotate(df: pd.DataFrame) -> pd.DataFrame:
@@ -206,7 +214,7 @@ def annotate(df: pd.DataFrame) -> pd.DataFrame:
     df["preset"] = _column(df, "config.train.preset", "?").fillna("?").astype(str)
     df["known_kind"] = [k in KNOWN_KINDS or k.startswith(KNOWN_KIND_PREFIXES) for k in df["kind"]]
     # labelled against the whole store: stable filter options
-    df["store_group"] = run_groups.group_labels(df)
+    df["store_group"] = group_labels(df)
     return df
 
 
@@ -230,9 +238,12 @@ def _eval_key(col: str):
 
 
 def runs_overview(df: pd.DataFrame) -> pd.DataFrame:
-    """The runs table: identity columns, then loss, pos@90 per length and mode, time, parameters."""
+    """The runs table: identity columns (the run's group labelled as on every page), then loss,
+    pos@90 per length and mode, time, parameters."""
     cols = [c for c in RUN_COLUMNS if c in df.columns]
     out = df[cols].copy()
+    if not df.empty:
+        out.insert(1 if "run" in cols else 0, "group", group_labels(df))
     extra = {
         "summary.final_loss": "final_loss",
         "summary.wall_time_s": "wall_time_s",
@@ -303,11 +314,75 @@ SHORT_TO_CONFIG = {
 
 
 def group_labels(df: pd.DataFrame, exclude=()) -> pd.Series:
-    """lrt_lab.store.run_groups' rule: runs share a label exactly when their configs differ only by
-    seed (and
-    name); the label names the fields that differ between the groups of `df`, the runs shown.
-    exclude: short names (n_layer, ...) or config columns a view puts on an axis of its own."""
-    return run_groups.group_labels(df, exclude=[SHORT_TO_CONFIG.get(c, c) for c in exclude])
+    """The Compare page's labels (lrt_lab.store.run_groups.method_labels) on every page: runs
+    share a label exactly when they differ only by seed (and name), and the label names only what
+    tells the groups of `df` apart, so label the runs a chart shows, not the whole store.
+    exclude: short names (n_layer, ...) or config columns a view puts on an axis of its own: left
+    out of the labels, and runs that differ only there share one."""
+    if df.empty:
+        return pd.Series([], index=df.index, dtype=object)
+    asked = {SHORT_TO_CONFIG.get(c, c) for c in exclude}
+    # a model field set on the command line is also in the training options, as an override
+    asked |= {
+        "config.train.overrides." + c[len("config.model.") :]
+        for c in asked
+        if c.startswith("config.model.")
+    }
+    drop = tuple(sorted(c for c in asked if c in df))
+    paths = tuple(df["path"].astype(str)) if "path" in df.columns else ()
+    if not paths or len(set(paths)) != len(paths):  # not runs of a store: nothing to key a cache
+        return method_labels(df.drop(columns=list(drop)))
+    signature = tuple(file_signature(Path(p) / "config.json") for p in paths)
+    labels = _cached_labels(paths, drop, signature, df)
+    return pd.Series(labels, index=df.index, dtype=object)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _cached_labels(paths: tuple, drop: tuple, signature: tuple, _df: pd.DataFrame) -> list:
+    """method_labels of the runs at `paths` (in that order), cached: it costs about a second on a
+    store of a hundred runs, and every page labels its runs on every rerun."""
+    return method_labels(_df.drop(columns=list(drop))).tolist()
+
+
+def default_groups(
+    df: pd.DataFrame, labels: pd.Series, cap: int = 8, spread: str | None = None
+) -> list[str]:
+    """The groups a chart shows before anyone picks: those of the study (task and training length)
+    with the most runs, the groups with the most runs (seeds) first, then by label; at most `cap`.
+    spread: a column a page puts on an axis (n_layer on Depth x length): the study with the most
+    groups that span several of its values comes first, and those groups first within it."""
+    if df.empty:
+        return []
+    t = pd.DataFrame({"group": labels.values}, index=df.index)
+    t["spread"] = df[spread].astype(str) if spread in df.columns else ""
+    study = [c for c in ("config.train.task", "config.train.length") if c in df.columns]
+    t["study"] = df[study].astype(str).agg(" ".join, axis=1) if study else ""
+    per_group = t.groupby("group").agg(
+        study=("study", "first"), runs=("study", "size"), spread=("spread", "nunique")
+    )
+    per_study = per_group.groupby("study").agg(
+        spread=("spread", lambda v: int((v > 1).sum())), runs=("runs", "sum")
+    )
+    best = min(
+        per_study.index, key=lambda s: (-per_study.at[s, "spread"], -per_study.at[s, "runs"], s)
+    )
+    chosen = per_group[per_group["study"] == best]
+    order = sorted(chosen.index, key=lambda g: (-chosen.at[g, "spread"], -chosen.at[g, "runs"], g))
+    return order[:cap]
+
+
+def metric_bounds(metric: str) -> tuple[float | None, float | None]:
+    """The range a metric cannot leave (None: unbounded), to clip bands to: a loss or BPB is >= 0,
+    an accuracy is in [0, 1], pos@90 at length N is in [0, N]."""
+    name = metric.rsplit(".", 1)[-1]
+    if name.startswith(("acc_", "accuracy")):
+        return 0.0, 1.0
+    m = re.fullmatch(r"pos90_\w+@(\d+)", name)
+    if m:
+        return 0.0, float(m.group(1))
+    if name in ("loss", "bpb", "final_loss") or name.startswith(("bpb", "loss")):
+        return 0.0, None
+    return None, None
 
 
 def ema(values: np.ndarray, weight: float) -> np.ndarray:
@@ -362,66 +437,103 @@ def curves(
         y = m[metric].to_numpy(dtype=float)
         # the task's name: one loss family per panel
         task = row.get("config.train.task", row.get("task", "?"))
+        seed = row.get("config.train.seed", row.get("seed"))
         parts.append(
             pd.DataFrame(
                 {
                     "group": group,
                     "task": str(task),
                     "run": row["run"],
+                    "seed": math.nan if pd.isna(seed) else int(seed),
                     "x": m[field].to_numpy(dtype=float),
                     "y": ema(y, smoothing) if kind == "train" else y,
                 }
             )
         )
     if not parts:
-        return pd.DataFrame(columns=["group", "task", "run", "x", "y"]), notes
+        return pd.DataFrame(columns=["group", "task", "run", "seed", "x", "y"]), notes
     return pd.concat(parts, ignore_index=True), notes
 
 
-def seed_band(
-    long: pd.DataFrame, n_points: int = 200, band: str = "95% t-interval"
-) -> pd.DataFrame:
-    """Per group: the mean over its runs and a band (BANDS: a 95% t-interval of the mean over
-    seeds, or min to max), on a common x grid (interpolated where the runs' x values differ, over
-    the range every run covers). One run: lo = hi = its curve, n = 1."""
+def x_axis_options(df: pd.DataFrame, loader=None) -> list[str]:
+    """X_AXES the runs of `df` can all be drawn against: FLOPs only where every run's training
+    records carry them (runs trained before FLOPs were counted have none)."""
+    loader = loader or metrics_of
+    options = [x for x in X_AXES if x != "FLOPs"]
+    counted = not df.empty and all(
+        "flops" in (m := loader(path, "train")).columns and m["flops"].notna().any()
+        for path in df["path"]
+    )
+    return options[:3] + ["FLOPs"] + options[3:] if counted else options
+
+
+def _on_grid(runs: list[pd.DataFrame], n_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """(grid, values): the runs' curves (x, y) interpolated onto the x values they share (the
+    union of their x values over the range every run covers; n_points evenly spaced where there
+    are more), one row per run. An empty grid where their ranges do not overlap."""
+    lo_x, hi_x = max(r["x"].min() for r in runs), min(r["x"].max() for r in runs)
+    grid = np.unique(np.concatenate([r["x"].to_numpy(dtype=float) for r in runs]))
+    grid = grid[(grid >= lo_x) & (grid <= hi_x)]
+    if len(grid) > n_points:
+        grid = np.linspace(lo_x, hi_x, n_points)
+    if len(grid) == 0:
+        return grid, np.empty((len(runs), 0))
+    ys = np.vstack(
+        [np.interp(grid, r["x"].to_numpy(dtype=float), r["y"].to_numpy(dtype=float)) for r in runs]
+    )
+    return grid, ys
+
+
+def interval(values: np.ndarray, band: str = "95% t-interval") -> tuple:
+    """(mean, lo, hi, kind) over the rows of `values` (one row per seed), per column.
+
+    kind says what the band is: the 95% t-interval of the mean (lrt_lab.store.stats.mean_ci, per
+    column) from MIN_SEEDS_T seeds on; with fewer seeds asked for a t-interval, the seeds' min to
+    max; one seed, or band "none": no band (lo = hi = mean)."""
     if band not in BANDS:
         raise ValueError(f"band={band!r} is invalid; allowed: {', '.join(BANDS)}")
+    n = len(values)
+    mean = values.mean(0)
+    if n < 2 or BANDS[band] is None:
+        return mean, mean, mean, "none"
+    if band == "95% t-interval" and n >= MIN_SEEDS_T:
+        half = sps.t.ppf(0.975, df=n - 1) * values.std(0, ddof=1) / np.sqrt(n)
+        return mean, mean - half, mean + half, "95% t-interval"
+    return mean, values.min(0), values.max(0), "min-max"
+
+
+def clip_band(df: pd.DataFrame, bounds: tuple, columns=("mean", "lo", "hi")) -> pd.DataFrame:
+    """The band's columns clipped to the metric's range (metric_bounds)."""
+    lower, upper = bounds
+    if lower is None and upper is None:
+        return df
+    return df.assign(**{c: df[c].clip(lower=lower, upper=upper) for c in columns if c in df})
+
+
+def seed_band(
+    long: pd.DataFrame,
+    n_points: int = 200,
+    band: str = "95% t-interval",
+    bounds: tuple = (None, None),
+) -> pd.DataFrame:
+    """Per group: the mean over its runs and a band on a common x grid (interpolated where the
+    runs' x values differ, over the range every run covers), clipped to `bounds` (metric_bounds).
+    The band is what `interval` makes of the group's seeds: a 95% t-interval from MIN_SEEDS_T
+    seeds on, min to max below that (or when asked for), none for one run (lo = hi = its curve);
+    the column `band` names which, `n` counts the seeds."""
+    if band not in BANDS:
+        raise ValueError(f"band={band!r} is invalid; allowed: {', '.join(BANDS)}")
+    columns = ["group", "task", "x", "mean", "lo", "hi", "n", "band"]
     out = []
     for group, g in long.groupby("group", sort=True):
         runs = [r.sort_values("x") for _, r in g.groupby("run")]
         task = g["task"].iloc[0] if "task" in g.columns else "?"
+        grid, ys = _on_grid(runs, n_points) if len(runs) > 1 else (None, None)
         if len(runs) == 1:
-            r = runs[0]
-            out.append(
-                pd.DataFrame(
-                    {
-                        "group": group,
-                        "task": task,
-                        "x": r["x"],
-                        "mean": r["y"],
-                        "lo": r["y"],
-                        "hi": r["y"],
-                        "n": 1,
-                    }
-                )
-            )
-            continue
-        lo_x, hi_x = max(r["x"].min() for r in runs), min(r["x"].max() for r in runs)
-        grid = np.unique(np.concatenate([r["x"].to_numpy() for r in runs]))
-        grid = grid[(grid >= lo_x) & (grid <= hi_x)]
-        if len(grid) > n_points:
-            grid = np.linspace(lo_x, hi_x, n_points)
+            grid, ys = runs[0]["x"].to_numpy(dtype=float), runs[0]["y"].to_numpy(dtype=float)[None]
         if len(grid) == 0:
             continue
-        ys = np.vstack([np.interp(grid, r["x"].to_numpy(), r["y"].to_numpy()) for r in runs])
-        mean = ys.mean(0)
-        if band == "95% t-interval":  # the same interval as lrt_lab.store.stats.mean_ci, per x
-            half = sps.t.ppf(0.975, df=len(runs) - 1) * ys.std(0, ddof=1) / np.sqrt(len(runs))
-            lo, hi = mean - half, mean + half
-        elif band == "min-max":
-            lo, hi = ys.min(0), ys.max(0)
-        else:
-            lo = hi = mean
+        mean, lo, hi, kind = interval(ys, band)
         out.append(
             pd.DataFrame(
                 {
@@ -432,12 +544,124 @@ def seed_band(
                     "lo": lo,
                     "hi": hi,
                     "n": len(runs),
+                    "band": kind,
                 }
             )
         )
     if not out:
-        return pd.DataFrame(columns=["group", "task", "x", "mean", "lo", "hi", "n"])
-    return pd.concat(out, ignore_index=True)
+        return pd.DataFrame(columns=columns)
+    return clip_band(pd.concat(out, ignore_index=True), bounds)[columns]
+
+
+def _seed_curves(g: pd.DataFrame, n_points: int) -> dict:
+    """seed -> (x, y) of one group's runs: a seed run more than once is the mean of its runs; a
+    run with no seed stands for itself (keyed by its name), paired with nothing."""
+    out = {}
+    keys = [
+        f"run {run}" if pd.isna(seed) else int(seed)
+        for seed, run in zip(g["seed"] if "seed" in g else [math.nan] * len(g), g["run"])
+    ]
+    for seed, s in g.groupby(pd.Series(keys, index=g.index, dtype=object), sort=False):
+        runs = [r.sort_values("x") for _, r in s.groupby("run")]
+        if len(runs) == 1:
+            out[seed] = runs[0][["x", "y"]]
+            continue
+        grid, ys = _on_grid(runs, n_points)
+        out[seed] = pd.DataFrame({"x": grid, "y": ys.mean(0)})
+    return out
+
+
+DELTA_COLUMNS = ["group", "task", "x", "mean", "lo", "hi", "n", "band", "paired", "seeds"]
+
+
+def delta_curves(
+    long: pd.DataFrame, baseline: str, n_points: int = 200, band: str = "95% t-interval"
+) -> tuple[pd.DataFrame, list[str]]:
+    """Each group's metric minus the baseline group's at matched x (a `curves` table: x is steps,
+    compute or FLOPs), and notes.
+
+    Paired by seed: for the seeds both groups ran, delta_s(x) = group_s(x) - baseline_s(x), both
+    interpolated onto the x values they share over the range all of them cover; then the mean
+    over seeds with `interval`'s band (a 95% t-interval from MIN_SEEDS_T pairs, min to max of
+    the pairs below that). A group that shares no seed with the baseline is compared unpaired:
+    the difference of the two means over seeds, no band. Groups of another task than the
+    baseline's (another loss family) are left out, with a note.
+    Columns: DELTA_COLUMNS (n: pairs of seeds, 0 when unpaired; seeds: the seeds paired)."""
+    notes = []
+    base = long[long["group"] == baseline]
+    if base.empty:
+        return pd.DataFrame(columns=DELTA_COLUMNS), [f"{baseline}: no records to compare with"]
+    task = base["task"].iloc[0]
+    base_seeds = _seed_curves(base, n_points)
+    out = []
+    for group, g in long.groupby("group", sort=True):
+        if group == baseline:
+            continue
+        if g["task"].iloc[0] != task:
+            notes.append(f"{group}: another task ({g['task'].iloc[0]}) than the baseline's")
+            continue
+        seeds = _seed_curves(g, n_points)
+        common = sorted(
+            (s for s in seeds if s in base_seeds),
+            key=lambda s: (isinstance(s, str), s if isinstance(s, int) else 0, str(s)),
+        )
+        if common:
+            curves = [seeds[s] for s in common] + [base_seeds[s] for s in common]
+            grid, ys = _on_grid(curves, n_points)
+            k = len(common)
+            mean, lo, hi, kind = interval(ys[:k] - ys[k:], band)
+            paired, n, named = True, k, ", ".join(str(s) for s in common)
+        else:
+            curves = list(seeds.values()) + list(base_seeds.values())
+            grid, ys = _on_grid(curves, n_points)
+            k = len(seeds)
+            mean = ys[:k].mean(0) - ys[k:].mean(0)
+            lo, hi, kind = mean, mean, "none"
+            paired, n, named = False, 0, f"unpaired ({k} vs {len(base_seeds)} seeds)"
+            notes.append(f"{group}: no seed in common with the baseline; unpaired, no band")
+        if len(grid) == 0:
+            notes.append(f"{group}: its x range does not overlap the baseline's")
+            continue
+        out.append(
+            pd.DataFrame(
+                {
+                    "group": group,
+                    "task": task,
+                    "x": grid,
+                    "mean": mean,
+                    "lo": lo,
+                    "hi": hi,
+                    "n": n,
+                    "band": kind,
+                    "paired": paired,
+                    "seeds": named,
+                }
+            )
+        )
+    if not out:
+        return pd.DataFrame(columns=DELTA_COLUMNS), notes
+    return pd.concat(out, ignore_index=True)[DELTA_COLUMNS], notes
+
+
+def delta_summary(deltas: pd.DataFrame) -> pd.DataFrame:
+    """One row per group: the delta at the end of the range it shares with the baseline (the
+    largest matched x): group, x, delta, lo, hi, band, pairs, seeds."""
+    columns = ["group", "x", "delta", "lo", "hi", "band", "pairs", "seeds"]
+    if deltas.empty:
+        return pd.DataFrame(columns=columns)
+    last = deltas.sort_values("x").groupby("group", sort=True).tail(1).sort_values("group")
+    return pd.DataFrame(
+        {
+            "group": last["group"],
+            "x": last["x"],
+            "delta": last["mean"],
+            "lo": last["lo"].where(last["band"] != "none"),
+            "hi": last["hi"].where(last["band"] != "none"),
+            "band": last["band"],
+            "pairs": last["n"],
+            "seeds": last["seeds"],
+        }
+    ).reset_index(drop=True)
 
 
 def curriculum_switches(df: pd.DataFrame, x_axis: str, loader=None) -> pd.DataFrame:
@@ -520,7 +744,8 @@ FIGURE_COLUMNS = {
 
 
 def length_summary(figs: pd.DataFrame) -> pd.DataFrame:
-    """Per group and length: mean [95% t-interval] (n seeds), parallel and exact side by side."""
+    """Per group and length: mean [95% t-interval] (n seeds), parallel and exact side by side; the
+    interval clipped to the figure's range (metric_bounds)."""
     cols = [c for c in FIGURE_COLUMNS if c in figs.columns]
     if figs.empty or not cols:
         return pd.DataFrame()
@@ -529,9 +754,13 @@ def length_summary(figs: pd.DataFrame) -> pd.DataFrame:
         row = {"group": group, "length": int(length), "seeds": len(g)}
         for c in cols:
             st_ = mean_ci(g[c].astype(float))
-            row[FIGURE_COLUMNS[c]] = format_mean_ci(
-                st_["mean"], st_["ci_low"], st_["ci_high"], st_["n"]
+            # within what the figure can be: pos@90 at N in [0, N], an accuracy in [0, 1]
+            lower, upper = metric_bounds(f"{c}@{int(length)}")
+            lo, hi = (
+                st_[k] if lower is None and upper is None else float(np.clip(st_[k], lower, upper))
+                for k in ("ci_low", "ci_high")
             )
+            row[FIGURE_COLUMNS[c]] = format_mean_ci(st_["mean"], lo, hi, st_["n"])
         rows.append(row)
     return pd.DataFrame(rows)
 

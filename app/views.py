@@ -8,17 +8,28 @@ chart in columns, one metric family per y axis.
 from __future__ import annotations
 
 import traceback
-import zlib
 from dataclasses import dataclass, field
 
 import pandas as pd
 import streamlit as st
 
 from lrt_app import store_data
-from lrt_app.charts import LEGEND, PALETTE, color_encoding, draw_chart, only_groups, palette_note
+from lrt_app.charts import (
+    LEGEND,
+    MAIN_WIDTH,
+    PALETTE,
+    color_encoding,
+    data_key,
+    draw_chart,
+    only_groups,
+    palette_note,
+)
 from lrt_app.compare import compare_page
 from lrt_app.convergence_page import convergence_page  # FixedPoint runs
+from lrt_app.delta import delta_page
 from lrt_app.frontier import frontier_page
+from lrt_app.picker import MAX_DEFAULT_GROUPS, pick_groups
+from lrt_app.scaling_page import scaling_page  # runs trained to a tokens-per-parameter budget
 
 # Where the analysis tables come from: shown when a store has none yet.
 HINT_PROBES = (
@@ -38,8 +49,6 @@ HINT_DEPTH = (
     "for the depth-sweep table."
 )
 MAX_DIFF_RUNS = 12
-# What fits beside Streamlit's sidebar in a 1400 px window (main column about 1000 px).
-MAIN_WIDTH = 980
 
 
 @dataclass
@@ -49,10 +58,15 @@ class Context:
     shown: pd.DataFrame  # after the sidebar's filters and selection
     skipped: list = field(default_factory=list)
 
-    def color(self, title: str = "group of seeds") -> dict:
-        """Colour encoding by group of seeds, the same colour for a group on every chart."""
-        groups = sorted(set(store_data.group_labels(self.shown))) if not self.shown.empty else []
-        return color_encoding(groups, title)
+    def pick_groups(self, key: str, exclude=(), help: str | None = None, spread=None):
+        """pick_groups over the runs shown."""
+        return pick_groups(self.shown, key, exclude, help, spread)
+
+
+def group_color(groups, title: str = "group of seeds") -> dict:
+    """Colour encoding of the groups a page draws, in label order (the same picks, the same
+    colours on every page)."""
+    return color_encoding(sorted(set(groups)), title)
 
 
 def guarded(title: str, view, ctx: Context) -> None:
@@ -63,11 +77,6 @@ def guarded(title: str, view, ctx: Context) -> None:
         st.error(f"{title} could not be drawn from this store: {type(e).__name__}: {e}")
         with st.expander("details"):
             st.code("".join(traceback.format_exception(e))[-4000:])
-
-
-def data_key(name: str, options) -> str:
-    """A widget key that changes with its options, so a stale choice never outlives its store."""
-    return f"{name}-{zlib.crc32(repr(list(map(str, options))).encode()):08x}"
 
 
 def _needs_runs(ctx: Context) -> bool:
@@ -115,7 +124,14 @@ DASH = {
     "type": "nominal",
     "title": "decoding",
     "scale": {"domain": ["parallel", "exact"], "range": [[1, 0], [5, 3]]},
-    "legend": {"symbolType": "stroke", "symbolStrokeColor": "gray", "symbolStrokeWidth": 2},
+    # above the plot, across: the groups' legend has the space under it
+    "legend": {
+        "orient": "top",
+        "direction": "horizontal",
+        "symbolType": "stroke",
+        "symbolStrokeColor": "gray",
+        "symbolStrokeWidth": 2,
+    },
 }
 ZOOM = [{"name": "zoom", "select": "interval", "bind": "scales"}]
 
@@ -143,6 +159,8 @@ def _heatmap(
     n_x = max(int(df.groupby(facet)[x].nunique().max()), 1) if not df.empty else 1
     n_y = max(int(df.groupby(facet)[y].nunique().max()), 1) if not df.empty else 1
     width = min(420, max(120, 44 * n_x))
+    # a step height ({"step": 22}) breaks Streamlit's sizing of facets; the colour bar fits in it
+    height = max(100, 22 * n_y)
     spec = {
         "data": {"name": "cells"},
         "facet": _n(facet, None)
@@ -151,23 +169,26 @@ def _heatmap(
         "resolve": {"scale": {"x": "independent", "y": "independent"}},
         "spec": {
             "width": width,
-            # a step height ({"step": 22}) breaks Streamlit's sizing of facets
-            "height": max(60, 22 * n_y),
+            "height": height,
             "encoding": {
                 "x": _o(x, x_title, axis={"labelAngle": 0}),
                 "y": _o(
                     y,
-                    None if label_width else y_title,
                     sort=y_order if y_order is not None else "descending",
                     axis={"labelLimit": max(label_width, 120)},
-                ),
+                )
+                # long row labels say what the rows are: no axis title (null, not the field name)
+                | {"title": None if label_width else y_title},
             },
             "layer": [
                 {
                     "mark": "rect",
                     "encoding": {
                         "color": _q(
-                            "value", value_title, scale={"domain": [0, 1], "scheme": scheme}
+                            "value",
+                            value_title,
+                            scale={"domain": [0, 1], "scheme": scheme},
+                            legend={"gradientLength": min(200, height - 45)},
                         ),
                         "tooltip": [
                             _tip(facet, "nominal"),
@@ -242,19 +263,28 @@ def runs_page(ctx: Context) -> None:
 
 
 # Training curves ---------------------------------------------------------------------------------
+X_HELP = (
+    "compute: baseline-equivalent tokens, i.e. tokens x schedule cost (an Interleaved(2) run is "
+    "plotted at 2x its tokens, as in the paper); FLOPs (where every run recorded them): "
+    "forward + backward FLOPs the trainer counted; wall-clock: seconds since the run started"
+)
+
+
 def curves_page(ctx: Context) -> None:
     if not _needs_runs(ctx):
         return
+    runs = ctx.pick_groups("curves")
+    if runs.empty:
+        st.info("No group picked: open *Groups* above and pick some.")
+        return
     c1, c2, c3 = st.columns([2, 3, 2])
-    metric = c1.selectbox("metric", store_data.metric_options(ctx.shown), key="curve_metric")
+    metric = c1.selectbox("metric", store_data.metric_options(runs), key="curve_metric")
     x_axis = c2.radio(
         "x axis",
-        list(store_data.X_AXES),
+        store_data.x_axis_options(runs),
         horizontal=True,
         key="curve_x",
-        help="compute: baseline-equivalent tokens, i.e. tokens x schedule cost "
-        "(an Interleaved(2) run is plotted at 2x its tokens, as in the paper); "
-        "wall-clock: seconds since the run started",
+        help=X_HELP,
     )
     smoothing = c3.slider(
         "smoothing",
@@ -272,7 +302,8 @@ def curves_page(ctx: Context) -> None:
         list(store_data.BANDS),
         horizontal=True,
         key="curve_band",
-        help="shaded band around the mean over seeds",
+        help="shaded band around the mean over seeds; a t-interval needs "
+        f"{store_data.MIN_SEEDS_T} seeds: groups with fewer get their seeds' min to max",
     )
     log_y = c5.checkbox("log y", value=False, key="curve_log")
     show_runs = c6.checkbox("show each seed", value=False, key="curve_seeds")
@@ -282,17 +313,17 @@ def curves_page(ctx: Context) -> None:
         key="curve_curriculum",
         help="dotted vertical lines where the training length steps up (the loss jumps there)",
     )
-    long, notes = store_data.curves(ctx.shown, metric, x_axis, smoothing)
+    long, notes = store_data.curves(runs, metric, x_axis, smoothing)
     for note in notes:
         st.caption(note)
     if long.empty:
         st.info(f"No {metric} records in the runs shown.")
         return
-    band = store_data.seed_band(long, band=band_kind)
+    band = store_data.seed_band(long, band=band_kind, bounds=store_data.metric_bounds(metric))
     switches = (
-        store_data.curriculum_switches(ctx.shown, x_axis) if markers and metric == "loss" else None
+        store_data.curriculum_switches(runs, x_axis) if markers and metric == "loss" else None
     )
-    color = ctx.color()
+    color = group_color(band["group"])
     palette_note(len(color["scale"]["domain"]))
     tasks = sorted(band["task"].unique())
     for task in tasks:  # one metric family per y axis: losses of different tasks are not comparable
@@ -309,14 +340,42 @@ def curves_page(ctx: Context) -> None:
             log_y,
             show_runs,
         )
-    about = store_data.BANDS[band_kind]
     st.caption(
-        "Lines: mean over seeds"
-        + (f"; shaded band: {about}" if about else "")
-        + "; groups with one seed are a line alone. Dotted verticals: curriculum switches "
-        "(the new training "
-        "length on top). Drag to pan, scroll to zoom."
+        "Lines: mean over seeds; "
+        + band_caption(band, band_kind, metric)
+        + " Dotted verticals: curriculum switches (the new training length on top). Drag to pan, "
+        "scroll to zoom."
     )
+
+
+def band_caption(band: pd.DataFrame, band_kind: str, metric: str) -> str:
+    """What the shaded bands are, group by group: which got a t-interval, which their seeds' min
+    to max (too few seeds for a t-interval), which none, and the range they are clipped to."""
+    if store_data.BANDS[band_kind] is None:
+        return "no band."
+    kinds = band.drop_duplicates("group").groupby("band")["n"].agg(["size", "min", "max"])
+    parts = []
+    for kind, text in (
+        ("95% t-interval", "95% t-interval over seeds"),
+        ("min-max", "min to max of the seeds"),
+        ("none", "no band (one seed)"),
+    ):
+        if kind not in kinds.index:
+            continue
+        k = kinds.loc[kind]
+        seeds = f"{k['min']}" if k["min"] == k["max"] else f"{k['min']}-{k['max']}"
+        parts.append(f"{text} for {k['size']} group(s) of {seeds} seed(s)")
+    text = "shaded band: " + "; ".join(parts) + "."
+    if band_kind == "95% t-interval" and "min-max" in kinds.index:
+        text += (
+            f" A t-interval needs {store_data.MIN_SEEDS_T} seeds: over 2 it is the mean +- 12.7 "
+            "standard errors."
+        )
+    lower, upper = store_data.metric_bounds(metric)
+    if lower is not None or upper is not None:
+        rng = f">= {lower:g}" if upper is None else f"in [{lower:g}, {upper:g}]"
+        text += f" Bands are clipped to the metric's range ({metric} {rng})."
+    return text
 
 
 def _curve_chart(band, long, switches, metric, x_axis, color, band_kind, log_y, show_runs) -> None:
@@ -326,7 +385,7 @@ def _curve_chart(band, long, switches, metric, x_axis, color, band_kind, log_y, 
     layers = []
     datasets = {"band": band}
     if store_data.BANDS[band_kind]:
-        keep = "datum.n > 1" + (" && datum.lo > 0" if log_y else "")
+        keep = "datum.band !== 'none'" + (" && datum.lo > 0" if log_y else "")
         layers.append(
             {
                 "data": {"name": "band"},
@@ -355,6 +414,7 @@ def _curve_chart(band, long, switches, metric, x_axis, color, band_kind, log_y, 
                     _tip("mean", fmt=".4g"),
                     _tip("lo", fmt=".4g"),
                     _tip("hi", fmt=".4g"),
+                    _tip("band", "nominal"),
                     {"field": "n", "type": "quantitative", "title": "seeds"},
                 ],
             },
@@ -414,16 +474,23 @@ def _curve_chart(band, long, switches, metric, x_axis, color, band_kind, log_y, 
 def length_page(ctx: Context) -> None:
     if not _needs_runs(ctx):
         return
-    color = ctx.color()
+    runs = ctx.pick_groups("length")
+    if runs.empty:
+        st.info("No group picked: open *Groups* above and pick some.")
+        return
+    color = group_color(store_data.group_labels(runs))
     palette_note(len(color["scale"]["domain"]))
-    figs = store_data.length_figures(ctx.shown)
+    figs = store_data.length_figures(runs)
     cols = [c for c in ("pos90_parallel", "pos90_exact") if c in figs.columns]
     st.subheader("pos@90 at each evaluation length")
     if figs.empty:
         st.info("No evaluation figures in the runs' summaries.")
     else:
         st.dataframe(store_data.length_summary(figs), hide_index=True)
-        st.caption("Cells: mean [95% t-interval over seeds] (n seeds); one seed: its value alone.")
+        st.caption(
+            "Cells: mean [95% t-interval over seeds, clipped to the figure's range: pos@90 at N "
+            "in [0, N], accuracy in [0, 1]] (n seeds); one seed: its value alone."
+        )
     if not figs.empty and cols:
         pos = (
             figs.groupby(["group", "length"], as_index=False)[cols]
@@ -480,14 +547,14 @@ def length_page(ctx: Context) -> None:
         )
 
     st.subheader("Per-position accuracy")
-    pp, missing = store_data.per_position(ctx.shown)
+    pp, missing = store_data.per_position(runs)
     if missing:
         st.caption(f"No tables/per_position.csv in: {', '.join(missing)}")
     if pp.empty:
         st.info("No per-position tables in the runs shown.")
         return
     mean = pp.groupby(["group", "length", "mode", "position"], as_index=False)["accuracy"].mean()
-    chance = store_data.chance_levels(ctx.shown)
+    chance = store_data.chance_levels(runs)
     refs = pd.DataFrame({"y": [0.9], "what": ["0.9 (pos@90 threshold)"]})
     if not chance.empty:
         levels = chance.groupby("chance")["group"].apply(list)
@@ -575,8 +642,16 @@ def depth_page(ctx: Context) -> None:
         help="solved: share of runs whose pos@90 reaches the full length; "
         "fraction: mean pos@90 / length",
     )
-    grid = store_data.solved_grid(ctx.shown, mode, measure)
-    depths = sorted(ctx.shown["n_layer"].dropna().unique().tolist())
+    runs = ctx.pick_groups(
+        "depth",
+        exclude=("n_layer",),
+        spread="n_layer",
+        help="groups of seeds, every depth of each (a row per depth); by default at most "
+        f"{MAX_DEFAULT_GROUPS}: those trained at several depths first, of the task and training "
+        "length with the most of them",
+    )
+    grid = store_data.solved_grid(runs, mode, measure)
+    depths = sorted(runs["n_layer"].dropna().unique().tolist())
     if grid.empty:
         st.info(f"No pos90_{mode}@L figures in the runs' summaries.")
     else:
@@ -979,9 +1054,10 @@ def probes_page(ctx: Context) -> None:
     if not parts:
         return
     probes = pd.concat(parts, ignore_index=True)
-    c1, c2 = st.columns([3, 1])
     options = list(names)
-    picked = c1.multiselect(
+    # full width, not in a column: in a column Streamlit keeps the chips on one row that scrolls
+    # sideways, hiding the tables picked past the first two
+    picked = st.multiselect(
         "probe tables",
         options,
         default=options[:6],
@@ -989,7 +1065,7 @@ def probes_page(ctx: Context) -> None:
         help="one heatmap per run and decoding; the first six are shown by default",
     )
     controls = sorted(probes["control"].unique(), key=lambda c: (c != "probe", c))
-    control = c2.selectbox(
+    control = st.selectbox(
         "control",
         controls,
         key=data_key("probe_control", controls),
@@ -1031,12 +1107,14 @@ PAGES = {
     "Compare": compare_page,
     "Runs": runs_page,
     "Training curves": curves_page,
+    "Delta vs baseline": delta_page,
     "Length generalisation": length_page,
     "Depth x length": depth_page,
     "Gap recovery": gap_page,
     "Probes": probes_page,
     "Convergence": convergence_page,
     "Trainer frontier": frontier_page,
+    "Scaling": scaling_page,
 }
 
 

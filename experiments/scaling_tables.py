@@ -2,8 +2,8 @@
 compute, paired deltas, power-law fits and the decision the pre-stated rule gives.
 
     python experiments/scaling_tables.py            # print the tables
-    python experiments/scaling_tables.py --write    # regenerate docs/scaling.md and its figure
-    python experiments/scaling_tables.py --check    # exit 1 when docs/scaling.md is stale
+    python experiments/scaling_tables.py --write    # docs/scaling.md, its figure, the README block
+    python experiments/scaling_tables.py --check    # exit 1 when either page is stale
 
 The page's prose is experiments/scaling_template.md, written before the grid ran (its decision
 rule included); every number in it comes from here.
@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from lrt_lab.analysis.scaling import (
+    LRT,
     check_same_heldout,
     decide,
     fit_power_laws,
@@ -152,6 +153,37 @@ def fits_table(points: pd.DataFrame) -> str | None:
     )
 
 
+def rivals_table(points: pd.DataFrame, c: float = 40.0) -> str | None:
+    """Every method near compute C (within 25%: the adaptive trainers' measured C varies), with
+    its seed mean and SD of BPB, and its difference from the LRT (Interleaved(2)) at C, paired by
+    seed."""
+    near = points[(points["C"] - c).abs() <= 0.25 * c]
+    if near.empty or near["method"].nunique() < 2:
+        return None
+    ref = near[near["method"] == LRT].groupby("seed")["bpb_exact"].mean()
+    rows = []
+    for (method, r), sub in near.groupby(["method", "R"]):
+        by_seed = sub.groupby("seed")["bpb_exact"].mean()
+        common = sorted(set(by_seed.index) & set(ref.index))
+        diff = (by_seed[common] - ref[common]) if method != LRT else None
+        rows.append(
+            {
+                "method": method,
+                "R": f"{r:g}",
+                "C (measured)": f"{sub['C'].mean():.1f}",
+                "seeds": len(sub),
+                "BPB exact": f"{sub['bpb_exact'].mean():.4f}",
+                "seed SD": f"{sub['bpb_exact'].std(ddof=1):.4f}" if len(sub) > 1 else "-",
+                "BPB parallel": f"{sub['bpb_parallel'].mean():.4f}",
+                "minus LRT (pairs)": "-"
+                if diff is None or diff.empty
+                else f"{diff.mean():+.4f} ({len(diff)})",
+                "wall (min)": f"{sub['wall_s'].mean() / 60:.0f}",
+            }
+        )
+    return markdown(pd.DataFrame(rows))
+
+
 def builders(runs: pd.DataFrame) -> dict:
     points = grid_points(runs)
     if not points.empty:
@@ -162,9 +194,44 @@ def builders(runs: pd.DataFrame) -> dict:
         "deltas": lambda: deltas_table(points),
         "deltas_parallel": lambda: deltas_table(points, "bpb_parallel"),
         "fits": lambda: fits_table(points),
+        "rivals": lambda: rivals_table(points),
         "decision": lambda: decide(paired_deltas(points)),
         "decision_parallel": lambda: decide(paired_deltas(points, metric="bpb_parallel")),
     }
+
+
+README = REPO / "README.md"
+BLOCK_START, BLOCK_END = "<!-- scaling:start -->", "<!-- scaling:end -->"
+
+
+def readme_block(runs: pd.DataFrame) -> str:
+    """The README's summary of the scaling grid: the decision and the deltas, generated."""
+    points = grid_points(runs)
+    pilot = runs[runs["run"].str.startswith(PILOT)]
+    seeds = points.groupby("method")["seed"].nunique().to_dict() if not points.empty else {}
+    lines = [
+        "**Bits per byte against compute** (byte-level Python source, 4 layers, d = 64, "
+        "~0.3M parameters; the LRT trained with Interleaved(2) against the transformer, exact "
+        "decoding, paired by seed; [docs/scaling.md](docs/scaling.md)). "
+        f"Decision by the rule stated before the grid ran: **{decide(paired_deltas(points))}**."
+    ]
+    if seeds:
+        lines.append(
+            "Seeds so far: " + ", ".join(f"{m} {n}" for m, n in sorted(seeds.items())) + "."
+        )
+    table = deltas_table(points)
+    if table is not None:
+        lines += ["", table]
+    elif not pilot.empty:
+        lines += ["", "The grid has not run yet; its pilot (R = 10):", "", pilot_table(runs)]
+    return "\n".join(lines)
+
+
+def with_block(page: str, block: str) -> str:
+    start, end = page.find(BLOCK_START), page.find(BLOCK_END)
+    if start < 0 or end < start:
+        raise SystemExit(f"README.md has no {BLOCK_START} ... {BLOCK_END} markers in that order")
+    return page[: start + len(BLOCK_START)] + "\n" + block + "\n" + page[end:]
 
 
 def render(template: str, runs: pd.DataFrame) -> str:
@@ -191,17 +258,19 @@ def main(argv=None) -> int:
     if runs.empty:
         raise SystemExit(f"store={args.store!r}: no complete runs")
     text = render(TEMPLATE.read_text(), runs)
+    readme = with_block(README.read_text(), readme_block(runs))
     if args.check:
-        if not PAGE.is_file() or PAGE.read_text() != text:
+        stale = [p.name for p, t in ((PAGE, text), (README, readme)) if p.read_text() != t]
+        for name in stale:
             print(
-                "docs/scaling.md differs from what the run store gives; "
+                f"{name} differs from what the run store gives; "
                 "run python experiments/scaling_tables.py --write",
                 file=sys.stderr,
             )
-            return 1
-        return 0
+        return 1 if stale else 0
     if args.write:
         PAGE.write_text(text)
+        README.write_text(readme)
         points = grid_points(runs)
         if not points.empty:
             scaling_figure(points, REPO / FIGURE)

@@ -47,6 +47,7 @@ _LAYERS = {
         "Exact",
         "FixedPoint",
         "Rollout",
+        "GaussSeidel",
     ),
     "lrt_lab.run.registry": ("register_schedule", "parse_schedule", "as_schedule"),
     "lrt_lab.run.runner": ("run_schedule", "run_with_cache", "ScheduleOutput"),

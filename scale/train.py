@@ -181,8 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument(
         "--schedule",
         default=None,
-        help="training schedule: onepass, interleaved:S, fullseq:K[:w..], chunked:C, exact, "
-        "fixedpoint:TOL:MAX[:G], rollout[:G] "
+        help="training schedule: onepass, interleaved:S, gaussseidel:S:N[:G], fullseq:K[:w..], "
+        "chunked:C, exact, fixedpoint:TOL:MAX[:G], rollout[:G] "
         "(default: interleaved:2 for lrt, onepass for transformer)",
     )
     m.add_argument(

@@ -19,11 +19,29 @@ from lrt_lab.store.results import Run, write_table  # noqa: E402
 from lrt_lab.training.loop import TrainConfig, train  # noqa: E402
 
 APP = str(Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py")
-LRT_RUNS = [
-    "group_prefix-L6-tiny-lrt-interleaved_2-s0",
-    "group_prefix-L6-tiny-lrt-interleaved_2-s1",
-]
-TRANSFORMER_RUN = "group_prefix-L6-tiny-transformer-s0"
+
+
+def tiny_config(model: str, schedule: str, seed: int) -> TrainConfig:
+    return TrainConfig(
+        task="group_prefix",
+        task_options={"group": "S3"},
+        length=6,
+        preset="tiny",
+        model=model,
+        schedule=schedule,
+        steps=6,
+        batch_size=8,
+        eval_every=3,
+        eval_lengths=(6, 12),
+        eval_size=16,
+        checkpoint_every=0,
+        seed=seed,
+    )
+
+
+# group_prefix-L6-tiny-lrt-interleaved_2-s0-o<digest of the task options>, ...
+LRT_RUNS = [tiny_config("lrt", "interleaved:2", seed).run_name for seed in (0, 1)]
+TRANSFORMER_RUN = tiny_config("transformer", "onepass", 0).run_name
 UNKNOWN_RUN = "mystery-kind-s0"
 COMPLETE_RUNS = LRT_RUNS + [TRANSFORMER_RUN]
 
@@ -33,22 +51,7 @@ def build_store(root: Path, analysis: bool = True, lrt_seeds=(0, 1)) -> Path:
     torch.set_num_threads(1)
     runs = [("lrt", "interleaved:2", seed) for seed in lrt_seeds] + [("transformer", "onepass", 0)]
     for model, schedule, seed in runs:
-        cfg = TrainConfig(
-            task="group_prefix",
-            task_options={"group": "S3"},
-            length=6,
-            preset="tiny",
-            model=model,
-            schedule=schedule,
-            steps=6,
-            batch_size=8,
-            eval_every=3,
-            eval_lengths=(6, 12),
-            eval_size=16,
-            checkpoint_every=0,
-            seed=seed,
-        )
-        train(cfg, out=root, progress=False)
+        train(tiny_config(model, schedule, seed), out=root, progress=False)
     if not analysis:
         return root
     # A run of a kind the dashboard does not know (a later baseline, say).
@@ -164,3 +167,59 @@ def run_app(monkeypatch, runs_dir) -> AppTest:
 def assert_clean(at: AppTest) -> None:
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
+
+
+# Stores written by hand: every number known ------------------------------------------------------
+def template_run(root: Path) -> Path:
+    """One tiny real transformer run (a second): the config and summary the hand-written runs of
+    `synthetic_store` start from."""
+    torch.set_num_threads(1)
+    cfg = TrainConfig(
+        task="group_prefix",
+        task_options={"group": "S3"},
+        length=6,
+        preset="tiny",
+        model="transformer",
+        schedule="onepass",
+        steps=2,
+        batch_size=4,
+        eval_every=0,
+        eval_lengths=(6,),
+        eval_size=8,
+        checkpoint_every=0,
+        seed=0,
+        name="template",
+    )
+    train(cfg, out=root, progress=False)
+    return root / "template"
+
+
+def synthetic_store(root: Path, template: Path, runs: list[dict]) -> Path:
+    """A store of runs copied from `template` (template_run), each with its own config fields and
+    metrics.jsonl: runs are dicts of name, seed, train (config.train fields to set: lr_scale, ...)
+    and records (the metrics.jsonl lines, written as given)."""
+    for spec in runs:
+        path = root / spec["name"]
+        shutil.copytree(template, path, ignore=shutil.ignore_patterns("checkpoints"))
+        config = json.loads((path / "config.json").read_text())
+        config["train"] |= {"seed": spec["seed"], "name": spec["name"], **spec.get("train", {})}
+        (path / "config.json").write_text(json.dumps(config))
+        (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in spec["records"]))
+    return root
+
+
+def loss_records(losses, cost: float = 1.0, tokens_per_step: int = 100) -> list[dict]:
+    """metrics.jsonl train lines for losses at steps 1, 2, ...: tokens, compute (tokens x cost)
+    and FLOPs (10 per compute token) as the trainer logs them."""
+    return [
+        {
+            "kind": "train",
+            "step": i,
+            "loss": loss,
+            "tokens": i * tokens_per_step,
+            "compute_tokens": i * tokens_per_step * cost,
+            "flops": 10.0 * i * tokens_per_step * cost,
+            "time": 0.1 * i,
+        }
+        for i, loss in enumerate(losses, start=1)
+    ]

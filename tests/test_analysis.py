@@ -8,6 +8,7 @@ import json
 import math
 import sys
 import warnings
+from pathlib import Path
 from types import SimpleNamespace
 
 import matplotlib
@@ -647,3 +648,131 @@ def test_analyze_help_lists_its_subcommands_and_explains_their_options(capsys):
     with pytest.raises(SystemExit) as refused:
         main(["report", "--bogus"])
     assert refused.value.code == 2 and "--bogus" in capsys.readouterr().err
+
+
+# `lrt-lab analyze`: help, errors, where its figures go
+# -----------------------------------------------------------------------------------------
+def test_every_analyze_option_has_help_and_the_usage_says_lrt_lab_analyze(capsys):
+    import argparse
+
+    from lrt_lab.analysis import scaling
+    from lrt_lab.commands.analyze import build_parser
+    from lrt_lab.commands.cli import main
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(sub.choices) == {"probe", "gap", "depth", "convergence", "gradient", "scaling"}
+    for name, command in sub.choices.items():
+        for action in command._actions:
+            assert action.help and action.help != argparse.SUPPRESS, (name, action.dest)
+        with pytest.raises(SystemExit) as done:
+            main(["analyze", name, "--help"])
+        out = capsys.readouterr().out
+        assert done.value.code == 0 and out.startswith(f"usage: lrt-lab analyze {name} ")
+        for action in command._actions:
+            for option in action.option_strings:
+                assert option in out, (name, option)
+    # the choices the parser offers are the ones the scaling code knows
+    choices = {a.dest: a.choices for a in sub.choices["scaling"]._actions}
+    assert set(choices["x"]) == set(scaling.X_AXES) and set(choices["metric"]) == set(
+        scaling.METRICS
+    )
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["probe"], "required: RUN"),
+        (["bogus"], "invalid choice"),
+        (["probe", "x", "--n-sequences", "0"], "--n-sequences"),
+        (["convergence", "x", "--tols", "a,b"], "--tols"),
+        (["depth", "x", "--targets", "4,x"], "--targets"),
+        (["scaling", "x", "--x", "tokens"], "--x"),
+        (["probe", "{missing}"], "run folder"),
+        (["convergence", "{missing}"], "run folder"),
+        (["gap", "{missing}"], "no run"),
+        (["depth", "{empty}"], ""),
+        (["scaling", "{missing}"], "no complete run"),
+        (["gradient", "{missing}"], "config.json"),
+        (["gradient", "x", "--n-sequences", "0"], "--n-sequences"),
+    ],
+)
+def test_every_analyze_error_is_one_line_with_its_prefix(tmp_path, capsys, args, says):
+    """argparse's errors and the analyses' own: `lrt-lab analyze: error: ...`, one line, exit 2,
+    from `lrt-lab analyze` and from analyze's main alike."""
+    from lrt_lab.commands.analyze import main as analyze_main
+    from lrt_lab.commands.cli import main
+
+    (tmp_path / "empty").mkdir()
+    args = [a.format(missing=tmp_path / "nowhere", empty=tmp_path / "empty") for a in args]
+    for call in (lambda: main(["analyze", *args]), lambda: analyze_main(args)):
+        try:
+            code = call()
+        except SystemExit as e:
+            code = e.code
+        err = capsys.readouterr().err
+        assert code == 2, err
+        assert err.startswith("lrt-lab analyze: error: ") and err.count("\n") == 1, err
+        assert says in err
+
+
+def test_an_unexpected_analyze_failure_is_one_line_with_its_prefix(tmp_path, capsys, monkeypatch):
+    import lrt_lab.analysis
+    from lrt_lab.commands.cli import main
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("something inside broke\nsecond line")
+
+    monkeypatch.setattr(lrt_lab.analysis, "probe_run", broken)
+    assert main(["analyze", "probe", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        "lrt-lab analyze: error: RuntimeError: something inside broke (run with "
+        "LRT_LAB_DEBUG=1 for the traceback)\n"
+    )
+    with pytest.raises(RuntimeError):
+        main(["--debug", "analyze", "probe", str(tmp_path)])
+
+
+def test_probe_heatmaps_go_into_the_run_or_the_stores_analysis_folder(
+    tmp_path, monkeypatch, capsys
+):
+    """One run: <run>/probe_heatmap_<decoding>.png. Several: <store>/.analysis/probe_<decoding>_
+    <digest of the names>.png, one file per selection, so no probe overwrites another's figure;
+    nothing lands in the store's root."""
+    import lrt_lab.analysis
+    from lrt_lab.commands.cli import main
+    from lrt_lab.store.results import Run
+
+    task = make_task("group_prefix", 4, group="S3")
+    b = task.sample(40, gen())
+    torch.manual_seed(0)
+    lrt = LRT(preset("tiny", memory=MemoryConfig(), vocab_size=6))
+    table = probe_model(lrt, b.inputs, b.state, "exact", max_positions=2, steps=5)
+    tr_table = probe_model(LRT(preset("tiny", vocab_size=6)), b.inputs, b.state, "exact", steps=5)
+    store = tmp_path / "store"
+    runs = {name: Run.create(store, name, {"train": {}}) for name in ("a", "b", "tr")}
+
+    def fake_probe_run(run, decoding, **kw):
+        return (tr_table if run.name == "tr" else table).assign(run=run.name)
+
+    monkeypatch.setattr(lrt_lab.analysis, "probe_run", fake_probe_run)
+
+    def heatmap(*names):
+        assert main(["analyze", "probe", *(str(runs[n].path) for n in names)]) == 0
+        line = capsys.readouterr().out.strip().splitlines()[-1]
+        assert line.startswith("heatmap: ")
+        path = Path(line.removeprefix("heatmap: "))
+        assert path.is_file() and path.stat().st_size > 0
+        return path
+
+    assert heatmap("a") == runs["a"].path / "probe_heatmap_exact.png"
+    pair = heatmap("a", "b")
+    digest = hashlib.sha256(b"a\nb").hexdigest()[:8]
+    assert pair == store / ANALYSIS_DIR / f"probe_exact_{digest}.png"
+    # another selection: another file, the first one kept; the transformer's onepass is not named
+    mixed = heatmap("tr", "a")
+    assert mixed.parent == store / ANALYSIS_DIR and mixed.name.startswith("probe_exact_")
+    assert mixed != pair and pair.is_file()
+    assert heatmap("tr") == runs["tr"].path / "probe_heatmap_onepass.png"
+    assert not list(store.glob("*.png"))

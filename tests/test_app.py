@@ -7,12 +7,16 @@ folder, a run still training, and analysis tables (probe, gap recovery, depth sw
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats as sps
 
 pytest.importorskip("streamlit")
 from app_helpers import (  # noqa: E402
@@ -23,7 +27,10 @@ from app_helpers import (  # noqa: E402
     UNKNOWN_RUN,
     assert_clean,
     build_store,
+    loss_records,
     run_app,
+    synthetic_store,
+    template_run,
 )
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
@@ -66,12 +73,14 @@ def test_every_page_renders(store, monkeypatch):
         "Compare",
         "Runs",
         "Training curves",
+        "Delta vs baseline",
         "Length generalisation",
         "Depth x length",
         "Gap recovery",
         "Probes",
         "Convergence",
         "Trainer frontier",
+        "Scaling",
     ]
     assert sorted(runs_table(at)["run"]) == sorted(COMPLETE_RUNS + [UNKNOWN_RUN])
     shown = " ".join(m.value for m in page(at, "Runs").markdown)
@@ -84,12 +93,14 @@ def test_every_page_renders(store, monkeypatch):
     n_charts = {
         "Compare": 1,  # the frontier scatter of the store's one study
         "Training curves": 1,
+        "Delta vs baseline": 1,  # the LRT and the unknown kind against the transformer
         "Length generalisation": 2,
         "Depth x length": 2,
         "Gap recovery": 1,
         "Probes": 1,
         "Convergence": 0,  # no FixedPoint run in this store
         "Trainer frontier": 1,
+        "Scaling": 0,  # no run trained to a tokens-per-parameter budget in this store
     }
     for tab in [t for t in at.tabs if t.label != "Runs"]:
         charts = [e for e in tab if getattr(e, "type", "") == "vega_lite_chart"]
@@ -411,3 +422,245 @@ def test_trainer_frontier_on_the_committed_store(monkeypatch):
     tab.radio(key="frontier_x").set_value("wall clock")
     at.run()
     assert_clean(at)
+
+
+# Many groups: labels, the group picker, bands, the delta view -------------------------------------
+# Runs written by hand (app_helpers.synthetic_store): four groups that differ only in lr_scale.
+BASE = {s: [4.0, 3.0, 2.0, 1.0 + 0.1 * s] for s in (0, 1, 2)}
+FAST = {s: [3.5 + o, 2.0 + o, 1.0 + o, 0.5 + o] for s, o in ((0, 0.0), (1, 0.2), (2, -0.05))}
+PAIR = {s: [4.0 + 0.3 * s, 3.5 + 0.3 * s, 2.5 + 0.3 * s, 1.5 + 0.3 * s] for s in (0, 1)}
+LONE = {7: [5.0, 4.0, 3.0, 2.0]}
+LABELS = {1: "transformer | lr_scale=1", 2: "transformer | lr_scale=2"}
+LABELS |= {3: "transformer | lr_scale=3", 4: "transformer | lr_scale=4"}
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory) -> Path:
+    return template_run(tmp_path_factory.mktemp("template"))
+
+
+@pytest.fixture(scope="module")
+def four_groups(template, tmp_path_factory) -> Path:
+    """BASE, FAST (trained at twice the compute per step, as an Interleaved(2) run is), PAIR (two
+    seeds) and LONE (a seed the baseline does not have), four loss records each."""
+    runs = []
+    for scale, seeds, cost in ((1, BASE, 1.0), (2, FAST, 2.0), (3, PAIR, 1.0), (4, LONE, 1.0)):
+        runs += [
+            {
+                "name": f"lr{scale}-s{seed}",
+                "seed": seed,
+                "train": {"lr_scale": float(scale)},
+                "records": loss_records(losses, cost),
+            }
+            for seed, losses in seeds.items()
+        ]
+    return synthetic_store(tmp_path_factory.mktemp("four_groups"), template, runs)
+
+
+def read_runs(store):
+    from lrt_app import store_data
+
+    return store_data.cached_runs(str(store), False, store_data.store_signature(store))[0]
+
+
+def chart_specs(tab) -> list[dict]:
+    return [json.loads(e.proto.spec) for e in tab if getattr(e, "type", "") == "vega_lite_chart"]
+
+
+def color_domains(spec) -> list[list]:
+    """The colour scales' domains anywhere in a chart spec: what its legends list."""
+    found = []
+    if isinstance(spec, dict):
+        color = spec.get("color")
+        if isinstance(color, dict) and isinstance(color.get("scale", {}).get("domain"), list):
+            found.append(color["scale"]["domain"])
+        for v in spec.values():
+            found += color_domains(v)
+    elif isinstance(spec, list):
+        for v in spec:
+            found += color_domains(v)
+    return found
+
+
+def t_interval(values) -> tuple[float, float, float]:
+    values = np.asarray(values, dtype=float)
+    mean, n = values.mean(), len(values)
+    half = sps.t.ppf(0.975, n - 1) * values.std(ddof=1) / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def test_groups_that_differ_in_one_field_are_named_by_that_field_alone(four_groups):
+    from lrt_app import store_data
+
+    runs = read_runs(four_groups)
+    labels = store_data.group_labels(runs)
+    assert set(labels) == set(LABELS.values())
+    by_run = dict(zip(runs["run"], labels))
+    assert by_run["lr2-s1"] == LABELS[2] and by_run["lr4-s7"] == LABELS[4]
+    # labelled against the runs a chart shows: two groups, the same single field
+    two = runs[runs["run"].str.startswith(("lr1-", "lr3-"))]
+    assert set(store_data.group_labels(two)) == {LABELS[1], LABELS[3]}
+
+
+def test_a_band_over_two_seeds_is_their_range_and_no_band_leaves_the_metric_range():
+    from lrt_app import store_data
+
+    def long(curves):
+        return pd.DataFrame(
+            [
+                {"group": "g", "task": "t", "run": f"r{i}", "x": float(x), "y": y}
+                for i, ys in enumerate(curves)
+                for x, y in enumerate(ys)
+            ]
+        )
+
+    two = long([[0.05, 0.01, 0.30], [0.50, 0.02, 0.31]])
+    band = store_data.seed_band(two, bounds=store_data.metric_bounds("loss"))
+    assert set(band["band"]) == {"min-max"} and set(band["n"]) == {2}
+    assert band["lo"].tolist() == [0.05, 0.01, 0.30] and band["hi"].tolist() == [0.50, 0.02, 0.31]
+    # the t-interval the band used to be: mean +- 12.7 standard errors, far below 0
+    mean, lo, _ = t_interval([0.05, 0.50])
+    assert lo < 0 <= band["lo"].min()
+
+    three = long([[0.01, 0.5], [0.02, 0.6], [0.90, 0.7]])
+    band = store_data.seed_band(three, bounds=store_data.metric_bounds("loss"))
+    mean, lo, hi = t_interval([0.01, 0.02, 0.90])
+    assert set(band["band"]) == {"95% t-interval"} and lo < 0
+    assert band["lo"].iloc[0] == 0.0 and band["hi"].iloc[0] == pytest.approx(hi)
+    assert band["mean"].iloc[0] == pytest.approx(mean)
+    assert band["lo"].iloc[1] == pytest.approx(t_interval([0.5, 0.6, 0.7])[1])
+    # an accuracy stays in [0, 1]; one seed has no band; "min-max" is asked for by name too
+    acc = store_data.seed_band(three, bounds=store_data.metric_bounds("acc_exact@16"))
+    assert acc["hi"].max() <= 1.0 and acc["lo"].min() >= 0.0
+    assert store_data.metric_bounds("pos90_exact@32") == (0.0, 32.0)
+    one = store_data.seed_band(long([[0.2, 0.1]]))
+    assert set(one["band"]) == {"none"} and (one["lo"] == one["hi"]).all()
+    spread = store_data.seed_band(three, band="min-max")
+    assert set(spread["band"]) == {"min-max"} and spread["lo"].iloc[0] == 0.01
+
+
+def test_delta_against_a_baseline_is_the_hand_computed_difference(four_groups):
+    """Paired by seed at matched steps (a t-interval over 3 pairs, min to max over 2), unpaired
+    where no seed is shared, and at matched compute and FLOPs through interpolation."""
+    from lrt_app import store_data
+
+    runs = read_runs(four_groups)
+    long, notes = store_data.curves(runs, "loss", "steps")
+    assert not notes
+    deltas, notes = store_data.delta_curves(long, LABELS[1])
+    summary = store_data.delta_summary(deltas).set_index("group")
+    assert list(summary.index) == [LABELS[2], LABELS[3], LABELS[4]]
+    assert set(summary["x"]) == {4.0}
+
+    fast = [FAST[s][3] - BASE[s][3] for s in (0, 1, 2)]
+    mean, lo, hi = t_interval(fast)
+    row = summary.loc[LABELS[2]]
+    assert (row["delta"], row["lo"], row["hi"]) == pytest.approx((mean, lo, hi))
+    assert row["band"] == "95% t-interval" and row["pairs"] == 3 and row["seeds"] == "0, 1, 2"
+    every_step = deltas[deltas["group"] == LABELS[2]]
+    assert every_step["x"].tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert every_step["mean"].tolist() == pytest.approx(
+        [np.mean([FAST[s][i] - BASE[s][i] for s in (0, 1, 2)]) for i in range(4)]
+    )
+
+    pair = [PAIR[s][3] - BASE[s][3] for s in (0, 1)]
+    row = summary.loc[LABELS[3]]
+    assert row["delta"] == pytest.approx(np.mean(pair)) and row["band"] == "min-max"
+    assert (row["lo"], row["hi"]) == pytest.approx((min(pair), max(pair)))
+
+    row = summary.loc[LABELS[4]]
+    unpaired = LONE[7][3] - np.mean([BASE[s][3] for s in (0, 1, 2)])
+    assert row["delta"] == pytest.approx(unpaired) and row["band"] == "none"
+    assert row["pairs"] == 0 and math.isnan(row["lo"]) and "unpaired" in row["seeds"]
+    assert any("no seed in common" in n for n in notes)
+
+    # matched compute: FAST ran 2 compute units a step (200, 400, ...), the baseline 1 (100, ...):
+    # over the range both cover (200 to 400), FAST at step 1.5 is the mean of steps 1 and 2
+    for axis, unit in (("compute", 1.0), ("FLOPs", 10.0)):
+        long, _ = store_data.curves(runs, "loss", axis)
+        d, _ = store_data.delta_curves(long, LABELS[1])
+        fast_at = d[d["group"] == LABELS[2]].set_index("x")["mean"]
+        assert fast_at.index.tolist() == [200 * unit, 300 * unit, 400 * unit]
+        at_300 = [(FAST[s][0] + FAST[s][1]) / 2 - BASE[s][2] for s in (0, 1, 2)]
+        at_400 = [FAST[s][1] - BASE[s][3] for s in (0, 1, 2)]
+        assert fast_at.loc[300 * unit] == pytest.approx(np.mean(at_300))
+        assert fast_at.loc[400 * unit] == pytest.approx(np.mean(at_400))
+
+
+def test_the_delta_page_shows_the_hand_computed_numbers(four_groups, monkeypatch):
+    at = run_app(monkeypatch, four_groups)
+    assert_clean(at)
+    tab = page(at, "Delta vs baseline")
+    (baseline,) = [s for s in tab.selectbox if s.label == "baseline"]
+    baseline.set_value(LABELS[1])
+    tab.slider(key="delta_smoothing").set_value(0.0)
+    tab.radio(key="delta_x").set_value("steps")
+    at.run()
+    assert_clean(at)
+    tab = page(at, "Delta vs baseline")
+    assert "FLOPs" in tab.radio(key="delta_x").options
+    table = tab.dataframe[0].value.set_index("group")
+    mean, lo, hi = t_interval([FAST[s][3] - BASE[s][3] for s in (0, 1, 2)])
+    assert table.loc[LABELS[2], "delta"] == f"{mean:.4g}"
+    assert table.loc[LABELS[2], "interval"] == f"[{lo:.4g}, {hi:.4g}] (95% t-interval)"
+    assert table.loc[LABELS[3], "interval"] == "[0.5, 0.7] (min-max)"
+    assert table.loc[LABELS[4], "delta"] == f"{2.0 - 1.1:.4g}"
+    assert table.loc[LABELS[4], "pairs"] == 0
+    (spec,) = chart_specs(tab)
+    assert color_domains(spec) == [[LABELS[2], LABELS[3], LABELS[4]]] * 2
+
+    curves = page(at, "Training curves")
+    caption = " ".join(c.value for c in curves.caption)
+    assert "95% t-interval over seeds for 2 group(s) of 3 seed(s)" in caption
+    assert "min to max of the seeds for 1 group(s) of 2 seed(s)" in caption
+    assert "clipped to the metric's range (loss >= 0)" in caption
+
+
+def test_the_group_picker_opens_on_at_most_eight_groups(template, tmp_path, monkeypatch):
+    """Ten groups that differ only in lr_scale: the picker shows eight, those with the most seeds
+    first, says two are hidden, and each chart names its groups by lr_scale alone."""
+    runs = [
+        {
+            "name": f"lr{k}-s{seed}",
+            "seed": seed,
+            "train": {"lr_scale": float(k)},
+            "records": loss_records([3.0 - 0.1 * k, 2.0, 1.0]),
+        }
+        for k in range(1, 11)
+        for seed in ((0, 1) if k >= 9 else (0,))
+    ]
+    store = synthetic_store(tmp_path / "ten", template, runs)
+    at = run_app(monkeypatch, store)
+    assert_clean(at)
+    for title in ("Training curves", "Delta vs baseline", "Length generalisation"):
+        tab = page(at, title)
+        (picker,) = [m for m in tab.multiselect if m.label == "groups"]
+        assert len(picker.options) == 10 and len(picker.value) == 8, title
+        assert {"transformer | lr_scale=9", "transformer | lr_scale=10"} <= set(picker.value)
+        assert "8 of 10 groups shown; 2 hidden" in " ".join(c.value for c in tab.caption)
+    (spec,) = chart_specs(page(at, "Training curves"))
+    (domain,) = {tuple(d) for d in color_domains(spec)}
+    assert len(domain) == 8 and all(g.startswith("transformer | lr_scale=") for g in domain)
+    assert all(g.count("|") == 1 for g in domain)
+    # every group, on demand
+    (picker,) = [m for m in page(at, "Training curves").multiselect if m.label == "groups"]
+    picker.set_value(picker.options).run()
+    assert_clean(at)
+    tab = page(at, "Training curves")
+    assert "10 of 10 groups shown." in " ".join(c.value for c in tab.caption)
+    (spec,) = chart_specs(tab)
+    assert {len(d) for d in color_domains(spec)} == {10}
+
+
+def test_legends_fit_the_window_and_never_outgrow_the_plot():
+    from lrt_app import charts
+
+    for labels in (["a"], [f"group {i}" for i in range(48)], ["x" * 300] * 3):
+        legend = charts.legend_for(labels)
+        width = legend["columns"] * (legend["labelLimit"] + charts.SYMBOL_PX)
+        assert width <= charts.LEGEND_WIDTH, labels[:2]
+    many = charts.color_encoding([f"group {i}" for i in range(48)], "group")
+    spec = {"height": 300, "mark": "line", "encoding": {"color": many}}
+    rows = charts.legend_rows(spec)
+    assert rows == -(-48 // many["legend"]["columns"])
+    assert charts.ROW_PX * rows > 300  # so draw_chart must grow the plot

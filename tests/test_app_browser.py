@@ -7,7 +7,13 @@ root with apt-get);
 skipped, saying why, where they are not installed. Every tab is screenshotted into
 $LRT_SCREENSHOT_DIR (default: the system temp folder) and the test's tmp_path, so a person can look
 at what the browser drew: on a small store of several groups, and on the committed
-`experiments/results/`.
+`experiments/results/`. With $LRT_DOCS_SCREENSHOTS set to a folder (docs/screenshots), the committed
+store's tabs are also written there as small PNGs (palette colours, at most DOCS_HEIGHT px tall):
+
+    LRT_DOCS_SCREENSHOTS=docs/screenshots pytest -n 0 tests/test_app_browser.py -k committed
+
+On every tab of the committed store at 1400 px the page does not scroll sideways, and every chart
+(drawn as SVG) has its legends inside it and a plot at least as tall as any of its legends.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 SCREENSHOTS = (
     Path(os.environ.get("LRT_SCREENSHOT_DIR", tempfile.gettempdir())) / "lrt_lab_app_screenshots"
 )
+DOCS_SCREENSHOTS = os.environ.get("LRT_DOCS_SCREENSHOTS")
+DOCS_HEIGHT = 2400
 WINDOW = (1400, 1000)
 CHROME_FLAGS = [
     "--headless",
@@ -45,12 +53,14 @@ TABS = [
     "Compare",
     "Runs",
     "Training curves",
+    "Delta vs baseline",
     "Length generalisation",
     "Depth x length",
     "Gap recovery",
     "Probes",
     "Convergence",
     "Trainer frontier",
+    "Scaling",
 ]
 COMMITTED_STORE = Path(__file__).resolve().parent.parent / "experiments" / "results"
 
@@ -222,6 +232,11 @@ def _drawn(driver, panel=None) -> bool:
     try:
         if driver.find_elements(By.CSS_SELECTOR, '[data-testid="stStatusWidget"]'):
             return False
+        # the status widget shows only after a delay: ask the app itself whether its script runs
+        if not driver.find_elements(
+            By.CSS_SELECTOR, '[data-testid="stApp"][data-test-script-state="notRunning"]'
+        ):
+            return False
         for chart in _charts(panel if panel is not None else driver):
             marks = chart.find_elements(By.CSS_SELECTOR, "canvas, svg.marks")
             if not marks or not all(m.size["width"] > 0 and m.size["height"] > 0 for m in marks):
@@ -314,15 +329,98 @@ def _console_errors(driver) -> list[str]:
     ]
 
 
-def _screenshot_every_tab(driver, name: str, tmp_path: Path) -> dict[str, str]:
-    """Full-page screenshots of every tab (the window grows to the page's height); {tab: text}."""
+# What the page and each chart measure in the browser: the page's scroll width, anything else that
+# scrolls sideways (tables scroll inside their own frame, by design), and for every chart (an SVG
+# drawn by Vega) its size, its plot (the view's frame, or the union of a facet's cells) and its
+# legends, relative to the chart's top left.
+LAYOUT_JS = """
+const panel = arguments[0];
+const doc = document.documentElement;
+const inTable = e => e.closest('[data-testid="stDataFrame"], [data-testid="stTable"]');
+const sideways = Array.from(document.querySelectorAll('*'))
+  .filter(e => e.scrollWidth > e.clientWidth + 1 && !inTable(e)
+    && ['auto', 'scroll'].includes(getComputedStyle(e).overflowX))
+  .map(e => (e.getAttribute('data-testid') || e.tagName) + ': ' + e.scrollWidth + ' > '
+    + e.clientWidth);
+const charts = Array.from(panel.querySelectorAll('[data-testid="stVegaLiteChart"]'))
+  .filter(c => c.offsetParent !== null)
+  .map(c => {
+    const svg = c.querySelector('svg.marks');
+    if (!svg) return {svg: false};
+    const box = svg.getBoundingClientRect();
+    const rel = r => ({left: r.left - box.left, top: r.top - box.top, right: r.right - box.left,
+      bottom: r.bottom - box.top, width: r.width, height: r.height});
+    const frame = Array.from(svg.querySelectorAll(
+      'g.role-frame.root > g > path.background, g.role-scope.cell > g > path.background'))
+      .map(p => p.getBoundingClientRect()).filter(r => r.height > 0);
+    const plot = frame.length ? {top: Math.min(...frame.map(r => r.top)) - box.top,
+      bottom: Math.max(...frame.map(r => r.bottom)) - box.top} : null;
+    return {svg: true, width: box.width, height: box.height, right: box.right,
+      title: (c.closest('[data-testid="stVerticalBlock"]') || c).innerText.slice(0, 60),
+      plot: plot && {...plot, height: plot.bottom - plot.top},
+      legends: Array.from(svg.querySelectorAll('g.role-legend'))
+        .map(l => rel(l.getBoundingClientRect())).filter(r => r.height > 0)};
+  });
+return {scrollWidth: doc.scrollWidth, clientWidth: doc.clientWidth, sideways, charts};
+"""
+
+
+def layout_problems(layout: dict, window_width: int) -> list[str]:
+    """What LAYOUT_JS found wrong: a page wider than the window, something else scrolling
+    sideways, a chart past the window or not drawn as SVG, a legend cut by its chart, a plot
+    shorter than a legend (a flat line over a long list)."""
+    problems = []
+    if layout["scrollWidth"] > layout["clientWidth"]:
+        problems.append(f"page scrolls sideways: {layout['scrollWidth']} > {layout['clientWidth']}")
+    problems += [f"scrolls sideways: {s}" for s in layout["sideways"]]
+    for i, chart in enumerate(layout["charts"]):
+        if not chart["svg"]:
+            problems.append(f"chart {i}: not drawn as SVG")
+            continue
+        if chart["right"] > window_width + 1:
+            problems.append(f"chart {i}: ends at {chart['right']:.0f} px, past the window")
+        if chart["plot"] is None:
+            problems.append(f"chart {i}: no plot frame found")
+            continue
+        for legend in chart["legends"]:
+            if legend["right"] > chart["width"] + 1 or legend["bottom"] > chart["height"] + 1:
+                problems.append(
+                    f"chart {i}: a legend is cut ({legend} in {chart['width']:.0f} x "
+                    f"{chart['height']:.0f})"
+                )
+            if legend["height"] > chart["plot"]["height"] + 1:
+                problems.append(
+                    f"chart {i}: a legend {legend['height']:.0f} px tall over a plot "
+                    f"{chart['plot']['height']:.0f} px tall"
+                )
+    return problems
+
+
+def _docs_screenshot(png: bytes, file: Path) -> None:
+    """A tab's screenshot for docs/: the top DOCS_HEIGHT px, in 256 colours (a few hundred KB)."""
+    import io
+
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    image = image.crop((0, 0, image.width, min(image.height, DOCS_HEIGHT)))
+    file.parent.mkdir(parents=True, exist_ok=True)
+    image.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(file, optimize=True)
+
+
+def _screenshot_every_tab(
+    driver, name: str, tmp_path: Path, docs: str | None = None
+) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Full-page screenshots of every tab (the window grows to the page's height), and into `docs`
+    the small ones; ({tab: text}, {tab: layout problems at the window's width})."""
     from selenium.webdriver.common.by import By
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    texts = {}
+    texts, problems = {}, {}
     for title in TABS:
         panel = _tab(driver, title)
         texts[title] = panel.text
+        problems[title] = layout_problems(driver.execute_script(LAYOUT_JS, panel), WINDOW[0])
         height = driver.execute_script(
             "return Math.max(...Array.from(document.querySelectorAll('section, div'), e => "
             "e.scrollHeight))"
@@ -330,9 +428,13 @@ def _screenshot_every_tab(driver, name: str, tmp_path: Path) -> dict[str, str]:
         driver.set_window_size(WINDOW[0], min(max(WINDOW[1], int(height) + 120), 6000))
         time.sleep(0.3)  # the resize's relayout
         _settle(driver, panel)
-        file = SCREENSHOTS / f"{name}-{title.lower().replace(' ', '_')}.png"
-        assert driver.save_screenshot(str(file))
+        slug = title.lower().replace(" ", "_")
+        file = SCREENSHOTS / f"{name}-{slug}.png"
+        png = driver.get_screenshot_as_png()
+        file.write_bytes(png)
         shutil.copy(file, tmp_path / file.name)
+        if docs:
+            _docs_screenshot(png, Path(docs) / f"{slug}.png")
         driver.set_window_size(*WINDOW)
         # nothing drawn wider than the window: facets wrap, legends sit under their chart
         widths = [
@@ -341,7 +443,7 @@ def _screenshot_every_tab(driver, name: str, tmp_path: Path) -> dict[str, str]:
         ]
         assert all(w <= WINDOW[0] for w in widths), (title, widths)
     print(f"\nscreenshots: {SCREENSHOTS}/{name}-*.png (and {tmp_path})")
-    return texts
+    return texts, problems
 
 
 # The tests ---------------------------------------------------------------------------------------
@@ -384,17 +486,20 @@ def test_charts_follow_every_control(server, browser, tmp_path):
     _redrawn(browser, "Training curves", smoothed, "the chart to follow the seed filter")
     assert not _console_errors(browser), _console_errors(browser)
 
-    texts = _screenshot_every_tab(browser, "several_groups", tmp_path)
+    texts, _ = _screenshot_every_tab(browser, "several_groups", tmp_path)
     for title, text in texts.items():
         assert "could not be drawn" not in text and "Traceback" not in text, title
     assert not _console_errors(browser), _console_errors(browser)
 
 
 def test_every_tab_on_the_committed_store(committed_server, browser, tmp_path):
+    """About a hundred runs in some fifty groups: every tab fits a 1400 px window, and every chart's
+    plot stays at least as tall as its legends."""
     _open(browser, committed_server)
-    texts = _screenshot_every_tab(browser, "results", tmp_path)
+    texts, problems = _screenshot_every_tab(browser, "results", tmp_path, DOCS_SCREENSHOTS)
     for title, text in texts.items():
         assert "could not be drawn" not in text and "Traceback" not in text, title
+    assert not any(problems.values()), {t: p for t, p in problems.items() if p}
     assert (
         "Gap recovery" in texts["Gap recovery"]
         and "Train/inference mismatch" in texts["Gap recovery"]
@@ -409,4 +514,52 @@ def test_every_tab_on_the_committed_store(committed_server, browser, tmp_path):
         "Methods: a5_prefix at length 16" in texts["Compare"]
         and "Trainer frontier" in texts["Compare"]
     )
+    assert not _console_errors(browser), _console_errors(browser)
+
+
+def test_every_group_at_once_on_the_committed_store(committed_server, browser, tmp_path):
+    """The page that once collapsed to a flat line under a legend of 48 groups: every group picked
+    (the picker's *Select all*), the plots grow with their legends and nothing scrolls sideways."""
+    from selenium.common.exceptions import (
+        ElementNotInteractableException,
+        StaleElementReferenceException,
+    )
+    from selenium.webdriver.common.by import By
+
+    _open(browser, committed_server)
+    title = "Length generalisation"
+    panel = _tab(browser, title)
+    panel.find_element(By.CSS_SELECTOR, '[data-testid="stExpander"] summary').click()
+
+    def open_picker() -> bool:  # once the expander has finished opening
+        try:
+            panel.find_element(
+                By.CSS_SELECTOR, '[data-testid="stExpander"] [data-testid="stMultiSelect"] input'
+            ).click()
+        except (ElementNotInteractableException, StaleElementReferenceException):
+            return False
+        return True
+
+    _until("the group picker to open", open_picker, timeout=30, poll=0.3)
+    every = _until(
+        "the picker's options",
+        lambda: browser.find_elements(By.XPATH, "//*[@role='option' or text()='Select all']"),
+    )
+    select_all = [e for e in every if e.text.strip() == "Select all"]
+    if not select_all:
+        pytest.skip("this Streamlit's multiselect has no *Select all*")
+    # a click from script: the option list may sit under the page's own elements a moment longer
+    browser.execute_script("arguments[0].click();", select_all[0])
+    panel = _until(
+        "every group to be shown",
+        lambda: (p := _tab(browser, title)) and " groups shown." in p.text and p,
+        timeout=240,
+    )
+    shown = [line for line in panel.text.splitlines() if line.endswith(" groups shown.")]
+    n, _, total = shown[0].split()[:3]
+    assert n == total and int(n) > 40, shown
+    problems = layout_problems(browser.execute_script(LAYOUT_JS, panel), WINDOW[0])
+    assert not problems, problems
+    assert len(_charts(panel)) == 2
+    browser.save_screenshot(str(tmp_path / "every-group.png"))
     assert not _console_errors(browser), _console_errors(browser)

@@ -72,9 +72,9 @@ def test_tokens_per_param_sets_the_steps_and_names_the_run(tmp_path):
 
         n = sum(p.numel() for p in build_model(cfg, 256).parameters())
     assert resolved.steps == math.ceil(0.05 * n / (4 * 16))
-    assert resolved.run_name.endswith("-R0.05-s0") and resolved.run_name == cfg.run_name
+    assert resolved.base_name.endswith("-R0.05-s0") and resolved.run_name == cfg.run_name
     matrices = budgeted(text_cfg(tokens_per_param=0.05, param_convention="matrices"))
-    assert matrices.steps < resolved.steps and matrices.run_name.endswith("-R0.05-matrices-s0")
+    assert matrices.steps < resolved.steps and matrices.base_name.endswith("-R0.05-matrices-s0")
     # a sweep trains the budgeted steps, and finds the stored run unchanged on the next call
     spec = {
         "sweep": {"tasks": ["text_bytes"], "models": ["lrt"], "schedules": ["interleaved:2"]},
@@ -170,7 +170,15 @@ def test_evaluation_cross_entropy_matches_torch_loss():
     assert math.isnan(got[3]) and math.isnan(per_position[3])
     keep = torch.arange(16) != 3
     assert torch.allclose(got[keep].double(), per_position[keep], rtol=1e-5)
+    with torch.no_grad():
+        from lrt_lab.run.evaluation import exact_logits
+
+        same = (logits.argmax(-1) == exact_logits(model, x).argmax(-1)) & mask
+    agreement = res[16]["exact"]["agreement"]
+    assert torch.allclose(agreement[keep].double(), (same.sum(0) / mask.sum(0))[keep].double())
     rec = eval_record(res)
+    assert rec["agree@16"] == pytest.approx(same.sum().item() / mask.sum().item())
+    assert 0 < rec["agree@16"] < 1  # an untrained memory: the two forwards differ somewhere
     assert rec["ce_parallel@16"] == pytest.approx((ce * mask).sum().item() / mask.sum().item())
     assert rec["ce_exact@16"] != pytest.approx(rec["ce_parallel@16"], rel=1e-6)
 

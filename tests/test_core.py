@@ -216,8 +216,10 @@ def test_generate_greedy_equals_argmax_of_exact_forward_and_is_seeded():
     out = generate(model, prompt, 5, temperature=0, prefill=Exact())
     exact = run_schedule(model, out[:, :-1], None, Exact()).logits
     assert torch.equal(out[:, 3:], exact[:, 2:].argmax(-1))
-    # the default one-pass prefill starts decoding from zero-memory prompt states: a different path
-    onepass = generate(model, prompt, 5, temperature=0)
+    # the default prefill is the exact recurrence; a one-pass prefill starts decoding from
+    # zero-memory prompt states, a different path (asked for by name)
+    assert torch.equal(generate(model, prompt, 5, temperature=0), out)
+    onepass = generate(model, prompt, 5, temperature=0, prefill=OnePass())
     assert onepass.shape == out.shape
     a = generate(model, prompt, 6, temperature=1.0, top_k=5, seed=11)
     b = generate(model, prompt, 6, temperature=1.0, top_k=5, seed=11)

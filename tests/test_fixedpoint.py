@@ -363,6 +363,8 @@ def test_every_registered_schedule_satisfies_the_protocol_and_spells_itself_back
         "fixedpoint:0.01:4",
         "fixedpoint:0.01:4:2",
         "rollout:2",
+        "gaussseidel:2:3",
+        "gaussseidel:2:3:2",
     ]
     assert {s.split(":")[0] for s in specs} == set(registered())
     for spec in specs:

@@ -271,3 +271,30 @@ def test_resid_pre_is_the_block_input_and_q_k_hooks_sit_before_rope():
         q0 = q[:, 0] / q[:, 0].pow(2).mean(-1, keepdim=True).sqrt()
         assert maxdiff(rot_q[:, 0], q0) <= TOL
         assert maxdiff(q.norm(dim=-1), torch.full(q.shape[:-1], D**0.5, dtype=q.dtype)) > 1e-3
+
+
+def test_run_with_cache_per_stage_keeps_what_every_stage_computed():
+    """Each stage's record, read position by position, rebuilds the final cache (later stages win),
+    and the last of T full-sequence sweeps is exact decoding's memory (a second code path)."""
+    from lrt_lab.run.schedules import FullSequence
+
+    model = make_model(MemoryConfig())
+    idx = tokens(T=6)
+    T = idx.size(1)
+    for schedule in (Interleaved(2), FullSequence(2)):
+        _, cache = run_with_cache(model, idx, schedule=schedule, per_stage=True)
+        name = "hook_mem_out"
+        stages = sorted(
+            (int(k.split(".")[1]), v) for k, v in cache.items() if k.endswith(f".{name}")
+        )
+        assert len(stages) == len(schedule.stages(T))
+        for p in range(T):
+            last = [v for _, v in stages if not torch.isnan(v[:, p]).any()][-1]
+            assert torch.equal(last[:, p], cache[name][:, p]), (schedule, p)
+    _, sweeps = run_with_cache(model, idx, schedule=FullSequence(T), per_stage=True)
+    _, exact = run_with_cache(model, idx, schedule=Exact())
+    last = max(int(k.split(".")[1]) for k in sweeps if k.startswith("stage."))
+    assert torch.allclose(sweeps[f"stage.{last}.hook_mem_out"], exact["hook_mem_out"], atol=1e-10)
+    # the first sweep's memory is not yet exact: the difference is there to be read
+    assert not torch.allclose(sweeps["stage.0.hook_mem_out"], exact["hook_mem_out"], atol=1e-6)
+    assert not any(k.endswith("hook_pattern") for k in sweeps if k.startswith("stage."))

@@ -7,13 +7,15 @@ enumerated here without editing this file. `pairwise_configs()` is a covering se
 values of any two options (source layer and lag included) occurs in some configuration. On each, in
 float64 on a tiny model with every weight random:
 
-- Exact == Chunked(1) == Chunked(lag) == Interleaved(T) == FullSequence(T) == token-by-token
-  decoding (1e-10), at B*T > 64;
+- Exact == Chunked(1) == Chunked(lag) == Interleaved(T) == FullSequence(T) == GaussSeidel(T, 1) ==
+  GaussSeidel(3, ceil(T/3)) == token-by-token decoding (1e-10), at B*T > 64;
 - the same logits with autograd on and off, and with hook points captured, replaced by themselves,
   or untouched;
 - Rollout(G) (G = 1..3) gives Exact's logits, with autograd on and off and under hooks, and its
   loss and every gradient equal FixedPoint(0, T+G, G)'s (the same truncated gradient reached by
   Jacobi sweeps instead of a rollout);
+- GaussSeidel(2, 1) equals Interleaved(2), and GaussSeidel(T, 2) (one exact sweep without grad,
+  one differentiated) equals Exact, in loss and every gradient;
 - the memory rows a keep_memory decoder produced, given to one differentiated full stage, give the
   decoder's logits (cached rollout states, the paper's SFT/RL recipe);
 - Exact and Interleaved(2) equal the independent per-position reference (tests/reference.py);
@@ -49,6 +51,7 @@ from lrt_lab.run.schedules import (
     Exact,
     FixedPoint,
     FullSequence,
+    GaussSeidel,
     Interleaved,
     OnePass,
     Rollout,
@@ -144,7 +147,15 @@ def check_invariants(memory: MemoryConfig):
     idx = tokens(B=B)
     with torch.no_grad():
         exact = run_schedule(model, idx, None, Exact()).logits
-        for sched in (Chunked(1), Chunked(memory.exact_chunk), Interleaved(T), FullSequence(T)):
+        limits = (
+            Chunked(1),
+            Chunked(memory.exact_chunk),
+            Interleaved(T),
+            FullSequence(T),
+            GaussSeidel(T, 1),
+            GaussSeidel(3, -(-T // 3)),  # after sweep n the positions < 3n are exact
+        )
+        for sched in limits:
             assert close(run_schedule(model, idx, None, sched).logits, exact), sched
         # exact_chunk is the longest exact chunk: one more position reads zero memory inside itself
         # memory matters
@@ -166,6 +177,7 @@ def check_invariants(memory: MemoryConfig):
                 "rollout, hooked"
             )
     check_rollout_gradients(model, idx, exact)
+    check_gauss_seidel_gradients(model, idx)
     check_decoded_memory_rows(model, idx)
     # autograd on: the same logits, and every memory parameter gets gradient
     targets = tokens(B=B, seed=5)
@@ -205,6 +217,7 @@ PREFILLS = (
     Exact(),
     FixedPoint(0.0, T, 1),
     Rollout(),
+    GaussSeidel(2, 2),
 )
 EXACT_PREFILLS = (Exact, FixedPoint, Rollout)  # FixedPoint at tol 0 with T sweeps
 
@@ -242,7 +255,9 @@ def check_prefill_handoff(model, idx, exact):
     (`exact`: its logits on idx)."""
     for p in (1, 4, idx.size(1) - 1):
         # (Interleaved with more subsets than prompt positions is refused)
-        strategies = [s for s in PREFILLS if not (isinstance(s, Interleaved) and s.S > p)]
+        strategies = [
+            s for s in PREFILLS if not (isinstance(s, (Interleaved, GaussSeidel)) and s.S > p)
+        ]
         refs = continued_on_a_sequence_buffer(model, idx, strategies, p)
         for strategy, (ref_last, ref_steps) in zip(strategies, refs):
             for keep in (False, True) if isinstance(strategy, Interleaved) else (False,):
@@ -277,6 +292,19 @@ def check_rollout_gradients(model, idx, exact):
         assert close(out.loss, ref.loss), ("rollout loss", G)
         for g_out, g_ref in zip(grads(model, out.loss), grads(model, ref.loss)):
             assert close(g_out, g_ref), ("rollout gradient", G)
+
+
+def check_gauss_seidel_gradients(model, idx):
+    """GaussSeidel(S, 1) is Interleaved(S); GaussSeidel(T, 2) is Exact in loss and gradients (its
+    differentiated sweep visits one position per stage in order, from a detached exact buffer it
+    never reads: every row a position reads was written earlier in that sweep)."""
+    targets = tokens(B=B, seed=7)
+    for sched, ref in ((GaussSeidel(2, 1), Interleaved(2)), (GaussSeidel(T, 2), Exact())):
+        out = run_schedule(model, idx, targets, sched)
+        want = run_schedule(model, idx, targets, ref)
+        assert close(out.loss, want.loss), ("gauss-seidel loss", sched)
+        for g_out, g_ref in zip(grads(model, out.loss), grads(model, want.loss)):
+            assert close(g_out, g_ref), ("gauss-seidel gradient", sched)
 
 
 def check_decoded_memory_rows(model, idx):

@@ -145,20 +145,32 @@ def _fresh_start(folder: Path, nbformat):
     )
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
-def test_notebook_runs(path, tmp_path, kernel, nbformat):
+# Notebooks executed in this session, by name: a test that reads a notebook's outputs reuses the
+# run of test_notebook_runs instead of executing it again.
+EXECUTED: dict = {}
+
+
+def _execute(path: Path, folder: Path, kernel, nbformat):
+    """The notebook at `path`, executed top to bottom in `folder` (outputs filled in)."""
     nbclient, km, run_sync = kernel
     if not run_sync(km.is_alive)():  # an earlier notebook took the kernel down: a new one for this
         run_sync(km.restart_kernel)(now=True)
     nb = nbformat.read(path, as_version=4)
-    nb.cells.insert(0, _fresh_start(tmp_path, nbformat))
+    nb.cells.insert(0, _fresh_start(folder, nbformat))
     client = nbclient.NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S, kernel_name=KERNEL)
     try:
         client.execute()  # raises CellExecutionError (with the traceback) on the first failing cell
     finally:
         if client.kc is not None:
             client.kc.stop_channels()
+    EXECUTED[path.stem] = nb
+    return nb
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_notebook_runs(path, tmp_path, kernel, nbformat):
+    nb = _execute(path, tmp_path, kernel, nbformat)
     errors = [
         o
         for c in nb.cells
@@ -167,3 +179,38 @@ def test_notebook_runs(path, tmp_path, kernel, nbformat):
         if o.get("output_type") == "error"
     ]
     assert not errors, errors
+
+
+def _printed(cell) -> str:
+    return "".join(
+        o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream"
+    )
+
+
+@pytest.mark.slow
+def test_quickstart_patching_closes_a_share_of_a_real_gap(tmp_path, kernel, nbformat):
+    """Notebook 01's patching cell prints, for every position it restores the memory at, a share
+    of the gap closed that is a number in [0, 1] (not NaN: the model it patches is trained, so
+    the gap is not 0/0), 0 where the memory read comes from before the corrupted token, and
+    clearly more than 0 after it."""
+    nb = EXECUTED.get("01_quickstart") or _execute(
+        NOTEBOOK_DIR / "01_quickstart.ipynb", tmp_path, kernel, nbformat
+    )
+    (cell,) = [
+        c for c in nb.cells if c.cell_type == "code" and "share of the gap closed" in c.source
+    ]
+    text = _printed(cell)
+    gap = re.search(r"patching gap \(.*\): (\S+)", text)
+    assert gap and float(gap.group(1)) > 0, text
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if "share of the gap closed" in line)
+    shares = {}
+    for line in lines[header + 1 :]:
+        if not line.strip():
+            break
+        position, share = line.split()
+        shares[int(position)] = float(share)
+    assert sorted(shares) == list(range(1, 8)), text
+    assert all(0.0 <= v <= 1.0 for v in shares.values()), shares  # NaN fails this too
+    assert shares[1] == shares[2] == 0.0  # memory written before the corrupted token (position 2)
+    assert min(shares[p] for p in range(3, 8)) > 0.2, shares

@@ -5,13 +5,12 @@ so every expected number is computed by hand here: the paired deltas, which budg
 fitted exponent of an exact power law.
 """
 
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from scaling_store import bpb_law, build, write_run
 
 from lrt_lab.analysis.scaling import (
     check_same_heldout,
@@ -22,62 +21,6 @@ from lrt_lab.analysis.scaling import (
     scaling_points,
 )
 from lrt_lab.store.results import load_runs
-
-L = 64
-N = 1000  # parameters
-
-
-def bpb_law(c, e=1.5, a=2.0, alpha=0.5):
-    return e + a * c**-alpha
-
-
-def write_run(root: Path, kind, schedule, r, seed, bpb_exact, bpb_parallel=None, sha="abc"):
-    cost = 2.0 if schedule == "interleaved:2" else 1.0
-    name = f"{kind}-{schedule}-R{r}-s{seed}".replace(":", "_")
-    folder = root / name
-    folder.mkdir(parents=True)
-    tokens = r * N
-    config = {
-        "kind": kind,
-        "schedule": schedule,
-        "params": {"total": N},
-        "budget": {"params": N, "tokens_per_param": r, "param_convention": "all"},
-        "task_info": {"sha256": sha},
-        "train": {
-            "task": "text_bytes",
-            "length": L,
-            "seed": seed,
-            "tokens_per_param": r,
-            "matrix_lr": 0.02,
-            "eval_size": 512,
-            "name": name,
-        },
-    }
-    ln2 = math.log(2)
-    par = bpb_exact if bpb_parallel is None else bpb_parallel
-    summary = {
-        "status": "complete",
-        "tokens": tokens,
-        "compute_tokens": tokens * cost,
-        "flops": tokens * cost * 6 * N,
-        "wall_time_s": tokens * cost / 1e3,
-        "eval": {f"ce_exact@{L}": bpb_exact * ln2, f"ce_parallel@{L}": par * ln2},
-    }
-    (folder / "config.json").write_text(json.dumps(config))
-    (folder / "summary.json").write_text(json.dumps(summary))
-
-
-def build(root: Path, lrt_offset, seeds=(0, 1, 2), lrt_rs=(2.5, 5, 10, 20, 40)):
-    """Transformer at R in 5..80 on an exact power law plus a per-seed shift; the LRT at R with
-    lrt_offset(R, seed) added to the transformer's value *at the same R* (token-matched)."""
-    for seed in seeds:
-        shift = 0.01 * seed
-        for r in (5, 10, 20, 40, 80):
-            write_run(root, "transformer", "onepass", r, seed, bpb_law(r) + shift)
-        for r in lrt_rs:
-            exact = bpb_law(r) + shift + lrt_offset(r, seed)
-            write_run(root, "lrt", "interleaved:2", r, seed, exact, exact + 0.05)
-    return scaling_points(load_runs(root))
 
 
 def test_points_read_bpb_and_compute_in_the_papers_units(tmp_path):
@@ -102,7 +45,10 @@ def test_paired_deltas_token_and_compute_matched_by_hand(tmp_path):
     tok = deltas.loc[("tokens", 10)]
     assert tok["R_base"] == 10 and tok["n"] == 3
     assert tok["delta"] == pytest.approx(-0.02 + 0.001)  # mean of -0.020, -0.019, -0.018
-    assert tok["ci_high"] < 0 and tok["p"] == pytest.approx(0.25)  # 3 pairs: 2 of 8 signs
+    # Student's t with 2 degrees of freedom: -0.019 -+ 4.303 x 0.001 / sqrt(3)
+    assert tok["ci_low"] == pytest.approx(-0.019 - 4.3027 * 0.001 / math.sqrt(3), rel=1e-4)
+    assert tok["ci_high"] == pytest.approx(-0.019 + 4.3027 * 0.001 / math.sqrt(3), rel=1e-4)
+    assert tok["p"] == pytest.approx(0.25)  # 3 pairs, all negative: 2 of the 8 sign patterns
     comp = deltas.loc[("compute", 10)]  # the LRT at R = 10 costs C = 20: the transformer at 20
     assert comp["R_base"] == 20 and comp["C"] == pytest.approx(20)
     assert comp["delta"] == pytest.approx(bpb_law(10) - bpb_law(20) - 0.019)

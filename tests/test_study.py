@@ -425,3 +425,57 @@ def test_runs_of_one_training_config_built_differently_are_not_pooled(store):
         r"config up to the seed: keep the runs of one build",
     ):
         study_table(runs, study)
+
+
+def _logrank_by_hand(g1, g2) -> float:
+    """Two-sided p of the log-rank test from its textbook sums over the distinct event times."""
+    from scipy.stats import norm
+
+    data = [(t, e, 0) for t, e in g1] + [(t, e, 1) for t, e in g2]
+    o_minus_e = var = 0.0
+    for t in sorted({t for t, e, _ in data if e}):
+        at_risk = [(tt, e, g) for tt, e, g in data if tt >= t]
+        n, n1 = len(at_risk), sum(1 for *_, g in at_risk if g == 0)
+        d = sum(1 for tt, e, _ in at_risk if tt == t and e)
+        d1 = sum(1 for tt, e, g in at_risk if tt == t and e and g == 0)
+        o_minus_e += d1 - d * n1 / n
+        var += d * (n1 / n) * (1 - n1 / n) * (n - d) / max(n - 1, 1)
+    return 2 * norm.sf(abs(o_minus_e) / math.sqrt(var))
+
+
+def test_time_to_event_per_arm_and_log_rank_by_hand(tmp_path):
+    from lrt_lab.store.study import event_table
+
+    root = tmp_path / "events"
+    # step at which pos90_exact@8 first reaches 8 (None: never, censored at the last eval, 50)
+    reach = {
+        ("transformer", "onepass"): [None, None, 40, None],
+        ("lrt", "interleaved:2"): [10, 20, 20, None],
+    }
+    for (kind, schedule), steps in reach.items():
+        for seed, step in enumerate(steps):
+            write_run(root, kind, schedule, seed, 1.0)
+            folder = root / run_name(kind, schedule, seed)
+            lines = []
+            for s in (10, 20, 30, 40, 50):
+                pos = 8 if step is not None and s >= step else 3
+                lines.append(json.dumps({"kind": "eval", "step": s, "pos90_exact@8": pos}))
+            (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    table = dict(STUDY)
+    study = parse_study(
+        {
+            **table,
+            "time_to_event": "exact",
+            "contrasts": [{"a": "transformer", "b": "lrt interleaved:2"}],
+        }
+    )
+    row = event_table(root, study).iloc[0]
+    assert row["reached_a"] == "1/4" and row["reached_b"] == "3/4"
+    assert math.isnan(row["median_a"])  # only 1 of 4 reached it
+    assert row["median_b"] == 20  # survival 3/4 after step 10, 1/4 after step 20
+    by_hand = _logrank_by_hand(
+        [(50, 0), (50, 0), (40, 1), (50, 0)], [(10, 1), (20, 1), (20, 1), (50, 0)]
+    )
+    assert row["p_logrank"] == pytest.approx(by_hand, rel=1e-6)
+    with pytest.raises(ValueError, match="time_to_event='greedy'"):
+        parse_study({**table, "time_to_event": "greedy"})

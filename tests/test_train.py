@@ -1,11 +1,14 @@
 """The training loop, the run store, resume after a kill, sweeps, and the CLI's errors."""
 
+import hashlib
 import json
+import re
 import signal
 import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -17,6 +20,8 @@ from lrt_lab.training import exitcodes
 from lrt_lab.training.loop import TrainConfig, train
 from lrt_lab.training.optim import lr_multiplier
 from lrt_lab.training.sweep import expand, run_sweep, validate_spec
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def tiny_cfg(**kw):
@@ -579,10 +584,95 @@ def test_a_name_taken_by_other_arguments_says_to_choose_another_name(tmp_path, c
     assert main(args) == 2
     same = capsys.readouterr().err
     assert "already exists" in same and "--resume" in same and "--name" not in same
-    assert main([*args, "--set", "n_layer=1"]) == 2
+    assert main([*args, "--lr-scale", "0.5"]) == 2
     other = capsys.readouterr().err
-    assert "other arguments" in other and "n_layer" in other and "--name" in other
-    assert main([*args, "--set", "n_layer=1", "--name", "one-layer"]) == 0
+    assert "other arguments" in other and "lr_scale" in other and "--name" in other
+    assert main([*args, "--lr-scale", "0.5", "--name", "half-rate"]) == 0
+    # an override is in the derived name's digest: a folder of its own, no collision
+    assert main([*args, "--set", "n_layer=1"]) == 0
+
+
+def test_a_derived_run_name_carries_a_digest_of_task_options_and_overrides():
+    """No options: the name is what it always was. Options or overrides: `-o` and 5 hex digits
+    of the sha256 of their canonical JSON, the same whatever their order, different for other
+    values. --name wins."""
+    plain = TrainConfig(task="a5_prefix", length=16, preset="small", model="lrt", seed=1)
+    assert plain.run_name == plain.base_name == "a5_prefix-L16-small-lrt-interleaved_2-s1"
+    assert plain.options_digest == ""
+
+    def digest(task_options, overrides):
+        text = json.dumps(
+            {"overrides": overrides, "task_options": task_options},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+        return "o" + hashlib.sha256(text.encode()).hexdigest()[:5]
+
+    options = {"group": "S3", "supervise_every": 2}
+    cfg = tiny_cfg(task_options=options, overrides={"n_layer": 3, "memory.gamma_init": 0})
+    assert cfg.base_name == "group_prefix-L6-tiny-lrt-interleaved_2-s0"
+    assert cfg.run_name == f"{cfg.base_name}-{digest(options, cfg.overrides)}"
+    assert re.fullmatch(r".*-s0-o[0-9a-f]{5}", cfg.run_name)
+    reordered = tiny_cfg(
+        task_options={"supervise_every": 2, "group": "S3"},
+        overrides={"memory.gamma_init": 0, "n_layer": 3},
+    )
+    assert reordered.run_name == cfg.run_name
+    names = {
+        tiny_cfg(task_options={"group": "S3"}).run_name,
+        tiny_cfg(task_options={"group": "S4"}).run_name,
+        tiny_cfg(task_options={"group": "S3"}, overrides={"n_layer": 3}).run_name,
+        tiny_cfg(task_options={"group": "S3"}, seed=1).run_name.replace("-s1-", "-s0-"),
+    }
+    assert len(names) == 3  # the seed is not in the digest: the seeds of an ablation line up
+    assert tiny_cfg(name="mine").run_name == "mine"
+
+
+@pytest.mark.parametrize("spec", ["a5_trainer_frontier", "baselines", "gap_recovery"])
+def test_sweeps_keep_the_names_of_their_committed_runs(spec):
+    """A sweep names its runs without the options digest (its variants carry labels), so the
+    committed specs still find every run of their grid in experiments/results, complete and
+    trained with the config the spec builds (fields added since read as their defaults)."""
+    from lrt_lab.training.sweep import checked_grid, load_spec
+
+    store = REPO / "experiments" / "results"
+    configs = checked_grid(load_spec(REPO / "experiments" / f"{spec}.toml"), str(store))
+    assert configs and all(Run(store / c.run_name).status == "complete" for c in configs)
+    assert all(c.name == c.base_name or c.name.startswith(f"{c.base_name}-") for c in configs)
+
+
+def test_resume_finds_a_run_trained_before_names_carried_the_digest(tmp_path, capsys):
+    """A run folder named as before (no digest) with the same config is what --resume continues,
+    from Python and from the command line; one with another config is not."""
+    cfg = tiny_cfg(steps=20, eval_every=0)
+    assert cfg.run_name != cfg.base_name
+    train(cfg, out=tmp_path, progress=False, stop_after=10)  # checkpoint at 10
+    old = tmp_path / cfg.base_name
+    (tmp_path / cfg.run_name).rename(old)  # what `train` named it before
+    run = train(cfg, out=tmp_path, resume=True, progress=False)
+    assert run.path == old and run.status == "complete"
+    assert load_metrics(run, kind="train")["step"].tolist() == list(range(1, 21))
+    assert not (tmp_path / cfg.run_name).exists()
+
+    args = [
+        "train",
+        *("--task", "group_prefix", "--task-opt", "group=S3", "--length", "6"),
+        *("--preset", "tiny", "--steps", "2", "--batch-size", "4", "--eval-every", "0"),
+        *("--eval-size", "8", "--eval-lengths", "6", "--out", str(tmp_path / "cli"), "--quiet"),
+        *("--threads", "1"),
+    ]
+    assert main(args) == 0
+    capsys.readouterr()
+    (new,) = (tmp_path / "cli").iterdir()
+    assert new.name.endswith(f"-s0-{tiny_cfg().options_digest}")
+    before = new.with_name(new.name.rsplit("-", 1)[0])
+    new.rename(before)
+    assert main([*args, "--resume"]) == 0  # found complete under its older name, and said so
+    assert before.name in capsys.readouterr().out
+    assert not new.exists()
+    # another config under the older name is not taken for this run
+    assert main([*args, "--steps", "3", "--resume"]) == 2
+    assert "no run folder" in capsys.readouterr().err
 
 
 def test_a_curriculum_that_cannot_reach_the_training_length_is_warned_about():

@@ -27,7 +27,7 @@ from lrt_lab.core.validation import TRAIN_SEED_LIMIT
 from lrt_lab.run.decode import Decoder, generate
 from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import run_schedule
-from lrt_lab.run.schedules import Chunked, FullSequence, Interleaved
+from lrt_lab.run.schedules import Chunked, Exact, FullSequence, Interleaved
 from lrt_lab.training.loop import TrainConfig
 from lrt_lab.training.sweep import expand, validate_spec
 from lrt_tasks import make_task
@@ -601,7 +601,7 @@ def test_generate_matches_stepping_the_decoder_by_hand(model):
     prompt = torch.tensor([[1, 2, 3], [4, 5, 6]])
     out = generate(model, prompt, 4, temperature=0)
     dec = Decoder(model, 2, 7)
-    logits, tokens = dec.prefill(prompt), [prompt]
+    logits, tokens = dec.prefill(prompt, Exact()), [prompt]  # generate's default prefill
     for i in range(4):
         nxt = logits.argmax(-1)
         tokens.append(nxt[:, None])

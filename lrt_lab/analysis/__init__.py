@@ -1,6 +1,7 @@
 """Analysis tools: what the memory carries (probes), how much of exact recurrence a parallel
-trainer recovers (gap), how sequential the learned recurrence is (convergence), how much depth the
-memory is worth (depth), and seed statistics (stats).
+trainer recovers (gap), how sequential the learned recurrence is (convergence), how close each
+trainer's gradient is to exact BPTT's (gradient), how much depth the memory is worth (depth), and
+seed statistics (stats).
 
 Each tool writes tables into the run store: per-run tables with `Run.write_table` (probe_<decoding>,
 bpb), store-level tables under `<store>/.analysis/tables/` (gap_recovery, mismatch, refinement,
@@ -23,6 +24,16 @@ _LAZY = {
             "sweeps_to_converge",
         ),
         "lrt_lab.analysis.convergence",
+    ),
+    **dict.fromkeys(
+        (
+            "default_schedules",
+            "gradient_fidelity",
+            "gradient_run",
+            "plot_gradient_fidelity",
+            "smallest_passing",
+        ),
+        "lrt_lab.analysis.gradient",
     ),
     **dict.fromkeys(
         ("analyze_depth_sweep", "depth_table", "depth_worth", "min_depth", "plot_depth_curve"),

@@ -1,73 +1,270 @@
-"""`lrt-lab analyze probe|gap|depth|convergence|scaling ...`: run an analysis on a run store,
-print its tables, write them (and a PNG of the plot) into the store.
+"""`lrt-lab analyze probe|gap|depth|convergence|gradient|scaling ...`: run an analysis on a run
+store, print its tables, write them (and a PNG of the plot) into the store.
 
     lrt-lab analyze probe runs/probe/RUN_A runs/probe/RUN_B --decoding exact
     lrt-lab analyze gap runs/gap
     lrt-lab analyze depth runs/depth --targets 4,8
     lrt-lab analyze convergence runs/gap/RUN_A --tols 0.1,0.01
+    lrt-lab analyze gradient runs/gap/RUN_A --schedules fixedpoint:0:4:1,gaussseidel:2:4
     lrt-lab analyze scaling experiments/scaling_runs --x flops
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 import sys
 from pathlib import Path
 
+PROG = "lrt-lab analyze"
+USAGE_ERROR, FAILURE = 2, 1  # lrt_lab.training.exitcodes' USAGE and ERROR (that module loads none)
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        prog="lrt-lab analyze", description=__doc__.split("\n\n")[0].replace("\n", " ")
+
+class Parser(argparse.ArgumentParser):
+    """One `lrt-lab analyze: error: ...` line for a bad argument, as every other error path says
+    it (argparse's own prefix would be the subcommand's, after a usage dump)."""
+
+    def error(self, message):
+        command = self.prog.removeprefix(PROG).strip()
+        hint = f"{PROG} {command} -h" if command else f"{PROG} -h"
+        self.exit(USAGE_ERROR, f"{PROG}: error: {message} (see {hint})\n")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: an integer >= 1")
+    return value
+
+
+def number_list(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is invalid; allowed: comma-separated numbers, e.g. 0.1,0.01"
+        ) from None
+
+
+def build_parser() -> Parser:
+    p = Parser(
+        prog=PROG,
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+        epilog="Figures go into the run they describe (several runs: <store>/.analysis/), store "
+        "tables into <store>/.analysis/tables/; each path is printed.",
     )
     sub = p.add_subparsers(
-        dest="cmd", required=True, metavar="{probe,gap,depth,convergence,scaling}"
+        dest="cmd",
+        required=True,
+        metavar="{probe,gap,depth,convergence,gradient,scaling}",
+        parser_class=Parser,
     )
     pr = sub.add_parser(
-        "probe", help="probe runs (tables/probe_<decoding>.csv), heatmaps side by side"
+        "probe",
+        help="linear probes per layer x position (tables/probe_<decoding>.csv in each run), "
+        "heatmaps side by side",
+        description="Linear probes of the group state per layer and position, with controls, on "
+        "each run's latest checkpoint. Writes tables/probe_<decoding>.csv into each run and the "
+        "heatmaps as <run>/probe_heatmap_<decoding>.png (several runs side by side: "
+        "<store>/.analysis/probe_<decoding>_<digest of the run names>.png).",
     )
-    pr.add_argument("runs", nargs="+", help="run folders (each with a checkpoint)")
+    pr.add_argument("runs", nargs="+", metavar="RUN", help="run folders (each with a checkpoint)")
     pr.add_argument(
-        "--decoding", default="exact", help="exact, train (the run's schedule), or a schedule spec"
+        "--decoding",
+        default="exact",
+        help="exact (recurrent decoding, what inference does), train (the run's training "
+        "schedule, parallel forward), or a schedule spec such as interleaved:2 "
+        "(default: %(default)s)",
     )
-    pr.add_argument("--n-sequences", type=int, default=512, help="held-out sequences probed")
-    pr.add_argument("--max-positions", type=int, default=16, help="positions probed per sequence")
+    pr.add_argument(
+        "--n-sequences",
+        type=positive_int,
+        default=512,
+        metavar="N",
+        help="held-out sequences probed per run (default: %(default)s)",
+    )
+    pr.add_argument(
+        "--max-positions",
+        type=positive_int,
+        default=16,
+        metavar="N",
+        help="positions probed per sequence, from the first (default: %(default)s)",
+    )
     g = sub.add_parser(
-        "gap", help="BPB per run, gap recovery, mismatch, refinement (.analysis/tables/)"
+        "gap",
+        help="BPB per run, gap recovery, mismatch, refinement (.analysis/tables/)",
+        description="BPB of every run (tables/bpb.csv, computed where missing), then gap "
+        "recovery, train/inference mismatch and refinement tables in <store>/.analysis/tables/ "
+        "and the plot <store>/.analysis/gap_recovery.png.",
     )
     g.add_argument("store", help="a run store (folder of run folders)")
-    g.add_argument("--n-sequences", type=int, default=512, help="held-out sequences per run")
-    g.add_argument("--metric", default="bpb.exact", help="the metric gap recovery compares")
+    g.add_argument(
+        "--n-sequences",
+        type=positive_int,
+        default=512,
+        metavar="N",
+        help="held-out sequences per run (default: %(default)s)",
+    )
+    g.add_argument(
+        "--metric",
+        default="bpb.exact",
+        help="the metric gap recovery compares: bpb.exact or bpb.parallel (default: %(default)s)",
+    )
     d = sub.add_parser(
-        "depth", help="depth sweep tables (.analysis/tables/depth_sweep.csv, depth_worth.csv)"
+        "depth",
+        help="depth sweep tables (.analysis/tables/depth_sweep.csv, depth_worth.csv)",
+        description="pos@90 against depth per method, and what depth each method needs to reach "
+        "each target; tables in <store>/.analysis/tables/, the plot "
+        "<store>/.analysis/depth_curve.png.",
     )
     d.add_argument("store", help="a run store of a depth sweep")
-    d.add_argument("--metric", default=None, help="default: the store's pos@90 at the train length")
-    d.add_argument("--targets", default="", help="comma-separated pos@90 targets, e.g. 4,8")
-    c = sub.add_parser(
-        "convergence", help="fixed-point sweeps on trained runs (tables/convergence.csv + PNG)"
+    d.add_argument(
+        "--metric",
+        default=None,
+        help="a summary column (default: each run's pos@90 at its training length)",
     )
-    c.add_argument("runs", nargs="+", help="run folders (each with a checkpoint)")
-    c.add_argument("--n-sequences", type=int, default=128, help="held-out sequences per run")
-    c.add_argument("--max-sweeps", type=int, default=None, help="default: the sequence length")
-    c.add_argument("--tols", default="0.1,0.01,0.001", help="comma-separated tolerances")
+    d.add_argument(
+        "--targets",
+        type=number_list,
+        default=(),
+        metavar="T1,T2",
+        help="comma-separated pos@90 targets, e.g. 4,8 (default: none)",
+    )
+    c = sub.add_parser(
+        "convergence",
+        help="fixed-point sweeps on trained runs (tables/convergence.csv + <run>/convergence.png)",
+        description="Jacobi sweeps of each run's memory to its fixed point: the residual per "
+        "sweep and the sweeps each tolerance needs; tables/convergence.csv and the plot "
+        "<run>/convergence.png in each run.",
+    )
+    c.add_argument("runs", nargs="+", metavar="RUN", help="run folders (each with a checkpoint)")
+    c.add_argument(
+        "--n-sequences",
+        type=positive_int,
+        default=128,
+        metavar="N",
+        help="held-out sequences per run (default: %(default)s)",
+    )
+    c.add_argument(
+        "--max-sweeps",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="the most sweeps run (default: the sequence length, where exact recurrence is "
+        "reached)",
+    )
+    c.add_argument(
+        "--tols",
+        type=number_list,
+        default=(0.1, 0.01, 0.001),
+        metavar="TOL1,TOL2",
+        help="comma-separated tolerances on the residual (default: 0.1,0.01,0.001)",
+    )
+    gr = sub.add_parser(
+        "gradient",
+        help="each trainer's gradient against exact BPTT's, per parameter group "
+        "(tables/gradient_fidelity.csv + <run>/gradient_fidelity.png)",
+        description="On a run's latest checkpoint and held-out batches: the cosine similarity "
+        "and norm ratio of each schedule's gradient to exact BPTT's, per parameter group, against "
+        "the forward sweeps F and differentiated sweeps G; the smallest F whose cosine passes 0.9.",
+    )
+    gr.add_argument("run", metavar="RUN", help="a run folder (with a checkpoint)")
+    gr.add_argument(
+        "--schedules",
+        default=None,
+        metavar="SPEC[,SPEC...]",
+        help="schedule spellings to compare (default: fixedpoint, fullseq, gaussseidel, "
+        "interleaved and rollout at F = 1, 2, 4, ... up to the run's length)",
+    )
+    gr.add_argument(
+        "--n-sequences",
+        type=positive_int,
+        default=16,
+        metavar="N",
+        help="held-out sequences (default: %(default)s)",
+    )
     s = sub.add_parser(
         "scaling",
         help="BPB against compute: points, paired deltas, power-law fits, decision (+ PNG)",
+        description="BPB against compute from the runs trained with a tokens-per-parameter "
+        "budget: points, paired LRT-minus-transformer deltas, power-law fits and the decision; "
+        "tables in <store>/.analysis/tables/, the plot <store>/.analysis/scaling_<metric>_<x>.png.",
     )
     s.add_argument("store", help="a run store of runs trained with --tokens-per-param")
     s.add_argument(
-        "--x", default="C", help="x-axis: C (the paper's compute per parameter), flops or wall_s"
+        "--x",
+        default="C",
+        choices=("C", "flops", "wall_s"),
+        help="x-axis: C (the paper's compute per parameter), flops or wall_s (default: "
+        "%(default)s)",
     )
-    s.add_argument("--metric", default="bpb_exact", help="bpb_exact (default) or bpb_parallel")
-    s.add_argument("--prefix", default="", help="only runs whose names start with this")
-    a = p.parse_args(argv)
-    if a.cmd == "scaling":  # torch-free: answers without importing it
-        try:
-            return _scaling(a)
-        except ValueError as e:
-            print(f"lrt-lab analyze: error: {e}", file=sys.stderr)
-            return 2
+    s.add_argument(
+        "--metric",
+        default="bpb_exact",
+        choices=("bpb_exact", "bpb_parallel"),
+        help="bpb_exact or bpb_parallel (default: %(default)s)",
+    )
+    s.add_argument(
+        "--prefix", default="", help="only runs whose names start with this (default: every run)"
+    )
+    return p
 
+
+def main(argv=None, debug: bool | None = None) -> int:
+    """Exit status 0 done, 2 refused (a bad argument, run or store), 1 an unexpected failure;
+    every error is one `lrt-lab analyze: error: ...` line (debug, or LRT_LAB_DEBUG=1: the
+    traceback instead)."""
+    a = build_parser().parse_args(argv)
+    if debug is None:
+        debug = os.environ.get("LRT_LAB_DEBUG", "") not in ("", "0")
+    try:
+        return _scaling(a) if a.cmd == "scaling" else _analyze(a)  # scaling loads no torch
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - every failure is one line naming its cause
+        if debug:
+            raise
+        if isinstance(e, (ValueError, OSError)):  # bad input, a missing run: the message says it
+            print(f"{PROG}: error: {e}", file=sys.stderr)
+            return USAGE_ERROR
+        first = str(e).splitlines()[0][:300] if str(e) else "no message"
+        print(
+            f"{PROG}: error: {type(e).__name__}: {first} (run with LRT_LAB_DEBUG=1 for the "
+            "traceback)",
+            file=sys.stderr,
+        )
+        return FAILURE
+
+
+def probe_figure_path(runs, decoding: str) -> Path:
+    """Where the probe heatmaps of `runs` (Runs, in the order shown) go: one run's folder, as
+    probe_heatmap_<decoding>.png; for several, the store's .analysis folder (the first run's
+    store), named by the decoding and a digest of the run names, so that another selection never
+    overwrites it."""
+    from lrt_lab.analysis.loading import analysis_dir
+
+    if len(runs) == 1:
+        return runs[0].path / f"probe_heatmap_{decoding}.png"
+    digest = hashlib.sha256("\n".join(r.name for r in runs).encode()).hexdigest()[:8]
+    return analysis_dir(runs[0].path.parent) / f"probe_{decoding}_{digest}.png"
+
+
+def figure_decoding(tables: dict) -> str:
+    """The decoding the probe tables name (`exact`, `interleaved_2`), for a figure's file name: a
+    model without memory is probed with its one forward ("onepass") whatever was asked, so that
+    label counts only when no table names another; several read joined by "+"."""
+    decodings = {str(t["decoding"].iloc[0]) for t in tables.values()}
+    if len(decodings) > 1:
+        decodings.discard("onepass")
+    return "+".join(sorted(decodings))
+
+
+def _analyze(a) -> int:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,64 +284,81 @@ def main(argv=None) -> int:
     )
     from lrt_lab.analysis.loading import analysis_dir, as_run
 
-    try:
-        if a.cmd == "probe":
-            tables = {}
-            for r in a.runs:
-                run = as_run(r)
-                t = probe_run(
-                    run, a.decoding, n_sequences=a.n_sequences, max_positions=a.max_positions
+    if a.cmd == "probe":
+        tables, runs = {}, []
+        for r in a.runs:
+            run = as_run(r)
+            t = probe_run(run, a.decoding, n_sequences=a.n_sequences, max_positions=a.max_positions)
+            tables[run.name] = t
+            runs.append(run)
+            print(run.name)
+            print(
+                t.pivot_table(
+                    index=["site", "target", "control"], columns="position", values="accuracy"
                 )
-                tables[run.name] = t
-                print(run.name)
-                print(
-                    t.pivot_table(
-                        index=["site", "target", "control"], columns="position", values="accuracy"
-                    )
-                    .round(2)
-                    .to_string()
-                )
-            out = Path(a.runs[0]).parent / "probe_heatmap.png"
-            plot_probe_comparison(tables).savefig(out, dpi=110)
-            print(f"heatmap: {out}")
-        elif a.cmd == "gap":
-            tables = analyze_gap(a.store, metric=a.metric, n_sequences=a.n_sequences)
-            for name, t in tables.items():
-                print(f"\n{name}\n{t.to_string(index=False)}")
-            if not tables["gap_recovery"].empty:
-                out = analysis_dir(a.store) / "gap_recovery.png"
-                plot_gap_recovery(tables["gap_recovery"]).savefig(out, dpi=110)
-                print(f"plot: {out}")
-        elif a.cmd == "convergence":
-            from lrt_lab.analysis.convergence import (
-                convergence_run,
-                plot_convergence,
-                residual_per_sweep,
-                sweeps_to_converge,
+                .round(2)
+                .to_string()
             )
-
-            tols = tuple(float(x) for x in a.tols.split(",") if x.strip())
-            for r in a.runs:
-                run = as_run(r)
-                trace = convergence_run(run, n_sequences=a.n_sequences, max_sweeps=a.max_sweeps)
-                need = sweeps_to_converge(trace, tols)
-                print(run.name)
-                print(residual_per_sweep(trace).to_string(index=False))
-                print(need[need["position"] == "all"].to_string(index=False))
-                out = run.path / "convergence.png"
-                plot_convergence(trace, tols, title=run.name).savefig(out, dpi=110)
-                print(f"plot: {out}")
-        else:
-            targets = tuple(float(x) for x in a.targets.split(",") if x.strip())
-            tables = analyze_depth_sweep(a.store, a.metric, targets)
-            for name, t in tables.items():
-                print(f"\n{name}\n{t.to_string(index=False)}")
-            out = analysis_dir(a.store) / "depth_curve.png"
-            plot_depth_curve(tables["depth_sweep"]).savefig(out, dpi=110)
+        out = probe_figure_path(runs, figure_decoding(tables))
+        plot_probe_comparison(tables).savefig(out, dpi=110)
+        print(f"heatmap: {out}")
+    elif a.cmd == "gap":
+        tables = analyze_gap(a.store, metric=a.metric, n_sequences=a.n_sequences)
+        for name, t in tables.items():
+            print(f"\n{name}\n{t.to_string(index=False)}")
+        if not tables["gap_recovery"].empty:
+            out = analysis_dir(a.store) / "gap_recovery.png"
+            plot_gap_recovery(tables["gap_recovery"]).savefig(out, dpi=110)
             print(f"plot: {out}")
-    except ValueError as e:
-        print(f"lrt-lab analyze: error: {e}", file=sys.stderr)
-        return 2
+    elif a.cmd == "convergence":
+        from lrt_lab.analysis.convergence import (
+            convergence_run,
+            plot_convergence,
+            residual_per_sweep,
+            sweeps_to_converge,
+        )
+
+        for r in a.runs:
+            run = as_run(r)
+            trace = convergence_run(run, n_sequences=a.n_sequences, max_sweeps=a.max_sweeps)
+            need = sweeps_to_converge(trace, a.tols)
+            print(run.name)
+            print(residual_per_sweep(trace).to_string(index=False))
+            print(need[need["position"] == "all"].to_string(index=False))
+            out = run.path / "convergence.png"
+            plot_convergence(trace, a.tols, title=run.name).savefig(out, dpi=110)
+            print(f"plot: {out}")
+    elif a.cmd == "gradient":
+        from lrt_lab.analysis.gradient import (
+            gradient_run,
+            plot_gradient_fidelity,
+            smallest_passing,
+        )
+        from lrt_lab.run.registry import split_spellings
+
+        run = as_run(a.run)
+        specs = split_spellings([a.schedules]) if a.schedules else None
+        table = gradient_run(run, specs, n_sequences=a.n_sequences)
+        print(run.name)
+        print(
+            table.pivot_table(
+                index=["family", "F", "G", "schedule"], columns="group", values="cosine"
+            )
+            .round(3)
+            .to_string()
+        )
+        print("\nsmallest F whose cosine passes 0.9 in every group:")
+        print(smallest_passing(table).to_string(index=False))
+        out = run.path / "gradient_fidelity.png"
+        plot_gradient_fidelity(table, title=run.name).savefig(out, dpi=110)
+        print(f"table: {run.path / 'tables' / 'gradient_fidelity.csv'}\nplot: {out}")
+    else:
+        tables = analyze_depth_sweep(a.store, a.metric, a.targets)
+        for name, t in tables.items():
+            print(f"\n{name}\n{t.to_string(index=False)}")
+        out = analysis_dir(a.store) / "depth_curve.png"
+        plot_depth_curve(tables["depth_sweep"]).savefig(out, dpi=110)
+        print(f"plot: {out}")
     return 0
 
 

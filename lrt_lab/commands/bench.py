@@ -36,7 +36,6 @@ import dataclasses
 import json
 import os
 import platform
-import re
 import statistics
 import sys
 import tempfile
@@ -51,7 +50,7 @@ from lrt_lab.core.config import preset as model_preset
 from lrt_lab.core.interface import Schedule
 from lrt_lab.core.model import LRT
 from lrt_lab.run.decode import Decoder
-from lrt_lab.run.registry import as_schedule
+from lrt_lab.run.registry import as_schedule, split_spellings
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import (
     Chunked,
@@ -1112,7 +1111,7 @@ def run(args) -> int:
             seed=args.seed,
             threads=args.threads,
             clock=args.clock,
-            schedules=_split_specs(args.schedules),
+            schedules=split_spellings(args.schedules),
             json_path=args.json,
             verbose=not getattr(args, "quiet", False),
             out=sys.stdout,
@@ -1121,12 +1120,6 @@ def run(args) -> int:
         print(f"lrt-lab bench: error: {e}", file=sys.stderr)
         return 2
     return 0
-
-
-def _split_specs(values: list[str] | None) -> list[str]:
-    """The spellings of every --schedules value: split at the commas that start a new spelling
-    (a name), not at those between fullseq's weights (`fullseq:2:1,1,2,interleaved:3`)."""
-    return [spec for value in values or () for spec in re.split(r",(?=\s*[A-Za-z_])", value)]
 
 
 def main(argv=None) -> int:

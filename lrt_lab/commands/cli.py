@@ -228,12 +228,13 @@ def cmd_train(a) -> int:
 
     from lrt_lab.store.report import print_run
     from lrt_lab.store.results import Run
+    from lrt_lab.training.checkpoints import resume_folder
     from lrt_lab.training.loop import train
     from lrt_lab.training.threads import apply_threads, choose_threads
 
     cfg = train_config_from_args(a)
     apply_threads(choose_threads(a.threads))
-    finished_before = a.resume and Run(Path(a.out) / cfg.run_name).is_complete
+    finished_before = a.resume and Run(resume_folder(Path(a.out), cfg)).is_complete
     run = train(
         cfg, out=a.out, resume=a.resume, progress=not a.quiet, log=mirror_settings_from_args(a)
     )
@@ -294,13 +295,28 @@ def cmd_report(a) -> int:
         raise ValueError(f"runs={a.runs!r} is invalid: {reason}; allowed: a run store directory")
     if a.study is not None:
         return report_study(a)
-    print_report(a.runs, metric=a.metric, group_by=a.group_by)
+    print_report(
+        a.runs,
+        metric=a.metric,
+        group_by=a.group_by,
+        fmt=a.format,
+        task=a.task,
+        where=a.where,
+        prefix=a.prefix,
+    )
     return 0
 
 
 def report_study(a) -> int:
     """`report --study SPEC.toml`: the spec's [study] over the runs of its grid in the store."""
-    for flag, value in (("--metric", a.metric), ("--group-by", a.group_by)):
+    for flag, value in (
+        ("--metric", a.metric),
+        ("--group-by", a.group_by),
+        ("--format", a.format if a.format != "table" else None),
+        ("--task", a.task),
+        ("--where", a.where),
+        ("--prefix", a.prefix),
+    ):
         if value is not None:
             raise ValueError(
                 f"{flag} is invalid with --study; allowed: --study alone (the study names its "
@@ -325,7 +341,7 @@ def report_study(a) -> int:
 def cmd_analyze(a) -> int:
     from lrt_lab.commands.analyze import main as analyze_main
 
-    return analyze_main(a.args)
+    return analyze_main(a.args, debug=a.debug or None)
 
 
 def cmd_bench(a) -> int:
@@ -425,17 +441,48 @@ def build_parser() -> Parser:
     p = sub.add_parser(
         "report",
         help="a comparison table over the runs in a store (mean, 95%% t-interval over seeds)",
+        description="One table per study (a task at one training length): a row per group of "
+        "runs that differ only by seed, named by what tells the groups shown apart, with the "
+        "study's metric as mean [95% t-interval over seeds], n, std, the seeds, the schedule's "
+        "cost and the wall clock.",
     )
     p.add_argument("runs", nargs="?", default="runs", help="run store directory")
     p.add_argument(
         "--metric",
         default=None,
-        help="summary column to compare (default: pos@90 with exact decoding, one every run has)",
+        help="what to compare: bpb (bits per byte, exact decoding, at the training length), "
+        "pos90 (pos@90, exact decoding, at the training length) or a summary column such as "
+        "pos90_parallel@32 or final_loss (default: bpb for byte-level text tasks, pos90 for "
+        "the others)",
     )
     p.add_argument(
         "--group-by",
         default=None,
         help="comma list of columns (e.g. method); default: one group per config up to the seed",
+    )
+    p.add_argument(
+        "--format",
+        default="table",
+        choices=("table", "md", "csv"),
+        help="table (aligned text), md (GitHub markdown tables) or csv (one machine-readable "
+        "table, every figure at full precision; notes on stderr) (default: table)",
+    )
+    p.add_argument(
+        "--task",
+        default=None,
+        metavar="TASK[,TASK]",
+        help="only the runs of these tasks, e.g. a5_prefix",
+    )
+    p.add_argument(
+        "--where",
+        action="append",
+        default=None,
+        metavar="FIELD=VALUE",
+        help="only the runs whose config has FIELD=VALUE, e.g. train.length=16, kind=lrt, "
+        "model.n_layer=4 (null: unset); repeatable, all must hold",
+    )
+    p.add_argument(
+        "--prefix", default=None, metavar="NAME_PREFIX", help="only the runs whose names start so"
     )
     p.add_argument(
         "--study",

@@ -2,8 +2,9 @@
 
 The decoder's state is the standard KV cache plus the last source-layer state per sequence
 (paper app. "Measured Efficiency and Parallel Prefill"). Prefill is any schedule run on the
-prompt: OnePass (baseline cost), Interleaved(S) (matches training), or Exact; the source state at
-the last prompt position then starts recurrent decoding.
+prompt: OnePass (baseline cost, `Decoder.prefill`'s default), Interleaved(S) (matches training),
+or Exact (the recurrence itself, `generate`'s default); the source state at the last prompt
+position then starts recurrent decoding.
 
 Prefill and steps run under `torch.inference_mode()` (no autograd bookkeeping at all: decoding is
 launch-bound, and it removes a per-op cost from every small op of a step). Their logits are
@@ -19,7 +20,7 @@ from lrt_lab.core.buffer import compute_dtype
 from lrt_lab.core.token_ids import check_token_ids, vocab_size_of
 from lrt_lab.core.validation import TORCH_SEED_LIMIT, check_int, check_number, check_seed
 from lrt_lab.run.runner import run_schedule
-from lrt_lab.run.schedules import OnePass
+from lrt_lab.run.schedules import Exact, OnePass
 
 
 class Decoder:
@@ -163,9 +164,17 @@ def generate(
 ) -> torch.Tensor:
     """(B, T_prompt + max_new_tokens): the prompt followed by sampled tokens.
 
-    The prompt is prefilled with `prefill` (default OnePass: one parallel pass with zero memory,
-    an approximation of the recurrence for an LRT; Exact or Rollout compute the prompt's memory
-    exactly), then every new token is one recurrent decoding step (`Decoder.step`)."""
+    The prompt is prefilled with `prefill`, then every new token is one recurrent decoding step
+    (`Decoder.step`). The default (None) is the exact recurrence: `Exact()` for a model with
+    memory (each prompt position reads the memory of the one before, as if the prompt had been
+    decoded token by token), so greedy `generate` continues the prompt as the step-by-step loop and
+    the argmax of `run_schedule(model, ..., Exact())` do; a model without memory gets its one
+    pass, which is the same thing. Exact runs the prompt as one-position stages in a row (some 26x
+    the time of a one-pass prefill of 1,024 tokens, docs/performance.md); a faster approximate
+    prefill of a long prompt is asked for by name: `OnePass()` (one parallel pass with zero
+    memory, the cheapest; what `Decoder.prefill` does by default) or the schedule the model was
+    trained with (`Interleaved(2)`); its continuation can differ from the exact one, since decoding
+    then starts from prompt states the recurrence would not have produced."""
     check_int("max_new_tokens", max_new_tokens, 0)
     check_number("temperature", temperature, low=0)
     if top_k is not None:
@@ -184,6 +193,9 @@ def generate(
     generator = None
     if seed is not None:
         generator = torch.Generator(device=prompt_ids.device).manual_seed(seed)
+    if prefill is None:
+        exact = model.pathway is not None or getattr(model, "has_sequential_decoding", False)
+        prefill = Exact() if exact else OnePass()
     decoder = Decoder(model, B, T + max_new_tokens)
     # the forwards run in inference mode (Decoder); sampling runs outside it, so the ids returned
     # are normal tensors: generated ids often feed a training forward, which saves them

@@ -35,10 +35,11 @@ def exact_logits(model, inputs: torch.Tensor) -> torch.Tensor:
 def evaluate(
     model, schedule, eval_sets: dict, exact: bool = True, chunk: int = EVAL_CHUNK, autocast=None
 ) -> dict:
-    """{length: {"parallel": scores, "exact": scores}}, scores = {"accuracy": acc[T], "ce": ce[T]}:
-    per-position accuracy and mean cross-entropy in nats (CPU float tensors; NaN at a position
-    with no counted example), with the training schedule's parallel forward and with exact
-    recurrent decoding.
+    """{length: {"parallel": scores, "exact": scores}}, scores = {"accuracy": acc[T], "ce": ce[T],
+    "count": n[T]}: per-position accuracy and mean cross-entropy in nats (CPU float tensors; NaN
+    at a position with no counted example), with the training schedule's parallel forward and with
+    exact recurrent decoding; where exact decoding ran, its scores also hold "agreement": the
+    share of counted examples at each position whose argmax token is the parallel forward's.
 
     For a model without memory, exact decoding equals the parallel forward (tested in
     tests/test_core.py and tests/test_baselines.py), so it is not recomputed, unless the model
@@ -50,6 +51,7 @@ def evaluate(
     out = {}
     for length, batch in eval_sets.items():
         parts = {"parallel": [], "exact": []}  # per chunk: (hits, ce sums, counts) per position
+        agree = []  # per chunk: positions where both forwards predict the same token
         for i in range(0, batch.inputs.size(0), chunk):
             inputs = batch.inputs[i : i + chunk].to(device)
             targets = batch.targets[i : i + chunk].to(device)
@@ -60,7 +62,11 @@ def evaluate(
                 if exact and (model.pathway is not None or model.has_sequential_decoding):
                     ex = exact_logits(model, inputs)
                     parts["exact"].append(_position_sums(ex, targets, mask))
+                    same = (par.argmax(-1) == ex.argmax(-1)) & mask.bool()
+                    agree.append(same.sum(0).float().cpu())
         res = {mode: _position_means(sums) for mode, sums in parts.items() if sums}
+        if agree:  # how often the training forward picks the token exact decoding picks
+            res["exact"]["agreement"] = sum(agree) / res["exact"]["count"].clamp(min=1)
         if "exact" not in res:
             res["exact"] = res["parallel"]
         out[length] = res
@@ -100,6 +106,9 @@ def eval_record(results: dict) -> dict:
             total = n.sum().item()
             ce = torch.nan_to_num(scores["ce"]) * n
             rec[f"ce_{mode}@{length}"] = ce.sum().item() / total if total else float("nan")
+            if "agreement" in scores:  # argmax agreement of the parallel forward with exact
+                hits = (scores["agreement"] * n).sum().item()
+                rec[f"agree@{length}"] = hits / total if total else float("nan")
     return rec
 
 
@@ -108,9 +117,17 @@ def per_position_table(results: dict) -> pd.DataFrame:
     rows = []
     for length, res in results.items():
         for mode, scores in res.items():
-            pairs = zip(scores["accuracy"].tolist(), scores["ce"].tolist(), strict=True)
-            for p, (a, ce) in enumerate(pairs):
+            agreement = scores.get("agreement", torch.full_like(scores["ce"], float("nan")))
+            columns = zip(*(scores[k].tolist() for k in ("accuracy", "ce")), agreement.tolist())
+            for p, (a, ce, agree) in enumerate(columns):
                 rows.append(
-                    {"length": length, "mode": mode, "position": p + 1, "accuracy": a, "ce": ce}
+                    {
+                        "length": length,
+                        "mode": mode,
+                        "position": p + 1,
+                        "accuracy": a,
+                        "ce": ce,
+                        "agreement": agree,
+                    }
                 )
     return pd.DataFrame(rows)

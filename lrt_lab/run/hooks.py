@@ -131,6 +131,21 @@ class Capture:
                 out[name] = assemble(parts, n)
         return out
 
+    def per_stage(self, T: int) -> dict[str, torch.Tensor]:
+        """{"stage.<k>.<name>": (B, T, ...)}: what the k-th call of each hook point computed (the
+        k-th stage of a schedule: every hook point runs once per stage), NaN at the positions that
+        stage did not compute. Attention maps are left out (their key axis differs per stage)."""
+        out = {}
+        for name, parts in self.calls.items():
+            if name.rsplit(".", 1)[-1] in ATTENTION_MAPS:
+                continue
+            for k, (P, x) in enumerate(parts):
+                n = max(T, P.stop)
+                full = x.new_full((x.size(0), n, *x.shape[2:]), float("nan"))
+                full[:, P.start : P.stop : P.step] = x
+                out[f"stage.{k}.{name}"] = full
+        return out
+
 
 def _keys_padded(x: torch.Tensor, n_keys: int, fill: float) -> torch.Tensor:
     """(B, H, q, k) padded with `fill` to n_keys keys (a stage sees the keys up to its last

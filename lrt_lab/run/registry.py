@@ -136,6 +136,13 @@ def parse_schedule(spec: str) -> Schedule:
         raise ValueError(f"schedule={spec!r} is invalid: {e}; allowed: {spellings()}") from None
 
 
+def split_spellings(values) -> list[str]:
+    """The spellings in comma-separated lists (a command line's `--schedules a,b`): split at the
+    commas that start a new spelling (a name), not at those between fullseq's weights
+    (`fullseq:2:1,1,2,interleaved:3`)."""
+    return [spec for value in values or () for spec in re.split(r",(?=\s*[A-Za-z_])", value)]
+
+
 def _load_entry_points() -> None:
     """Import the modules installed packages name under `lrt_lab.schedules` (once)."""
     global _entry_points_loaded

@@ -138,16 +138,26 @@ def _check_memory_rows(model, idx: torch.Tensor, memory_rows):
     return memory_rows
 
 
-def run_with_cache(model, idx: torch.Tensor, schedule=None, targets=None, names=None):
+def run_with_cache(
+    model, idx: torch.Tensor, schedule=None, targets=None, names=None, per_stage: bool = False
+):
     """TransformerLens's `run_with_cache`: (logits, cache) for a schedule (default OnePass),
     cache[name] a (B, T, ...) activation per hook point (attention scores and patterns
-    (B, heads, T, T)). names: the hook points to record (default: all). Attention is written
-    out only in the layers whose scores or pattern are recorded; the rest keep the fast
-    kernels."""
+    (B, heads, T, T)), each position as the schedule's last stage to compute it left it. names:
+    the hook points to record (default: all). Attention is written out only in the layers whose
+    scores or pattern are recorded; the rest keep the fast kernels.
+
+    per_stage=True also keeps what every stage computed: cache["stage.<k>.<name>"] is (B, T, ...)
+    with NaN at the positions stage k did not compute, so what Interleaved(2)'s refinement read
+    (its stage 1's hook_mem_in) or FullSequence's k-th sweep wrote can be set against exact
+    decoding's (attention maps excluded)."""
     names = list(hook_points(model)) if names is None else list(names)
     with capture(model, names) as recorded:
         out = run_schedule(model, idx, targets, schedule)
-    return out.logits, recorded.assembled(idx.size(1))
+    cache = recorded.assembled(idx.size(1))
+    if per_stage:
+        cache.update(recorded.per_stage(idx.size(1)))
+    return out.logits, cache
 
 
 class Scheduled(nn.Module):

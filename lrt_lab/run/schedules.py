@@ -14,12 +14,14 @@
 | Rollout(G)          | exact memory rollout without autograd (one | uniform mean over the G      |
 |                     | position per stage, source blocks), then G | stages; == FixedPoint(0,     |
 |                     | differentiated full sweeps                 | T+G, G)                      |
+| GaussSeidel(S,N,G)  | init; then N sweeps over Interleaved's S   | uniform mean over the        |
+|                     | groups, all but the last G without grad    | differentiated stages        |
 
 Any schedule can start from memory rows the caller supplies (`run_schedule(..., memory_rows=rows)`;
 cached rollout states, paper sec. "SFT and Reinforcement Learning"). Each position's final logits
 come from the last stage that computed it. In the limit,
-Interleaved(S=T) == FullSequence(K=T) == Chunked(1) == Exact == token-by-token decoding; the test
-suite holds those equalities in float64.
+Interleaved(S=T) == GaussSeidel(S=T, N) == FullSequence(K=T) == Chunked(1) == Exact ==
+token-by-token decoding; the test suite holds those equalities in float64.
 
 Every schedule satisfies `lrt_lab.core.interface.Schedule`: `spec`, `cost`, `stages(T)`,
 `stage_weights(T)`, `forwards(model, T)` and `run(model, idx, buffer)`. Those whose stages are
@@ -74,11 +76,19 @@ class StagedSchedule:
 
     def run(self, model, idx: torch.Tensor, buffer) -> ScheduleRun:
         T = idx.size(1)
-        stages, stage_logits = self.stages(T), []
-        for P in stages:
-            logits_P, buffer = model.stage(idx[:, P.start : P.stop : P.step], P, buffer)
-            stage_logits.append(logits_P)
+        stages = self.stages(T)
+        stage_logits, buffer = run_stages(model, idx, stages, buffer)
         return ScheduleRun(stages, stage_logits, self.stage_weights(T), buffer, Measured(self.cost))
+
+
+def run_stages(model, idx: torch.Tensor, stages: list[range], buffer):
+    """([logits at each stage's positions], the final buffer): the stages in order, each reading
+    the buffer the ones before it wrote."""
+    stage_logits = []
+    for P in stages:
+        logits_P, buffer = model.stage(idx[:, P.start : P.stop : P.step], P, buffer)
+        stage_logits.append(logits_P)
+    return stage_logits, buffer
 
 
 @register_schedule("onepass")
@@ -105,13 +115,90 @@ class Interleaved(StagedSchedule):
         check_int("Interleaved.S", self.S, 1)
 
     def stages(self, T: int) -> list[range]:
-        if self.S > T:
-            raise ValueError(f"Interleaved.S={self.S} is invalid for T={T}; allowed: 1 <= S <= T")
-        return [range(0, T)] + [range(s, T, self.S) for s in range(self.S)]
+        return [range(0, T)] + strided_groups("Interleaved", self.S, T)
 
     @property
     def cost(self) -> float:
         return 2.0  # one init pass + the S subsets that recompute the sequence once
+
+
+def strided_groups(owner: str, S: int, T: int) -> list[range]:
+    """Sec. 3.1's strided partition: group g = {t : t % S == g}, for g = 0..S-1 in that order."""
+    if S > T:
+        raise ValueError(f"{owner}.S={S} is invalid for T={T}; allowed: 1 <= S <= T")
+    return [range(g, T, S) for g in range(S)]
+
+
+@register_schedule("gaussseidel:S:N[:G]")
+@dataclass(frozen=True)
+class GaussSeidel(StagedSchedule):
+    """Interleaved(S) swept N times: an init pass over all positions, then N sweeps, each over
+    the S strided groups of sec. 3.1 in order, every group's stage reading the memory (and K/V)
+    the groups before it in this sweep and the rest of the previous sweep wrote. Block
+    Gauss-Seidel on m_t = F(x_<=t, m_<t), where FullSequence(K) is Jacobi.
+
+    After sweep n the positions < n*S are exact, whatever the weights and memory options: a
+    position reads only rows before itself, and those of its own block of S (groups before its
+    own) were recomputed earlier in the same sweep. So N >= ceil(T/S) sweeps give Exact's
+    logits, S = T after one sweep (tested; Jacobi, FullSequence, gains one position per sweep).
+
+    Gradient: as FixedPoint's. Init and the sweeps before the last G run without autograd; the
+    last G sweeps are differentiated from the detached buffer, and the loss is the uniform mean
+    of their G*S stages' CE. With G = N nothing is truncated: init and every group stage carry a
+    loss and a gradient, so GaussSeidel(S, 1) is Interleaved(S) (loss and gradients; tested).
+    The no-grad passes run the whole stack, not only the blocks that feed m_t (FixedPoint's
+    saving): a group stage attends to the K/V of every layer that the earlier passes left at
+    the other groups' positions, so those are part of the iterate.
+
+    Cost: the init pass and each sweep recompute the sequence once, so 1 + N forwards per token,
+    G of them differentiated when G < N (`forwards`)."""
+
+    S: int = 2
+    sweeps: int = 2
+    grad_sweeps: int = 1
+
+    def __post_init__(self):
+        check_int("GaussSeidel.S", self.S, 1)
+        check_int("GaussSeidel.sweeps", self.sweeps, 1)
+        check_int("GaussSeidel.grad_sweeps", self.grad_sweeps, 1, self.sweeps)
+
+    @property
+    def truncated(self) -> bool:
+        return self.grad_sweeps < self.sweeps
+
+    def stages(self, T: int) -> list[range]:
+        """The stages that carry a loss: init and every sweep's groups, or the last G sweeps'."""
+        groups = strided_groups("GaussSeidel", self.S, T)
+        if self.truncated:
+            return groups * self.grad_sweeps
+        return [range(0, T)] + groups * self.sweeps
+
+    def stages_without_grad(self, T: int) -> list[range]:
+        """What runs before `stages(T)` without autograd: init and the first N - G sweeps."""
+        if not self.truncated:
+            return []
+        groups = strided_groups("GaussSeidel", self.S, T)
+        return [range(0, T)] + groups * (self.sweeps - self.grad_sweeps)
+
+    @property
+    def cost(self) -> float:
+        return float(1 + self.sweeps)
+
+    @property
+    def spec(self) -> str:
+        g = f":{self.grad_sweeps}" if self.grad_sweeps != 1 else ""
+        return f"gaussseidel:{self.S}:{self.sweeps}{g}"
+
+    def forwards(self, model, T: int) -> Forwards:
+        inference = sum(len(P) for P in self.stages_without_grad(T)) / T
+        return Forwards(super().forwards(model, T).differentiated, inference)
+
+    def run(self, model, idx: torch.Tensor, buffer) -> ScheduleRun:
+        warm = self.stages_without_grad(idx.size(1))
+        if warm:
+            with torch.no_grad():
+                _, buffer = run_stages(model, idx, warm, buffer)
+        return super().run(model, idx, buffer)
 
 
 def _parse_fullseq(args: list[str]) -> FullSequence:

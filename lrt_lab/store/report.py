@@ -7,18 +7,22 @@ import math
 import os
 import re
 import sys
+import textwrap
 
 import pandas as pd
 
-from lrt_lab.store.results import Run, diverged_line, first_names, load_runs
+from lrt_lab.store.results import Run, diverged_line, first_names, load_runs, load_table
 from lrt_lab.store.run_groups import (
-    IDENTITY_FIELDS,
     INTERVAL_NOTE,
+    _unset,
     canonical,
     default_metric,
     eval_columns,
+    group_keys,
     group_labels,
+    method_keys,
     method_label,
+    method_labels,
     with_train_length_metric,
 )
 from lrt_lab.store.stats import mean_ci, seed_stats
@@ -206,46 +210,424 @@ def format_mean_std(mean: float, std: float) -> str:
     return f"{mean:.3g} +- {std:.2g}"
 
 
-def print_report(root, metric: str | None = None, group_by: str | None = None) -> pd.DataFrame:
-    """Print comparison_table: one row per group, `mean [95%
-    t-interval] (n)` and std; returns it."""
+# `lrt-lab report`: one table per study (a task at a training length), its metric chosen by the
+# task, its rows labelled by what tells them apart -------------------------------------------------
+# Byte-level text tasks: their figure is bits per byte (lrt_tasks names them; lrt_lab imports no
+# task code). Every other task is scored by pos@90, the state-tracking figure.
+TEXT_TASKS = ("text_bytes",)
+FORMATS = ("table", "md", "csv")
+LN2 = math.log(2)
+METRIC_DIGITS = 4  # significant digits of a mean, interval bound or std in the table and md
+WALL_DIGITS = 3
+WIDTH = 100  # the prose of a table report wraps here (the table's rows do not)
+CSV_COLUMNS = (
+    "task",
+    "length",
+    "group",
+    "metric",
+    "mean",
+    "ci_low",
+    "ci_high",
+    "std",
+    "n",
+    "seeds",
+    "cost",
+    "forwards_per_token",
+    "wall_time_s",
+)
+LEGEND = (
+    f"Cells: mean [{INTERVAL_NOTE}]; n: seeds; std: their sample standard deviation;",
+    "cost: training forwards per token relative to one pass; wall s: mean seconds per run.",
+)
+
+
+def format_number(value, digits: int = METRIC_DIGITS) -> str:
+    """`digits` significant digits without an exponent and without trailing zeros: 7.333, 2.37,
+    14, 12345, 0.000123; "-" for a missing value."""
+    if value is None or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "-"
+    if value == 0:
+        return "0"
+    magnitude = math.floor(math.log10(abs(value)))
+    if magnitude >= digits - 1:
+        return f"{value:.0f}"
+    text = f"{value:.{digits - 1 - magnitude}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _format_interval(mean, lo, hi) -> str:
+    if _unset(mean):
+        return "-"
+    if _unset(lo) or _unset(hi):
+        return format_number(mean)
+    return f"{format_number(mean)} [{format_number(lo)}, {format_number(hi)}]"
+
+
+def _value(text: str):
+    """A --where value as JSON (16, 0.1, true, null, [16, 32]) or else the plain string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def where_column(df: pd.DataFrame, field: str) -> str:
+    """The config column a --where FIELD names: `train.length` or `config.train.length`, or a name
+    only one config column ends with (`n_layer`)."""
+    columns = [c for c in df.columns if c.startswith("config.")]
+    full = field if field.startswith("config.") else f"config.{field}"
+    if full in columns:
+        return full
+    ending = [c for c in columns if c.endswith(f".{field}")]
+    # what a run is (its model, its training) before what repeats it (overrides, parameter counts)
+    primary = [c for c in ending if not c.startswith(("config.train.overrides.", "config.params."))]
+    if len(ending) == 1 or len(primary) == 1:
+        return (primary or ending)[0]
+    examples = ", ".join(
+        c.removeprefix("config.")
+        for c in ("config.train.task", "config.train.length", "config.kind", "config.schedule")
+        if c in columns
+    )
+    if ending:
+        raise ValueError(
+            f"--where {field!r} is ambiguous: "
+            f"{', '.join(c.removeprefix('config.') for c in ending)}; allowed: one of them in full"
+        )
+    raise ValueError(
+        f"--where {field!r} is invalid: no run's config has that field; allowed: a config field "
+        f"such as {examples or 'train.length'}, model.n_layer, train.task_options.group"
+    )
+
+
+def _matches(cell, wanted) -> bool:
+    cell, wanted = canonical(cell), canonical(wanted)
+    if cell == wanted:
+        return True
+    if isinstance(cell, str) and not isinstance(wanted, str):  # a list, stored as its JSON text
+        try:
+            return json.loads(cell) == wanted
+        except json.JSONDecodeError:
+            return False
+    return str(cell) == str(wanted)
+
+
+def filter_runs(df: pd.DataFrame, task=None, where=(), prefix: str | None = None) -> pd.DataFrame:
+    """The runs of `df` that are of `task` (a name or a list of names), whose config has every
+    FIELD=VALUE of `where` (`train.length=16`, `kind=lrt`, `model.n_layer=4`, `schedule=exact`;
+    `null` for an unset field), and whose names start with `prefix`."""
+    keep = pd.Series(True, index=df.index)
+    if task:
+        tasks = [task] if isinstance(task, str) else list(task)
+        tasks = [t.strip() for item in tasks for t in item.split(",") if t.strip()]
+        known = sorted(df["config.train.task"].dropna().unique()) if not df.empty else []
+        unknown = [t for t in tasks if t not in known]
+        if unknown:
+            raise ValueError(
+                f"--task {','.join(unknown)!r} is invalid: no run of the store has it; allowed: "
+                f"{', '.join(known) or 'none (the store has no complete runs)'}"
+            )
+        keep &= df["config.train.task"].isin(tasks)
+    for pair in where or ():
+        field, sep, text = pair.partition("=")
+        if not sep or not field.strip():
+            raise ValueError(
+                f"--where {pair!r} is invalid; allowed: FIELD=VALUE, e.g. train.length=16"
+            )
+        column = where_column(df, field.strip())
+        wanted = _value(text.strip())
+        keep &= df[column].map(lambda cell, w=wanted: _matches(cell, w)).astype(bool)
+    if prefix:
+        keep &= df["run"].str.startswith(prefix)
+    return df[keep]
+
+
+def _metric_column(df: pd.DataFrame, metric: str) -> str:
+    for column in (metric, f"summary.eval.{metric}", f"summary.{metric}"):
+        if column in df.columns:
+            return column
+    raise ValueError(
+        f"--metric {metric!r} is invalid: no run has it; allowed: bpb, pos90, or a summary "
+        f"column such as {', '.join(c.removeprefix('summary.eval.') for c in eval_columns(df)[:4])}"
+        " or final_loss"
+    )
+
+
+def _bpb_from_tables(runs: pd.DataFrame) -> pd.Series:
+    """BPB with exact decoding from each run's tables/bpb.csv (lrt-lab analyze gap writes it),
+    NaN where a run has none."""
+    values = {}
+    for index, path in runs["path"].items():
+        table = load_table(path, "bpb")
+        rows = table[table["mode"] == "exact"] if table is not None and "mode" in table else None
+        values[index] = float(rows["bpb"].iloc[0]) if rows is not None and len(rows) else math.nan
+    return pd.Series(values, index=runs.index, dtype=float)
+
+
+def study_metric(runs: pd.DataFrame, task: str, length: int, metric: str | None = None):
+    """(per-run values, the metric's name, a sentence saying what it is, notes) for the runs of
+    one study. Default: a byte-level text task's BPB with exact decoding at the training length
+    (the evaluation's ce_exact@L / ln 2; runs from before that was recorded: their
+    tables/bpb.csv), every other task's pos@90 with exact decoding at the training length."""
+    notes = []
+    kind = metric or ("bpb" if task in TEXT_TASKS else "pos90")
+    if kind == "bpb":
+        column = f"summary.eval.ce_exact@{length}"
+        ce = pd.to_numeric(runs[column], errors="coerce") if column in runs else None
+        values = (ce / LN2) if ce is not None else pd.Series(math.nan, index=runs.index)
+        missing = values.isna() if task in TEXT_TASKS else values.isna() & False
+        if missing.any():  # older runs recorded no cross-entropy: tables/bpb.csv, if analysed
+            values[missing] = _bpb_from_tables(runs[missing])
+            from_tables = runs.loc[missing & values.notna(), "run"].tolist()
+            if from_tables:
+                notes.append(
+                    f"BPB of {len(from_tables)} run(s) from tables/bpb.csv (trained before the "
+                    f"evaluation recorded ce_exact): {first_names(from_tables)}"
+                )
+        name = f"BPB exact@{length}" if task in TEXT_TASKS else f"bits/token exact@{length}"
+        unit = "byte" if task in TEXT_TASKS else "token"
+        what = f"bits per {unit} with exact decoding at length {length} (lower is better)"
+    elif kind == "pos90":
+        column = f"summary.eval.pos90_exact@{length}"
+        values = runs[column] if column in runs else pd.Series(math.nan, index=runs.index)
+        name = f"pos@90 exact@{length}"
+        what = (
+            f"pos@90, exact decoding, length {length}: last position up to which accuracy is "
+            ">= 0.9 (higher is better)"
+        )
+    else:
+        column = metric  # a column of the whole store (report_table); this study may lack it
+        values = runs[column] if column in runs else pd.Series(math.nan, index=runs.index)
+        name = column.removeprefix("summary.eval.").removeprefix("summary.")
+        what = f"{name} (the runs' {column})"
+    return pd.to_numeric(values, errors="coerce"), name, what, notes
+
+
+def _group_labels(runs: pd.DataFrame, keys: pd.Series) -> pd.Series:
+    """method_labels of the runs, made distinct between groups (configs up to the seed) that only
+    a field no method label names tells apart (a derived or recorded field): those get what
+    group_labels says of them, then a number if even that is the same."""
+    labels = method_labels(runs)
+    clashing = labels.groupby(labels).transform(lambda s: keys[s.index].nunique() > 1)
+    for label in labels[clashing.astype(bool)].unique():
+        rows = labels.index[labels == label]
+        extra = group_labels(runs.loc[rows]).str.split(" | ", n=1, regex=False).str[1].fillna("")
+        labels[rows] = [f"{label} | {e}" if e else label for e in extra]
+    for label in labels.unique():
+        rows = labels.index[labels == label]
+        if keys[rows].nunique() > 1:
+            number = {k: i + 1 for i, k in enumerate(dict.fromkeys(keys[rows]))}
+            labels[rows] = [f"{label} #{number[k]}" for k in keys[rows]]
+    return labels
+
+
+def report_table(
+    df: pd.DataFrame, metric: str | None = None, group_by: str | None = None
+) -> pd.DataFrame:
+    """One row per group of runs per study (task, training length), in the order a report prints
+    them: the study's task and length, the group's label, the metric's name, its mean, 95%
+    t-interval (ci_low, ci_high), std and n over seeds, the seeds, the schedule's cost, the
+    model's forwards per token and the mean wall clock (s).
+
+    group_by None: one group per config up to the seed (group_keys), labelled by method_labels
+    (only what differs between the groups of the study); or a comma list of columns ("method":
+    what was trained). metric None: each study's own (study_metric); "bpb", "pos90", or a summary
+    column. attrs: notes (what a reader must know: runs without the metric, BPB read from tables),
+    per study."""
+    if df.empty:
+        raise ValueError("runs: no complete run to report")
+    df = df.copy()
+    df["method"] = df.apply(method_label, axis=1)
+    df["memory"] = df.apply(memory_label, axis=1)
+    columns = [k.strip() for k in group_by.split(",")] if group_by else None
+    for k in columns or ():
+        if k not in df.columns:
+            raise ValueError(f"group_by={k!r} is invalid; allowed: method or a column of load_runs")
+    if metric not in (None, "bpb", "pos90"):
+        metric = _metric_column(df, metric)
+    rows, notes = [], {}
+    task = df["config.train.task"].fillna("?").astype(str)
+    length = pd.to_numeric(df["config.train.length"], errors="coerce").fillna(0).astype(int)
+    for (t, n), runs in df.groupby([task, length], sort=True):
+        runs = runs.dropna(axis=1, how="all")  # the fields of other tasks' runs
+        values, name, what, study_notes = study_metric(runs, t, n, metric)
+        lacking = runs.loc[values.isna(), "run"].tolist()
+        if len(lacking) == len(runs):
+            why = (
+                f": no ce_exact@{n} in their summaries and no tables/bpb.csv (lrt-lab analyze gap "
+                "writes it)"
+                if name.startswith("BPB")
+                else ""
+            )
+            study_notes.append(f"{name} is missing in every run of this study{why}")
+        elif lacking:
+            study_notes.append(
+                f"{len(lacking)} run(s) have no {name} and are not counted: "
+                + first_names(lacking, 8)
+            )
+        if columns is None:
+            keys = group_keys(runs)
+            label = _group_labels(runs, keys)
+        else:
+            keys = runs[columns].astype(str).agg(" | ".join, axis=1)
+            label = keys
+        notes[(t, n)] = {"what": what, "notes": study_notes}
+        for key in sorted(set(keys), key=lambda k: label[keys == k].iloc[0]):
+            members = runs[keys == key]
+            stats = mean_ci(values[members.index])
+            seeds = members.loc[values[members.index].notna(), "config.train.seed"]
+            rows.append(
+                {
+                    "task": t,
+                    "length": n,
+                    "group": label[members.index[0]],
+                    "metric": name,
+                    "mean": stats["mean"],
+                    "ci_low": stats["ci_low"],
+                    "ci_high": stats["ci_high"],
+                    "std": stats["std"],
+                    "n": stats["n"],
+                    "seeds": " ".join(str(canonical(s)) for s in sorted(seeds)),
+                    "cost": _first(members, "summary.schedule_cost"),
+                    "forwards_per_token": _first(members, "config.forwards_per_token"),
+                    "wall_time_s": _mean(members, "summary.wall_time_s"),
+                }
+            )
+    table = pd.DataFrame(rows, columns=list(CSV_COLUMNS))
+    table.attrs.update(notes=notes, interval=INTERVAL_NOTE)
+    return table
+
+
+def _first(runs: pd.DataFrame, column: str) -> float:
+    return (
+        float(runs[column].iloc[0]) if column in runs and runs[column].notna().any() else math.nan
+    )
+
+
+def _mean(runs: pd.DataFrame, column: str) -> float:
+    return (
+        float(pd.to_numeric(runs[column], errors="coerce").mean()) if column in runs else math.nan
+    )
+
+
+def _text_rows(study: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    header = ["group", study["metric"].iloc[0], "n", "std", "seeds", "cost", "wall s"]
+    body = [
+        [
+            r.group,
+            _format_interval(r.mean, r.ci_low, r.ci_high),
+            str(int(r.n)),
+            format_number(r.std),
+            r.seeds or "-",
+            "-" if _unset(r.cost) else f"{r.cost:.2f}",
+            format_number(r.wall_time_s, WALL_DIGITS),
+        ]
+        for r in study.itertuples(index=False)
+    ]
+    return header, body
+
+
+def _aligned(header: list[str], body: list[list[str]]) -> list[str]:
+    """Text columns (the label, seeds) left-aligned, figures right-aligned."""
+    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+    left = {0, 4}
+    return [
+        "  ".join(
+            cell.ljust(w) if i in left else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths))
+        ).rstrip()
+        for row in [header, *body]
+    ]
+
+
+def _markdown(header: list[str], body: list[list[str]]) -> list[str]:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    align = [":--" if i in (0, 4) else "--:" for i in range(len(header))]
+    return (
+        ["| " + " | ".join(cell(c) for c in row) + " |" for row in [header]]
+        + ["|" + "|".join(align) + "|"]
+        + ["| " + " | ".join(cell(c) for c in row) + " |" for row in body]
+    )
+
+
+def render_report(table: pd.DataFrame, fmt: str = "table") -> tuple[str, str]:
+    """(stdout, stderr) text of a report_table: `table` (aligned text), `md` (GitHub markdown) or
+    `csv` (every figure at full precision; the notes go to stderr)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format={fmt!r} is invalid; allowed: {', '.join(FORMATS)}")
+    notes = table.attrs.get("notes", {})
+    if fmt == "csv":
+        import io
+
+        text = io.StringIO()
+        table.to_csv(text, index=False)
+        lines = [f"{t} L{n}: {note}" for (t, n), s in notes.items() for note in s["notes"]]
+        return text.getvalue(), "".join(line + "\n" for line in lines)
+    out = list(LEGEND) if fmt == "table" else [f"_{' '.join(LEGEND)}_"]
+    for (t, n), study in table.groupby(["task", "length"], sort=False):
+        header, body = _text_rows(study)
+        about = notes.get((t, n), {})
+        measured = bool(study["n"].sum() > 0)  # else a table of dashes: the note says it is missing
+        if fmt == "md":
+            out += ["", f"### {t}, trained at length {n}", "", f"{about.get('what', '')}.", ""]
+            out += _markdown(header, body) if measured else []
+            out += [""] * (bool(about.get("notes")) and measured)
+            out += [f"- {note}" for note in about.get("notes", [])]
+        else:
+            out += ["", f"{t}, trained at length {n}"]
+            out += textwrap.wrap(
+                about.get("what", ""), WIDTH, initial_indent="  ", subsequent_indent="  "
+            )
+            out += _aligned(header, body) if measured else []
+            for note in about.get("notes", []):
+                out += textwrap.wrap(
+                    note,
+                    WIDTH,
+                    initial_indent="  note: ",
+                    subsequent_indent="    ",
+                    break_on_hyphens=False,
+                )
+    return "\n".join(out).rstrip() + "\n", ""
+
+
+def print_report(
+    root,
+    metric: str | None = None,
+    group_by: str | None = None,
+    fmt: str = "table",
+    task=None,
+    where=(),
+    prefix: str | None = None,
+) -> pd.DataFrame:
+    """Print report_table over the complete runs of the store `root` that pass the filters
+    (filter_runs) in `fmt` (render_report); returns the table. Diverged runs are named and left
+    out."""
+    if fmt not in FORMATS:
+        raise ValueError(f"--format {fmt!r} is invalid; allowed: {', '.join(FORMATS)}")
     runs = load_runs(root)
+    if runs.empty:
+        raise ValueError(f"runs={str(root)!r}: the store has no complete runs")
+    runs = filter_runs(runs, task, where, prefix)
+    if runs.empty:
+        raise ValueError("no run of the store passes the filters (--task, --where, --prefix)")
     diverged = sorted(runs.loc[runs["status"] == "diverged", "run"]) if "status" in runs else []
     if diverged and len(diverged) == len(runs):
         raise ValueError(
             f"runs: the store has no complete runs; {len(diverged)} diverged (NaN or "
             f"inf loss): {first_names(diverged)}"
         )
-    table = comparison_table(
-        runs[runs["status"] != "diverged"] if diverged else runs, metric, group_by
-    )
-    metric = table.attrs["metric"]
-    keys = ["group"] if group_by is None else [k.strip() for k in group_by.split(",")]
-    shown = table[keys].copy()
-    for k in keys:  # names read left-aligned
-        text = shown[k].astype(str)
-        shown[k] = text.str.ljust(text.str.len().max())
-    shown[metric] = [
-        format_mean_ci(m, lo, hi, int(n))
-        for m, lo, hi, n in zip(table["mean"], table["ci_low"], table["ci_high"], table["n"])
-    ]
-    shown["std"] = [f"{v:.2g}" if not math.isnan(v) else "-" for v in table["std"]]
-    for c in ("seeds", "forwards_per_token", "cost", "wall_time_s"):
-        if c in table.columns:
-            shown[c] = table[c].round(1) if c == "wall_time_s" else table[c]
-    print(f"{metric}: mean [{INTERVAL_NOTE}] (n seeds); std: sample standard deviation over seeds")
-    print(shown.to_string(index=False))
-    if table.attrs["lacking"]:
-        print(
-            f"\n{len(table.attrs['lacking'])} run(s) have no {metric} and are not counted: "
-            + ", ".join(table.attrs["lacking"])
-        )
+    table = report_table(runs[runs["status"] != "diverged"] if diverged else runs, metric, group_by)
+    out, err = render_report(table, fmt)
     if diverged:
-        print(
-            f"\n{len(diverged)} run(s) diverged (NaN or inf loss; summary.json status "
-            "'diverged') and are not "
-            "counted: " + ", ".join(diverged)
+        line = (
+            f"{len(diverged)} run(s) diverged (NaN or inf loss; summary.json status 'diverged') "
+            f"and are not counted: {', '.join(diverged)}\n"
         )
+        out, err = (out, err + line) if fmt == "csv" else (out + "\n" + line, err)
+    sys.stdout.write(out)
+    if err:
+        sys.stderr.write(err)
     return table
 
 
@@ -284,204 +666,9 @@ def print_run(run: Run) -> None:
     print(f"run folder: {run.path}")
 
 
-# Comparing the methods of one study
-# -----------------------------------------------------------------
-# A study is the runs of one task trained at one length; a method is what a run asked for: the model
-# kind, the trainer and every training option (preset, memory preset, overrides, task options,
-# steps,
-# ...), so the runs of a method differ only by seed and name. The model config follows from those
-# options and the code that built it, and counts only where every run of a kind records a field: a
-# run that lacks one was trained before the field existed (config.model.memory.update) and built
-# what
-# its default builds now, so it stays a seed of its method.
-
-# Training options that only repeat config.kind / config.schedule, or name a run instead of
-# configuring it.
-ASKED_REPEATS = IDENTITY_FIELDS + ("config.train.model", "config.train.schedule")
-# Options that change neither the model trained nor what is measured: named only where nothing else
-# tells two methods apart (runs of an older sweep may have checkpointed less often, say).
-BOOKKEEPING = (
-    "config.train.checkpoint_every",
-    "config.train.eval_every",
-    "config.train.device",
-    "config.train.compile",
-)
-# Reading order of the fields a label names after the method.
-LABEL_ORDER = (
-    "config.train.preset",
-    "config.train.memory_preset",
-    "config.train.overrides.",
-    "config.train.task_options.",
-    "config.train.steps",
-    "config.train.",
-    "config.model.",
-)
-LABEL_PREFIXES = (
-    "config.train.task_options.",
-    "config.train.overrides.",
-    "config.train.",
-    "config.model.",
-)
 # The evaluation lengths a study compares, as multiples of its training length.
 LENGTH_MULTIPLES = (1, 2, 4)
 COMPARE_METRICS = ("pos90_exact", "pos90_parallel")
-
-
-def method_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """The config fields that define a method, one row per run, one spelling per value (None:
-    unset)."""
-    asked = [
-        c
-        for c in df.columns
-        if c in ("config.kind", "config.schedule")
-        or (c.startswith("config.train.") and c not in ASKED_REPEATS)
-    ]
-    frame = pd.DataFrame({c: _canonical_values(df[c]) for c in asked}, index=df.index)
-    if "config.train.memory_preset" in frame:
-        # runs from before presets built the "paper" memory (memory_label); a model without memory
-        # has none
-        lrt = (
-            (df["config.kind"] == "lrt")
-            if "config.kind" in df
-            else pd.Series(False, index=df.index)
-        )
-        presets = [
-            ("paper" if v is None else v) if is_lrt else None
-            for v, is_lrt in zip(frame["config.train.memory_preset"], lrt)
-        ]
-        frame["config.train.memory_preset"] = pd.Series(presets, index=df.index, dtype=object)
-    kinds = df["config.kind"].fillna("?") if "config.kind" in df else pd.Series("?", index=df.index)
-    for c in (c for c in df.columns if c.startswith("config.model.")):
-        recorded = df[c].notna().groupby(kinds).transform("all")  # by every run of its kind
-        if recorded.any():
-            values = [v if keep else None for v, keep in zip(_canonical_values(df[c]), recorded)]
-            frame[c] = pd.Series(values, index=df.index, dtype=object)
-    return frame
-
-
-def _canonical_values(column: pd.Series) -> pd.Series:
-    """Python values, not a pandas dtype: 4 stays 4 (not 4.0) and an unset field stays None (not
-    NaN)."""
-    return pd.Series(
-        [canonical(v) for v in column.astype(object)], index=column.index, dtype=object
-    )
-
-
-def method_keys(df: pd.DataFrame) -> pd.Series:
-    """One string per run, equal for the runs of one method (method_frame's fields)."""
-    frame = method_frame(df)
-    return pd.Series(
-        [json.dumps(row, sort_keys=True, default=str) for row in frame.to_dict("records")],
-        index=df.index,
-        dtype=object,
-    )
-
-
-def method_labels(df: pd.DataFrame) -> pd.Series:
-    """A short label per run, the same for the runs of one method: `lrt rollout:1`, then the
-    training
-    options whose values differ between the methods of `df` (the selection being compared), each
-    named
-    only where a method departs from the reference: unset (the default) where some method leaves the
-    option unset, else the value most methods share (none on a tie). So `lrt interleaved:2 |
-    steps=3000`
-    next to `lrt rollout:1`, never the whole config. Options that change neither what is trained nor
-    what is measured (BOOKKEEPING), then the model config, are named only where they alone tell
-    methods
-    apart."""
-    if df.empty:
-        return pd.Series([], index=df.index, dtype=object)
-    frame, keys = method_frame(df), method_keys(df)
-    methods = frame.assign(_key=keys, _base=df.apply(method_label, axis=1).values).drop_duplicates(
-        "_key"
-    )
-    varying = _ordered_label_fields(
-        [
-            c
-            for c in frame.columns
-            if c not in ("config.kind", "config.schedule") and methods[c].map(str).nunique() > 1
-        ]
-    )
-    chosen = [c for c in varying if c not in BOOKKEEPING and not c.startswith("config.model.")]
-    memo = {}  # what each field's column says, worked out once (_label asks per run and field)
-    # in reading order: bookkeeping, then the model
-    for c in (c for c in varying if c not in chosen):
-        if _distinct_labels(methods, chosen, memo) == len(methods):
-            break
-        if _distinct_labels(methods, chosen + [c], memo) > _distinct_labels(methods, chosen, memo):
-            chosen.append(c)
-    labels = {r["_key"]: _label(r, chosen, methods, memo=memo) for _, r in methods.iterrows()}
-    clashing = pd.Series(labels).duplicated(keep=False)
-    for key in clashing[
-        clashing
-    ].index:  # e.g. a field unset in one and at its default in the other
-        labels[key] = _label(
-            methods[methods["_key"] == key].iloc[0], varying, methods, spell_out=True, memo=memo
-        )
-    return keys.map(labels)
-
-
-def _distinct_labels(methods: pd.DataFrame, fields: list[str], memo: dict | None = None) -> int:
-    return len({_label(r, fields, methods, memo=memo) for _, r in methods.iterrows()})
-
-
-def _ordered_label_fields(cols: list[str]) -> list[str]:
-    ordered = [
-        c for p in LABEL_ORDER for c in cols if c == p or (p.endswith(".") and c.startswith(p))
-    ]
-    return list(dict.fromkeys(ordered))
-
-
-def _unset(v) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v))
-
-
-def _label(
-    row, fields: list[str], methods: pd.DataFrame, spell_out: bool = False, memo: dict | None = None
-) -> str:
-    """memo: a dict kept across calls on the same `methods`, for the per-column facts."""
-    memo = {} if memo is None else memo
-    parts = [row["_base"]]
-    kind = row["config.kind"] if "config.kind" in methods else None
-    for c in fields:
-        value = row[c]
-        if ("unset", kind, c) not in memo:
-            same_kind = methods["config.kind"] == kind if "config.kind" in methods else True
-            memo[("unset", kind, c)] = bool(methods.loc[same_kind, c].isna().all())
-        if memo[("unset", kind, c)]:
-            # a field no method of this kind sets (the memory preset of a plain transformer)
-            continue
-        if not spell_out and _is_reference(value, methods[c], methods, memo):
-            continue
-        name = next((c[len(p) :] for p in LABEL_PREFIXES if c.startswith(p)), c)
-        parts.append(f"{name}={'default' if _unset(value) else value}")
-    return " | ".join(parts)
-
-
-def _is_reference(
-    value, column: pd.Series, methods: pd.DataFrame, memo: dict | None = None
-) -> bool:
-    """Whether `value` is the one a label leaves unsaid: unset (the default) where some method of
-    the
-    kinds the field applies to leaves it unset, else the value strictly most methods share."""
-    memo = {} if memo is None else memo
-    if ("reference", column.name) not in memo:
-        if "config.kind" in methods:
-            column = column[
-                methods["config.kind"].isin(set(methods.loc[column.notna(), "config.kind"]))
-            ]
-        if column.isna().any():
-            memo[("reference", column.name)] = ("unset", None)
-        else:
-            counts = column.map(str).value_counts()
-            most_shared = len(counts) == 1 or counts.iloc[0] > counts.iloc[1]
-            memo[("reference", column.name)] = (
-                ("value", counts.index[0]) if most_shared else ("none", None)
-            )
-    reference, text = memo[("reference", column.name)]
-    if reference == "unset":
-        return _unset(value)
-    return reference == "value" and not _unset(value) and str(value) == text
 
 
 def study_runs(df: pd.DataFrame, task: str, length: int) -> pd.DataFrame:

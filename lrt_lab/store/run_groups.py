@@ -8,6 +8,12 @@ The rule, used by `lrt-lab report`, `lrt_lab.analysis.seed_stats` and the dashbo
   config fields whose values differ between the groups being compared, so the same store can
   read `lrt exact` alone, or `lrt exact | memory.source_layer=4` next to the default.
 
+A **method** (`method_keys`) is narrower to write and wider to pool: what a run asked for (kind,
+trainer, every training option); `method_labels` names each method by the options that tell it
+apart from the others shown, each only where it departs from the default or from the value most
+methods share (`lrt interleaved:2 | steps=3000` next to `lrt rollout:1`). `lrt-lab report` and the
+dashboard's Compare page label their rows with it.
+
 Labels are made for a set of groups, not for one run: filter the runs first, then label them.
 Light on purpose (pandas only): the dashboard imports it without paying for torch.
 """
@@ -100,10 +106,11 @@ def group_keys(df: pd.DataFrame) -> pd.Series:
     cols = config_columns(df)
     if df.empty:
         return pd.Series([], index=df.index, dtype=object)
+    rows = df[cols].astype(object).to_numpy().tolist()  # plain Python values, read row by row
     return pd.Series(
         [
-            json.dumps({c: canonical(row[c]) for c in cols}, sort_keys=True, default=str)
-            for _, row in df[cols].iterrows()
+            json.dumps(dict(zip(cols, map(canonical, row))), sort_keys=True, default=str)
+            for row in rows
         ],
         index=df.index,
         dtype=object,
@@ -218,6 +225,204 @@ def group_labels(df: pd.DataFrame, exclude=()) -> pd.Series:
             extra = [f"{_field_name(c) or c}=unset" for c in chosen if _missing(groups.at[i, c])]
             labels[i] = " | ".join([labels[i], *extra])
     return labels
+
+
+# Method labels: what tells the methods of a selection apart --------------------------------------
+# A study is the runs of one task trained at one length; a method is what a run asked for: the model
+# kind, the trainer and every training option (preset, memory preset, overrides, task options,
+# steps,
+# ...), so the runs of a method differ only by seed and name. The model config follows from those
+# options and the code that built it, and counts only where every run of a kind records a field: a
+# run that lacks one was trained before the field existed (config.model.memory.update) and built
+# what
+# its default builds now, so it stays a seed of its method.
+
+# Training options that only repeat config.kind / config.schedule, or name a run instead of
+# configuring it.
+ASKED_REPEATS = IDENTITY_FIELDS + ("config.train.model", "config.train.schedule")
+# Options that change neither the model trained nor what is measured: named only where nothing else
+# tells two methods apart (runs of an older sweep may have checkpointed less often, say).
+BOOKKEEPING = (
+    "config.train.checkpoint_every",
+    "config.train.eval_every",
+    "config.train.device",
+    "config.train.compile",
+)
+# Reading order of the fields a label names after the method: what was learned (the task, the
+# training length) first, where the labels shown span several.
+LABEL_ORDER = (
+    "config.train.task",
+    "config.train.length",
+    "config.train.preset",
+    "config.train.memory_preset",
+    "config.train.overrides.",
+    "config.train.task_options.",
+    "config.train.steps",
+    "config.train.",
+    "config.model.",
+)
+LABEL_PREFIXES = (
+    "config.train.task_options.",
+    "config.train.overrides.",
+    "config.train.",
+    "config.model.",
+)
+
+
+def method_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """The config fields that define a method, one row per run, one spelling per value (None:
+    unset)."""
+    asked = [
+        c
+        for c in df.columns
+        if c in ("config.kind", "config.schedule")
+        or (c.startswith("config.train.") and c not in ASKED_REPEATS)
+    ]
+    columns = {c: _canonical_list(df[c]) for c in asked}
+    if "config.train.memory_preset" in columns:
+        # runs from before presets built the "paper" memory (memory_label); a model without memory
+        # has none
+        lrt = (df["config.kind"] == "lrt").tolist() if "config.kind" in df else [False] * len(df)
+        columns["config.train.memory_preset"] = [
+            ("paper" if v is None else v) if is_lrt else None
+            for v, is_lrt in zip(columns["config.train.memory_preset"], lrt)
+        ]
+    model = [c for c in df.columns if c.startswith("config.model.")]
+    if model:
+        kinds = df["config.kind"].fillna("?") if "config.kind" in df else pd.Series("?", df.index)
+        # a field counts where every run of its kind records it (one groupby for every field)
+        recorded = df[model].notna().groupby(kinds).transform("all")
+        for c in model:
+            keep = recorded[c].tolist()
+            if any(keep):
+                columns[c] = [v if k else None for v, k in zip(_canonical_list(df[c]), keep)]
+    return pd.DataFrame(columns, index=df.index, dtype=object)
+
+
+def _canonical_list(column: pd.Series) -> list:
+    """Python values, not a pandas dtype: 4 stays 4 (not 4.0) and an unset field stays None (not
+    NaN)."""
+    return [canonical(v) for v in column.astype(object).tolist()]
+
+
+def method_keys(df: pd.DataFrame, frame: pd.DataFrame | None = None) -> pd.Series:
+    """One string per run, equal for the runs of one method (method_frame's fields; `frame`: that
+    frame, when the caller has it already)."""
+    frame = method_frame(df) if frame is None else frame
+    return pd.Series(
+        [json.dumps(row, sort_keys=True, default=str) for row in frame.to_dict("records")],
+        index=df.index,
+        dtype=object,
+    )
+
+
+def method_labels(df: pd.DataFrame) -> pd.Series:
+    """A short label per run, the same for the runs of one method: `lrt rollout:1`, then the
+    training
+    options whose values differ between the methods of `df` (the selection being compared), each
+    named
+    only where a method departs from the reference: unset (the default) where some method leaves the
+    option unset, else the value most methods share (none on a tie). So `lrt interleaved:2 |
+    steps=3000`
+    next to `lrt rollout:1`, never the whole config. Options that change neither what is trained nor
+    what is measured (BOOKKEEPING), then the model config, are named only where they alone tell
+    methods
+    apart."""
+    if df.empty:
+        return pd.Series([], index=df.index, dtype=object)
+    frame = method_frame(df)
+    keys = method_keys(df, frame)
+    methods = frame.assign(_key=keys, _base=df.apply(method_label, axis=1).values).drop_duplicates(
+        "_key"
+    )
+    varying = _ordered_label_fields(
+        [
+            c
+            for c in frame.columns
+            if c not in ("config.kind", "config.schedule")
+            and len(set(map(str, methods[c].tolist()))) > 1
+        ]
+    )
+    chosen = [c for c in varying if c not in BOOKKEEPING and not c.startswith("config.model.")]
+    memo = {}  # what each field's column says, worked out once (_label asks per run and field)
+    # in reading order: bookkeeping, then the model
+    for c in (c for c in varying if c not in chosen):
+        if _distinct_labels(methods, chosen, memo) == len(methods):
+            break
+        if _distinct_labels(methods, chosen + [c], memo) > _distinct_labels(methods, chosen, memo):
+            chosen.append(c)
+    labels = {r["_key"]: _label(r, chosen, methods, memo=memo) for _, r in methods.iterrows()}
+    clashing = pd.Series(labels).duplicated(keep=False)
+    for key in clashing[
+        clashing
+    ].index:  # e.g. a field unset in one and at its default in the other
+        labels[key] = _label(
+            methods[methods["_key"] == key].iloc[0], varying, methods, spell_out=True, memo=memo
+        )
+    return keys.map(labels)
+
+
+def _distinct_labels(methods: pd.DataFrame, fields: list[str], memo: dict | None = None) -> int:
+    return len({_label(r, fields, methods, memo=memo) for _, r in methods.iterrows()})
+
+
+def _ordered_label_fields(cols: list[str]) -> list[str]:
+    ordered = [
+        c for p in LABEL_ORDER for c in cols if c == p or (p.endswith(".") and c.startswith(p))
+    ]
+    return list(dict.fromkeys(ordered))
+
+
+def _unset(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _label(
+    row, fields: list[str], methods: pd.DataFrame, spell_out: bool = False, memo: dict | None = None
+) -> str:
+    """memo: a dict kept across calls on the same `methods`, for the per-column facts."""
+    memo = {} if memo is None else memo
+    parts = [row["_base"]]
+    kind = row["config.kind"] if "config.kind" in methods else None
+    for c in fields:
+        value = row[c]
+        if ("unset", kind, c) not in memo:
+            same_kind = methods["config.kind"] == kind if "config.kind" in methods else True
+            memo[("unset", kind, c)] = bool(methods.loc[same_kind, c].isna().all())
+        if memo[("unset", kind, c)]:
+            # a field no method of this kind sets (the memory preset of a plain transformer)
+            continue
+        if not spell_out and _is_reference(value, methods[c], methods, memo):
+            continue
+        name = next((c[len(p) :] for p in LABEL_PREFIXES if c.startswith(p)), c)
+        parts.append(f"{name}={'default' if _unset(value) else value}")
+    return " | ".join(parts)
+
+
+def _is_reference(
+    value, column: pd.Series, methods: pd.DataFrame, memo: dict | None = None
+) -> bool:
+    """Whether `value` is the one a label leaves unsaid: unset (the default) where some method of
+    the
+    kinds the field applies to leaves it unset, else the value strictly most methods share."""
+    memo = {} if memo is None else memo
+    if ("reference", column.name) not in memo:
+        if "config.kind" in methods:
+            column = column[
+                methods["config.kind"].isin(set(methods.loc[column.notna(), "config.kind"]))
+            ]
+        if column.isna().any():
+            memo[("reference", column.name)] = ("unset", None)
+        else:
+            counts = column.map(str).value_counts()
+            most_shared = len(counts) == 1 or counts.iloc[0] > counts.iloc[1]
+            memo[("reference", column.name)] = (
+                ("value", counts.index[0]) if most_shared else ("none", None)
+            )
+    reference, text = memo[("reference", column.name)]
+    if reference == "unset":
+        return _unset(value)
+    return reference == "value" and not _unset(value) and str(value) == text
 
 
 # Metric columns of a load_runs table --------------------------------------------------------------

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from lrt_lab.store.contrasts import ALPHA, contrast, holm
+from lrt_lab.store.contrasts import ALPHA, contrast, holm, kaplan_meier, logrank
+from lrt_lab.store.events import TIME_AXES, reach_times
 from lrt_lab.store.results import first_names, flatten_dict, load_runs
 from lrt_lab.store.run_groups import (
     DERIVED_PREFIXES,
@@ -43,6 +44,8 @@ from lrt_lab.store.run_groups import (
 STUDY_KEYS = ("question", "primary", "lower_is_better", "budget", "decision", "contrasts")
 CONTRAST_KEYS = ("a", "b", "metric", "paired")
 TEXT_KEYS = ("question", "budget", "decision")
+OPTIONAL_KEYS = ("time_to_event", "time_axis")
+EVENT_MODES = ("exact", "parallel")
 UNSET = "unset"  # an arm's `FIELD=unset`: runs that leave the field unset
 TRAIN = "config.train."
 
@@ -87,6 +90,10 @@ class Study:
     budget: str
     decision: str
     contrasts: tuple[Contrast, ...]
+    # secondary: when pos@90 (of this decoding) first reached the training length, per arm
+    # (Kaplan-Meier, censored at the budget) and per contrast (log-rank); None: not reported
+    time_to_event: str | None = None
+    time_axis: str = "step"  # step, compute_tokens or flops
 
 
 # Parsing -----------------------------------------------------------------------------------------
@@ -95,7 +102,7 @@ def parse_study(table) -> Study:
     The arms are checked against a grid by check_arms."""
     if not isinstance(table, dict):
         raise ValueError(f"study={table!r} is invalid; allowed: a TOML table ([study])")
-    unknown = sorted(set(table) - set(STUDY_KEYS))
+    unknown = sorted(set(table) - set(STUDY_KEYS) - set(OPTIONAL_KEYS))
     if unknown:
         raise ValueError(
             f"[study] {unknown}: unknown key; allowed: {', '.join(STUDY_KEYS)} "
@@ -125,7 +132,20 @@ def parse_study(table) -> Study:
                 f"{c.metric}); allowed: each contrast once"
             )
         seen[key] = i
+    event = table.get("time_to_event")
+    if event is not None and event not in EVENT_MODES:
+        raise ValueError(
+            f"study.time_to_event={event!r} is invalid; allowed: "
+            f"{', '.join(map(repr, EVENT_MODES))} (pos@90 of that decoding reaching the length)"
+        )
+    axis = table.get("time_axis", "step")
+    if axis not in TIME_AXES:
+        raise ValueError(
+            f"study.time_axis={axis!r} is invalid; allowed: {', '.join(map(repr, TIME_AXES))}"
+        )
     return Study(
+        time_to_event=event,
+        time_axis=axis,
         question=table["question"].strip(),
         primary=primary,
         lower_is_better=table["lower_is_better"],
@@ -532,7 +552,44 @@ def print_study(runs, study: Study, run_names=None, store_name: str | None = Non
         print(f"- {verdict(row, study)}")
     for note in table.attrs["notes"]:
         print(f"  note: {note}")
+    if study.time_to_event is not None:
+        events = event_table(runs, study, run_names=run_names)
+        print(
+            f"\nTime until pos@90 ({study.time_to_event} decoding) first reached the training "
+            f"length, in {study.time_axis} (Kaplan-Meier median; runs that never did are censored "
+            "at their last evaluation), and a log-rank test per contrast:"
+        )
+        print(format_study_table(events))
     return table
+
+
+def event_table(runs, study: Study, run_names=None) -> pd.DataFrame:
+    """Per contrast: each arm's runs that reached pos@90 = the training length (of the study's
+    time_to_event decoding), the Kaplan-Meier median time to it (NaN: fewer than half did) and
+    the log-rank p of the two arms."""
+    df = _complete_runs(runs)
+    if run_names is not None:
+        df = df[df["run"].isin(set(run_names))] if "run" in df.columns else df.iloc[:0]
+    rows = []
+    for c in study.contrasts:
+        arms = {}
+        for side in ("a", "b"):
+            sel = df[arm_mask(df, getattr(c, side))] if not df.empty else df
+            arms[side] = reach_times(sel, study.time_to_event, study.time_axis)
+        row = {"a": c.a, "b": c.b}
+        for side, t in arms.items():
+            median = kaplan_meier(t["time"], t["reached"], None)[1] if len(t) else math.nan
+            row[f"reached_{side}"] = f"{int(t['reached'].sum())}/{len(t)}"
+            row[f"median_{side}"] = median
+        both = all(len(t) for t in arms.values())
+        any_event = both and any(t["reached"].any() for t in arms.values())
+        row["p_logrank"] = (
+            logrank({k: (t["time"], t["reached"]) for k, t in arms.items()})["p"]
+            if any_event
+            else math.nan
+        )
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 __all__ = [
@@ -540,6 +597,7 @@ __all__ = [
     "Study",
     "arm_mask",
     "check_arms",
+    "event_table",
     "format_study_table",
     "grid_frame",
     "metric_column",

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from lrt_lab.store.results import Run
+from lrt_lab.training.train_config import stored_train_config
 
 
 def save_checkpoint(
@@ -110,11 +111,28 @@ def restore_checkpoint(run: Run, model, opts, generator, device) -> dict | None:
     return None
 
 
+def resume_folder(root, cfg) -> Path:
+    """The folder `--resume` continues for `cfg`: root/<cfg.run_name>, or, for a run trained before
+    derived names carried the options digest (TrainConfig.options_digest), root/<cfg.base_name>
+    when the digested folder does not exist and that one holds a run of the same train config."""
+    root = Path(root)
+    folder = root / cfg.run_name
+    if cfg.name or not cfg.options_digest or folder.exists():
+        return folder
+    before = root / cfg.base_name
+    try:
+        saved = stored_train_config(json.loads((before / "config.json").read_text())["train"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return folder
+    same = saved == json.loads(json.dumps(cfg.to_dict()))
+    return before if same else folder
+
+
 def open_for_resume(root: Path, cfg, config: dict | None = None) -> Run:
-    """The run folder `--resume` continues; ValueError saying what is missing or which arguments
-    differ. With `config` (what train would write now), the whole config.json must match it, so
-    a hand-edited model or schedule is refused too."""
-    run = Run(root / cfg.run_name)
+    """The run folder `--resume` continues (resume_folder); ValueError saying what is missing or
+    which arguments differ. With `config` (what train would write now), the whole config.json must
+    match it, so a hand-edited model or schedule is refused too."""
+    run = Run(resume_folder(root, cfg))
     if not (run.path / "config.json").is_file():
         origin = (
             "derived from the arguments; pass --name NAME"
@@ -134,7 +152,8 @@ def open_for_resume(root: Path, cfg, config: dict | None = None) -> Run:
         raise ValueError(
             f"--resume: no run folder {run.path} (its name {cfg.run_name!r} is {origin}){listing}"
         )
-    saved = run.config.get("train")
+    stored = run.config
+    saved = stored_train_config(stored.get("train"))
     now = json.loads(json.dumps(cfg.to_dict()))
     if saved != now:
         saved = saved if isinstance(saved, dict) else {}
@@ -148,7 +167,7 @@ def open_for_resume(root: Path, cfg, config: dict | None = None) -> Run:
             "resume with the same ones"
         )
     if config is not None:
-        diffs = config_differences(run.config, config)
+        diffs = config_differences({**stored, "train": saved}, config)
         if diffs:
             raise ValueError(
                 f"--resume: {run.path / 'config.json'} differs from the config these arguments "

@@ -55,6 +55,7 @@ from lrt_lab.training.checkpoints import config_differences
 from lrt_lab.training.loop import TrainConfig, budgeted, prepare, train
 from lrt_lab.training.mirrors import mirror_settings
 from lrt_lab.training.stopping import StopRequest
+from lrt_lab.training.train_config import stored_train_config
 
 WAIT_S = 15.0  # how often a sweep looks again at a run another process trains
 
@@ -224,7 +225,9 @@ def expand(spec: dict) -> list[TrainConfig]:
                 if "overrides" in shared and "overrides" in variant:
                     fields["overrides"] = {**shared["overrides"], **variant["overrides"]}
                 tag = "" if label == kind else f"-{label}"
-                base = TrainConfig(**{**fields, "name": None}).run_name
+                # no options digest (TrainConfig.run_name): a variant's label tells it apart, and
+                # the runs a sweep trained before the digest existed keep their names
+                base = TrainConfig(**{**fields, "name": None}).base_name
                 # built again with its name, so the name (prefix, variant label) is validated
                 # too
                 cfg = TrainConfig(**{**fields, "name": f"{prefix}{base}{tag}".replace(":", "_")})
@@ -448,7 +451,8 @@ def check_unchanged(configs: list[TrainConfig], out: Path) -> None:
         folder = out / cfg.run_name
         if not (folder / "summary.json").exists():
             continue
-        diffs = config_differences(Run(folder).config.get("train", {}), cfg.to_dict())
+        saved = stored_train_config(Run(folder).config.get("train", {}))
+        diffs = config_differences(saved, cfg.to_dict())
         if diffs:
             changed.append(f"{cfg.run_name} ({'; '.join(diffs[:4])})")
     if changed:

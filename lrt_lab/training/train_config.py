@@ -6,6 +6,7 @@ without importing torch (`lrt-lab --help` and argument errors answer at once).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from lrt_lab.core.validation import TRAIN_SEED_LIMIT, check_fields, fail, field_
 from lrt_lab.run.registry import parse_schedule
 
 PARAM_CONVENTIONS = ("all", "matrices")
+OPTIONS_DIGEST_CHARS = 5  # hex digits of the options digest in a derived run name
 
 # plus the baselines' spellings, lrt_lab.core.baselines.BASELINE_KINDS
 MODEL_KINDS = ("transformer", "lrt")
@@ -93,8 +95,21 @@ class TrainConfig:
 
     @property
     def run_name(self) -> str:
+        """The run folder's name: `name` when given, else `base_name` followed by
+        `options_digest` where the run sets task options or model overrides, so that a one-off
+        ablation (`--task-opt X=1`, `--set n_layer=3`) gets a folder of its own instead of the
+        base run's."""
         if self.name:
             return self.name
+        digest = self.options_digest
+        return f"{self.base_name}-{digest}" if digest else self.base_name
+
+    @property
+    def base_name(self) -> str:
+        """The name derived from the task, length, preset, model, schedule, budget and seed, with
+        no digest of the options: the sweep builds its names from it (each variant of a sweep
+        carries its label instead), so the names of the runs it trained before the digest existed
+        stay theirs."""
         sched = "" if self.model != "lrt" else f"-{self.schedule}"
         if self.model == "lrt" and self.memory_preset != "paper":  # the default keeps older names
             sched += f"-{self.memory_preset}"
@@ -104,6 +119,21 @@ class TrainConfig:
         return f"{self.task}-L{self.length}-{self.preset}-{self.model}{sched}-s{self.seed}".replace(
             ":", "_"
         )
+
+    @property
+    def options_digest(self) -> str:
+        """`o` and the first OPTIONS_DIGEST_CHARS hex digits of sha256 over the canonical JSON of
+        task_options and overrides (sorted keys, no spaces); "" when both are empty. The same
+        options give the same digest in every process and on every machine, whatever their order."""
+        if not self.task_options and not self.overrides:
+            return ""
+        text = json.dumps(
+            {"overrides": self.overrides, "task_options": self.task_options},
+            sort_keys=True,
+            separators=(",", ":"),
+            default=str,
+        )
+        return "o" + hashlib.sha256(text.encode()).hexdigest()[:OPTIONS_DIGEST_CHARS]
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -115,6 +145,14 @@ def parse_value(text: str):
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+def stored_train_config(saved):
+    """A run's config.json["train"] with today's default for every field the run predates (a run
+    trained before `param_convention` existed counted its parameters as "all" does), so that it
+    compares equal to the TrainConfig that would train it now. Anything but a dict is returned
+    as it is."""
+    return {**defaults(), **saved} if isinstance(saved, dict) else saved
 
 
 def defaults() -> dict:

@@ -1,0 +1,99 @@
+"""Dashboard page for runs trained to a tokens-per-parameter budget: held-out BPB against compute
+(the paper's scaling figure, in miniature), the LRT-minus-transformer deltas and the decision the
+pre-stated rule gives (lrt_lab.analysis.scaling).
+
+Self-contained (it reads only the runs the sidebar shows) so app/views.py only lists the page.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from lrt_lab.analysis.scaling import (
+    METRICS,
+    X_AXES,
+    check_same_heldout,
+    decide,
+    paired_deltas,
+    scaling_points,
+)
+
+HINT = (
+    "No run shown was trained to a budget in tokens per parameter: train with `lrt-lab train ... "
+    "--tokens-per-param R`, or run the grid `lrt-lab sweep experiments/scaling_text.toml` and open "
+    "its store, `lrt-lab app --runs experiments/scaling_runs`."
+)
+
+
+def curve_table(points: pd.DataFrame, x: str, metric: str) -> pd.DataFrame:
+    """One row per (method, budget): x and the metric's seed mean, min and max."""
+    g = points.groupby(["method", "R"])
+    return pd.DataFrame(
+        {
+            "x": g[x].mean(),
+            "mean": g[metric].mean(),
+            "low": g[metric].min(),
+            "high": g[metric].max(),
+            "seeds": g.size(),
+        }
+    ).reset_index()
+
+
+def scaling_page(ctx) -> None:
+    points = scaling_points(ctx.shown) if not ctx.shown.empty else pd.DataFrame()
+    if points.empty:
+        st.info(HINT)
+        return
+    try:
+        check_same_heldout(points)
+    except ValueError as e:
+        st.warning(str(e))
+        return
+    left, right = st.columns(2)
+    x = left.selectbox("x-axis", list(X_AXES), format_func=X_AXES.get, key="scaling_x")
+    metric = right.selectbox("metric", list(METRICS), format_func=METRICS.get, key="scaling_y")
+    curves = curve_table(points, x, metric)
+    base = {
+        "x": {"field": "x", "type": "quantitative", "scale": {"type": "log"}, "title": X_AXES[x]},
+        "color": {"field": "method", "type": "nominal", "legend": {"orient": "bottom"}},
+    }
+    st.vega_lite_chart(
+        curves,
+        {
+            "height": 360,
+            "layer": [
+                {
+                    "mark": {"type": "area", "opacity": 0.15},
+                    "encoding": {
+                        **base,
+                        "y": {"field": "low", "type": "quantitative", "scale": {"zero": False}},
+                        "y2": {"field": "high"},
+                    },
+                },
+                {
+                    "mark": {"type": "line", "point": True},
+                    "encoding": {
+                        **base,
+                        "y": {
+                            "field": "mean",
+                            "type": "quantitative",
+                            "title": METRICS[metric],
+                            "scale": {"zero": False},
+                        },
+                        "tooltip": [{"field": c} for c in curves.columns],
+                    },
+                },
+            ],
+        },
+        width="stretch",
+    )
+    st.caption("Seed means; the band spans the seeds' lowest and highest value.")
+    deltas = paired_deltas(points, metric=metric)
+    st.markdown(f"**Decision** (the rule stated before the grid ran): {decide(deltas)}")
+    if not deltas.empty:
+        st.dataframe(deltas.round(4), hide_index=True, width="stretch")
+        st.caption(
+            "delta: LRT (Interleaved(2)) minus transformer, paired by seed; token-matched: the "
+            "same R; compute-matched: the transformer at the LRT's C; 95% Student's t interval."
+        )
