@@ -9,9 +9,12 @@ committed `experiments/results/`) and the committed bench results (`docs/bench/*
 
 docs/results.md is `experiments/results_template.md` (each study's question, setup and what it
 shows)
-with every `<!-- table: NAME -->` line replaced by the table NAME built here; the README's compact
-tables (between `<!-- results:start -->` and `<!-- results:end -->`) are built here too, so no table
-in either file is typed by hand and tests/test_results.py fails when one is stale.
+with every `<!-- table: NAME -->` line replaced by the table NAME built here and every inline
+`<!-- value: NAME -->` by the figure NAME of `prose_values`, so the prose states no number from the
+store by hand either; the README's compact tables and its summary under them (between
+`<!-- results:start -->` and `<!-- results:end -->`) are built here too, and tests/test_results.py
+fails when either file is stale, when the template's prose holds a typed decimal, or when a prose
+figure disagrees with its table.
 
 The studies: A5 state tracking (experiments/a5_cpu.toml, a5_beyond.toml, the factor study
 a5_study*.toml and the trainer frontier a5_trainer_frontier.toml), the truncated-gradient study
@@ -66,6 +69,7 @@ from lrt_lab.store.results import load_metrics, load_runs, load_table  # noqa: E
 PAPER_A5 = {"transformer (4 layers)": "5", "lrt interleaved:2 (4 layers)": "24"}
 PAPER_GAP = {"lrt interleaved:2": "75%", "lrt fullseq:3": "88%"}
 PAPER_Z60_ACCURACY = "99.6%"  # its Z60 control (same appendix)
+PAPER_SCALE = "1.3B"  # the model size of its looped and pondering comparison
 
 
 # the compute every table shows: token-forwards the trainer ran (a token through the whole model
@@ -633,22 +637,44 @@ def baseline_tests(sub: pd.DataFrame, method: str, length: int, against: str = "
     return welch, permutation(a, b)["p"]
 
 
-def probes_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 8) -> str | None:
-    """Linear probes of the memory an LRT reads at position t (`hook_mem_in`) for the state at t-1:
-    test accuracy per position, from each probed run's tables/probe_exact.csv (exact decoding)."""
+# The probe tables' setting: `lrt-lab analyze probe` on this many exact-decoded sequences, split by
+# sequence into train and test (`probe_activations`' train_frac); each run's table records n_test.
+PROBE_SEQUENCES = 1024
+PROBE_TRAIN_FRAC = 0.7
+
+
+def probed_runs(df: pd.DataFrame, task: str = "a5_prefix", length: int = 8) -> list:
+    """(run row, its memory probes: hook_mem_in for the state at t-1) of the runs at `length` that
+    have a tables/probe_exact.csv, in the probe table's order."""
     sub = labelled(df[df["config.train.length"] == length], task)
-    rows = []
+    if sub.empty:
+        return []
     lrt = sub[sub["config.kind"] == "lrt"].sort_values(
         ["config.schedule", "label", "config.train.seed"]
     )
+    out = []
     for _, run in lrt.iterrows():
         path = Path(run["path"]) / "tables" / "probe_exact.csv"
-        if not path.is_file():
-            continue
-        probes = pd.read_csv(path)
-        probes = probes[(probes["site"] == "hook_mem_in") & (probes["target"] == "state_prev")]
-        acc = probes[probes["control"] == "probe"].set_index("position")["accuracy"]
-        shuffled = probes[probes["control"] == "shuffled_labels"]["accuracy"]
+        if path.is_file():
+            out.append((run, pd.read_csv(path)))
+    return out
+
+
+def memory_probes(probes: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """(probe accuracy per position, shuffled-label accuracy per position) of the memory read at t
+    for the state at t-1."""
+    mem = probes[(probes["site"] == "hook_mem_in") & (probes["target"] == "state_prev")]
+    acc = mem[mem["control"] == "probe"].set_index("position")["accuracy"]
+    shuffled = mem[mem["control"] == "shuffled_labels"].set_index("position")["accuracy"]
+    return acc, shuffled
+
+
+def probes_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 8) -> str | None:
+    """Linear probes of the memory an LRT reads at position t (`hook_mem_in`) for the state at t-1:
+    test accuracy per position, from each probed run's tables/probe_exact.csv (exact decoding)."""
+    rows = []
+    for run, probes in probed_runs(df, task, length):
+        acc, shuffled = memory_probes(probes)
         # "4 layers[, memory from block 4]"
         where = run["model"].split("(", 1)[1].rstrip(")").split(", ", 1)
         name = f"LRT {run['config.schedule']}{', ' + where[1] if len(where) > 1 else ''}"
@@ -668,10 +694,82 @@ def probes_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 8) -> 
     )
 
 
+def probe_values(df: pd.DataFrame, task: str = "a5_prefix", length: int = 8) -> dict[str, str]:
+    """The probes' size (examples per class) and what the table shows against its controls: per
+    run, the last position up to which the memory probe beats the shuffled-label control; and the
+    residual-stream probes of the top block against the memory's source block."""
+    probed = probed_runs(df, task, length)
+    if not probed:
+        return {}
+    n_test = {int(v) for _, p in probed for v in p["n_test"]}
+    n_train = PROBE_SEQUENCES - round(PROBE_SEQUENCES * (1 - PROBE_TRAIN_FRAC))
+    if n_test != {PROBE_SEQUENCES - n_train}:
+        raise SystemExit(f"probe tables hold n_test {sorted(n_test)}, not the setting's")
+    classes = int(probed[0][0]["config.task_vocab_size"])
+    out = {
+        "probe.sequences": str(PROBE_SEQUENCES),
+        "probe.n_train": str(n_train),
+        "probe.n_test": str(n_test.pop()),
+        "probe.classes": str(classes),
+        "probe.features": str(int(probed[0][0]["config.model.n_embd"])),
+        "probe.train_per_class": f"{n_train / classes:.0f}",
+        "probe.test_per_class": f"{(PROBE_SEQUENCES - n_train) / classes:.0f}",
+        "probe.chance": f"{1 / classes:.3f}",
+    }
+    carried, shuffled_max, top, source = [], [], [], []
+    n_layer = int(probed[0][0]["config.model.n_layer"])
+    for run, probes in probed:
+        acc, shuffled = memory_probes(probes)
+        floor = shuffled.max()
+        shuffled_max.append(floor)
+        last = 1
+        for t in range(2, length + 1):
+            if acc.get(t, 0.0) <= floor:
+                break
+            last = t
+        pos90 = whole(run[f"summary.eval.pos90_exact@{length}"])
+        carried.append(f"{pos90} -> {last}")
+        states = probes[(probes["control"] == "probe") & (probes["target"] == "state")]
+        later = states[states["position"] >= 2].groupby("site")["accuracy"].mean()
+        layer = run.get("config.model.memory.source_layer")
+        if pd.isna(layer):  # the default source: the paper's block round(0.6 x depth)
+            top.append(later[f"blocks.{n_layer - 1}.hook_resid_post"])
+            source.append(later[f"blocks.{round(0.6 * n_layer) - 1}.hook_resid_post"])
+    out["probe.carried"] = "; ".join(carried)
+    out["probe.shuffled_range"] = f"{min(shuffled_max):.2f}-{max(shuffled_max):.2f}"
+    out["probe.top_block"] = f"{statistics.mean(top):.2f}"
+    out["probe.source_block"] = f"{statistics.mean(source):.2f}"
+    out["probe.block_runs"] = str(len(top))
+    out["probe.top_index"] = str(n_layer)
+    out["probe.source_index"] = str(round(0.6 * n_layer))
+    return out
+
+
 def bench_table(bench_dir: Path = REPO / "docs" / "bench") -> str | None:
-    """The committed `lrt-lab bench --json` results: the table docs/performance.md shows."""
+    """The committed `lrt-lab bench --json` results: the table docs/performance.md shows, with a
+    column saying which way each row's ratio reads (`directed`)."""
     results = load_results(bench_dir) if Path(bench_dir).is_dir() else []
-    return markdown_table(results) if results else None
+    return directed(markdown_table(results)) if results else None
+
+
+def ratio_direction(label: str) -> str:
+    """How a bench row's LRT / transformer figure reads: a time ratio (training step, prefill), a
+    throughput ratio (decoding tokens per second), or no ratio (the rows naming the setting)."""
+    if label.startswith(("train ", "prefill ")):
+        return "LRT time / transformer time (> 1x: LRT slower)"
+    if label.startswith("decode tok/s"):
+        return "LRT tok/s / transformer tok/s (< 1x: LRT slower)"
+    return "-"
+
+
+def directed(table: str) -> str:
+    """A bench table with a second column giving each row's ratio direction: its rows mix time
+    ratios and throughput ratios under one header."""
+    lines = table.splitlines()
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    head = ["LRT vs transformer", "ratio"] + cells[0][1:]
+    rows = [[r[0], ratio_direction(r[0])] + r[1:] for r in cells[2:]]
+    return markdown(rows, head)
 
 
 def z60_table(df: pd.DataFrame) -> str | None:
@@ -856,7 +954,8 @@ COMPACT = [  # (study, section of docs/results.md, builder, what the numbers are
         "A5 at length 16, which trainer learns",
         "A5 factor study at length 16",
         lambda df: compact_state_tracking(df, "a5_prefix", 16, A5_AT_16),
-        "depth 4, d=128, 1500 steps, transformer 3000; paper preset, init",
+        "depth 4, d=128, 1500 steps, transformer 3000; paper preset, init; exact decoding; "
+        "censored: losses still falling at the end",
     ),
     (
         "Z60 control (abelian, same order as A5)",
@@ -877,10 +976,11 @@ COMPACT = [  # (study, section of docs/results.md, builder, what the numbers are
         "S3 prefix products at length 16, 2 layers, d=128, 300 steps",
     ),
     (
-        "Speed: LRT / transformer",
+        "Speed: LRT against the transformer",
         "Speed",
         lambda df: compact_bench(),
-        "one CPU thread; the whole training step, forward + backward alone in brackets",
+        "one CPU thread; the whole training step, forward + backward alone in brackets; each row "
+        "says which way its ratio reads",
     ),
 ]
 
@@ -1027,6 +1127,13 @@ def frontier_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
         out[f"frontier.{key}.wall_min"] = f"{(t['summary.wall_time_s'] / 60).mean():.0f}"
         out[f"frontier.{key}.acc"] = seeds_text(t[f"summary.eval.acc_exact@{length}"], "{:.2f}")
         out[f"frontier.{key}.final_loss"] = seeds_text(t["summary.final_loss"], "{:.2f}")
+        seed0 = t.iloc[0]
+        out[f"frontier.{key}.first_seed"] = whole(seed0["config.train.seed"])
+        out[f"frontier.{key}.first_pos90_all"] = ", ".join(
+            whole(seed0[f"summary.eval.pos90_exact@{n}"]) for n in lengths
+        )
+        out[f"frontier.{key}.first_acc"] = f"{seed0[f'summary.eval.acc_exact@{length}']:.4f}"
+        out["frontier.lengths"] = ", ".join(map(str, lengths))
     # fixedpoint:0.01:16 against rollout:1 on their shared seed: the sweeps it ran at the training
     # length, and how many steps their losses agree (one update, two roundings)
     fp, r1 = trainer_runs(runs, "lrt fixedpoint:0.01:16"), trainer_runs(runs, "lrt rollout:1")
@@ -1105,6 +1212,10 @@ def a5_8_values(df: pd.DataFrame, length: int = 8) -> dict[str, str]:
         )
         out[f"a5_8.{key}.at_4x"] = span(reached[f"summary.eval.pos90_exact@{longer[-1]}"])
         got[key] = runs
+    if "il" in got and "il_top" in got:
+        col = f"summary.eval.pos90_exact@{length}"
+        out["a5_8.p.il_top_vs_il"] = p_text(permutation(got["il"][col], got["il_top"][col])["p"])
+        out["a5_8.p_min.il_top_vs_il"] = p_text(smallest_p(len(got["il"]), len(got["il_top"])))
     for key in ("il", "exact", "fullseq3", "exact_top", "il_top"):
         if key in got and "transformer" in got:
             col = f"summary.eval.pos90_exact@{length}"
@@ -1153,6 +1264,14 @@ def censoring_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
     out["a5_16.reaches_length_step"] = str(int(at_length["step"].min()))
     out["a5_16.last_full_rate_step"] = str(int(full_rate["step"].max()))
     out["a5_16.full_rate_steps"] = str(len(full_rate))
+    # the jump to the training length: the mean training loss of the 50 steps after it against the
+    # 50 before, per run of the frontier
+    jump = int(at_length["step"].min())
+    raised = []
+    for _, r in runs.iterrows():
+        loss = curve(r, "loss")
+        raised.append(loss.loc[jump : jump + 49].mean() > loss.loc[jump - 50 : jump - 1].mean())
+    out["a5_16.jump_raised"] = f"{sum(raised)} of {len(raised)}"
     # the seed of the base whose loss falls most over the last 500 steps
     checkpoints = [steps - 500, steps - 250, steps]
     drops = {
@@ -1471,6 +1590,7 @@ def paper_values(df: pd.DataFrame) -> dict[str, str]:
         "paper.a5.transformer": PAPER_A5["transformer (4 layers)"],
         "paper.a5.il": PAPER_A5["lrt interleaved:2 (4 layers)"],
         "paper.z60.accuracy": PAPER_Z60_ACCURACY,
+        "paper.scale": PAPER_SCALE,
     }
 
 
@@ -1673,6 +1793,25 @@ def exact_values(df: pd.DataFrame) -> dict[str, str]:
     return out
 
 
+def z60_values(df: pd.DataFrame) -> dict[str, str]:
+    """The Z60 control per training length and model: exact pos@90 per seed, seeds at the training
+    length, mean accuracy at it."""
+    out = {}
+    z = df[df["config.train.task"] == "z60_prefix"]
+    for length in sorted(z["config.train.length"].unique()):
+        sub = labelled(df[df["config.train.length"] == length], "z60_prefix")
+        for label, runs in sub.groupby("label"):
+            key = "transformer" if label.startswith("transformer") else "il"
+            runs = runs.sort_values("config.train.seed")
+            pos = runs[f"summary.eval.pos90_exact@{length}"]
+            name = f"z60.L{int(length)}.{key}"
+            out[f"{name}.pos90"] = seeds_text(pos)
+            out[f"{name}.learned"] = learned_text(pos, int(length))
+            out[f"{name}.acc"] = f"{runs[f'summary.eval.acc_exact@{length}'].mean():.3f}"
+            out[f"{name}.n"] = str(len(runs))
+    return out
+
+
 def prose_values(df: pd.DataFrame) -> dict[str, str]:
     """{NAME: text} for every `<!-- value: NAME -->` of the template, computed from the store."""
     out = {}
@@ -1690,6 +1829,8 @@ def prose_values(df: pd.DataFrame) -> dict[str, str]:
         cells_values,
         baseline_values,
         exact_values,
+        probe_values,
+        z60_values,
     ):
         out.update(build(df))
     return out
@@ -1746,6 +1887,12 @@ def render_results(template: str, df: pd.DataFrame) -> str:
         table = builders[name]()
         return table if table is not None else f"(no runs for the table {name} in the store)"
 
+    return GENERATED + render_prose(PLACEHOLDER.sub(fill, template), named)
+
+
+def render_prose(text: str, named: dict[str, str]) -> str:
+    """`text` with every `<!-- value: NAME -->` replaced by named[NAME] (`prose_values`)."""
+
     def value(match):
         name = match.group(1)
         if name not in named:
@@ -1754,7 +1901,7 @@ def render_results(template: str, df: pd.DataFrame) -> str:
             )
         return named[name]
 
-    return GENERATED + VALUE.sub(value, PLACEHOLDER.sub(fill, template))
+    return VALUE.sub(value, text)
 
 
 def replace_block(page: str, block: str) -> str:

@@ -8,6 +8,7 @@ generates from the store, so no table can go stale."""
 
 import importlib.util
 import json
+import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -357,3 +358,117 @@ def test_readme_compact_a5_rows_match_the_run_files():
         assert cells[2] == f"{learned} of {len(summaries)}", (label, cells)
         compute = statistics.mean(s["compute_tokens"] for s in summaries) / 1e6
         assert cells[3] == f"{compute:.1f}", (label, cells)
+
+
+# The prose: every figure of docs/results.md's text and of the README's summary is a value of
+# results_tables.prose_values, so a prose number cannot disagree with the table it comes from.
+
+
+@pytest.fixture(scope="module")
+def store_values():
+    """(results_tables, the committed store, its prose values), computed once for this module."""
+    module = _tables_module()
+    df = load_runs(STORE)
+    return module, df, module.prose_values(df)
+
+
+def _sections(template: str) -> dict[str, str]:
+    parts = re.split(r"(?m)^(?=## )", template)
+    return {p.splitlines()[0] if p.startswith("## ") else "(intro)": p for p in parts if p.strip()}
+
+
+# typed on purpose: the Speed section's earlier measurement is a typed table of a bench result the
+# generator cannot read (it says so), and the paper's figures beside it
+TYPED_SECTIONS = ("## Speed",)
+
+
+def test_results_prose_holds_no_typed_decimal():
+    """Outside value placeholders and code spans (settings such as `FixedPoint(0.1, 8)` or
+    `tol=0.1`), no section of the template but Speed states a decimal number: a figure from the
+    store is rendered from it, never typed."""
+    module = _tables_module()
+    typed = []
+    for head, text in _sections(module.TEMPLATE.read_text()).items():
+        if head.startswith(TYPED_SECTIONS):
+            continue
+        text = module.VALUE.sub(" ", text)
+        text = re.sub(r"`[^`]*`", " ", text)
+        typed += [(head, m.group(0)) for m in re.finditer(r"(?<![\w.])\d+\.\d+", text)]
+    assert not typed, typed
+
+
+def test_every_value_the_prose_names_is_computed(store_values):
+    module, _, named = store_values
+    names = set(module.VALUE.findall(module.TEMPLATE.read_text()))
+    assert len(names) > 50, "the template's prose has lost its value placeholders"
+    assert names <= set(named), sorted(names - set(named))
+    fields = set(re.findall(r"\{([\w@.-]+)\}", module.IN_SHORT)) - {"protocol_link"}
+    assert fields <= set(named), sorted(fields - set(named))
+
+
+def test_prose_numbers_agree_with_their_tables(store_values):
+    """The figures the prose states are the cells of the tables beside it (and of the README's
+    compact tables), each built by its own code path."""
+    module, df, named = store_values
+    at8 = module.compact_state_tracking(df, "a5_prefix", 8, module.A5_AT_8)
+    for label, key in (("lrt fullseq:3", "fullseq3"), ("lrt exact", "exact")):
+        assert _row(at8, label)[2] == named[f"a5_8.{key}.learned"], (label, at8)
+    full8 = module.state_tracking_table(df[df["config.train.length"] == 8], "a5_prefix", None)
+    header = [c.strip() for c in full8.split("\n\n")[1].splitlines()[0].strip("|").split("|")]
+    cells = _row(full8, "lrt fullseq:3 (4 layers)")
+    assert cells[header.index("pos@90 at 8 per seed")] == named["a5_8.fullseq3.pos90"]
+    at16 = module.compact_state_tracking(df, "a5_prefix", 16, module.A5_AT_16)
+    assert _row(at16, "lrt fixedpoint:0.1:8")[2] == named["a5_16.fp01_8.learned"]
+    assert _row(at16, "lrt rollout:1")[2] == named["frontier.rollout1.learned"]
+    frontier = module.frontier_table(df)
+    assert _row(frontier, "lrt fixedpoint:0.01:16")[5] == named["frontier.fp001_16.learned"]
+    gap = module.gap_table(df)
+    assert _row(gap, "lrt exact")[2].startswith(named["gap.exact.delta"])
+    assert _row(gap, "lrt exact")[3] == named["gap.exact.p"]
+    assert _row(gap, "lrt interleaved:2")[5] == named["gap.il.recovered"]
+    assert _row(gap, "lrt fullseq:3")[5] == named["gap.fullseq3.recovered"]
+    protocol = module.protocol_table(df)
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in protocol.splitlines()[2:]]
+    by = {(r[0], r[2]): r for r in rows}
+    short, long = named["protocol.short"], named["protocol.long"]
+    assert by[("transformer", short)][4].startswith(named["protocol.t_short.exact"] + " (")
+    assert by[("lrt interleaved:2 (1500 steps)", short)][5].startswith(
+        named["protocol.il.parallel"] + " ("
+    )
+    assert by[("lrt interleaved:2 (3000 steps)", long)][5].startswith(
+        named["protocol.il_long.parallel"] + " ("
+    )
+    baselines = module.baselines_table(df)
+    assert _row(baselines, "lrt interleaved:2")[7].startswith(named["base.il.welch_p"] + ";")
+    assert _row(baselines, "lrt interleaved:2")[3].startswith(named["base.il.acc"])
+    truncation = module.truncation_table(df)
+    k4 = [c.strip() for c in truncation.split("\n\n")[1].splitlines()[0].strip("|").split("|")]
+    column = k4.index("k = 4")
+    for line in truncation.split("\n\n")[1].splitlines()[2:]:
+        cell = [c.strip() for c in line.strip("|").split("|")][column]
+        assert cell.startswith(named["trunc.k4.pos90"] + "/"), cell
+
+
+def test_a_changed_run_changes_the_prose_with_its_table(store_values):
+    """One stored figure changed (FullSequence(3)'s seed that stopped at pos@90 2 at length 8 now
+    reaches 8): the prose of the length-8 section and the README's compact row change together,
+    and nothing in the prose still says the old count."""
+    module, df, named = store_values
+    sub = module.labelled(df[df["config.train.length"] == 8], "a5_prefix")
+    runs = module.compact_rows(sub, *module.A5_AT_8_KEYS["fullseq3"])
+    column = "summary.eval.pos90_exact@8"
+    stalled = runs[runs[column] < 8].index[0]
+    changed = df.copy()
+    changed.loc[stalled, column] = 8
+    values = module.prose_values(changed)
+    before_count, after_count = named["a5_8.fullseq3.learned"], values["a5_8.fullseq3.learned"]
+    assert before_count != after_count
+    at8 = module.compact_state_tracking(changed, "a5_prefix", 8, module.A5_AT_8)
+    assert _row(at8, "lrt fullseq:3")[2] == after_count
+    template = module.TEMPLATE.read_text()
+    before = _sections(module.render_prose(template, named))["## A5 state tracking at length 8"]
+    after = _sections(module.render_prose(template, values))["## A5 state tracking at length 8"]
+    assert before != after
+    fullseq = [line for line in after.splitlines() if "FullSequence(3)" in line]
+    assert any(after_count in line for line in after.splitlines()), fullseq
+    assert named["a5_8.fullseq3.pos90"] not in after  # the old per-seed figures are gone
