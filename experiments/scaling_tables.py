@@ -90,6 +90,21 @@ def pilot_table(runs: pd.DataFrame) -> str | None:
     return markdown(pd.DataFrame(rows))
 
 
+def pilot_delta(runs: pd.DataFrame) -> str:
+    """The pilot's token-matched LRT-minus-transformer BPB at the rate the grid uses."""
+    pilot = scaling_points(runs[runs["run"].str.startswith(PILOT)])
+    pilot = pilot[pilot["matrix_lr"] == 0.02]
+    d = paired_deltas(pilot)
+    d = d[d["match"] == "tokens"] if not d.empty else d
+    if d.empty:
+        return "no pilot pairs yet"
+    row = d.iloc[0]
+    return (
+        f"{row['delta']:+.3f} BPB [{row['ci_low']:+.3f}, {row['ci_high']:+.3f}] over "
+        f"{int(row['n'])} seeds (LRT {row['method']:.3f}, transformer {row['base']:.3f})"
+    )
+
+
 def grid_points(runs: pd.DataFrame) -> pd.DataFrame:
     return scaling_points(runs[~runs["run"].str.startswith(PILOT)])
 
@@ -196,6 +211,7 @@ def builders(runs: pd.DataFrame) -> dict:
         "fits": lambda: fits_table(points),
         "rivals": lambda: rivals_table(points),
         "decision": lambda: decide(paired_deltas(points)),
+        "pilot_delta": lambda: pilot_delta(runs),
         "decision_parallel": lambda: decide(paired_deltas(points, metric="bpb_parallel")),
     }
 
@@ -223,7 +239,13 @@ def readme_block(runs: pd.DataFrame) -> str:
     if table is not None:
         lines += ["", table]
     elif not pilot.empty:
-        lines += ["", "The grid has not run yet; its pilot (R = 10):", "", pilot_table(runs)]
+        lines += [
+            "",
+            "No LRT-transformer pair of the grid is complete yet. Its pilot at R = 10, "
+            f"token-matched: LRT minus transformer {pilot_delta(runs)}.",
+            "",
+            pilot_table(runs),
+        ]
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ Torch-free (pandas, scipy, matplotlib): the dashboard and the docs generator cal
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -178,9 +179,11 @@ def _fit(c: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
         return (math.nan, math.nan, math.nan)
     p0 = (float(y.min()) * 0.9, float(y.max() - y.min() * 0.9) * float(c.min()) ** 0.5, 0.5)
     try:
-        (e, a, alpha), _ = optimize.curve_fit(
-            power_law, c, y, p0=p0, bounds=([0, 0, 0], [np.inf, np.inf, 5]), maxfev=20000
-        )
+        with warnings.catch_warnings():  # an exact fit has no covariance: the bootstrap gives it
+            warnings.simplefilter("ignore", optimize.OptimizeWarning)
+            (e, a, alpha), _ = optimize.curve_fit(
+                power_law, c, y, p0=p0, bounds=([0, 0, 0], [np.inf, np.inf, 5]), maxfev=20000
+            )
     except (RuntimeError, ValueError):
         return (math.nan, math.nan, math.nan)
     return (float(e), float(a), float(alpha))

@@ -1,0 +1,37 @@
+"""docs/scaling.md and the README's scaling block are what experiments/scaling_tables.py makes of
+the committed scaling store, so neither can go stale."""
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location(
+        "scaling_tables", ROOT / "experiments" / "scaling_tables.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_scaling_page_and_readme_block_are_current():
+    assert _module().main(["--check"]) == 0
+
+
+def test_the_page_changes_when_a_run_does(tmp_path):
+    import shutil
+
+    from lrt_lab.store.results import load_runs
+
+    tables = _module()
+    store = tmp_path / "store"
+    shutil.copytree(ROOT / "experiments" / "scaling_runs", store)
+    before = tables.render(tables.TEMPLATE.read_text(), load_runs(store))
+    run = next(p for p in store.iterdir() if p.name.startswith("pilot-") and "lrt" in p.name)
+    summary = (run / "summary.json").read_text()
+    key = '"ce_exact@256": '
+    i = summary.index(key) + len(key)
+    (run / "summary.json").write_text(summary[:i] + "9.0, " + summary[i:].split(",", 1)[1])
+    assert tables.render(tables.TEMPLATE.read_text(), load_runs(store)) != before
