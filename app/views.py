@@ -1107,7 +1107,7 @@ PAGES = {
     "Compare": compare_page,
     "Runs": runs_page,
     "Training curves": curves_page,
-    "Delta vs baseline": delta_page,
+    "Delta": delta_page,
     "Length generalisation": length_page,
     "Depth x length": depth_page,
     "Gap recovery": gap_page,

@@ -73,7 +73,7 @@ def test_every_page_renders(store, monkeypatch):
         "Compare",
         "Runs",
         "Training curves",
-        "Delta vs baseline",
+        "Delta",
         "Length generalisation",
         "Depth x length",
         "Gap recovery",
@@ -93,7 +93,7 @@ def test_every_page_renders(store, monkeypatch):
     n_charts = {
         "Compare": 1,  # the frontier scatter of the store's one study
         "Training curves": 1,
-        "Delta vs baseline": 1,  # the LRT and the unknown kind against the transformer
+        "Delta": 1,  # the LRT and the unknown kind against the transformer
         "Length generalisation": 2,
         "Depth x length": 2,
         "Gap recovery": 1,
@@ -590,14 +590,14 @@ def test_delta_against_a_baseline_is_the_hand_computed_difference(four_groups):
 def test_the_delta_page_shows_the_hand_computed_numbers(four_groups, monkeypatch):
     at = run_app(monkeypatch, four_groups)
     assert_clean(at)
-    tab = page(at, "Delta vs baseline")
+    tab = page(at, "Delta")
     (baseline,) = [s for s in tab.selectbox if s.label == "baseline"]
     baseline.set_value(LABELS[1])
     tab.slider(key="delta_smoothing").set_value(0.0)
     tab.radio(key="delta_x").set_value("steps")
     at.run()
     assert_clean(at)
-    tab = page(at, "Delta vs baseline")
+    tab = page(at, "Delta")
     assert "FLOPs" in tab.radio(key="delta_x").options
     table = tab.dataframe[0].value.set_index("group")
     mean, lo, hi = t_interval([FAST[s][3] - BASE[s][3] for s in (0, 1, 2)])
@@ -632,7 +632,7 @@ def test_the_group_picker_opens_on_at_most_eight_groups(template, tmp_path, monk
     store = synthetic_store(tmp_path / "ten", template, runs)
     at = run_app(monkeypatch, store)
     assert_clean(at)
-    for title in ("Training curves", "Delta vs baseline", "Length generalisation"):
+    for title in ("Training curves", "Delta", "Length generalisation"):
         tab = page(at, title)
         (picker,) = [m for m in tab.multiselect if m.label == "groups"]
         assert len(picker.options) == 10 and len(picker.value) == 8, title

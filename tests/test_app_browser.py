@@ -53,7 +53,7 @@ TABS = [
     "Compare",
     "Runs",
     "Training curves",
-    "Delta vs baseline",
+    "Delta",
     "Length generalisation",
     "Depth x length",
     "Gap recovery",
