@@ -30,7 +30,7 @@ def pick_groups(
     options = sorted(set(labels))
     default = store_data.default_groups(runs, labels, MAX_DEFAULT_GROUPS, spread)
     widget = data_key(f"{key}_groups", options)
-    # the picks as they stand (a widget's new value is in the session state before the rerun),
+    # the picks as they stand (a widget's new value is in st.session_state before the rerun),
     # for the expander's title, written before the widget inside it
     before = [g for g in st.session_state.get(widget, default) if g in options]
     with st.expander(f"Groups: {len(before)} of {len(options)} shown", expanded=False):

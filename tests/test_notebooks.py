@@ -145,8 +145,8 @@ def _fresh_start(folder: Path, nbformat):
     )
 
 
-# Notebooks executed in this session, by name: a test that reads a notebook's outputs reuses the
-# run of test_notebook_runs instead of executing it again.
+# Notebooks executed by this pytest process, by name: a test that reads a notebook's outputs
+# reuses the run of test_notebook_runs instead of executing it again.
 EXECUTED: dict = {}
 
 
