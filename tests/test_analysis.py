@@ -661,7 +661,16 @@ def test_every_analyze_option_has_help_and_the_usage_says_lrt_lab_analyze(capsys
 
     parser = build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    assert set(sub.choices) == {"probe", "gap", "depth", "convergence", "gradient", "scaling"}
+    assert set(sub.choices) == {
+        "probe",
+        "gap",
+        "depth",
+        "convergence",
+        "gradient",
+        "exactness",
+        "contraction",
+        "scaling",
+    }
     for name, command in sub.choices.items():
         for action in command._actions:
             assert action.help and action.help != argparse.SUPPRESS, (name, action.dest)
@@ -695,6 +704,10 @@ def test_every_analyze_option_has_help_and_the_usage_says_lrt_lab_analyze(capsys
         (["scaling", "{missing}"], "no complete run"),
         (["gradient", "{missing}"], "config.json"),
         (["gradient", "x", "--n-sequences", "0"], "--n-sequences"),
+        (["exactness", "{missing}"], "config.json"),
+        (["exactness", "x", "--sweeps", "0"], "--sweeps"),
+        (["contraction", "{missing}"], "config.json"),
+        (["contraction", "x", "--tols", "x"], "--tols"),
     ],
 )
 def test_every_analyze_error_is_one_line_with_its_prefix(tmp_path, capsys, args, says):

@@ -86,6 +86,13 @@ def test_every_model_and_schedule_trains_and_writes_a_complete_run(tmp_path, mod
     assert set(table["mode"]) == {"parallel", "exact"} and set(table["length"]) == {6, 12}
     evals = load_metrics(run, kind="eval")
     assert evals["step"].tolist() == [3, 6]
+    # the contraction monitor: logged at every evaluation of an LRT, kept in the summary
+    monitor = ["lyap", "sweep_change_1", "sweep_change_2", "sweep_change_4"]
+    if model == "lrt":
+        assert evals[monitor].notna().all().all()
+        assert s["contraction"] == evals[monitor].iloc[-1].to_dict()
+    else:
+        assert not set(monitor) & set(evals) and "contraction" not in s
 
 
 def test_exact_eval_is_the_decoder_and_parallel_eval_is_the_schedule(tmp_path):

@@ -1,7 +1,8 @@
 """Analysis tools: what the memory carries (probes), how much of exact recurrence a parallel
-trainer recovers (gap), how sequential the learned recurrence is (convergence), how close each
-trainer's gradient is to exact BPTT's (gradient), how much depth the memory is worth (depth), and
-seed statistics (stats).
+trainer recovers (gap), how sequential the learned recurrence is (convergence), how many passes
+each ordering of the solvers needs to reach exact decoding (exactness), whether the memory map
+contracts (contraction), how close each trainer's gradient is to exact BPTT's (gradient), how
+much depth the memory is worth (depth), and seed statistics (stats).
 
 Each tool writes tables into the run store: per-run tables with `Run.write_table` (probe_<decoding>,
 bpb), store-level tables under `<store>/.analysis/tables/` (gap_recovery, mismatch, refinement,
@@ -34,6 +35,21 @@ _LAZY = {
             "smallest_passing",
         ),
         "lrt_lab.analysis.gradient",
+    ),
+    **dict.fromkeys(
+        (
+            "default_orderings",
+            "exactness_run",
+            "exactness_trace",
+            "ordering_stages",
+            "passes_to_exactness",
+            "plot_exactness",
+        ),
+        "lrt_lab.analysis.exactness",
+    ),
+    **dict.fromkeys(
+        ("contraction_run", "contraction_tables", "plot_contraction", "predicted_sweeps"),
+        "lrt_lab.analysis.contraction",
     ),
     **dict.fromkeys(
         ("analyze_depth_sweep", "depth_table", "depth_worth", "min_depth", "plot_depth_curve"),

@@ -1,11 +1,13 @@
-"""`lrt-lab analyze probe|gap|depth|convergence|gradient|scaling ...`: run an analysis on a run
-store, print its tables, write them (and a PNG of the plot) into the store.
+"""`lrt-lab analyze probe|gap|depth|convergence|gradient|exactness|contraction|scaling ...`: run
+an analysis on a run store, print its tables, write them (and a PNG of the plot) into the store.
 
     lrt-lab analyze probe runs/probe/RUN_A runs/probe/RUN_B --decoding exact
     lrt-lab analyze gap runs/gap
     lrt-lab analyze depth runs/depth --targets 4,8
     lrt-lab analyze convergence runs/gap/RUN_A --tols 0.1,0.01
     lrt-lab analyze gradient runs/gap/RUN_A --schedules fixedpoint:0:4:1,gaussseidel:2:4
+    lrt-lab analyze exactness runs/gap/RUN_A --orderings jacobi,gs:4,chunks:8 --sweeps 30
+    lrt-lab analyze contraction runs/gap/RUN_A
     lrt-lab analyze scaling experiments/scaling_runs --x flops
 """
 
@@ -60,7 +62,7 @@ def build_parser() -> Parser:
     sub = p.add_subparsers(
         dest="cmd",
         required=True,
-        metavar="{probe,gap,depth,convergence,gradient,scaling}",
+        metavar="{probe,gap,depth,convergence,gradient,exactness,contraction,scaling}",
         parser_class=Parser,
     )
     pr = sub.add_parser(
@@ -186,6 +188,62 @@ def build_parser() -> Parser:
         default=16,
         metavar="N",
         help="held-out sequences (default: %(default)s)",
+    )
+    ex = sub.add_parser(
+        "exactness",
+        help="sweeps and wall clock each ordering needs to reach exact decoding "
+        "(tables/exactness.csv + <run>/exactness.png)",
+        description="On a run's latest checkpoint and a held-out batch: Jacobi sweeps, "
+        "Gauss-Seidel over S strided groups and contiguous chunks, each iterated from the init "
+        "pass; the error to exact decoding's log-probabilities and loss after every sweep, the "
+        "sweeps and wall clock each needs, and whether it converges, plateaus or diverges when "
+        "iterated far past its training depth.",
+    )
+    ex.add_argument("run", metavar="RUN", help="a run folder (with a checkpoint)")
+    ex.add_argument(
+        "--orderings",
+        default=None,
+        metavar="O[,O...]",
+        help="jacobi, gs:S, chunks:C, comma-separated (default: jacobi, gs:2,4,8,16 and chunks "
+        "of T/8 and T/2)",
+    )
+    ex.add_argument(
+        "--sweeps",
+        type=positive_int,
+        default=30,
+        metavar="N",
+        help="sweeps after the init pass (default: %(default)s; 1000 to look far past training)",
+    )
+    ex.add_argument(
+        "--n-sequences",
+        type=positive_int,
+        default=16,
+        metavar="N",
+        help="held-out sequences (default: %(default)s)",
+    )
+    ct = sub.add_parser(
+        "contraction",
+        help="the memory map's Lyapunov exponent and the fixed-point sweeps it predicts "
+        "(tables/contraction.csv + <run>/contraction.png)",
+        description="On a run's latest checkpoint and a held-out batch: the largest Lyapunov "
+        "exponent of m_(t-1) -> m_t along the data, its log growth per position, and the Jacobi "
+        "sweeps it predicts for each tolerance beside those measured; with the values the "
+        "monitor logged during training.",
+    )
+    ct.add_argument("run", metavar="RUN", help="a run folder (with a checkpoint)")
+    ct.add_argument(
+        "--n-sequences",
+        type=positive_int,
+        default=16,
+        metavar="N",
+        help="held-out sequences (default: %(default)s)",
+    )
+    ct.add_argument(
+        "--tols",
+        type=number_list,
+        default=(0.1, 0.01),
+        metavar="TOL1,TOL2",
+        help="comma-separated relative tolerances (default: 0.1,0.01)",
     )
     s = sub.add_parser(
         "scaling",
@@ -352,6 +410,28 @@ def _analyze(a) -> int:
         out = run.path / "gradient_fidelity.png"
         plot_gradient_fidelity(table, title=run.name).savefig(out, dpi=110)
         print(f"table: {run.path / 'tables' / 'gradient_fidelity.csv'}\nplot: {out}")
+    elif a.cmd == "exactness":
+        from lrt_lab.analysis.exactness import exactness_run, passes_to_exactness, plot_exactness
+
+        run = as_run(a.run)
+        orderings = [o.strip() for o in a.orderings.split(",")] if a.orderings else None
+        trace = exactness_run(run, orderings, max_sweeps=a.sweeps, n_sequences=a.n_sequences)
+        print(run.name)
+        at = tuple(k for k in (1, 2, 4, 8, 30, 1000) if k <= a.sweeps)
+        print(passes_to_exactness(trace, at=at).to_string(index=False))
+        out = run.path / "exactness.png"
+        plot_exactness(trace, title=run.name).savefig(out, dpi=110)
+        print(f"table: {run.path / 'tables' / 'exactness.csv'}\nplot: {out}")
+    elif a.cmd == "contraction":
+        from lrt_lab.analysis.contraction import contraction_run, plot_contraction
+
+        run = as_run(a.run)
+        tables = contraction_run(run, n_sequences=a.n_sequences, tols=a.tols)
+        print(run.name)
+        print(tables["summary"].drop(columns="run").to_string(index=False))
+        out = run.path / "contraction.png"
+        plot_contraction(tables, tables["history"], title=run.name).savefig(out, dpi=110)
+        print(f"table: {run.path / 'tables' / 'contraction.csv'}\nplot: {out}")
     else:
         tables = analyze_depth_sweep(a.store, a.metric, a.targets)
         for name, t in tables.items():

@@ -48,6 +48,7 @@ from lrt_lab.core.validation import (
     check_out_dir,
     fail,
 )
+from lrt_lab.run.contraction import contraction_record
 from lrt_lab.run.evaluation import eval_record, evaluate, per_position_table
 from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import run_schedule
@@ -561,6 +562,9 @@ def _evaluate_and_log(
 ) -> None:
     loop.results = evaluate(model, schedule, eval_sets, cfg.eval_exact, autocast=autocast)
     loop.last_eval = eval_record(loop.results)
+    if cfg.eval_contraction:  # on the first evaluation length's set (the training length's)
+        with autocast or contextlib.nullcontext():
+            loop.last_eval.update(contraction_record(model, next(iter(eval_sets.values())).inputs))
     run.log(
         {
             "kind": "eval",
@@ -592,6 +596,11 @@ def _epochs(task, tokens: int) -> dict:
     return {"epochs": tokens / size} if size else {}
 
 
+def _contraction(last_eval: dict) -> dict:
+    rec = {k: v for k, v in last_eval.items() if k == "lyap" or k.startswith("sweep_change_")}
+    return {"contraction": rec} if rec else {}
+
+
 def _finish(
     run: Run, cfg: TrainConfig, model, schedule, eval_sets: dict, autocast, loop: LoopState, task
 ) -> Run:
@@ -619,6 +628,8 @@ def _finish(
             **_epochs(task, counters["tokens"]),
             "forwards_per_token": model.forwards_per_token,
             "eval": eval_record(loop.results),
+            # the contraction monitor at the last evaluation (lrt_lab.run.contraction)
+            **_contraction(loop.last_eval),
             # when pos@90 first reached the training length (None: not within the budget)
             "reached": {
                 key: first_reach(run.metrics_records(), key, cfg.length)

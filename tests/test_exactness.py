@@ -1,0 +1,168 @@
+"""Passes to exactness (lrt_lab.analysis.exactness): every ordering reaches exact decoding
+within its bound, its sweeps are the trainers' schedules (FullSequence, Interleaved,
+GaussSeidel) computed by a second code path, and the behaviour labels follow their rules."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+from helpers import CONFIGS, make_model, tokens
+
+from lrt_lab.analysis.exactness import (
+    behaviour,
+    default_orderings,
+    exactness_trace,
+    ordering_stages,
+    passes_to_exactness,
+)
+from lrt_lab.core.loss import cross_entropy
+from lrt_lab.run.runner import run_schedule
+from lrt_lab.run.schedules import FullSequence, GaussSeidel, Interleaved
+
+T = 9
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model(CONFIGS["default"])
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return tokens(B=2, T=T), tokens(B=2, T=T, seed=7)
+
+
+@pytest.mark.parametrize(
+    "ordering, bound",
+    [("jacobi", T), ("gs:2", 5), ("gs:3", 3), ("gs:9", 1), ("chunks:4", T), ("chunks:1", 1)],
+)
+def test_every_ordering_is_exact_within_its_bound(model, batch, ordering, bound):
+    trace = exactness_trace(model, *batch, ordering, max_sweeps=T + 2)
+    at = trace.set_index("sweep")
+    assert at.loc[bound, "logit_error"] < 1e-10 and at.loc[bound, "memory_error"] < 1e-10
+    assert abs(at.loc[bound, "loss_gap"]) < 1e-10
+    if bound > 1:  # before its bound a random model is far from exact
+        assert at.loc[1, "logit_error"] > 1e-3
+    # once a sweep leaves the buffer unchanged, the rest repeat it, flagged
+    repeated = trace[trace["repeated"]]
+    assert len(repeated) and (repeated["logit_error"] == repeated["logit_error"].iloc[0]).all()
+
+
+@torch.no_grad()
+def _loss(model, batch, schedule):
+    x, y = batch
+    return float(cross_entropy(run_schedule(model, x, None, schedule).logits, y))
+
+
+@pytest.mark.parametrize(
+    "ordering, sweep, schedule",
+    [
+        ("jacobi", 2, FullSequence(2)),
+        ("jacobi", 5, FullSequence(5)),
+        ("gs:2", 1, Interleaved(2)),
+        ("gs:3", 1, Interleaved(3)),
+        ("gs:2", 3, GaussSeidel(2, 3)),
+    ],
+)
+def test_sweeps_are_the_trainers_schedules(model, batch, ordering, sweep, schedule):
+    # the trace's k-th sweep is what the trainer's schedule computes (its final logits), by the
+    # schedule's own code path
+    trace = exactness_trace(model, *batch, ordering, max_sweeps=sweep).set_index("sweep")
+    assert trace.loc[sweep, "loss"] == pytest.approx(_loss(model, batch, schedule), abs=1e-12)
+
+
+def test_orderings_are_spelled_and_checked():
+    assert ordering_stages("gs:3", 7) == [range(0, 7, 3), range(1, 7, 3), range(2, 7, 3)]
+    assert ordering_stages("chunks:3", 7) == [range(0, 3), range(3, 6), range(6, 7)]
+    assert ordering_stages("jacobi", 7) == [range(0, 7)]
+    for bad in ("gs:8", "gs:0", "chunks:", "jacobi:2", "seidel"):
+        with pytest.raises(ValueError, match="allowed: jacobi, gs:S"):
+            ordering_stages(bad, 7)
+    assert default_orderings(256) == [
+        "jacobi",
+        "gs:2",
+        "gs:4",
+        "gs:8",
+        "gs:16",
+        "chunks:128",
+        "chunks:32",
+    ]
+    assert default_orderings(16) == ["jacobi", "gs:2", "gs:4", "gs:8", "chunks:2", "chunks:8"]
+
+
+def _table(errors, ordering="o"):
+    n = len(errors)
+    return pd.DataFrame(
+        {
+            "ordering": ordering,
+            "sweep": range(n),
+            "stages": 2,
+            "logit_error": errors,
+            "loss_gap": [e / 10 for e in errors],
+            "wall_s": [0.5 * (k + 1) for k in range(n)],
+            "repeated": False,
+        }
+    )
+
+
+def test_behaviour_labels_follow_their_rules():
+    assert behaviour(_table([1.0, 0.1, 1e-4]), 2) == "exact"
+    assert behaviour(_table([1.0, 0.5, 0.4, 0.45]), 3) == "plateau"
+    assert behaviour(_table([1.0, 0.01, 0.2]), 2) == "diverged"  # 20x its best: grew again
+    assert behaviour(_table([1.0, math.inf]), 1) == "diverged"
+    assert behaviour(_table([1.0, 0.5]), 5) == ""  # the trace stops before
+
+
+def test_passes_to_exactness_reads_the_first_sweep_within_tolerance():
+    trace = pd.concat([_table([1.0, 0.1, 1e-4, 1e-5], "a"), _table([1.0, 0.9, 0.8, 0.7], "b")])
+    out = passes_to_exactness(trace, logit_tol=1e-3, loss_eps=1e-3, at=(3,)).set_index("ordering")
+    assert out.loc["a", "sweeps_to_logits"] == 2 and out.loc["a", "wall_s_to_logits"] == 1.5
+    assert out.loc["a", "sweeps_to_loss"] == 2  # loss gaps 0.1, 0.01, 1e-5
+    assert math.isnan(out.loc["b", "sweeps_to_logits"]) and out.loc["b", "at_3"] == "plateau"
+    assert out.loc["a", "at_3"] == "exact" and out.loc["a", "stages_per_sweep"] == 2
+
+
+def test_a_model_without_memory_is_refused():
+    with pytest.raises(ValueError, match="memory pathway"):
+        exactness_trace(make_model(None), tokens(B=1, T=4), None, "jacobi", 2)
+    with pytest.raises(ValueError, match="max_sweeps"):
+        exactness_trace(make_model(CONFIGS["default"]), tokens(B=1, T=4), None, "jacobi", 0)
+
+
+def trained_run(tmp_path, schedule="interleaved:2"):
+    """A tiny LRT trained for a few steps, with evaluations (and so the contraction monitor)."""
+    from lrt_lab.training.loop import TrainConfig, train
+
+    cfg = TrainConfig(
+        task="group_prefix",
+        task_options={"group": "S3"},
+        length=6,
+        preset="tiny",
+        model="lrt",
+        schedule=schedule,
+        steps=4,
+        batch_size=8,
+        eval_every=2,
+        eval_lengths=(6,),
+        eval_size=8,
+        checkpoint_every=0,
+        device="cpu",
+    )
+    return train(cfg, out=tmp_path, progress=False)
+
+
+def test_the_command_on_a_trained_run(tmp_path, capsys):
+    from lrt_lab.commands.analyze import main
+    from lrt_lab.store.results import load_table
+
+    run = trained_run(tmp_path)
+    assert main(["exactness", str(run.path), "--sweeps", "8", "--n-sequences", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "sweeps_to_logits" in out and (run.path / "exactness.png").exists()
+    table = load_table(run, "exactness")
+    assert list(table["ordering"].unique()) == default_orderings(6)
+    # every ordering is exact by sweep T = 6 (float32: to rounding)
+    assert (table[table["sweep"] == 6]["logit_error"] < 1e-4).all()
+    assert main(["exactness", str(run.path), "--orderings", "gs:9"]) == 2
+    assert "gs:9" in capsys.readouterr().err
