@@ -295,6 +295,17 @@ def cmd_report(a) -> int:
         raise ValueError(f"runs={a.runs!r} is invalid: {reason}; allowed: a run store directory")
     if a.study is not None:
         return report_study(a)
+    if a.scoreboard:
+        from lrt_lab.store.report import print_scoreboard
+
+        for flag, value in (("--metric", a.metric), ("--group-by", a.group_by)):
+            if value is not None:
+                raise ValueError(
+                    f"{flag} is invalid with --scoreboard; allowed: --format, --task, --where, "
+                    "--prefix (the scoreboard's metrics are fixed)"
+                )
+        print_scoreboard(a.runs, fmt=a.format, task=a.task, where=a.where, prefix=a.prefix)
+        return 0
     print_report(
         a.runs,
         metric=a.metric,
@@ -316,6 +327,7 @@ def report_study(a) -> int:
         ("--task", a.task),
         ("--where", a.where),
         ("--prefix", a.prefix),
+        ("--scoreboard", a.scoreboard or None),
     ):
         if value is not None:
             raise ValueError(
@@ -491,6 +503,13 @@ def build_parser() -> Parser:
         help="the [study] of a sweep spec instead: its question, budget and decision rules, and "
         "each pre-stated contrast (B minus A, bootstrap interval, permutation p, Holm, power) "
         "over the runs of its grid",
+    )
+    p.add_argument(
+        "--scoreboard",
+        action="store_true",
+        help="the approximate-vs-exact scoreboard instead: per group of LRT runs, the "
+        "cross-entropy of the training forward minus exact decoding's, and their argmax "
+        "agreement, at each evaluation length",
     )
     p.set_defaults(func=cmd_report)
 

@@ -526,10 +526,9 @@ def _text_rows(study: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
-def _aligned(header: list[str], body: list[list[str]]) -> list[str]:
+def _aligned(header: list[str], body: list[list[str]], left=(0, 4)) -> list[str]:
     """Text columns (the label, seeds) left-aligned, figures right-aligned."""
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-    left = {0, 4}
     return [
         "  ".join(
             cell.ljust(w) if i in left else cell.rjust(w)
@@ -539,11 +538,11 @@ def _aligned(header: list[str], body: list[list[str]]) -> list[str]:
     ]
 
 
-def _markdown(header: list[str], body: list[list[str]]) -> list[str]:
+def _markdown(header: list[str], body: list[list[str]], left=(0, 4)) -> list[str]:
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
 
-    align = [":--" if i in (0, 4) else "--:" for i in range(len(header))]
+    align = [":--" if i in left else "--:" for i in range(len(header))]
     return (
         ["| " + " | ".join(cell(c) for c in row) + " |" for row in [header]]
         + ["|" + "|".join(align) + "|"]
@@ -628,6 +627,70 @@ def print_report(
     sys.stdout.write(out)
     if err:
         sys.stderr.write(err)
+    return table
+
+
+SCOREBOARD_LEGEND = (
+    "Training forward against exact decoding, per group of LRT runs: gap@L = cross-entropy of the",
+    "schedule's parallel forward minus exact decoding's at evaluation length L (nats per token;",
+    f"mean [{INTERVAL_NOTE}]); agree@L = share of positions where both pick the same token.",
+)
+
+
+def render_scoreboard(table: pd.DataFrame, fmt: str = "table") -> str:
+    """The scoreboard (lrt_lab.store.scoreboard) as aligned text, markdown or csv: one row per
+    group, the gap and agreement at each evaluation length (1x, 2x, 4x the training length)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format={fmt!r} is invalid; allowed: {', '.join(FORMATS)}")
+    if fmt == "csv":
+        return table.to_csv(index=False)
+    out = list(SCOREBOARD_LEGEND) if fmt == "table" else [f"_{' '.join(SCOREBOARD_LEGEND)}_"]
+    for (t, n), study in table.groupby(["task", "length"], sort=False):
+        lengths = sorted(study["eval_length"].unique())
+        header = ["group", "n", *(f"{k}@{L}" for L in lengths for k in ("gap", "agree"))]
+        body = []
+        for g, sub in study.groupby("group", sort=False):
+            at = sub.set_index("eval_length")
+            row = [g, str(int(sub["n"].max()))]
+            for L in lengths:
+                r = at.loc[L] if L in at.index else None
+                row.append(
+                    "-" if r is None else _format_interval(r.ce_gap, r.ce_gap_low, r.ce_gap_high)
+                )
+                row.append("-" if r is None or _unset(r.agreement) else f"{r.agreement:.3f}")
+            body.append(row)
+        if fmt == "md":
+            out += ["", f"### {t}, trained at length {n}", ""] + _markdown(header, body, left=(0,))
+        else:
+            out += ["", f"{t}, trained at length {n}"] + _aligned(header, body, left=(0,))
+    left_out = table.attrs.get("left_out", [])
+    if left_out:
+        note = (
+            f"{len(left_out)} LRT run(s) recorded no cross-entropy of both forwards (trained "
+            f"before it was recorded) and are not shown: {first_names(left_out, 4)}"
+        )
+        out += [""] + textwrap.wrap(note, WIDTH, initial_indent="note: ", subsequent_indent="  ")
+    if table.empty:
+        out += ["", "no LRT run in the store recorded both forwards' cross-entropy"]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def print_scoreboard(
+    root, fmt: str = "table", task=None, where=(), prefix: str | None = None
+) -> pd.DataFrame:
+    """Print the scoreboard of the complete runs of the store `root` that pass the filters."""
+    from lrt_lab.store.scoreboard import scoreboard
+
+    if fmt not in FORMATS:
+        raise ValueError(f"--format {fmt!r} is invalid; allowed: {', '.join(FORMATS)}")
+    runs = load_runs(root)
+    if runs.empty:
+        raise ValueError(f"runs={str(root)!r}: the store has no complete runs")
+    runs = filter_runs(runs, task, where, prefix)
+    if "status" in runs:
+        runs = runs[runs["status"] != "diverged"]
+    table = scoreboard(runs)
+    sys.stdout.write(render_scoreboard(table, fmt))
     return table
 
 
