@@ -189,6 +189,7 @@ def logit_diff(clean: torch.Tensor, patched: torch.Tensor) -> torch.Tensor:
     return (delta - delta.mean(-1, keepdim=True)).norm(dim=-1)
 
 
+@torch.no_grad()  # a measurement: no graph is kept across the many runs
 def route_effects(
     model,
     clean_idx: torch.Tensor,
@@ -206,7 +207,8 @@ def route_effects(
     patch: a corrupted token sequence like clean_idx (its exact run's memory read at `position`
     is patched in), a replacement memory ((d,) or (B, d)), or "zero" (an ablation).
     routes: of `routes_of(model)` (default: all of them). modes: of "fixed", "free", "generate"
-    (the module docstring). layers: restrict the route hooks to these layers (default all).
+    (the module docstring). layers: restrict the routes' hook points to these layers (default all;
+    route "all" is the whole read, every layer).
     Columns: route, mode, offset, position (= position + offset), kl (nats), logit_diff,
     share (the route's `metric` over route "all"'s in the same mode and offset; NaN where
     that is 0), tokens_changed (mode "generate": the fraction of sequences whose greedy
