@@ -53,6 +53,7 @@ _LAYERS = {
     "lrt_lab.run.runner": ("run_schedule", "run_with_cache", "ScheduleOutput"),
     "lrt_lab.run.decode": ("Decoder", "generate"),
     "lrt_lab.run.hooks": ("hooks", "capture", "zero_at", "patch_from"),
+    "lrt_lab.run.patching": ("route_effects", "run_patched", "generate_patched"),
     "lrt_lab.run.evaluation": ("evaluate",),
     "lrt_lab.training.loop": ("TrainConfig", "train"),
     "lrt_lab.training.optim": ("build_optimizers", "param_groups"),

@@ -66,11 +66,20 @@ class MemoryRead:
     # one forms it, the others reuse it (`MemoryPathway.project_memory`); layerwise projections
     # are formed per layer and not kept
     projected: dict[str, torch.Tensor] = field(default_factory=dict)
+    # per projection name, the memory that projection reads instead of m (a hook on one route,
+    # `blocks.{l}.attn.hook_mem_k` ...): only that route follows the patch; empty: all read m
+    routes: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def patched(self, m: torch.Tensor) -> MemoryRead:
         """The same read with m replaced (a hook's intervention): the projections of m are formed
         again, the gammas (independent of m) are kept."""
         return MemoryRead(m, positions=self.positions, gammas=self.gammas)
+
+    def with_routes(self, routes: dict[str, torch.Tensor]) -> MemoryRead:
+        """The same read with the named projections ("q_rec", "k_rec", "v_rec") reading the given
+        memory instead of m (a route-level intervention); the other projections, the residual
+        injection and what the cache of shared projections holds are m's."""
+        return MemoryRead(self.m, self.zero, self.positions, self.gammas, self.projected, routes)
 
 
 def gated_sum(local, rec, g_loc, g_rec, drop_local: bool) -> torch.Tensor:
@@ -81,6 +90,27 @@ def gated_sum(local, rec, g_loc, g_rec, drop_local: bool) -> torch.Tensor:
     if rec is None:
         return base
     return base + rec if g_rec is None else torch.addcmul(base, g_rec, rec)
+
+
+# The routes by which the memory a layer reads enters it, by short name: the residual injection
+# (sec. 2.2) and the recurrent query, key and value projections (sec. 2.1); each has its own
+# hook point per layer (`lrt_lab.run.hooks`), the projections' under their projection names.
+ROUTE_PROJECTIONS = {"q": "q_rec", "k": "k_rec", "v": "v_rec"}
+
+
+def memory_routes(config: ModelConfig) -> tuple[str, ...]:
+    """The routes the memory enters each layer by under `config`, of "resid", "q", "k", "v": the
+    one statement of which route hook points exist (none without a memory pathway)."""
+    m = config.memory
+    if m is None:
+        return ()
+    present = {
+        "resid": m.residual,
+        "q": m.queries,
+        "k": m.kv in ("both", "keys"),
+        "v": m.kv in ("both", "values"),
+    }
+    return tuple(route for route, on in present.items() if on)
 
 
 def register_memory(name: str):
@@ -222,10 +252,14 @@ class MemoryPathway(nn.Module):
     def project_memory(self, name: str, l: int, mem: MemoryRead) -> torch.Tensor | None:
         """W_name,rec m as (B, n, heads, head_dim) for layer l, name one of "q_rec", "k_rec",
         "v_rec" (None: zero memory). A shared projection is formed once per stage and kept in the
-        read's `projected` under its name; a layerwise one is formed here for its one layer."""
+        read's `projected` under its name; a layerwise one is formed here for its one layer. A
+        projection the read routes elsewhere (`MemoryRead.routes`: a hook on that route) is formed
+        from its own memory and not kept."""
+        projs = {"q_rec": self.q_rec, "k_rec": self.k_rec, "v_rec": self.v_rec}[name]
+        if name in mem.routes:
+            return self._split_heads(projs[l if len(projs) > 1 else 0](mem.routes[name]))
         if mem.zero:
             return None
-        projs = {"q_rec": self.q_rec, "k_rec": self.k_rec, "v_rec": self.v_rec}[name]
         if len(projs) > 1:
             return self._split_heads(projs[l](mem.m))
         if name not in mem.projected:

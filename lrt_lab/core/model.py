@@ -41,7 +41,14 @@ from lrt_lab.core.buffer import DecodeCache, SequenceBuffer
 from lrt_lab.core.config import ModelConfig
 from lrt_lab.core.hook_points import HookPoint
 from lrt_lab.core.loss import check_inputs, cross_entropy
-from lrt_lab.core.memory import MemoryPathway, MemoryRead, build_memory, norm
+from lrt_lab.core.memory import (
+    ROUTE_PROJECTIONS,
+    MemoryPathway,
+    MemoryRead,
+    build_memory,
+    memory_routes,
+    norm,
+)
 
 VE_GATE_CHANNELS = 32  # nanochat gates value embeddings from the first 32 input channels
 
@@ -182,6 +189,14 @@ class Attention(nn.Module):
         ]
         if config.memory is not None and config.memory.gated:
             names += ["hook_gate_local", "hook_gate_rec"]
+        # the memory as each recurrent projection of this layer reads it (hook_mem_q / _k / _v),
+        # only for the projections the config has: patching one re-forms that projection alone
+        self.mem_routes = tuple(
+            (f"hook_mem_{r}", ROUTE_PROJECTIONS[r])
+            for r in memory_routes(config)
+            if r in ROUTE_PROJECTIONS
+        )
+        names += [point for point, _ in self.mem_routes]
         for name in names:
             setattr(self, name, HookPoint())
 
@@ -241,7 +256,20 @@ class Attention(nn.Module):
         if g_loc is not None:
             g_loc = self.hook_gate_local(g_loc, positions=ctx.hook_positions)
             g_rec = self.hook_gate_rec(g_rec, positions=ctx.hook_positions)
+        read = self._route_memory(read, ctx.hook_positions)
         return ctx.pathway.inject_qkv(self.layer, q, k, v, read, g_loc, g_rec)
+
+    def _route_memory(self, read: MemoryRead, hp) -> MemoryRead:
+        """`read` with each recurrent projection's memory passed through its hook point
+        (hook_mem_q / hook_mem_k / hook_mem_v): a patched one is that projection's alone
+        (`MemoryRead.with_routes`), so one route of the memory can be ablated or patched while the
+        others, and the residual injection, read the memory as it was."""
+        routes = {}
+        for point, projection in self.mem_routes:
+            m = getattr(self, point)(read.m, positions=hp)
+            if m is not read.m:
+                routes[projection] = m
+        return read.with_routes(routes) if routes else read
 
     def _attend_explicit(self, q, K, V, P: range, window, hp) -> torch.Tensor:
         """The same attention written out, its scores and pattern passed through their hook
@@ -288,6 +316,10 @@ class Block(nn.Module):
         ]
         if config.memory is not None:
             names.append("hook_mem_in")
+        # hook_mem_resid: the memory as the residual injection reads it (gamma_l m), only where
+        # the config injects it; patching it leaves the layer's projections alone
+        if "resid" in memory_routes(config):
+            names.append("hook_mem_resid")
         for name in names:
             setattr(self, name, HookPoint())
 
@@ -310,7 +342,7 @@ class Block(nn.Module):
             m = self.hook_mem_in(read.m, positions=P)
             if m is not read.m:  # patched for this layer only: its projections follow the patch
                 read = read.patched(m)
-            x = ctx.pathway.inject_residual(self.layer, x, read)
+            x = ctx.pathway.inject_residual(self.layer, x, self._residual_memory(read, P))
         x = self.hook_resid_injected(x, positions=P)
         attn_out, K, V = self.attn(norm(x), ctx, read, value_embed)
         attn_out = self.hook_attn_out(attn_out, positions=P)
@@ -318,6 +350,16 @@ class Block(nn.Module):
         mlp_out = self.hook_mlp_out(self.mlp(norm(x)), positions=P)
         x = self.hook_resid_post(x + mlp_out, positions=P)
         return BlockOutput(x, K, V, attn_out)
+
+    def _residual_memory(self, read: MemoryRead, P) -> MemoryRead:
+        """The read the residual injection uses: `read`, its m passed through hook_mem_resid (when
+        the config injects into the residual); a patched m reaches gamma_l m alone, attention
+        still reads `read`."""
+        point = getattr(self, "hook_mem_resid", None)
+        if point is None:
+            return read
+        m = point(read.m, positions=P)
+        return read if m is read.m else read.patched(m)
 
 
 def _renamed_pathway_keys(module, state_dict, prefix, *args) -> None:

@@ -3,7 +3,13 @@
 A `HookPoint` (`lrt_lab.core.hook_points`) is an identity module placed where an activation is
 formed; its name is its module
 path, in TransformerLens's convention: `hook_embed`, `hook_mem_in` (the memory m_{t-lag} each
-position reads), `blocks.{l}.hook_mem_in` (the same quantity as layer l reads it),
+position reads), `blocks.{l}.hook_mem_in` (the same quantity as layer l reads it; patching it
+changes every route of layer l), the memory as each route into layer l reads it, each (B, |P|, d)
+and patched for that route alone: `blocks.{l}.hook_mem_resid` (the residual injection gamma_l m),
+`blocks.{l}.attn.hook_mem_k` / `hook_mem_v` / `hook_mem_q` (the recurrent projections W_k,rec m,
+W_v,rec m, W_q,rec m, re-formed from the patched m for that projection only), each present only
+where the config has the route (`lrt_lab.core.memory.memory_routes`; route-split patching:
+`lrt_lab.run.patching`),
 `blocks.{l}.hook_resid_pre` (the block's input), `blocks.{l}.hook_resid_injected` (alpha x + beta x0
 + gamma m: the stream with the memory injected, what attention's norm reads),
 `blocks.{l}.attn.hook_q` / `hook_k` / `hook_v` (with the memory injected, before QK-norm and RoPE),
