@@ -29,6 +29,7 @@ from lrt_lab.store.report import (
     studies_by_recency,
     study_runs,
 )
+from lrt_lab.store.scoreboard import scoreboard
 
 DECODINGS = {"exact": "pos90_exact", "parallel": "pos90_parallel"}
 SPENT = ("compute", "wall_min")
@@ -139,7 +140,47 @@ def compare_page(ctx) -> None:
         "a single seed shows its value. A method is named by what tells it apart from the others "
         "here (unnamed fields are at their default, or the value most methods share)."
     )
+    scoreboard_table(runs)
     frontier_chart(runs, lengths, length)
+
+
+def scoreboard_rows(runs: pd.DataFrame) -> pd.DataFrame:
+    """The study's LRT groups as the scoreboard shows them: gap@L as mean [interval], agree@L."""
+    table = scoreboard(runs)
+    rows = []
+    for g, sub in table.groupby("group", sort=False):
+        row = {"method": g, "seeds": int(sub["n"].max())}
+        for r in sub.sort_values("eval_length").itertuples(index=False):
+            row[f"CE gap at {r.eval_length}"] = format_mean_ci(
+                r.ce_gap, r.ce_gap_low, r.ce_gap_high
+            )
+            row[f"agreement at {r.eval_length}"] = (
+                "-" if math.isnan(r.agreement) else f"{r.agreement:.3f}"
+            )
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    out.attrs["left_out"] = table.attrs.get("left_out", [])
+    return out
+
+
+def scoreboard_table(runs: pd.DataFrame) -> None:
+    st.subheader("Training forward against exact decoding")
+    shown = scoreboard_rows(runs)
+    left_out = len(shown.attrs["left_out"])
+    if shown.empty:
+        st.caption(
+            "No LRT run of this study recorded the cross-entropy of both forwards (runs trained "
+            "before it was recorded)."
+        )
+        return
+    st.dataframe(shown, hide_index=True, height=ROW_PX * (len(shown) + 1) + 3)
+    st.caption(
+        "Per LRT method: the cross-entropy of the training schedule's parallel forward minus exact "
+        "decoding's, in nats per token (mean [95% t-interval over seeds]; above 0: the training "
+        "forward reads worse than what the model does at inference, below 0: it flatters it), and "
+        "the share of positions where both pick the same token, at each evaluation length."
+        + (f" {left_out} LRT run(s) recorded neither and are not shown." if left_out else "")
+    )
 
 
 def frontier_chart(runs: pd.DataFrame, lengths: list[int], length: int) -> None:

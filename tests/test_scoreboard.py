@@ -99,3 +99,25 @@ def test_the_report_flag_prints_it_in_every_format(tmp_path, capsys):
     assert "| group | n | gap@8 |" in capsys.readouterr().out
     assert main(["report", str(store), "--scoreboard", "--metric", "pos90"]) == 2
     assert "--metric is invalid with --scoreboard" in capsys.readouterr().err
+
+
+def test_the_compare_tab_shows_it(tmp_path, monkeypatch):
+    pytest.importorskip("streamlit")
+    import sys
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    store = write_store(tmp_path / "store")
+    monkeypatch.setenv("LRT_RUNS", str(store))
+    monkeypatch.setattr(sys, "argv", ["streamlit_app.py"])
+    app = Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py"
+    at = AppTest.from_file(str(app), default_timeout=60).run()
+    assert not at.exception, [e.value for e in at.exception]
+    compare = at.tabs[0]
+    board = compare.dataframe[1].value.set_index("method")
+    assert sorted(board.index) == ["lrt exact", "lrt interleaved:2"]
+    mean, lo, hi, agree = by_hand("interleaved:2", 16)
+    assert board.loc["lrt interleaved:2", "CE gap at 16"].startswith(f"{mean:.3g} [")
+    assert board.loc["lrt interleaved:2", "agreement at 16"] == f"{agree:.3f}"
+    assert any("1 LRT run(s) recorded neither" in c.value for c in compare.caption)
