@@ -4,6 +4,7 @@ uniform model, the byte-level text task; plus one tiny end-to-end pass over a re
 
 import hashlib
 import importlib.metadata
+import itertools
 import json
 import math
 import sys
@@ -233,15 +234,28 @@ def test_gap_recovery_on_synthetic_numbers():
     table = gap_recovery(df, n_resamples=2000).set_index("method")
     inter = table.loc["lrt interleaved:2"]
     assert inter["n_seeds"] == 3
-    assert inter["recovered"] == pytest.approx(np.mean([0.75, 0.80, 0.70]))
-    assert inter["recovered_std"] == pytest.approx(np.std([0.75, 0.80, 0.70], ddof=1))
-    # ratio of means: (mean base - mean method) / (mean base - mean exact)
+    # recovered: the ratio of means, (mean base - mean method) / (mean base - mean exact)
     b, m, e = np.mean([1.0, 1.2, 1.1]), np.mean([0.925, 1.04, 1.03]), np.mean([0.9, 1.0, 1.0])
-    assert inter["ratio_of_means"] == pytest.approx((b - m) / (b - e))
-    lo, hi = bootstrap_ci([0.75, 0.80, 0.70], n_resamples=2000)
-    assert (inter["ci_low"], inter["ci_high"]) == pytest.approx((lo, hi))
-    assert 0.70 - 1e-9 <= lo <= 0.75 <= hi <= 0.80 + 1e-9
-    assert table.loc["lrt fullseq:3", "recovered"] == pytest.approx(np.mean([0.9, 0.9, 0.95]))
+    assert inter["recovered"] == pytest.approx((b - m) / (b - e))
+    # the mean of the per-seed fractions, kept for reference
+    assert inter["recovered_seed_mean"] == pytest.approx(np.mean([0.75, 0.80, 0.70]))
+    assert inter["recovered_std"] == pytest.approx(np.std([0.75, 0.80, 0.70], ddof=1))
+    # the interval: with 3 seeds the bootstrap distribution has 27 equally likely resamples of
+    # the (base, method, exact) triples; enumerated here, its 2.5% and 97.5% quantiles (each
+    # extreme has mass 1/27 > 2.5%, so they are the smallest and largest resampled ratio)
+    triples = np.array([[1.0, 0.925, 0.9], [1.2, 1.04, 1.0], [1.1, 1.03, 1.0]])
+    ratios = []
+    for i in itertools.product(range(3), repeat=3):
+        bb, mm, ee = triples[list(i)].mean(0)
+        ratios.append((bb - mm) / (bb - ee))
+    lo, hi = np.percentile(ratios, [2.5, 97.5], method="inverted_cdf")
+    assert (inter["ci_low"], inter["ci_high"]) == pytest.approx((lo, hi), abs=1e-9)
+    # the gap itself, paired by seed: 3 seeds give at best p = 2/8 (every sign flip)
+    assert inter["gap_p"] == pytest.approx(0.25)
+    # fullseq: base, method and exact means 1.1, 2.935 / 3 and 2.9 / 3
+    assert table.loc["lrt fullseq:3", "recovered"] == pytest.approx(
+        (1.1 - 2.935 / 3) / (1.1 - 2.9 / 3)
+    )
     per_seed = table.attrs["per_seed"]
     assert len(per_seed) == 6 and per_seed["recovered"].tolist()[:3] == pytest.approx(
         [0.9, 0.9, 0.95]
@@ -251,7 +265,8 @@ def test_gap_recovery_on_synthetic_numbers():
         df[~((df["config.schedule"] == "exact") & (df["config.train.seed"] == 2))], n_resamples=500
     ).set_index("method")
     assert partial.loc["lrt interleaved:2", "n_seeds"] == 2
-    assert partial.loc["lrt interleaved:2", "recovered"] == pytest.approx(0.775)
+    # seeds 0 and 1: base, method and exact means 1.1, 0.9825 and 0.95
+    assert partial.loc["lrt interleaved:2", "recovered"] == pytest.approx(0.1175 / 0.15)
     with pytest.raises(ValueError, match="metric"):
         gap_recovery(df, metric="bpb.nope")
     with pytest.raises(ValueError, match="one run per"):

@@ -24,6 +24,7 @@ Seeds are paired: seed s of a method is compared with seed s of the baseline and
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -31,6 +32,7 @@ import pandas as pd
 
 # torch-free: the dashboard computes these tables from the stored BPB tables; evaluating a model
 # (torch) is lrt_lab.analysis.bpb's
+from lrt_lab.store.contrasts import contrast
 from lrt_lab.store.results import load_table
 from lrt_lab.store.stats import bootstrap_ci, mean_ci, method_column, seed_stats
 
@@ -83,6 +85,21 @@ def recovered_fraction(base, method, exact):
     return float(out) if out.ndim == 0 else out
 
 
+def ratio_of_means_ci(base, method, exact, confidence=0.95, n_resamples=9999, seed=0):
+    """Percentile bootstrap interval of recovered_fraction of the means, resampling the seeds'
+    (base, method, exact) triples together (scipy.stats.bootstrap, paired); NaN below 2 seeds."""
+    base, method, exact = (np.asarray(v, dtype=float) for v in (base, method, exact))
+    if base.size < 2:
+        return (math.nan, math.nan)
+    index = np.arange(base.size, dtype=float)
+
+    def ratio(idx):
+        i = idx.astype(int)
+        return recovered_fraction(base[i].mean(), method[i].mean(), exact[i].mean())
+
+    return bootstrap_ci(index, ratio, confidence, n_resamples=n_resamples, seed=seed)
+
+
 def _group_keys(df, group_by):
     return [k for k in group_by if k in df.columns]
 
@@ -101,10 +118,14 @@ def gap_recovery(
     lrt_lab.store.report.method_label), per group of runs that share task/length/shape/steps.
 
     Returns one row per (group, method): n_seeds, the mean metric of baseline / method / exact over
-    the paired seeds, recovered (mean of the per-seed fractions), recovered_std, ci_low/ci_high
-    (percentile bootstrap over seeds, scipy.stats.bootstrap; NaN below 2 seeds) and
-    ratio_of_means ((mean base - mean method) / (mean base - mean exact)). The per-seed table is
-    in .attrs["per_seed"].
+    the paired seeds; recovered, the ratio of means (mean base - mean method) / (mean base - mean
+    exact): a mean of per-seed ratios would weigh a seed whose gap is small as much as one whose
+    gap is large, and blow up as a gap nears 0; ci_low/ci_high, its percentile bootstrap over
+    seeds (the seeds' (base, method, exact) triples resampled together; NaN below 2 seeds);
+    gap_p, the paired permutation p-value of the gap base - exact itself (a recovered fraction
+    of a gap that is not there means nothing); and, for reference, recovered_seed_mean and
+    recovered_std, the mean and SD of the per-seed fractions. The per-seed table is in
+    .attrs["per_seed"].
     """
     if metric not in df.columns:
         raise ValueError(
@@ -162,7 +183,8 @@ def gap_recovery(
                     }
                 )
             st = mean_ci(frac, confidence)
-            lo, hi = bootstrap_ci(frac, np.mean, confidence, n_resamples=n_resamples)
+            lo, hi = ratio_of_means_ci(b, x, e, confidence, n_resamples)
+            gap_p = contrast(e, b, paired=True, n_resamples=n_resamples)["p"]
             summary.append(
                 {
                     **gkey,
@@ -171,11 +193,12 @@ def gap_recovery(
                     "base": b.mean(),
                     "value": x.mean(),
                     "exact": e.mean(),
-                    "recovered": st["mean"],
-                    "recovered_std": st["std"],
+                    "recovered": recovered_fraction(b.mean(), x.mean(), e.mean()),
                     "ci_low": lo,
                     "ci_high": hi,
-                    "ratio_of_means": recovered_fraction(b.mean(), x.mean(), e.mean()),
+                    "gap_p": gap_p,
+                    "recovered_seed_mean": st["mean"],
+                    "recovered_std": st["std"],
                     "metric": metric,
                     "baseline": baseline,
                     "exact_method": exact,
@@ -188,10 +211,11 @@ def gap_recovery(
         "value",
         "exact",
         "recovered",
-        "recovered_std",
         "ci_low",
         "ci_high",
-        "ratio_of_means",
+        "gap_p",
+        "recovered_seed_mean",
+        "recovered_std",
         "metric",
         "baseline",
         "exact_method",
