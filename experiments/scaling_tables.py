@@ -28,7 +28,9 @@ from lrt_lab.analysis.scaling import (
     scaling_figure,
     scaling_points,
 )
+from lrt_lab.store.report import render_scoreboard
 from lrt_lab.store.results import load_runs
+from lrt_lab.store.scoreboard import scoreboard
 
 REPO = Path(__file__).resolve().parents[1]
 STORE = REPO / "experiments" / "scaling_runs"
@@ -199,6 +201,17 @@ def rivals_table(points: pd.DataFrame, c: float = 40.0) -> str | None:
     return markdown(pd.DataFrame(rows))
 
 
+def scoreboard_table(runs: pd.DataFrame) -> str | None:
+    """The grid's LRT runs on the approximate-vs-exact scoreboard (lrt-lab report --scoreboard):
+    one row per trainer and budget."""
+    grid = runs[~runs["run"].str.startswith(PILOT)]
+    table = scoreboard(grid)
+    if table.empty:
+        return None
+    lines = render_scoreboard(table, "md").strip().splitlines()
+    return "\n".join(line for line in lines if not line.startswith(("_", "### "))).strip()
+
+
 def builders(runs: pd.DataFrame) -> dict:
     points = grid_points(runs)
     if not points.empty:
@@ -213,6 +226,7 @@ def builders(runs: pd.DataFrame) -> dict:
         "decision": lambda: decide(paired_deltas(points)),
         "pilot_delta": lambda: pilot_delta(runs),
         "decision_parallel": lambda: decide(paired_deltas(points, metric="bpb_parallel")),
+        "scoreboard": lambda: scoreboard_table(runs),
     }
 
 

@@ -90,6 +90,9 @@ def plot_contraction(tables: dict, history: pd.DataFrame | None = None, title: s
     if history is not None and not history.empty:
         b.plot(history["step"], history["lyap"], "o-", ms=3)
         b.axhline(0, color="grey", lw=0.7, ls=":")
+    else:
+        b.text(0.5, 0.5, "not logged: the run predates the monitor", ha="center", va="center")
+        b.set(xticks=[], yticks=[])
     b.set(xlabel="training step", ylabel="Lyapunov exponent (nats / position)")
     b.set_title("the monitor during training", fontsize=9)
     if title:
