@@ -164,5 +164,9 @@ def test_the_command_on_a_trained_run(tmp_path, capsys):
     assert list(table["ordering"].unique()) == default_orderings(6)
     # every ordering is exact by sweep T = 6 (float32: to rounding)
     assert (table[table["sweep"] == 6]["logit_error"] < 1e-4).all()
+    # another length: its own table and figure, the training length's kept
+    assert main(["exactness", str(run.path), "--sweeps", "2", "--length", "12"]) == 0
+    assert load_table(run, "exactness_L12")["sweep"].max() == 2
+    assert (run.path / "exactness_L12.png").exists() and len(load_table(run, "exactness"))
     assert main(["exactness", str(run.path), "--orderings", "gs:9"]) == 2
     assert "gs:9" in capsys.readouterr().err

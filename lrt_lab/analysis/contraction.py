@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 
 from lrt_lab.analysis.convergence import convergence_trace, sweeps_to_converge
+from lrt_lab.analysis.exactness import table_name
 from lrt_lab.analysis.loading import as_run, eval_batch, load_model, load_task
 from lrt_lab.run.contraction import lyapunov
 from lrt_lab.store.stats import mean_ci
@@ -112,7 +113,8 @@ def contraction_run(
     """contraction_tables on a trained run (latest checkpoint) and a held-out batch of its task,
     plus "history": the monitor's values from the run's evaluation lines (empty for a run trained
     before the monitor existed). Writes tables/contraction.csv (the summary) and
-    tables/contraction_growth.csv when write=True."""
+    tables/contraction_growth.csv when write=True (`_L<T>` after the stem at another length than
+    the training length)."""
     run = as_run(run)
     model = load_model(run)
     T = length or run.config["train"]["length"]
@@ -124,6 +126,6 @@ def contraction_run(
     for t in tables.values():
         t.insert(0, "run", run.name)
     if write:
-        run.write_table("contraction", tables["summary"])
-        run.write_table("contraction_growth", tables["growth"])
+        run.write_table(table_name("contraction", run, T), tables["summary"])
+        run.write_table(table_name("contraction_growth", run, T), tables["growth"])
     return tables

@@ -228,7 +228,8 @@ def exactness_run(
     eval_seed: int = 1,
 ) -> pd.DataFrame:
     """exactness_trace of each ordering on a trained run (latest checkpoint) and a held-out batch
-    of its task; writes tables/exactness.csv into the run when write=True."""
+    of its task; writes tables/exactness.csv into the run when write=True (at another length
+    than the training length: tables/exactness_L<T>.csv)."""
     run = as_run(run)
     model = load_model(run)
     T = length or run.config["train"]["length"]
@@ -245,5 +246,10 @@ def exactness_run(
     )
     table.insert(0, "run", run.name)
     if write:
-        run.write_table("exactness", table)
+        run.write_table(table_name("exactness", run, T), table)
     return table
+
+
+def table_name(stem: str, run, T: int) -> str:
+    """`stem` at the run's training length, `stem_L<T>` at another (tables and figures)."""
+    return stem if T == run.config["train"]["length"] else f"{stem}_L{T}"

@@ -221,6 +221,13 @@ def build_parser() -> Parser:
         metavar="N",
         help="held-out sequences (default: %(default)s)",
     )
+    ex.add_argument(
+        "--length",
+        type=positive_int,
+        default=None,
+        metavar="T",
+        help="sequence length (default: the run's training length)",
+    )
     ct = sub.add_parser(
         "contraction",
         help="the memory map's Lyapunov exponent and the fixed-point sweeps it predicts "
@@ -237,6 +244,13 @@ def build_parser() -> Parser:
         default=16,
         metavar="N",
         help="held-out sequences (default: %(default)s)",
+    )
+    ct.add_argument(
+        "--length",
+        type=positive_int,
+        default=None,
+        metavar="T",
+        help="sequence length (default: the run's training length)",
     )
     ct.add_argument(
         "--tols",
@@ -411,27 +425,37 @@ def _analyze(a) -> int:
         plot_gradient_fidelity(table, title=run.name).savefig(out, dpi=110)
         print(f"table: {run.path / 'tables' / 'gradient_fidelity.csv'}\nplot: {out}")
     elif a.cmd == "exactness":
-        from lrt_lab.analysis.exactness import exactness_run, passes_to_exactness, plot_exactness
+        from lrt_lab.analysis.exactness import (
+            exactness_run,
+            passes_to_exactness,
+            plot_exactness,
+            table_name,
+        )
 
         run = as_run(a.run)
         orderings = [o.strip() for o in a.orderings.split(",")] if a.orderings else None
-        trace = exactness_run(run, orderings, max_sweeps=a.sweeps, n_sequences=a.n_sequences)
+        trace = exactness_run(
+            run, orderings, max_sweeps=a.sweeps, n_sequences=a.n_sequences, length=a.length
+        )
         print(run.name)
         at = tuple(k for k in (1, 2, 4, 8, 30, 1000) if k <= a.sweeps)
         print(passes_to_exactness(trace, at=at).to_string(index=False))
-        out = run.path / "exactness.png"
+        name = table_name("exactness", run, a.length or run.config["train"]["length"])
+        out = run.path / f"{name}.png"
         plot_exactness(trace, title=run.name).savefig(out, dpi=110)
-        print(f"table: {run.path / 'tables' / 'exactness.csv'}\nplot: {out}")
+        print(f"table: {run.path / 'tables' / f'{name}.csv'}\nplot: {out}")
     elif a.cmd == "contraction":
         from lrt_lab.analysis.contraction import contraction_run, plot_contraction
+        from lrt_lab.analysis.exactness import table_name
 
         run = as_run(a.run)
-        tables = contraction_run(run, n_sequences=a.n_sequences, tols=a.tols)
+        tables = contraction_run(run, n_sequences=a.n_sequences, length=a.length, tols=a.tols)
         print(run.name)
         print(tables["summary"].drop(columns="run").to_string(index=False))
-        out = run.path / "contraction.png"
+        name = table_name("contraction", run, a.length or run.config["train"]["length"])
+        out = run.path / f"{name}.png"
         plot_contraction(tables, tables["history"], title=run.name).savefig(out, dpi=110)
-        print(f"table: {run.path / 'tables' / 'contraction.csv'}\nplot: {out}")
+        print(f"table: {run.path / 'tables' / f'{name}.csv'}\nplot: {out}")
     else:
         tables = analyze_depth_sweep(a.store, a.metric, a.targets)
         for name, t in tables.items():
