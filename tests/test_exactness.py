@@ -39,14 +39,18 @@ def batch():
 )
 def test_every_ordering_is_exact_within_its_bound(model, batch, ordering, bound):
     trace = exactness_trace(model, *batch, ordering, max_sweeps=T + 2)
-    at = trace.set_index("sweep")
-    assert at.loc[bound, "logit_error"] < 1e-10 and at.loc[bound, "memory_error"] < 1e-10
-    assert abs(at.loc[bound, "loss_gap"]) < 1e-10
+    # the state after sweep `bound`: that sweep's row, or the fixed point's found before it
+    row = trace[trace["sweep"] <= bound].iloc[-1]
+    assert row["logit_error"] < 1e-10 and row["memory_error"] < 1e-10
+    assert abs(row["loss_gap"]) < 1e-10
     if bound > 1:  # before its bound a random model is far from exact
-        assert at.loc[1, "logit_error"] > 1e-3
-    # once a sweep leaves the buffer unchanged, the rest repeat it, flagged
+        assert trace.set_index("sweep").loc[1, "logit_error"] > 1e-3
+    # once a sweep leaves the buffer unchanged, one row flagged `repeated` at the last sweep
+    # stands for the rest, equal to the sweep that found the fixed point
     repeated = trace[trace["repeated"]]
-    assert len(repeated) and (repeated["logit_error"] == repeated["logit_error"].iloc[0]).all()
+    assert repeated["sweep"].tolist() == [T + 2]
+    found = trace[~trace["repeated"]].iloc[-1]
+    assert repeated["logit_error"].item() == found["logit_error"] and found["sweep"] <= bound + 1
 
 
 @torch.no_grad()
@@ -112,6 +116,12 @@ def test_behaviour_labels_follow_their_rules():
     assert behaviour(_table([1.0, 0.01, 0.2]), 2) == "diverged"  # 20x its best: grew again
     assert behaviour(_table([1.0, math.inf]), 1) == "diverged"
     assert behaviour(_table([1.0, 0.5]), 5) == ""  # the trace stops before
+    # a fixed point found at sweep 2 of 1000: sweep 30 is the fixed point's
+    fixed = _table([1.0, 0.1, 1e-4, 1e-4])
+    fixed.loc[3, ["sweep", "repeated"]] = (1000, True)
+    assert behaviour(fixed, 30) == "exact" and behaviour(fixed, 1000) == "exact"
+    assert behaviour(fixed, 1) == "plateau"  # before the fixed point: sweep 1's own row
+    assert behaviour(fixed.iloc[:3], 30) == ""
 
 
 def test_passes_to_exactness_reads_the_first_sweep_within_tolerance():

@@ -22,7 +22,7 @@ lrt_lab.run.contraction).
 (logit_error, nats), the memory's relative error (as in the convergence analysis), the loss and
 its gap to exact decoding's, and the sweep's wall clock. A sweep that leaves the buffer exactly as
 it found it has reached a fixed point of a deterministic map; the sweeps after it would repeat it,
-so they are not run and the table says so (`repeated`).
+so they are not run: the table's last row (`repeated`) stands for all of them, at max_sweeps.
 """
 
 from __future__ import annotations
@@ -137,9 +137,8 @@ def _trace(model, x, y, ordering, max_sweeps) -> pd.DataFrame:
             logits[:, P.start : P.stop : P.step] = out
         rows.append(measure(logits, buffer, sweep, wall))
         if _same_state(before, buffer):  # a fixed point: every later sweep repeats this one
-            rows += [
-                dict(rows[-1], sweep=k, repeated=True) for k in range(sweep + 1, max_sweeps + 1)
-            ]
+            if sweep < max_sweeps:  # one row for every later sweep: they equal this one
+                rows.append(dict(rows[-1], sweep=max_sweeps, repeated=True))
             break
     return pd.DataFrame(rows)
 
@@ -155,9 +154,12 @@ def behaviour(sub: pd.DataFrame, at: int, tol: float = LOGIT_TOL) -> str:
     """What iterating to sweep `at` did: "exact" (within tol of exact decoding), "diverged" (not
     finite, or the error at `at` is over 10x the smallest error before it: it grew again),
     "plateau" otherwise (not within tol, not growing). "" when the trace stops before `at`."""
-    sub = sub[sub["sweep"] <= at]
-    if sub.empty or int(sub["sweep"].max()) < at:
-        return ""
+    fixed, sub = sub[sub["repeated"]], sub[~sub["repeated"]].sort_values("sweep")
+    found = int(sub["sweep"].max()) if len(sub) else -1  # the fixed point's sweep, if `fixed`
+    if not (len(fixed) and found <= at <= int(fixed["sweep"].iloc[0])):
+        sub = sub[sub["sweep"] <= at]  # else sweep `at` is the fixed point's row, the last one
+        if sub.empty or int(sub["sweep"].max()) < at:
+            return ""
     err = float(sub["logit_error"].iloc[-1])
     if not math.isfinite(err):
         return "diverged"
