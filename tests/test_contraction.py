@@ -187,3 +187,18 @@ def test_the_command_on_a_trained_run(tmp_path, capsys):
     summary = load_table(run, "contraction")
     assert summary["tol"].tolist() == [0.1] and summary["sequences"].iloc[0] == 4
     assert len(load_table(run, "contraction_growth")) == 5
+
+
+def test_the_dashboard_offers_the_monitor_as_a_training_curve(tmp_path):
+    from test_exactness import trained_run
+
+    from lrt_app.store_data import curves, metric_options
+    from lrt_lab.store.results import load_metrics, load_runs
+
+    run = trained_run(tmp_path)
+    df = load_runs(tmp_path)
+    options = metric_options(df)
+    assert {"lyap", "sweep_change_1", "sweep_change_4"} <= set(options)
+    long, notes = curves(df, "lyap", "steps")
+    logged = load_metrics(run, kind="eval")
+    assert not notes and long["y"].tolist() == logged["lyap"].tolist()
