@@ -669,7 +669,12 @@ def render_scoreboard(table: pd.DataFrame, fmt: str = "table") -> str:
             f"{len(left_out)} LRT run(s) recorded no cross-entropy of both forwards (trained "
             f"before it was recorded) and are not shown: {first_names(left_out, 4)}"
         )
-        out += [""] + textwrap.wrap(note, WIDTH, initial_indent="note: ", subsequent_indent="  ")
+        if fmt == "md":
+            out += ["", f"- {note}"]
+        else:
+            out += [""] + textwrap.wrap(
+                note, WIDTH, initial_indent="note: ", subsequent_indent="  "
+            )
     if table.empty:
         out += ["", "no LRT run in the store recorded both forwards' cross-entropy"]
     return "\n".join(out).rstrip() + "\n"
