@@ -313,7 +313,7 @@ def check_mode(mode) -> None:
 
 
 def _check_route(model, route) -> None:
-    if getattr(model, "pathway", None) is None:
+    if model.pathway is None:
         fail("model", type(model).__name__, "a model with a memory pathway (config.memory set)")
     allowed = routes_of(model)
     if route not in allowed:
