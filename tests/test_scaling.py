@@ -6,6 +6,7 @@ fitted exponent of an exact power law.
 """
 
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -83,6 +84,19 @@ def test_power_law_fit_recovers_a_known_exponent(tmp_path):
     assert tf["alpha_low"] <= 0.5 + 1e-3 and tf["alpha_high"] >= 0.5 - 1e-3
     lrt = fits.loc["lrt interleaved:2"]  # the same law in R, so in C = 2R: A' = A * 2^alpha
     assert lrt["A"] == pytest.approx(2.0 * math.sqrt(2), rel=1e-3)
+
+
+def test_a_partly_run_grid_fits_without_warnings(tmp_path):
+    # seed 2 has only the two smallest budgets (a grid run seed by seed, stopped midway): a
+    # resample of seed 2 alone has no value at the larger budgets, which that refit drops
+    points = build(tmp_path, lambda r, s: 0.0)
+    points = points[(points["seed"] < 2) | (points["R"] <= 10)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fits = fit_power_laws(points, n_resamples=200).set_index("method")
+    tf = fits.loc["transformer"]
+    assert tf["n_seeds"] == 3 and tf["alpha"] == pytest.approx(0.5, rel=0.05)
+    assert tf["alpha_low"] <= tf["alpha"] <= tf["alpha_high"]
 
 
 def test_figure_is_written(tmp_path):

@@ -175,6 +175,8 @@ def power_law(c, e, a, alpha):
 
 
 def _fit(c: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    keep = np.isfinite(c) & np.isfinite(y)  # budgets no drawn seed has reached yet
+    c, y = c[keep], y[keep]
     if len(np.unique(c)) < 3:  # three parameters need three budgets
         return (math.nan, math.nan, math.nan)
     p0 = (float(y.min()) * 0.9, float(y.max() - y.min() * 0.9) * float(c.min()) ** 0.5, 0.5)
@@ -212,7 +214,9 @@ def fit_power_laws(
         boots = []
         for _ in range(n_resamples if len(table) > 1 else 0):
             draw = values[rng.integers(0, len(table), len(table))]
-            boots.append(_fit(xs, np.nanmean(draw, axis=0)))
+            with warnings.catch_warnings():  # a budget none of the drawn seeds has: NaN, dropped
+                warnings.simplefilter("ignore", RuntimeWarning)
+                boots.append(_fit(xs, np.nanmean(draw, axis=0)))
         boots = np.array(boots) if boots else np.full((1, 3), np.nan)
         row = {"method": method, "n_seeds": len(table), "budgets": len(xs)}
         for i, name in enumerate(("E", "A", "alpha")):
