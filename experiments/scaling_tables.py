@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -137,12 +138,16 @@ def deltas_table(points: pd.DataFrame, metric: str = "bpb_exact") -> str | None:
         {
             "match": d["match"],
             "LRT R": d["R"].map("{:g}".format),
-            "C": d["C"].map("{:g}".format),
+            "C": d["C"].map("{:.1f}".format),
             "transformer R": d["R_base"].map("{:g}".format),
             "pairs": d["n"],
             "Delta BPB": d["delta"].map("{:+.4f}".format),
-            "95% interval": [f"[{lo:+.4f}, {hi:+.4f}]" for lo, hi in zip(d.ci_low, d.ci_high)],
-            "p": d["p"].map("{:.3f}".format),
+            # one pair has no interval and no test: a dash, not "nan"
+            "95% interval": [
+                f"[{lo:+.4f}, {hi:+.4f}]" if math.isfinite(hi) else "-"
+                for lo, hi in zip(d.ci_low, d.ci_high)
+            ],
+            "p": d["p"].map(lambda p: f"{p:.3f}" if math.isfinite(p) else "-"),
         }
     )
     return markdown(out)
@@ -208,6 +213,13 @@ def scoreboard_table(runs: pd.DataFrame) -> str | None:
     table = scoreboard(grid)
     if table.empty:
         return None
+    # the groups differ by budget (and so by steps): named by R, in increasing order
+    budget = table["group"].str.extract(r"tokens_per_param=([\d.]+)")[0].astype(float)
+    method = table["group"].str.split(" | ", n=1, regex=False).str[0]
+    table = table.assign(
+        group=[f"{m}, R = {r:g}" if r == r else m for m, r in zip(method, budget)], R=budget
+    )
+    table = table.sort_values(["R", "eval_length"], kind="stable").drop(columns="R")
     lines = render_scoreboard(table, "md").strip().splitlines()
     return "\n".join(line for line in lines if not line.startswith(("_", "### "))).strip()
 

@@ -72,6 +72,15 @@ def test_decision_rule_reads_the_intervals(tmp_path):
     partial = build(tmp_path / "d", lambda r, s: -0.05 + 0.002 * s, lrt_rs=(5, 10))
     assert decide(paired_deltas(partial)).startswith("not decided")
     assert decide(pd.DataFrame()).startswith("not decided")
+    # one seed: no interval anywhere, so nothing can be ruled out yet
+    single = build(tmp_path / "e", lambda r, s: 0.01, seeds=(0,))
+    assert decide(paired_deltas(single)) == (
+        "not decided: fewer than 2 paired seeds at token-matched R = 5, 10, 20, 40"
+    )
+    # a token-matched advantage, but C = 80 has one seed so far
+    thin = build(tmp_path / "f", lambda r, s: -0.05 + 0.002 * s, seeds=(0, 1))
+    thin = thin[(thin["seed"] == 0) | (thin["R"] < 40)]
+    assert decide(paired_deltas(thin)).startswith("not decided: fewer than 2 paired seeds at comp")
 
 
 def test_power_law_fit_recovers_a_known_exponent(tmp_path):

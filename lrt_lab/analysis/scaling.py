@@ -240,13 +240,17 @@ def decide(deltas: pd.DataFrame, compute_points=(40, 80)) -> str:
     - it is, but the compute-matched delta is not below 0 at both C = 40 and C = 80: "the
       compute-efficiency claim fails in miniature";
     - both: "the compute-efficiency claim holds in miniature".
-    Budgets the grid has not reached yet make the answer "not decided".
+    Budgets the grid has not reached yet make the answer "not decided", and so does a budget with
+    one paired seed where its interval would settle it (an interval needs two).
     """
     if deltas.empty:
         return "not decided: no paired runs yet"
     tokens = deltas[deltas["match"] == "tokens"]
     compute = deltas[deltas["match"] == "compute"]
     if not _below_zero(tokens):
+        thin = _without_interval(tokens)
+        if thin:  # an interval needs two paired seeds: those budgets could still be below 0
+            return f"not decided: fewer than 2 paired seeds at token-matched R = {thin}"
         return "the memory does not help at this size (no token-matched delta below 0)"
     at = {c: compute[np.isclose(compute["C"], c, rtol=MATCH_TOLERANCE)] for c in compute_points}
     missing = [c for c, rows in at.items() if rows.empty]
@@ -254,7 +258,15 @@ def decide(deltas: pd.DataFrame, compute_points=(40, 80)) -> str:
         return f"not decided: no compute-matched pairs at C = {', '.join(map(str, missing))} yet"
     if all(_below_zero(rows) for rows in at.values()):
         return "the compute-efficiency claim holds in miniature"
+    thin = _without_interval(pd.concat(at.values()))
+    if thin:
+        return f"not decided: fewer than 2 paired seeds at compute-matched R = {thin}"
     return "the compute-efficiency claim fails in miniature (token-matched yes, compute-matched no)"
+
+
+def _without_interval(rows: pd.DataFrame) -> str:
+    """The budgets (LRT R) of `rows` whose interval is undefined (one pair), comma-separated."""
+    return ", ".join(f"{r:g}" for r in rows.loc[~np.isfinite(rows["ci_high"]), "R"])
 
 
 def scaling_figure(points: pd.DataFrame, path, x: str = "C", metric: str = "bpb_exact") -> None:
