@@ -77,6 +77,11 @@ def test_decision_rule_reads_the_intervals(tmp_path):
     assert decide(paired_deltas(single)) == (
         "not decided: fewer than 2 paired seeds at token-matched R = 5, 10, 20, 40"
     )
+    # the spec plans more seeds than the store has: not decided, whatever the intervals say
+    assert decide(paired_deltas(better), planned_seeds=5) == (
+        "not decided: 3 of the 5 planned seeds paired at some budgets so far"
+    )
+    assert decide(paired_deltas(better), planned_seeds=3).endswith("holds in miniature")
     # a token-matched advantage, but C = 80 has one seed so far
     thin = build(tmp_path / "f", lambda r, s: -0.05 + 0.002 * s, seeds=(0, 1))
     thin = thin[(thin["seed"] == 0) | (thin["R"] < 40)]

@@ -232,7 +232,7 @@ def _below_zero(rows: pd.DataFrame) -> bool:
     return bool((rows["ci_high"] < 0).any())
 
 
-def decide(deltas: pd.DataFrame, compute_points=(40, 80)) -> str:
+def decide(deltas: pd.DataFrame, compute_points=(40, 80), planned_seeds: int | None = None) -> str:
     """The decision rule the grid's spec states before it runs:
 
     - the token-matched delta (LRT minus transformer, exact decoding) is not below 0 (its 95%
@@ -241,10 +241,18 @@ def decide(deltas: pd.DataFrame, compute_points=(40, 80)) -> str:
       compute-efficiency claim fails in miniature";
     - both: "the compute-efficiency claim holds in miniature".
     Budgets the grid has not reached yet make the answer "not decided", and so does a budget with
-    one paired seed where its interval would settle it (an interval needs two).
+    one paired seed where its interval would settle it (an interval needs two). planned_seeds: the
+    seeds the grid's spec plans; seeds not trained yet are like budgets not trained yet, so until
+    every pair has them the answer is "not decided" (few seeds give wide intervals, which the
+    rule would read as "not below 0").
     """
     if deltas.empty:
         return "not decided: no paired runs yet"
+    if planned_seeds is not None and int(deltas["n"].min()) < planned_seeds:
+        return (
+            f"not decided: {int(deltas['n'].min())} of the {planned_seeds} planned seeds paired "
+            "at some budgets so far"
+        )
     tokens = deltas[deltas["match"] == "tokens"]
     compute = deltas[deltas["match"] == "compute"]
     if not _below_zero(tokens):
