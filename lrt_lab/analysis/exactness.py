@@ -36,7 +36,7 @@ import torch
 from lrt_lab.analysis.loading import as_run, eval_batch, load_model, load_task
 from lrt_lab.core.loss import IGNORE_INDEX, cross_entropy
 from lrt_lab.run.runner import run_schedule
-from lrt_lab.run.schedules import Exact, strided_groups
+from lrt_lab.run.schedules import Exact, run_stages, strided_groups
 
 LOGIT_TOL = 1e-3  # nats: log-probabilities this close to exact decoding's count as exact
 LOSS_EPS = 1e-3  # nats per token: a loss this close to exact decoding's counts as reached
@@ -127,13 +127,11 @@ def _trace(model, x, y, ordering, max_sweeps) -> pd.DataFrame:
     rows = [measure(logits, buffer, 0, wall)]
     for sweep in range(1, max_sweeps + 1):
         start = time.perf_counter()
-        before, parts = buffer, []
-        for P in stages:
-            out, buffer = model.stage(x[:, P.start : P.stop : P.step], P, buffer)
-            parts.append((P, out))
+        before = buffer
+        outs, buffer = run_stages(model, x, stages, buffer)  # the schedules' own stage loop
         wall += time.perf_counter() - start
         logits = logits.clone()
-        for P, out in parts:
+        for P, out in zip(stages, outs):
             logits[:, P.start : P.stop : P.step] = out
         rows.append(measure(logits, buffer, sweep, wall))
         if _same_state(before, buffer):  # a fixed point: every later sweep repeats this one
