@@ -1889,8 +1889,7 @@ def scoreboard_table(df: pd.DataFrame) -> str | None:
     table = scoreboard(pd.concat(runs, ignore_index=True))
     if table.empty:
         return None
-    lines = render_scoreboard(table, "md").strip().splitlines()
-    return "\n".join(line for line in lines if not line.startswith("_")).strip()
+    return render_scoreboard(table, "md", legend=False).strip()
 
 
 def render_results(template: str, df: pd.DataFrame) -> str:

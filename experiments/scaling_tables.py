@@ -229,8 +229,7 @@ def scoreboard_table(runs: pd.DataFrame) -> str | None:
         group=[f"{m}, R = {r:g}" if r == r else m for m, r in zip(method, budget)], R=budget
     )
     table = table.sort_values(["R", "eval_length"], kind="stable").drop(columns="R")
-    lines = render_scoreboard(table, "md").strip().splitlines()
-    return "\n".join(line for line in lines if not line.startswith(("_", "### "))).strip()
+    return render_scoreboard(table, "md", legend=False, headings=False).strip()
 
 
 def builders(runs: pd.DataFrame) -> dict:

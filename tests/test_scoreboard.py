@@ -101,6 +101,21 @@ def test_the_report_flag_prints_it_in_every_format(tmp_path, capsys):
     assert "--metric is invalid with --scoreboard" in capsys.readouterr().err
 
 
+def test_a_page_can_embed_it_without_the_legend_or_headings(tmp_path):
+    from lrt_lab.store.report import SCOREBOARD_LEGEND, render_scoreboard
+
+    table = scoreboard(load_runs(write_store(tmp_path / "store")))
+    full = render_scoreboard(table, "md")
+    bare = render_scoreboard(table, "md", legend=False, headings=False)
+    assert SCOREBOARD_LEGEND[0] in full and "### a5_prefix" in full
+    assert SCOREBOARD_LEGEND[0] not in bare and "###" not in bare
+    assert bare.startswith("| group | n | gap@8 |")
+    # the rows are the same, only the frame differs
+    assert [r for r in full.splitlines() if r.startswith("| lrt")] == [
+        r for r in bare.splitlines() if r.startswith("| lrt")
+    ]
+
+
 def test_the_compare_tab_shows_it(tmp_path, monkeypatch):
     pytest.importorskip("streamlit")
     import sys

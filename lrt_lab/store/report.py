@@ -637,14 +637,20 @@ SCOREBOARD_LEGEND = (
 )
 
 
-def render_scoreboard(table: pd.DataFrame, fmt: str = "table") -> str:
+def render_scoreboard(
+    table: pd.DataFrame, fmt: str = "table", legend: bool = True, headings: bool = True
+) -> str:
     """The scoreboard (lrt_lab.store.scoreboard) as aligned text, markdown or csv: one row per
-    group, the gap and agreement at each evaluation length (1x, 2x, 4x the training length)."""
+    group, the gap and agreement at each evaluation length (1x, 2x, 4x the training length).
+    A page that explains the columns itself (docs/results.md, docs/scaling.md) leaves out the
+    legend, and the per-task headings where it shows a single task."""
     if fmt not in FORMATS:
         raise ValueError(f"format={fmt!r} is invalid; allowed: {', '.join(FORMATS)}")
     if fmt == "csv":
         return table.to_csv(index=False)
-    out = list(SCOREBOARD_LEGEND) if fmt == "table" else [f"_{' '.join(SCOREBOARD_LEGEND)}_"]
+    out = []
+    if legend:
+        out = list(SCOREBOARD_LEGEND) if fmt == "table" else [f"_{' '.join(SCOREBOARD_LEGEND)}_"]
     for (t, n), study in table.groupby(["task", "length"], sort=False):
         lengths = sorted(study["eval_length"].unique())
         header = ["group", "n", *(f"{k}@{L}" for L in lengths for k in ("gap", "agree"))]
@@ -659,10 +665,15 @@ def render_scoreboard(table: pd.DataFrame, fmt: str = "table") -> str:
                 )
                 row.append("-" if r is None or _unset(r.agreement) else f"{r.agreement:.3f}")
             body.append(row)
-        if fmt == "md":
-            out += ["", f"### {t}, trained at length {n}", ""] + _markdown(header, body, left=(0,))
-        else:
-            out += ["", f"{t}, trained at length {n}"] + _aligned(header, body, left=(0,))
+        title = (
+            [f"### {t}, trained at length {n}", ""]
+            if fmt == "md"
+            else [f"{t}, trained at length {n}"]
+        )
+        rows = (
+            _markdown(header, body, left=(0,)) if fmt == "md" else _aligned(header, body, left=(0,))
+        )
+        out += [""] + (title if headings else []) + rows
     left_out = table.attrs.get("left_out", [])
     if left_out:
         note = (
@@ -677,7 +688,7 @@ def render_scoreboard(table: pd.DataFrame, fmt: str = "table") -> str:
             )
     if table.empty:
         out += ["", "no LRT run in the store recorded both forwards' cross-entropy"]
-    return "\n".join(out).rstrip() + "\n"
+    return "\n".join(out).strip("\n") + "\n"
 
 
 def print_scoreboard(
