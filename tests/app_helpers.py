@@ -13,6 +13,7 @@ import pytest
 import torch
 
 pytest.importorskip("streamlit")
+from helpers import tiny_train_config
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from lrt_lab.store.results import Run, write_table  # noqa: E402
@@ -22,20 +23,8 @@ APP = str(Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py")
 
 
 def tiny_config(model: str, schedule: str, seed: int) -> TrainConfig:
-    return TrainConfig(
-        task="group_prefix",
-        task_options={"group": "S3"},
-        length=6,
-        preset="tiny",
-        model=model,
-        schedule=schedule,
-        steps=6,
-        batch_size=8,
-        eval_every=3,
-        eval_lengths=(6, 12),
-        eval_size=16,
-        checkpoint_every=0,
-        seed=seed,
+    return tiny_train_config(
+        model=model, schedule=schedule, steps=6, eval_every=3, eval_lengths=(6, 12), seed=seed
     )
 
 
@@ -174,19 +163,12 @@ def template_run(root: Path) -> Path:
     """One tiny real transformer run (a second): the config and summary the hand-written runs of
     `synthetic_store` start from."""
     torch.set_num_threads(1)
-    cfg = TrainConfig(
-        task="group_prefix",
-        task_options={"group": "S3"},
-        length=6,
-        preset="tiny",
+    cfg = tiny_train_config(
         model="transformer",
         schedule="onepass",
         steps=2,
         batch_size=4,
-        eval_every=0,
-        eval_lengths=(6,),
         eval_size=8,
-        checkpoint_every=0,
         seed=0,
         name="template",
     )

@@ -54,3 +54,29 @@ def decode_all(model, idx):
 def maxdiff(a, b):
     """The largest absolute difference between two tensors, as a float."""
     return (a - b).abs().max().item()
+
+
+# the run a test trains when it needs a real one on disk: S3 at length 6, a few steps (about a
+# second on one thread); each test changes only what it is about
+TINY_RUN = dict(
+    task="group_prefix",
+    task_options={"group": "S3"},
+    length=6,
+    preset="tiny",
+    model="lrt",
+    schedule="exact",
+    steps=4,
+    batch_size=8,
+    eval_every=0,
+    eval_lengths=(6,),
+    eval_size=16,
+    checkpoint_every=0,
+    device="cpu",
+)
+
+
+def tiny_train_config(**changes):
+    """A TrainConfig for TINY_RUN with `changes` applied."""
+    from lrt_lab.training.loop import TrainConfig
+
+    return TrainConfig(**{**TINY_RUN, **changes})

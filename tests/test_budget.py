@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from helpers import tiny_train_config
 
 from lrt_lab.core.config import memory_preset, preset
 from lrt_lab.core.model import LRT
@@ -238,20 +239,14 @@ def test_first_reach_and_censoring(tmp_path):
     }
     assert first_reach(evals, "pos90_exact@8", 9) is None
     # a trained run: its summary says when, and reach_times agrees with it (or censors)
-    cfg = TrainConfig(
-        task="group_prefix",
-        task_options={"group": "S3"},
+    cfg = tiny_train_config(
         length=2,
-        preset="tiny",
-        model="lrt",
         schedule="interleaved:2",
         steps=60,
         batch_size=64,
         eval_every=10,
         eval_lengths=(2,),
         eval_size=32,
-        checkpoint_every=0,
-        device="cpu",
     )
     run = train(cfg, out=tmp_path, progress=False)
     hit = run.summary["reached"]["pos90_exact@2"]  # S3 at length 2 is learnt within 60 steps

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 import torch
-from helpers import CONFIGS, make_model, tokens
+from helpers import CONFIGS, make_model, tiny_train_config, tokens
 
 from lrt_lab.analysis.exactness import (
     behaviour,
@@ -142,23 +142,9 @@ def test_a_model_without_memory_is_refused():
 
 def trained_run(tmp_path, schedule="interleaved:2"):
     """A tiny LRT trained for a few steps, with evaluations (and so the contraction monitor)."""
-    from lrt_lab.training.loop import TrainConfig, train
+    from lrt_lab.training.loop import train
 
-    cfg = TrainConfig(
-        task="group_prefix",
-        task_options={"group": "S3"},
-        length=6,
-        preset="tiny",
-        model="lrt",
-        schedule=schedule,
-        steps=4,
-        batch_size=8,
-        eval_every=2,
-        eval_lengths=(6,),
-        eval_size=8,
-        checkpoint_every=0,
-        device="cpu",
-    )
+    cfg = tiny_train_config(schedule=schedule, eval_every=2, eval_size=8)
     return train(cfg, out=tmp_path, progress=False)
 
 

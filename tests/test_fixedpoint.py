@@ -3,7 +3,7 @@ Exact, FullSequence(k) through the static code path, and a hand-driven loop over
 
 import pytest
 import torch
-from helpers import CONFIGS, make_model, maxdiff, tokens
+from helpers import CONFIGS, make_model, maxdiff, tiny_train_config, tokens
 
 from lrt_lab import MemoryConfig
 from lrt_lab.core.loss import cross_entropy
@@ -170,23 +170,9 @@ def test_invalid_input_names_the_field(make, field):
 
 def test_training_logs_sweeps_and_accounts_the_passes_run(tmp_path):
     from lrt_lab.store.results import load_metrics
-    from lrt_lab.training.loop import TrainConfig, build_model, train
+    from lrt_lab.training.loop import build_model, train
 
-    cfg = TrainConfig(
-        task="group_prefix",
-        task_options={"group": "S3"},
-        length=6,
-        preset="tiny",
-        model="lrt",
-        schedule="fixedpoint:0.05:4:1",
-        steps=4,
-        batch_size=8,
-        eval_every=0,
-        eval_lengths=(6,),
-        eval_size=16,
-        checkpoint_every=0,
-        device="cpu",
-    )
+    cfg = tiny_train_config(schedule="fixedpoint:0.05:4:1")
     run = train(cfg, out=tmp_path, progress=False)
     m = load_metrics(run, kind="train")
     model = build_model(cfg, 8)
@@ -270,23 +256,9 @@ def test_sweeps_to_converge_on_a_hand_made_trace():
 def test_convergence_of_a_trained_run_from_the_cli_and_the_dashboard(tmp_path, capsys, monkeypatch):
     from lrt_lab.commands.analyze import main
     from lrt_lab.store.results import load_table
-    from lrt_lab.training.loop import TrainConfig, train
+    from lrt_lab.training.loop import train
 
-    cfg = TrainConfig(
-        task="group_prefix",
-        task_options={"group": "S3"},
-        length=6,
-        preset="tiny",
-        model="lrt",
-        schedule="fixedpoint:0.01:6:2",
-        steps=3,
-        batch_size=8,
-        eval_every=0,
-        eval_lengths=(6,),
-        eval_size=16,
-        checkpoint_every=0,
-        device="cpu",
-    )
+    cfg = tiny_train_config(schedule="fixedpoint:0.01:6:2", steps=3)
     run = train(cfg, out=tmp_path, progress=False)
     assert main(["convergence", str(run.path), "--n-sequences", "16", "--tols", "0.1"]) == 0
     table = load_table(run, "convergence")

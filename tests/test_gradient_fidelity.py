@@ -9,7 +9,7 @@ import math
 import pandas as pd
 import pytest
 import torch
-from helpers import CONFIGS, make_model, tokens
+from helpers import CONFIGS, make_model, tiny_train_config, tokens
 
 from lrt_lab.analysis.gradient import (
     default_schedules,
@@ -169,23 +169,9 @@ def test_refuses_bad_arguments(model, batch):
 def test_the_command_on_a_trained_run(tmp_path, capsys):
     from lrt_lab.commands.analyze import main
     from lrt_lab.store.results import load_table
-    from lrt_lab.training.loop import TrainConfig, train
+    from lrt_lab.training.loop import train
 
-    cfg = TrainConfig(
-        task="group_prefix",
-        task_options={"group": "S3"},
-        length=6,
-        preset="tiny",
-        model="lrt",
-        schedule="gaussseidel:2:2",
-        steps=3,
-        batch_size=8,
-        eval_every=0,
-        eval_lengths=(6,),
-        eval_size=16,
-        checkpoint_every=0,
-        device="cpu",
-    )
+    cfg = tiny_train_config(schedule="gaussseidel:2:2", steps=3)
     run = train(cfg, out=tmp_path, progress=False)
     assert main(["gradient", str(run.path), "--n-sequences", "8"]) == 0
     table = load_table(run, "gradient_fidelity")

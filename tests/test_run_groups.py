@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import tiny_train_config
 from scipy import stats as sps
 
 from lrt_lab.store.run_groups import group_keys, group_labels
@@ -106,25 +107,14 @@ def test_an_unset_field_never_merges_two_groups():
 def two_by_two(tmp_path_factory) -> Path:
     import torch
 
-    from lrt_lab.training.loop import TrainConfig, train
+    from lrt_lab.training.loop import train
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("two_by_two")
     for overrides in ({}, {"memory.source_layer": 2}):
         for seed in (0, 1):
-            cfg = TrainConfig(
-                task="group_prefix",
-                task_options={"group": "S3"},
-                length=6,
-                preset="tiny",
-                model="lrt",
-                schedule="exact",
-                steps=4,
-                batch_size=8,
+            cfg = tiny_train_config(
                 eval_every=2,
-                eval_lengths=(6,),
-                eval_size=16,
-                checkpoint_every=0,
                 seed=seed,
                 overrides=overrides,
                 name=f"lrt-{'src2' if overrides else 'default'}-s{seed}",
