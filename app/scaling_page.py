@@ -10,14 +10,17 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from lrt_app.charts import color_encoding, draw_chart
 from lrt_lab.analysis.scaling import (
     METRICS,
     X_AXES,
     check_same_heldout,
     decide,
     paired_deltas,
+    planned_seeds,
     scaling_points,
 )
+from lrt_lab.store.results import load_plans
 
 HINT = (
     "No run shown was trained to a budget in tokens per parameter: train with `lrt-lab train ... "
@@ -56,12 +59,12 @@ def scaling_page(ctx) -> None:
     curves = curve_table(points, x, metric)
     base = {
         "x": {"field": "x", "type": "quantitative", "scale": {"type": "log"}, "title": X_AXES[x]},
-        "color": {"field": "method", "type": "nominal", "legend": {"orient": "bottom"}},
+        "color": color_encoding(sorted(curves["method"].unique()), "method", "method"),
     }
-    st.vega_lite_chart(
-        curves,
+    draw_chart(
         {
             "height": 360,
+            "data": {"name": "curves"},
             "layer": [
                 {
                     "mark": {"type": "area", "opacity": 0.15},
@@ -86,11 +89,16 @@ def scaling_page(ctx) -> None:
                 },
             ],
         },
-        width="stretch",
+        curves=curves,
     )
     st.caption("Seed means; the band spans the seeds' lowest and highest value.")
     deltas = paired_deltas(points, metric=metric)
-    st.markdown(f"**Decision** (the rule stated before the grid ran): {decide(deltas)}")
+    planned = planned_seeds(points, load_plans(ctx.root))
+    st.markdown(
+        f"**Decision** (the rule stated before the grid ran"
+        f"{'' if planned is None else f', waiting for the {planned} seeds the grid plans'}): "
+        f"{decide(deltas, planned_seeds=planned)}"
+    )
     if not deltas.empty:
         st.dataframe(deltas.round(4), hide_index=True, width="stretch")
         st.caption(

@@ -17,9 +17,20 @@ def bpb_law(c, e=1.5, a=2.0, alpha=0.5):
     return e + a * c**-alpha
 
 
-def write_run(root: Path, kind, schedule, r, seed, bpb_exact, bpb_parallel=None, sha="abc"):
+def write_run(
+    root: Path,
+    kind,
+    schedule,
+    r,
+    seed,
+    bpb_exact,
+    bpb_parallel=None,
+    sha="abc",
+    prefix="",
+    matrix_lr=0.02,
+):
     cost = 2.0 if schedule == "interleaved:2" else 1.0
-    name = f"{kind}-{schedule}-R{r}-s{seed}".replace(":", "_")
+    name = f"{prefix}{kind}-{schedule}-R{r}-s{seed}".replace(":", "_")
     folder = root / name
     folder.mkdir(parents=True)
     tokens = r * N
@@ -42,7 +53,7 @@ def write_run(root: Path, kind, schedule, r, seed, bpb_exact, bpb_parallel=None,
             "length": L,
             "seed": seed,
             "tokens_per_param": r,
-            "matrix_lr": 0.02,
+            "matrix_lr": matrix_lr,
             "eval_size": 512,
             "name": name,
         },

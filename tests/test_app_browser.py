@@ -11,6 +11,7 @@ at what the browser drew: on a small store of several groups, and on the committ
 store's tabs are also written there as small PNGs (palette colours, at most DOCS_HEIGHT px tall):
 
     LRT_DOCS_SCREENSHOTS=docs/screenshots pytest -n 0 tests/test_app_browser.py -k committed
+    (the Scaling tab's from the committed scaling store, experiments/scaling_runs/)
 
 On every tab of the committed store at 1400 px the page does not scroll sideways, and every chart
 (drawn as SVG) has its legends inside it and a plot at least as tall as any of its legends.
@@ -28,6 +29,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import tiny_train_config
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -63,6 +65,7 @@ TABS = [
     "Scaling",
 ]
 COMMITTED_STORE = Path(__file__).resolve().parent.parent / "experiments" / "results"
+SCALING_STORE = COMMITTED_STORE.parent / "scaling_runs"
 
 # one worker under `pytest -n 2 --dist loadgroup`, so both tests share the module's Chromium
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("app_browser")]
@@ -137,23 +140,15 @@ def several_groups(root: Path) -> Path:
     trained exactly with its memory from block 2, x 2 seeds (each a second or two)."""
     from app_helpers import build_store
 
-    from lrt_lab.training.loop import TrainConfig, train
+    from lrt_lab.training.loop import train
 
     build_store(root, analysis=False, lrt_seeds=(0, 1))
     for seed in (0, 1):
-        cfg = TrainConfig(
-            task="group_prefix",
+        cfg = tiny_train_config(
             task_options={"group": "S3", "curriculum_start": 3, "curriculum_steps": 4},
-            length=6,
-            preset="tiny",
-            model="lrt",
-            schedule="exact",
             steps=6,
-            batch_size=8,
             eval_every=3,
             eval_lengths=(6, 12),
-            eval_size=16,
-            checkpoint_every=0,
             seed=seed,
             overrides={"memory.source_layer": 2},
         )
@@ -174,6 +169,14 @@ def committed_server(tmp_path):
     if not (COMMITTED_STORE / "README.md").exists():
         pytest.skip(f"no committed run store at {COMMITTED_STORE}")
     yield from _serve(COMMITTED_STORE, tmp_path)
+
+
+@pytest.fixture
+def scaling_server(tmp_path):
+    _require_browser()
+    if not (SCALING_STORE / "README.md").exists():
+        pytest.skip(f"no committed scaling store at {SCALING_STORE}")
+    yield from _serve(SCALING_STORE, tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -405,19 +408,21 @@ def _docs_screenshot(png: bytes, file: Path) -> None:
     image = Image.open(io.BytesIO(png)).convert("RGB")
     image = image.crop((0, 0, image.width, min(image.height, DOCS_HEIGHT)))
     file.parent.mkdir(parents=True, exist_ok=True)
-    image.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(file, optimize=True)
+    # maximum coverage keeps the charts' small patches of colour (legend dots, points) true;
+    # median cut, tuned to the large areas, merged some of them into one colour
+    image.quantize(colors=256, method=Image.Quantize.MAXCOVERAGE).save(file, optimize=True)
 
 
 def _screenshot_every_tab(
-    driver, name: str, tmp_path: Path, docs: str | None = None
+    driver, name: str, tmp_path: Path, docs: str | None = None, tabs=TABS, docs_tabs=TABS
 ) -> tuple[dict[str, str], dict[str, list[str]]]:
     """Full-page screenshots of every tab (the window grows to the page's height), and into `docs`
-    the small ones; ({tab: text}, {tab: layout problems at the window's width})."""
+    the small ones of `docs_tabs`; ({tab: text}, {tab: layout problems at the window's width})."""
     from selenium.webdriver.common.by import By
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     texts, problems = {}, {}
-    for title in TABS:
+    for title in tabs:
         panel = _tab(driver, title)
         texts[title] = panel.text
         problems[title] = layout_problems(driver.execute_script(LAYOUT_JS, panel), WINDOW[0])
@@ -433,7 +438,7 @@ def _screenshot_every_tab(
         png = driver.get_screenshot_as_png()
         file.write_bytes(png)
         shutil.copy(file, tmp_path / file.name)
-        if docs:
+        if docs and title in docs_tabs:
             _docs_screenshot(png, Path(docs) / f"{slug}.png")
         driver.set_window_size(*WINDOW)
         # nothing drawn wider than the window: facets wrap, legends sit under their chart
@@ -496,7 +501,11 @@ def test_every_tab_on_the_committed_store(committed_server, browser, tmp_path):
     """About a hundred runs in some fifty groups: every tab fits a 1400 px window, and every chart's
     plot stays at least as tall as its legends."""
     _open(browser, committed_server)
-    texts, problems = _screenshot_every_tab(browser, "results", tmp_path, DOCS_SCREENSHOTS)
+    # the Scaling tab's docs picture comes from the scaling store (the test after this one)
+    docs_tabs = [t for t in TABS if t != "Scaling"]
+    texts, problems = _screenshot_every_tab(
+        browser, "results", tmp_path, DOCS_SCREENSHOTS, docs_tabs=docs_tabs
+    )
     for title, text in texts.items():
         assert "could not be drawn" not in text and "Traceback" not in text, title
     assert not any(problems.values()), {t: p for t, p in problems.items() if p}
@@ -514,6 +523,20 @@ def test_every_tab_on_the_committed_store(committed_server, browser, tmp_path):
         "Methods: a5_prefix at length 16" in texts["Compare"]
         and "Trainer frontier" in texts["Compare"]
     )
+    assert not _console_errors(browser), _console_errors(browser)
+
+
+def test_the_scaling_tab_on_the_committed_scaling_store(scaling_server, browser, tmp_path):
+    """The grid's own store: the figure, the deltas and the decision, which waits for the seeds
+    the grid's recorded plan names."""
+    _open(browser, scaling_server)
+    texts, problems = _screenshot_every_tab(
+        browser, "scaling", tmp_path, DOCS_SCREENSHOTS, tabs=["Scaling"]
+    )
+    text = texts["Scaling"]
+    assert "Decision" in text and "seeds the grid plans" in text, text[:2000]
+    assert "No run shown was trained to a budget" not in text and "Traceback" not in text
+    assert not problems["Scaling"], problems
     assert not _console_errors(browser), _console_errors(browser)
 
 

@@ -18,10 +18,11 @@ from lrt_lab.analysis.scaling import (
     decide,
     fit_power_laws,
     paired_deltas,
+    planned_seeds,
     scaling_figure,
     scaling_points,
 )
-from lrt_lab.store.results import load_runs
+from lrt_lab.store.results import load_plans, load_runs, write_plan
 
 
 def test_points_read_bpb_and_compute_in_the_papers_units(tmp_path):
@@ -129,8 +130,58 @@ def test_analyze_scaling_command(tmp_path, capsys):
     build(tmp_path, lambda r, s: -0.02 + 0.002 * s)
     assert main(["scaling", str(tmp_path), "--x", "flops"]) == 0
     out = capsys.readouterr().out
-    assert "decision (bpb_exact): the compute-efficiency claim fails" in out
+    assert "decision (bpb_exact; no plan recorded): the compute-efficiency claim fails" in out
     assert (tmp_path / ".analysis" / "scaling_bpb_exact_flops.png").is_file()
     assert (tmp_path / ".analysis" / "tables" / "scaling_deltas.csv").is_file()
     assert main(["scaling", str(tmp_path / "empty")]) == 2
     assert "no complete run trained with a tokens-per-parameter budget" in capsys.readouterr().err
+
+
+def test_a_run_repeated_under_another_name_counts_once_and_another_rate_is_another_arm(tmp_path):
+    """A pilot's run that the grid repeats (same method, budget and seed) is one point, not two
+    (two would shrink the intervals); a run at another Muon rate is its own arm, not a seed."""
+    before = build(tmp_path, lambda r, s: -0.02, seeds=(0, 1))
+    grid_run = before[(before["method"] == "lrt interleaved:2") & (before["R"] == 10)].iloc[0]
+    # the pilot trained the same run (the same numbers) under its own name
+    write_run(tmp_path, "lrt", "interleaved:2", 10, 0, grid_run["bpb_exact"], prefix="pilot-")
+    write_run(tmp_path, "lrt", "interleaved:2", 10, 2, 1.0, prefix="pilot-", matrix_lr=0.04)
+    points = scaling_points(load_runs(tmp_path))
+    # the last by name is kept ("pilot-lrt..." after "lrt...")
+    assert points.attrs["duplicates"] == ["lrt-interleaved_2-R10-s0"]
+    lrt10 = points[(points["method"] == "lrt interleaved:2") & (points["R"] == 10)]
+    assert sorted(lrt10["seed"]) == [0, 1]
+    assert "pilot-lrt-interleaved_2-R10-s0" in set(lrt10["run"])
+    other = points[points["method"] == "lrt interleaved:2 (Muon 0.04)"]
+    assert list(other["seed"]) == [2]
+    token10 = paired_deltas(points)
+    assert token10[(token10["match"] == "tokens") & (token10["R"] == 10)]["n"].item() == 2
+
+
+def test_the_decision_waits_for_the_seeds_the_grids_plan_records(tmp_path, capsys):
+    """Two seeds of a grid that plans three: the rule would decide on the two (and read their
+    wide intervals as "not below 0"); with the plan recorded the command, like the docs, waits."""
+    from lrt_lab.commands.analyze import main
+
+    points = build(tmp_path, lambda r, s: -0.02 + 0.002 * s, seeds=(0, 1))
+    assert planned_seeds(points, load_plans(tmp_path)) is None
+    planned = [f"{n}-s2" for n in points["run"].str.rsplit("-", n=1).str[0].unique()]
+    write_plan(tmp_path, list(points["run"]) + planned, [0, 1, 2])
+    write_plan(tmp_path, ["loop_2-R20-s0"], list(range(9)))  # another grid's: not these arms
+    assert planned_seeds(points, load_plans(tmp_path)) == 3
+    assert main(["scaling", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "decision (bpb_exact; 3 seeds planned): not decided: 2 of the 3 planned seeds" in out
+
+
+def test_plans_are_named_by_their_runs_and_a_damaged_one_is_skipped_by_name(tmp_path):
+    first = write_plan(tmp_path, ["b", "a"], [1, 0])
+    assert write_plan(tmp_path, ["a", "b"], [0, 1]) == first  # the same grid again: same file
+    write_plan(tmp_path, ["a", "b", "c"], [0, 1, 2])
+    plans = sorted(load_plans(tmp_path), key=lambda p: len(p["runs"]))
+    assert plans == [
+        {"runs": ["a", "b"], "seeds": [0, 1]},
+        {"runs": ["a", "b", "c"], "seeds": [0, 1, 2]},
+    ]
+    first.write_text('{"runs": ["a"')
+    with pytest.warns(UserWarning, match=rf"\.plans/{first.name}: .*skipped"):
+        assert load_plans(tmp_path) == [{"runs": ["a", "b", "c"], "seeds": [0, 1, 2]}]

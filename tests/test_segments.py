@@ -93,3 +93,17 @@ def test_a_run_not_started_for_lack_of_time_is_returned_incomplete(tmp_path):
     come back incomplete (not left out), so `while not all(r.is_complete ...)` keeps going."""
     runs = run_sweep(validate_spec(SPEC), out=str(tmp_path), time_limit_s=1e-9)
     assert len(runs) == 1 and not runs[0].is_complete
+
+
+def test_a_sweep_records_its_plan_in_the_store_and_a_dry_run_does_not(tmp_path):
+    """What a partly run grid still owes (lrt_lab.analysis.scaling.planned_seeds reads it): the
+    runs and seeds of the spec, written before the first run starts."""
+    from lrt_lab.store.results import load_plans
+
+    spec = validate_spec({**SPEC, "sweep": {**SPEC["sweep"], "seeds": [3, 1]}})
+    run_sweep(spec, out=str(tmp_path / "dry"), dry_run=True)
+    assert load_plans(tmp_path / "dry") == []
+    runs = run_sweep(spec, out=str(tmp_path / "s"), time_limit_s=1e-9)
+    assert load_plans(tmp_path / "s") == [
+        {"runs": sorted(r.path.name for r in runs), "seeds": [1, 3]}
+    ]

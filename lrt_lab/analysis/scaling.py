@@ -10,7 +10,7 @@ x-axis can be any of the three.
     points = scaling_points(load_runs(store))  # one row per run, BPB with both forwards
     deltas = paired_deltas(points)              # LRT minus transformer, token- and compute-matched
     fits = fit_power_laws(points)               # L(C) = E + A C^-alpha, seed bootstrap
-    decide(deltas)                              # the decision rule, stated before the grid ran
+    decide(deltas, planned_seeds(points, load_plans(store)))  # the rule stated before the grid ran
 
 BPB is the held-out cross-entropy in bits per byte (byte-level tokens: nats / ln 2) under exact
 recurrent decoding (`bpb_exact`, what the model does at inference: the primary number) and under
@@ -30,9 +30,11 @@ import numpy as np
 import pandas as pd
 from scipy import optimize
 
+from lrt_lab.core.validation import field_defaults
 from lrt_lab.store.contrasts import contrast
 from lrt_lab.store.run_groups import method_label
 from lrt_lab.store.stats import mean_ci
+from lrt_lab.training.train_config import TrainConfig
 
 METRICS = {
     "bpb_exact": "held-out BPB, exact recurrent decoding",
@@ -49,6 +51,7 @@ POINT_COLUMNS = [
 ]  # fmt: skip
 BASE = "transformer"
 LRT = "lrt interleaved:2"
+DEFAULT_MATRIX_LR = field_defaults(TrainConfig)["matrix_lr"]
 MATCH_TOLERANCE = 0.1  # relative: two runs are at the same C within 10% (a budget rounds up)
 
 
@@ -59,10 +62,15 @@ def _get(row, key, default=math.nan):
 
 def scaling_points(df: pd.DataFrame) -> pd.DataFrame:
     """One row per complete run trained to a tokens-per-parameter budget: method (with its Muon
-    rate when that is not the default), seed, R, params, C, flops, wall_s, epochs, bpb_exact,
-    bpb_parallel and heldout (what identifies the evaluation bytes)."""
+    rate when that is not the default: runs at another rate are another arm), seed, R, params, C,
+    flops, wall_s, epochs, bpb_exact, bpb_parallel and heldout (what identifies the evaluation
+    bytes).
+
+    One point per method, budget and seed: a run trained again under another name (a pilot's
+    run that the grid repeats) is the same training, and counting it twice would shrink every
+    interval; the last by name is kept, the others are listed in .attrs["duplicates"]."""
     rows = []
-    for _, row in df.iterrows():
+    for _, row in df.sort_values("run").iterrows() if not df.empty else ():
         r = _get(row, "config.train.tokens_per_param")
         if not isinstance(r, (int, float)) or math.isnan(r) or row.get("status") != "complete":
             continue
@@ -75,10 +83,14 @@ def scaling_points(df: pd.DataFrame) -> pd.DataFrame:
             str(_get(row, key, "?"))
             for key in ("config.task_info.sha256", "config.train.eval_size")
         )
+        lr = _get(row, "config.train.matrix_lr")
+        method = method_label(row)
+        if lr == lr and not math.isclose(lr, DEFAULT_MATRIX_LR):
+            method = f"{method} (Muon {lr:g})"
         rows.append(
             {
-                "method": method_label(row),
-                "matrix_lr": _get(row, "config.train.matrix_lr"),
+                "method": method,
+                "matrix_lr": lr,
                 "seed": int(row["config.train.seed"]),
                 "R": float(r),
                 "params": int(params),
@@ -93,7 +105,22 @@ def scaling_points(df: pd.DataFrame) -> pd.DataFrame:
                 "run": row["run"],
             }
         )
-    return pd.DataFrame(rows, columns=POINT_COLUMNS)
+    points = pd.DataFrame(rows, columns=POINT_COLUMNS)
+    twice = points.duplicated(["method", "R", "seed"], keep="last")
+    duplicates = list(points.loc[twice, "run"])
+    points = points[~twice].reset_index(drop=True)
+    points.attrs["duplicates"] = duplicates
+    return points
+
+
+def planned_seeds(points: pd.DataFrame, plans: list[dict], arms=(BASE, LRT)) -> int | None:
+    """How many seeds the grid that trained these arms plans: the most seeds of any plan recorded
+    in the store (lrt_lab.store.results.load_plans) that names one of the arms' runs; None when
+    no plan names them (runs trained one by one, or before sweeps recorded their plans). decide
+    waits for that many."""
+    runs = set(points.loc[points["method"].isin(arms), "run"])
+    seeds = [len(p["seeds"]) for p in plans if runs & set(p["runs"])]
+    return max(seeds) if seeds else None
 
 
 def check_same_heldout(points: pd.DataFrame) -> None:

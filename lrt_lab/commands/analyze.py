@@ -478,10 +478,11 @@ def _scaling(a) -> int:
         decide,
         fit_power_laws,
         paired_deltas,
+        planned_seeds,
         scaling_figure,
         scaling_points,
     )
-    from lrt_lab.store.results import load_runs
+    from lrt_lab.store.results import first_names, load_plans, load_runs
 
     pd.set_option("display.width", 200)
     runs = load_runs(a.store)
@@ -493,6 +494,12 @@ def _scaling(a) -> int:
             f"store={a.store!r}: no complete run trained with a tokens-per-parameter budget"
         )
     check_same_heldout(points)
+    if points.attrs["duplicates"]:
+        twice = points.attrs["duplicates"]
+        print(
+            f"note: {len(twice)} run(s) repeat another's method, budget and seed and are counted "
+            f"once: {first_names(twice, 3)}"
+        )
     deltas = paired_deltas(points, metric=a.metric)
     fits = fit_power_laws(points, metric=a.metric, x=a.x)
     summary = points.groupby(["method", "R"]).agg(
@@ -509,7 +516,9 @@ def _scaling(a) -> int:
     ):
         print(f"\n{name}\n{table.round(4).to_string(index=False)}")
         write_store_table(a.store, name, table)
-    print(f"\ndecision ({a.metric}): {decide(deltas)}")
+    planned = planned_seeds(points, load_plans(a.store))
+    seeds = "no plan recorded" if planned is None else f"{planned} seeds planned"
+    print(f"\ndecision ({a.metric}; {seeds}): {decide(deltas, planned_seeds=planned)}")
     out = analysis_dir(a.store) / f"scaling_{a.metric}_{a.x}.png"
     scaling_figure(points, out, x=a.x, metric=a.metric)
     print(f"plot: {out}")

@@ -27,6 +27,7 @@ column names); folders that are not readable runs are skipped and listed in `df.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -184,6 +185,38 @@ def _bad_type(obj: dict, schema: dict) -> str | None:
         ):
             return f"{key!r} is {type(value).__name__}"
     return None
+
+
+PLANS = ".plans"  # in a store: what each sweep that wrote to it planned (load_plans)
+
+
+def write_plan(root, runs: list[str], seeds: list[int]) -> Path:
+    """Record in the store what a sweep plans: its runs' names and its seeds. A plan is named by
+    its runs, so running the same grid again rewrites the same file, and a grid that plans more
+    seeds adds a new one. What reads a partly run grid (a decision that waits for every planned
+    seed: lrt_lab.analysis.scaling.planned_seeds) learns from it what is still to come."""
+    folder = Path(root) / PLANS
+    folder.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha1("\n".join(sorted(runs)).encode()).hexdigest()[:12]
+    path = folder / f"plan-{key}.json"
+    write_json(path, {"runs": sorted(runs), "seeds": sorted(seeds)})
+    return path
+
+
+def load_plans(root) -> list[dict]:
+    """The plans recorded in a store ({"runs": [...], "seeds": [...]}, write_plan); a damaged
+    plan file is skipped with a warning naming it."""
+    plans = []
+    for path in sorted((Path(root) / PLANS).glob("plan-*.json")):
+        try:
+            plan = read_json(path, {"runs": list, "seeds": list})
+            if not isinstance(plan, dict) or {"runs", "seeds"} - plan.keys():
+                raise DamagedFileError(f"{path.name}: not a plan (no runs and seeds)")
+        except DamagedFileError as e:
+            warnings.warn(f"{PLANS}/{e}: skipped", stacklevel=2)
+            continue
+        plans.append(plan)
+    return plans
 
 
 def read_json(path: Path, schema: dict | None = None):

@@ -49,7 +49,7 @@ else:  # pragma: no cover
 
 from lrt_lab.core.validation import check_int, check_out_dir
 from lrt_lab.store.claims import RunClaimedError, claimed_by_other
-from lrt_lab.store.results import Run, first_names
+from lrt_lab.store.results import Run, first_names, write_plan
 from lrt_lab.store.study import check_arms, parse_study
 from lrt_lab.training.checkpoints import config_differences
 from lrt_lab.training.loop import TrainConfig, budgeted, prepare, train
@@ -278,6 +278,7 @@ def run_sweep(
         for cfg in configs:
             print(f"{run_state(Path(out) / cfg.run_name):9s} {cfg.run_name}")
         return []
+    write_plan(out, [c.run_name for c in configs], sorted({c.seed for c in configs}))
     check_int("workers", workers, 1)
     if threads_per_run is not None:
         check_int("threads_per_run", threads_per_run, 1)
