@@ -443,16 +443,16 @@ def _logrank_by_hand(g1, g2) -> float:
     return 2 * norm.sf(abs(o_minus_e) / math.sqrt(var))
 
 
-def test_time_to_event_per_arm_and_log_rank_by_hand(tmp_path):
-    from lrt_lab.store.study import event_table
+# step at which pos90_exact@8 first reaches 8 (None: never, censored at the last eval, 50)
+REACH = {
+    ("transformer", "onepass"): [None, None, 40, None],
+    ("lrt", "interleaved:2"): [10, 20, 20, None],
+}
 
-    root = tmp_path / "events"
-    # step at which pos90_exact@8 first reaches 8 (None: never, censored at the last eval, 50)
-    reach = {
-        ("transformer", "onepass"): [None, None, 40, None],
-        ("lrt", "interleaved:2"): [10, 20, 20, None],
-    }
-    for (kind, schedule), steps in reach.items():
+
+def events_store(root: Path) -> Path:
+    """The runs of REACH, each with evaluations every 10 steps to 50."""
+    for (kind, schedule), steps in REACH.items():
         for seed, step in enumerate(steps):
             write_run(root, kind, schedule, seed, 1.0)
             folder = root / run_name(kind, schedule, seed)
@@ -461,14 +461,24 @@ def test_time_to_event_per_arm_and_log_rank_by_hand(tmp_path):
                 pos = 8 if step is not None and s >= step else 3
                 lines.append(json.dumps({"kind": "eval", "step": s, "pos90_exact@8": pos}))
             (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    table = dict(STUDY)
-    study = parse_study(
+    return root
+
+
+def events_study():
+    return parse_study(
         {
-            **table,
+            **STUDY,
             "time_to_event": "exact",
             "contrasts": [{"a": "transformer", "b": "lrt interleaved:2"}],
         }
     )
+
+
+def test_time_to_event_per_arm_and_log_rank_by_hand(tmp_path):
+    from lrt_lab.store.study import event_table
+
+    table = dict(STUDY)
+    root, study = events_store(tmp_path / "events"), events_study()
     row = event_table(root, study).iloc[0]
     assert row["reached_a"] == "1/4" and row["reached_b"] == "3/4"
     assert math.isnan(row["median_a"])  # only 1 of 4 reached it
@@ -479,3 +489,46 @@ def test_time_to_event_per_arm_and_log_rank_by_hand(tmp_path):
     assert row["p_logrank"] == pytest.approx(by_hand, rel=1e-6)
     with pytest.raises(ValueError, match="time_to_event='greedy'"):
         parse_study({**table, "time_to_event": "greedy"})
+
+
+def test_kaplan_meier_curves_per_arm_by_hand_and_drawn(tmp_path):
+    """The share of seeds that have learned, by step: the product-limit estimate by hand."""
+    from lrt_lab.analysis.time_to_event import plot_time_to_event, reach_curves
+
+    root, study = events_store(tmp_path / "events"), events_study()
+    curves = reach_curves(root, study)
+    assert list(dict.fromkeys(curves["arm"])) == ["transformer", "lrt interleaved:2"]
+    lrt = curves[curves["arm"] == "lrt interleaved:2"].set_index("time")["reached"]
+    # 4 at risk: one learns at 10 (S = 3/4), two of the 3 left at 20 (S = 3/4 * 1/3), one censored
+    assert lrt.to_dict() == pytest.approx({0: 0, 10: 0.25, 20: 0.75, 50: 0.75})
+    tf = curves[curves["arm"] == "transformer"].set_index("time")["reached"]
+    assert tf.to_dict() == pytest.approx({0: 0, 40: 0.25, 50: 0.25})
+    assert (curves["low"] <= curves["reached"] + 1e-12).all()
+    assert (curves["reached"] <= curves["high"] + 1e-12).all()
+    assert set(curves["runs"]) == {4}
+    png = plot_time_to_event(root, study, tmp_path / "km.png")
+    assert png.stat().st_size > 5_000
+    # a grid with no runs yet draws nothing
+    assert plot_time_to_event(tmp_path / "empty", study, tmp_path / "none.png") is None
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_report_study_draws_the_kaplan_meier_figure_when_the_study_times_an_event(tmp_path, capsys):
+    from lrt_lab.commands.cli import main
+
+    root = events_store(tmp_path / "events")
+    spec = tmp_path / "timed.toml"
+    spec.write_text(SPEC.replace('decision = "', 'time_to_event = "exact"\ndecision = "', 1))
+    assert main(["report", str(root), "--study", str(spec)]) == 0
+    out = capsys.readouterr().out
+    assert "Kaplan-Meier median" in out
+    events = out[out.index("Time until pos@90") :].splitlines()
+    (row,) = [line.split() for line in events if line.startswith("transformer lrt interleaved")]
+    assert row[3:7] == ["1/4", "3/4", "-", "20"]  # reached A, B; median A, B
+    figure = root / ".analysis" / "time_to_event_timed.png"
+    assert f"figure (Kaplan-Meier, share of seeds that reached the length): {figure}" in out
+    assert figure.stat().st_size > 5_000
+    # a study without a timed event draws none
+    spec.write_text(SPEC)
+    assert main(["report", str(root), "--study", str(spec)]) == 0
+    assert "figure" not in capsys.readouterr().out

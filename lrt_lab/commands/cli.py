@@ -346,7 +346,17 @@ def report_study(a) -> int:
             "spec with a [study] table (docs/tour.md)"
         )
     names = [cfg.run_name for cfg in expand(spec)]
-    print_study(a.runs, parse_study(spec["study"]), run_names=names, store_name=a.runs)
+    study = parse_study(spec["study"])
+    print_study(a.runs, study, run_names=names, store_name=a.runs)
+    if study.time_to_event is not None:
+        from pathlib import Path
+
+        from lrt_lab.analysis.loading import analysis_dir
+        from lrt_lab.analysis.time_to_event import plot_time_to_event
+
+        out = analysis_dir(a.runs) / f"time_to_event_{Path(a.study).stem}.png"
+        if plot_time_to_event(a.runs, study, out, run_names=names) is not None:
+            print(f"\nfigure (Kaplan-Meier, share of seeds that reached the length): {out}")
     return 0
 
 

@@ -518,6 +518,30 @@ def format_study_table(table: pd.DataFrame) -> str:
             "power": table["power"].map(lambda v: _num(v, 2)),
         }
     )
+    return _left_aligned(shown)
+
+
+def format_event_table(events: pd.DataFrame) -> str:
+    """event_table for a terminal: per contrast, how many runs of each arm reached the length,
+    their Kaplan-Meier medians (NaN: fewer than half did) and the log-rank p."""
+    if events.empty:
+        return "(no contrasts)"
+    shown = pd.DataFrame(
+        {
+            "A": events["a"],
+            "B": events["b"],
+            "reached A": events["reached_a"],
+            "reached B": events["reached_b"],
+            "median A": events["median_a"].map(_num),
+            "median B": events["median_b"].map(_num),
+            "p log-rank": events["p_logrank"].map(lambda v: _num(v, 3)),
+        }
+    )
+    return _left_aligned(shown)
+
+
+def _left_aligned(shown: pd.DataFrame) -> str:
+    shown = shown.copy()
     for col in shown.columns:  # every column reads left-aligned under its name
         text = shown[col].astype(str)
         shown[col] = text.str.ljust(max(text.str.len().max(), len(col)))
@@ -559,23 +583,36 @@ def print_study(runs, study: Study, run_names=None, store_name: str | None = Non
             f"length, in {study.time_axis} (Kaplan-Meier median; runs that never did are censored "
             "at their last evaluation), and a log-rank test per contrast:"
         )
-        print(format_study_table(events))
+        print(format_event_table(events))
     return table
+
+
+def arm_reach_times(runs, study: Study, run_names=None) -> dict[str, pd.DataFrame]:
+    """{arm: reach_times of its complete runs} for every arm the study's contrasts name (in the
+    order they first appear): when pos@90 of the study's time_to_event decoding first reached the
+    training length, on its time axis."""
+    if study.time_to_event is None:
+        raise ValueError("the study has no time_to_event; allowed: a [study] that names one")
+    df = _complete_runs(runs)
+    if run_names is not None:
+        df = df[df["run"].isin(set(run_names))] if "run" in df.columns else df.iloc[:0]
+    arms = dict.fromkeys(arm for c in study.contrasts for arm in (c.a, c.b))
+    return {
+        arm: reach_times(
+            df[arm_mask(df, arm)] if not df.empty else df, study.time_to_event, study.time_axis
+        )
+        for arm in arms
+    }
 
 
 def event_table(runs, study: Study, run_names=None) -> pd.DataFrame:
     """Per contrast: each arm's runs that reached pos@90 = the training length (of the study's
     time_to_event decoding), the Kaplan-Meier median time to it (NaN: fewer than half did) and
     the log-rank p of the two arms."""
-    df = _complete_runs(runs)
-    if run_names is not None:
-        df = df[df["run"].isin(set(run_names))] if "run" in df.columns else df.iloc[:0]
+    times = arm_reach_times(runs, study, run_names)
     rows = []
     for c in study.contrasts:
-        arms = {}
-        for side in ("a", "b"):
-            sel = df[arm_mask(df, getattr(c, side))] if not df.empty else df
-            arms[side] = reach_times(sel, study.time_to_event, study.time_axis)
+        arms = {"a": times[c.a], "b": times[c.b]}
         row = {"a": c.a, "b": c.b}
         for side, t in arms.items():
             median = kaplan_meier(t["time"], t["reached"], None)[1] if len(t) else math.nan
@@ -596,6 +633,7 @@ __all__ = [
     "Contrast",
     "Study",
     "arm_mask",
+    "arm_reach_times",
     "check_arms",
     "event_table",
     "format_study_table",
