@@ -60,7 +60,7 @@ from lrt_lab.store.report import (  # noqa: E402
     steps_suffix,
     supervised_every,
 )
-from lrt_lab.store.results import load_metrics, load_runs, load_table  # noqa: E402
+from lrt_lab.store.results import load_metrics, load_plans, load_runs, load_table  # noqa: E402
 
 # Paper, app. "Non-Commutative State Tracking" (depth 4, d 256, trained at length 64, pos@90 out of
 # 64
@@ -1812,6 +1812,20 @@ def z60_values(df: pd.DataFrame) -> dict[str, str]:
     return out
 
 
+def scaling_values(df: pd.DataFrame) -> dict[str, str]:
+    """The text scaling grid's decision and seeds, as docs/scaling.md and the README state them
+    (experiments/scaling_tables.py, over its own store)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "scaling_tables", Path(__file__).with_name("scaling_tables.py")
+    )
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    decision, seeds = tables.headline(load_runs(tables.STORE), load_plans(tables.STORE))
+    return {"scaling.decision": decision, "scaling.seeds": seeds or "none yet"}
+
+
 def prose_values(df: pd.DataFrame) -> dict[str, str]:
     """{NAME: text} for every `<!-- value: NAME -->` of the template, computed from the store."""
     out = {}
@@ -1831,6 +1845,7 @@ def prose_values(df: pd.DataFrame) -> dict[str, str]:
         exact_values,
         probe_values,
         z60_values,
+        scaling_values,
     ):
         out.update(build(df))
     return out

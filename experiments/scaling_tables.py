@@ -252,23 +252,31 @@ README = REPO / "README.md"
 BLOCK_START, BLOCK_END = "<!-- scaling:start -->", "<!-- scaling:end -->"
 
 
+def headline(runs: pd.DataFrame, plans=()) -> tuple[str, str]:
+    """(the decision by the rule stated before the grid ran, the seeds each method has so far):
+    the README block's and docs/results.md's summary of the grid."""
+    points = grid_points(runs)
+    planned = planned_seeds(points, list(plans))
+    seeds = points.groupby("method")["seed"].nunique().to_dict() if not points.empty else {}
+    return (
+        decide(paired_deltas(points), planned_seeds=planned),
+        ", ".join(f"{n} for {m}" for m, n in sorted(seeds.items())),
+    )
+
+
 def readme_block(runs: pd.DataFrame, plans=()) -> str:
     """The README's summary of the scaling grid: the decision and the deltas, generated."""
     points = grid_points(runs)
-    planned = planned_seeds(points, list(plans))
     pilot = runs[runs["run"].str.startswith(PILOT)]
-    seeds = points.groupby("method")["seed"].nunique().to_dict() if not points.empty else {}
+    decision, seeds = headline(runs, plans)
     lines = [
         "**Bits per byte against compute** (byte-level Python source, 4 layers, d = 64, "
         "~0.3M parameters; the LRT trained with Interleaved(2) against the transformer, exact "
         "decoding, paired by seed; [docs/scaling.md](docs/scaling.md)). "
-        "Decision by the rule stated before the grid ran: "
-        f"**{decide(paired_deltas(points), planned_seeds=planned)}**."
+        f"Decision by the rule stated before the grid ran: **{decision}**."
     ]
     if seeds:
-        lines.append(
-            "Seeds so far: " + ", ".join(f"{m} {n}" for m, n in sorted(seeds.items())) + "."
-        )
+        lines.append(f"Seeds so far: {seeds}.")
     table = deltas_table(points)
     if table is not None:
         lines += ["", table]
