@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import tiny_train_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lrt_lab.commands.cli import main
 from lrt_lab.store.report import comparison_table
 from lrt_lab.store.results import DamagedFileError, Run, load_metrics, load_runs, load_table
-from lrt_lab.training.loop import TrainConfig, train
+from lrt_lab.training.loop import train
 
 
 def make_run(root: Path, name: str, seed: int) -> Run:
@@ -329,24 +330,19 @@ def test_resume_names_the_differing_arguments_and_the_step(tmp_path, capsys):
 
 # Resume: temp files and checkpoint fallback -----------------------------------------------------
 def tiny(**kw):
-    base = dict(
-        task="group_prefix",
-        task_options={"group": "S3"},
-        length=4,
-        preset="tiny",
-        model="lrt",
-        schedule="interleaved:2",
-        steps=8,
-        batch_size=8,
-        eval_every=0,
-        eval_lengths=(4,),
-        eval_size=8,
-        checkpoint_every=2,
-        device="cpu",
-        name="r",
+    """helpers.TINY_RUN at length 4, trained by Interleaved(2), checkpointed every 2 steps."""
+    return tiny_train_config(
+        **{
+            "length": 4,
+            "schedule": "interleaved:2",
+            "steps": 8,
+            "eval_lengths": (4,),
+            "eval_size": 8,
+            "checkpoint_every": 2,
+            "name": "r",
+            **kw,
+        }
     )
-    base.update(kw)
-    return TrainConfig(**base)
 
 
 def test_resume_falls_back_to_the_older_checkpoint_and_removes_temp_files(tmp_path, capsys):

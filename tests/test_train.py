@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from helpers import tiny_train_config
 
 from lrt_lab.commands.cli import main
 from lrt_lab.store.results import Run, load_metrics, load_runs, load_table
@@ -25,23 +26,19 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def tiny_cfg(**kw):
-    base = dict(
-        task="group_prefix",
-        task_options={"group": "S3"},
-        length=6,
-        preset="tiny",
-        model="lrt",
-        schedule="interleaved:2",
-        steps=30,
-        batch_size=16,
-        eval_every=10,
-        eval_lengths=(6, 12),
-        eval_size=32,
-        checkpoint_every=10,
-        device="cpu",
+    """helpers.TINY_RUN trained by Interleaved(2) for 30 steps, evaluated and checkpointed."""
+    return tiny_train_config(
+        **{
+            "schedule": "interleaved:2",
+            "steps": 30,
+            "batch_size": 16,
+            "eval_every": 10,
+            "eval_lengths": (6, 12),
+            "eval_size": 32,
+            "checkpoint_every": 10,
+            **kw,
+        }
     )
-    base.update(kw)
-    return TrainConfig(**base)
 
 
 def train_losses(run):
