@@ -532,3 +532,27 @@ def test_report_study_draws_the_kaplan_meier_figure_when_the_study_times_an_even
     spec.write_text(SPEC)
     assert main(["report", str(root), "--study", str(spec)]) == 0
     assert "figure" not in capsys.readouterr().out
+
+
+def test_the_tables_render_as_markdown_for_a_page(store, tmp_path):
+    """docs/results.md embeds the study as markdown: the same cells as the terminal's table."""
+    from lrt_lab.store.study import event_table, format_event_table, format_study_table
+
+    names = [run_name(kind, sched, seed) for (kind, sched) in VALUES for seed in range(8)]
+    table = study_table(store, parse_study(STUDY), run_names=names)
+    md = format_study_table(table, "md").splitlines()
+    text = format_study_table(table).splitlines()
+    assert md[0].startswith("| A | B | metric | pairing |") and md[1].startswith("|---|")
+    assert len(md) == 2 + len(STUDY["contrasts"]) == 1 + len(text)
+    for md_row, text_row in zip(md[2:], text[1:]):  # the same cells, in the same order
+        at = 0
+        for cell in (c.strip() for c in md_row.strip().strip("|").split("|")):
+            at = text_row.index(cell, at) + len(cell)
+    events = event_table(events_store(tmp_path / "events"), events_study())
+    assert (
+        format_event_table(events, "md")
+        .splitlines()[2]
+        .startswith("| transformer | lrt interleaved:2 | 1/4 | 3/4 | - | 20 |")
+    )
+    with pytest.raises(ValueError, match="fmt='html' is invalid"):
+        format_study_table(table, "html")

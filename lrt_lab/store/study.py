@@ -491,8 +491,9 @@ def _direction(study: Study) -> str:
     return "lower is better" if study.lower_is_better else "higher is better"
 
 
-def format_study_table(table: pd.DataFrame) -> str:
-    """The table for a terminal: short labels, 4 significant digits."""
+def format_study_table(table: pd.DataFrame, fmt: str = "table") -> str:
+    """The table for a terminal (fmt "table") or a page ("md"): short labels, 4 significant
+    digits."""
     if table.empty:
         return "(no contrasts)"
     shown = pd.DataFrame(
@@ -518,12 +519,13 @@ def format_study_table(table: pd.DataFrame) -> str:
             "power": table["power"].map(lambda v: _num(v, 2)),
         }
     )
-    return _left_aligned(shown)
+    return _rendered(shown, fmt)
 
 
-def format_event_table(events: pd.DataFrame) -> str:
-    """event_table for a terminal: per contrast, how many runs of each arm reached the length,
-    their Kaplan-Meier medians (NaN: fewer than half did) and the log-rank p."""
+def format_event_table(events: pd.DataFrame, fmt: str = "table") -> str:
+    """event_table for a terminal (fmt "table") or a page ("md"): per contrast, how many runs of
+    each arm reached the length, their Kaplan-Meier medians (NaN: fewer than half did) and the
+    log-rank p."""
     if events.empty:
         return "(no contrasts)"
     shown = pd.DataFrame(
@@ -537,10 +539,16 @@ def format_event_table(events: pd.DataFrame) -> str:
             "p log-rank": events["p_logrank"].map(lambda v: _num(v, 3)),
         }
     )
-    return _left_aligned(shown)
+    return _rendered(shown, fmt)
 
 
-def _left_aligned(shown: pd.DataFrame) -> str:
+def _rendered(shown: pd.DataFrame, fmt: str) -> str:
+    if fmt == "md":
+        rows = [list(shown.columns), *shown.astype(str).to_numpy().tolist()]
+        lines = ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+        return "\n".join([lines[0], "|" + "---|" * len(shown.columns), *lines[1:]])
+    if fmt != "table":
+        raise ValueError(f"fmt={fmt!r} is invalid; allowed: table, md")
     shown = shown.copy()
     for col in shown.columns:  # every column reads left-aligned under its name
         text = shown[col].astype(str)
