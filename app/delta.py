@@ -14,6 +14,7 @@ import streamlit as st
 
 from lrt_app import store_data
 from lrt_app.charts import color_encoding, data_key, draw_chart, palette_note
+from lrt_lab.store.stats import MIN_SEEDS_T
 
 # x axes a delta is matched on: the work done, not the time the machine took
 X_CHOICES = ("steps", "compute", "FLOPs")
@@ -90,7 +91,7 @@ def delta_page(ctx) -> None:
         f"{metric}{smoothed} of each group minus {baseline}'s ({lower} for {metric}), at matched "
         f"{x_axis} over the range both ran. Paired by seed: the difference of the runs of one "
         "seed, then the mean over seeds; band: 95% t-interval over the pairs from "
-        f"{store_data.MIN_SEEDS_T} "
+        f"{MIN_SEEDS_T} "
         "pairs, the pairs' min to max with 2, none with 1; a group that shares no seed with the "
         "baseline is the difference of the means, unpaired, with no band. The table: at the end "
         "of the matched range."

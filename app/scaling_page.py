@@ -20,6 +20,9 @@ from lrt_lab.analysis.scaling import (
     planned_seeds,
     scaling_points,
 )
+from lrt_lab.analysis.scaling import (
+    curves as scaling_curves,
+)
 from lrt_lab.store.results import load_plans
 
 HINT = (
@@ -27,20 +30,6 @@ HINT = (
     "--tokens-per-param R`, or run the grid `lrt-lab sweep experiments/scaling_text.toml` and open "
     "its store, `lrt-lab app --runs experiments/scaling_runs`."
 )
-
-
-def curve_table(points: pd.DataFrame, x: str, metric: str) -> pd.DataFrame:
-    """One row per (method, budget): x and the metric's seed mean, min and max."""
-    g = points.groupby(["method", "R"])
-    return pd.DataFrame(
-        {
-            "x": g[x].mean(),
-            "mean": g[metric].mean(),
-            "low": g[metric].min(),
-            "high": g[metric].max(),
-            "seeds": g.size(),
-        }
-    ).reset_index()
 
 
 def scaling_page(ctx) -> None:
@@ -56,7 +45,7 @@ def scaling_page(ctx) -> None:
     left, right = st.columns(2)
     x = left.selectbox("x-axis", list(X_AXES), format_func=X_AXES.get, key="scaling_x")
     metric = right.selectbox("metric", list(METRICS), format_func=METRICS.get, key="scaling_y")
-    curves = curve_table(points, x, metric)
+    curves = scaling_curves(points, x, metric)
     base = {
         "x": {"field": "x", "type": "quantitative", "scale": {"type": "log"}, "title": X_AXES[x]},
         "color": color_encoding(sorted(curves["method"].unique()), "method", "method"),
@@ -91,7 +80,10 @@ def scaling_page(ctx) -> None:
         },
         curves=curves,
     )
-    st.caption("Seed means; the band spans the seeds' lowest and highest value.")
+    st.caption(
+        "Seed means; the band is a 95% t-interval of the mean where a budget has 3 seeds or "
+        "more, the seeds' lowest to highest value where it has 2."
+    )
     deltas = paired_deltas(points, metric=metric)
     planned = planned_seeds(points, load_plans(ctx.root))
     st.markdown(

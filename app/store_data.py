@@ -20,14 +20,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import streamlit as st
-from scipy import stats as sps
 
 from lrt_lab.analysis.gap import gap_recovery, mismatch_table, read_bpb, refinement_table
 from lrt_lab.store import run_groups
 from lrt_lab.store.report import format_mean_ci, run_figures
 from lrt_lab.store.results import Run, load_metrics, load_runs, load_table
 from lrt_lab.store.run_groups import method_label, method_labels
-from lrt_lab.store.stats import mean_ci
+from lrt_lab.store.stats import mean_ci, seeds_interval
 
 KNOWN_KINDS = ("transformer", "lrt")
 KNOWN_KIND_PREFIXES = ("loop:", "ponder:")
@@ -48,9 +47,6 @@ BANDS = {
     "min-max": "min to max over seeds",
     "none": None,
 }
-# Fewer seeds than this get the seeds' min to max instead of a t-interval: over 2 seeds the 95%
-# t-interval is the mean +- 12.7 standard errors, wider than anything the seeds did.
-MIN_SEEDS_T = 3
 
 # Columns the runs table shows first (short names made by `annotate`), then summary figures.
 RUN_COLUMNS = ["run", "status", "task", "method", "seed", "length", "preset", "n_layer"]
@@ -496,14 +492,10 @@ def interval(values: np.ndarray, band: str = "95% t-interval") -> tuple:
     max; one seed, or band "none": no band (lo = hi = mean)."""
     if band not in BANDS:
         raise ValueError(f"band={band!r} is invalid; allowed: {', '.join(BANDS)}")
-    n = len(values)
-    mean = values.mean(0)
-    if n < 2 or BANDS[band] is None:
+    if BANDS[band] is None:
+        mean = values.mean(0)
         return mean, mean, mean, "none"
-    if band == "95% t-interval" and n >= MIN_SEEDS_T:
-        half = sps.t.ppf(0.975, df=n - 1) * values.std(0, ddof=1) / np.sqrt(n)
-        return mean, mean - half, mean + half, "95% t-interval"
-    return mean, values.min(0), values.max(0), "min-max"
+    return seeds_interval(values, t_interval=band == "95% t-interval")
 
 
 def clip_band(df: pd.DataFrame, bounds: tuple, columns=("mean", "lo", "hi")) -> pd.DataFrame:

@@ -30,6 +30,7 @@ from lrt_app.delta import delta_page
 from lrt_app.frontier import frontier_page
 from lrt_app.picker import MAX_DEFAULT_GROUPS, pick_groups
 from lrt_app.scaling_page import scaling_page  # runs trained to a tokens-per-parameter budget
+from lrt_lab.store.stats import MIN_SEEDS_T
 
 # Where the analysis tables come from: shown when a store has none yet.
 HINT_PROBES = (
@@ -303,7 +304,7 @@ def curves_page(ctx: Context) -> None:
         horizontal=True,
         key="curve_band",
         help="shaded band around the mean over seeds; a t-interval needs "
-        f"{store_data.MIN_SEEDS_T} seeds: groups with fewer get their seeds' min to max",
+        f"{MIN_SEEDS_T} seeds: groups with fewer get their seeds' min to max",
     )
     log_y = c5.checkbox("log y", value=False, key="curve_log")
     show_runs = c6.checkbox("show each seed", value=False, key="curve_seeds")
@@ -368,7 +369,7 @@ def band_caption(band: pd.DataFrame, band_kind: str, metric: str) -> str:
     text = "shaded band: " + "; ".join(parts) + "."
     if band_kind == "95% t-interval" and "min-max" in kinds.index:
         text += (
-            f" A t-interval needs {store_data.MIN_SEEDS_T} seeds: over 2 it is the mean +- 12.7 "
+            f" A t-interval needs {MIN_SEEDS_T} seeds: over 2 it is the mean +- 12.7 "
             "standard errors."
         )
     lower, upper = store_data.metric_bounds(metric)

@@ -185,3 +185,28 @@ def test_plans_are_named_by_their_runs_and_a_damaged_one_is_skipped_by_name(tmp_
     first.write_text('{"runs": ["a"')
     with pytest.warns(UserWarning, match=rf"\.plans/{first.name}: .*skipped"):
         assert load_plans(tmp_path) == [{"runs": ["a", "b", "c"], "seeds": [0, 1, 2]}]
+
+
+def test_bands_are_a_t_interval_from_three_seeds_and_the_range_below(tmp_path):
+    """lrt_lab.store.stats.seeds_interval, the one band rule of the figure and the dashboard,
+    against scipy's t quantile by hand; and the scaling curves take it per budget."""
+    from scipy import stats as sps
+
+    from lrt_lab.analysis.scaling import curves
+    from lrt_lab.store.stats import seeds_interval
+
+    three = np.array([1.0, 1.2, 1.7])
+    mean, lo, hi, kind = seeds_interval(three)
+    half = sps.t.ppf(0.975, 2) * three.std(ddof=1) / math.sqrt(3)
+    assert kind == "95% t-interval" and (lo, hi) == pytest.approx((mean - half, mean + half))
+    assert seeds_interval(three[:2])[1:] == (1.0, 1.2, "min-max")
+    assert seeds_interval(three[:1])[1:] == (1.0, 1.0, "none")
+    assert seeds_interval(three, t_interval=False)[1:] == (1.0, 1.7, "min-max")
+    # a grid with 3 seeds at R = 5 and 2 at R = 10
+    build(tmp_path, lambda r, s: 0.0, seeds=(0, 1), lrt_rs=())
+    write_run(tmp_path, "transformer", "onepass", 5, 2, bpb_law(5) + 0.3)
+    table = curves(scaling_points(load_runs(tmp_path)), "C", "bpb_exact").set_index("R")
+    assert table.loc[5, "band"] == "95% t-interval" and table.loc[5, "seeds"] == 3
+    assert table.loc[10, "band"] == "min-max"
+    at10 = [bpb_law(10), bpb_law(10) + 0.01]
+    assert (table.loc[10, "low"], table.loc[10, "high"]) == pytest.approx(tuple(at10))

@@ -33,7 +33,7 @@ from scipy import optimize
 from lrt_lab.core.validation import field_defaults
 from lrt_lab.store.contrasts import contrast
 from lrt_lab.store.run_groups import method_label
-from lrt_lab.store.stats import mean_ci
+from lrt_lab.store.stats import mean_ci, seeds_interval
 from lrt_lab.training.train_config import TrainConfig
 
 METRICS = {
@@ -304,25 +304,57 @@ def _without_interval(rows: pd.DataFrame) -> str:
     return ", ".join(f"{r:g}" for r in rows.loc[~np.isfinite(rows["ci_high"]), "R"])
 
 
-def scaling_figure(points: pd.DataFrame, path, x: str = "C", metric: str = "bpb_exact") -> None:
-    """BPB against compute in the paper's form: log x, one curve per method (seed mean, with the
-    seeds' min-max as a band); the LRT's parallel-forward BPB dashed beside its exact decoding."""
-    import matplotlib.pyplot as plt
-
+def curves(points: pd.DataFrame, x: str = "C", metric: str = "bpb_exact") -> pd.DataFrame:
+    """One row per method and budget: x (its seeds' mean), the metric's seed mean, low and high
+    (lrt_lab.store.stats.seeds_interval: a 95% t-interval of the mean from 3 seeds, the seeds'
+    min to max with 2), band (which of the two), seeds. What the figure and the dashboard draw."""
     if x not in X_AXES or metric not in METRICS:
         raise ValueError(f"x={x!r}, metric={metric!r}; allowed: {list(X_AXES)}, {list(METRICS)}")
+    rows = []
+    for (method, r), sub in points.groupby(["method", "R"]):
+        mean, lo, hi, band = seeds_interval(sub[metric].to_numpy(dtype=float))
+        rows.append(
+            {
+                "method": method,
+                "R": r,
+                "x": float(sub[x].mean()),
+                "mean": float(mean),
+                "low": float(lo),
+                "high": float(hi),
+                "band": band,
+                "seeds": len(sub),
+            }
+        )
+    return pd.DataFrame(rows, columns=["method", "R", "x", "mean", "low", "high", "band", "seeds"])
+
+
+def scaling_figure(points: pd.DataFrame, path, x: str = "C", metric: str = "bpb_exact") -> None:
+    """BPB against compute in the paper's form: log x, one curve per method (seed mean, with its
+    `curves` band); the LRT's parallel-forward BPB dashed beside its exact decoding."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    table = curves(points, x, metric)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, (method, sub) in enumerate(sorted(points.groupby("method"), key=lambda t: t[0])):
+    for i, (method, c) in enumerate(table.groupby("method", sort=True)):
         color = f"C{i % 10}"
-        grouped = sub.groupby("R")
-        xs = grouped[x].mean()
-        ys = grouped[metric]
-        ax.plot(xs, ys.mean(), "-", marker="o", color=color, label=method)
-        ax.fill_between(xs, ys.min(), ys.max(), color=color, alpha=0.15, lw=0)
+        ax.plot(c["x"], c["mean"], "-", marker="o", color=color, label=method)
+        ax.fill_between(c["x"], c["low"], c["high"], color=color, alpha=0.15, lw=0)
         if metric == "bpb_exact" and method.startswith("lrt"):  # the train/inference mismatch
-            par = grouped["bpb_parallel"].mean()
-            ax.plot(xs, par, "--", marker=".", color=color, label=f"{method} (parallel forward)")
+            par = curves(points[points["method"] == method], x, "bpb_parallel")
+            ax.plot(
+                par["x"], par["mean"], "--", marker=".", color=color,
+                label=f"{method} (parallel forward)",
+            )  # fmt: skip
+    bands = set(table["band"]) - {"none"}
+    ax.set_title(
+        "band: " + " or ".join(sorted(bands)) + " over seeds" if bands else "one seed each",
+        fontsize=8,
+    )
     ax.set_xscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")  # 20, not 2 x 10^1
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
     ax.set_xlabel(X_AXES[x])
     ax.set_ylabel(METRICS[metric])
     ax.grid(True, which="both", alpha=0.3)

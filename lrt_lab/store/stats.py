@@ -168,6 +168,27 @@ def mean_ci(values, confidence: float = 0.95, method: str = "t", seed: int = 0) 
     return {"n": n, "mean": mean, "std": std, "sem": sem, "ci_low": lo, "ci_high": hi}
 
 
+# Fewer seeds than this get the seeds' min to max instead of a t-interval: over 2 seeds the 95%
+# t-interval is the mean +- 12.7 standard errors, wider than anything the seeds did.
+MIN_SEEDS_T = 3
+
+
+def seeds_interval(values: np.ndarray, t_interval: bool = True) -> tuple:
+    """(mean, lo, hi, kind) over the rows of `values` (one row per seed), per column: the 95%
+    t-interval of the mean from MIN_SEEDS_T seeds on (kind "95% t-interval"), the seeds' min to
+    max with fewer or when t_interval is False ("min-max"), no band for one seed ("none":
+    lo = hi = mean). The one rule the dashboard's bands and the scaling figure follow."""
+    values = np.asarray(values, dtype=float)
+    n = len(values)
+    mean = values.mean(0)
+    if n < 2:
+        return mean, mean, mean, "none"
+    if t_interval and n >= MIN_SEEDS_T:
+        half = t_quantile(0.975, n - 1) * values.std(0, ddof=1) / math.sqrt(n)
+        return mean, mean - half, mean + half, "95% t-interval"
+    return mean, values.min(0), values.max(0), "min-max"
+
+
 def method_column(df: pd.DataFrame) -> pd.Series:
     """`transformer`, `lrt interleaved:2`, ... per row of load_runs
     (lrt_lab.store.run_groups.method_label)."""
