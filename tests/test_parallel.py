@@ -159,8 +159,10 @@ def test_slurm_job_array_through_submitit_local_executor(tmp_path):
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
 def test_sigterm_on_the_driver_cancels_and_the_next_invocation_continues(tmp_path, ray_instance):
-    """The driver joins the module's running Ray instance (`--address auto`, as on a cluster), so
-    the test pays for no second instance."""
+    """The driver joins the module's running Ray instance by its address (`--address HOST:PORT`,
+    as on a cluster), so the test pays for no second instance. Not `auto`: that joins whichever
+    instance on this machine started last, a sweep the user has running included, whose cores
+    may all be busy."""
     body = spec(steps=250, seeds=(0,))  # stopped at step ~20: far from the end at any speed
     lines = [
         "[sweep]",
@@ -184,7 +186,7 @@ def test_sigterm_on_the_driver_cancels_and_the_next_invocation_continues(tmp_pat
         "--threads-per-run",
         "1",
         "--address",
-        "auto",
+        ray_instance.get_runtime_context().gcs_address,
         "--quiet",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -117,8 +117,9 @@ def test_two_concurrent_sweeps_train_each_run_once_like_a_sequential_sweep(tmp_p
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-2000:]
     run_sweep(body, out=str(tmp_path / "alone"), progress=False)
-    names = sorted(p.name for p in (tmp_path / "alone").iterdir())
-    assert sorted(p.name for p in shared.iterdir()) == names and len(names) == 4
+    names = sorted(p.name for p in (tmp_path / "alone").iterdir() if not p.name.startswith("."))
+    runs = sorted(p.name for p in shared.iterdir() if not p.name.startswith("."))  # not .plans
+    assert runs == names and len(names) == 4
     for name in names:
         assert train_steps(shared / name) == list(range(1, 41)), name  # every step once, in order
         assert losses(shared / name) == pytest.approx(
@@ -229,7 +230,8 @@ def test_a_sweep_whose_spec_changed_a_complete_run_refuses_naming_the_fields(tmp
         ValueError, match=r"steps: 10 in config.json, 20 now.*batch_size|batch_size.*steps"
     ):
         run_sweep(spec(steps=20, seeds=(0,), batch_size=8), out=str(tmp_path), progress=False)
-    assert all(len(train_steps(p)) == 10 for p in tmp_path.iterdir())  # nothing retrained
+    runs = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]  # not .plans
+    assert runs and all(len(train_steps(p)) == 10 for p in runs)  # nothing retrained
 
 
 def test_an_empty_folder_named_like_a_run_is_not_in_the_way(tmp_path):

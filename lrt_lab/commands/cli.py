@@ -434,8 +434,9 @@ def build_parser() -> Parser:
     p.add_argument(
         "--address",
         default=None,
-        help="a running Ray cluster: auto, or ray://host:port (the store must be on a filesystem "
-        "every node sees)",
+        help="a running Ray cluster: auto (the one started last on this machine), host:port "
+        "(its head's address), or ray://host:port (the store must be on a filesystem every node "
+        "sees)",
     )
     p.add_argument(
         "--slurm",
