@@ -226,3 +226,36 @@ def test_runs_written_before_a_field_existed_group_with_the_runs_that_have_it(
     committed = load_runs(Path(__file__).resolve().parent.parent / "experiments" / "results")
     seeds = committed[committed["run"].str.contains("lrt-fixedpoint_0.01_16-s")]
     assert len(seeds) == 3 and group_keys(seeds).nunique() == 1
+
+
+def test_the_contraction_monitor_measures_without_changing_training_and_splits_no_group(tmp_path):
+    """MEASUREMENT_ONLY: a run with the monitor trains bit for bit as one without it, so a run
+    written before the switch existed (no such field) is a seed of the same method."""
+    import json
+
+    import torch
+
+    from lrt_lab.store.results import load_metrics, load_runs
+    from lrt_lab.store.run_groups import method_labels
+    from lrt_lab.training.loop import train
+
+    torch.set_num_threads(1)
+    runs = {}
+    for on in (True, False):
+        cfg = tiny_train_config(
+            schedule="interleaved:2", steps=6, eval_every=2, eval_contraction=on, name=f"c{on}"
+        )
+        runs[on] = train(cfg, out=tmp_path, progress=False)
+    train_rows = {on: load_metrics(r, kind="train") for on, r in runs.items()}
+    assert train_rows[True]["loss"].tolist() == train_rows[False]["loss"].tolist()
+    evals = {on: load_metrics(r, kind="eval") for on, r in runs.items()}
+    assert "lyap" in evals[True] and "lyap" not in evals[False]  # it did measure
+    shared = [c for c in evals[False].columns if c in evals[True].columns and c != "time"]
+    assert evals[True][shared].equals(evals[False][shared])
+    # the older run: its config has no eval_contraction at all
+    config = runs[False].path / "config.json"
+    stored = json.loads(config.read_text())
+    del stored["train"]["eval_contraction"]
+    config.write_text(json.dumps(stored))
+    df = load_runs(tmp_path)
+    assert group_keys(df).nunique() == 1 and method_labels(df).nunique() == 1

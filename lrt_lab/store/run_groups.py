@@ -31,6 +31,11 @@ from lrt_lab.store.results import flatten_dict
 
 # Config fields that name a run instead of configuring it: never part of a group.
 IDENTITY_FIELDS = ("config.train.seed", "config.train.name")
+# Fields that add a measurement at evaluation and leave the training bit for bit the same (the
+# contraction monitor reads held-out data and draws from none of training's random streams;
+# tests/test_run_groups.py trains with and without it): never part of a group, so a run written
+# before the field existed stays a seed of its method.
+MEASUREMENT_ONLY = ("config.train.eval_contraction",)
 
 # Fields written from other fields (the schedule's cost, parameter counts, the overrides that were
 # also applied to config.model, the model kind as given on the command line, the vocabulary): they
@@ -97,8 +102,13 @@ def canonical(v):
 
 
 def config_columns(df: pd.DataFrame) -> list[str]:
-    """The config columns that define a group (all `config.*` but the seed and the name)."""
-    return sorted(c for c in df.columns if c.startswith("config.") and c not in IDENTITY_FIELDS)
+    """The config columns that define a group (all `config.*` but the seed, the name and the
+    measurement-only switches)."""
+    return sorted(
+        c
+        for c in df.columns
+        if c.startswith("config.") and c not in IDENTITY_FIELDS + MEASUREMENT_ONLY
+    )
 
 
 def group_keys(df: pd.DataFrame) -> pd.Series:
@@ -276,7 +286,7 @@ def method_frame(df: pd.DataFrame) -> pd.DataFrame:
         c
         for c in df.columns
         if c in ("config.kind", "config.schedule")
-        or (c.startswith("config.train.") and c not in ASKED_REPEATS)
+        or (c.startswith("config.train.") and c not in ASKED_REPEATS + MEASUREMENT_ONLY)
     ]
     columns = {c: _canonical_list(df[c]) for c in asked}
     if "config.train.memory_preset" in columns:
