@@ -218,9 +218,13 @@ def scoreboard_table(runs: pd.DataFrame) -> str | None:
     # the groups differ by budget (and so by steps): named by R, in increasing order
     budget = table["group"].str.extract(r"tokens_per_param=([\d.]+)")[0].astype(float)
     method = table["group"].str.split(" | ", n=1, regex=False).str[0]
-    table = table.assign(
-        group=[f"{m}, R = {r:g}" if r == r else m for m, r in zip(method, budget)], R=budget
+    short = pd.Series(
+        [f"{m}, R = {r:g}" if r == r else m for m, r in zip(method, budget)], index=table.index
     )
+    # one short name per group: where two groups would share one (another rate at the same R),
+    # both keep their full label
+    clash = short.groupby(short).transform(lambda s: table.loc[s.index, "group"].nunique() > 1)
+    table = table.assign(group=short.where(~clash.astype(bool), table["group"]), R=budget)
     table = table.sort_values(["R", "eval_length"], kind="stable").drop(columns="R")
     return render_scoreboard(table, "md", legend=False, headings=False).strip()
 

@@ -35,3 +35,28 @@ def test_the_page_changes_when_a_run_does(tmp_path):
     i = summary.index(key) + len(key)
     (run / "summary.json").write_text(summary[:i] + "9.0, " + summary[i:].split(",", 1)[1])
     assert tables.render(tables.TEMPLATE.read_text(), load_runs(store)) != before
+
+
+def test_the_scoreboard_keeps_two_groups_apart_that_share_a_budget(tmp_path):
+    """A grid run at another Muon rate and the same R: its scoreboard row keeps its full label
+    (a short one, method and R, would merge it with the default rate's)."""
+    import json
+    import shutil
+
+    from lrt_lab.store.results import load_runs
+
+    tables = _module()
+    store = tmp_path / "store"
+    source = ROOT / "experiments" / "scaling_runs"
+    name = "text_bytes-L256-small-lrt-interleaved_2-R10-s0"
+    shutil.copytree(source / name, store / name)
+    other = store / f"{name}-rate"
+    shutil.copytree(source / name, other)
+    config = json.loads((other / "config.json").read_text())
+    config["train"].update(matrix_lr=0.04, name=other.name)
+    (other / "config.json").write_text(json.dumps(config))
+    rows = [
+        r for r in tables.scoreboard_table(load_runs(store)).splitlines() if r.startswith("| lrt")
+    ]
+    assert len(rows) == 2 and not any(r.startswith("| lrt interleaved:2, R = 10 |") for r in rows)
+    assert any("matrix_lr=0.04" in r for r in rows), rows
