@@ -20,9 +20,7 @@ from lrt_lab.analysis.scaling import (
     planned_seeds,
     scaling_points,
 )
-from lrt_lab.analysis.scaling import (
-    curves as scaling_curves,
-)
+from lrt_lab.analysis.scaling import curves as scaling_curves
 from lrt_lab.store.results import load_plans
 
 HINT = (

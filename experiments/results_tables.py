@@ -1898,14 +1898,7 @@ def trainer_study_table(df: pd.DataFrame) -> str:
     """The A5 trainer study as `lrt-lab report --study experiments/a5_trainers.toml` gives it:
     its contrasts (effects, intervals, p-values, Holm, power), a verdict per contrast and the
     time to reach the training length, over the runs of its grid that are complete."""
-    from lrt_lab.store.study import (
-        event_table,
-        format_event_table,
-        format_study_table,
-        parse_study,
-        study_table,
-        verdict,
-    )
+    from lrt_lab.store.study import parse_study, study_lines, study_table
     from lrt_lab.training.sweep import expand, load_spec
 
     spec = load_spec(TRAINER_STUDY)
@@ -1914,23 +1907,10 @@ def trainer_study_table(df: pd.DataFrame) -> str:
     table = study_table(df, study, run_names=names)
     if not table.attrs["runs"]:
         return f"None of the grid's {len(names)} runs is complete yet."
-    lines = [
-        f"Runs: {table.attrs['runs']} of the grid's {len(names)} complete.",
-        "",
-        format_study_table(table, "md"),
-        "",
-        *(f"- {verdict(row, study)}" for _, row in table.iterrows()),
-    ]
-    if study.time_to_event is not None:
-        lines += [
-            "",
-            f"Time until pos@90 ({study.time_to_event} decoding) first reached the training "
-            f"length, in {study.time_axis} (Kaplan-Meier median; runs that never did are "
-            "censored at their last evaluation), and a log-rank p per contrast:",
-            "",
-            format_event_table(event_table(df, study, run_names=names), "md"),
-        ]
-    return "\n".join(lines)
+    body = study_lines(df, study, table, run_names=names, fmt="md")
+    return "\n".join(
+        [f"Runs: {table.attrs['runs']} of the grid's {len(names)} complete.", "", *body]
+    )
 
 
 def scoreboard_table(df: pd.DataFrame) -> str | None:

@@ -223,8 +223,8 @@ def scoreboard_table(runs: pd.DataFrame) -> str | None:
     )
     # one short name per group: where two groups would share one (another rate at the same R),
     # both keep their full label
-    clash = short.groupby(short).transform(lambda s: table.loc[s.index, "group"].nunique() > 1)
-    table = table.assign(group=short.where(~clash.astype(bool), table["group"]), R=budget)
+    unique = table.groupby(short)["group"].transform("nunique") == 1
+    table = table.assign(group=short.where(unique, table["group"]), R=budget)
     table = table.sort_values(["R", "eval_length"], kind="stable").drop(columns="R")
     return render_scoreboard(table, "md", legend=False, headings=False).strip()
 

@@ -335,13 +335,14 @@ def scaling_figure(points: pd.DataFrame, path, x: str = "C", metric: str = "bpb_
     from matplotlib.ticker import FuncFormatter
 
     table = curves(points, x, metric)
+    parallel = curves(points, x, "bpb_parallel") if metric == "bpb_exact" else None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, (method, c) in enumerate(table.groupby("method", sort=True)):
         color = f"C{i % 10}"
         ax.plot(c["x"], c["mean"], "-", marker="o", color=color, label=method)
         ax.fill_between(c["x"], c["low"], c["high"], color=color, alpha=0.15, lw=0)
-        if metric == "bpb_exact" and method.startswith("lrt"):  # the train/inference mismatch
-            par = curves(points[points["method"] == method], x, "bpb_parallel")
+        if parallel is not None and method.startswith("lrt"):  # the train/inference mismatch
+            par = parallel[parallel["method"] == method]
             ax.plot(
                 par["x"], par["mean"], "--", marker=".", color=color,
                 label=f"{method} (parallel forward)",

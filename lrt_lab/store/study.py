@@ -556,6 +556,33 @@ def _rendered(shown: pd.DataFrame, fmt: str) -> str:
     return shown.to_string(index=False, justify="left")
 
 
+def study_lines(runs, study: Study, table: pd.DataFrame, run_names=None, fmt: str = "table"):
+    """What `lrt-lab report --study` prints after the study's header, as lines of a terminal
+    (fmt "table") or of a page ("md"): study_table's `table`, what its columns mean, a verdict
+    per contrast, its notes and, with a time_to_event, the event table."""
+    lines = [
+        format_study_table(table, fmt),
+        "",
+        "B-A: B minus A (paired: mean of the per-seed differences); 95% CI: percentile "
+        "bootstrap; d: Cohen's d (paired: d_z); p: two-sided permutation test; p_holm: "
+        f"Holm-adjusted over the {len(table)} contrast(s); power: two-sided t-test at alpha "
+        f"{ALPHA} for the observed d at these n",
+        *(f"- {verdict(row, study)}" for _, row in table.iterrows()),
+        *(f"  note: {note}" for note in table.attrs["notes"]),
+    ]
+    if study.time_to_event is not None:
+        events = event_table(runs, study, run_names=run_names)
+        lines += [
+            "",
+            f"Time until pos@90 ({study.time_to_event} decoding) first reached the training "
+            f"length, in {study.time_axis} (Kaplan-Meier median; runs that never did are censored "
+            "at their last evaluation), and a log-rank test per contrast:",
+            *([""] if fmt == "md" else []),  # a page's table needs a blank line above it
+            format_event_table(events, fmt),
+        ]
+    return lines
+
+
 def print_study(runs, study: Study, run_names=None, store_name: str | None = None) -> pd.DataFrame:
     """Print the study (question, budget rule, decision rule), its table and a verdict per contrast
     (`lrt-lab report STORE --study SPEC.toml`); returns study_table's table."""
@@ -573,25 +600,7 @@ def print_study(runs, study: Study, run_names=None, store_name: str | None = Non
             + (f" (not complete: {first_names(missing)})" if missing else "")
         )
     print()
-    print(format_study_table(table))
-    print(
-        "\nB-A: B minus A (paired: mean of the per-seed differences); 95% CI: percentile "
-        "bootstrap; d: Cohen's d (paired: d_z); p: two-sided permutation test; p_holm: "
-        f"Holm-adjusted over the {len(table)} contrast(s); power: two-sided t-test at alpha "
-        f"{ALPHA} for the observed d at these n"
-    )
-    for _, row in table.iterrows():
-        print(f"- {verdict(row, study)}")
-    for note in table.attrs["notes"]:
-        print(f"  note: {note}")
-    if study.time_to_event is not None:
-        events = event_table(runs, study, run_names=run_names)
-        print(
-            f"\nTime until pos@90 ({study.time_to_event} decoding) first reached the training "
-            f"length, in {study.time_axis} (Kaplan-Meier median; runs that never did are censored "
-            "at their last evaluation), and a log-rank test per contrast:"
-        )
-        print(format_event_table(events))
+    print("\n".join(study_lines(runs, study, table, run_names)))
     return table
 
 
@@ -650,6 +659,7 @@ __all__ = [
     "parse_arm",
     "parse_study",
     "print_study",
+    "study_lines",
     "study_table",
     "verdict",
 ]
