@@ -275,8 +275,10 @@ def readme_block(runs: pd.DataFrame, plans=()) -> str:
     decision, seeds = headline(runs, plans)
     lines = [
         "**Bits per byte against compute** (byte-level Python source, 4 layers, d = 64, "
-        "~0.3M parameters; the LRT trained with Interleaved(2) against the transformer, exact "
-        "decoding, paired by seed; [docs/scaling.md](docs/scaling.md)). "
+        "~0.3M parameters; the LRT trained with Interleaved(2) against the transformer, "
+        "held-out BPB under exact decoding, at matched tokens (same R) and at matched compute "
+        "(same C); Delta paired by seed, 95% Student's t interval, paired permutation p; "
+        "[docs/scaling.md](docs/scaling.md)). "
         f"Decision by the rule stated before the grid ran: **{decision}**."
     ]
     if seeds:
