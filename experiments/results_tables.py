@@ -52,6 +52,7 @@ from lrt_lab.analysis.gap import read_bpb  # noqa: E402
 from lrt_lab.commands.bench import load_results, markdown_table  # noqa: E402
 from lrt_lab.run.metrics import pos_at  # noqa: E402
 from lrt_lab.store.contrasts import contrast, smallest_p  # noqa: E402
+from lrt_lab.store.markdown import markdown_lines  # noqa: E402
 from lrt_lab.store.report import (  # noqa: E402
     frontier_points,
     memory_label,
@@ -93,9 +94,7 @@ def whole(v) -> str:
 
 
 def markdown(rows: list[list[str]], header: list[str]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(out)
+    return "\n".join(markdown_lines(header, rows))
 
 
 def state_tracking_tables(df: pd.DataFrame, task: str, paper: dict | None) -> str | None:

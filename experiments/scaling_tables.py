@@ -30,6 +30,7 @@ from lrt_lab.analysis.scaling import (
     scaling_figure,
     scaling_points,
 )
+from lrt_lab.store.markdown import markdown_lines
 from lrt_lab.store.report import render_scoreboard
 from lrt_lab.store.results import load_plans, load_runs
 from lrt_lab.store.scoreboard import scoreboard
@@ -49,11 +50,7 @@ GENERATED = (
 
 
 def markdown(df: pd.DataFrame) -> str:
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, row in df.iterrows():
-        lines.append("| " + " | ".join(str(row[c]) for c in cols) + " |")
-    return "\n".join(lines)
+    return "\n".join(markdown_lines(list(df.columns), df.astype(str).to_numpy().tolist()))
 
 
 def _median_tokens_per_s(path: str) -> float:

@@ -61,6 +61,7 @@ from lrt_lab.run.schedules import (
     OnePass,
     Rollout,
 )
+from lrt_lab.store.markdown import markdown_lines
 from lrt_lab.training.optim import ROLES, build_optimizers, optimizer_step
 
 
@@ -973,10 +974,8 @@ def markdown_table(results: list[tuple[str, dict]]) -> str:
     only some results timed (an added schedule) shows "-" in the others."""
     columns = [_markdown_column(name, r) for name, r in results]
     heads = [f"T={r['settings']['seq_len']}, B={r['settings']['batch_size']}" for _, r in results]
-    lines = ["| LRT / transformer | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
-    for label in _row_labels(columns):
-        lines.append(f"| {label} | " + " | ".join(c.get(label, "-") for c in columns) + " |")
-    return "\n".join(lines)
+    rows = [[label, *(c.get(label, "-") for c in columns)] for label in _row_labels(columns)]
+    return "\n".join(markdown_lines(["LRT / transformer", *heads], rows))
 
 
 def _markdown_column(name: str, r: dict) -> dict[str, str]:

@@ -11,6 +11,7 @@ import textwrap
 
 import pandas as pd
 
+from lrt_lab.store.markdown import markdown_lines
 from lrt_lab.store.results import Run, diverged_line, first_names, load_runs, load_table
 from lrt_lab.store.run_groups import (
     INTERVAL_NOTE,
@@ -538,18 +539,6 @@ def _aligned(header: list[str], body: list[list[str]], left=(0, 4)) -> list[str]
     ]
 
 
-def _markdown(header: list[str], body: list[list[str]], left=(0, 4)) -> list[str]:
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|")
-
-    align = [":--" if i in left else "--:" for i in range(len(header))]
-    return (
-        ["| " + " | ".join(cell(c) for c in row) + " |" for row in [header]]
-        + ["|" + "|".join(align) + "|"]
-        + ["| " + " | ".join(cell(c) for c in row) + " |" for row in body]
-    )
-
-
 def render_report(table: pd.DataFrame, fmt: str = "table") -> tuple[str, str]:
     """(stdout, stderr) text of a report_table: `table` (aligned text), `md` (GitHub markdown) or
     `csv` (every figure at full precision; the notes go to stderr)."""
@@ -570,7 +559,7 @@ def render_report(table: pd.DataFrame, fmt: str = "table") -> tuple[str, str]:
         measured = bool(study["n"].sum() > 0)  # else a table of dashes: the note says it is missing
         if fmt == "md":
             out += ["", f"### {t}, trained at length {n}", "", f"{about.get('what', '')}.", ""]
-            out += _markdown(header, body) if measured else []
+            out += markdown_lines(header, body, left=(0, 4)) if measured else []
             out += [""] * (bool(about.get("notes")) and measured)
             out += [f"- {note}" for note in about.get("notes", [])]
         else:
@@ -671,7 +660,9 @@ def render_scoreboard(
             else [f"{t}, trained at length {n}"]
         )
         rows = (
-            _markdown(header, body, left=(0,)) if fmt == "md" else _aligned(header, body, left=(0,))
+            markdown_lines(header, body, left=(0,))
+            if fmt == "md"
+            else _aligned(header, body, left=(0,))
         )
         out += [""] + (title if headings else []) + rows
     left_out = table.attrs.get("left_out", [])

@@ -32,6 +32,7 @@ import pandas as pd
 
 from lrt_lab.store.contrasts import ALPHA, contrast, holm, kaplan_meier, logrank
 from lrt_lab.store.events import TIME_AXES, reach_times
+from lrt_lab.store.markdown import markdown_lines
 from lrt_lab.store.results import first_names, flatten_dict, load_runs
 from lrt_lab.store.run_groups import (
     DERIVED_PREFIXES,
@@ -544,9 +545,8 @@ def format_event_table(events: pd.DataFrame, fmt: str = "table") -> str:
 
 def _rendered(shown: pd.DataFrame, fmt: str) -> str:
     if fmt == "md":
-        rows = [list(shown.columns), *shown.astype(str).to_numpy().tolist()]
-        lines = ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
-        return "\n".join([lines[0], "|" + "---|" * len(shown.columns), *lines[1:]])
+        rows = shown.astype(str).to_numpy().tolist()
+        return "\n".join(markdown_lines(list(shown.columns), rows))
     if fmt != "table":
         raise ValueError(f"fmt={fmt!r} is invalid; allowed: table, md")
     shown = shown.copy()
