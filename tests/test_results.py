@@ -319,8 +319,17 @@ def test_results_page_and_readme_block_are_what_the_store_gives(tables):
     )
     page = (ROOT / "docs" / "results.md").read_text()
     assert "<!-- table:" not in page  # every placeholder of the template was filled
-    for figure in tables.FIGURES:
-        assert (ROOT / figure).is_file(), figure
+    assert tables.missing_figures(ROOT) == []
+
+
+def test_a_linked_figure_that_is_missing_is_reported(tmp_path):
+    """--check fails on a page that links an image nobody drew (a study's figure before --write)."""
+    tables = _tables_module()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("![frontier](docs/a5_trainer_frontier.png)\n")
+    (tmp_path / "docs" / "results.md").write_text("![curves](a5_trainer_study_curves.png)\n")
+    (tmp_path / "docs" / "a5_trainer_frontier.png").write_bytes(b"png")
+    assert tables.missing_figures(tmp_path) == [tmp_path / "docs" / "a5_trainer_study_curves.png"]
 
 
 @pytest.mark.xdist_group("results_tables")  # the module's tables fixture, built once

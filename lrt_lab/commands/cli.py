@@ -348,13 +348,18 @@ def report_study(a) -> int:
     names = [cfg.run_name for cfg in expand(spec)]
     study = parse_study(spec["study"])
     print_study(a.runs, study, run_names=names, store_name=a.runs)
-    if study.time_to_event is not None:
-        from pathlib import Path
+    from pathlib import Path
 
-        from lrt_lab.analysis.loading import analysis_dir
+    from lrt_lab.analysis.loading import analysis_dir
+    from lrt_lab.analysis.study_curves import plot_learning_curves
+
+    folder, stem = analysis_dir(a.runs), Path(a.study).stem
+    if plot_learning_curves(a.runs, study, folder / f"curves_{stem}.png", names) is not None:
+        print(f"\nfigure (learning curves, each arm's seed mean): {folder / f'curves_{stem}.png'}")
+    if study.time_to_event is not None:
         from lrt_lab.analysis.time_to_event import plot_time_to_event
 
-        out = analysis_dir(a.runs) / f"time_to_event_{Path(a.study).stem}.png"
+        out = folder / f"time_to_event_{stem}.png"
         if plot_time_to_event(a.runs, study, out, run_names=names) is not None:
             print(f"\nfigure (Kaplan-Meier, share of seeds that reached the length): {out}")
     return 0

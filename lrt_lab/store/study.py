@@ -610,16 +610,20 @@ def arm_reach_times(runs, study: Study, run_names=None) -> dict[str, pd.DataFram
     training length, on its time axis."""
     if study.time_to_event is None:
         raise ValueError("the study has no time_to_event; allowed: a [study] that names one")
+    return {
+        arm: reach_times(rows, study.time_to_event, study.time_axis)
+        for arm, rows in arm_runs(runs, study, run_names).items()
+    }
+
+
+def arm_runs(runs, study: Study, run_names=None) -> dict[str, pd.DataFrame]:
+    """{arm: its complete runs (of run_names, when given)} for every arm the study's contrasts
+    name, in the order they first appear."""
     df = _complete_runs(runs)
     if run_names is not None:
         df = df[df["run"].isin(set(run_names))] if "run" in df.columns else df.iloc[:0]
     arms = dict.fromkeys(arm for c in study.contrasts for arm in (c.a, c.b))
-    return {
-        arm: reach_times(
-            df[arm_mask(df, arm)] if not df.empty else df, study.time_to_event, study.time_axis
-        )
-        for arm in arms
-    }
+    return {arm: df[arm_mask(df, arm)] if not df.empty else df for arm in arms}
 
 
 def event_table(runs, study: Study, run_names=None) -> pd.DataFrame:
@@ -651,6 +655,7 @@ __all__ = [
     "Study",
     "arm_mask",
     "arm_reach_times",
+    "arm_runs",
     "check_arms",
     "event_table",
     "format_study_table",

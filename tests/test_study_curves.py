@@ -1,0 +1,91 @@
+"""A study's learning curves (lrt_lab.analysis.study_curves): per arm and metric its contrasts
+read, the seed mean and band at every evaluation, checked against sums worked out here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from lrt_lab.store.study import parse_study
+from tests.test_study import STUDY, run_name, write_run
+
+# ce_exact@8 at steps 10, 20, 30 per seed (None: that evaluation is missing)
+EXACT = {
+    ("transformer", "onepass"): [[3.0, 2.0, 1.0], [3.2, 2.4, 1.2], [2.8, 2.2, None]],
+    ("lrt", "interleaved:2"): [[2.0, 1.0, 0.5], [2.4, 1.4, 0.7]],
+}
+FLOPS_PER_STEP = {("transformer", "onepass"): 1.0, ("lrt", "interleaved:2"): 2.0}
+
+
+def curves_store(root: Path) -> Path:
+    for (kind, schedule), seeds in EXACT.items():
+        for seed, values in enumerate(seeds):
+            write_run(root, kind, schedule, seed, 1.0)
+            lines = []
+            for step, value in zip((10, 20, 30), values):
+                if value is None:
+                    continue
+                # the LRT's parallel forward reads 0.1 above its exact decoding; the
+                # transformer's is its exact decoding
+                gap = 0.1 if kind == "lrt" else 0.0
+                flops = step * FLOPS_PER_STEP[kind, schedule] * (1 + 0.1 * seed)
+                record = {"kind": "eval", "step": step, "flops": flops, "ce_exact@8": value}
+                lines.append(json.dumps({**record, "ce_parallel@8": value + gap}))
+            (root / run_name(kind, schedule, seed) / "metrics.jsonl").write_text(
+                "\n".join(lines) + "\n"
+            )
+    return root
+
+
+def curves_study():
+    contrasts = [
+        {"a": "transformer", "b": "lrt interleaved:2"},
+        {"a": "transformer", "b": "lrt interleaved:2", "metric": "ce_parallel@8"},
+    ]
+    return parse_study({**STUDY, "time_axis": "flops", "contrasts": contrasts})
+
+
+def test_learning_curves_are_seed_means_and_bands_by_hand(tmp_path):
+    from lrt_lab.analysis.study_curves import learning_curves
+
+    curves = learning_curves(curves_store(tmp_path / "s"), curves_study())
+    got = {(r.arm, r.metric, r.step): r for r in curves.itertuples()}
+    # the transformer's parallel curve is its exact one: drawn once
+    assert {(a, m) for a, m, _ in got} == {
+        ("transformer", "ce_exact@8"),
+        ("lrt interleaved:2", "ce_exact@8"),
+        ("lrt interleaved:2", "ce_parallel@8"),
+    }
+    # step 30 is missing from one transformer seed: left out, not averaged over two
+    assert sorted(s for a, m, s in got if a == "transformer") == [10, 20]
+    tf = got["transformer", "ce_exact@8", 20]
+    values = np.array([2.0, 2.4, 2.2])
+    half = stats.t.ppf(0.975, 2) * values.std(ddof=1) / np.sqrt(3)
+    assert (tf.mean, tf.low, tf.high) == pytest.approx((2.2, 2.2 - half, 2.2 + half))
+    assert tf.band == "95% t-interval" and tf.seeds == 3
+    assert tf.x == pytest.approx(20 * (1.0 + 1.1 + 1.2) / 3)  # mean FLOPs of the seeds
+    lrt = got["lrt interleaved:2", "ce_parallel@8", 30]  # 2 seeds: their range
+    assert (lrt.mean, lrt.low, lrt.high, lrt.band) == pytest.approx((0.7, 0.6, 0.8, "min-max"))
+
+
+def test_learning_curves_are_drawn_and_the_report_names_the_figure(tmp_path, capsys):
+    from lrt_lab.analysis.study_curves import plot_learning_curves
+    from lrt_lab.commands.cli import main
+    from tests.test_study import SPEC
+
+    root = curves_store(tmp_path / "s")
+    png = plot_learning_curves(root, curves_study(), tmp_path / "curves.png")
+    assert png.stat().st_size > 5_000
+    assert plot_learning_curves(tmp_path / "empty", curves_study(), tmp_path / "no.png") is None
+    assert not (tmp_path / "no.png").exists()
+
+    spec = tmp_path / "curved.toml"
+    spec.write_text(SPEC)
+    assert main(["report", str(root), "--study", str(spec)]) == 0
+    figure = root / ".analysis" / "curves_curved.png"
+    assert f"figure (learning curves, each arm's seed mean): {figure}" in capsys.readouterr().out
+    assert figure.stat().st_size > 5_000
