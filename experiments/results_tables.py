@@ -1892,12 +1892,67 @@ def tables(df: pd.DataFrame) -> dict:
         "baselines": lambda: baselines_table(df),
         "bench": bench_table,
         "scoreboard": lambda: scoreboard_table(df),
+        "trainer_recipe": lambda: recipe_pilot_table(df),
         "trainer_study": lambda: trainer_study_table(df),
     }
 
 
 INSTRUMENT_STORE = REPO / "experiments" / "instrument_runs"
 TRAINER_STUDY = REPO / "experiments" / "a5_trainers.toml"
+
+
+RECIPE_PILOT = REPO / "experiments" / "a5_recipe.toml"
+
+
+def recipe_pilot_table(df: pd.DataFrame) -> str:
+    """The learning-rate pilot of the A5 trainer study (experiments/a5_recipe.toml), one row per
+    model and Muon rate: exact-decoding cross-entropy at length 16 at the end (the study's primary
+    metric), its change over the last evaluation interval (near 0: flattened), exact pos@90, and
+    the rate the spec's rule picks (the lowest cross-entropy per model)."""
+    from lrt_lab.training.sweep import expand, load_spec
+
+    names = [cfg.run_name for cfg in expand(load_spec(RECIPE_PILOT))]
+    runs = df[df["run"].isin(names)] if "run" in df.columns else df.iloc[:0]
+    if runs.empty:
+        return f"None of the pilot's {len(names)} runs is complete yet."
+    rows = []
+    for _, run in runs.iterrows():
+        evals = load_metrics(run, kind="eval").dropna(subset=["ce_exact@16"])
+        ce = evals["ce_exact@16"].to_numpy()
+        rows.append(
+            {
+                "method": method_label(run),
+                "rate": float(run["config.train.matrix_lr"]),
+                "steps": int(run["config.train.steps"]),
+                "ce": ce[-1],
+                "change": ce[-1] - ce[-2] if len(ce) > 1 else math.nan,
+                "pos90": run.get("summary.eval.pos90_exact@16", math.nan),
+            }
+        )
+    table = pd.DataFrame(rows).sort_values(["method", "rate"])
+    best = table.loc[table.groupby("method")["ce"].idxmin()]
+    body = [
+        [
+            r.method,
+            f"{r.rate:g}",
+            str(r.steps),
+            f"{r.ce:.4f}",
+            "-" if math.isnan(r.change) else f"{r.change:+.4f}",
+            whole(r.pos90),
+            "picked" if r.Index in best.index else "",
+        ]
+        for r in table.itertuples()
+    ]
+    header = ["method", "Muon rate", "steps", "CE exact @16", "change, last interval", "pos@90"]
+    picked = ", ".join(f"{r.method} {r.rate:g}" for r in best.itertuples())
+    return "\n".join(
+        [
+            f"Runs: {len(runs)} of the pilot's {len(names)} complete (seed 20, half the study's "
+            f"budget). The rule's pick, the lowest CE per model: {picked}.",
+            "",
+            *markdown_lines([*header, "rule"], body),
+        ]
+    )
 
 
 def trainer_study() -> tuple:

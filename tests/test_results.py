@@ -481,3 +481,68 @@ def test_a_changed_run_changes_the_prose_with_its_table(store_values):
     fullseq = [line for line in after.splitlines() if "FullSequence(3)" in line]
     assert any(after_count in line for line in after.splitlines()), fullseq
     assert named["a5_8.fullseq3.pos90"] not in after  # the old per-seed figures are gone
+
+
+RECIPE_SPEC = """
+[sweep]
+tasks = ["a5_prefix"]
+models = ["transformer", "lrt", "transformer_lr0.04", "lrt_lr0.04"]
+schedules = ["interleaved:2"]
+seeds = [20]
+
+[train]
+length = 16
+preset = "tiny"
+steps = 20
+
+[models."transformer_lr0.04"]
+model = "transformer"
+matrix_lr = 0.04
+
+[models."lrt_lr0.04"]
+model = "lrt"
+matrix_lr = 0.04
+"""
+# exact-decoding cross-entropy at length 16 at steps 10 and 20, per (kind, Muon rate)
+RECIPE_CE = {
+    ("transformer", 0.02): (2.0, 1.5),
+    ("transformer", 0.04): (1.9, 1.7),
+    ("lrt", 0.02): (1.0, 0.9),
+    ("lrt", 0.04): (0.8, 0.6),
+}
+
+
+def test_recipe_pilot_table_picks_the_lowest_cross_entropy_per_model(tmp_path, monkeypatch):
+    """The learning-rate pilot's table: the end value, its change over the last interval and the
+    rule's pick, from a fabricated store of the pilot's grid."""
+    from lrt_lab.training.sweep import expand, load_spec
+
+    tables = _tables_module()
+    spec = tmp_path / "recipe.toml"
+    spec.write_text(RECIPE_SPEC)
+    monkeypatch.setattr(tables, "RECIPE_PILOT", spec)
+    store = tmp_path / "store"
+    for cfg in expand(load_spec(spec)):
+        folder = store / cfg.run_name
+        folder.mkdir(parents=True)
+        rate = cfg.matrix_lr if cfg.matrix_lr is not None else 0.02
+        ce = RECIPE_CE[cfg.model, rate]
+        config = {"kind": cfg.model, "schedule": "onepass" if cfg.model != "lrt" else cfg.schedule}
+        config["train"] = {"task": "a5_prefix", "length": 16, "steps": 20, "matrix_lr": rate}
+        (folder / "config.json").write_text(json.dumps(config))
+        summary = {"status": "complete", "eval": {"ce_exact@16": ce[1], "pos90_exact@16": 3}}
+        (folder / "summary.json").write_text(json.dumps(summary))
+        lines = [{"kind": "eval", "step": s, "ce_exact@16": v} for s, v in zip((10, 20), ce)]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    text = tables.recipe_pilot_table(load_runs(store))
+    assert "Runs: 4 of the pilot's 4 complete" in text
+    assert "pick, the lowest CE per model: lrt interleaved:2 0.04, transformer 0.02." in text
+    rows = {(r[0], r[1]): r for r in (_cells(line) for line in text.splitlines()[2:]) if r}
+    assert rows["transformer", "0.02"][3:] == ["1.5000", "-0.5000", "3", "picked"]
+    assert rows["transformer", "0.04"][3:] == ["1.7000", "-0.2000", "3", ""]
+    assert rows["lrt interleaved:2", "0.04"][6] == "picked"
+    assert tables.recipe_pilot_table(load_runs(store).iloc[:0]).startswith("None of the pilot's 4")
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip("|").split("|")] if line.startswith("| ") else []

@@ -328,16 +328,12 @@ def method_keys(df: pd.DataFrame, frame: pd.DataFrame | None = None) -> pd.Serie
 
 def method_labels(df: pd.DataFrame) -> pd.Series:
     """A short label per run, the same for the runs of one method: `lrt rollout:1`, then the
-    training
-    options whose values differ between the methods of `df` (the selection being compared), each
-    named
-    only where a method departs from the reference: unset (the default) where some method leaves the
-    option unset, else the value most methods share (none on a tie). So `lrt interleaved:2 |
-    steps=3000`
-    next to `lrt rollout:1`, never the whole config. Options that change neither what is trained nor
-    what is measured (BOOKKEEPING), then the model config, are named only where they alone tell
-    methods
-    apart."""
+    training options whose values differ between the methods of `df` (the selection being
+    compared), each named only where a method departs from the reference: unset (the default)
+    where some method leaves the option unset, else the value most methods share (none on a tie).
+    So `lrt interleaved:2 | steps=3000` next to `lrt rollout:1`, never the whole config. Options
+    that change neither what is trained nor what is measured (BOOKKEEPING), then the model config,
+    are named only where they alone tell methods apart."""
     if df.empty:
         return pd.Series([], index=df.index, dtype=object)
     frame = method_frame(df)
