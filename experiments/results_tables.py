@@ -1022,6 +1022,7 @@ def in_short(df: pd.DataFrame) -> str | None:
 
 
 def compact_block(df: pd.DataFrame) -> str:
+    df = earlier_runs(df)
     parts = []
     for title, section, build, setup in COMPACT:
         table = build(df)
@@ -1827,6 +1828,7 @@ def scaling_values(df: pd.DataFrame) -> dict[str, str]:
 
 def prose_values(df: pd.DataFrame) -> dict[str, str]:
     """{NAME: text} for every `<!-- value: NAME -->` of the template, computed from the store."""
+    df = earlier_runs(df)
     out = {}
     for build in (
         paper_values,
@@ -1866,15 +1868,32 @@ GENERATED = (
 # drawn by --write; a figure whose draw returns None (a study without runs yet) is not drawn, and
 # the page does not link it
 FIGURES = {
-    "docs/a5_trainer_frontier.png": frontier_figure,
+    "docs/a5_trainer_frontier.png": lambda df, path: frontier_figure(earlier_runs(df), path),
     "docs/a5_trainer_study_curves.png": lambda df, path: trainer_study_figure(df, path, "curves"),
     "docs/a5_trainer_study_km.png": lambda df, path: trainer_study_figure(df, path, "km"),
 }
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.png)\)")
 
 
+def study_run_names() -> set[str]:
+    """The runs of the A5 trainer study's grid and of its pilot: a recipe of their own (curriculum,
+    warm-down, rates), which only their own tables read."""
+    from lrt_lab.training.sweep import expand, load_spec
+
+    return {
+        cfg.run_name for spec in (TRAINER_STUDY, RECIPE_PILOT) for cfg in expand(load_spec(spec))
+    }
+
+
+def earlier_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """The store without study_run_names: what the earlier tables (state tracking, frontier,
+    protocol, ...) compare, one recipe per task and length."""
+    return df[~df["run"].isin(study_run_names())] if "run" in df.columns else df
+
+
 def tables(df: pd.DataFrame) -> dict:
     """Every table a template may name: `<!-- table: NAME -->`."""
+    full, df = df, earlier_runs(df)
 
     def at(task, length, paper=None):
         return lambda: state_tracking_table(df[df["config.train.length"] == length], task, paper)
@@ -1892,8 +1911,8 @@ def tables(df: pd.DataFrame) -> dict:
         "baselines": lambda: baselines_table(df),
         "bench": bench_table,
         "scoreboard": lambda: scoreboard_table(df),
-        "trainer_recipe": lambda: recipe_pilot_table(df),
-        "trainer_study": lambda: trainer_study_table(df),
+        "trainer_recipe": lambda: recipe_pilot_table(full),
+        "trainer_study": lambda: trainer_study_table(full),
     }
 
 
@@ -1919,13 +1938,18 @@ def recipe_pilot_table(df: pd.DataFrame) -> str:
     for _, run in runs.iterrows():
         evals = load_metrics(run, kind="eval").dropna(subset=["ce_exact@16"])
         ce = evals["ce_exact@16"].to_numpy()
+        # the change over the last evaluation interval before the end (a final evaluation off
+        # the grid, at the last step, would make a short interval look flat)
+        every = int(run["config.train.eval_every"])
+        before = evals[evals["step"] <= evals["step"].iloc[-1] - every]["ce_exact@16"]
         rows.append(
             {
                 "method": method_label(run),
                 "rate": float(run["config.train.matrix_lr"]),
                 "steps": int(run["config.train.steps"]),
                 "ce": ce[-1],
-                "change": ce[-1] - ce[-2] if len(ce) > 1 else math.nan,
+                "change": ce[-1] - before.iloc[-1] if len(before) else math.nan,
+                "every": every,
                 "pos90": run.get("summary.eval.pos90_exact@16", math.nan),
             }
         )
@@ -1944,6 +1968,8 @@ def recipe_pilot_table(df: pd.DataFrame) -> str:
         for r in table.itertuples()
     ]
     header = ["method", "Muon rate", "steps", "CE exact @16", "change, last interval", "pos@90"]
+    intervals = sorted(set(table["every"]))
+    header[4] = f"change, last {' or '.join(map(str, intervals))} steps"
     picked = ", ".join(f"{r.method} {r.rate:g}" for r in best.itertuples())
     return "\n".join(
         [

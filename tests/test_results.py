@@ -528,16 +528,20 @@ def test_recipe_pilot_table_picks_the_lowest_cross_entropy_per_model(tmp_path, m
         rate = cfg.matrix_lr if cfg.matrix_lr is not None else 0.02
         ce = RECIPE_CE[cfg.model, rate]
         config = {"kind": cfg.model, "schedule": "onepass" if cfg.model != "lrt" else cfg.schedule}
-        config["train"] = {"task": "a5_prefix", "length": 16, "steps": 20, "matrix_lr": rate}
+        config["train"] = {"task": "a5_prefix", "length": 16, "steps": 25, "matrix_lr": rate}
+        config["train"]["eval_every"] = 10
         (folder / "config.json").write_text(json.dumps(config))
         summary = {"status": "complete", "eval": {"ce_exact@16": ce[1], "pos90_exact@16": 3}}
         (folder / "summary.json").write_text(json.dumps(summary))
+        # evaluations at 10 and 20, then at the last step (25): the change is read from step 10
         lines = [{"kind": "eval", "step": s, "ce_exact@16": v} for s, v in zip((10, 20), ce)]
+        lines.append({"kind": "eval", "step": 25, "ce_exact@16": ce[1]})
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     text = tables.recipe_pilot_table(load_runs(store))
     assert "Runs: 4 of the pilot's 4 complete" in text
     assert "pick, the lowest CE per model: lrt interleaved:2 0.04, transformer 0.02." in text
     rows = {(r[0], r[1]): r for r in (_cells(line) for line in text.splitlines()[2:]) if r}
+    assert rows["method", "Muon rate"][4] == "change, last 10 steps"
     assert rows["transformer", "0.02"][3:] == ["1.5000", "-0.5000", "3", "picked"]
     assert rows["transformer", "0.04"][3:] == ["1.7000", "-0.2000", "3", ""]
     assert rows["lrt interleaved:2", "0.04"][6] == "picked"
