@@ -334,3 +334,26 @@ def test_a_study_whose_runs_all_lack_the_metric_says_it_is_missing(store, capsys
     )
     assert code == 0 and "BPB exact@16 is missing in every run of this study" in out
     assert "tables/bpb.csv" in out and "group" not in out
+
+
+def test_recipe_suffix_names_only_the_options_a_group_mixes():
+    """Runs of one trainer and step count at two learning rates are two recipes, each named; a
+    group with one recipe keeps its plain label."""
+    import pandas as pd
+
+    from lrt_lab.store.report import recipe_suffix
+
+    df = pd.DataFrame(
+        {
+            "config.train.steps": [100, 100, 100, 200],
+            "config.train.matrix_lr": [0.01, 0.04, 0.04, 0.01],
+            "config.train.warmdown_frac": [0.3, 0.3, 0.3, 0.5],
+        }
+    )
+    method = pd.Series(["transformer"] * 4)
+    assert recipe_suffix(df, method).tolist() == [
+        " (Muon 0.01)",
+        " (Muon 0.04)",
+        " (Muon 0.04)",
+        "",
+    ]

@@ -121,7 +121,7 @@ def frontier_points(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16)
     ]
     out = pd.DataFrame(
         {
-            "trainer": method + steps_suffix(sub, method),
+            "trainer": method + steps_suffix(sub, method) + recipe_suffix(sub, method),
             "seed": sub["config.train.seed"].astype(int),
             "compute": sub["summary.compute_tokens"] / 1e6,
             "wall_min": sub["summary.wall_time_s"] / 60,
@@ -139,6 +139,29 @@ def steps_suffix(df: pd.DataFrame, by) -> pd.Series:
     one more seed of its group."""
     mixed = df.groupby(by)["config.train.steps"].transform("nunique") > 1
     return df["config.train.steps"].map(lambda n: f" ({int(n)} steps)").where(mixed, "")
+
+
+# training options a frontier's runs may differ in besides their trainer and steps: a learning
+# rate, a warm-down or a curriculum of its own makes another recipe, not one more seed
+RECIPE_FIELDS = {
+    "config.train.matrix_lr": "Muon",
+    "config.train.warmdown_frac": "warm-down",
+    "config.train.task_options.curriculum_steps": "curriculum",
+}
+
+
+def recipe_suffix(df: pd.DataFrame, by) -> pd.Series:
+    """ " (Muon 0.04, curriculum 200)" for the runs whose group (rows sharing the values `by`)
+    mixes values of a RECIPE_FIELDS option, naming each option that is mixed; "" elsewhere."""
+    by = by.astype(str) + df["config.train.steps"].astype(str) if isinstance(by, pd.Series) else by
+    parts = pd.Series([[] for _ in range(len(df))], index=df.index, dtype=object)
+    for field, name in RECIPE_FIELDS.items():
+        if field not in df.columns:
+            continue
+        mixed = df.groupby(by)[field].transform("nunique") > 1
+        for i in df.index[mixed]:
+            parts[i] = [*parts[i], f"{name} {df.at[i, field]:g}"]
+    return parts.map(lambda p: f" ({', '.join(p)})" if p else "")
 
 
 def runs_lacking(df: pd.DataFrame, metric: str) -> list[str]:
