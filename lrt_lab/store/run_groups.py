@@ -257,6 +257,9 @@ BOOKKEEPING = (
     "config.train.eval_every",
     "config.train.device",
     "config.train.compile",
+    # how parameters are counted for a tokens-per-parameter budget: the steps it gives are their
+    # own field, so a run trained for given steps is the same run under either convention
+    "config.train.param_convention",
 )
 # Reading order of the fields a label names after the method: what was learned (the task, the
 # training length) first, where the labels shown span several.
