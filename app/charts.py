@@ -171,17 +171,34 @@ def legend_rows(spec) -> int:
     return most
 
 
+def fit_to_legend(spec: dict, **datasets: pd.DataFrame) -> dict:
+    """The spec with its plot at least as tall as the tallest legend under it.
+
+    A single plot grows to the legend; a wrapped facet grows each panel by the legend's height over
+    its rows of panels (the panels' count is the facet field's values in the facet's dataset), so
+    a few short panels under a legend of many groups make a tall grid, not a squeezed one."""
+    legend_px = LEGEND_TITLE_PX + ROW_PX * legend_rows(spec)
+    if "height" in spec:
+        return {**spec, "height": max(spec["height"], legend_px)}
+    inner, facet = spec.get("spec"), spec.get("facet")
+    if not (isinstance(inner, dict) and "height" in inner and isinstance(facet, dict)):
+        return spec
+    data = datasets.get(spec.get("data", {}).get("name"))
+    if data is None or facet.get("field") not in data:
+        return spec
+    rows = -(-max(1, data[facet["field"]].nunique()) // spec.get("columns", 1))
+    return {**spec, "spec": {**inner, "height": max(inner["height"], -(-legend_px // rows))}}
+
+
 def draw_chart(spec: dict, **datasets: pd.DataFrame) -> None:
     """Draw a spec whose layers name their data ({"data": {"name": key}}) from `datasets`.
 
     A chart stretched to the column fits its width to it (Vega's fit-x) and keeps its height for
     the plot: the legend under it adds its own rows below, so no entry is cut and the plot is never
-    squeezed; and the plot is at least as tall as that legend, so a chart of many groups is a
-    tall chart, not a flat line over a long list."""
+    squeezed; and the plot is at least as tall as that legend (fit_to_legend), so a chart of many
+    groups is a tall chart, not a flat line over a long list."""
     facet = "facet" in spec or "columns" in spec
     if not facet:
         spec = {"autosize": {"type": "fit-x", "contains": "padding"}, **spec}
-        if "height" in spec:
-            legend_px = LEGEND_TITLE_PX + ROW_PX * legend_rows(spec)
-            spec["height"] = max(spec["height"], legend_px)
+    spec = fit_to_legend(spec, **datasets)
     st.vega_lite_chart(chart_spec(spec, **datasets), width="content" if facet else "stretch")

@@ -664,3 +664,26 @@ def test_legends_fit_the_window_and_never_outgrow_the_plot():
     rows = charts.legend_rows(spec)
     assert rows == -(-48 // many["legend"]["columns"])
     assert charts.ROW_PX * rows > 300  # so draw_chart must grow the plot
+
+
+def test_a_wrapped_facet_grows_its_panels_to_the_legend_under_it():
+    from lrt_app import charts
+
+    many = charts.color_encoding([f"group {i}" for i in range(100)], "group")
+    legend_px = charts.LEGEND_TITLE_PX + charts.ROW_PX * -(-100 // many["legend"]["columns"])
+    cells = pd.DataFrame({"length": [16, 32, 64, 16, 32], "y": range(5)})  # 3 panels
+    spec = {
+        "data": {"name": "cells"},
+        "facet": {"field": "length", "type": "ordinal"},
+        "columns": 2,  # 3 panels in 2 rows
+        "spec": {"height": 200, "mark": "line", "encoding": {"color": many}},
+    }
+    grown = charts.fit_to_legend(spec, cells=cells)
+    assert 2 * grown["spec"]["height"] >= legend_px > 2 * 200
+    assert 2 * (grown["spec"]["height"] - 1) < legend_px  # no taller than it must be
+    # a single plot grows to the legend itself; a short legend leaves either as it was
+    single = {"height": 300, "mark": "line", "encoding": {"color": many}}
+    assert charts.fit_to_legend(single)["height"] == legend_px
+    few = charts.color_encoding(["a", "b"], "group")
+    spec["spec"]["encoding"]["color"] = few
+    assert charts.fit_to_legend(spec, cells=cells)["spec"]["height"] == 200
