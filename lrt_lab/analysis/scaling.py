@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize
 
+from lrt_lab.analysis.figures import save_figure
 from lrt_lab.core.validation import field_defaults
 from lrt_lab.store.contrasts import contrast
 from lrt_lab.store.run_groups import method_label
@@ -360,6 +361,4 @@ def scaling_figure(points: pd.DataFrame, path, x: str = "C", metric: str = "bpb_
     ax.set_ylabel(METRICS[metric])
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)

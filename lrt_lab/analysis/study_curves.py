@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from lrt_lab.analysis.figures import save_figure
 from lrt_lab.analysis.time_to_event import AXIS_TITLES
 from lrt_lab.store.results import load_metrics
 from lrt_lab.store.stats import seeds_interval
@@ -115,9 +116,4 @@ def plot_learning_curves(runs, study: Study, path, run_names=None) -> Path | Non
     ax.set_title(f"{study.primary} and the contrasts' other metrics; band: {bands}", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

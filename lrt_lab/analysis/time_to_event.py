@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lrt_lab.analysis.figures import save_figure
 from lrt_lab.store.contrasts import kaplan_meier
 from lrt_lab.store.study import Study, arm_reach_times
 
@@ -74,9 +75,4 @@ def plot_time_to_event(runs, study: Study, path, run_names=None) -> Path | None:
     ax.set_ylim(-0.02, 1.02)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
