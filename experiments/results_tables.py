@@ -62,6 +62,7 @@ from lrt_lab.store.report import (  # noqa: E402
     supervised_every,
 )
 from lrt_lab.store.results import load_metrics, load_plans, load_runs, load_table  # noqa: E402
+from lrt_lab.store.stats import mean_ci  # noqa: E402
 
 # Paper, app. "Non-Commutative State Tracking" (depth 4, d 256, trained at length 64, pos@90 out of
 # 64
@@ -463,14 +464,19 @@ def gap_runs(df: pd.DataFrame) -> pd.DataFrame:
 
 def gap_contrasts(runs: pd.DataFrame) -> pd.DataFrame:
     """Per method (the exact-trained LRT included), paired by seed with the transformer: the
-    effect Delta = method minus transformer in exact-decoding BPB (`contrast`: bootstrap interval,
-    permutation p), the per-seed Deltas, and the gap recovered as a ratio of means, mean
-    Delta(method) / mean Delta(exact), over the seeds the method shares with both."""
+    effect Delta = method minus transformer in exact-decoding BPB (`contrast`'s permutation p,
+    with a 95% Student's t interval of the mean paired difference), the per-seed Deltas, and the
+    gap recovered as a ratio of means, mean Delta(method) / mean Delta(exact), over the seeds the
+    method shares with both."""
     bpb = runs.pivot_table(index="config.train.seed", columns="method", values="bpb.exact")
     rows = []
     for method in sorted(set(bpb.columns) - {"transformer"}, key=lambda m: (m != "lrt exact", m)):
         pair = bpb[["transformer", method]].dropna()
         res = contrast(pair["transformer"], pair[method], paired=True)
+        # a percentile bootstrap of 3 pairs is far too narrow (it excluded 0 where the paired
+        # t-test gave p = 0.07): the interval is Student's t of the mean paired difference
+        t = mean_ci(pair[method] - pair["transformer"], method="t")
+        res = {**res, "ci_low": t["ci_low"], "ci_high": t["ci_high"]}
         both = bpb[list(dict.fromkeys(["transformer", method, "lrt exact"]))].dropna()
         gain = (both["lrt exact"] - both["transformer"]).mean()
         rows.append(
@@ -530,11 +536,11 @@ def gap_table(df: pd.DataFrame) -> str | None:
     memories = sorted({m for m in runs.apply(memory_label, axis=1) if m != "-"})
     head = (
         f"{scored}; the transformer's BPB is {base:.4f} (mean). Delta = method minus transformer, "
-        "paired by seed (negative: lower BPB than the transformer): mean [95% percentile "
-        f"bootstrap over the pairs] (n pairs), and the exact two-sided paired permutation p "
-        f"(sign flips; the smallest p possible with {int(table['n_a'].min())} pairs is "
-        f"{p_text(smallest_p(int(table['n_a'].min()), paired=True))}). Gap recovered = mean "
-        "Delta(method) / mean Delta(lrt exact), a ratio of means. LRT memory: "
+        "paired by seed (negative: lower BPB than the transformer): mean [95% Student's t "
+        "interval of the mean paired difference] (n pairs), and the exact two-sided paired "
+        f"permutation p (sign flips; the smallest p possible with {int(table['n_a'].min())} "
+        f"pairs is {p_text(smallest_p(int(table['n_a'].min()), paired=True))}). Gap recovered = "
+        "mean Delta(method) / mean Delta(lrt exact), a ratio of means. LRT memory: "
         + "; ".join(memories)
         + "."
     )

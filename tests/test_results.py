@@ -565,3 +565,28 @@ def test_recipe_pilot_table_picks_the_lowest_cross_entropy_per_model(tmp_path, m
 
 def _cells(line: str) -> list[str]:
     return [c.strip() for c in line.strip("|").split("|")] if line.startswith("| ") else []
+
+
+def test_gap_contrasts_give_the_t_interval_of_the_paired_differences():
+    """With 3 pairs a percentile bootstrap is far too narrow (it excluded 0 where the paired t-test
+    gave p = 0.07): the gap table's interval is Student's t of the mean paired difference, worked
+    out here by hand (t_{0.975, 2} = 4.302653)."""
+    import pandas as pd
+
+    tables = _tables_module()
+    transformer = [2.40, 2.42, 2.38]
+    exact = [2.35, 2.40, 2.31]  # differences -0.05, -0.02, -0.07
+    runs = pd.DataFrame(
+        {
+            "config.train.seed": [0, 1, 2] * 2,
+            "method": ["transformer"] * 3 + ["lrt exact"] * 3,
+            "bpb.exact": transformer + exact,
+        }
+    )
+    row = tables.gap_contrasts(runs).set_index("method").loc["lrt exact"]
+    diffs = [e - t for e, t in zip(exact, transformer)]
+    half = 4.302653 * statistics.stdev(diffs) / 3**0.5
+    assert row["effect"] == pytest.approx(statistics.mean(diffs))
+    assert row["ci_low"] == pytest.approx(statistics.mean(diffs) - half, rel=1e-5)
+    assert row["ci_high"] == pytest.approx(statistics.mean(diffs) + half, rel=1e-5)
+    assert row["ci_low"] < 0 < row["ci_high"]  # this spread does not exclude 0
