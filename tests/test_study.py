@@ -556,3 +556,65 @@ def test_the_tables_render_as_markdown_for_a_page(store, tmp_path):
     )
     with pytest.raises(ValueError, match="fmt='html' is invalid"):
         format_study_table(table, "html")
+
+
+# ce_exact@8 of each run at step 30 (its final summary says otherwise: VALUES)
+AT_30 = {
+    ("transformer", "onepass"): [3.0, 3.4, 2.9, 3.1],
+    ("lrt", "interleaved:2"): [2.5, 2.6, 3.3, 2.2],
+}
+
+
+def test_equal_step_reads_every_contrast_again_at_that_evaluation(tmp_path):
+    """study_table(step=N) takes each run's metric from its evaluation at step N, not from its
+    final summary: the paired effect and its exact permutation p, by hand."""
+    root = tmp_path / "steps"
+    for (kind, schedule), values in AT_30.items():
+        for seed, value in enumerate(values):
+            write_run(root, kind, schedule, seed, VALUES[kind, schedule][seed])
+            lines = [
+                {"kind": "eval", "step": 10, "ce_exact@8": 9.0},
+                {"kind": "train", "step": 30, "ce_exact@8": -1.0},  # not an evaluation
+                {"kind": "eval", "step": 30, "ce_exact@8": value},
+            ]
+            text = "\n".join(json.dumps(r) for r in lines) + "\n"
+            (root / run_name(kind, schedule, seed) / "metrics.jsonl").write_text(text)
+    study = parse_study({**STUDY, "equal_step": 30, "contrasts": STUDY["contrasts"][:1]})
+    assert study.equal_step == 30
+    a, b = AT_30["transformer", "onepass"], AT_30["lrt", "interleaved:2"]
+    row = study_table(root, study, step=30).iloc[0]
+    assert row["effect"] == pytest.approx(np.mean(np.subtract(b, a)))
+    assert row["p"] == pytest.approx(exact_paired_p(a, b))
+    final = study_table(root, study).iloc[0]  # the summaries' values, for contrast
+    fa, fb = VALUES["transformer", "onepass"][:4], VALUES["lrt", "interleaved:2"][:4]
+    assert final["effect"] == pytest.approx(np.mean(np.subtract(fb, fa)))
+    # a step some run never evaluated leaves that run out, with a note naming the step
+    missing = study_table(root, study, step=20)
+    assert missing.iloc[0]["n_a"] == 0
+    assert any("at step 20" in n for n in missing.attrs["notes"])
+    # the report prints the matched-step table after the final one
+    from lrt_lab.store.study import study_lines
+
+    text = "\n".join(study_lines(root, study, study_table(root, study)))
+    assert "at matched steps: every run's evaluation at step 30" in text
+    assert f"{np.mean(np.subtract(b, a)):.4g}".lstrip("-") in text.split("matched steps")[1]
+
+
+@pytest.mark.parametrize(
+    "step, ok",
+    [(50, True), (100, True), (30, False), (150, False)],  # eval_every 25, steps 100
+)
+def test_equal_step_must_be_a_step_every_arm_evaluates(step, ok):
+    spec = spec_dict(equal_step=step)
+    spec["train"]["eval_every"] = 25
+    study = parse_study(spec["study"])
+    from lrt_lab.training.sweep import expand
+
+    grid = [{"train": c.to_dict(), "kind": c.model, "schedule": c.schedule} for c in expand(spec)]
+    if ok:
+        check_arms(study, grid)
+    else:
+        with pytest.raises(ValueError, match=f"study.equal_step={step} is invalid"):
+            check_arms(study, grid)
+    with pytest.raises(ValueError, match="study.equal_step=0 is invalid"):
+        parse_study({**STUDY, "equal_step": 0})

@@ -14,6 +14,10 @@ A sweep spec may carry one as its `[study]` table (docs/tour.md):
     metric = "pos90_exact@16"         # optional, default: primary
     paired = true                     # optional, default true: runs paired by seed
 
+Optional: `time_to_event` and `time_axis` (the Kaplan-Meier rows), and `equal_step`, a step every
+arm evaluates (its eval_every divides it, or it is the arm's last step): the contrasts are read a
+second time from each run's evaluation at that step, at matched steps whatever the budget rule.
+
 `parse_study` checks the table when the spec loads (lrt_lab.training.sweep.validate_spec), and
 `check_arms` that every arm is the runs of exactly one config (up to the seed) of the grid the
 spec expands to. `study_table` computes every contrast (lrt_lab.store.contrasts: effect B minus A,
@@ -33,7 +37,7 @@ import pandas as pd
 from lrt_lab.store.contrasts import ALPHA, contrast, holm, kaplan_meier, logrank
 from lrt_lab.store.events import TIME_AXES, reach_times
 from lrt_lab.store.markdown import markdown_lines
-from lrt_lab.store.results import first_names, flatten_dict, load_runs
+from lrt_lab.store.results import first_names, flatten_dict, load_metrics, load_runs
 from lrt_lab.store.run_groups import (
     DERIVED_PREFIXES,
     canonical,
@@ -45,7 +49,7 @@ from lrt_lab.store.run_groups import (
 STUDY_KEYS = ("question", "primary", "lower_is_better", "budget", "decision", "contrasts")
 CONTRAST_KEYS = ("a", "b", "metric", "paired")
 TEXT_KEYS = ("question", "budget", "decision")
-OPTIONAL_KEYS = ("time_to_event", "time_axis")
+OPTIONAL_KEYS = ("time_to_event", "time_axis", "equal_step")
 EVENT_MODES = ("exact", "parallel")
 UNSET = "unset"  # an arm's `FIELD=unset`: runs that leave the field unset
 TRAIN = "config.train."
@@ -95,6 +99,9 @@ class Study:
     # (Kaplan-Meier, censored at the budget) and per contrast (log-rank); None: not reported
     time_to_event: str | None = None
     time_axis: str = "step"  # step, compute_tokens or flops
+    # secondary: the contrasts read again from every run's evaluation at this step (matched
+    # steps); None: not reported
+    equal_step: int | None = None
 
 
 # Parsing -----------------------------------------------------------------------------------------
@@ -144,9 +151,16 @@ def parse_study(table) -> Study:
         raise ValueError(
             f"study.time_axis={axis!r} is invalid; allowed: {', '.join(map(repr, TIME_AXES))}"
         )
+    step = table.get("equal_step")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
+        raise ValueError(
+            f"study.equal_step={step!r} is invalid; allowed: a positive integer, a step at which "
+            "every arm evaluates"
+        )
     return Study(
         time_to_event=event,
         time_axis=axis,
+        equal_step=step,
         question=table["question"].strip(),
         primary=primary,
         lower_is_better=table["lower_is_better"],
@@ -324,6 +338,23 @@ def check_arms(study: Study, grid) -> None:
                     f"({', '.join(labels) or 'none'}), optionally narrowed by ' | FIELD=VALUE'"
                 )
             check_one_config(rows, where, arm, "the grid")
+            if study.equal_step is not None:
+                _check_evaluates_at(rows, study.equal_step, f"{where}={arm!r}")
+
+
+def _check_evaluates_at(rows: pd.DataFrame, step: int, where: str) -> None:
+    """The arm's config evaluates at `step`: it trains that long and its eval_every divides it,
+    or `step` is its last step (a run always evaluates at its end)."""
+    row = rows.iloc[0]
+    steps, every = int(row[TRAIN + "steps"]), row.get(TRAIN + "eval_every")
+    every = int(every) if every is not None and not pd.isna(every) else None
+    if step == steps or (step < steps and every and step % every == 0):
+        return
+    raise ValueError(
+        f"study.equal_step={step} is invalid: {where} does not evaluate at step {step} (steps "
+        f"{steps}, eval_every {every}); allowed: a step every arm evaluates (a multiple of its "
+        "eval_every up to its steps, or its last step)"
+    )
 
 
 # The table ---------------------------------------------------------------------------------------
@@ -336,6 +367,17 @@ def metric_column(df: pd.DataFrame, metric: str) -> str | None:
         else [f"summary.eval.{metric}", f"summary.{metric}"]
     )
     return next((c for c in candidates if c in df.columns), None)
+
+
+def at_step(df: pd.DataFrame, metric: str, step: int) -> pd.Series:
+    """Each run's `metric` from its evaluation at `step` (metrics.jsonl), NaN where it has none;
+    aligned with df's index."""
+    values = []
+    for _, row in df.iterrows():
+        evals = load_metrics(row, kind="eval")
+        hit = evals[evals["step"] == step] if {"step", metric} <= set(evals.columns) else evals[:0]
+        values.append(float(hit[metric].iloc[-1]) if len(hit) else math.nan)
+    return pd.Series(values, index=df.index, dtype=float)
 
 
 def _complete_runs(runs) -> pd.DataFrame:
@@ -366,7 +408,12 @@ def _by_seed(rows: pd.DataFrame, column: str, where: str, arm: str) -> pd.Series
 
 
 def study_table(
-    runs, study: Study, run_names=None, n_resamples: int = 9999, seed: int = 0
+    runs,
+    study: Study,
+    run_names=None,
+    n_resamples: int = 9999,
+    seed: int = 0,
+    step: int | None = None,
 ) -> pd.DataFrame:
     """One row per contrast of the study, from a run store (a path) or a load_runs DataFrame.
 
@@ -378,6 +425,8 @@ def study_table(
     permutation test); p_holm (Holm-adjusted over the study's contrasts); p_min (the smallest p the
     test can give at these n); power (of a two-sided t-test at alpha 0.05 for the observed d at
     these n); n_for_power (seeds per arm for power 0.8); decided (p_holm <= 0.05).
+    step: read every metric from the runs' evaluations at that step (at_step) instead of their
+    final summaries: the contrasts at matched steps (Study.equal_step).
     attrs["notes"]: one line per thing left out (seeds in one arm only, runs without the metric).
     """
     df = _complete_runs(runs)
@@ -401,12 +450,16 @@ def study_table(
             arm = getattr(c, side)
             sel = df[arm_mask(df, arm)] if not df.empty else df
             check_one_config(sel, f"{where}.{side}", arm, "the store")
+            if step is not None and not sel.empty:
+                sel = sel.assign(**{column: at_step(sel, c.metric, step)})
             arms[side] = _by_seed(sel, column, f"{where}.{side}", arm)
             if sel.empty:
                 notes.append(f"{arm}: no complete runs")
             elif arms[side].isna().any():
+                at = "" if step is None else f" at step {step}"
                 notes.append(
-                    f"{arm}: {int(arms[side].isna().sum())} run(s) without {c.metric}, not counted"
+                    f"{arm}: {int(arms[side].isna().sum())} run(s) without {c.metric}{at}, not "
+                    "counted"
                 )
         a, b = arms["a"].dropna(), arms["b"].dropna()
         pairs = None
@@ -570,6 +623,17 @@ def study_lines(runs, study: Study, table: pd.DataFrame, run_names=None, fmt: st
         *(f"- {verdict(row, study)}" for _, row in table.iterrows()),
         *(f"  note: {note}" for note in table.attrs["notes"]),
     ]
+    if study.equal_step is not None:
+        steps = study_table(runs, study, run_names=run_names, step=study.equal_step)
+        lines += [
+            "",
+            f"The same contrasts at matched steps: every run's evaluation at step "
+            f"{study.equal_step} (each arm's learning-rate schedule is at its own point there):",
+            *([""] if fmt == "md" else []),
+            format_study_table(steps, fmt),
+            *(f"- {verdict(row, study)}" for _, row in steps.iterrows()),
+            *(f"  note: {note}" for note in steps.attrs["notes"]),
+        ]
     if study.time_to_event is not None:
         events = event_table(runs, study, run_names=run_names)
         lines += [
