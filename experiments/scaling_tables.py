@@ -129,6 +129,19 @@ def points_table(points: pd.DataFrame) -> str | None:
     return markdown(t)
 
 
+def repeats(points: pd.DataFrame) -> str:
+    """The budgets whose runs made more than one pass over the training split, with their most
+    epochs: repetition favours the model that sees the data more often, so every comparison at
+    those budgets carries it."""
+    if points.empty:
+        return "no runs yet"
+    most = points.groupby(["method", "R"])["epochs"].max()
+    over = most[most > 1]
+    if over.empty:
+        return "none: every run saw each training byte at most once"
+    return "; ".join(f"{m} at R = {r:g}: {e:.2f} epochs" for (m, r), e in over.items())
+
+
 def deltas_table(points: pd.DataFrame, metric: str = "bpb_exact") -> str | None:
     d = paired_deltas(points, metric=metric)
     if d.empty:
@@ -246,6 +259,7 @@ def builders(runs: pd.DataFrame, plans=()) -> dict:
             paired_deltas(points, metric="bpb_parallel"), planned_seeds=planned
         ),
         "scoreboard": lambda: scoreboard_table(runs),
+        "repeats": lambda: repeats(points),
     }
 
 
@@ -280,6 +294,11 @@ def readme_block(runs: pd.DataFrame, plans=()) -> str:
     ]
     if seeds:
         lines.append(f"Seeds so far: {seeds}.")
+    if not points.empty:
+        lines.append(
+            "Runs that saw the training split more than once (repetition favours the model that "
+            f"sees the data more often): {repeats(points)}."
+        )
     table = deltas_table(points)
     if table is not None:
         lines += ["", table]

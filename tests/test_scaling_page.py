@@ -60,3 +60,24 @@ def test_the_scoreboard_keeps_two_groups_apart_that_share_a_budget(tmp_path):
     ]
     assert len(rows) == 2 and not any(r.startswith("| lrt interleaved:2, R = 10 |") for r in rows)
     assert any("matrix_lr=0.04" in r for r in rows), rows
+
+
+def test_repetition_is_named_wherever_a_run_saw_its_data_more_than_once():
+    """Every budget whose runs passed over the training split more than once, with the most epochs
+    one of its seeds made, and none of those that did not."""
+    import pandas as pd
+
+    tables = _module()
+    points = pd.DataFrame(
+        {
+            "method": ["transformer"] * 4 + ["lrt interleaved:2"] * 2,
+            "R": [40.0, 40.0, 80.0, 20.0, 40.0, 40.0],
+            "epochs": [0.99, 1.14, 2.28, 0.57, 1.01, 0.98],
+        }
+    )
+    text = tables.repeats(points)
+    assert text == (
+        "lrt interleaved:2 at R = 40: 1.01 epochs; transformer at R = 40: 1.14 epochs; "
+        "transformer at R = 80: 2.28 epochs"
+    )
+    assert tables.repeats(points[points["epochs"] < 1]).startswith("none")
