@@ -18,6 +18,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from lrt_lab.analysis.scaling import (
@@ -142,6 +143,32 @@ def repeats(points: pd.DataFrame) -> str:
     return "; ".join(f"{m} at R = {r:g}: {e:.2f} epochs" for (m, r), e in over.items())
 
 
+def where_ahead(points: pd.DataFrame, metric: str = "bpb_exact") -> str:
+    """Where the LRT is ahead of the transformer (the Delta's 95% interval below 0), behind (above
+    0) or level with it (the interval contains 0), budget by budget, token- and compute-matched."""
+    d = paired_deltas(points, metric=metric)
+    d = d[np.isfinite(d["ci_low"])] if not d.empty else d
+    if d.empty:
+        return "no budget has two paired seeds yet"
+    parts = []
+    # compute-matched budgets by the transformer's R, which is their C (one forward per token)
+    for match, unit, name, at in (
+        ("tokens", "R", "Token-matched", "R"),
+        ("compute", "C", "Compute-matched", "R_base"),
+    ):
+        rows = d[d["match"] == match]
+        side = np.where(
+            rows["ci_high"] < 0, "ahead", np.where(rows["ci_low"] > 0, "behind", "level")
+        )
+        groups = {
+            s: ", ".join(f"{x:g}" for x in rows[at][side == s])
+            for s in ("ahead", "level", "behind")
+        }
+        said = [f"{s} at {unit} = {v}" for s, v in groups.items() if v]
+        parts.append(f"{name}, the LRT is " + "; ".join(said))
+    return ". ".join(parts) + " (ahead or behind: the 95% interval excludes 0; level: it does not)"
+
+
 def deltas_table(points: pd.DataFrame, metric: str = "bpb_exact") -> str | None:
     d = paired_deltas(points, metric=metric)
     if d.empty:
@@ -260,6 +287,7 @@ def builders(runs: pd.DataFrame, plans=()) -> dict:
         ),
         "scoreboard": lambda: scoreboard_table(runs),
         "repeats": lambda: repeats(points),
+        "where_ahead": lambda: where_ahead(points),
     }
 
 
@@ -301,7 +329,7 @@ def readme_block(runs: pd.DataFrame, plans=()) -> str:
         )
     table = deltas_table(points)
     if table is not None:
-        lines += ["", table]
+        lines += [f"By budget (exact decoding): {where_ahead(points)}.", "", table]
     elif not pilot.empty:
         lines += [
             "",

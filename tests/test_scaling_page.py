@@ -81,3 +81,27 @@ def test_repetition_is_named_wherever_a_run_saw_its_data_more_than_once():
         "transformer at R = 80: 2.28 epochs"
     )
     assert tables.repeats(points[points["epochs"] < 1]).startswith("none")
+
+
+def test_where_the_lrt_is_ahead_reads_each_interval_against_zero(monkeypatch):
+    import math
+
+    import pandas as pd
+
+    tables = _module()
+    deltas = pd.DataFrame(
+        {
+            "match": ["tokens", "compute", "tokens", "compute", "compute"],
+            "R": [5.0, 2.5, 10.0, 5.0, 10.0],
+            "R_base": [5.0, 5.0, 10.0, 10.0, 20.0],
+            "ci_low": [-0.2, 0.1, -0.1, -0.05, math.nan],  # C = 20: one pair, no interval
+            "ci_high": [-0.1, 0.3, 0.02, -0.01, math.nan],
+        }
+    )
+    monkeypatch.setattr(tables, "paired_deltas", lambda points, metric="bpb_exact": deltas)
+    text = tables.where_ahead(pd.DataFrame({"x": [1]}))
+    assert text.startswith(
+        "Token-matched, the LRT is ahead at R = 5; level at R = 10. "
+        "Compute-matched, the LRT is ahead at C = 10; behind at C = 5 ("
+    )
+    assert "C = 20" not in text
