@@ -1819,8 +1819,8 @@ def z60_values(df: pd.DataFrame) -> dict[str, str]:
 
 
 def scaling_values(df: pd.DataFrame) -> dict[str, str]:
-    """The text scaling grid's decision and seeds, as docs/scaling.md and the README state them
-    (experiments/scaling_tables.py, over its own store)."""
+    """The text scaling grid's decision, seeds and where the LRT is ahead, as docs/scaling.md and
+    the README state them (experiments/scaling_tables.py, over its own store)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -1828,8 +1828,13 @@ def scaling_values(df: pd.DataFrame) -> dict[str, str]:
     )
     tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tables)
-    decision, seeds = tables.headline(load_runs(tables.STORE), load_plans(tables.STORE))
-    return {"scaling.decision": decision, "scaling.seeds": seeds or "none yet"}
+    runs = load_runs(tables.STORE)
+    decision, seeds = tables.headline(runs, load_plans(tables.STORE))
+    return {
+        "scaling.decision": decision,
+        "scaling.seeds": seeds or "none yet",
+        "scaling.where_ahead": tables.where_ahead(tables.grid_points(runs)),
+    }
 
 
 def prose_values(df: pd.DataFrame) -> dict[str, str]:
