@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from lrt_lab.analysis.scaling import (
+    BASE,
     LRT,
     check_same_heldout,
     decide,
@@ -216,29 +217,35 @@ def fits_table(points: pd.DataFrame) -> str | None:
 
 def rivals_table(points: pd.DataFrame, c: float = 40.0) -> str | None:
     """Every method near compute C (within 25%: the adaptive trainers' measured C varies), with
-    its seed mean and SD of BPB, and its difference from the LRT (Interleaved(2)) at C, paired by
-    seed."""
+    its seed mean and SD of BPB, its counted FLOPs, and its difference from the LRT
+    (Interleaved(2)) and from the transformer at C, each paired by seed."""
     near = points[(points["C"] - c).abs() <= 0.25 * c]
     if near.empty or near["method"].nunique() < 2:
         return None
-    ref = near[near["method"] == LRT].groupby("seed")["bpb_exact"].mean()
+    refs = {m: near[near["method"] == m].groupby("seed")["bpb_exact"].mean() for m in (LRT, BASE)}
+
+    def minus(method, by_seed, ref_method) -> str:
+        ref = refs[ref_method]
+        common = sorted(set(by_seed.index) & set(ref.index))
+        if method == ref_method or not common:
+            return "-"
+        return f"{(by_seed[common] - ref[common]).mean():+.4f} ({len(common)})"
+
     rows = []
     for (method, r), sub in near.groupby(["method", "R"]):
         by_seed = sub.groupby("seed")["bpb_exact"].mean()
-        common = sorted(set(by_seed.index) & set(ref.index))
-        diff = (by_seed[common] - ref[common]) if method != LRT else None
         rows.append(
             {
                 "method": method,
                 "R": f"{r:g}",
                 "C (measured)": f"{sub['C'].mean():.1f}",
+                "TFLOPs": f"{sub['flops'].mean() / 1e12:.1f}",
                 "seeds": len(sub),
                 "BPB exact": f"{sub['bpb_exact'].mean():.4f}",
                 "seed SD": f"{sub['bpb_exact'].std(ddof=1):.4f}" if len(sub) > 1 else "-",
                 "BPB parallel": f"{sub['bpb_parallel'].mean():.4f}",
-                "minus LRT (pairs)": "-"
-                if diff is None or diff.empty
-                else f"{diff.mean():+.4f} ({len(diff)})",
+                "minus LRT (pairs)": minus(method, by_seed, LRT),
+                "minus transformer (pairs)": minus(method, by_seed, BASE),
                 "wall (min)": f"{sub['wall_s'].mean() / 60:.0f}",
             }
         )

@@ -105,3 +105,26 @@ def test_where_the_lrt_is_ahead_reads_each_interval_against_zero(monkeypatch):
         "Compute-matched, the LRT is ahead at C = 10; behind at C = 5 ("
     )
     assert "C = 20" not in text
+
+
+def test_each_rival_is_paired_by_seed_with_the_lrt_and_the_transformer():
+    import pandas as pd
+
+    tables = _module()
+    rows = [  # method, R, C, seed, BPB
+        ("transformer", 40, 40.0, 0, 1.50),
+        ("transformer", 40, 40.0, 1, 1.52),
+        ("lrt interleaved:2", 20, 40.0, 0, 1.53),
+        ("lrt interleaved:2", 20, 40.0, 1, 1.51),
+        ("lrt rollout:1", 26.667, 40.0, 1, 1.45),  # seed 1 only: one pair each
+        ("transformer", 80, 80.0, 0, 1.40),  # another compute: not a rival at C = 40
+    ]
+    points = pd.DataFrame(rows, columns=["method", "R", "C", "seed", "bpb_exact"])
+    points = points.assign(bpb_parallel=points["bpb_exact"], flops=2e13, wall_s=600.0)
+    text = tables.rivals_table(points)
+    rollout = next(line for line in text.splitlines() if line.startswith("| lrt rollout:1"))
+    cells = [c.strip() for c in rollout.strip("|").split("|")]
+    assert cells[-3:] == ["-0.0600 (1)", "-0.0700 (1)", "10"]  # 1.45-1.51, 1.45-1.52
+    lrt = next(line for line in text.splitlines() if line.startswith("| lrt interleaved:2"))
+    assert lrt.rstrip(" |").endswith("| - | +0.0100 (2) | 10")  # (0.03 - 0.01) / 2
+    assert "| 80 |" not in text
