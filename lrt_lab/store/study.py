@@ -433,6 +433,7 @@ def study_table(
     if run_names is not None:
         df = df[df["run"].isin(set(run_names))] if "run" in df.columns else df.iloc[:0]
     rows, notes = [], []
+    stepped: dict[str, pd.Series] = {}  # metric: its value at `step` in the arms' runs read so far
     for i, c in enumerate(study.contrasts):
         where = f"study.contrasts[{i}]"
         column = metric_column(df, c.metric)
@@ -451,7 +452,15 @@ def study_table(
             sel = df[arm_mask(df, arm)] if not df.empty else df
             check_one_config(sel, f"{where}.{side}", arm, "the store")
             if step is not None and not sel.empty:
-                sel = sel.assign(**{column: at_step(sel, c.metric, step)})
+                # each run's metrics.jsonl is read once per metric, however many contrasts
+                # share its arm
+                known = stepped.get(c.metric, pd.Series(dtype=float))
+                new = sel.index.difference(known.index)
+                if len(new):
+                    known = stepped[c.metric] = pd.concat(
+                        [known, at_step(sel.loc[new], c.metric, step)]
+                    )
+                sel = sel.assign(**{column: known.loc[sel.index]})
             arms[side] = _by_seed(sel, column, f"{where}.{side}", arm)
             if sel.empty:
                 notes.append(f"{arm}: no complete runs")
