@@ -123,6 +123,26 @@ def test_bootstrap_intervals_cover_the_effect_and_pairing_narrows_them():
     assert paired["p"] < 0.05 < unpaired["p"]
 
 
+def test_t_interval_is_the_paired_t_tests_and_wider_than_the_bootstrap_on_three_pairs():
+    """interval="t" against scipy's paired t-test's own confidence interval; with three pairs
+    all below 0 the percentile bootstrap excludes 0 while t does not."""
+    a = np.array([1.40, 1.52, 1.47])
+    b = np.array([1.37, 1.50, 1.31])
+    ref = sps.ttest_rel(b, a).confidence_interval(0.95)
+    t = contrast(a, b, paired=True, interval="t")
+    assert (t["ci_low"], t["ci_high"]) == pytest.approx((ref.low, ref.high), rel=1e-12)
+    boot = contrast(a, b, paired=True)
+    assert boot["ci_high"] < 0 < t["ci_high"]
+    assert t["p"] == boot["p"] and t["effect"] == boot["effect"]  # only the interval changes
+    assert math.isnan(contrast(a[:1], b[:1], paired=True, interval="t")["ci_low"])
+
+
+@pytest.mark.parametrize("interval,paired", [("t", False), ("normal", True)])
+def test_an_interval_the_contrast_cannot_give_is_refused(interval, paired):
+    with pytest.raises(ValueError, match="interval="):
+        contrast([1.0, 2.0], [2.0, 3.0], paired=paired, interval=interval)
+
+
 def test_unpaired_interval_resamples_each_arm_on_its_own():
     """Against a bootstrap written here: each arm resampled with replacement at its own size."""
     a = np.array([3.1, 2.4, 2.9, 3.6, 2.2, 3.0])

@@ -34,7 +34,7 @@ from lrt_lab.analysis.figures import save_figure
 from lrt_lab.core.validation import field_defaults
 from lrt_lab.store.contrasts import contrast
 from lrt_lab.store.run_groups import method_label
-from lrt_lab.store.stats import mean_ci, seeds_interval
+from lrt_lab.store.stats import seeds_interval
 from lrt_lab.training.train_config import TrainConfig
 
 METRICS = {
@@ -176,10 +176,7 @@ def paired_deltas(
             if not near:
                 continue
             a, b = _paired(points, metric, (base, near[0]), (method, r))
-            res = contrast(a, b, paired=True)
-            # Student's t interval of the mean paired difference: a percentile bootstrap of 3
-            # pairs is far too narrow (all three negative gives an interval below 0)
-            ci = mean_ci(np.subtract(b, a), method="t")
+            res = contrast(a, b, paired=True, interval="t")
             rows.append(
                 {
                     "match": match,
@@ -190,8 +187,8 @@ def paired_deltas(
                     "base": float(np.mean(a)) if a else math.nan,
                     "method": float(np.mean(b)) if b else math.nan,
                     "delta": res["effect"],
-                    "ci_low": ci["ci_low"],
-                    "ci_high": ci["ci_high"],
+                    "ci_low": res["ci_low"],
+                    "ci_high": res["ci_high"],
                     "p": res["p"],
                 }
             )

@@ -1,7 +1,8 @@
 """Statistics of a pre-stated comparison between two arms of runs (a study's contrasts).
 
 - `contrast(a, b, paired)`: the effect **B minus A** (mean of b minus mean of a; paired: the mean
-  of the per-seed differences b_i - a_i), a percentile bootstrap interval of it, a two-sided
+  of the per-seed differences b_i - a_i), an interval of it (percentile bootstrap, or Student's t
+  of the mean paired difference with `interval="t"`), a two-sided
   permutation-test p-value (exact whenever every relabelling fits in n_resamples, which scipy
   then enumerates by itself), Cohen's d (paired: d_z, the mean difference over the SD of the
   differences) and the power a two-sided t-test at alpha 0.05 has for that observed d at these n.
@@ -25,9 +26,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from lrt_lab.store.stats import _check_confidence, bootstrap_ci, rng_argument
+from lrt_lab.store.stats import _check_confidence, bootstrap_ci, mean_ci, rng_argument
 
 ALPHA = 0.05  # the level power and n_for_power are computed at (two-sided)
+INTERVALS = ("bootstrap", "t")
 
 
 def _finite(values) -> np.ndarray:
@@ -50,6 +52,7 @@ def contrast(
     confidence: float = 0.95,
     n_resamples: int = 9999,
     seed: int = 0,
+    interval: str = "bootstrap",
 ) -> dict:
     """Compare arm `b` with arm `a`; the effect is **B minus A** (positive: b is larger).
 
@@ -60,7 +63,10 @@ def contrast(
     Returns {"n_a", "n_b", "mean_a", "mean_b", "effect", "ci_low", "ci_high", "p", "p_min", "d",
     "power", "n_for_power"}:
     - ci_low/ci_high: the percentile bootstrap interval of the effect (paired: of the mean
-      difference, resampling pairs; unpaired: each arm resampled on its own);
+      difference, resampling pairs; unpaired: each arm resampled on its own); interval="t"
+      (paired only): Student's t interval of the mean paired difference instead. With a handful
+      of pairs the bootstrap is far too narrow (three negative differences give an interval below
+      0 whatever their spread); t is the interval of the paired t-test and widens as it should;
     - p: two-sided permutation test of "no difference" (paired: the sign of each difference
       flipped, 2^n relabellings; unpaired: the runs shuffled between the arms); exact when the
       relabellings number at most n_resamples, else Monte Carlo with that many;
@@ -74,6 +80,11 @@ def contrast(
     Fewer than 2 values (pairs) per arm: NaN interval, p, d and power.
     """
     confidence = _check_confidence(confidence)
+    if interval not in INTERVALS or (interval == "t" and not paired):
+        raise ValueError(
+            f"interval={interval!r} with paired={paired} is invalid; allowed: "
+            "'bootstrap', or 't' for a paired contrast"
+        )
     a = np.asarray(a, dtype=float).ravel()
     b = np.asarray(b, dtype=float).ravel()
     if paired:
@@ -107,7 +118,10 @@ def contrast(
     out["effect"] = float(diff.mean()) if paired else out["mean_b"] - out["mean_a"]
     if min(n_a, n_b) < 2:
         return out
-    if paired:
+    if interval == "t":
+        t = mean_ci(diff, confidence, method="t")
+        out["ci_low"], out["ci_high"] = t["ci_low"], t["ci_high"]
+    elif paired:
         out["ci_low"], out["ci_high"] = bootstrap_ci(
             diff, np.mean, confidence, n_resamples=n_resamples, seed=seed
         )
