@@ -1825,12 +1825,13 @@ def scaling_values(df: pd.DataFrame) -> dict[str, str]:
     )
     tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tables)
-    runs = load_runs(tables.STORE)
-    decision, seeds = tables.headline(runs, load_plans(tables.STORE))
+    points = tables.grid_points(load_runs(tables.STORE))
+    deltas = tables.paired_deltas(points)
+    decision, seeds = tables.headline(points, deltas, load_plans(tables.STORE))
     return {
         "scaling.decision": decision,
         "scaling.seeds": seeds or "none yet",
-        "scaling.where_ahead": tables.where_ahead(tables.grid_points(runs)),
+        "scaling.where_ahead": tables.where_ahead(deltas),
     }
 
 

@@ -12,6 +12,7 @@ rule included); every number in it comes from here.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
@@ -144,11 +145,11 @@ def repeats(points: pd.DataFrame) -> str:
     return "; ".join(f"{m} at R = {r:g}: {e:.2f} epochs" for (m, r), e in over.items())
 
 
-def where_ahead(points: pd.DataFrame, metric: str = "bpb_exact") -> str:
+def where_ahead(deltas: pd.DataFrame) -> str:
     """Where the LRT is ahead of the transformer (the Delta's 95% interval below 0), behind (above
-    0) or level with it (the interval contains 0), budget by budget, token- and compute-matched."""
-    d = paired_deltas(points, metric=metric)
-    d = d[np.isfinite(d["ci_low"])] if not d.empty else d
+    0) or level with it (the interval contains 0), budget by budget, token- and compute-matched;
+    deltas: paired_deltas of the grid."""
+    d = deltas[np.isfinite(deltas["ci_low"])] if not deltas.empty else deltas
     if d.empty:
         return "no budget has two paired seeds yet"
     parts = []
@@ -170,8 +171,8 @@ def where_ahead(points: pd.DataFrame, metric: str = "bpb_exact") -> str:
     return ". ".join(parts) + " (ahead or behind: the 95% interval excludes 0; level: it does not)"
 
 
-def deltas_table(points: pd.DataFrame, metric: str = "bpb_exact") -> str | None:
-    d = paired_deltas(points, metric=metric)
+def deltas_table(d: pd.DataFrame) -> str | None:
+    """The paired_deltas of the grid as a markdown table."""
     if d.empty:
         return None
     out = pd.DataFrame(
@@ -280,21 +281,21 @@ def builders(runs: pd.DataFrame, plans=()) -> dict:
     planned = planned_seeds(points, list(plans))
     if not points.empty:
         check_same_heldout(points)
+    # the decision, its table and the budget sentence read the same deltas: computed once each
+    deltas = functools.cache(lambda metric: paired_deltas(points, metric=metric))
     return {
         "pilot": lambda: pilot_table(runs),
         "points": lambda: points_table(points),
-        "deltas": lambda: deltas_table(points),
-        "deltas_parallel": lambda: deltas_table(points, "bpb_parallel"),
+        "deltas": lambda: deltas_table(deltas("bpb_exact")),
+        "deltas_parallel": lambda: deltas_table(deltas("bpb_parallel")),
         "fits": lambda: fits_table(points),
         "rivals": lambda: rivals_table(points),
-        "decision": lambda: decide(paired_deltas(points), planned_seeds=planned),
+        "decision": lambda: decide(deltas("bpb_exact"), planned_seeds=planned),
         "pilot_delta": lambda: pilot_delta(runs),
-        "decision_parallel": lambda: decide(
-            paired_deltas(points, metric="bpb_parallel"), planned_seeds=planned
-        ),
+        "decision_parallel": lambda: decide(deltas("bpb_parallel"), planned_seeds=planned),
         "scoreboard": lambda: scoreboard_table(runs),
         "repeats": lambda: repeats(points),
-        "where_ahead": lambda: where_ahead(points),
+        "where_ahead": lambda: where_ahead(deltas("bpb_exact")),
     }
 
 
@@ -302,14 +303,14 @@ README = REPO / "README.md"
 BLOCK_START, BLOCK_END = "<!-- scaling:start -->", "<!-- scaling:end -->"
 
 
-def headline(runs: pd.DataFrame, plans=()) -> tuple[str, str]:
+def headline(points: pd.DataFrame, deltas: pd.DataFrame, plans=()) -> tuple[str, str]:
     """(the decision by the rule stated before the grid ran, the seeds each method has so far):
-    the README block's and docs/results.md's summary of the grid."""
-    points = grid_points(runs)
+    the README block's and docs/results.md's summary of the grid (points: grid_points; deltas:
+    their paired_deltas)."""
     planned = planned_seeds(points, list(plans))
     seeds = points.groupby("method")["seed"].nunique().to_dict() if not points.empty else {}
     return (
-        decide(paired_deltas(points), planned_seeds=planned),
+        decide(deltas, planned_seeds=planned),
         ", ".join(f"{n} for {m}" for m, n in sorted(seeds.items())),
     )
 
@@ -317,8 +318,9 @@ def headline(runs: pd.DataFrame, plans=()) -> tuple[str, str]:
 def readme_block(runs: pd.DataFrame, plans=()) -> str:
     """The README's summary of the scaling grid: the decision and the deltas, generated."""
     points = grid_points(runs)
+    deltas = paired_deltas(points)
     pilot = runs[runs["run"].str.startswith(PILOT)]
-    decision, seeds = headline(runs, plans)
+    decision, seeds = headline(points, deltas, plans)
     lines = [
         "**Bits per byte against compute** (byte-level Python source, 4 layers, d = 64, "
         "~0.3M parameters; the LRT trained with Interleaved(2) against the transformer, "
@@ -334,9 +336,9 @@ def readme_block(runs: pd.DataFrame, plans=()) -> str:
             "Runs that saw the training split more than once (repetition favours the model that "
             f"sees the data more often): {repeats(points)}."
         )
-    table = deltas_table(points)
+    table = deltas_table(deltas)
     if table is not None:
-        lines += [f"By budget (exact decoding): {where_ahead(points)}.", "", table]
+        lines += [f"By budget (exact decoding): {where_ahead(deltas)}.", "", table]
     elif not pilot.empty:
         lines += [
             "",

@@ -83,7 +83,7 @@ def test_repetition_is_named_wherever_a_run_saw_its_data_more_than_once():
     assert tables.repeats(points[points["epochs"] < 1]).startswith("none")
 
 
-def test_where_the_lrt_is_ahead_reads_each_interval_against_zero(monkeypatch):
+def test_where_the_lrt_is_ahead_reads_each_interval_against_zero():
     import math
 
     import pandas as pd
@@ -98,8 +98,7 @@ def test_where_the_lrt_is_ahead_reads_each_interval_against_zero(monkeypatch):
             "ci_high": [-0.1, 0.3, 0.02, -0.01, math.nan],
         }
     )
-    monkeypatch.setattr(tables, "paired_deltas", lambda points, metric="bpb_exact": deltas)
-    text = tables.where_ahead(pd.DataFrame({"x": [1]}))
+    text = tables.where_ahead(deltas)
     assert text.startswith(
         "Token-matched, the LRT is ahead at R = 5; level at R = 10. "
         "Compute-matched, the LRT is ahead at C = 10; behind at C = 5 ("
