@@ -8,6 +8,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from helpers import tiny_train_config
@@ -16,7 +17,15 @@ from hypothesis import strategies as st
 
 from lrt_lab.commands.cli import main
 from lrt_lab.store.report import comparison_table
-from lrt_lab.store.results import DamagedFileError, Run, load_metrics, load_runs, load_table
+from lrt_lab.store.results import (
+    DamagedFileError,
+    Run,
+    evaluations,
+    load_metrics,
+    load_runs,
+    load_table,
+)
+from lrt_lab.store.study import at_step
 from lrt_lab.training.loop import train
 
 
@@ -218,6 +227,29 @@ def test_a_directory_in_place_of_metrics_gives_an_empty_table_and_a_report(store
         df = load_metrics(store / "victim")
     assert df.empty and "metrics.jsonl" in df.attrs["damaged"]
     assert len(load_metrics(store / "good-a", kind="train")) == 3
+
+
+def test_evaluations_and_at_step_read_each_runs_eval_lines(tmp_path):
+    """Every eval line that measured the metric, by run and row label; at_step picks a run's value
+    at one step and gives NaN to a run that did not evaluate there or never measured it."""
+    root = tmp_path / "store"
+    made = {name: make_run(root, name, seed=i) for i, name in enumerate("abc")}
+    # each logged pos90_exact@8 = seed + 1 at step 3
+    made["a"].log({"kind": "eval", "step": 5, "pos90_exact@8": 7, "flops": 50.0})
+    made["c"].log({"kind": "eval", "step": 5, "acc_exact@8": 0.9})  # no pos90
+    made["c"].log({"kind": "train", "step": 5, "pos90_exact@8": 99})  # not an eval
+    runs = load_runs(root).set_index(pd.Index([10, 20, 30]))  # labels that are not positions
+    evals = evaluations(runs, "pos90_exact@8")
+    got = sorted(zip(evals["row"], evals["run"], evals["step"], evals["value"]))
+    assert got == [(10, "a", 3, 1), (10, "a", 5, 7), (20, "b", 3, 2), (30, "c", 3, 3)]
+    assert (evals["x"] == evals["step"]).all()
+    by_flops = evaluations(runs, "pos90_exact@8", x="flops")
+    assert by_flops[["run", "step", "x"]].values.tolist() == [["a", 5, 50.0]]
+    assert evaluations(runs, "no_such_metric").empty
+    five = at_step(runs, "pos90_exact@8", 5)
+    assert five.index.tolist() == [10, 20, 30]
+    assert five[10] == 7 and np.isnan(five[20]) and np.isnan(five[30])
+    assert at_step(runs, "pos90_exact@8", 3).tolist() == [1.0, 2.0, 3.0]
 
 
 @pytest.mark.parametrize("content", [b"\xff\xfe\x00garbage", b"", b'a,b\n1,"2\n'])

@@ -17,23 +17,11 @@ import pandas as pd
 
 from lrt_lab.analysis.figures import save_figure
 from lrt_lab.analysis.time_to_event import AXIS_TITLES
-from lrt_lab.store.results import load_metrics
+from lrt_lab.store.results import evaluations
 from lrt_lab.store.stats import seeds_interval
 from lrt_lab.store.study import Study, arm_runs
 
 COLUMNS = ["arm", "metric", "step", "x", "mean", "low", "high", "band", "seeds"]
-
-
-def _evaluations(rows: pd.DataFrame, metric: str, x: str) -> pd.DataFrame:
-    """Every evaluation of the arm's runs that measured `metric`: columns run, step, x, value."""
-    parts = []
-    for _, row in rows.iterrows():
-        evals = load_metrics(row, kind="eval")
-        if metric not in evals.columns or x not in evals.columns:
-            continue
-        part = evals[["step", x, metric]].dropna().set_axis(["step", "x", "value"], axis=1)
-        parts.append(part.assign(run=row["run"]))
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
 def learning_curves(runs, study: Study, run_names=None, x: str | None = None) -> pd.DataFrame:
@@ -49,7 +37,7 @@ def learning_curves(runs, study: Study, run_names=None, x: str | None = None) ->
     by_arm = arm_runs(runs, study, run_names)
     curves = {}
     for arm, metric in wanted:
-        evals = _evaluations(by_arm[arm], metric, x)
+        evals = evaluations(by_arm[arm], metric, x)
         if evals.empty:
             continue
         wide = evals.pivot_table(index="step", columns="run", values="value", aggfunc="last")

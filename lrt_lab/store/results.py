@@ -551,6 +551,20 @@ def load_metrics(run, kind: str | None = None) -> pd.DataFrame:
     return df
 
 
+def evaluations(rows: pd.DataFrame, metric: str, x: str = "step") -> pd.DataFrame:
+    """Every evaluation of the runs of `rows` (load_runs rows) that measured `metric` and `x`:
+    columns row (the run's index label in rows), run, step, x, value; empty when none did."""
+    parts = []
+    for label, row in rows.iterrows():
+        evals = load_metrics(row, kind="eval")
+        if not {"step", x, metric} <= set(evals.columns):
+            continue
+        part = pd.DataFrame({"step": evals["step"], "x": evals[x], "value": evals[metric]})
+        parts.append(part.dropna().assign(row=label, run=row["run"]))
+    columns = ["row", "run", "step", "x", "value"]
+    return pd.concat(parts, ignore_index=True)[columns] if parts else pd.DataFrame(columns=columns)
+
+
 def load_table(run, name: str) -> pd.DataFrame | None:
     """tables/<name>.csv of a run, or None when the run has no such table."""
     path = (

@@ -37,7 +37,7 @@ import pandas as pd
 from lrt_lab.store.contrasts import ALPHA, contrast, holm, kaplan_meier, logrank
 from lrt_lab.store.events import TIME_AXES, reach_times
 from lrt_lab.store.markdown import markdown_lines
-from lrt_lab.store.results import first_names, flatten_dict, load_metrics, load_runs
+from lrt_lab.store.results import evaluations, first_names, flatten_dict, load_runs
 from lrt_lab.store.run_groups import (
     DERIVED_PREFIXES,
     canonical,
@@ -372,12 +372,9 @@ def metric_column(df: pd.DataFrame, metric: str) -> str | None:
 def at_step(df: pd.DataFrame, metric: str, step: int) -> pd.Series:
     """Each run's `metric` from its evaluation at `step` (metrics.jsonl), NaN where it has none;
     aligned with df's index."""
-    values = []
-    for _, row in df.iterrows():
-        evals = load_metrics(row, kind="eval")
-        hit = evals[evals["step"] == step] if {"step", metric} <= set(evals.columns) else evals[:0]
-        values.append(float(hit[metric].iloc[-1]) if len(hit) else math.nan)
-    return pd.Series(values, index=df.index, dtype=float)
+    evals = evaluations(df, metric)
+    hit = evals[evals["step"] == step].groupby("row")["value"].last()
+    return hit.reindex(df.index).astype(float)
 
 
 def _complete_runs(runs) -> pd.DataFrame:
