@@ -1832,6 +1832,7 @@ def scaling_values(df: pd.DataFrame) -> dict[str, str]:
         "scaling.decision": decision,
         "scaling.seeds": seeds or "none yet",
         "scaling.where_ahead": tables.where_ahead(deltas),
+        "scaling.rivals": tables.rivals_sentence(points),
     }
 
 

@@ -33,6 +33,7 @@ from lrt_lab.analysis.scaling import (
     scaling_figure,
     scaling_points,
 )
+from lrt_lab.store.contrasts import contrast
 from lrt_lab.store.markdown import markdown_lines
 from lrt_lab.store.report import render_scoreboard
 from lrt_lab.store.results import load_plans, load_runs
@@ -216,25 +217,63 @@ def fits_table(points: pd.DataFrame) -> str | None:
     )
 
 
+def near_c(points: pd.DataFrame, c: float = 40.0) -> pd.DataFrame:
+    """The grid's runs near compute C (within 25%: the adaptive trainers' measured C varies)."""
+    return points[(points["C"] - c).abs() <= 0.25 * c]
+
+
+def rival_deltas(points: pd.DataFrame, c: float = 40.0) -> pd.DataFrame:
+    """Each method near C minus each reference (the LRT with Interleaved(2), the transformer) at C
+    in exact-decoding BPB, paired by seed: columns method, R, ref, n, delta, ci_low, ci_high (95%
+    Student's t interval of the mean paired difference; NaN below two pairs), p (paired
+    permutation test)."""
+    near = near_c(points, c)
+    rows = []
+    for ref_method in (LRT, BASE):
+        ref = near[near["method"] == ref_method].groupby("seed")["bpb_exact"].mean()
+        for (method, r), sub in near.groupby(["method", "R"]):
+            by_seed = sub.groupby("seed")["bpb_exact"].mean()
+            common = sorted(set(by_seed.index) & set(ref.index))
+            if method == ref_method or not common:
+                continue
+            res = contrast(ref[common], by_seed[common], paired=True, interval="t")
+            rows.append(
+                {
+                    "method": method,
+                    "R": r,
+                    "ref": ref_method,
+                    "n": len(common),
+                    "delta": res["effect"],
+                    "ci_low": res["ci_low"],
+                    "ci_high": res["ci_high"],
+                    "p": res["p"],
+                }
+            )
+    columns = ["method", "R", "ref", "n", "delta", "ci_low", "ci_high", "p"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _delta_cell(row) -> str:
+    pairs = int(row["n"])
+    if not np.isfinite(row["ci_low"]):  # one pair: no interval
+        return f"{row['delta']:+.4f} ({pairs})"
+    return f"{row['delta']:+.4f} [{row['ci_low']:+.4f}, {row['ci_high']:+.4f}] ({pairs})"
+
+
 def rivals_table(points: pd.DataFrame, c: float = 40.0) -> str | None:
-    """Every method near compute C (within 25%: the adaptive trainers' measured C varies), with
-    its seed mean and SD of BPB, its counted FLOPs, and its difference from the LRT
-    (Interleaved(2)) and from the transformer at C, each paired by seed."""
-    near = points[(points["C"] - c).abs() <= 0.25 * c]
+    """Every method near compute C with its seed mean and SD of BPB, its counted FLOPs, and its
+    difference from the LRT (Interleaved(2)) and from the transformer at C (rival_deltas)."""
+    near = near_c(points, c)
     if near.empty or near["method"].nunique() < 2:
         return None
-    refs = {m: near[near["method"] == m].groupby("seed")["bpb_exact"].mean() for m in (LRT, BASE)}
+    deltas = rival_deltas(points, c).set_index(["method", "R", "ref"])
 
-    def minus(method, by_seed, ref_method) -> str:
-        ref = refs[ref_method]
-        common = sorted(set(by_seed.index) & set(ref.index))
-        if method == ref_method or not common:
-            return "-"
-        return f"{(by_seed[common] - ref[common]).mean():+.4f} ({len(common)})"
+    def minus(method, r, ref_method) -> str:
+        key = (method, r, ref_method)
+        return _delta_cell(deltas.loc[key]) if key in deltas.index else "-"
 
     rows = []
     for (method, r), sub in near.groupby(["method", "R"]):
-        by_seed = sub.groupby("seed")["bpb_exact"].mean()
         rows.append(
             {
                 "method": method,
@@ -245,12 +284,33 @@ def rivals_table(points: pd.DataFrame, c: float = 40.0) -> str | None:
                 "BPB exact": f"{sub['bpb_exact'].mean():.4f}",
                 "seed SD": f"{sub['bpb_exact'].std(ddof=1):.4f}" if len(sub) > 1 else "-",
                 "BPB parallel": f"{sub['bpb_parallel'].mean():.4f}",
-                "minus LRT (pairs)": minus(method, by_seed, LRT),
-                "minus transformer (pairs)": minus(method, by_seed, BASE),
+                "minus LRT [95% t] (pairs)": minus(method, r, LRT),
+                "minus transformer [95% t] (pairs)": minus(method, r, BASE),
                 "wall (min)": f"{sub['wall_s'].mean() / 60:.0f}",
             }
         )
     return markdown(pd.DataFrame(rows))
+
+
+def rivals_sentence(points: pd.DataFrame, c: float = 40.0) -> str:
+    """Which methods near C are ahead of the transformer at C (the paired Delta's 95% t interval
+    below 0), behind it (above 0) or level (it contains 0; one pair: no interval, not placed)."""
+    d = rival_deltas(points, c)
+    d = d[d["ref"] == BASE] if not d.empty else d
+    if d.empty:
+        return "no method has a seed paired with the transformer yet"
+    side = np.where(
+        ~np.isfinite(d["ci_low"]),
+        "one pair, not placed",
+        np.where(d["ci_high"] < 0, "ahead", np.where(d["ci_low"] > 0, "behind", "level")),
+    )
+    parts = []
+    for s in ("ahead", "level", "behind", "one pair, not placed"):
+        rows = d[side == s]
+        if len(rows):
+            cells = zip(rows["method"], rows["delta"], rows["n"])
+            parts.append(f"{s}: " + ", ".join(f"{m} {x:+.3f} ({n})" for m, x, n in cells))
+    return "; ".join(parts)
 
 
 def scoreboard_table(runs: pd.DataFrame) -> str | None:
@@ -290,6 +350,7 @@ def builders(runs: pd.DataFrame, plans=()) -> dict:
         "deltas_parallel": lambda: deltas_table(deltas("bpb_parallel")),
         "fits": lambda: fits_table(points),
         "rivals": lambda: rivals_table(points),
+        "rivals_sentence": lambda: rivals_sentence(points),
         "decision": lambda: decide(deltas("bpb_exact"), planned_seeds=planned),
         "pilot_delta": lambda: pilot_delta(runs),
         "decision_parallel": lambda: decide(deltas("bpb_parallel"), planned_seeds=planned),
@@ -338,7 +399,13 @@ def readme_block(runs: pd.DataFrame, plans=()) -> str:
         )
     table = deltas_table(deltas)
     if table is not None:
-        lines += [f"By budget (exact decoding): {where_ahead(deltas)}.", "", table]
+        lines += [f"By budget (exact decoding): {where_ahead(deltas)}."]
+        if not near_c(points).empty:
+            lines += [
+                "Every rival trained at C = 40 against the transformer there (exact decoding, "
+                f"paired by seed, 95% t interval; pairs in parentheses): {rivals_sentence(points)}."
+            ]
+        lines += ["", table]
     elif not pilot.empty:
         lines += [
             "",

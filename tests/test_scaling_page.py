@@ -107,7 +107,9 @@ def test_where_the_lrt_is_ahead_reads_each_interval_against_zero():
 
 
 def test_each_rival_is_paired_by_seed_with_the_lrt_and_the_transformer():
+    import numpy as np
     import pandas as pd
+    from scipy import stats as sps
 
     tables = _module()
     rows = [  # method, R, C, seed, BPB
@@ -125,5 +127,16 @@ def test_each_rival_is_paired_by_seed_with_the_lrt_and_the_transformer():
     cells = [c.strip() for c in rollout.strip("|").split("|")]
     assert cells[-3:] == ["-0.0600 (1)", "-0.0700 (1)", "10"]  # 1.45-1.51, 1.45-1.52
     lrt = next(line for line in text.splitlines() if line.startswith("| lrt interleaved:2"))
-    assert lrt.rstrip(" |").endswith("| - | +0.0100 (2) | 10")  # (0.03 - 0.01) / 2
+    # pairs (0.03, -0.01): mean 0.01, the 95% t interval by hand with scipy's t quantile
+    half = sps.t.ppf(0.975, 1) * np.std([0.03, -0.01], ddof=1) / np.sqrt(2)
+    want = f"+0.0100 [{0.01 - half:+.4f}, {0.01 + half:+.4f}] (2)"
+    assert lrt.rstrip(" |").endswith(f"| - | {want} | 10")
     assert "| 80 |" not in text
+    # the sentence places each method by its interval against the transformer
+    sentence = tables.rivals_sentence(points)
+    assert sentence == (
+        "level: lrt interleaved:2 +0.010 (2); one pair, not placed: lrt rollout:1 -0.070 (1)"
+    )
+    ahead = points.copy()
+    ahead["bpb_exact"] = [1.50, 1.50, 1.40, 1.41, 1.45, 1.40]  # LRT -0.10, -0.09: t excludes 0
+    assert tables.rivals_sentence(ahead).startswith("ahead: lrt interleaved:2 -0.095 (2);")
