@@ -361,6 +361,10 @@ def builders(runs: pd.DataFrame, plans=()) -> dict:
 
 
 README = REPO / "README.md"
+FIGURE_LINK = (
+    "![Held-out BPB against compute C: the transformer, the LRT and the rivals at C = 40]"
+    f"({FIGURE})"
+)
 BLOCK_START, BLOCK_END = "<!-- scaling:start -->", "<!-- scaling:end -->"
 
 
@@ -405,7 +409,7 @@ def readme_block(runs: pd.DataFrame, plans=()) -> str:
                 "Every rival trained at C = 40 against the transformer there (exact decoding, "
                 f"paired by seed, 95% t interval; pairs in parentheses): {rivals_sentence(points)}."
             ]
-        lines += ["", table]
+        lines += ["", table, "", FIGURE_LINK]
     elif not pilot.empty:
         lines += [
             "",

@@ -328,17 +328,22 @@ def curves(points: pd.DataFrame, x: str = "C", metric: str = "bpb_exact") -> pd.
 
 def scaling_figure(points: pd.DataFrame, path, x: str = "C", metric: str = "bpb_exact") -> None:
     """BPB against compute in the paper's form: log x, one curve per method (seed mean, with its
-    `curves` band); the LRT's parallel-forward BPB dashed beside its exact decoding."""
+    `curves` band; a method at one budget, a point with its interval as an error bar); the LRT's
+    parallel-forward BPB dashed beside its exact decoding; the legend beside the plot."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
     table = curves(points, x, metric)
     parallel = curves(points, x, "bpb_parallel") if metric == "bpb_exact" else None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
     for i, (method, c) in enumerate(table.groupby("method", sort=True)):
         color = f"C{i % 10}"
-        ax.plot(c["x"], c["mean"], "-", marker="o", color=color, label=method)
-        ax.fill_between(c["x"], c["low"], c["high"], color=color, alpha=0.15, lw=0)
+        if len(c) == 1:  # one budget (a rival at one C): a band of zero width would not show
+            yerr = [c["mean"] - c["low"], c["high"] - c["mean"]]
+            ax.errorbar(c["x"], c["mean"], yerr=yerr, fmt="o", color=color, capsize=3, label=method)
+        else:
+            ax.plot(c["x"], c["mean"], "-", marker="o", color=color, label=method)
+            ax.fill_between(c["x"], c["low"], c["high"], color=color, alpha=0.15, lw=0)
         if parallel is not None and method.startswith("lrt"):  # the train/inference mismatch
             par = parallel[parallel["method"] == method]
             ax.plot(
@@ -357,5 +362,11 @@ def scaling_figure(points: pd.DataFrame, path, x: str = "C", metric: str = "bpb_
     ax.set_xlabel(X_AXES[x])
     ax.set_ylabel(METRICS[metric])
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    # beside the plot, not on it: with the rivals it would cover points
+    handles, labels = ax.get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=labels.__getitem__)  # a method beside its dashed twin
+    ax.legend(
+        [handles[i] for i in order], [labels[i] for i in order],
+        fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
+    )  # fmt: skip
     save_figure(fig, path)
