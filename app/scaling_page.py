@@ -61,6 +61,15 @@ def scaling_page(ctx) -> None:
                         "y2": {"field": "high"},
                     },
                 },
+                {  # the same interval as a bar at each point: a method at one budget (a
+                    # rival at C = 40) has no band to show it
+                    "mark": {"type": "rule"},
+                    "encoding": {
+                        **base,
+                        "y": {"field": "low", "type": "quantitative", "scale": {"zero": False}},
+                        "y2": {"field": "high"},
+                    },
+                },
                 {
                     "mark": {"type": "line", "point": True},
                     "encoding": {
