@@ -1833,6 +1833,7 @@ def scaling_values(df: pd.DataFrame) -> dict[str, str]:
         "scaling.seeds": seeds or "none yet",
         "scaling.where_ahead": tables.where_ahead(deltas),
         "scaling.rivals": tables.rivals_sentence(points),
+        "scaling.exact": tables.exact_reference(points),
     }
 
 

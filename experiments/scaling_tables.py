@@ -25,9 +25,11 @@ import pandas as pd
 from lrt_lab.analysis.scaling import (
     BASE,
     LRT,
+    MATCH_TOLERANCE,
     check_same_heldout,
     decide,
     fit_power_laws,
+    paired_by_seed,
     paired_deltas,
     planned_seeds,
     scaling_figure,
@@ -313,6 +315,49 @@ def rivals_sentence(points: pd.DataFrame, c: float = 40.0) -> str:
     return "; ".join(parts)
 
 
+EXACT = "lrt exact"
+
+
+def exact_reference(points: pd.DataFrame) -> str:
+    """The exact-trained LRT, the upper reference: its BPB and its paired difference (exact
+    decoding, 95% t interval) from Interleaved(2) at the same R and from the transformer at the
+    same compute C and at four times it, wherever those budgets have runs."""
+    exact = points[points["method"] == EXACT]
+    if exact.empty:
+        return "no exact-trained run yet"
+    base_rs = points.loc[points["method"] == BASE, "R"].unique()
+
+    def base_at(c):
+        """The transformer's budget at compute c (it sits at C = R), if it trained one near."""
+        near = [x for x in base_rs if abs(x - c) <= MATCH_TOLERANCE * c]
+        return (BASE, near[0]) if near else None
+
+    parts = []
+    for r, sub in exact.groupby("R"):
+        c = float(sub["C"].mean())
+        against = [
+            (f"Interleaved(2) at the same R = {r:g}", (LRT, r)),
+            (f"the transformer at the same C = {c:.0f}", base_at(c)),
+            (f"the transformer at four times the compute (C = {4 * c:.0f})", base_at(4 * c)),
+        ]
+        deltas = []
+        for name, arm in against:
+            if arm is None:
+                continue
+            a, b = paired_by_seed(points, "bpb_exact", arm, (EXACT, r))
+            if not a:
+                continue
+            res = contrast(a, b, paired=True, interval="t")
+            row = {"delta": res["effect"], "ci_low": res["ci_low"], "ci_high": res["ci_high"]}
+            deltas.append(f"{_delta_cell({**row, 'n': len(a)})} against {name}")
+        parts.append(
+            f"at R = {r:g} (C = {c:.0f}, {sub['flops'].mean() / 1e12:.1f} TFLOPs), BPB "
+            f"{sub['bpb_exact'].mean():.4f} over {len(sub)} seed(s)"
+            + (": " + "; ".join(deltas) if deltas else "")
+        )
+    return "; ".join(parts)
+
+
 def scoreboard_table(runs: pd.DataFrame) -> str | None:
     """The grid's LRT runs on the approximate-vs-exact scoreboard (lrt-lab report --scoreboard):
     one row per trainer and budget."""
@@ -351,6 +396,7 @@ def builders(runs: pd.DataFrame, plans=()) -> dict:
         "fits": lambda: fits_table(points),
         "rivals": lambda: rivals_table(points),
         "rivals_sentence": lambda: rivals_sentence(points),
+        "exact_reference": lambda: exact_reference(points),
         "decision": lambda: decide(deltas("bpb_exact"), planned_seeds=planned),
         "pilot_delta": lambda: pilot_delta(runs),
         "decision_parallel": lambda: decide(deltas("bpb_parallel"), planned_seeds=planned),
@@ -409,6 +455,8 @@ def readme_block(runs: pd.DataFrame, plans=()) -> str:
                 "Every rival trained at C = 40 against the transformer there (exact decoding, "
                 f"paired by seed, 95% t interval; pairs in parentheses): {rivals_sentence(points)}."
             ]
+        if (points["method"] == EXACT).any():
+            lines += [f"Exact training, the upper reference: {exact_reference(points)}."]
         lines += ["", table, "", FIGURE_LINK]
     elif not pilot.empty:
         lines += [

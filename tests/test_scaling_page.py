@@ -140,3 +140,31 @@ def test_each_rival_is_paired_by_seed_with_the_lrt_and_the_transformer():
     ahead = points.copy()
     ahead["bpb_exact"] = [1.50, 1.50, 1.40, 1.41, 1.45, 1.40]  # LRT -0.10, -0.09: t excludes 0
     assert tables.rivals_sentence(ahead).startswith("ahead: lrt interleaved:2 -0.095 (2);")
+
+
+def test_the_exact_reference_is_paired_with_interleaved_and_the_transformer_at_c_and_4c():
+    import numpy as np
+    import pandas as pd
+    from scipy import stats as sps
+
+    tables = _module()
+    rows = [  # method, R, C, seed, BPB
+        ("lrt exact", 10, 10.0, 0, 1.50),
+        ("lrt exact", 10, 10.0, 1, 1.52),
+        ("lrt interleaved:2", 10, 20.0, 0, 1.62),
+        ("lrt interleaved:2", 10, 20.0, 1, 1.66),
+        ("transformer", 10, 10.0, 0, 1.75),
+        ("transformer", 10, 10.0, 1, 1.77),
+        ("transformer", 40, 40.0, 1, 1.53),  # seed 1 only: one pair, no interval
+    ]
+    points = pd.DataFrame(rows, columns=["method", "R", "C", "seed", "bpb_exact"])
+    points = points.assign(flops=6.3e12)
+    text = tables.exact_reference(points)
+    half = sps.t.ppf(0.975, 1) * np.std([-0.12, -0.14], ddof=1) / np.sqrt(2)
+    assert text == (
+        "at R = 10 (C = 10, 6.3 TFLOPs), BPB 1.5100 over 2 seed(s): "
+        f"-0.1300 [{-0.13 - half:+.4f}, {-0.13 + half:+.4f}] (2) against Interleaved(2) at the "
+        "same R = 10; -0.2500 [-0.2500, -0.2500] (2) against the transformer at the same C = 10; "
+        "-0.0100 (1) against the transformer at four times the compute (C = 40)"
+    )
+    assert tables.exact_reference(points[points["method"] != "lrt exact"]).startswith("no exact")

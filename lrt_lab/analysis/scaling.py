@@ -138,7 +138,7 @@ def check_same_heldout(points: pd.DataFrame) -> None:
         )
 
 
-def _paired(points: pd.DataFrame, metric: str, a: tuple, b: tuple) -> tuple[list, list]:
+def paired_by_seed(points: pd.DataFrame, metric: str, a: tuple, b: tuple) -> tuple[list, list]:
     """(a values, b values) aligned by seed; a and b are (method, R)."""
 
     def arm(method, r):
@@ -175,7 +175,7 @@ def paired_deltas(
             near = [x for x in base_rs if abs(x - r_base) <= MATCH_TOLERANCE * r_base]
             if not near:
                 continue
-            a, b = _paired(points, metric, (base, near[0]), (method, r))
+            a, b = paired_by_seed(points, metric, (base, near[0]), (method, r))
             res = contrast(a, b, paired=True, interval="t")
             rows.append(
                 {
