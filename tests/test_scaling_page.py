@@ -168,3 +168,41 @@ def test_the_exact_reference_is_paired_with_interleaved_and_the_transformer_at_c
         "-0.0100 (1) against the transformer at four times the compute (C = 40)"
     )
     assert tables.exact_reference(points[points["method"] != "lrt exact"]).startswith("no exact")
+
+
+def test_the_pages_reading_is_what_the_committed_store_shows():
+    """Each claim of the page's "Reading" section, checked against the intervals it rests on: if a
+    run added to the store moved one, the prose would have to change with it."""
+    import numpy as np
+
+    from lrt_lab.store.results import load_runs
+
+    tables = _module()
+    points = tables.grid_points(load_runs(tables.STORE))
+    deltas = tables.paired_deltas(points).set_index(["match", "R"])
+    assert (deltas.xs("tokens")["ci_high"] < 0).all()  # the memory helps token-matched everywhere
+    compute = deltas.xs("compute").sort_index()
+    assert (compute["delta"].diff().dropna() < 0).all()  # drifting toward the LRT as C grows
+    assert compute.loc[compute["C"] < 15, "ci_low"].gt(0).all()  # behind at low C ...
+    level = compute[compute["C"] >= 19]
+    assert ((level["ci_low"] < 0) & (level["ci_high"] > 0)).all()  # ... level from C = 20 on
+    # the paper's effect at C = 80 (about 0.5% of BPB) is inside the interval's half-width
+    c80 = compute.loc[compute["C"].idxmax()]
+    assert (c80["ci_high"] - c80["ci_low"]) / 2 > 0.005 * c80["base"]
+
+    rivals = tables.rival_deltas(points).set_index(["method", "ref"])
+    rollout = rivals.loc[("lrt rollout:1", tables.LRT)]
+    assert rollout["ci_high"] < 0  # below Interleaved(2) at the same C ...
+    at_c = tables.near_c(points).groupby("method")["flops"].mean()
+    assert at_c["lrt rollout:1"] < at_c[tables.LRT]  # ... with fewer FLOPs
+    versus_base = rivals.loc[("lrt rollout:1", tables.BASE)]
+    assert versus_base["ci_low"] < 0 < versus_base["ci_high"]  # not decided on 3 seeds
+    for method in ("lrt fullseq:3", "lrt fixedpoint:0.1:8", "loop:2", "loop:3", "ponder:1"):
+        for ref in (tables.LRT, tables.BASE):
+            assert rivals.loc[(method, ref), "ci_low"] > 0, (method, ref)  # behind both
+
+    exact = points[points["method"] == "lrt exact"]
+    r = float(exact["R"].iloc[0])
+    a, b = tables.paired_by_seed(points, "bpb_exact", (tables.LRT, r), ("lrt exact", r))
+    diff = np.subtract(b, a)
+    assert len(diff) >= 3 and diff.max() < 0  # well below Interleaved(2) at the same R
