@@ -16,6 +16,22 @@ def _module():
     return module
 
 
+def _points(rows, **columns):
+    """Grid points from (method, R, C, seed, BPB exact) rows, with the other columns constant."""
+    import pandas as pd
+
+    points = pd.DataFrame(rows, columns=["method", "R", "C", "seed", "bpb_exact"])
+    return points.assign(**columns)
+
+
+def _t_half(diffs):
+    """Half-width of the 95% t interval of the mean of `diffs`, by hand with scipy's t quantile."""
+    import numpy as np
+    from scipy import stats as sps
+
+    return sps.t.ppf(0.975, len(diffs) - 1) * np.std(diffs, ddof=1) / np.sqrt(len(diffs))
+
+
 def test_scaling_page_and_readme_block_are_current():
     assert _module().main(["--check"]) == 0
 
@@ -107,10 +123,6 @@ def test_where_the_lrt_is_ahead_reads_each_interval_against_zero():
 
 
 def test_each_rival_is_paired_by_seed_with_the_lrt_and_the_transformer():
-    import numpy as np
-    import pandas as pd
-    from scipy import stats as sps
-
     tables = _module()
     rows = [  # method, R, C, seed, BPB
         ("transformer", 40, 40.0, 0, 1.50),
@@ -120,15 +132,14 @@ def test_each_rival_is_paired_by_seed_with_the_lrt_and_the_transformer():
         ("lrt rollout:1", 26.667, 40.0, 1, 1.45),  # seed 1 only: one pair each
         ("transformer", 80, 80.0, 0, 1.40),  # another compute: not a rival at C = 40
     ]
-    points = pd.DataFrame(rows, columns=["method", "R", "C", "seed", "bpb_exact"])
-    points = points.assign(bpb_parallel=points["bpb_exact"], flops=2e13, wall_s=600.0)
+    points = _points(rows, flops=2e13, wall_s=600.0)
+    points["bpb_parallel"] = points["bpb_exact"]
     text = tables.rivals_table(points)
     rollout = next(line for line in text.splitlines() if line.startswith("| lrt rollout:1"))
     cells = [c.strip() for c in rollout.strip("|").split("|")]
     assert cells[-3:] == ["-0.0600 (1)", "-0.0700 (1)", "10"]  # 1.45-1.51, 1.45-1.52
     lrt = next(line for line in text.splitlines() if line.startswith("| lrt interleaved:2"))
-    # pairs (0.03, -0.01): mean 0.01, the 95% t interval by hand with scipy's t quantile
-    half = sps.t.ppf(0.975, 1) * np.std([0.03, -0.01], ddof=1) / np.sqrt(2)
+    half = _t_half([0.03, -0.01])  # pairs (0.03, -0.01): mean 0.01
     want = f"+0.0100 [{0.01 - half:+.4f}, {0.01 + half:+.4f}] (2)"
     assert lrt.rstrip(" |").endswith(f"| - | {want} | 10")
     assert "| 80 |" not in text
@@ -143,10 +154,6 @@ def test_each_rival_is_paired_by_seed_with_the_lrt_and_the_transformer():
 
 
 def test_the_exact_reference_is_paired_with_interleaved_and_the_transformer_at_c_and_4c():
-    import numpy as np
-    import pandas as pd
-    from scipy import stats as sps
-
     tables = _module()
     rows = [  # method, R, C, seed, BPB
         ("lrt exact", 10, 10.0, 0, 1.50),
@@ -157,10 +164,9 @@ def test_the_exact_reference_is_paired_with_interleaved_and_the_transformer_at_c
         ("transformer", 10, 10.0, 1, 1.77),
         ("transformer", 40, 40.0, 1, 1.53),  # seed 1 only: one pair, no interval
     ]
-    points = pd.DataFrame(rows, columns=["method", "R", "C", "seed", "bpb_exact"])
-    points = points.assign(flops=6.3e12)
+    points = _points(rows, flops=6.3e12)
     text = tables.exact_reference(points)
-    half = sps.t.ppf(0.975, 1) * np.std([-0.12, -0.14], ddof=1) / np.sqrt(2)
+    half = _t_half([-0.12, -0.14])
     assert text == (
         "at R = 10 (C = 10, 6.3 TFLOPs), BPB 1.5100 over 2 seed(s): "
         f"-0.1300 [{-0.13 - half:+.4f}, {-0.13 + half:+.4f}] (2) against Interleaved(2) at the "
