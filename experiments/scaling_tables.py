@@ -25,7 +25,7 @@ import pandas as pd
 from lrt_lab.analysis.scaling import (
     BASE,
     LRT,
-    MATCH_TOLERANCE,
+    budget_near,
     check_same_heldout,
     decide,
     fit_power_laws,
@@ -148,6 +148,12 @@ def repeats(points: pd.DataFrame) -> str:
     return "; ".join(f"{m} at R = {r:g}: {e:.2f} epochs" for (m, r), e in over.items())
 
 
+def side_of_zero(ci_low, ci_high) -> np.ndarray:
+    """Per interval: "ahead" (entirely below 0: lower BPB), "behind" (entirely above) or "level"
+    (it contains 0)."""
+    return np.where(ci_high < 0, "ahead", np.where(ci_low > 0, "behind", "level"))
+
+
 def where_ahead(deltas: pd.DataFrame) -> str:
     """Where the LRT is ahead of the transformer (the Delta's 95% interval below 0), behind (above
     0) or level with it (the interval contains 0), budget by budget, token- and compute-matched;
@@ -162,9 +168,7 @@ def where_ahead(deltas: pd.DataFrame) -> str:
         ("compute", "C", "Compute-matched", "R_base"),
     ):
         rows = d[d["match"] == match]
-        side = np.where(
-            rows["ci_high"] < 0, "ahead", np.where(rows["ci_low"] > 0, "behind", "level")
-        )
+        side = side_of_zero(rows["ci_low"], rows["ci_high"])
         groups = {
             s: ", ".join(f"{x:g}" for x in rows[at][side == s])
             for s in ("ahead", "level", "behind")
@@ -302,9 +306,7 @@ def rivals_sentence(points: pd.DataFrame, c: float = 40.0) -> str:
     if d.empty:
         return "no method has a seed paired with the transformer yet"
     side = np.where(
-        ~np.isfinite(d["ci_low"]),
-        "one pair, not placed",
-        np.where(d["ci_high"] < 0, "ahead", np.where(d["ci_low"] > 0, "behind", "level")),
+        np.isfinite(d["ci_low"]), side_of_zero(d["ci_low"], d["ci_high"]), "one pair, not placed"
     )
     parts = []
     for s in ("ahead", "level", "behind", "one pair, not placed"):
@@ -329,8 +331,8 @@ def exact_reference(points: pd.DataFrame) -> str:
 
     def base_at(c):
         """The transformer's budget at compute c (it sits at C = R), if it trained one near."""
-        near = [x for x in base_rs if abs(x - c) <= MATCH_TOLERANCE * c]
-        return (BASE, near[0]) if near else None
+        r_base = budget_near(base_rs, c)
+        return None if r_base is None else (BASE, r_base)
 
     parts = []
     for r, sub in exact.groupby("R"):
@@ -456,7 +458,10 @@ def readme_block(runs: pd.DataFrame, plans=()) -> str:
                 f"paired by seed, 95% t interval; pairs in parentheses): {rivals_sentence(points)}."
             ]
         if (points["method"] == EXACT).any():
-            lines += [f"Exact training, the upper reference: {exact_reference(points)}."]
+            lines += [
+                "Exact training, the upper reference (exact decoding, paired by seed, 95% t "
+                f"interval; pairs in parentheses): {exact_reference(points)}."
+            ]
         lines += ["", table, "", FIGURE_LINK]
     elif not pilot.empty:
         lines += [

@@ -150,6 +150,12 @@ def paired_by_seed(points: pd.DataFrame, metric: str, a: tuple, b: tuple) -> tup
     return [x[s] for s in seeds], [y[s] for s in seeds]
 
 
+def budget_near(budgets, target: float) -> float | None:
+    """The first of `budgets` within MATCH_TOLERANCE of `target` (the same budget, rounded up),
+    None when none is."""
+    return next((x for x in budgets if abs(x - target) <= MATCH_TOLERANCE * target), None)
+
+
 def _cost(points: pd.DataFrame, method: str) -> float:
     """Forward passes per token of a method: its median C / R."""
     sub = points[points["method"] == method]
@@ -172,17 +178,17 @@ def paired_deltas(
     for r in sorted(points.loc[points["method"] == method, "R"].unique()):
         targets = {"tokens": r, "compute": r * cost_method / cost_base}
         for match, r_base in targets.items():
-            near = [x for x in base_rs if abs(x - r_base) <= MATCH_TOLERANCE * r_base]
-            if not near:
+            near = budget_near(base_rs, r_base)
+            if near is None:
                 continue
-            a, b = paired_by_seed(points, metric, (base, near[0]), (method, r))
+            a, b = paired_by_seed(points, metric, (base, near), (method, r))
             res = contrast(a, b, paired=True, interval="t")
             rows.append(
                 {
                     "match": match,
                     "R": r,
                     "C": r * cost_method,
-                    "R_base": near[0],
+                    "R_base": near,
                     "n": len(a),
                     "base": float(np.mean(a)) if a else math.nan,
                     "method": float(np.mean(b)) if b else math.nan,
