@@ -110,3 +110,20 @@ def test_gpu_check_runs_only_the_sections_named(tmp_path):
     assert gpu_check.main(["--dry", "--out", str(tmp_path), "--sections", "attention_parity"]) == 0
     check_report(tmp_path, ["attention_parity"])
     assert gpu_check.main(["--dry", "--out", str(tmp_path), "--sections", "memory,nope"]) == 2
+
+
+def test_a_reports_notes_come_before_its_sections():
+    """Notes written beside a report (how it was run, what it found) lead its page, one bullet
+    each; a report without notes has no bullet before its first section."""
+    report = {
+        "dry": True,
+        "torch": "x",
+        "started": "now",
+        "sizes": {},
+        "sections": {"attention": {"ok": True, "seconds": 1.0}},
+    }
+    bare = gpu_check.markdown(report)
+    assert "\n- " not in bare.split("## attention")[0]
+    page = gpu_check.markdown({**report, "notes": ["ran twice", "flash skipped"]})
+    head = page.split("## attention")[0]
+    assert head.index("- ran twice") < head.index("- flash skipped")

@@ -69,6 +69,11 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
+def flash_attn_available() -> bool:
+    """Whether the optional flash-attn package imports here (the extra `gpu`)."""
+    return _flash_attn_func() is not None
+
+
 @functools.lru_cache(maxsize=128)
 def _cached_mask(
     start: int, stop: int, step: int, n_keys: int, window: int | None, device

@@ -8,4 +8,9 @@
 #   bash scale/launch/gpu_check.sh --sections memory        # one section again
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-exec python -m lrt_scale.gpu_check "$@"
+# The CUDA tests run in a subprocess that finds lrt_tasks (and the tasks' entry point) only when the
+# project is installed: install it (offline, no dependencies) where it is not
+PY=${PYTHON:-python3}  # the one that holds torch (a GPU image's plain python3)
+"$PY" -c "import importlib.metadata as m, sys; sys.exit(not list(m.entry_points(group='lrt_lab.tasks')))" \
+  || "$PY" -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
+exec "$PY" -m lrt_scale.gpu_check "$@"
