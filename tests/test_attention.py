@@ -70,3 +70,32 @@ def test_cuda_backends_match_sdpa(positions, window, backend):
     ref = attend(q.double(), k.double(), v.double(), positions, window, backend="sdpa")
     out = attend(q, k, v, positions, window, backend=backend)
     assert (out.double() - ref).abs().max() < 3e-2
+
+
+def test_flex_compiles_once_per_query_length_whatever_the_positions_and_window(monkeypatch):
+    """FlexAttention is compiled once per process; a strided stage, a chunk and every layer's
+    window at one query length must share that one graph (a graph per (start, step, window) passed
+    dynamo's recompile limit within one model and then ran unfused). Dynamo's guards do not depend
+    on its backend, so the eager backend stands in for inductor here, on CPU, without gradients
+    (FlexAttention has no CPU backward)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    from torch.nn.attention.flex_attention import flex_attention
+
+    import lrt_lab.core.attention as attention
+
+    compiled = torch.compile(flex_attention, backend="eager", dynamic=False)
+    monkeypatch.setattr(attention, "_compiled_flex", lambda: compiled)
+    attention._flex_block_mask.cache_clear()
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    k, v = torch.randn(2, 1, 9, 2, 16).unbind(0)
+    with torch.no_grad():
+        for window in (None, 3, 4):
+            for positions in (range(1, 9, 2), range(0, 8, 2), range(5, 9)):  # 4 queries each
+                q = torch.randn(1, 4, 2, 16)
+                out = attend(q, k, v, positions, window, backend="flex")
+                ref = naive_attend(q, k, v, list(positions), window)
+                assert (out - ref).abs().max() < 1e-5, (positions, window)
+    assert counters["stats"]["unique_graphs"] == 1

@@ -130,13 +130,18 @@ def _flex_block_mask(
     from torch.nn.attention.flex_attention import create_block_mask
 
     win = window if window is not None else n_keys + 1
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        p = start + q_idx * step
-        return (kv_idx <= p) & (p - kv_idx < win)
-
-    # built outside inference mode (a decoder's prefill) so a training stage may reuse it
+    # The offsets as tensors: the compiled kernel reads them instead of guarding on their values.
+    # Captured ints recompiled FlexAttention for every (start, step, window), which passed dynamo's
+    # limit of 8 within one model (stage kinds x layer windows), after which it ran unfused.
+    # They and the mask are built outside inference mode (a decoder's prefill), so a training stage
+    # may reuse them.
     with torch.inference_mode(False):
+        start_t, step_t, win_t = (torch.tensor(v, device=device) for v in (start, step, win))
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            p = start_t + q_idx * step_t
+            return (kv_idx <= p) & (p - kv_idx < win_t)
+
         return create_block_mask(
             mask_mod, B=None, H=None, Q_LEN=n_queries, KV_LEN=n_keys, device=device
         )
