@@ -99,3 +99,37 @@ def test_flex_compiles_once_per_query_length_whatever_the_positions_and_window(m
                 ref = naive_attend(q, k, v, list(positions), window)
                 assert (out - ref).abs().max() < 1e-5, (positions, window)
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_the_flash_query_is_a_constant_in_a_compiled_graph():
+    """pick_backend asks whether flash-attn is installed at every CUDA attention call; inside a
+    compiled stage that question must not be traced (a failed import breaks the graph)."""
+    from lrt_lab.core.attention import _flash_attn_func, flash_attn_available
+
+    f = torch.compile(
+        lambda x: x + 1 if flash_attn_available() else x - 1, backend="eager", fullgraph=True
+    )
+    x = torch.zeros(2)
+    assert torch.equal(f(x), x + 1 if _flash_attn_func() is not None else x - 1)
+
+
+@pytest.mark.gpu
+def test_a_compiled_training_stage_is_one_graph_on_cuda():
+    """fullgraph=True raises at any graph break: every stage kind of an interleaved:2 step, with a
+    sliding-window layer and the memory pathway, compiles whole and gives the eager loss."""
+    from lrt_lab import LRT, MemoryConfig, preset
+    from lrt_lab.run.registry import parse_schedule
+    from lrt_lab.run.runner import run_schedule
+
+    torch.manual_seed(0)
+    cfg = preset("tiny", memory=MemoryConfig(), sequence_len=64)
+    with torch.device("cuda"):
+        model = LRT(cfg)
+    x, y = torch.randint(cfg.vocab_size, (2, 2, 64), device="cuda").unbind(0)
+    schedule = parse_schedule("interleaved:2")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        eager = run_schedule(model, x, y, schedule).loss.item()
+        model.stage = torch.compile(model.stage, fullgraph=True, dynamic=False)
+        loss = run_schedule(model, x, y, schedule).loss
+    loss.backward()
+    assert abs(loss.item() - eager) < 2e-2

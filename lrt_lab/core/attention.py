@@ -69,8 +69,11 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
+@torch.compiler.assume_constant_result
 def flash_attn_available() -> bool:
-    """Whether the optional flash-attn package imports here (the extra `gpu`)."""
+    """Whether the optional flash-attn package imports here (the extra `gpu`). A compiled stage
+    reads this as a constant: tracing the import itself, which fails where the package is absent,
+    broke the graph at every attention call on CUDA."""
     return _flash_attn_func() is not None
 
 
@@ -173,7 +176,7 @@ def pick_backend(q: torch.Tensor, q_pos: range, n_keys: int, window: int | None 
         return "sdpa"
     contiguous_tail = q_pos.step == 1 and q_pos.stop == n_keys
     half_precision = q.dtype in (torch.float16, torch.bfloat16)
-    if contiguous_tail and half_precision and _flash_attn_func() is not None:
+    if contiguous_tail and half_precision and flash_attn_available():
         return "flash"
     if contiguous_tail and (len(q_pos) == 1 or not _window_active(q_pos, window)):
         # SDPA's flash/efficient kernels: is_causal for the full sequence, a lower-right causal
@@ -236,7 +239,7 @@ def attend(q, k, v, q_pos, window: int | None = None, backend: str = "auto") -> 
             raise ValueError(
                 "backend='flash' needs a contiguous block of queries ending at the last key"
             )
-        if _flash_attn_func() is None:
+        if not flash_attn_available():
             raise ValueError(
                 "backend='flash' needs the flash-attn package (pip install 'lrt-lab[gpu]')"
             )
