@@ -1004,7 +1004,8 @@ IN_SHORT = (
     " further reach the training length under exact decoding on some seeds (FixedPoint(0.1, 8) "
     "on {a5_16.fp01_8.learned}, Rollout(1) on {frontier.rollout1.learned}, the selection seed);"
     " with 3 seeds per arm and runs censored at {a5_16.steps} steps, no ranking of trainers is "
-    "decided. The answer is per task: on S3 prefix products at length 16 ({base.steps} steps, "
+    "decided. {study.status} The answer is per task: on S3 prefix products at length 16 "
+    "({base.steps} steps, "
     "matched steps, each model's own decoding, 3 seeds) Interleaved(2) is more accurate than the "
     "transformer ({base.il.acc} against {base.transformer.acc}; Welch t-test p = "
     "{base.il.welch_p}, exact permutation p = {base.il.perm_p}). On byte-level text (exact-"
@@ -1014,9 +1015,10 @@ IN_SHORT = (
 )
 
 
-def in_short(df: pd.DataFrame) -> str | None:
+def in_short(df: pd.DataFrame, study_status: str) -> str | None:
     named = prose_values(df)
     named["protocol_link"] = link("Which forward is scored")
+    named["study.status"] = study_status
     fields = re.findall(r"\{([\w@.-]+)\}", IN_SHORT)
     if any(f not in named for f in fields):
         return None
@@ -1025,13 +1027,14 @@ def in_short(df: pd.DataFrame) -> str | None:
 
 
 def compact_block(df: pd.DataFrame) -> str:
-    df = earlier_runs(df)
+    full, df = df, earlier_runs(df)
     parts = []
     for title, section, build, setup in COMPACT:
         table = build(df)
         if table is not None:
             parts.append(f"**{title}** ({setup}).\nFull tables: {link(section)}.\n\n{table}")
-    summary = in_short(df)
+    # the study's own runs are left out of the tables above, not out of its sentence
+    summary = in_short(df, trainer_study_status(full))
     if summary is not None:
         parts.append(summary)
     return "\n\n".join(parts)
@@ -2030,6 +2033,42 @@ def trainer_study_table(df: pd.DataFrame) -> str:
     return "\n".join(
         [f"Runs: {table.attrs['runs']} of the grid's {len(names)} complete.", "", *body, *figures]
     )
+
+
+TRAINER_STUDY_HEADING = "Which trainer learns A5 at length 16: the study written before its runs"
+
+
+def study_status(table: pd.DataFrame, n_runs: int, primary: str, heading: str) -> str:
+    """The README's sentence on the trainer study, from its study_table: how many of its grid's
+    runs are in while some are missing (its contrasts are read once all are: reading them as
+    seeds land would be looking before the data are whole); then each contrast of the primary
+    metric in numbers, with its Holm p and whether it is decided."""
+    k = table.attrs.get("runs", 0)
+    head = (
+        f"A study written before its runs answers that ({link(heading)}: the four trainers, 8 "
+        "seeds each, budgets matched in forward+backward FLOPs, exact-decoding cross-entropy at "
+        "length 16 its primary metric)"
+    )
+    if k < n_runs:
+        return f"{head}; {k} of its {n_runs} runs are in, and its contrasts are read when all are."
+    rows = table[table["metric"] == primary]
+    parts = [
+        f"{r.b} against {r.a} {r.effect:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}] "
+        f"(Holm p = {r.p_holm:.3g}, {'decided' if r.decided else 'not decided'})"
+        for r in rows.itertuples()
+    ]
+    return (
+        f"{head}. In cross-entropy (B minus A, nats; paired by seed, "
+        f"{int(rows['pairs'].min())} pairs, 95% bootstrap interval): {'; '.join(parts)}."
+    )
+
+
+def trainer_study_status(df: pd.DataFrame) -> str:
+    from lrt_lab.store.study import study_table
+
+    study, names = trainer_study()
+    table = study_table(df, study, run_names=names)
+    return study_status(table, len(names), study.primary, TRAINER_STUDY_HEADING)
 
 
 def trainer_study_figure(df: pd.DataFrame, path, which: str):

@@ -426,7 +426,8 @@ def test_every_value_the_prose_names_is_computed(store_values):
     names = set(module.VALUE.findall(module.TEMPLATE.read_text()))
     assert len(names) > 50, "the template's prose has lost its value placeholders"
     assert names <= set(named), sorted(names - set(named))
-    fields = set(re.findall(r"\{([\w@.-]+)\}", module.IN_SHORT)) - {"protocol_link"}
+    # filled by in_short itself: a link, and the study's sentence from its own runs
+    fields = set(re.findall(r"\{([\w@.-]+)\}", module.IN_SHORT)) - {"protocol_link", "study.status"}
     assert fields <= set(named), sorted(fields - set(named))
 
 
@@ -590,3 +591,35 @@ def test_gap_contrasts_give_the_t_interval_of_the_paired_differences():
     assert row["ci_low"] == pytest.approx(statistics.mean(diffs) - half, rel=1e-5)
     assert row["ci_high"] == pytest.approx(statistics.mean(diffs) + half, rel=1e-5)
     assert row["ci_low"] < 0 < row["ci_high"]  # this spread does not exclude 0
+
+
+def test_the_study_sentence_waits_for_every_run_then_gives_each_primary_contrast():
+    """The README's sentence on the trainer study: a count while runs are missing (no effect is
+    quoted before the data are whole), then every primary-metric contrast with its interval, Holm
+    p and verdict, and none of another metric."""
+    import pandas as pd
+
+    tables = _tables_module()
+    rows = [
+        ("transformer", "lrt interleaved:2", "ce_exact@16", 0.25, 0.1, 0.4, 0.012, True),
+        ("transformer", "lrt rollout:1", "ce_exact@16", -0.05, -0.2, 0.1, 0.5, False),
+        ("transformer", "lrt interleaved:2", "ce_parallel@16", -0.3, -0.4, -0.2, 0.01, True),
+    ]
+    table = pd.DataFrame(
+        rows, columns=["a", "b", "metric", "effect", "ci_low", "ci_high", "p_holm", "decided"]
+    ).assign(pairs=8)
+    table.attrs["runs"] = 5
+    waiting = tables.study_status(table, 32, "ce_exact@16", "Heading")
+    assert "5 of its 32 runs are in" in waiting and "+0.250" not in waiting
+    table.attrs["runs"] = 32
+    done = tables.study_status(table, 32, "ce_exact@16", "Heading")
+    assert "8 pairs" in done
+    assert (
+        "lrt interleaved:2 against transformer +0.250 [+0.100, +0.400] (Holm p = 0.012, decided)"
+        in done
+    )
+    assert (
+        "lrt rollout:1 against transformer -0.050 [-0.200, +0.100] (Holm p = 0.5, not decided)"
+        in done
+    )
+    assert "-0.300" not in done  # the parallel-forward row is not the primary metric
