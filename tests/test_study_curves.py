@@ -89,3 +89,37 @@ def test_learning_curves_are_drawn_and_the_report_names_the_figure(tmp_path, cap
     figure = root / ".analysis" / "curves_curved.png"
     assert f"figure (learning curves, each arm's seed mean): {figure}" in capsys.readouterr().out
     assert figure.stat().st_size > 5_000
+
+
+def test_the_last_interval_table_says_which_arms_were_still_improving(tmp_path):
+    """Per arm and metric: the mean final value, the mean change over each run's last evaluation
+    interval (measured back from its end by its eval_every, so a final evaluation off the grid
+    does not make a short interval) and the runs still improving, worked out here."""
+    from lrt_lab.store.study import last_interval_table
+
+    root = curves_store(tmp_path / "s")
+    every = {("transformer", "onepass"): [10, 10, 10], ("lrt", "interleaved:2"): [10, 15]}
+    for (kind, schedule), per_seed in every.items():
+        for seed, n in enumerate(per_seed):
+            path = root / run_name(kind, schedule, seed) / "config.json"
+            config = json.loads(path.read_text())
+            config["train"]["eval_every"] = n
+            path.write_text(json.dumps(config))
+    # the transformer's seed 0 got worse over its last interval: 2.0 -> 2.5
+    lines = [
+        json.dumps({"kind": "eval", "step": s, "flops": s, "ce_exact@8": v, "ce_parallel@8": v})
+        for s, v in ((10, 3.0), (20, 2.0), (30, 2.5))
+    ]
+    (root / run_name("transformer", "onepass", 0) / "metrics.jsonl").write_text(
+        "\n".join(lines) + "\n"
+    )
+    table = last_interval_table(root, curves_study())
+    got = {(r.arm, r.metric): r for r in table.itertuples()}
+    tf = got["transformer", "ce_exact@8"]
+    # finals 2.5, 1.2, 2.2 (seed 2 ends at step 20); changes +0.5, -1.2, -0.6
+    assert (tf.runs, tf.final, tf.change) == (3, pytest.approx(5.9 / 3), pytest.approx(-1.3 / 3))
+    assert (tf.steps, tf.improving) == ("10", "2/3")
+    lrt = got["lrt interleaved:2", "ce_parallel@8"]
+    # seed 1 evaluates every 15: its interval runs from step 10 (<= 30 - 15) to 30, 2.5 -> 0.8
+    assert (lrt.final, lrt.change) == (pytest.approx(0.7), pytest.approx((-0.5 - 1.7) / 2))
+    assert (lrt.steps, lrt.improving) == ("10/20", "2/2")

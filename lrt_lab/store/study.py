@@ -629,6 +629,17 @@ def study_lines(runs, study: Study, table: pd.DataFrame, run_names=None, fmt: st
         *(f"- {verdict(row, study)}" for _, row in table.iterrows()),
         *(f"  note: {note}" for note in table.attrs["notes"]),
     ]
+    flat = last_interval_table(runs, study, run_names=run_names)
+    if not flat.empty:
+        lines += [
+            "",
+            "Whether the budget let each arm flatten: its metric at the end and the change over "
+            "each run's last evaluation interval, means over its runs; a run still improving at "
+            "its end is censored by its budget (its final value bounds what more steps would "
+            "give):",
+            *([""] if fmt == "md" else []),
+            format_last_interval_table(flat, fmt),
+        ]
     if study.equal_step is not None:
         steps = study_table(runs, study, run_names=run_names, step=study.equal_step)
         lines += [
@@ -696,6 +707,65 @@ def arm_runs(runs, study: Study, run_names=None) -> dict[str, pd.DataFrame]:
     return {arm: df[arm_mask(df, arm)] if not df.empty else df for arm in arms}
 
 
+def last_interval_table(runs, study: Study, run_names=None) -> pd.DataFrame:
+    """Whether the budget let each arm flatten: per (arm, metric) the study's contrasts read, over
+    the arm's complete runs that evaluated it, the mean final value and the mean change over each
+    run's last evaluation interval (from its last evaluation at least train.eval_every steps before
+    its end to its end: a final evaluation off the grid would make a short interval look flat),
+    and how many runs still improved there (by the study's direction). A run still improving at
+    its end is censored by its budget: its final value bounds what more steps would give."""
+    wanted = dict.fromkeys((arm, c.metric) for c in study.contrasts for arm in (c.a, c.b))
+    by_arm = arm_runs(runs, study, run_names)
+    rows = []
+    for arm, metric in wanted:
+        runs_of_arm = by_arm[arm]
+        finals, changes, intervals = [], [], set()
+        for label, evals in evaluations(runs_of_arm, metric).groupby("row"):
+            evals = evals.sort_values("step")
+            every = runs_of_arm.loc[label].get("config.train.eval_every")
+            if every is None or pd.isna(every):
+                continue
+            end = evals.iloc[-1]
+            before = evals[evals["step"] <= end["step"] - int(every)]
+            if before.empty:
+                continue
+            finals.append(end["value"])
+            changes.append(end["value"] - before.iloc[-1]["value"])
+            intervals.add(int(end["step"] - before.iloc[-1]["step"]))
+        if not finals:
+            continue
+        better = [(d < 0) == study.lower_is_better and d != 0 for d in changes]
+        rows.append(
+            {
+                "arm": arm,
+                "metric": metric,
+                "runs": len(finals),
+                "final": sum(finals) / len(finals),
+                "change": sum(changes) / len(changes),
+                "steps": "/".join(str(i) for i in sorted(intervals)),
+                "improving": f"{sum(better)}/{len(finals)}",
+            }
+        )
+    columns = ["arm", "metric", "runs", "final", "change", "steps", "improving"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def format_last_interval_table(table: pd.DataFrame, fmt: str = "table") -> str:
+    """last_interval_table for a terminal (fmt "table") or a page ("md")."""
+    shown = pd.DataFrame(
+        {
+            "arm": table["arm"],
+            "metric": table["metric"],
+            "runs": table["runs"],
+            "final (mean)": table["final"].map(_num),
+            "change, last interval (mean)": table["change"].map(lambda v: f"{v:+.4g}"),
+            "interval (steps)": table["steps"],
+            "runs still improving": table["improving"],
+        }
+    )
+    return _rendered(shown, fmt)
+
+
 def event_table(runs, study: Study, run_names=None) -> pd.DataFrame:
     """Per contrast: each arm's runs that reached pos@90 = the training length (of the study's
     time_to_event decoding), the Kaplan-Meier median time to it (NaN: fewer than half did) and
@@ -730,6 +800,7 @@ __all__ = [
     "event_table",
     "format_study_table",
     "grid_frame",
+    "last_interval_table",
     "metric_column",
     "parse_arm",
     "parse_study",
