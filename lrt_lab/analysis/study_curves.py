@@ -85,11 +85,12 @@ def plot_learning_curves(runs, study: Study, path, run_names=None) -> Path | Non
     curves = learning_curves(runs, study, run_names)
     if curves.empty:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(9, 4.2))
     colors = {arm: f"C{i % 10}" for i, arm in enumerate(dict.fromkeys(curves["arm"]))}
     for (arm, metric), c in curves.groupby(["arm", "metric"], sort=False):
         style = "-" if metric == study.primary else "--"
-        label = f"{arm}, {metric} ({int(c['seeds'].iloc[0])} seeds)"
+        seeds = int(c["seeds"].iloc[0])
+        label = f"{arm}, {metric} ({seeds} seed{'s' if seeds != 1 else ''})"
         ax.plot(c["x"], c["mean"], style, color=colors[arm], marker="o", ms=3, label=label)
         ax.fill_between(c["x"], c["low"], c["high"], color=colors[arm], alpha=0.12)
     if (curves[["mean", "low"]].to_numpy() > 0).all():
@@ -103,5 +104,6 @@ def plot_learning_curves(runs, study: Study, path, run_names=None) -> Path | Non
     ax.set_ylabel("at each evaluation (seed mean)")
     ax.set_title(f"{study.primary} and the contrasts' other metrics; band: {bands}", fontsize=9)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="upper right")
+    # beside the plot, not on it: four arms' curves end where an inside legend would sit
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return save_figure(fig, path)
