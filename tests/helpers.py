@@ -21,6 +21,22 @@ CONFIGS = {
 }
 
 
+# One spelling of every registered schedule, each optional argument exercised once
+SCHEDULE_SPELLINGS = [
+    "onepass",
+    "interleaved:2",
+    "fullseq:2",
+    "fullseq:1:1,2",
+    "chunked:4",
+    "exact",
+    "fixedpoint:0.01:4",
+    "fixedpoint:0.01:4:2",
+    "rollout:2",
+    "gaussseidel:2:3",
+    "gaussseidel:2:3:2",
+]
+
+
 def make_model(memory, seed=0, **overrides):
     """A tiny float64 model with every weight random, so no pathway hides behind a zero init."""
     fields = dict(n_layer=3, window_pattern="SL", short_window=4)

@@ -3,7 +3,7 @@ Exact, FullSequence(k) through the static code path, and a hand-driven loop over
 
 import pytest
 import torch
-from helpers import CONFIGS, make_model, maxdiff, tiny_train_config, tokens
+from helpers import CONFIGS, SCHEDULE_SPELLINGS, make_model, maxdiff, tiny_train_config, tokens
 
 from lrt_lab import MemoryConfig
 from lrt_lab.core.loss import cross_entropy
@@ -325,19 +325,7 @@ def test_every_registered_schedule_satisfies_the_protocol_and_spells_itself_back
     from lrt_lab.core.interface import Schedule
     from lrt_lab.run.registry import registered
 
-    specs = [
-        "onepass",
-        "interleaved:2",
-        "fullseq:2",
-        "fullseq:1:1,2",
-        "chunked:4",
-        "exact",
-        "fixedpoint:0.01:4",
-        "fixedpoint:0.01:4:2",
-        "rollout:2",
-        "gaussseidel:2:3",
-        "gaussseidel:2:3:2",
-    ]
+    specs = SCHEDULE_SPELLINGS
     assert {s.split(":")[0] for s in specs} == set(registered())
     for spec in specs:
         schedule = parse_schedule(spec)
