@@ -119,6 +119,8 @@ def test_the_last_interval_table_says_which_arms_were_still_improving(tmp_path):
     # finals 2.5, 1.2, 2.2 (seed 2 ends at step 20); changes +0.5, -1.2, -0.6
     assert (tf.runs, tf.final, tf.change) == (3, pytest.approx(5.9 / 3), pytest.approx(-1.3 / 3))
     assert (tf.steps, tf.improving) == ("10", "2/3")
+    # its parallel forward is its exact decoding here: that row is left out
+    assert ("transformer", "ce_parallel@8") not in got
     lrt = got["lrt interleaved:2", "ce_parallel@8"]
     # seed 1 evaluates every 15: its interval runs from step 10 (<= 30 - 15) to 30, 2.5 -> 0.8
     assert (lrt.final, lrt.change) == (pytest.approx(0.7), pytest.approx((-0.5 - 1.7) / 2))

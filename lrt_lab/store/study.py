@@ -713,7 +713,8 @@ def last_interval_table(runs, study: Study, run_names=None) -> pd.DataFrame:
     run's last evaluation interval (from its last evaluation at least train.eval_every steps before
     its end to its end: a final evaluation off the grid would make a short interval look flat),
     and how many runs still improved there (by the study's direction). A run still improving at
-    its end is censored by its budget: its final value bounds what more steps would give."""
+    its end is censored by its budget: its final value bounds what more steps would give. A
+    metric that equals the arm's primary one, run by run, is left out."""
     wanted = dict.fromkeys((arm, c.metric) for c in study.contrasts for arm in (c.a, c.b))
     by_arm = arm_runs(runs, study, run_names)
     rows = []
@@ -746,6 +747,17 @@ def last_interval_table(runs, study: Study, run_names=None) -> pd.DataFrame:
                 "improving": f"{sum(better)}/{len(finals)}",
             }
         )
+    # a metric equal to the primary one of the same arm (a transformer's parallel forward is its
+    # exact decoding) is left out, as in the learning curves
+    primary = {r["arm"]: r for r in rows if r["metric"] == study.primary}
+    same = ("runs", "final", "change", "steps")
+    rows = [
+        r
+        for r in rows
+        if r["metric"] == study.primary
+        or r["arm"] not in primary
+        or any(r[k] != primary[r["arm"]][k] for k in same)
+    ]
     columns = ["arm", "metric", "runs", "final", "change", "steps", "improving"]
     return pd.DataFrame(rows, columns=columns)
 
