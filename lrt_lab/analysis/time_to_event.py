@@ -67,7 +67,8 @@ def plot_time_to_event(runs, study: Study, path, run_names=None) -> Path | None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, (arm, c) in enumerate(curves.groupby("arm", sort=False)):
         color = f"C{i % 10}"
-        label = f"{arm} ({int(c['runs'].iloc[0])} runs)"
+        n = int(c["runs"].iloc[0])
+        label = f"{arm} ({n} run{'s' if n != 1 else ''})"
         ax.step(c["time"], c["reached"], where="post", color=color, label=label)
         ax.fill_between(c["time"], c["low"], c["high"], step="post", color=color, alpha=0.12)
     ax.set_xlabel(AXIS_TITLES[study.time_axis])
