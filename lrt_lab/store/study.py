@@ -714,7 +714,8 @@ def last_interval_table(runs, study: Study, run_names=None) -> pd.DataFrame:
     its end to its end: a final evaluation off the grid would make a short interval look flat),
     and how many runs still improved there (by the study's direction). A run still improving at
     its end is censored by its budget: its final value bounds what more steps would give. A
-    metric that equals the arm's primary one, run by run, is left out."""
+    metric whose row equals the arm's primary-metric row (same runs, final, change, interval) is
+    left out."""
     wanted = dict.fromkeys((arm, c.metric) for c in study.contrasts for arm in (c.a, c.b))
     by_arm = arm_runs(runs, study, run_names)
     rows = []
