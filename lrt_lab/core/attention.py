@@ -170,15 +170,21 @@ def _window_active(q_pos: range, window: int | None) -> bool:
     return q_pos.stop - max(0, q_pos.start - window + 1) > window
 
 
+def contiguous_tail(q_pos: range, n_keys: int) -> bool:
+    """Whether the queries are a contiguous block ending at the last key: the only sets flash-attn
+    (bottom-right causal) runs, and SDPA's fast paths."""
+    return q_pos.step == 1 and q_pos.stop == n_keys
+
+
 def pick_backend(q: torch.Tensor, q_pos: range, n_keys: int, window: int | None = None) -> str:
     """The fastest backend that is exact for this call (flash-attn only for contiguous blocks)."""
     if not q.is_cuda:
         return "sdpa"
-    contiguous_tail = q_pos.step == 1 and q_pos.stop == n_keys
+    tail = contiguous_tail(q_pos, n_keys)
     half_precision = q.dtype in (torch.float16, torch.bfloat16)
-    if contiguous_tail and half_precision and flash_attn_available():
+    if tail and half_precision and flash_attn_available():
         return "flash"
-    if contiguous_tail and (len(q_pos) == 1 or not _window_active(q_pos, window)):
+    if tail and (len(q_pos) == 1 or not _window_active(q_pos, window)):
         # SDPA's flash/efficient kernels: is_causal for the full sequence, a lower-right causal
         # bias for a chunk, no mask for one decoding query (its window is cut by slicing keys)
         return "sdpa"
@@ -235,7 +241,7 @@ def attend(q, k, v, q_pos, window: int | None = None, backend: str = "auto") -> 
     if backend == "auto":
         backend = pick_backend(q, q_pos, n_keys, window)
     if backend == "flash":
-        if q_pos.step != 1 or q_pos.stop != n_keys:
+        if not contiguous_tail(q_pos, n_keys):
             raise ValueError(
                 "backend='flash' needs a contiguous block of queries ending at the last key"
             )
