@@ -564,10 +564,20 @@ def test_every_group_at_once_on_the_committed_store(committed_server, browser, t
         return True
 
     _until("the group picker to open", open_picker, timeout=30, poll=0.3)
-    every = _until(
-        "the picker's options",
-        lambda: browser.find_elements(By.XPATH, "//*[@role='option' or text()='Select all']"),
-    )
+
+    def options():
+        found = browser.find_elements(By.XPATH, "//*[@role='option' or text()='Select all']")
+        if not found:  # a click that only focused the box (its picks fill it and it scrolls):
+            # the arrow key opens the list, as it does for someone at the keyboard
+            from selenium.webdriver.common.keys import Keys
+
+            try:
+                browser.switch_to.active_element.send_keys(Keys.ARROW_DOWN)
+            except (ElementNotInteractableException, StaleElementReferenceException):
+                pass
+        return found
+
+    every = _until("the picker's options", options, poll=1.0)
     select_all = [e for e in every if e.text.strip() == "Select all"]
     if not select_all:
         pytest.skip("this Streamlit's multiselect has no *Select all*")
