@@ -548,6 +548,7 @@ def test_every_group_at_once_on_the_committed_store(committed_server, browser, t
         StaleElementReferenceException,
     )
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
 
     _open(browser, committed_server)
     title = "Length generalisation"
@@ -569,8 +570,6 @@ def test_every_group_at_once_on_the_committed_store(committed_server, browser, t
         found = browser.find_elements(By.XPATH, "//*[@role='option' or text()='Select all']")
         if not found:  # a click that only focused the box (its picks fill it and it scrolls):
             # the arrow key opens the list, as it does for someone at the keyboard
-            from selenium.webdriver.common.keys import Keys
-
             try:
                 browser.switch_to.active_element.send_keys(Keys.ARROW_DOWN)
             except (ElementNotInteractableException, StaleElementReferenceException):
