@@ -491,6 +491,43 @@ def test_time_to_event_per_arm_and_log_rank_by_hand(tmp_path):
         parse_study({**table, "time_to_event": "greedy"})
 
 
+def test_a_contrast_on_the_parallel_forward_times_the_parallel_forward(tmp_path):
+    """A contrast whose metric scores the parallel forward gets its event row from
+    pos90_parallel, not from the study's exact decoding (which would repeat the exact row)."""
+    from lrt_lab.store.study import event_table
+
+    root = events_store(tmp_path / "events")
+    # the parallel forward reaches 8 at step 30 in every LRT run and never in a transformer run
+    for seed in range(4):
+        path = root / run_name("lrt", "interleaved:2", seed) / "metrics.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        for r in records:
+            r["pos90_parallel@8"] = 8 if r["step"] >= 30 else 2
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    for seed in range(4):
+        path = root / run_name("transformer", "onepass", seed) / "metrics.jsonl"
+        records = [
+            {**json.loads(line), "pos90_parallel@8": 3} for line in path.read_text().splitlines()
+        ]
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    study = parse_study(
+        {
+            **STUDY,
+            "time_to_event": "exact",
+            "contrasts": [
+                {"a": "transformer", "b": "lrt interleaved:2"},
+                {"a": "transformer", "b": "lrt interleaved:2", "metric": "ce_parallel@8"},
+            ],
+        }
+    )
+    exact, parallel = (row for _, row in event_table(root, study).iterrows())
+    assert (exact["decoding"], exact["reached_b"], exact["median_b"]) == ("exact", "3/4", 20)
+    assert (parallel["decoding"], parallel["reached_a"]) == ("parallel", "0/4")
+    assert (parallel["reached_b"], parallel["median_b"]) == ("4/4", 30)
+    by_hand = _logrank_by_hand([(50, 0)] * 4, [(30, 1)] * 4)
+    assert parallel["p_logrank"] == pytest.approx(by_hand, rel=1e-6)
+
+
 def test_kaplan_meier_curves_per_arm_by_hand_and_drawn(tmp_path):
     """The share of seeds that have learned, by step: the product-limit estimate by hand."""
     from lrt_lab.analysis.time_to_event import plot_time_to_event, reach_curves
@@ -524,7 +561,7 @@ def test_report_study_draws_the_kaplan_meier_figure_when_the_study_times_an_even
     assert "Kaplan-Meier median" in out
     events = out[out.index("Time until pos@90") :].splitlines()
     (row,) = [line.split() for line in events if line.startswith("transformer lrt interleaved")]
-    assert row[3:7] == ["1/4", "3/4", "-", "20"]  # reached A, B; median A, B
+    assert row[3:8] == ["exact", "1/4", "3/4", "-", "20"]  # decoding; reached A, B; median A, B
     figure = root / ".analysis" / "time_to_event_timed.png"
     assert f"figure (Kaplan-Meier, share of seeds that reached the length): {figure}" in out
     assert figure.stat().st_size > 5_000
@@ -552,7 +589,7 @@ def test_the_tables_render_as_markdown_for_a_page(store, tmp_path):
     assert (
         format_event_table(events, "md")
         .splitlines()[2]
-        .startswith("| transformer | lrt interleaved:2 | 1/4 | 3/4 | - | 20 |")
+        .startswith("| transformer | lrt interleaved:2 | exact | 1/4 | 3/4 | - | 20 |")
     )
     with pytest.raises(ValueError, match="fmt='html' is invalid"):
         format_study_table(table, "html")

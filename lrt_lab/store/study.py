@@ -592,6 +592,7 @@ def format_event_table(events: pd.DataFrame, fmt: str = "table") -> str:
         {
             "A": events["a"],
             "B": events["b"],
+            "decoding": events["decoding"],
             "reached A": events["reached_a"],
             "reached B": events["reached_b"],
             "median A": events["median_a"].map(_num),
@@ -655,9 +656,9 @@ def study_lines(runs, study: Study, table: pd.DataFrame, run_names=None, fmt: st
         events = event_table(runs, study, run_names=run_names)
         lines += [
             "",
-            f"Time until pos@90 ({study.time_to_event} decoding) first reached the training "
-            f"length, in {study.time_axis} (Kaplan-Meier median; runs that never did are censored "
-            "at their last evaluation), and a log-rank test per contrast:",
+            f"Time until pos@90 first reached the training length, in {study.time_axis}, in the "
+            "decoding each contrast's metric scores (Kaplan-Meier median; runs that never did are "
+            "censored at their last evaluation), and a log-rank test per contrast:",
             *([""] if fmt == "md" else []),  # a page's table needs a blank line above it
             format_event_table(events, fmt),
         ]
@@ -685,16 +686,26 @@ def print_study(runs, study: Study, run_names=None, store_name: str | None = Non
     return table
 
 
-def arm_reach_times(runs, study: Study, run_names=None) -> dict[str, pd.DataFrame]:
+def arm_reach_times(
+    runs, study: Study, run_names=None, decoding: str | None = None
+) -> dict[str, pd.DataFrame]:
     """{arm: reach_times of its complete runs} for every arm the study's contrasts name (in the
-    order they first appear): when pos@90 of the study's time_to_event decoding first reached the
-    training length, on its time axis."""
+    order they first appear): when pos@90 of `decoding` (default: the study's time_to_event)
+    first reached the training length, on its time axis."""
     if study.time_to_event is None:
         raise ValueError("the study has no time_to_event; allowed: a [study] that names one")
     return {
-        arm: reach_times(rows, study.time_to_event, study.time_axis)
+        arm: reach_times(rows, decoding or study.time_to_event, study.time_axis)
         for arm, rows in arm_runs(runs, study, run_names).items()
     }
+
+
+def event_decoding(contrast: Contrast, study: Study) -> str:
+    """The decoding whose pos@90 a contrast's time-to-event row times: the one its metric scores
+    (ce_parallel@16 -> parallel), else the study's time_to_event. A row that scores the parallel
+    forward would otherwise be timed on exact decoding and repeat the exact row."""
+    name = contrast.metric.split("@")[0]
+    return next((m for m in EVENT_MODES if name.endswith(f"_{m}")), study.time_to_event)
 
 
 def arm_runs(runs, study: Study, run_names=None) -> dict[str, pd.DataFrame]:
@@ -780,14 +791,17 @@ def format_last_interval_table(table: pd.DataFrame, fmt: str = "table") -> str:
 
 
 def event_table(runs, study: Study, run_names=None) -> pd.DataFrame:
-    """Per contrast: each arm's runs that reached pos@90 = the training length (of the study's
-    time_to_event decoding), the Kaplan-Meier median time to it (NaN: fewer than half did) and
+    """Per contrast: each arm's runs that reached pos@90 = the training length (in the decoding
+    event_decoding names for it), the Kaplan-Meier median time to it (NaN: fewer than half did) and
     the log-rank p of the two arms."""
-    times = arm_reach_times(runs, study, run_names)
+    times = {}  # decoding -> {arm: reach times}, each read once
     rows = []
     for c in study.contrasts:
-        arms = {"a": times[c.a], "b": times[c.b]}
-        row = {"a": c.a, "b": c.b}
+        mode = event_decoding(c, study)
+        if mode not in times:
+            times[mode] = arm_reach_times(runs, study, run_names, decoding=mode)
+        arms = {"a": times[mode][c.a], "b": times[mode][c.b]}
+        row = {"a": c.a, "b": c.b, "decoding": mode}
         for side, t in arms.items():
             median = kaplan_meier(t["time"], t["reached"], None)[1] if len(t) else math.nan
             row[f"reached_{side}"] = f"{int(t['reached'].sum())}/{len(t)}"
@@ -810,6 +824,7 @@ __all__ = [
     "arm_reach_times",
     "arm_runs",
     "check_arms",
+    "event_decoding",
     "event_table",
     "format_study_table",
     "grid_frame",
