@@ -686,16 +686,14 @@ def print_study(runs, study: Study, run_names=None, store_name: str | None = Non
     return table
 
 
-def arm_reach_times(
-    runs, study: Study, run_names=None, decoding: str | None = None
-) -> dict[str, pd.DataFrame]:
+def arm_reach_times(runs, study: Study, run_names=None) -> dict[str, pd.DataFrame]:
     """{arm: reach_times of its complete runs} for every arm the study's contrasts name (in the
-    order they first appear): when pos@90 of `decoding` (default: the study's time_to_event)
-    first reached the training length, on its time axis."""
+    order they first appear): when pos@90 of the study's time_to_event decoding first reached the
+    training length, on its time axis."""
     if study.time_to_event is None:
         raise ValueError("the study has no time_to_event; allowed: a [study] that names one")
     return {
-        arm: reach_times(rows, decoding or study.time_to_event, study.time_axis)
+        arm: reach_times(rows, study.time_to_event, study.time_axis)
         for arm, rows in arm_runs(runs, study, run_names).items()
     }
 
@@ -794,12 +792,17 @@ def event_table(runs, study: Study, run_names=None) -> pd.DataFrame:
     """Per contrast: each arm's runs that reached pos@90 = the training length (in the decoding
     event_decoding names for it), the Kaplan-Meier median time to it (NaN: fewer than half did) and
     the log-rank p of the two arms."""
-    times = {}  # decoding -> {arm: reach times}, each read once
+    if study.time_to_event is None:
+        raise ValueError("the study has no time_to_event; allowed: a [study] that names one")
+    groups = arm_runs(runs, study, run_names)  # the store is read once, whatever the decodings
+    times = {}  # decoding -> {arm: reach times}
     rows = []
     for c in study.contrasts:
         mode = event_decoding(c, study)
         if mode not in times:
-            times[mode] = arm_reach_times(runs, study, run_names, decoding=mode)
+            times[mode] = {
+                arm: reach_times(rows_, mode, study.time_axis) for arm, rows_ in groups.items()
+            }
         arms = {"a": times[mode][c.a], "b": times[mode][c.b]}
         row = {"a": c.a, "b": c.b, "decoding": mode}
         for side, t in arms.items():
