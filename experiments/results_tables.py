@@ -2038,11 +2038,15 @@ def trainer_study_table(df: pd.DataFrame) -> str:
 TRAINER_STUDY_HEADING = "Which trainer learns A5 at length 16: the study written before its runs"
 
 
-def study_status(table: pd.DataFrame, n_runs: int, primary: str, heading: str) -> str:
-    """The README's sentence on the trainer study, from its study_table: how many of its grid's
-    runs are in while some are missing (its contrasts are read once all are: reading them as
-    seeds land would be looking before the data are whole); then each contrast of the primary
-    metric in numbers, with its Holm p and whether it is decided."""
+def study_status(
+    table: pd.DataFrame, events: pd.DataFrame, n_runs: int, primary: str, heading: str
+) -> str:
+    """The README's sentence on the trainer study, from its study_table and event_table: how many
+    of its grid's runs are in while some are missing (its contrasts are read once all are: reading
+    them as seeds land would be looking before the data are whole); then each contrast in numbers
+    with its Holm p and whether it is decided (those of the primary metric first, any other metric
+    as its own clause), and how many of each arm's seeds reached the training length, at what
+    median compute (the answer to "which trainer learns, at what compute")."""
     k = table.attrs.get("runs", 0)
     head = (
         f"A study written before its runs answers that ({link(heading)}: the four trainers, 8 "
@@ -2051,24 +2055,54 @@ def study_status(table: pd.DataFrame, n_runs: int, primary: str, heading: str) -
     )
     if k < n_runs:
         return f"{head}; {k} of its {n_runs} runs are in, and its contrasts are read when all are."
+
+    def contrast(r) -> str:
+        return (
+            f"{r.b} against {r.a} {r.effect:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}] "
+            f"(Holm p = {r.p_holm:.3g}, {'decided' if r.decided else 'not decided'})"
+        )
+
     rows = table[table["metric"] == primary]
-    parts = [
-        f"{r.b} against {r.a} {r.effect:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}] "
-        f"(Holm p = {r.p_holm:.3g}, {'decided' if r.decided else 'not decided'})"
-        for r in rows.itertuples()
-    ]
+    others = table[table["metric"] != primary]
+    text = (
+        f"{head}. In {primary} (B minus A, nats; paired by seed, {int(rows['pairs'].min())} "
+        f"pairs, 95% bootstrap interval, Holm over all {len(table)} contrasts): "
+        + "; ".join(contrast(r) for r in rows.itertuples())
+    )
+    if len(others):
+        text += "; as their own rows, " + "; ".join(
+            f"in {r.metric}, {contrast(r)}" for r in others.itertuples()
+        )
+    return f"{text}. {reach_sentence(events)}" if len(events) else f"{text}."
+
+
+def reach_sentence(events: pd.DataFrame) -> str:
+    """The study's time-to-event rows as one sentence: each arm's seeds whose pos@90 first reached
+    the training length (in the decoding its row times), the Kaplan-Meier median FLOPs to it when
+    at least half did, and the log-rank p against the contrast's other arm."""
+
+    def arm(name, decoding, reached, median) -> str:
+        text = f"{name} with {decoding} decoding on {reached.replace('/', ' of ')}"
+        return text if math.isnan(median) else f"{text} (median {median:.2g} FLOPs)"
+
+    first = events.iloc[0]
+    parts = [arm(first["a"], first["decoding"], first["reached_a"], first["median_a"])]
+    for r in events.itertuples():
+        p = "" if math.isnan(r.p_logrank) else f", log-rank p = {p_text(r.p_logrank)}"
+        parts.append(arm(r.b, r.decoding, r.reached_b, r.median_b) + p)
     return (
-        f"{head}. In cross-entropy (B minus A, nats; paired by seed, "
-        f"{int(rows['pairs'].min())} pairs, 95% bootstrap interval): {'; '.join(parts)}."
+        "The training length (pos@90 = 16) was first reached, against counted forward+backward "
+        f"FLOPs, by {'; '.join(parts)}."
     )
 
 
 def trainer_study_status(df: pd.DataFrame) -> str:
-    from lrt_lab.store.study import study_table
+    from lrt_lab.store.study import event_table, study_table
 
     study, names = trainer_study()
     table = study_table(df, study, run_names=names)
-    return study_status(table, len(names), study.primary, TRAINER_STUDY_HEADING)
+    events = event_table(df, study, run_names=names) if study.time_to_event else pd.DataFrame()
+    return study_status(table, events, len(names), study.primary, TRAINER_STUDY_HEADING)
 
 
 def trainer_study_figure(df: pd.DataFrame, path, which: str):

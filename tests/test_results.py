@@ -593,10 +593,13 @@ def test_gap_contrasts_give_the_t_interval_of_the_paired_differences():
     assert row["ci_low"] < 0 < row["ci_high"]  # this spread does not exclude 0
 
 
-def test_the_study_sentence_waits_for_every_run_then_gives_each_primary_contrast():
+def test_the_study_sentence_waits_for_every_run_then_gives_each_contrast_and_reach():
     """The README's sentence on the trainer study: a count while runs are missing (no effect is
     quoted before the data are whole), then every primary-metric contrast with its interval, Holm
-    p and verdict, and none of another metric."""
+    p and verdict, a contrast of another metric as its own clause, and each arm's seeds that
+    reached the training length with the median compute and log-rank p of its row."""
+    import math
+
     import pandas as pd
 
     tables = _tables_module()
@@ -608,18 +611,60 @@ def test_the_study_sentence_waits_for_every_run_then_gives_each_primary_contrast
     table = pd.DataFrame(
         rows, columns=["a", "b", "metric", "effect", "ci_low", "ci_high", "p_holm", "decided"]
     ).assign(pairs=8)
+    events = pd.DataFrame(
+        [
+            (
+                "transformer",
+                "lrt interleaved:2",
+                "exact",
+                "0/8",
+                "0/8",
+                math.nan,
+                math.nan,
+                math.nan,
+            ),
+            ("transformer", "lrt rollout:1", "exact", "0/8", "5/8", math.nan, 4.4e13, 0.004),
+            ("transformer", "lrt interleaved:2", "parallel", "0/8", "3/8", math.nan, math.nan, 0.2),
+        ],
+        columns=[
+            "a",
+            "b",
+            "decoding",
+            "reached_a",
+            "reached_b",
+            "median_a",
+            "median_b",
+            "p_logrank",
+        ],
+    )
     table.attrs["runs"] = 5
-    waiting = tables.study_status(table, 32, "ce_exact@16", "Heading")
+    waiting = tables.study_status(table, events, 32, "ce_exact@16", "Heading")
     assert "5 of its 32 runs are in" in waiting and "+0.250" not in waiting
+    assert "reached" not in waiting
     table.attrs["runs"] = 32
-    done = tables.study_status(table, 32, "ce_exact@16", "Heading")
-    assert "8 pairs" in done
+    done = tables.study_status(table, events, 32, "ce_exact@16", "Heading")
+    assert "8 pairs" in done and "Holm over all 3 contrasts" in done
+    primary = done[: done.index("as their own rows")]
     assert (
         "lrt interleaved:2 against transformer +0.250 [+0.100, +0.400] (Holm p = 0.012, decided)"
-        in done
+        in primary
     )
     assert (
         "lrt rollout:1 against transformer -0.050 [-0.200, +0.100] (Holm p = 0.5, not decided)"
-        in done
+        in primary
     )
-    assert "-0.300" not in done  # the parallel-forward row is not the primary metric
+    assert "-0.300" not in primary  # the parallel-forward row is not the primary metric
+    assert (
+        "in ce_parallel@16, lrt interleaved:2 against transformer -0.300 [-0.400, -0.200] "
+        "(Holm p = 0.01, decided)" in done
+    )
+    reach = done[done.index("first reached") :]
+    assert "transformer with exact decoding on 0 of 8;" in reach  # the shared arm once
+    assert reach.count("transformer with") == 1
+    assert "lrt interleaved:2 with exact decoding on 0 of 8;" in reach  # no p without an event
+    assert (
+        "lrt rollout:1 with exact decoding on 5 of 8 (median 4.4e+13 FLOPs), log-rank p = 0.004"
+        in reach
+    )
+    # fewer than half reached: no median is quoted
+    assert "lrt interleaved:2 with parallel decoding on 3 of 8, log-rank p = 0.20." in reach
