@@ -91,6 +91,16 @@ def test_learning_curves_are_drawn_and_the_report_names_the_figure(tmp_path, cap
     assert figure.stat().st_size > 5_000
 
 
+def set_eval_every(root: Path, every: dict) -> None:
+    """Each run's train.eval_every: every[(kind, schedule)] lists them by seed."""
+    for (kind, schedule), per_seed in every.items():
+        for seed, n in enumerate(per_seed):
+            path = root / run_name(kind, schedule, seed) / "config.json"
+            config = json.loads(path.read_text())
+            config["train"]["eval_every"] = n
+            path.write_text(json.dumps(config))
+
+
 def test_the_last_interval_table_says_which_arms_were_still_improving(tmp_path):
     """Per arm and metric: the mean final value, the mean change over each run's last evaluation
     interval (measured back from its end by its eval_every, so a final evaluation off the grid
@@ -98,13 +108,9 @@ def test_the_last_interval_table_says_which_arms_were_still_improving(tmp_path):
     from lrt_lab.store.study import last_interval_table
 
     root = curves_store(tmp_path / "s")
-    every = {("transformer", "onepass"): [10, 10, 10], ("lrt", "interleaved:2"): [10, 15]}
-    for (kind, schedule), per_seed in every.items():
-        for seed, n in enumerate(per_seed):
-            path = root / run_name(kind, schedule, seed) / "config.json"
-            config = json.loads(path.read_text())
-            config["train"]["eval_every"] = n
-            path.write_text(json.dumps(config))
+    set_eval_every(
+        root, {("transformer", "onepass"): [10, 10, 10], ("lrt", "interleaved:2"): [10, 15]}
+    )
     # the transformer's seed 0 got worse over its last interval: 2.0 -> 2.5
     lines = [
         json.dumps({"kind": "eval", "step": s, "flops": s, "ce_exact@8": v, "ce_parallel@8": v})
@@ -125,3 +131,37 @@ def test_the_last_interval_table_says_which_arms_were_still_improving(tmp_path):
     # seed 1 evaluates every 15: its interval runs from step 10 (<= 30 - 15) to 30, 2.5 -> 0.8
     assert (lrt.final, lrt.change) == (pytest.approx(0.7), pytest.approx((-0.5 - 1.7) / 2))
     assert (lrt.steps, lrt.improving) == ("10/20", "2/2")
+    # best values: transformer 2.0, 1.2, 2.2; seed 0 gained 1.0 (3.0 -> 2.0) and lost 0.5 of it,
+    # not more than half: no run regressed
+    assert (tf.best, tf.regressed) == (pytest.approx(5.4 / 3), "0/3")
+    assert (lrt.best, lrt.regressed) == (pytest.approx(0.7), "0/2")
+
+
+def test_the_last_interval_table_counts_runs_that_regressed(tmp_path):
+    """A run that lost more than half of what it gained from its first evaluation to its best
+    regressed (a collapse), one that never beat its first evaluation and ended worse too; a run
+    that lost half or less did not. Higher-is-better metrics count the other way round."""
+    from lrt_lab.store.study import last_interval_table
+
+    root = curves_store(tmp_path / "s")
+    set_eval_every(root, {("transformer", "onepass"): [10, 10, 10]})
+    # the transformer's seeds: collapsed (gain 2.0, lost 1.5), never improved (lost 0.4),
+    # lost exactly half (gain 1.0, lost 0.5)
+    for seed, values in enumerate([(3.0, 1.0, 2.5), (2.0, 2.4, 2.4), (3.0, 2.0, 2.5)]):
+        lines = [
+            json.dumps({"kind": "eval", "step": st, "flops": st, "ce_exact@8": v})
+            for st, v in zip((10, 20, 30), values)
+        ]
+        (root / run_name("transformer", "onepass", seed) / "metrics.jsonl").write_text(
+            "\n".join(lines) + "\n"
+        )
+    table = last_interval_table(root, curves_study()).set_index(["arm", "metric"])
+    tf = table.loc[("transformer", "ce_exact@8")]
+    assert (tf["best"], tf["regressed"]) == (pytest.approx((1.0 + 2.0 + 2.0) / 3), "2/3")
+    # higher is better: the same values read as a score; the first and third runs never beat 3.0
+    contrasts = [{"a": "transformer", "b": "lrt interleaved:2"}]
+    scores = parse_study({**STUDY, "lower_is_better": False, "contrasts": contrasts})
+    table = last_interval_table(root, scores).set_index(["arm", "metric"])
+    tf = table.loc[("transformer", "ce_exact@8")]
+    # bests 3.0, 2.4, 3.0; lost 0.5 of no gain, 0 of 0.4, 0.5 of no gain: two regressed
+    assert (tf["best"], tf["regressed"]) == (pytest.approx(8.4 / 3), "2/3")

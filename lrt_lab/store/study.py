@@ -637,7 +637,8 @@ def study_lines(runs, study: Study, table: pd.DataFrame, run_names=None, fmt: st
             "Whether the budget let each arm flatten: its metric at the end and the change over "
             "each run's last evaluation interval, means over its runs; a run still improving at "
             "its end is censored by its budget (its final value bounds what more steps would "
-            "give):",
+            "give); a run regressed when it ended having lost more than half of what it gained "
+            "from its first evaluation to its best (best: the mean of the runs' best values):",
             *([""] if fmt == "md" else []),
             format_last_interval_table(flat, fmt),
         ]
@@ -722,15 +723,18 @@ def last_interval_table(runs, study: Study, run_names=None) -> pd.DataFrame:
     run's last evaluation interval (from its last evaluation at least train.eval_every steps before
     its end to its end: a final evaluation off the grid would make a short interval look flat),
     and how many runs still improved there (by the study's direction). A run still improving at
-    its end is censored by its budget: its final value bounds what more steps would give. A
-    metric whose row equals the arm's primary-metric row (same runs, final, change, interval) is
-    left out."""
+    its end is censored by its budget: its final value bounds what more steps would give. Also the
+    mean best value over each run's evaluations and how many runs regressed: ended having lost
+    more than half of what they gained from their first evaluation to their best (a run that never
+    beat its first evaluation and ended worse counts), a collapse that the final value alone reads
+    as never having learned. A metric whose row equals the arm's primary-metric row (same runs,
+    final, change, interval) is left out."""
     wanted = dict.fromkeys((arm, c.metric) for c in study.contrasts for arm in (c.a, c.b))
     by_arm = arm_runs(runs, study, run_names)
     rows = []
     for arm, metric in wanted:
         runs_of_arm = by_arm[arm]
-        finals, changes, intervals = [], [], set()
+        finals, changes, bests, regressed, intervals = [], [], [], [], set()
         for label, evals in evaluations(runs_of_arm, metric).groupby("row"):
             evals = evals.sort_values("step")
             every = runs_of_arm.loc[label].get("config.train.eval_every")
@@ -741,6 +745,13 @@ def last_interval_table(runs, study: Study, run_names=None) -> pd.DataFrame:
             if before.empty:
                 continue
             finals.append(end["value"])
+            # in "lower is better" units: the run gained first - best and lost final - best
+            sign = 1 if study.lower_is_better else -1
+            best = (sign * evals["value"]).min()
+            gained = sign * evals.iloc[0]["value"] - best
+            lost = sign * end["value"] - best
+            bests.append(sign * best)
+            regressed.append(lost > gained / 2)  # gained >= 0: best is at most first
             changes.append(end["value"] - before.iloc[-1]["value"])
             intervals.add(int(end["step"] - before.iloc[-1]["step"]))
         if not finals:
@@ -755,6 +766,8 @@ def last_interval_table(runs, study: Study, run_names=None) -> pd.DataFrame:
                 "change": sum(changes) / len(changes),
                 "steps": "/".join(str(i) for i in sorted(intervals)),
                 "improving": f"{sum(better)}/{len(finals)}",
+                "best": sum(bests) / len(bests),
+                "regressed": f"{sum(regressed)}/{len(finals)}",
             }
         )
     # a metric equal to the primary one of the same arm (a transformer's parallel forward is its
@@ -768,7 +781,17 @@ def last_interval_table(runs, study: Study, run_names=None) -> pd.DataFrame:
         or r["arm"] not in primary
         or any(r[k] != primary[r["arm"]][k] for k in same)
     ]
-    columns = ["arm", "metric", "runs", "final", "change", "steps", "improving"]
+    columns = [
+        "arm",
+        "metric",
+        "runs",
+        "final",
+        "change",
+        "steps",
+        "improving",
+        "best",
+        "regressed",
+    ]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -783,6 +806,8 @@ def format_last_interval_table(table: pd.DataFrame, fmt: str = "table") -> str:
             "change, last interval (mean)": table["change"].map(lambda v: f"{v:+.4g}"),
             "interval (steps)": table["steps"],
             "runs still improving": table["improving"],
+            "best (mean)": table["best"].map(_num),
+            "runs that regressed": table["regressed"],
         }
     )
     return _rendered(shown, fmt)
