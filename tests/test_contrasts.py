@@ -194,6 +194,19 @@ def test_power_is_what_the_t_test_does_in_simulation():
     assert t_power(0.6, 12, paired=True) == pytest.approx(paired, abs=0.015)
 
 
+def test_power_of_a_large_effect_at_few_seeds_is_a_number_near_1():
+    """A large standardized effect at few pairs (d_z 3.7 at 6 pairs, as a study's clearly
+    separated arms give) puts the noncentral t far from the lower rejection region, where
+    scipy's nct.cdf returns NaN; the power is still a number, the simulated t-test's rejection
+    rate, in either direction of the effect."""
+    rng = np.random.default_rng(3)
+    for d_z in (3.7, -3.7, 9.0):
+        diffs = rng.normal(d_z, 1.0, (20000, 6))
+        simulated = np.mean(sps.ttest_1samp(diffs, 0.0, axis=1).pvalue < 0.05)
+        assert t_power(d_z, 6, paired=True) == pytest.approx(simulated, abs=0.002)
+    assert t_power(4.0, 8, 8, paired=False) == pytest.approx(1.0, abs=1e-6)
+
+
 def test_n_for_power_against_published_values():
     # Cohen's table for power .80, two-sided alpha .05: d = .5 -> 64 per group, d = .8 -> 26
     assert n_for_power(0.5, 0.8, paired=False) == 64

@@ -218,7 +218,9 @@ def t_power(
     else:
         df, nc = n_a + n_b - 2, d * math.sqrt(n_a * n_b / (n_a + n_b))
     crit = float(sps.t.ppf(1 - alpha / 2, df))
-    return float(sps.nct.sf(crit, df, nc) + sps.nct.cdf(-crit, df, nc))
+    # P(T < -crit | nc) written as P(T > crit | -nc): scipy's nct.cdf returns NaN far in its lower
+    # tail (nc around 9 and above at df 5), where the upper-tail form gives its ~0
+    return float(sps.nct.sf(crit, df, nc) + sps.nct.sf(crit, df, -nc))
 
 
 def n_for_power(
