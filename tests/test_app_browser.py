@@ -566,22 +566,35 @@ def test_every_group_at_once_on_the_committed_store(committed_server, browser, t
 
     _until("the group picker to open", open_picker, timeout=30, poll=0.3)
 
-    def options():
-        found = browser.find_elements(By.XPATH, "//*[@role='option' or text()='Select all']")
+    def option_texts():
+        # the list re-renders while it opens: read every text in the same poll that found the
+        # options, and try again when one went stale in between
+        try:
+            found = browser.find_elements(By.XPATH, "//*[@role='option' or text()='Select all']")
+            texts = [e.text.strip() for e in found]
+        except StaleElementReferenceException:
+            return None
         if not found:  # a click that only focused the box (its picks fill it and it scrolls):
             # the arrow key opens the list, as it does for someone at the keyboard
             try:
                 browser.switch_to.active_element.send_keys(Keys.ARROW_DOWN)
             except (ElementNotInteractableException, StaleElementReferenceException):
                 pass
-        return found
+            return None
+        return texts
 
-    every = _until("the picker's options", options, poll=1.0)
-    select_all = [e for e in every if e.text.strip() == "Select all"]
-    if not select_all:
+    if "Select all" not in _until("the picker's options", option_texts, poll=1.0):
         pytest.skip("this Streamlit's multiselect has no *Select all*")
-    # a click from script: the option list may sit under the page's own elements a moment longer
-    browser.execute_script("arguments[0].click();", select_all[0])
+    # found and clicked in one script, so no element reference can go stale between the two;
+    # a click from script also reaches an option list that sits under the page's own elements
+    click_select_all = """
+        const hit = document.evaluate("//*[text()='Select all']", document, null,
+            XPathResult.FIRST_ORDERED_NODE_TYPE, null).singleNodeValue;
+        if (hit) { hit.click(); }
+        return hit !== null;"""
+    _until(
+        "the picker's *Select all* to be clicked", lambda: browser.execute_script(click_select_all)
+    )
     panel = _until(
         "every group to be shown",
         lambda: (p := _tab(browser, title)) and " groups shown." in p.text and p,
