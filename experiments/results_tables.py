@@ -37,6 +37,7 @@ import re
 import statistics
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -62,6 +63,7 @@ from lrt_lab.store.report import (  # noqa: E402
     supervised_every,
 )
 from lrt_lab.store.results import load_metrics, load_plans, load_runs, load_table  # noqa: E402
+from lrt_lab.store.study import Study  # noqa: E402
 
 # Paper, app. "Non-Commutative State Tracking" (depth 4, d 256, trained at length 64, pos@90 out of
 # 64
@@ -1026,15 +1028,15 @@ def in_short(df: pd.DataFrame, study_status: str) -> str | None:
     return textwrap.fill(text, 100, break_long_words=False, break_on_hyphens=False)
 
 
-def compact_block(df: pd.DataFrame) -> str:
-    full, df = df, earlier_runs(df)
+def compact_block(df: pd.DataFrame, study: TrainerStudyResults) -> str:
+    df = earlier_runs(df)
     parts = []
     for title, section, build, setup in COMPACT:
         table = build(df)
         if table is not None:
             parts.append(f"**{title}** ({setup}).\nFull tables: {link(section)}.\n\n{table}")
     # the study's own runs are left out of the tables above, not out of its sentence
-    summary = in_short(df, trainer_study_status(full))
+    summary = in_short(df, trainer_study_status(study))
     if summary is not None:
         parts.append(summary)
     return "\n\n".join(parts)
@@ -1905,8 +1907,9 @@ def earlier_runs(df: pd.DataFrame) -> pd.DataFrame:
     return df[~df["run"].isin(study_run_names())] if "run" in df.columns else df
 
 
-def tables(df: pd.DataFrame) -> dict:
-    """Every table a template may name: `<!-- table: NAME -->`."""
+def tables(df: pd.DataFrame, study: TrainerStudyResults) -> dict:
+    """Every table a template may name: `<!-- table: NAME -->` (`study`: trainer_study_results of
+    the same store)."""
     full, df = df, earlier_runs(df)
 
     def at(task, length, paper=None):
@@ -1926,7 +1929,7 @@ def tables(df: pd.DataFrame) -> dict:
         "bench": bench_table,
         "scoreboard": lambda: scoreboard_table(df),
         "trainer_recipe": lambda: recipe_pilot_table(full),
-        "trainer_study": lambda: trainer_study_table(full),
+        "trainer_study": lambda: trainer_study_table(full, study),
     }
 
 
@@ -1995,6 +1998,27 @@ def recipe_pilot_table(df: pd.DataFrame) -> str:
     )
 
 
+@dataclass(frozen=True, eq=False)
+class TrainerStudyResults:
+    """The A5 trainer study read from one store, once for both pages that state it (the results
+    page's table and the README's sentence): each table re-reads the runs and repeats the
+    bootstrap and permutation tests."""
+
+    study: Study
+    names: list[str]  # the run names of its grid
+    table: pd.DataFrame  # study_table at the budget
+    events: pd.DataFrame  # event_table; empty when the study names no time_to_event
+
+
+def trainer_study_results(df: pd.DataFrame) -> TrainerStudyResults:
+    from lrt_lab.store.study import event_table, study_table
+
+    study, names = trainer_study()
+    table = study_table(df, study, run_names=names)
+    events = event_table(df, study, run_names=names) if study.time_to_event else pd.DataFrame()
+    return TrainerStudyResults(study, names, table, events)
+
+
 def trainer_study() -> tuple:
     """(Study, the run names of its grid) of experiments/a5_trainers.toml."""
     from lrt_lab.store.study import parse_study
@@ -2004,18 +2028,18 @@ def trainer_study() -> tuple:
     return parse_study(spec["study"]), [cfg.run_name for cfg in expand(spec)]
 
 
-def trainer_study_table(df: pd.DataFrame) -> str:
+def trainer_study_table(df: pd.DataFrame, results: TrainerStudyResults) -> str:
     """The A5 trainer study as `lrt-lab report --study experiments/a5_trainers.toml` gives it:
     its contrasts (effects, intervals, p-values, Holm, power), a verdict per contrast and the
     time to reach the training length, over the runs of its grid that are complete; then its
     learning curves and Kaplan-Meier figure (trainer_study_figure)."""
-    from lrt_lab.store.study import study_lines, study_table
+    from lrt_lab.store.study import study_lines
 
-    study, names = trainer_study()
-    table = study_table(df, study, run_names=names)
+    study, names, table = results.study, results.names, results.table
     if not table.attrs["runs"]:
         return f"None of the grid's {len(names)} runs is complete yet."
-    body = study_lines(df, study, table, run_names=names, fmt="md")
+    events = results.events if study.time_to_event else None
+    body = study_lines(df, study, table, run_names=names, fmt="md", events=events)
     figures = [
         "",
         "Each arm's evaluations against counted forward+backward FLOPs (seed mean and band; "
@@ -2096,13 +2120,14 @@ def reach_sentence(events: pd.DataFrame) -> str:
     )
 
 
-def trainer_study_status(df: pd.DataFrame) -> str:
-    from lrt_lab.store.study import event_table, study_table
-
-    study, names = trainer_study()
-    table = study_table(df, study, run_names=names)
-    events = event_table(df, study, run_names=names) if study.time_to_event else pd.DataFrame()
-    return study_status(table, events, len(names), study.primary, TRAINER_STUDY_HEADING)
+def trainer_study_status(results: TrainerStudyResults) -> str:
+    return study_status(
+        results.table,
+        results.events,
+        len(results.names),
+        results.study.primary,
+        TRAINER_STUDY_HEADING,
+    )
 
 
 def trainer_study_figure(df: pd.DataFrame, path, which: str):
@@ -2131,10 +2156,10 @@ def scoreboard_table(df: pd.DataFrame) -> str | None:
     return render_scoreboard(table, "md", legend=False).strip()
 
 
-def render_results(template: str, df: pd.DataFrame) -> str:
+def render_results(template: str, df: pd.DataFrame, study: TrainerStudyResults) -> str:
     """The template with every table placeholder (a line of its own) and every value placeholder
-    (inline) filled from the run store."""
-    builders = tables(df)
+    (inline) filled from the run store (`study`: trainer_study_results of the same store)."""
+    builders = tables(df, study)
     named = prose_values(df)
 
     def fill(match):
@@ -2177,9 +2202,10 @@ def generated(store, repo: Path = REPO) -> dict[Path, str]:
     if df.empty:
         raise SystemExit(f"store={str(store)!r}: no complete runs")
     readme = repo / "README.md"
+    study = trainer_study_results(df)
     return {
-        repo / "docs" / "results.md": render_results(TEMPLATE.read_text(), df),
-        readme: replace_block(readme.read_text(), compact_block(df)),
+        repo / "docs" / "results.md": render_results(TEMPLATE.read_text(), df, study),
+        readme: replace_block(readme.read_text(), compact_block(df, study)),
     }
 
 
@@ -2249,11 +2275,12 @@ def main(argv=None) -> int:
     df = load_runs(args.store)
     if df.empty:
         raise SystemExit(f"store={args.store!r}: no complete runs")
-    for name, build in tables(df).items():
+    study = trainer_study_results(df)
+    for name, build in tables(df, study).items():
         text = build()
         if text is not None:
             print(f"### {name}\n\n{text}\n")
-    print(f"### README block\n\n{compact_block(df)}")
+    print(f"### README block\n\n{compact_block(df, study)}")
     if args.figures is not None:
         frontier_figure(df, f"{args.figures}/a5_trainer_frontier.png")
     return 0

@@ -27,6 +27,7 @@ def _tables_module():
         "results_tables", ROOT / "experiments" / "results_tables.py"
     )
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as an import would: its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -317,6 +318,8 @@ def tables():
         return cached
 
     module.load_runs = load_runs_once  # the same frame each time, so its id keys the tables
+    # the study's tables, then each page, built once per frame
+    module.trainer_study_results = once(module.trainer_study_results)
     module.render_results = once(module.render_results)
     module.compact_block = once(module.compact_block)
     return module

@@ -616,10 +616,13 @@ def _rendered(shown: pd.DataFrame, fmt: str) -> str:
     return shown.to_string(index=False, justify="left")
 
 
-def study_lines(runs, study: Study, table: pd.DataFrame, run_names=None, fmt: str = "table"):
+def study_lines(
+    runs, study: Study, table: pd.DataFrame, run_names=None, fmt: str = "table", events=None
+):
     """What `lrt-lab report --study` prints after the study's header, as lines of a terminal
     (fmt "table") or of a page ("md"): study_table's `table`, what its columns mean, a verdict
-    per contrast, its notes and, with a time_to_event, the event table."""
+    per contrast, its notes and, with a time_to_event, the event table (`events` when the caller
+    has computed it already, else event_table's)."""
     lines = [
         format_study_table(table, fmt),
         "",
@@ -654,7 +657,8 @@ def study_lines(runs, study: Study, table: pd.DataFrame, run_names=None, fmt: st
             *(f"  note: {note}" for note in steps.attrs["notes"]),
         ]
     if study.time_to_event is not None:
-        events = event_table(runs, study, run_names=run_names)
+        if events is None:
+            events = event_table(runs, study, run_names=run_names)
         lines += [
             "",
             f"Time until pos@90 first reached the training length, in {study.time_axis}, in the "
