@@ -2006,6 +2006,7 @@ class TrainerStudyResults:
 
     study: Study
     names: list[str]  # the run names of its grid
+    length: int  # the training length its runs share (their time-to-event target)
     table: pd.DataFrame  # study_table at the budget
     events: pd.DataFrame  # event_table; empty when the study names no time_to_event
 
@@ -2013,19 +2014,21 @@ class TrainerStudyResults:
 def trainer_study_results(df: pd.DataFrame) -> TrainerStudyResults:
     from lrt_lab.store.study import event_table, study_table
 
-    study, names = trainer_study()
+    study, configs = trainer_study()
+    names = [cfg.run_name for cfg in configs]
+    (length,) = {cfg.length for cfg in configs}  # one training length: the study's target
     table = study_table(df, study, run_names=names)
     events = event_table(df, study, run_names=names) if study.time_to_event else pd.DataFrame()
-    return TrainerStudyResults(study, names, table, events)
+    return TrainerStudyResults(study, names, length, table, events)
 
 
 def trainer_study() -> tuple:
-    """(Study, the run names of its grid) of experiments/a5_trainers.toml."""
+    """(Study, the run configs of its grid) of experiments/a5_trainers.toml."""
     from lrt_lab.store.study import parse_study
     from lrt_lab.training.sweep import expand, load_spec
 
     spec = load_spec(TRAINER_STUDY)
-    return parse_study(spec["study"]), [cfg.run_name for cfg in expand(spec)]
+    return parse_study(spec["study"]), expand(spec)
 
 
 def trainer_study_table(df: pd.DataFrame, results: TrainerStudyResults) -> str:
@@ -2063,19 +2066,25 @@ TRAINER_STUDY_HEADING = "Which trainer learns A5 at length 16: the study written
 
 
 def study_status(
-    table: pd.DataFrame, events: pd.DataFrame, n_runs: int, primary: str, heading: str
+    table: pd.DataFrame,
+    events: pd.DataFrame,
+    n_runs: int,
+    primary: str,
+    heading: str,
+    length: int,
 ) -> str:
     """The README's sentence on the trainer study, from its study_table and event_table: how many
     of its grid's runs are in while some are missing (its contrasts are read once all are: reading
     them as seeds land would be looking before the data are whole); then each contrast in numbers
     with its Holm p and whether it is decided (those of the primary metric first, any other metric
     as its own clause), and how many of each arm's seeds reached the training length, at what
-    median compute (the answer to "which trainer learns, at what compute")."""
+    median compute (the answer to "which trainer learns, at what compute"); `length`: the
+    training length all its runs share."""
     k = table.attrs.get("runs", 0)
     head = (
         f"A study written before its runs answers that ({link(heading)}: the four trainers, 8 "
         "seeds each, budgets matched in forward+backward FLOPs, exact-decoding cross-entropy at "
-        "length 16 its primary metric)"
+        f"length {length} its primary metric)"
     )
     if k < n_runs:
         return f"{head}; {k} of its {n_runs} runs are in, and its contrasts are read when all are."
@@ -2097,10 +2106,10 @@ def study_status(
         text += "; as their own rows, " + "; ".join(
             f"in {r.metric}, {contrast(r)}" for r in others.itertuples()
         )
-    return f"{text}. {reach_sentence(events)}" if len(events) else f"{text}."
+    return f"{text}. {reach_sentence(events, length)}" if len(events) else f"{text}."
 
 
-def reach_sentence(events: pd.DataFrame) -> str:
+def reach_sentence(events: pd.DataFrame, length: int) -> str:
     """The study's time-to-event rows as one sentence: each arm's seeds whose pos@90 first reached
     the training length (in the decoding its row times), the Kaplan-Meier median FLOPs to it when
     at least half did, and the log-rank p against the contrast's other arm."""
@@ -2115,8 +2124,8 @@ def reach_sentence(events: pd.DataFrame) -> str:
         p = "" if math.isnan(r.p_logrank) else f", log-rank p = {p_text(r.p_logrank)}"
         parts.append(arm(r.b, r.decoding, r.reached_b, r.median_b) + p)
     return (
-        "The training length (pos@90 = 16) was first reached, against counted forward+backward "
-        f"FLOPs, by {'; '.join(parts)}."
+        f"The training length (pos@90 = {length}) was first reached, against counted "
+        f"forward+backward FLOPs, by {'; '.join(parts)}."
     )
 
 
@@ -2127,6 +2136,7 @@ def trainer_study_status(results: TrainerStudyResults) -> str:
         len(results.names),
         results.study.primary,
         TRAINER_STUDY_HEADING,
+        results.length,
     )
 
 
@@ -2136,9 +2146,9 @@ def trainer_study_figure(df: pd.DataFrame, path, which: str):
     from lrt_lab.analysis.study_curves import plot_learning_curves
     from lrt_lab.analysis.time_to_event import plot_time_to_event
 
-    study, names = trainer_study()
+    study, configs = trainer_study()
     draw = {"curves": plot_learning_curves, "km": plot_time_to_event}[which]
-    return draw(df, study, path, run_names=names)
+    return draw(df, study, path, run_names=[cfg.run_name for cfg in configs])
 
 
 def scoreboard_table(df: pd.DataFrame) -> str | None:

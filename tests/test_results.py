@@ -641,11 +641,11 @@ def test_the_study_sentence_waits_for_every_run_then_gives_each_contrast_and_rea
         ],
     )
     table.attrs["runs"] = 5
-    waiting = tables.study_status(table, events, 32, "ce_exact@16", "Heading")
+    waiting = tables.study_status(table, events, 32, "ce_exact@16", "Heading", 16)
     assert "5 of its 32 runs are in" in waiting and "+0.250" not in waiting
     assert "reached" not in waiting
     table.attrs["runs"] = 32
-    done = tables.study_status(table, events, 32, "ce_exact@16", "Heading")
+    done = tables.study_status(table, events, 32, "ce_exact@16", "Heading", 16)
     assert "8 pairs" in done and "Holm over all 3 contrasts" in done
     primary = done[: done.index("as their own rows")]
     assert (
@@ -671,3 +671,7 @@ def test_the_study_sentence_waits_for_every_run_then_gives_each_contrast_and_rea
     )
     # fewer than half reached: no median is quoted
     assert "lrt interleaved:2 with parallel decoding on 3 of 8, log-rank p = 0.20." in reach
+    # the training length is the study's, not a constant of the sentence
+    assert "The training length (pos@90 = 16)" in done and "cross-entropy at length 16" in done
+    at_8 = tables.study_status(table, events, 32, "ce_exact@16", "Heading", 8)
+    assert "The training length (pos@90 = 8)" in at_8 and "cross-entropy at length 8" in at_8

@@ -691,12 +691,16 @@ def print_study(runs, study: Study, run_names=None, store_name: str | None = Non
     return table
 
 
+def _require_time_to_event(study: Study) -> None:
+    if study.time_to_event is None:
+        raise ValueError("the study has no time_to_event; allowed: a [study] that names one")
+
+
 def arm_reach_times(runs, study: Study, run_names=None) -> dict[str, pd.DataFrame]:
     """{arm: reach_times of its complete runs} for every arm the study's contrasts name (in the
     order they first appear): when pos@90 of the study's time_to_event decoding first reached the
     training length, on its time axis."""
-    if study.time_to_event is None:
-        raise ValueError("the study has no time_to_event; allowed: a [study] that names one")
+    _require_time_to_event(study)
     return {
         arm: reach_times(rows, study.time_to_event, study.time_axis)
         for arm, rows in arm_runs(runs, study, run_names).items()
@@ -821,8 +825,7 @@ def event_table(runs, study: Study, run_names=None) -> pd.DataFrame:
     """Per contrast: each arm's runs that reached pos@90 = the training length (in the decoding
     event_decoding names for it), the Kaplan-Meier median time to it (NaN: fewer than half did) and
     the log-rank p of the two arms."""
-    if study.time_to_event is None:
-        raise ValueError("the study has no time_to_event; allowed: a [study] that names one")
+    _require_time_to_event(study)
     groups = arm_runs(runs, study, run_names)  # the store is read once, whatever the decodings
     times = {}  # decoding -> {arm: reach times}
     rows = []
