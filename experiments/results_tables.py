@@ -1064,6 +1064,12 @@ def p_text(p: float) -> str:
     return f"{p:.2f}" if p >= 0.01 else f"{p:.3f}" if p >= 0.001 else "< 0.001"
 
 
+def p_is(p: float) -> str:
+    """ "p = 0.004", or "p < 0.001" below what p_text writes out."""
+    text = p_text(p)
+    return f"p {text}" if text.startswith("<") else f"p = {text}"
+
+
 def frontier_runs(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16) -> pd.DataFrame:
     """The load_runs rows of the trainer frontier (`frontier_points`), each with its `trainer`
     label, in seed order per trainer: the frontier's points carry no run folder, and the prose
@@ -2121,7 +2127,7 @@ def reach_sentence(events: pd.DataFrame, length: int) -> str:
     first = events.iloc[0]
     parts = [arm(first["a"], first["decoding"], first["reached_a"], first["median_a"])]
     for r in events.itertuples():
-        p = "" if math.isnan(r.p_logrank) else f", log-rank p = {p_text(r.p_logrank)}"
+        p = "" if math.isnan(r.p_logrank) else f", log-rank {p_is(r.p_logrank)}"
         parts.append(arm(r.b, r.decoding, r.reached_b, r.median_b) + p)
     return (
         f"The training length (pos@90 = {length}) was first reached, against counted "

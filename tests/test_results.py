@@ -672,6 +672,10 @@ def test_the_study_sentence_waits_for_every_run_then_gives_each_contrast_and_rea
     # fewer than half reached: no median is quoted
     assert "lrt interleaved:2 with parallel decoding on 3 of 8, log-rank p = 0.20." in reach
     # the training length is the study's, not a constant of the sentence
+    events.loc[1, "p_logrank"] = 0.0004  # below what is written out: "<", not "= <"
+    assert "on 5 of 8 (median 4.4e+13 FLOPs), log-rank p < 0.001;" in tables.study_status(
+        table, events, 32, "ce_exact@16", "Heading", 16
+    )
     assert "The training length (pos@90 = 16)" in done and "cross-entropy at length 16" in done
     at_8 = tables.study_status(table, events, 32, "ce_exact@16", "Heading", 8)
     assert "The training length (pos@90 = 8)" in at_8 and "cross-entropy at length 8" in at_8
