@@ -1002,11 +1002,12 @@ IN_SHORT = (
     "{protocol.t_long.exact} at matched token-forwards, p = "
     "{protocol.p.exact_matched_compute}), and the {protocol.long}-step seed stays at "
     "{protocol.il_long.exact}: what the store supports is a train/inference mismatch that grows"
-    " with training, not that the paper fails to reproduce. Trainers that follow the recurrence"
-    " further reach the training length under exact decoding on some seeds (FixedPoint(0.1, 8) "
-    "on {a5_16.fp01_8.learned}, Rollout(1) on {frontier.rollout1.learned}, the selection seed);"
-    " with 3 seeds per arm and runs censored at {a5_16.steps} steps, no ranking of trainers is "
-    "decided. {study.status} The answer is per task: on S3 prefix products at length 16 "
+    " with training, not that the paper fails to reproduce. In the earlier trainer frontier, "
+    "trainers that follow the recurrence further reached the training length under exact "
+    "decoding on some seeds (FixedPoint(0.1, 8) on {a5_16.fp01_8.learned}, Rollout(1) on "
+    "{frontier.rollout1.learned}, the selection seed), but with 3 seeds per arm and runs "
+    "censored at {a5_16.steps} steps it could not rank them. {study.status} Whether "
+    "Interleaved(2) beats the transformer is per task: on S3 prefix products at length 16 "
     "({base.steps} steps, "
     "matched steps, each model's own decoding, 3 seeds) Interleaved(2) is more accurate than the "
     "transformer ({base.il.acc} against {base.transformer.acc}; Welch t-test p = "
@@ -2015,17 +2016,19 @@ class TrainerStudyResults:
     length: int  # the training length its runs share (their time-to-event target)
     table: pd.DataFrame  # study_table at the budget
     events: pd.DataFrame  # event_table; empty when the study names no time_to_event
+    flat: pd.DataFrame  # last_interval_table: whether each arm flattened, or regressed
 
 
 def trainer_study_results(df: pd.DataFrame) -> TrainerStudyResults:
-    from lrt_lab.store.study import event_table, study_table
+    from lrt_lab.store.study import event_table, last_interval_table, study_table
 
     study, configs = trainer_study()
     names = [cfg.run_name for cfg in configs]
     (length,) = {cfg.length for cfg in configs}  # one training length: the study's target
     table = study_table(df, study, run_names=names)
     events = event_table(df, study, run_names=names) if study.time_to_event else pd.DataFrame()
-    return TrainerStudyResults(study, names, length, table, events)
+    flat = last_interval_table(df, study, run_names=names)
+    return TrainerStudyResults(study, names, length, table, events, flat)
 
 
 def trainer_study() -> tuple:
@@ -2048,7 +2051,9 @@ def trainer_study_table(df: pd.DataFrame, results: TrainerStudyResults) -> str:
     if not table.attrs["runs"]:
         return f"None of the grid's {len(names)} runs is complete yet."
     events = results.events if study.time_to_event else None
-    body = study_lines(df, study, table, run_names=names, fmt="md", events=events)
+    body = study_lines(
+        df, study, table, run_names=names, fmt="md", events=events, flat=results.flat
+    )
     figures = [
         "",
         "Each arm's evaluations against counted forward+backward FLOPs (seed mean and band; "
@@ -2078,14 +2083,12 @@ def study_status(
     primary: str,
     heading: str,
     length: int,
+    flat: pd.DataFrame | None = None,
 ) -> str:
-    """The README's sentence on the trainer study, from its study_table and event_table: how many
-    of its grid's runs are in while some are missing (its contrasts are read once all are: reading
-    them as seeds land would be looking before the data are whole); then each contrast in numbers
-    with its Holm p and whether it is decided (those of the primary metric first, any other metric
-    as its own clause), and how many of each arm's seeds reached the training length, at what
-    median compute (the answer to "which trainer learns, at what compute"); `length`: the
-    training length all its runs share."""
+    """The README's sentence on the trainer study: what it is (linking `heading`, its section of
+    docs/results.md), then how many of its grid's n_runs are in while some are missing (its
+    contrasts are read once all are: reading them as seeds land would be looking before the data
+    are whole), else study_findings."""
     k = table.attrs.get("runs", 0)
     head = (
         f"A study written before its runs answers that ({link(heading)}: the four trainers, 8 "
@@ -2094,6 +2097,22 @@ def study_status(
     )
     if k < n_runs:
         return f"{head}; {k} of its {n_runs} runs are in, and its contrasts are read when all are."
+    return f"{head}. {study_findings(table, events, primary, length, flat)}"
+
+
+def study_findings(
+    table: pd.DataFrame,
+    events: pd.DataFrame,
+    primary: str,
+    length: int,
+    flat: pd.DataFrame | None = None,
+) -> str:
+    """A complete study in sentences, from its study_table, event_table and last_interval_table
+    (`flat`): each contrast in numbers with its Holm p and whether it is decided (those of the
+    primary metric first, any other metric as its own clause); how many of each arm's seeds reached
+    the training length `length`, at what median compute (the answer to "which trainer learns, at
+    what compute"); which arms lost what they had learned, and whether the reference arm was
+    censored by its budget."""
 
     def contrast(r) -> str:
         return (
@@ -2104,7 +2123,7 @@ def study_status(
     rows = table[table["metric"] == primary]
     others = table[table["metric"] != primary]
     text = (
-        f"{head}. In {primary} (B minus A, nats; paired by seed, {int(rows['pairs'].min())} "
+        f"In {primary} (B minus A, nats; paired by seed, {int(rows['pairs'].min())} "
         f"pairs, 95% bootstrap interval, Holm over all {len(table)} contrasts): "
         + "; ".join(contrast(r) for r in rows.itertuples())
     )
@@ -2112,26 +2131,95 @@ def study_status(
         text += "; as their own rows, " + "; ".join(
             f"in {r.metric}, {contrast(r)}" for r in others.itertuples()
         )
-    return f"{text}. {reach_sentence(events, length)}" if len(events) else f"{text}."
+    text += "."
+    if len(events):
+        text += f" {reach_sentence(events, length)}"
+    if flat is not None and len(events):
+        text = f"{text} {flattening_sentence(flat, primary, events.iloc[0]['a'])}".strip()
+    return text
 
 
 def reach_sentence(events: pd.DataFrame, length: int) -> str:
-    """The study's time-to-event rows as one sentence: each arm's seeds whose pos@90 first reached
-    the training length (in the decoding its row times), the Kaplan-Meier median FLOPs to it when
-    at least half did, and the log-rank p against the contrast's other arm."""
-
-    def arm(name, decoding, reached, median) -> str:
-        text = f"{name} with {decoding} decoding on {reached.replace('/', ' of ')}"
-        return text if math.isnan(median) else f"{text} (median {median:.2g} FLOPs)"
-
+    """The study's time-to-event rows as one sentence: the arms whose pos@90 first reached the
+    training length (in the decoding each row times) on at least half their seeds, fastest
+    Kaplan-Meier median FLOPs first, then those that did on fewer, then those that never did; each
+    with its log-rank p against its contrast's other arm. The shared reference arm is named once,
+    in its first row's decoding."""
     first = events.iloc[0]
-    parts = [arm(first["a"], first["decoding"], first["reached_a"], first["median_a"])]
-    for r in events.itertuples():
-        p = "" if math.isnan(r.p_logrank) else f", log-rank {p_is(r.p_logrank)}"
-        parts.append(arm(r.b, r.decoding, r.reached_b, r.median_b) + p)
+    sides = [(first["a"], first["decoding"], "a", first, math.nan)]
+    sides += [(r["b"], r["decoding"], "b", r, r["p_logrank"]) for _, r in events.iterrows()]
+    arms = []  # (name, k, n, median, p)
+    for arm, decoding, side, r, p in sides:
+        k, n = map(int, r[f"reached_{side}"].split("/"))
+        arms.append((f"{arm} ({decoding} decoding)", k, n, r[f"median_{side}"], p))
+
+    def p_of(p) -> str:
+        return "" if math.isnan(p) else f", log-rank {p_is(p)}"
+
+    most = sorted((a for a in arms if a[1] and 2 * a[1] >= a[2]), key=lambda a: a[3])
+    some = [a for a in arms if a[1] and 2 * a[1] < a[2]]
+    none = [a for a in arms if not a[1]]
+    parts = []
+    if most:
+        parts.append(
+            "on at least half their seeds, fastest first, by "
+            + "; ".join(
+                f"{a[0]} on {a[1]} of {a[2]} (median {a[3]:.2g} FLOPs{p_of(a[4])})" for a in most
+            )
+        )
+    if some:
+        parts.append(
+            "on fewer than half by "
+            + "; ".join(
+                f"{a[0]} on {a[1]} of {a[2]}"
+                + ("" if math.isnan(a[4]) else f" (log-rank {p_is(a[4])})")
+                for a in some
+            )
+        )
+    if none:
+        parts.append(f"on none by {', '.join(a[0] for a in none)}")
     return (
         f"The training length (pos@90 = {length}) was first reached, against counted "
-        f"forward+backward FLOPs, by {'; '.join(parts)}."
+        f"forward+backward FLOPs (Kaplan-Meier median; log-rank test against the contrast's other "
+        f"arm), {'; '.join(parts)}."
+    )
+
+
+def flattening_sentence(flat: pd.DataFrame, primary: str, reference: str) -> str:
+    """What the flattening table (last_interval_table) adds to the study's answer, or "": the arms
+    whose primary metric ended having lost more than half of what it had gained (learned, then
+    lost it: a final value alone reads that as never having learned), and whether the shared
+    reference arm was still improving at its end (its budget censors it)."""
+    rows = flat[flat["metric"] == primary] if len(flat) else flat
+    text = []
+    lost = [r for r in rows.itertuples() if int(r.regressed.split("/")[0])]
+    if lost:
+        text.append(
+            f"Runs whose {primary} ended having lost more than half of what it had gained from the "
+            "first evaluation to its best (a run that learned, then lost it, reads at its end as "
+            "one that never learned): "
+            + ", ".join(f"{r.arm} on {r.regressed.replace('/', ' of ')}" for r in lost)
+            + "."
+        )
+    ref = rows[rows["arm"] == reference] if len(rows) else rows
+    if len(ref):
+        k, n = map(int, ref.iloc[0]["improving"].split("/"))
+        if 2 * k >= n:
+            text.append(
+                f"The {reference} was still improving at its end on {k} of {n} seeds: the budget "
+                "censors it, and what it would reach with more compute is not decided here."
+            )
+    return " ".join(text)
+
+
+def trainer_study_answer(results: TrainerStudyResults) -> str:
+    """The results page's sentence under the study's table: study_findings once every run of the
+    grid is in, and until then how many are."""
+    k, n = results.table.attrs.get("runs", 0), len(results.names)
+    if k < n:
+        return f"not yet: {k} of its {n} runs are in, and its contrasts are read when all are."
+    return study_findings(
+        results.table, results.events, results.study.primary, results.length, results.flat
     )
 
 
@@ -2143,6 +2231,7 @@ def trainer_study_status(results: TrainerStudyResults) -> str:
         results.study.primary,
         TRAINER_STUDY_HEADING,
         results.length,
+        results.flat,
     )
 
 
@@ -2172,11 +2261,20 @@ def scoreboard_table(df: pd.DataFrame) -> str | None:
     return render_scoreboard(table, "md", legend=False).strip()
 
 
+# values the page's prose names that come from the trainer study's tables, built once per page
+# (page_values), rather than from prose_values
+PAGE_VALUES = frozenset({"study.answer"})
+
+
+def page_values(study: TrainerStudyResults) -> dict[str, str]:
+    return {"study.answer": trainer_study_answer(study)}
+
+
 def render_results(template: str, df: pd.DataFrame, study: TrainerStudyResults) -> str:
     """The template with every table placeholder (a line of its own) and every value placeholder
     (inline) filled from the run store (`study`: trainer_study_results of the same store)."""
     builders = tables(df, study)
-    named = prose_values(df)
+    named = {**prose_values(df), **page_values(study)}
 
     def fill(match):
         name = match.group(1)

@@ -428,7 +428,7 @@ def test_every_value_the_prose_names_is_computed(store_values):
     module, _, named = store_values
     names = set(module.VALUE.findall(module.TEMPLATE.read_text()))
     assert len(names) > 50, "the template's prose has lost its value placeholders"
-    assert names <= set(named), sorted(names - set(named))
+    assert names <= set(named) | module.PAGE_VALUES, sorted(names - set(named))
     # filled by in_short itself: a link, and the study's sentence from its own runs
     fields = set(re.findall(r"\{([\w@.-]+)\}", module.IN_SHORT)) - {"protocol_link", "study.status"}
     assert fields <= set(named), sorted(fields - set(named))
@@ -494,8 +494,10 @@ def test_a_changed_run_changes_the_prose_with_its_table(store_values):
     at8 = module.compact_state_tracking(changed, "a5_prefix", 8, module.A5_AT_8)
     assert _row(at8, "lrt fullseq:3")[2] == after_count
     template = module.TEMPLATE.read_text()
-    before = _sections(module.render_prose(template, named))["## A5 state tracking at length 8"]
-    after = _sections(module.render_prose(template, values))["## A5 state tracking at length 8"]
+    study = dict.fromkeys(module.PAGE_VALUES, "")  # another section's, from the study's tables
+    before = _sections(module.render_prose(template, {**named, **study}))
+    after = _sections(module.render_prose(template, {**values, **study}))
+    before, after = (s["## A5 state tracking at length 8"] for s in (before, after))
     assert before != after
     fullseq = [line for line in after.splitlines() if "FullSequence(3)" in line]
     assert any(after_count in line for line in after.splitlines()), fullseq
@@ -628,6 +630,7 @@ def test_the_study_sentence_waits_for_every_run_then_gives_each_contrast_and_rea
             ),
             ("transformer", "lrt rollout:1", "exact", "0/8", "5/8", math.nan, 4.4e13, 0.004),
             ("transformer", "lrt interleaved:2", "parallel", "0/8", "3/8", math.nan, math.nan, 0.2),
+            ("transformer", "lrt fixedpoint:0.1:8", "exact", "0/8", "8/8", math.nan, 9e13, 4e-4),
         ],
         columns=[
             "a",
@@ -662,20 +665,59 @@ def test_the_study_sentence_waits_for_every_run_then_gives_each_contrast_and_rea
         "(Holm p = 0.01, decided)" in done
     )
     reach = done[done.index("first reached") :]
-    assert "transformer with exact decoding on 0 of 8;" in reach  # the shared arm once
-    assert reach.count("transformer with") == 1
-    assert "lrt interleaved:2 with exact decoding on 0 of 8;" in reach  # no p without an event
+    assert reach.count("transformer (") == 1  # the shared arm once
+    # at least half reached, fastest median first; fewer than half, no median; none, no p
+    most = reach[reach.index("on at least half") : reach.index("on fewer than half")]
+    assert most.index(
+        "lrt rollout:1 (exact decoding) on 5 of 8 (median 4.4e+13 FLOPs, log-rank p = 0.004)"
+    ) < most.index(
+        "lrt fixedpoint:0.1:8 (exact decoding) on 8 of 8 (median 9e+13 FLOPs, log-rank p < 0.001)"
+    )
     assert (
-        "lrt rollout:1 with exact decoding on 5 of 8 (median 4.4e+13 FLOPs), log-rank p = 0.004"
+        "on fewer than half by lrt interleaved:2 (parallel decoding) on 3 of 8 (log-rank p = "
+        "0.20); on none by transformer (exact decoding), lrt interleaved:2 (exact decoding)."
         in reach
     )
-    # fewer than half reached: no median is quoted
-    assert "lrt interleaved:2 with parallel decoding on 3 of 8, log-rank p = 0.20." in reach
     # the training length is the study's, not a constant of the sentence
-    events.loc[1, "p_logrank"] = 0.0004  # below what is written out: "<", not "= <"
-    assert "on 5 of 8 (median 4.4e+13 FLOPs), log-rank p < 0.001;" in tables.study_status(
-        table, events, 32, "ce_exact@16", "Heading", 16
-    )
     assert "The training length (pos@90 = 16)" in done and "cross-entropy at length 16" in done
     at_8 = tables.study_status(table, events, 32, "ce_exact@16", "Heading", 8)
     assert "The training length (pos@90 = 8)" in at_8 and "cross-entropy at length 8" in at_8
+    assert "improving" not in done and "lost more than half" not in done  # no flattening table
+    # the results page's sentence under the table: the same findings, or the count until then
+    from types import SimpleNamespace
+
+    study = SimpleNamespace(primary="ce_exact@16")
+    results = tables.TrainerStudyResults(study, ["run"] * 32, 16, table, events, pd.DataFrame())
+    assert tables.trainer_study_answer(results) in done
+    table.attrs["runs"] = 31
+    assert tables.trainer_study_answer(results) == (
+        "not yet: 31 of its 32 runs are in, and its contrasts are read when all are."
+    )
+
+
+def test_the_study_sentence_names_collapses_and_a_censored_reference():
+    """With the flattening table: the arms whose primary metric ended having lost more than half
+    its gain, with their counts, and the reference arm's censoring when it was still improving at
+    its end on at least half its seeds (and not when it had flattened)."""
+    import pandas as pd
+
+    tables = _tables_module()
+    flat = pd.DataFrame(
+        [
+            ("transformer", "ce_exact@16", "6/8", "0/8"),
+            ("lrt rollout:1", "ce_exact@16", "8/8", "2/8"),
+            ("lrt fixedpoint:0.1:8", "ce_exact@16", "1/8", "0/8"),
+            ("lrt interleaved:2", "ce_parallel@16", "8/8", "3/8"),  # not the primary metric
+        ],
+        columns=["arm", "metric", "improving", "regressed"],
+    )
+    text = tables.flattening_sentence(flat, "ce_exact@16", "transformer")
+    assert (
+        "to its best (a run that learned, then lost it, reads at its end as one that never "
+        "learned): lrt rollout:1 on 2 of 8." in text
+    )
+    assert "interleaved" not in text and "fixedpoint" not in text
+    assert "The transformer was still improving at its end on 6 of 8 seeds" in text
+    flat.loc[0, "improving"] = "3/8"
+    flat.loc[1, "regressed"] = "0/8"
+    assert tables.flattening_sentence(flat, "ce_exact@16", "transformer") == ""

@@ -617,12 +617,18 @@ def _rendered(shown: pd.DataFrame, fmt: str) -> str:
 
 
 def study_lines(
-    runs, study: Study, table: pd.DataFrame, run_names=None, fmt: str = "table", events=None
+    runs,
+    study: Study,
+    table: pd.DataFrame,
+    run_names=None,
+    fmt: str = "table",
+    events=None,
+    flat=None,
 ):
     """What `lrt-lab report --study` prints after the study's header, as lines of a terminal
     (fmt "table") or of a page ("md"): study_table's `table`, what its columns mean, a verdict
-    per contrast, its notes and, with a time_to_event, the event table (`events` when the caller
-    has computed it already, else event_table's)."""
+    per contrast, its notes, last_interval_table and, with a time_to_event, the event table
+    (`flat` and `events`: those two tables when the caller has computed them already)."""
     lines = [
         format_study_table(table, fmt),
         "",
@@ -633,7 +639,8 @@ def study_lines(
         *(f"- {verdict(row, study)}" for _, row in table.iterrows()),
         *(f"  note: {note}" for note in table.attrs["notes"]),
     ]
-    flat = last_interval_table(runs, study, run_names=run_names)
+    if flat is None:
+        flat = last_interval_table(runs, study, run_names=run_names)
     if not flat.empty:
         lines += [
             "",
