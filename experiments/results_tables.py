@@ -2139,6 +2139,12 @@ def study_findings(
     return text
 
 
+def count_of(cell: str) -> tuple[int, int]:
+    """(k, n) of a "k/n" count cell of event_table or last_interval_table."""
+    k, n = cell.split("/")
+    return int(k), int(n)
+
+
 def reach_sentence(events: pd.DataFrame, length: int) -> str:
     """The study's time-to-event rows as one sentence: the arms whose pos@90 first reached the
     training length (in the decoding each row times) on at least half their seeds, fastest
@@ -2150,7 +2156,7 @@ def reach_sentence(events: pd.DataFrame, length: int) -> str:
     sides += [(r["b"], r["decoding"], "b", r, r["p_logrank"]) for _, r in events.iterrows()]
     arms = []  # (name, k, n, median, p)
     for arm, decoding, side, r, p in sides:
-        k, n = map(int, r[f"reached_{side}"].split("/"))
+        k, n = count_of(r[f"reached_{side}"])
         arms.append((f"{arm} ({decoding} decoding)", k, n, r[f"median_{side}"], p))
 
     def p_of(p) -> str:
@@ -2192,7 +2198,7 @@ def flattening_sentence(flat: pd.DataFrame, primary: str, reference: str) -> str
     reference arm was still improving at its end (its budget censors it)."""
     rows = flat[flat["metric"] == primary] if len(flat) else flat
     text = []
-    lost = [r for r in rows.itertuples() if int(r.regressed.split("/")[0])]
+    lost = [r for r in rows.itertuples() if count_of(r.regressed)[0]]
     if lost:
         text.append(
             f"Runs whose {primary} ended having lost more than half of what it had gained from the "
@@ -2203,7 +2209,7 @@ def flattening_sentence(flat: pd.DataFrame, primary: str, reference: str) -> str
         )
     ref = rows[rows["arm"] == reference] if len(rows) else rows
     if len(ref):
-        k, n = map(int, ref.iloc[0]["improving"].split("/"))
+        k, n = count_of(ref.iloc[0]["improving"])
         if 2 * k >= n:
             text.append(
                 f"The {reference} was still improving at its end on {k} of {n} seeds: the budget "
