@@ -41,6 +41,9 @@ class NaiveLRT:
         self.windows = []
         pattern = c.window_pattern.upper()
         short = c.short_window or c.sequence_len // 2
+        # keys a query sees, its own included: a window of N covers the query and the N before it
+        # ("nanochat"), or N keys in all ("keys", the earlier convention)
+        short += 1 if c.window_convention == "nanochat" else 0
         for l in range(c.n_layer):
             self.windows.append(
                 None if (l == c.n_layer - 1 or pattern[l % len(pattern)] == "L") else short
@@ -85,9 +88,13 @@ class NaiveLRT:
             q = (W[p + "attn.c_q.weight"] @ h).view(H, D)
             k = (W[p + "attn.c_k.weight"] @ h).view(Hkv, D)
             v = (W[p + "attn.c_v.weight"] @ h).view(Hkv, D)
+            ve = None
             if c.use_value_embeds:
                 g = 2 * torch.sigmoid(W[p + "attn.ve_gate.weight"] @ h[:32])
-                v = v + g[:, None] * W[f"value_embeds.{l}.weight"][tok].view(Hkv, D)
+                ve = g[:, None] * W[f"value_embeds.{l}.weight"][tok].view(Hkv, D)
+            if ve is not None and m is not None and m.gate_value_embeds:
+                v = v + ve  # the earlier convention: the value embedding under the local gate
+                ve = None
             if m is not None and (m.kv != "none" or m.queries):
                 i = 0 if m.projections == "shared" else l
                 if m.gate:
@@ -111,6 +118,8 @@ class NaiveLRT:
                         gl = g_loc if isinstance(g_loc, float) else g_loc[hq // group]
                         gr = g_rec if isinstance(g_rec, float) else g_rec[hq // group]
                         q[hq] = gl * q[hq] + gr * q_rec[hq]
+            if ve is not None:  # a baseline component, outside the memory's gates
+                v = v + ve
             q = torch.stack([rms(q[i]) for i in range(H)])
             k = torch.stack([rms(k[i]) for i in range(Hkv)])
             q, k = rope(q, t, c.rope_base), rope(k, t, c.rope_base)

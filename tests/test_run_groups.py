@@ -228,6 +228,40 @@ def test_runs_written_before_a_field_existed_group_with_the_runs_that_have_it(
     assert len(seeds) == 3 and group_keys(seeds).nunique() == 1
 
 
+def test_runs_of_an_earlier_model_convention_never_group_with_todays(two_by_two, tmp_path):
+    """A stored config without `window_convention` / `memory.gate_value_embeds` ran under the
+    earlier convention (a window of N covers N keys; the value embedding under the local gate):
+    it reads as that, never as today's default, so it is not pooled with today's seeds, and its
+    label says which convention tells it apart."""
+    import json
+    import shutil
+
+    from lrt_lab.core.config import ModelConfig
+    from lrt_lab.store.results import load_runs
+
+    store = tmp_path / "conventions"
+    shutil.copytree(two_by_two, store)
+    path = store / "lrt-default-s0" / "config.json"
+    config = json.loads(path.read_text())
+    del config["model"]["window_convention"], config["model"]["memory"]["gate_value_embeds"]
+    path.write_text(json.dumps(config))
+    df = load_runs(store)
+    old = df[df["run"] == "lrt-default-s0"].iloc[0]
+    assert old["config.model.window_convention"] == "keys"
+    assert bool(old["config.model.memory.gate_value_embeds"]) is True
+    assert sorted(group_keys(df).value_counts().tolist()) == [1, 1, 2]
+    labels = group_labels(df[df["run"].str.startswith("lrt-default")])
+    conventions = ("window_convention=keys", "memory.gate_value_embeds=True")
+    assert labels.nunique() == 2 and any(c in x for x in labels for c in conventions)
+    # the model a stored config rebuilds is the one it ran
+    rebuilt = ModelConfig.from_dict(config["model"])
+    assert (rebuilt.window_convention, rebuilt.memory.gate_value_embeds) == ("keys", True)
+    today = ModelConfig.from_dict(
+        json.loads((store / "lrt-src2-s0" / "config.json").read_text())["model"]
+    )
+    assert (today.window_convention, today.memory.gate_value_embeds) == ("nanochat", False)
+
+
 def test_the_contraction_monitor_measures_without_changing_training_and_splits_no_group(tmp_path):
     """MEASUREMENT_ONLY: a run with the monitor trains bit for bit as one without it, so a run
     written before the switch existed (no such field) is a seed of the same method."""

@@ -679,6 +679,24 @@ def test_resume_finds_a_run_trained_before_names_carried_the_digest(tmp_path, ca
     assert "no run folder" in capsys.readouterr().err
 
 
+def test_a_run_of_the_earlier_model_convention_is_not_resumed_as_todays(tmp_path):
+    """--resume of a run whose config.json predates `window_convention` and
+    `memory.gate_value_embeds` (it ran under the earlier convention) is refused in one line that
+    names the convention and the --set options that train under it, never continued with a model
+    that computes something else."""
+    cfg = tiny_cfg(steps=4, eval_every=0, checkpoint_every=2)
+    run = train(cfg, out=tmp_path, progress=False, stop_after=2)
+    path = run.path / "config.json"
+    config = json.loads(path.read_text())
+    del config["model"]["window_convention"], config["model"]["memory"]["gate_value_embeds"]
+    path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="earlier model convention") as info:
+        train(cfg, out=tmp_path, resume=True, progress=False)
+    message = str(info.value)
+    assert "--set window_convention=keys" in message
+    assert "--set memory.gate_value_embeds=true" in message
+
+
 def test_a_curriculum_that_cannot_reach_the_training_length_is_warned_about():
     """`--curriculum 4:1000 --steps 100` trains at length 4 throughout in a run named for its
     training length: the run says so before it starts; a curriculum that ends in time says

@@ -76,6 +76,14 @@ class MemoryConfig:
     mechanism:       the pathway class that implements the memory (`register_memory`): "lrt", the
                      paper's (`lrt_lab.core.memory.MemoryPathway`), or one registered by name,
                      e.g. a subclass defined in the user's own file (docs/extending.md).
+    gate_value_embeds: whether the local gate also scales the value embedding. False (the
+                     default): v = g_loc * c_v h + g_ve * ve + g_rec * W_v,rec m, as the paper's
+                     released code computes it; the paper keeps value embeddings a baseline
+                     component "kept fixed across the baseline and LRT variants" (app. A), so the
+                     memory's gate leaves them alone. True: v = g_loc * (c_v h + g_ve * ve) +
+                     g_rec * W_v,rec m, the convention of runs recorded before this field existed
+                     (kept so they stay reproducible; `LEGACY_FIELDS`). Forwards agree while
+                     g_loc = 1 (at init); gradients of the gates differ from the first step.
     """
 
     source_layer: int | None = None
@@ -95,6 +103,7 @@ class MemoryConfig:
     gate_channels: int | None = field(default=None, metadata={"choices": (None, 32)})
     update: str = field(default="overwrite", metadata={"choices": ("overwrite", "gated")})
     mechanism: str = field(default="lrt", metadata={"choices": MEMORY_MECHANISMS})
+    gate_value_embeds: bool = field(default=False, metadata={"choices": (True, False)})
 
     def __post_init__(self):
         check_fields(self, "memory.")  # types, finite numbers, declared choices (any field)
@@ -171,6 +180,12 @@ class ModelConfig:
 
     window_pattern is tiled over the layers ("S" = short window of short_window tokens, "L" = full
     context); the last layer is always full. short_window=None means sequence_len // 2 (nanochat).
+
+    window_convention says what a window of N tokens covers: "nanochat" (the default) N + 1 keys,
+    the query's own and the N before it, as nanochat's and the paper's released code's
+    flash-attn window (N, 0) does; "keys" N keys, the query's own and the N - 1 before it: the
+    convention of runs recorded before this field existed (kept so they stay reproducible;
+    `LEGACY_FIELDS`). With window_pattern "L" the two are the same model.
     """
 
     vocab_size: int = 32768
@@ -187,6 +202,7 @@ class ModelConfig:
     softcap: float | None = 15.0
     rope_base: float = 10000.0
     bos_token_id: int | None = None
+    window_convention: str = field(default="nanochat", metadata={"choices": ("nanochat", "keys")})
     memory: MemoryConfig | None = None
 
     def __post_init__(self):
@@ -258,8 +274,11 @@ class ModelConfig:
         return max(1, round(0.6 * self.n_layer))
 
     def window_sizes(self) -> list[int | None]:
-        """Per-layer attention window in tokens (None = full causal context)."""
+        """Per-layer attention window as the number of keys a query sees, its own included (None =
+        full causal context): short_window + 1 under the "nanochat" convention (a window of N
+        covers the query and the N tokens before it), short_window under "keys"."""
         short = self.short_window or max(1, self.sequence_len // 2)
+        short += 1 if self.window_convention == "nanochat" else 0
         pattern = self.window_pattern.upper()
         sizes = [short if pattern[i % len(pattern)] == "S" else None for i in range(self.n_layer)]
         sizes[-1] = None  # the last layer always sees the full context (nanochat, paper app. A)
@@ -273,7 +292,10 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelConfig:
-        d = dict(d)
+        """The config a stored dict describes (`to_dict`'s output, e.g. a run's config.json): a
+        field the dict lacks was written before that field existed, so it reads as what the run
+        ran under (`LEGACY_FIELDS`), not as today's default."""
+        d = with_legacy_fields(d)
         unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             fail("config", sorted(unknown), ", ".join(f.name for f in dataclasses.fields(cls)))
@@ -285,6 +307,25 @@ class ModelConfig:
                 fail("memory", sorted(bad), ", ".join(sorted(known)))
             mem = MemoryConfig(**mem)
         return cls(**d, memory=mem)
+
+
+# Fields added after runs were recorded, with the value those runs ran under: a stored config
+# without the field reads as that value, not as today's default, so an old run is rebuilt as it was
+# trained and is never pooled with runs of the new convention (lrt_lab.store reads configs through
+# `with_legacy_fields` too). Top level: ModelConfig's fields; "memory": MemoryConfig's.
+LEGACY_FIELDS: dict[str, dict] = {
+    "model": {"window_convention": "keys"},
+    "memory": {"gate_value_embeds": True},
+}
+
+
+def with_legacy_fields(d: dict) -> dict:
+    """A copy of a stored ModelConfig dict with every field it lacks from `LEGACY_FIELDS` filled
+    in with the value it ran under (a non-dict memory, e.g. None, is left as it is)."""
+    d = {**LEGACY_FIELDS["model"], **d}
+    if isinstance(d.get("memory"), dict):
+        d["memory"] = {**LEGACY_FIELDS["memory"], **d["memory"]}
+    return d
 
 
 # Memory presets ---------------------------------------------------------------------------------
@@ -303,7 +344,9 @@ MEMORY_PRESETS: dict[str, str] = {
     # source_layer = L with source_tap "normed"; one K and one V projection per layer
     # (`interleaved_projections`, `interleaved_key_projections`); the gates read
     # x[..., :ve_gate_channels] with ve_gate_channels = 32 (GPTConfig default at commit e0d0f6e).
-    # Not reproduced: its third gate channel for a token-indexed "init value embedding".
+    # Its third gate channel is the value embedding's gate: v = g_loc c_v h + g_ve ve + g_fb W_v m,
+    # the value embedding outside the local gate (MemoryConfig.gate_value_embeds False, every
+    # preset's default), with g_ve read from the same 32 channels (lrt_lab's ve_gate).
     "released": "final layer, RMS-normed, layerwise projections, gamma 0.1, uniform W_rec, "
     "gates on the first 32 channels",
 }

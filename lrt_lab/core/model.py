@@ -164,7 +164,9 @@ class Attention(nn.Module):
         self.layer = layer
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
         self.head_dim = config.head_dim
-        self.window = config.window_sizes()[layer]
+        self.window = config.window_sizes()[layer]  # keys a query sees, its own included
+        # whether the memory's local gate also scales the value embedding (MemoryConfig)
+        self.gate_value_embeds = config.memory is not None and config.memory.gate_value_embeds
         self.c_q = nn.Linear(d, config.n_head * config.head_dim, bias=False)
         self.c_k = nn.Linear(d, kv, bias=False)
         self.c_v = nn.Linear(d, kv, bias=False)
@@ -215,10 +217,14 @@ class Attention(nn.Module):
         q = self.c_q(h).view(B, n, self.n_head, self.head_dim)
         k = self.c_k(h).view(B, n, self.n_kv_head, self.head_dim)
         v = self.c_v(h).view(B, n, self.n_kv_head, self.head_dim)
-        if value_embed is not None:
-            v = self._add_value_embed(v, h, value_embed)
+        if value_embed is not None and self.gate_value_embeds:
+            v = self._add_value_embed(v, h, value_embed)  # then under g_loc (the old convention)
         if read is not None:
             q, k, v = self._inject_memory(h, q, k, v, ctx, read)
+        if value_embed is not None and not self.gate_value_embeds:
+            # v = g_loc c_v h + g_rec W_v,rec m + g_ve ve: a baseline component, outside the
+            # memory's gates (app. A; the released code's triple gate)
+            v = self._add_value_embed(v, h, value_embed)
         q, k, v = (
             self.hook_q(q, positions=hp),
             self.hook_k(k, positions=hp),

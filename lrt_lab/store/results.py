@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from lrt_lab.core.config import MemoryConfig, ModelConfig
+from lrt_lab.core.config import MemoryConfig, ModelConfig, with_legacy_fields
 from lrt_lab.core.validation import field_defaults
 from lrt_lab.store.claims import Claim, acquire
 
@@ -445,11 +445,13 @@ def with_current_defaults(config: dict) -> dict:
     """A stored run config with today's defaults filled in for the model and memory fields it
     predates (a run written before `memory.update` existed built what update="overwrite" builds),
     so runs that differ only by when they were written group together everywhere (report,
-    dashboard, results tables). The config is copied, the file untouched."""
+    dashboard, results tables). A field whose default changed the model (`LEGACY_FIELDS`) reads
+    as the value the run ran under instead, so runs of two conventions never group together. The
+    config is copied, the file untouched."""
     model = config.get("model")
     if not isinstance(model, dict):
         return config
-    model = {**field_defaults(ModelConfig, skip=("memory",)), **model}
+    model = {**field_defaults(ModelConfig, skip=("memory",)), **with_legacy_fields(model)}
     if isinstance(model.get("memory"), dict):
         model["memory"] = {**field_defaults(MemoryConfig), **model["memory"]}
     return {**config, "model": model}

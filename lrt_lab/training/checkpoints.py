@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from lrt_lab.store.results import Run
+from lrt_lab.core.config import LEGACY_FIELDS
+from lrt_lab.store.results import Run, with_current_defaults
 from lrt_lab.training.train_config import stored_train_config
 
 
@@ -167,7 +168,15 @@ def open_for_resume(root: Path, cfg, config: dict | None = None) -> Run:
             "resume with the same ones"
         )
     if config is not None:
-        diffs = config_differences({**stored, "train": saved}, config)
+        # fields the stored config predates read as what the run ran under (LEGACY_FIELDS)
+        diffs = config_differences(with_current_defaults({**stored, "train": saved}), config)
+        legacy = legacy_convention_overrides(diffs)
+        if legacy:
+            raise ValueError(
+                f"--resume: {run.path.name} was trained under an earlier model convention "
+                f"({'; '.join(diffs[:6])}), which today's defaults do not build; start a new "
+                f"run, with {legacy} to train under that convention"
+            )
         if diffs:
             raise ValueError(
                 f"--resume: {run.path / 'config.json'} differs from the config these arguments "
@@ -175,6 +184,18 @@ def open_for_resume(root: Path, cfg, config: dict | None = None) -> Run:
                 f"({'; '.join(diffs[:6])}); was it edited? Restore it or start a new run"
             )
     return run
+
+
+def legacy_convention_overrides(diffs: list[str]) -> str:
+    """The `--set` options that rebuild a run trained under an earlier convention, when every
+    difference between its stored config and today's is such a field (`LEGACY_FIELDS`); else ""."""
+    legacy = {f"model.{k}": (k, v) for k, v in LEGACY_FIELDS["model"].items()}
+    legacy |= {f"model.memory.{k}": (f"memory.{k}", v) for k, v in LEGACY_FIELDS["memory"].items()}
+    fields = [d.split(":", 1)[0] for d in diffs]
+    if not fields or any(f not in legacy for f in fields):
+        return ""
+    sets = (legacy[f] for f in fields)
+    return " ".join(f"--set {k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sets)
 
 
 def config_differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
