@@ -117,6 +117,42 @@ def test_counted_flops_of_a_transformer_step_match_the_matmul_shapes():
     assert bwd.get_total_flops() == 4 * B * T * weights + 5 * attention // 2
 
 
+@pytest.mark.parametrize("mode", ["grad", "no_grad", "inference_mode"])
+def test_forward_flops_are_counted_whatever_the_autograd_mode(mode):
+    """The one-pass forward's count equals the matmul shapes' with gradients on, under no_grad and
+    under inference_mode (where composite operators such as matmul and linear reach the counter
+    undecomposed, and were once counted as zero)."""
+    model = lm(memory=False)
+    B, T = 3, 16
+    x = torch.randint(50, (B, T))
+    context = {"grad": torch.enable_grad, "no_grad": torch.no_grad}.get(mode, torch.inference_mode)
+    with context(), flop_counter_mode() as fwd:
+        model(x)
+    cfg = model.config
+    attention = cfg.n_layer * 4 * B * cfg.n_head * T * T * (cfg.n_embd // cfg.n_head)
+    assert fwd.get_total_flops() == 2 * B * T * _linear_weights(model) + attention
+
+
+def test_the_rollout_of_rollout_is_in_its_step_flops():
+    """Rollout(G) rolls the memory out under inference_mode: its count there equals the same
+    rollout's count under no_grad (a second path through the counter), is nonzero, and the step's
+    forward counts it on top of its G differentiated stages."""
+    from lrt_lab.run.schedules import rollout_memory
+
+    model = lm(memory=True)
+    x, y = torch.randint(50, (2, 16)), torch.randint(50, (2, 16))
+    with flop_counter_mode() as inference:
+        rollout_memory(model, x)
+    with torch.no_grad(), flop_counter_mode() as no_grad:
+        rollout_memory.__wrapped__(model, x)  # the same function without its inference_mode
+    assert inference.get_total_flops() == no_grad.get_total_flops() > 0
+    with flop_counter_mode() as step:
+        run_schedule(model, x, y, parse_schedule("rollout:1"))
+    with flop_counter_mode() as one_stage:
+        run_schedule(model, x, y, parse_schedule("onepass"))
+    assert step.get_total_flops() >= one_stage.get_total_flops() + inference.get_total_flops()
+
+
 def test_step_flops_of_an_adaptive_schedule_match_a_full_count():
     """FixedPoint runs as many no-grad sweeps as it needs: scaling the counted step's forward by
     the passes, and keeping its backward, gives what counting the other step finds."""

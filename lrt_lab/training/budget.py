@@ -113,8 +113,16 @@ class FlopCount(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         formula = self.formulas.get(func._overloadpacket)
+        if formula is None and func is not torch.ops.prim.device.default:
+            # Under inference_mode composite operators (matmul, linear) reach the mode whole,
+            # since the autograd key that decomposes them is off: decompose them here, so their
+            # matmuls are counted (uncounted, the rollout of Rollout(G) read as zero FLOPs)
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        out = func(*args, **kwargs)
         if formula is not None:
             self.total += formula(*args, **kwargs, out_val=out)
         return out
