@@ -220,6 +220,34 @@ def test_evaluation_cross_entropy_matches_torch_loss():
     assert rec["ce_exact@16"] != pytest.approx(rec["ce_parallel@16"], rel=1e-6)
 
 
+def test_a_nan_cross_entropy_is_recorded_as_nan_and_an_uncounted_one_is_not_counted():
+    """NaN logits at counted positions give a NaN cross-entropy and a count of the positions, never
+    a number (they were once read as 0); NaN logits only where nothing is counted leave the mean
+    what torch's loss gives over the counted targets."""
+    model = lm(memory=False)
+    x, y = torch.randint(1, 50, (4, 16)), torch.randint(50, (4, 16))
+    x[0, 0] = 0  # token 0's embedding is NaN: every logit of example 0 is NaN
+    with torch.no_grad():
+        model.wte.weight[0] = float("nan")
+        logits = model(x).logits
+    assert logits[0].isnan().all() and not logits[1:].isnan().any()
+
+    def record(mask):
+        batch = type("B", (), {"inputs": x, "targets": y, "loss_mask": mask})
+        return eval_record(evaluate(model, parse_schedule("onepass"), {16: batch}, chunk=2))
+
+    mask = torch.rand(4, 16, generator=torch.Generator().manual_seed(0)) > 0.2
+    mask[0, :2], mask[0, 2:] = True, False  # NaN counted at positions 1 and 2 only
+    rec = record(mask)
+    assert math.isnan(rec["ce_parallel@16"]) and rec["nonfinite_parallel@16"] == 2
+    mask[0] = False  # every NaN uncounted
+    rec = record(mask)
+    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none")
+    counted = ce[mask]
+    assert rec["ce_parallel@16"] == pytest.approx(counted.mean().item(), rel=1e-6)
+    assert "nonfinite_parallel@16" not in rec
+
+
 def test_a_sweep_expands_budgets_per_model_and_can_run_seed_by_seed():
     spec = validate_spec(
         {

@@ -79,7 +79,9 @@ def _position_sums(logits, targets, mask) -> tuple:
     mask = mask.bool()
     hits = ((logits.argmax(-1) == targets) & mask).sum(0).float().cpu()
     ce = F.cross_entropy(logits.float().transpose(1, 2), targets.clamp(min=0), reduction="none")
-    ce = (ce * mask).sum(0).cpu()
+    # where, not a product: an uncounted example's non-finite loss (0 * NaN) must not reach the
+    # position's sum, while a counted one's must (NaN logits are a NaN cross-entropy, never 0)
+    ce = torch.where(mask, ce, torch.zeros_like(ce)).sum(0).cpu()
     return hits, ce, mask.sum(0).cpu()
 
 
@@ -96,7 +98,9 @@ def _position_means(sums: list) -> dict:
 
 def eval_record(results: dict) -> dict:
     """Per evaluation length and decoding mode, for a metrics line: pos@90, the mean accuracy, and
-    the cross-entropy in nats per counted token (ce_*; for a byte-level task BPB = ce / ln 2)."""
+    the cross-entropy in nats per counted token (ce_*; for a byte-level task BPB = ce / ln 2).
+    A cross-entropy that is not finite at some position (NaN logits) is recorded as NaN (null in
+    the JSON), never as a number, with nonfinite_{mode}@{length}: how many positions it was."""
     rec = {}
     for length, res in results.items():
         for mode, scores in res.items():
@@ -104,8 +108,14 @@ def eval_record(results: dict) -> dict:
             rec[f"pos90_{mode}@{length}"] = pos_at(acc, 0.9, skip_nan=True)
             rec[f"acc_{mode}@{length}"] = float(torch.nanmean(acc))
             total = n.sum().item()
-            ce = torch.nan_to_num(scores["ce"]) * n
+            # positions without a counted example carry NaN and weigh nothing; a counted position
+            # whose cross-entropy is NaN or inf makes the mean so, and is counted apart
+            counted = n > 0
+            ce = torch.where(counted, scores["ce"] * n, torch.zeros_like(scores["ce"]))
             rec[f"ce_{mode}@{length}"] = ce.sum().item() / total if total else float("nan")
+            nonfinite = int((counted & ~torch.isfinite(scores["ce"])).sum())
+            if nonfinite:
+                rec[f"nonfinite_{mode}@{length}"] = nonfinite
             if "agreement" in scores:  # argmax agreement of the parallel forward with exact
                 hits = (scores["agreement"] * n).sum().item()
                 rec[f"agree@{length}"] = hits / total if total else float("nan")
