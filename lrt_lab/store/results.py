@@ -328,11 +328,15 @@ class Run:
 
     def truncate_metrics(self, last_step: int) -> None:
         """Keep only records with step <= last_step (resume from a checkpoint at last_step)."""
-        keep = [r for r in self.metrics_records() if r.get("step", -1) <= last_step]
+        self.replace_metrics([r for r in self.metrics_records() if r.get("step", -1) <= last_step])
+
+    def replace_metrics(self, records: list[dict]) -> None:
+        """Write metrics.jsonl anew with `records`, atomically (a kill leaves the old file)."""
         fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".metrics.", suffix=".tmp")
+        respect_umask(tmp)
         with os.fdopen(fd, "w") as f:
-            for r in keep:
-                f.write(json.dumps(r, sort_keys=True) + "\n")
+            for r in records:
+                f.write(json.dumps(_clean(r), sort_keys=True) + "\n")
         os.replace(tmp, self.path / METRICS)
 
     def write_summary(self, summary: dict) -> None:

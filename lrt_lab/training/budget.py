@@ -105,8 +105,12 @@ class FlopCount(TorchDispatchMode):
     output and fails on modules run under no_grad (FixedPoint's sweeps); only the total is needed.
     """
 
-    def __init__(self):
+    def __init__(self, decompose: bool = True):
+        """decompose=False counts as this counter did before it decomposed composite operators
+        (zero for them under inference_mode): what runs recorded then, for restating their
+        records (`lrt_lab.analysis.recount`)."""
         super().__init__()
+        self.decompose = decompose
         extra = {k: flop_counter.shape_wrapper(f) for k, f in _cpu_attention_formulas().items()}
         self.formulas = {**flop_counter.flop_registry, **extra}
         self.total = 0
@@ -114,7 +118,7 @@ class FlopCount(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         formula = self.formulas.get(func._overloadpacket)
-        if formula is None and func is not torch.ops.prim.device.default:
+        if formula is None and self.decompose and func is not torch.ops.prim.device.default:
             # Under inference_mode composite operators (matmul, linear) reach the mode whole,
             # since the autograd key that decomposes them is off: decompose them here, so their
             # matmuls are counted (uncounted, the rollout of Rollout(G) read as zero FLOPs)
@@ -131,8 +135,8 @@ class FlopCount(TorchDispatchMode):
         return self.total
 
 
-def flop_counter_mode() -> FlopCount:
-    return FlopCount()
+def flop_counter_mode(decompose: bool = True) -> FlopCount:
+    return FlopCount(decompose)
 
 
 @dataclasses.dataclass
