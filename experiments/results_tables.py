@@ -40,6 +40,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
@@ -1934,7 +1935,8 @@ def tables(df: pd.DataFrame, study: TrainerStudyResults) -> dict:
         "gap": lambda: gap_table(df),
         "baselines": lambda: baselines_table(df),
         "bench": bench_table,
-        "scoreboard": lambda: scoreboard_table(df),
+        # every LRT that recorded both cross-entropies: the studies' and the pilot's too
+        "scoreboard": lambda: scoreboard_table(full),
         "trainer_recipe": lambda: recipe_pilot_table(full),
         "trainer_study": lambda: trainer_study_table(full, study),
     }
@@ -2267,20 +2269,102 @@ def scoreboard_table(df: pd.DataFrame) -> str | None:
     return render_scoreboard(table, "md", legend=False).strip()
 
 
+def _range(values) -> str:
+    values = [v for v in values if math.isfinite(v)]
+    if not values:
+        return "-"
+    lo, hi = min(values), max(values)
+    return f"{lo:+.2f}" if lo == hi else f"{lo:+.2f} to {hi:+.2f}"
+
+
+def collapse_lyapunov(df: pd.DataFrame, names: list[str], length: int = 16) -> str:
+    """What the contraction monitor (lambda, nats per position; eval lines' `lyap`) read around
+    each collapse of the study's rollout:1 runs: a collapse read here, after the runs, as exact
+    cross-entropy at the training length back above 3 at an evaluation after one below 1. lambda at
+    the evaluation before it and at it, how many read NaN later, and the last lambda of the
+    rollout:1 runs that did not collapse and of fixedpoint:0.1:8's runs, for comparison."""
+    from lrt_lab.store.results import load_metrics
+
+    runs = df[df["run"].isin(names)]
+    key = f"ce_exact@{length}"
+    before, at, peak, nan_after, kept, fixedpoint = [], [], [], 0, [], []
+    for _, run in runs.iterrows():
+        evals = load_metrics(run, kind="eval")
+        if key not in evals or "lyap" not in evals:
+            continue
+        ce, lyap = evals[key].to_numpy(float), evals["lyap"].to_numpy(float)
+        schedule = run["config.train.schedule"]
+        if schedule.startswith("fixedpoint"):
+            fixedpoint.append(lyap[-1])
+        if schedule != "rollout:1":
+            continue
+        learned = np.flatnonzero(ce < 1)
+        later = np.flatnonzero(ce > 3)
+        later = later[later > learned[0]] if learned.size else later[:0]
+        if not later.size:
+            kept.append(lyap[-1])
+            continue
+        i = later[0]
+        before.append(lyap[i - 1])
+        at.append(lyap[i])
+        peak.append(float(np.nanmax(lyap[i:])) if np.isfinite(lyap[i:]).any() else math.nan)
+        nan_after += bool(np.isnan(lyap[i:]).any())
+    if not at:
+        return "no rollout:1 run of the study collapsed by that reading"
+    return (
+        f"at each of the {len(at)} collapses of rollout:1 (read after the runs as exact "
+        f"cross-entropy at {length} back above 3 after it was below 1) the contraction monitor's "
+        f"lambda went from {_range(before)} nats per position at the evaluation before to "
+        f"{_range(at)} at the collapse, its largest from then on {_range(peak)}, and NaN "
+        f"later on {nan_after} of them; the {len(kept)} "
+        f"rollout:1 runs that did not collapse ended at {_range(kept)}, fixedpoint:0.1:8's at "
+        f"{_range(fixedpoint)} (a contracting memory map reads below 0)"
+    )
+
+
+def train_inference_gap(df: pd.DataFrame, names: list[str], length: int = 16) -> str:
+    """Per LRT arm of the study whose training forward is not exact decoding: its final
+    cross-entropy at the training length under its parallel forward and under exact decoding
+    (seed means), the share of positions where the two pick the same token, and the uniform
+    guess's cross-entropy, ln(vocabulary)."""
+    runs = df[df["run"].isin(names) & (df["config.kind"] == "lrt")]
+    cols = [f"summary.eval.{m}@{length}" for m in ("ce_parallel", "ce_exact", "agree")]
+    if runs.empty or any(c not in runs for c in cols):
+        return "no run of the study recorded both forwards"
+    parts = []
+    for schedule, sub in runs.groupby("config.train.schedule"):
+        par, ex, agree = (sub[c].mean() for c in cols)
+        if not (math.isfinite(agree) and agree < 1):
+            continue  # its parallel forward is exact decoding (FixedPoint, Rollout)
+        parts.append(
+            f"{schedule} ends at cross-entropy {par:.3g} under its parallel forward and {ex:.3g} "
+            f"under exact decoding, the two picking the same token at {agree:.0%} of positions "
+            f"({len(sub)} seeds)"
+        )
+    guess = math.log(float(runs["config.model.vocab_size"].iloc[0]))
+    if not parts:
+        return "every LRT arm's training forward is exact decoding"
+    return "; ".join(parts) + f"; the uniform guess is {guess:.2f}"
+
+
 # values the page's prose names that come from the trainer study's tables, built once per page
 # (page_values), rather than from prose_values
-PAGE_VALUES = frozenset({"study.answer"})
+PAGE_VALUES = frozenset({"study.answer", "study.collapse_lyap", "study.train_inference_gap"})
 
 
-def page_values(study: TrainerStudyResults) -> dict[str, str]:
-    return {"study.answer": trainer_study_answer(study)}
+def page_values(study: TrainerStudyResults, df: pd.DataFrame | None = None) -> dict[str, str]:
+    out = {"study.answer": trainer_study_answer(study)}
+    if df is not None:
+        out["study.collapse_lyap"] = collapse_lyapunov(df, study.names, study.length)
+        out["study.train_inference_gap"] = train_inference_gap(df, study.names, study.length)
+    return out
 
 
 def render_results(template: str, df: pd.DataFrame, study: TrainerStudyResults) -> str:
     """The template with every table placeholder (a line of its own) and every value placeholder
     (inline) filled from the run store (`study`: trainer_study_results of the same store)."""
     builders = tables(df, study)
-    named = {**prose_values(df), **page_values(study)}
+    named = {**prose_values(df), **page_values(study, df)}
 
     def fill(match):
         name = match.group(1)

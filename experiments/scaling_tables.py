@@ -137,8 +137,8 @@ def points_table(points: pd.DataFrame) -> str | None:
 
 def repeats(points: pd.DataFrame) -> str:
     """The budgets whose runs made more than one pass over the training split, with their most
-    epochs: repetition favours the model that sees the data more often, so every comparison at
-    those budgets carries it."""
+    epochs: a repeated byte is worth less than a fresh one, so a run that repeats more learned
+    from less new data, and every comparison at those budgets carries it."""
     if points.empty:
         return "no runs yet"
     most = points.groupby(["method", "R"])["epochs"].max()
@@ -273,6 +273,7 @@ def rivals_table(points: pd.DataFrame, c: float = 40.0) -> str | None:
     if near.empty or near["method"].nunique() < 2:
         return None
     deltas = rival_deltas(points, c).set_index(["method", "R", "ref"])
+    by_flops = flops_c(points)
 
     def minus(method, r, ref_method) -> str:
         key = (method, r, ref_method)
@@ -286,6 +287,7 @@ def rivals_table(points: pd.DataFrame, c: float = 40.0) -> str | None:
                 "R": f"{r:g}",
                 "C (measured)": f"{sub['C'].mean():.1f}",
                 "TFLOPs": f"{sub['flops'].mean() / 1e12:.1f}",
+                "C by FLOPs": f"{by_flops[(method, r)]:.1f}",
                 "seeds": len(sub),
                 "BPB exact": f"{sub['bpb_exact'].mean():.4f}",
                 "seed SD": f"{sub['bpb_exact'].std(ddof=1):.4f}" if len(sub) > 1 else "-",
@@ -298,23 +300,106 @@ def rivals_table(points: pd.DataFrame, c: float = 40.0) -> str | None:
     return markdown(pd.DataFrame(rows))
 
 
+def flops_c(points: pd.DataFrame) -> pd.Series:
+    """Each (method, R)'s counted forward+backward FLOPs as the transformer's C they equal: its
+    seeds' mean FLOPs over the transformer's FLOPs per unit of C (the median over its runs; it runs
+    one forward per token, so its C is its R). What the budget of a method whose passes or
+    backward differ from the transformer's is worth in the transformer's compute."""
+    base = points[points["method"] == BASE]
+    per_c = float((base["flops"] / base["C"]).median())
+    return points.groupby(["method", "R"])["flops"].mean() / per_c
+
+
+def rivals_at_their_flops(points: pd.DataFrame, c: float = 40.0) -> pd.DataFrame:
+    """Each method near C against the transformer at its own compute: its C by FLOPs (flops_c),
+    and its paired exact-decoding BPB difference from the transformer at the budgets either side
+    of that C (the nearest with at most and at least as many FLOPs; one budget when one is within
+    MATCH). A method ahead of the transformer that had more compute than it, or behind one that had
+    less, is placed; otherwise the transformer's budgets do not bracket it closely enough to say.
+    Columns: method, R, C_flops, side ("less" / "more" / "same"), R_base, n, delta, ci_low, ci_high,
+    verdict (per method)."""
+    near = near_c(points, c)
+    base_rs = sorted(points.loc[points["method"] == BASE, "R"].unique())
+    if near.empty or not base_rs:
+        return pd.DataFrame()
+    by_flops = flops_c(points)
+    rows = []
+    for (method, r), _ in near.groupby(["method", "R"]):
+        if method == BASE:
+            continue
+        cf = float(by_flops[(method, r)])
+        same = budget_near(base_rs, cf)
+        sides = (
+            [("same", same)]
+            if same is not None
+            else [
+                ("less", max((b for b in base_rs if b < cf), default=None)),
+                ("more", min((b for b in base_rs if b > cf), default=None)),
+            ]
+        )
+        for side, r_base in sides:
+            if r_base is None:
+                continue
+            a, b = paired_by_seed(points, "bpb_exact", (BASE, r_base), (method, r))
+            if not a:
+                continue
+            res = contrast(a, b, paired=True, interval="t")
+            rows.append(
+                {
+                    "method": method,
+                    "R": r,
+                    "C_flops": cf,
+                    "side": side,
+                    "R_base": r_base,
+                    "n": len(a),
+                    "delta": res["effect"],
+                    "ci_low": res["ci_low"],
+                    "ci_high": res["ci_high"],
+                }
+            )
+    d = pd.DataFrame(rows)
+    if d.empty:
+        return d
+    verdicts = {}
+    for key, sub in d.groupby(["method", "R"]):
+        ahead = sub[sub["side"].isin(["same", "more"])]["ci_high"] < 0
+        behind = sub[sub["side"].isin(["same", "less"])]["ci_low"] > 0
+        verdicts[key] = "ahead" if ahead.any() else "behind" if behind.any() else "not placed"
+    d["verdict"] = [verdicts[(m, r)] for m, r in zip(d["method"], d["R"])]
+    return d
+
+
 def rivals_sentence(points: pd.DataFrame, c: float = 40.0) -> str:
-    """Which methods near C are ahead of the transformer at C (the paired Delta's 95% t interval
-    below 0), behind it (above 0) or level (it contains 0; one pair: no interval, not placed)."""
-    d = rival_deltas(points, c)
-    d = d[d["ref"] == BASE] if not d.empty else d
+    """Each method near C placed against the transformer at its own counted FLOPs
+    (rivals_at_their_flops): ahead (its interval below 0 against a transformer with at least its
+    FLOPs), behind (above 0 against one with at most its FLOPs), or not placed, each with its C by
+    FLOPs and the differences it was placed by."""
+    d = rivals_at_their_flops(points, c)
     if d.empty:
         return "no method has a seed paired with the transformer yet"
-    side = np.where(
-        np.isfinite(d["ci_low"]), side_of_zero(d["ci_low"], d["ci_high"]), "one pair, not placed"
-    )
     parts = []
-    for s in ("ahead", "level", "behind", "one pair, not placed"):
-        rows = d[side == s]
-        if len(rows):
-            cells = zip(rows["method"], rows["delta"], rows["n"])
-            parts.append(f"{s}: " + ", ".join(f"{m} {x:+.3f} ({n})" for m, x, n in cells))
-    return "; ".join(parts)
+    for verdict in ("ahead", "behind", "not placed"):
+        cells = []
+        for (method, r), sub in d[d["verdict"] == verdict].groupby(["method", "R"], sort=False):
+            against = ", ".join(
+                f"{_delta_cell(row)} at C = {row['R_base']:g}" for _, row in sub.iterrows()
+            )
+            cf = sub["C_flops"].iloc[0]
+            cells.append(f"{method} at R = {r:g} (C = {cf:.1f} by FLOPs; {against})")
+        if cells:
+            parts.append(f"{verdict}: " + "; ".join(cells))
+    return ". ".join(parts)
+
+
+def delta_trend(deltas: pd.DataFrame) -> str:
+    """The compute-matched point estimates by C, smallest C first: a description of the grid, not
+    one of its pre-stated contrasts."""
+    rows = deltas[deltas["match"] == "compute"].sort_values("C") if not deltas.empty else deltas
+    if rows.empty:
+        return "no compute-matched pairs yet"
+    cells = ", ".join(f"{x:+.3f}" for x in rows["delta"])
+    at = ", ".join(f"{x:g}" for x in rows["R_base"])  # the transformer's R: the pair's C
+    return f"{cells} at C = {at} (not pre-stated: read as a description, not a test)"
 
 
 EXACT = "lrt exact"
@@ -405,6 +490,7 @@ def builders(runs: pd.DataFrame, plans=()) -> dict:
         "scoreboard": lambda: scoreboard_table(runs),
         "repeats": lambda: repeats(points),
         "where_ahead": lambda: where_ahead(deltas("bpb_exact")),
+        "delta_trend": lambda: delta_trend(deltas("bpb_exact")),
     }
 
 
@@ -446,16 +532,18 @@ def readme_block(runs: pd.DataFrame, plans=()) -> str:
         lines.append(f"Seeds so far: {seeds}.")
     if not points.empty:
         lines.append(
-            "Runs that saw the training split more than once (repetition favours the model that "
-            f"sees the data more often): {repeats(points)}."
+            "Runs that saw the training split more than once (a repeated byte is worth less "
+            "than a fresh one, so these runs learned from less new data than their tokens say): "
+            f"{repeats(points)}."
         )
     table = deltas_table(deltas)
     if table is not None:
         lines += [f"By budget (exact decoding): {where_ahead(deltas)}."]
         if not near_c(points).empty:
             lines += [
-                "Every rival trained at C = 40 against the transformer there (exact decoding, "
-                f"paired by seed, 95% t interval; pairs in parentheses): {rivals_sentence(points)}."
+                "Each rival trained near C = 40, against the transformer at the compute its "
+                "counted FLOPs equal (exact decoding, paired by seed, 95% t interval; pairs in "
+                f"parentheses): {rivals_sentence(points)}."
             ]
         if (points["method"] == EXACT).any():
             lines += [

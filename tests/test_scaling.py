@@ -63,6 +63,16 @@ def test_decision_rule_reads_the_intervals(tmp_path):
     # token-matched better everywhere, but by less than the doubled compute buys: the claim fails
     worse = build(tmp_path / "a", lambda r, s: -0.02 + 0.002 * s)
     assert decide(paired_deltas(worse)).startswith("the compute-efficiency claim fails")
+    # compute-matched intervals that contain 0 are not a failure: not shown, with the effect the
+    # seeds could have shown (the half-width of the intervals, by hand from their t intervals)
+    level = build(tmp_path / "a2", lambda r, s: -(bpb_law(r) - bpb_law(2 * r)) + 0.01 * (s - 1))
+    deltas = paired_deltas(level)
+    at = deltas[(deltas["match"] == "compute") & deltas["C"].isin([40, 80])]
+    assert ((at["ci_low"] < 0) & (at["ci_high"] > 0)).all()
+    half = 4.3027 * 0.01 / math.sqrt(3)  # t(0.975, 2) x SD / sqrt(3): the seeds' +-0.01
+    text = decide(deltas)
+    assert text.startswith("the compute-efficiency claim is not shown at this power")
+    assert f"about {half:.3f} BPB" in text
     # the memory is worth more than the compute it costs: better at C = 40 and 80 too
     better = build(tmp_path / "b", lambda r, s: -(bpb_law(r) - bpb_law(2 * r)) - 0.02 + 0.002 * s)
     assert decide(paired_deltas(better)) == "the compute-efficiency claim holds in miniature"

@@ -4,6 +4,8 @@ the committed scaling store, so neither can go stale."""
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -143,14 +145,45 @@ def test_each_rival_is_paired_by_seed_with_the_lrt_and_the_transformer():
     want = f"+0.0100 [{0.01 - half:+.4f}, {0.01 + half:+.4f}] (2)"
     assert lrt.rstrip(" |").endswith(f"| - | {want} | 10")
     assert "| 80 |" not in text
-    # the sentence places each method by its interval against the transformer
+    # the sentence places each method by its interval against the transformer at its FLOPs
+    # (here every run spent the transformer's FLOPs per unit of C: both rivals sit at C = 40)
     sentence = tables.rivals_sentence(points)
     assert sentence == (
-        "level: lrt interleaved:2 +0.010 (2); one pair, not placed: lrt rollout:1 -0.070 (1)"
+        f"not placed: lrt interleaved:2 at R = 20 (C = 40.0 by FLOPs; {want} at C = 40); "
+        "lrt rollout:1 at R = 26.667 (C = 40.0 by FLOPs; -0.0700 (1) at C = 40)"
     )
     ahead = points.copy()
     ahead["bpb_exact"] = [1.50, 1.50, 1.40, 1.41, 1.45, 1.40]  # LRT -0.10, -0.09: t excludes 0
-    assert tables.rivals_sentence(ahead).startswith("ahead: lrt interleaved:2 -0.095 (2);")
+    assert tables.rivals_sentence(ahead).startswith(
+        "ahead: lrt interleaved:2 at R = 20 (C = 40.0 by FLOPs; -0.0950 ["
+    )
+
+
+def test_a_rival_is_compared_at_the_compute_its_flops_equal():
+    """A rival that spent 30 units of the transformer's compute in FLOPs (its C says 40) is paired
+    with the transformer at C = 20 (less compute) and C = 40 (more): ahead of the one with more
+    compute places it ahead; behind the one with less places it behind; neither: not placed."""
+    tables = _module()
+    rows = [  # method, R, C, seed, BPB
+        ("transformer", 20, 20.0, 0, 1.60),
+        ("transformer", 20, 20.0, 1, 1.61),
+        ("transformer", 40, 40.0, 0, 1.50),
+        ("transformer", 40, 40.0, 1, 1.52),
+        ("lrt fixedpoint:0.1:8", 10, 40.0, 0, 1.45),
+        ("lrt fixedpoint:0.1:8", 10, 40.0, 1, 1.469),
+    ]
+    points = _points(rows, wall_s=600.0)
+    points["flops"] = [1e13, 1e13, 2e13, 2e13, 1.5e13, 1.5e13]  # 5e11 per unit of C
+    points["bpb_parallel"] = points["bpb_exact"]
+    d = tables.rivals_at_their_flops(points).set_index("side")
+    assert d["C_flops"].tolist() == [30.0, 30.0]
+    assert d.loc["less", "R_base"] == 20 and d.loc["more", "R_base"] == 40
+    assert d.loc["more", "delta"] == pytest.approx(-0.0505)  # -0.05, -0.051: t excludes 0
+    assert set(d["verdict"]) == {"ahead"}
+    behind = points.assign(bpb_exact=[1.40, 1.418, 1.30, 1.32, 1.45, 1.469])  # worse than C = 20
+    assert set(tables.rivals_at_their_flops(behind)["verdict"]) == {"behind"}
+    between = points.assign(bpb_exact=[1.60, 1.61, 1.40, 1.42, 1.45, 1.469])
+    assert set(tables.rivals_at_their_flops(between)["verdict"]) == {"not placed"}
 
 
 def test_the_exact_reference_is_paired_with_interleaved_and_the_transformer_at_c_and_4c():
