@@ -1850,6 +1850,70 @@ def scaling_values(df: pd.DataFrame) -> dict[str, str]:
     }
 
 
+CONVENTION_PAIR = REPO / "experiments" / "convention_pair"
+# the run of the committed store the pair retrains under today's conventions
+CONVENTION_RUN = "a5_prefix-L16-small-lrt-interleaved_2-released-s0-released"
+
+
+def convention_touches(config: dict) -> tuple[bool, bool]:
+    """(whether the window convention changes what this stored run computes, whether the value
+    embedding's placement does): some non-final layer's window is shorter than the longest
+    sequence the run trained or was evaluated at; an LRT whose gates scale its values, with value
+    embeddings."""
+    from lrt_lab.core.config import ModelConfig
+
+    cfg = ModelConfig.from_dict(config["model"])
+    train = config.get("train", {})
+    longest = max([train.get("length", 0), *train.get("eval_lengths", [])])
+    window = any(w is not None and w < longest for w in cfg.window_sizes())
+    m = cfg.memory
+    values = bool(m and m.gate and m.kv in ("both", "values") and cfg.use_value_embeds)
+    return window, values
+
+
+def convention_values(df: pd.DataFrame) -> dict[str, str]:
+    """Which committed runs the two model conventions touch, store by store, and the
+    representative pair: the factor study's released cell (seed 0) as recorded and retrained
+    under today's conventions (experiments/convention_pair/)."""
+    import json
+
+    counts = []
+    for store in (
+        REPO / "experiments" / "results",
+        REPO / "experiments" / "scaling_runs",
+        INSTRUMENT_STORE,
+    ):
+        runs = load_runs(store)
+        touched = [
+            convention_touches(json.loads(Path(p, "config.json").read_text())) for p in runs["path"]
+        ]
+        window = sum(w for w, _ in touched)
+        values = sum(v for _, v in touched)
+        counts.append(
+            f"`{store.relative_to(REPO)}`: {len(touched)} runs, the window convention {window}, "
+            f"the value embedding's placement {values}"
+        )
+    out = {"conventions.touched": "; ".join(counts)}
+    old = df[df["run"] == CONVENTION_RUN]
+    new = load_runs(CONVENTION_PAIR) if CONVENTION_PAIR.is_dir() else pd.DataFrame()
+    if old.empty or new.empty:
+        out["conventions.pair"] = "not yet: the retrained run is not complete"
+        return out
+    old, new = old.iloc[0], new.iloc[0]
+
+    def cell(key, fmt):
+        a, b = old[f"summary.eval.{key}"], new[f"summary.eval.{key}"]
+        return f"{key} {a:{fmt}} recorded, {b:{fmt}} today"
+
+    keys = [("ce_exact@16", ".3g"), ("ce_parallel@16", ".3g")]
+    keys += [(f"pos90_exact@{n}", "g") for n in (16, 32, 64)]
+    out["conventions.pair"] = "; ".join(cell(k, f) for k, f in keys) + (
+        f"; final training loss {old['summary.final_loss']:.3g} recorded, "
+        f"{new['summary.final_loss']:.3g} today"
+    )
+    return out
+
+
 def prose_values(df: pd.DataFrame) -> dict[str, str]:
     """{NAME: text} for every `<!-- value: NAME -->` of the template, computed from the store."""
     df = earlier_runs(df)
@@ -1871,6 +1935,7 @@ def prose_values(df: pd.DataFrame) -> dict[str, str]:
         probe_values,
         z60_values,
         scaling_values,
+        convention_values,
     ):
         out.update(build(df))
     return out
