@@ -1,6 +1,6 @@
 """Restate a store's records with today's counters, without retraining (lrt_lab.analysis.recount):
-FLOPs the earlier counter missed (work run under inference_mode: Rollout's rollout) and final
-cross-entropies that averaged NaN positions as 0.
+FLOPs the earlier counter missed (work run under inference_mode: Rollout's rollout), final
+cross-entropies that averaged NaN positions as 0, and the model conventions a config predates.
 
     python scripts/restate_store.py STORE [STORE ...] [--dry-run]
 
@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from lrt_lab.analysis.recount import restate_flops, restate_nonfinite
+from lrt_lab.analysis.recount import record_conventions, restate_flops, restate_nonfinite
 from lrt_lab.store.results import load_runs
 
 
@@ -26,6 +26,7 @@ def main(argv=None) -> int:
         for path in load_runs(store)["path"]:
             flops = restate_flops(path, write=not args.dry_run)
             nan = restate_nonfinite(path, write=not args.dry_run)
+            conventions = record_conventions(path, write=not args.dry_run)
             if flops["missed"]:
                 ratio = flops["restated"] / flops["recorded"]
                 print(
@@ -35,7 +36,9 @@ def main(argv=None) -> int:
                 )
             if nan["nonfinite"]:
                 print(f"{Path(path).name}: NaN cross-entropy at {nan['nonfinite']}", flush=True)
-            changed += bool(flops["missed"] or nan["nonfinite"])
+            if conventions:
+                print(f"{Path(path).name}: config records {', '.join(conventions)}", flush=True)
+            changed += bool(flops["missed"] or nan["nonfinite"] or conventions)
     print(f"{changed} run(s) {'would be ' if args.dry_run else ''}restated")
     return 0
 

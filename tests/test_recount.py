@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from helpers import tiny_train_config
 
-from lrt_lab.analysis.recount import restate_flops, restate_nonfinite
+from lrt_lab.analysis.recount import record_conventions, restate_flops, restate_nonfinite
 from lrt_lab.store.results import Run
 from lrt_lab.training import budget
 from lrt_lab.training.loop import train
@@ -80,3 +80,28 @@ def test_a_final_cross_entropy_read_over_nan_positions_is_restated_as_nan(tmp_pa
     assert summary["restated"]["nonfinite"]["recorded"] == {"ce_parallel@6": recorded}
     last = [r for r in run.metrics_records() if r["kind"] == "eval"][-1]
     assert last["ce_parallel@6"] is None and last["nonfinite_parallel@6"] == 1
+
+
+def test_a_config_that_predates_the_conventions_is_written_with_the_ones_it_ran_under(
+    tmp_path, monkeypatch
+):
+    """The fields a config.json lacks are added with the earlier convention's values; what the
+    store reads of the run (its group, its model) is the same before and after, and a config that
+    has them is left byte for byte."""
+    from lrt_lab.store.results import load_runs
+
+    run = _train(tmp_path, tiny_train_config(steps=1), False, monkeypatch)
+    path = run.path / "config.json"
+    assert record_conventions(run) == []  # written today: it has them
+    config = json.loads(path.read_text())
+    del config["model"]["window_convention"], config["model"]["memory"]["gate_value_embeds"]
+    path.write_text(json.dumps(config))
+    before = load_runs(tmp_path).filter(like="config.").iloc[0].to_dict()
+    added = record_conventions(run)
+    assert added == ["model.window_convention", "model.memory.gate_value_embeds"]
+    written = json.loads(path.read_text())["model"]
+    assert written["window_convention"] == "keys" and written["memory"]["gate_value_embeds"] is True
+    after = load_runs(tmp_path).filter(like="config.").iloc[0].to_dict()
+    assert after == before
+    text = path.read_bytes()
+    assert record_conventions(run) == [] and path.read_bytes() == text

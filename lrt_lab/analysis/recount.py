@@ -19,6 +19,10 @@ Two kinds of record can be restated from what a run folder holds:
 
 What was rewritten is recorded in summary.json under `restated` (the earlier totals), so a
 restated run says so.
+
+- **Model conventions.** A config.json written before a convention field existed ran under the
+  earlier convention (`lrt_lab.core.config.LEGACY_FIELDS`), which every reader already assumes;
+  `record_conventions` writes those fields into it, so the file itself says what the run ran under.
 """
 
 from __future__ import annotations
@@ -30,11 +34,12 @@ import torch
 
 from lrt_lab.analysis.loading import as_run
 from lrt_lab.core.baselines import build_baseline, is_baseline_kind
-from lrt_lab.core.config import ModelConfig
+from lrt_lab.core.config import ModelConfig, with_legacy_fields
 from lrt_lab.core.loss import IGNORE_INDEX
 from lrt_lab.core.model import LRT
 from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import run_schedule
+from lrt_lab.store.results import write_json
 from lrt_lab.training.budget import flop_counter_mode
 from lrt_lab.training.loop import make_task
 from lrt_lab.training.train_config import TrainConfig, stored_train_config
@@ -155,3 +160,20 @@ def restate_nonfinite(run, write: bool = True) -> dict:
 
 def _finite(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def record_conventions(run, write: bool = True) -> list[str]:
+    """Write into the run's config.json the convention fields it predates, with the values it ran
+    under (module docstring). Returns the fields added ("model.window_convention", ...)."""
+    run = as_run(run)
+    config = run.config
+    model = config.get("model")
+    if not isinstance(model, dict):
+        return []
+    full = with_legacy_fields(model)
+    added = [f"model.{k}" for k in full if k not in model]
+    if isinstance(model.get("memory"), dict):
+        added += [f"model.memory.{k}" for k in full["memory"] if k not in model["memory"]]
+    if added and write:
+        write_json(run.path / "config.json", {**config, "model": full})
+    return added
