@@ -9,6 +9,11 @@ an analysis on a run store, print its tables, write them (and a PNG of the plot)
     lrt-lab analyze exactness runs/gap/RUN_A --orderings jacobi,gs:4,chunks:8 --sweeps 30
     lrt-lab analyze contraction runs/gap/RUN_A
     lrt-lab analyze scaling experiments/scaling_runs --x flops
+    lrt-lab analyze contraction runs/RUN --plugin my_ext.py   # a run of one's own mechanism
+
+A run trained with `--plugin` records its plugins (config.json's train.plugins), and every
+subcommand imports them before it rebuilds the model; `--plugin FILE_OR_MODULE` (repeatable)
+imports more first, e.g. a file the run names by a path that is not there.
 """
 
 from __future__ import annotations
@@ -52,6 +57,18 @@ def number_list(text: str) -> tuple[float, ...]:
         ) from None
 
 
+def add_plugin_argument(p: argparse.ArgumentParser, dest: str = "plugin") -> None:
+    p.add_argument(
+        "--plugin",
+        dest=dest,
+        action="append",
+        default=[],
+        metavar="FILE_OR_MODULE",
+        help="import a Python file or module first (the schedules and memory mechanisms it "
+        "registers; a run's recorded plugins are imported anyway); repeatable",
+    )
+
+
 def build_parser() -> Parser:
     p = Parser(
         prog=PROG,
@@ -59,6 +76,7 @@ def build_parser() -> Parser:
         epilog="Figures go into the run they describe (several runs: <store>/.analysis/), store "
         "tables into <store>/.analysis/tables/; each path is printed.",
     )
+    add_plugin_argument(p, "plugins_first")
     sub = p.add_subparsers(
         dest="cmd",
         required=True,
@@ -283,6 +301,8 @@ def build_parser() -> Parser:
     s.add_argument(
         "--prefix", default="", help="only runs whose names start with this (default: every run)"
     )
+    for command in sub.choices.values():
+        add_plugin_argument(command)
     return p
 
 
@@ -294,6 +314,10 @@ def main(argv=None, debug: bool | None = None) -> int:
     if debug is None:
         debug = os.environ.get("LRT_LAB_DEBUG", "") not in ("", "0")
     try:
+        if a.plugins_first or a.plugin:
+            from lrt_lab.core.plugins import load_plugins
+
+            load_plugins([*a.plugins_first, *a.plugin])
         return _scaling(a) if a.cmd == "scaling" else _analyze(a)  # scaling loads no torch
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
