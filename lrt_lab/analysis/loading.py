@@ -17,10 +17,12 @@ import torch
 from lrt_lab.core.config import ModelConfig
 from lrt_lab.core.model import LRT
 from lrt_lab.core.plugins import load_plugins, loaded_plugins
+from lrt_lab.core.validation import check_out_dir
 from lrt_lab.store.results import Run, write_table
 from lrt_lab.training.loop import TrainConfig, make_eval_sets, make_task
 
 ANALYSIS_DIR = ".analysis"
+DEFAULT_OUTPUTS = "outputs"  # output_dir's folder when none is given
 
 
 def as_run(run) -> Run:
@@ -108,6 +110,17 @@ def eval_batch(task, length: int, n: int, seed: int = 0):
     """A fixed held-out batch: the task provider's evaluation set (seeds >= 2**62, never trained
     on)."""
     return make_eval_sets(task, (length,), n, seed=seed)[length]
+
+
+def output_dir(store, out=None) -> Path:
+    """Where a report's or an analysis's figures and tables of `store` go: `out` when given,
+    else outputs/<the store folder's name>/ under the current directory (ignored by git at the
+    repository's root), never into the store, so a committed store stays as it was committed."""
+    folder = check_out_dir("out", out) if out is not None else Path(DEFAULT_OUTPUTS)
+    if out is None:
+        folder = folder / (Path(store).resolve().name or "store")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def analysis_dir(store) -> Path:

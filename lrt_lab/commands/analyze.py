@@ -1,5 +1,6 @@
 """`lrt-lab analyze probe|gap|depth|convergence|gradient|exactness|contraction|scaling ...`: run
-an analysis on a run store, print its tables, write them (and a PNG of the plot) into the store.
+an analysis on a run store, print its tables, write them (and a PNG of the plot) into the store
+(scaling: into outputs/<store name>/, or --out).
 
     lrt-lab analyze probe runs/probe/RUN_A runs/probe/RUN_B --decoding exact
     lrt-lab analyze gap runs/gap
@@ -74,7 +75,8 @@ def build_parser() -> Parser:
         prog=PROG,
         description=__doc__.split("\n\n")[0].replace("\n", " "),
         epilog="Figures go into the run they describe (several runs: <store>/.analysis/), store "
-        "tables into <store>/.analysis/tables/; each path is printed.",
+        "tables into <store>/.analysis/tables/ (scaling: outputs/<store name>/ or --out, outside "
+        "the store); each path is printed.",
     )
     add_plugin_argument(p, "plugins_first")
     sub = p.add_subparsers(
@@ -282,7 +284,8 @@ def build_parser() -> Parser:
         help="BPB against compute: points, paired deltas, power-law fits, decision (+ PNG)",
         description="BPB against compute from the runs trained with a tokens-per-parameter "
         "budget: points, paired LRT-minus-transformer deltas, power-law fits and the decision; "
-        "tables in <store>/.analysis/tables/, the plot <store>/.analysis/scaling_<metric>_<x>.png.",
+        "tables in outputs/<store name>/tables/, the plot outputs/<store name>/"
+        "scaling_<metric>_<x>.png (or under --out), nothing into the store.",
     )
     s.add_argument("store", help="a run store of runs trained with --tokens-per-param")
     s.add_argument(
@@ -300,6 +303,13 @@ def build_parser() -> Parser:
     )
     s.add_argument(
         "--prefix", default="", help="only runs whose names start with this (default: every run)"
+    )
+    s.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="where the tables and the plot go (default: outputs/<store folder name>/ under the "
+        "current directory; nothing is written into the store)",
     )
     for command in sub.choices.values():
         add_plugin_argument(command)
@@ -496,7 +506,7 @@ def _scaling(a) -> int:
     matplotlib.use("Agg")
     import pandas as pd
 
-    from lrt_lab.analysis.loading import analysis_dir, write_store_table
+    from lrt_lab.analysis.loading import output_dir
     from lrt_lab.analysis.scaling import (
         check_same_heldout,
         decide,
@@ -506,7 +516,7 @@ def _scaling(a) -> int:
         scaling_figure,
         scaling_points,
     )
-    from lrt_lab.store.results import first_names, load_plans, load_runs
+    from lrt_lab.store.results import first_names, load_plans, load_runs, write_table
 
     pd.set_option("display.width", 200)
     runs = load_runs(a.store)
@@ -518,6 +528,7 @@ def _scaling(a) -> int:
             f"store={a.store!r}: no complete run trained with a tokens-per-parameter budget"
         )
     check_same_heldout(points)
+    folder = output_dir(a.store, a.out)
     if points.attrs["duplicates"]:
         twice = points.attrs["duplicates"]
         print(
@@ -539,13 +550,13 @@ def _scaling(a) -> int:
         ("scaling_fits", fits),
     ):
         print(f"\n{name}\n{table.round(4).to_string(index=False)}")
-        write_store_table(a.store, name, table)
+        write_table(folder, name, table)
     planned = planned_seeds(points, load_plans(a.store))
     seeds = "no plan recorded" if planned is None else f"{planned} seeds planned"
     print(f"\ndecision ({a.metric}; {seeds}): {decide(deltas, planned_seeds=planned)}")
-    out = analysis_dir(a.store) / f"scaling_{a.metric}_{a.x}.png"
+    out = folder / f"scaling_{a.metric}_{a.x}.png"
     scaling_figure(points, out, x=a.x, metric=a.metric)
-    print(f"plot: {out}")
+    print(f"tables: {folder / 'tables'}\nplot: {out}")
     return 0
 
 

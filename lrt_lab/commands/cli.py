@@ -350,6 +350,11 @@ def cmd_report(a) -> int:
 
     if a.study is not None:
         return report_study(a)
+    if a.out is not None:
+        raise ValueError(
+            "--out is invalid without --study; allowed: --study SPEC.toml --out DIR (the tables "
+            "are printed; only a study draws figures)"
+        )
     if a.scoreboard:
         from lrt_lab.store.report import print_scoreboard
 
@@ -406,10 +411,10 @@ def report_study(a) -> int:
     print_study(a.runs, study, run_names=names, store_name=a.runs)
     from pathlib import Path
 
-    from lrt_lab.analysis.loading import analysis_dir
+    from lrt_lab.analysis.loading import output_dir
     from lrt_lab.analysis.study_curves import plot_learning_curves
 
-    folder, stem = analysis_dir(a.runs), Path(a.study).stem
+    folder, stem = output_dir(a.runs, a.out), Path(a.study).stem
     if plot_learning_curves(a.runs, study, folder / f"curves_{stem}.png", names) is not None:
         print(f"\nfigure (learning curves, each arm's seed mean): {folder / f'curves_{stem}.png'}")
     if study.time_to_event is not None:
@@ -586,6 +591,13 @@ def build_parser() -> Parser:
         help="the approximate-vs-exact scoreboard instead: per group of LRT runs, the "
         "cross-entropy of the training forward minus exact decoding's, and their argmax "
         "agreement, at each evaluation length",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="with --study: where its figures go (default: outputs/<store folder name>/ under "
+        "the current directory; nothing is written into the store)",
     )
     p.set_defaults(func=cmd_report)
 
