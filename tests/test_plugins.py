@@ -405,3 +405,26 @@ def test_analyze_scaling_leaves_a_copy_of_the_store_untouched(tmp_path, monkeypa
         capsys.readouterr().out
     )
     assert snapshot(store) == before
+
+
+def test_a_study_report_parses_each_metrics_file_once(tmp_path, monkeypatch):
+    """reading_once: every reader gets the records, the file is parsed once while it stays the
+    same, again once it changes, and nothing is kept outside the block."""
+    from lrt_lab.store import results
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"kind": "eval", "step": 1}\n{"kind": "train", "step": 1, "loss": 2.0}\n')
+    parsed = []
+    parse = results._parse_jsonl
+    monkeypatch.setattr(results, "_parse_jsonl", lambda p: parsed.append(p) or parse(p))
+    with results.reading_once():
+        first, _ = results._read_jsonl(path)
+        second, _ = results._read_jsonl(path)
+        assert first == second and first is not second and len(parsed) == 1
+        with path.open("a") as f:
+            f.write('{"kind": "eval", "step": 2}\n')
+        assert [r["step"] for r in results._read_jsonl(path)[0]] == [1, 1, 2]
+        assert len(parsed) == 2
+    results._read_jsonl(path)
+    results._read_jsonl(path)
+    assert len(parsed) == 4

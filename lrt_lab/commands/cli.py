@@ -395,7 +395,8 @@ def report_study(a) -> int:
                 "metrics and arms)"
             )
     check_file("--study", a.study, "a path to a .toml sweep spec with a [study] table")
-    from lrt_lab.store.study import parse_study, print_study
+    from lrt_lab.store.results import reading_once
+    from lrt_lab.store.study import parse_study
 
     wait_passively_when_busy()  # as the commands that load torch do (LOADS_TORCH)
     from lrt_lab.training.sweep import expand, load_spec  # loads torch: the grid's run names
@@ -408,6 +409,13 @@ def report_study(a) -> int:
         )
     names = [cfg.run_name for cfg in expand(spec)]
     study = parse_study(spec["study"])
+    with reading_once():  # each run's metrics parsed once for every table and figure
+        return _report_study(a, study, names)
+
+
+def _report_study(a, study, names: list[str]) -> int:
+    from lrt_lab.store.study import print_study
+
     print_study(a.runs, study, run_names=names, store_name=a.runs)
     from pathlib import Path
 
