@@ -279,6 +279,24 @@ def test_a_sweep_spec_names_its_plugins(tmp_path, monkeypatch, capsys, isolated)
     assert main(["sweep", str(spec), "--dry-run", "--out", "store"]) == 2
     assert "--plugin FILE" in capsys.readouterr().err
     assert main(["sweep", str(spec), "--dry-run", "--out", "store", "--plugin", "my_ext.py"]) == 0
+    # trained, the runs record the plugin given on the command line
+    assert main(["sweep", str(spec), "--out", "store", "--plugin", "my_ext.py", "--quiet"]) == 0
+    (config,) = (tmp_path / "store").glob("*/config.json")
+    recorded = json.loads(config.read_text())["train"]["plugins"]
+    assert recorded == [str((tmp_path / "my_ext.py").resolve())]
+
+
+def test_the_bench_loads_its_plugins_before_reading_its_schedules(tmp_path, capsys, isolated):
+    from lrt_lab.commands import bench
+    from lrt_lab.commands.bench_args import parse
+
+    path = write_doc_plugin(tmp_path)
+    assert bench.run(parse(["--plugin", str(tmp_path / "missing.py")])) == 2
+    assert "plugin=" in capsys.readouterr().err and "tailexact" not in registry.SCHEDULES
+    # the plugin is imported, then the bad preset refuses the run before any timing
+    assert bench.run(parse(["--plugin", str(path), "--preset", "nope"])) == 2
+    assert "preset='nope' is invalid" in capsys.readouterr().err
+    assert "tailexact" in registry.SCHEDULES
 
 
 # No torch before a command runs ------------------------------------------------------------------
@@ -307,6 +325,7 @@ NO_TORCH = [  # (arguments, exit status): help, and errors in the arguments
     (["report", ".", "--study", "nope.toml"], 2),
     (["analyze", "scaling", "nope", "--plugin", "missing_plugin.py"], 2),
     (["analyze", "scaling"], 2),
+    (["report", ".", "--out", "figures"], 2),
 ]
 
 
