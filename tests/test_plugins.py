@@ -326,6 +326,11 @@ NO_TORCH = [  # (arguments, exit status): help, and errors in the arguments
     (["analyze", "scaling", "nope", "--plugin", "missing_plugin.py"], 2),
     (["analyze", "scaling"], 2),
     (["report", ".", "--out", "figures"], 2),
+    (["analyze", "contraction", "no_such_run"], 2),
+    (["analyze", "probe", "no_such_run", "--decoding", "exact"], 2),
+    (["analyze", "gap", "no_such_store"], 2),
+    (["train", "--threads", "0"], 2),
+    (["demo", "--threads", "0"], 2),
 ]
 
 

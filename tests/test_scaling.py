@@ -135,8 +135,11 @@ def test_analyze_scaling_command(tmp_path, capsys):
     assert (out_dir / "scaling_bpb_exact_flops.png").is_file()
     assert (out_dir / "tables" / "scaling_deltas.csv").is_file()
     assert not (tmp_path / ".analysis").exists()  # nothing written into the store
+    (tmp_path / "empty").mkdir()
     assert main(["scaling", str(tmp_path / "empty")]) == 2
     assert "no complete run trained with a tokens-per-parameter budget" in capsys.readouterr().err
+    assert main(["scaling", str(tmp_path / "nowhere")]) == 2
+    assert "store=" in capsys.readouterr().err  # refused before anything is read
 
 
 def test_a_run_repeated_under_another_name_counts_once_and_another_rate_is_another_arm(tmp_path):

@@ -324,6 +324,7 @@ def main(argv=None, debug: bool | None = None) -> int:
     if debug is None:
         debug = os.environ.get("LRT_LAB_DEBUG", "") not in ("", "0")
     try:
+        check_paths(a)  # before anything loads torch
         if a.plugins_first or a.plugin:
             from lrt_lab.core.plugins import load_plugins
 
@@ -345,6 +346,19 @@ def main(argv=None, debug: bool | None = None) -> int:
             file=sys.stderr,
         )
         return FAILURE
+
+
+def check_paths(a) -> None:
+    """The run folders and stores the subcommand names, refused as the analyses refuse them
+    but before torch loads: a run folder holds config.json, a store is a directory."""
+    runs = a.runs if hasattr(a, "runs") else [a.run] if hasattr(a, "run") else []
+    for run in runs:
+        if not (Path(run) / "config.json").is_file():
+            raise ValueError(f"run={run!r} is invalid; allowed: a run folder with config.json")
+    store = getattr(a, "store", None)
+    if store is not None and not Path(store).is_dir():
+        reason = "no such directory" if not Path(store).exists() else "not a directory"
+        raise ValueError(f"store={store!r} is invalid: {reason}; allowed: a run store directory")
 
 
 def probe_figure_path(runs, decoding: str) -> Path:

@@ -256,6 +256,7 @@ def train_config_from_args(a) -> TrainConfig:
 def cmd_train(a) -> int:
     # Every field is checked first: a bad value is refused before torch loads (a valid schedule's
     # check imports the schedules, and a plugin its own imports).
+    check_threads(a.threads)
     cfg = train_config_from_args(a)
     from pathlib import Path
 
@@ -330,7 +331,14 @@ def cmd_sweep(a) -> int:
     return exitcodes.for_statuses(run.status for run in runs)  # what the store holds now
 
 
+def check_threads(threads) -> None:
+    """--threads, as choose_threads checks it, before the command loads torch."""
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads={threads!r} is invalid; allowed: an integer >= 1")
+
+
 def cmd_demo(a) -> int:
+    check_threads(a.threads)
     from lrt_lab.commands.demo import DemoStopped, run_demo
 
     try:
