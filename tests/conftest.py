@@ -27,20 +27,15 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    import importlib
-    import importlib.util
-    from pathlib import Path
+    # as `--plugin` loads them (lrt_lab.core.plugins): a file as a real module, in sys.modules
+    # before its code runs, so `@dataclass` under `from __future__ import annotations` works
+    from lrt_lab.core.plugins import load_plugin
 
     for plugin in config.getoption("--memory-plugin"):
-        if plugin.endswith(".py"):
-            path = Path(plugin).resolve()
-            if not path.is_file():
-                raise pytest.UsageError(f"--memory-plugin {plugin}: no such file")
-            spec = importlib.util.spec_from_file_location(path.stem, path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            importlib.import_module(plugin)
+        try:
+            load_plugin(plugin)
+        except ValueError as e:
+            raise pytest.UsageError(f"--memory-plugin {plugin}: {e}") from None
 
 
 def pytest_collection_modifyitems(config, items):

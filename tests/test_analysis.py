@@ -714,9 +714,10 @@ def test_every_analyze_option_has_help_and_the_usage_says_lrt_lab_analyze(capsys
         (["scaling", "x", "--x", "tokens"], "--x"),
         (["probe", "{missing}"], "run folder"),
         (["convergence", "{missing}"], "run folder"),
-        (["gap", "{missing}"], "no run"),
+        (["gap", "{missing}"], "no such directory"),
         (["depth", "{empty}"], ""),
-        (["scaling", "{missing}"], "no complete run"),
+        (["scaling", "{missing}"], "no such directory"),
+        (["scaling", "{empty}"], "no complete run"),
         (["gradient", "{missing}"], "config.json"),
         (["gradient", "x", "--n-sequences", "0"], "--n-sequences"),
         (["exactness", "{missing}"], "config.json"),
@@ -752,6 +753,7 @@ def test_an_unexpected_analyze_failure_is_one_line_with_its_prefix(tmp_path, cap
         raise RuntimeError("something inside broke\nsecond line")
 
     monkeypatch.setattr(lrt_lab.analysis, "probe_run", broken)
+    (tmp_path / "config.json").write_text("{}")  # a run folder, as far as the arguments go
     assert main(["analyze", "probe", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err == (

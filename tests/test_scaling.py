@@ -138,13 +138,18 @@ def test_analyze_scaling_command(tmp_path, capsys):
     from lrt_lab.commands.analyze import main
 
     build(tmp_path, lambda r, s: -0.02 + 0.002 * s)
-    assert main(["scaling", str(tmp_path), "--x", "flops"]) == 0
+    out_dir = tmp_path.parent / f"{tmp_path.name}-out"
+    assert main(["scaling", str(tmp_path), "--x", "flops", "--out", str(out_dir)]) == 0
     out = capsys.readouterr().out
     assert "decision (bpb_exact; no plan recorded): the compute-efficiency claim fails" in out
-    assert (tmp_path / ".analysis" / "scaling_bpb_exact_flops.png").is_file()
-    assert (tmp_path / ".analysis" / "tables" / "scaling_deltas.csv").is_file()
+    assert (out_dir / "scaling_bpb_exact_flops.png").is_file()
+    assert (out_dir / "tables" / "scaling_deltas.csv").is_file()
+    assert not (tmp_path / ".analysis").exists()  # nothing written into the store
+    (tmp_path / "empty").mkdir()
     assert main(["scaling", str(tmp_path / "empty")]) == 2
     assert "no complete run trained with a tokens-per-parameter budget" in capsys.readouterr().err
+    assert main(["scaling", str(tmp_path / "nowhere")]) == 2
+    assert "store=" in capsys.readouterr().err  # refused before anything is read
 
 
 def test_a_run_repeated_under_another_name_counts_once_and_another_rate_is_another_arm(tmp_path):
@@ -178,7 +183,7 @@ def test_the_decision_waits_for_the_seeds_the_grids_plan_records(tmp_path, capsy
     write_plan(tmp_path, list(points["run"]) + planned, [0, 1, 2])
     write_plan(tmp_path, ["loop_2-R20-s0"], list(range(9)))  # another grid's: not these arms
     assert planned_seeds(points, load_plans(tmp_path)) == 3
-    assert main(["scaling", str(tmp_path)]) == 0
+    assert main(["scaling", str(tmp_path), "--out", str(tmp_path.parent / "out")]) == 0
     out = capsys.readouterr().out
     assert "decision (bpb_exact; 3 seeds planned): not decided: 2 of the 3 planned seeds" in out
 

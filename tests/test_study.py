@@ -360,7 +360,7 @@ def test_report_study_prints_the_study_and_its_verdicts(store, tmp_path, capsys)
 
     spec = tmp_path / "study.toml"
     spec.write_text(SPEC)
-    assert main(["report", str(store), "--study", str(spec)]) == 0
+    assert main(["report", str(store), "--study", str(spec), "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert f"Study: {QUESTION}" in out
     assert "Budget rule: matched forward+backward FLOPs" in out
@@ -556,18 +556,18 @@ def test_report_study_draws_the_kaplan_meier_figure_when_the_study_times_an_even
     root = events_store(tmp_path / "events")
     spec = tmp_path / "timed.toml"
     spec.write_text(SPEC.replace('decision = "', 'time_to_event = "exact"\ndecision = "', 1))
-    assert main(["report", str(root), "--study", str(spec)]) == 0
+    assert main(["report", str(root), "--study", str(spec), "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert "Kaplan-Meier median" in out
     events = out[out.index("Time until pos@90") :].splitlines()
     (row,) = [line.split() for line in events if line.startswith("transformer lrt interleaved")]
     assert row[3:8] == ["exact", "1/4", "3/4", "-", "20"]  # decoding; reached A, B; median A, B
-    figure = root / ".analysis" / "time_to_event_timed.png"
+    figure = tmp_path / "out" / "time_to_event_timed.png"
     assert f"figure (Kaplan-Meier, share of seeds that reached the length): {figure}" in out
     assert figure.stat().st_size > 5_000
     # a study without a timed event draws none
     spec.write_text(SPEC)
-    assert main(["report", str(root), "--study", str(spec)]) == 0
+    assert main(["report", str(root), "--study", str(spec), "--out", str(tmp_path / "out")]) == 0
     assert "figure" not in capsys.readouterr().out
 
 

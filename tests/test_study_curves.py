@@ -85,8 +85,8 @@ def test_learning_curves_are_drawn_and_the_report_names_the_figure(tmp_path, cap
 
     spec = tmp_path / "curved.toml"
     spec.write_text(SPEC)
-    assert main(["report", str(root), "--study", str(spec)]) == 0
-    figure = root / ".analysis" / "curves_curved.png"
+    assert main(["report", str(root), "--study", str(spec), "--out", str(tmp_path / "out")]) == 0
+    figure = tmp_path / "out" / "curves_curved.png"
     assert f"figure (learning curves, each arm's seed mean): {figure}" in capsys.readouterr().out
     assert figure.stat().st_size > 5_000
 

@@ -238,7 +238,8 @@ def test_the_cli_sets_the_wait_policy_before_torch_loads():
     program = (
         "from lrt_lab.training import threads\n"
         "threads.sample_cpu = lambda: threads.CpuSample(64.0, 0.3)\n"
-        "import runpy, sys; sys.argv = ['lrt-lab', 'bench', '--help']\n"
+        # a command that loads torch (to refuse the preset); its --help loads none
+        "import runpy, sys; sys.argv = ['lrt-lab', 'bench', '--preset', 'nope']\n"
         "runpy.run_module('lrt_lab', run_name='__main__')"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}

@@ -16,10 +16,13 @@ import torch
 
 from lrt_lab.core.config import ModelConfig
 from lrt_lab.core.model import LRT
+from lrt_lab.core.plugins import load_plugins, loaded_plugins
+from lrt_lab.core.validation import check_out_dir
 from lrt_lab.store.results import Run, write_table
 from lrt_lab.training.loop import TrainConfig, make_eval_sets, make_task
 
 ANALYSIS_DIR = ".analysis"
+DEFAULT_OUTPUTS = "outputs"  # output_dir's folder when none is given
 
 
 def as_run(run) -> Run:
@@ -59,14 +62,42 @@ def load_model(run, step: int | None = None, map_location="cpu") -> LRT:
             f"(found: {', '.join(have) or 'none'}); train() writes one at the last step, "
             "so the run is unfinished or its checkpoints were deleted"
         )
+    load_run_plugins(run)  # the schedules and mechanisms it was trained with
     model = LRT(ModelConfig.from_dict(run.config["model"]))
     state = torch.load(ckpt, map_location=map_location, weights_only=False)
     model.load_state_dict(state["model"])
     return model.eval()
 
 
+def load_run_plugins(run) -> tuple[str, ...]:
+    """Import the plugins a run was trained with (config.json's train.plugins, TrainConfig's
+    field), so a mechanism or schedule of the user's own is known when its model is rebuilt.
+    A recorded file no longer where it was stands for the file of that name loaded already
+    (`--plugin FILE`, e.g. on another machine); else it is refused, naming that route. Returns
+    the plugins loaded in its place."""
+    run = as_run(run)
+    recorded = run.config.get("train", {}).get("plugins") or ()
+    effective = []
+    for spec in recorded:
+        if isinstance(spec, str) and spec.endswith(".py") and not Path(spec).is_file():
+            same = [p for p in loaded_plugins() if Path(p).name == Path(spec).name]
+            if not same:
+                raise ValueError(
+                    f"run {run.name!r} was trained with the plugin {spec!r}, which is not there: "
+                    "load it with --plugin FILE"
+                )
+            effective.append(same[0])
+        else:
+            effective.append(spec)
+    return load_plugins(effective)
+
+
 def train_config(run):
-    return TrainConfig(**run.config["train"])
+    run = as_run(run)
+    saved = run.config["train"]
+    if saved.get("plugins"):
+        saved = {**saved, "plugins": load_run_plugins(run)}
+    return TrainConfig(**saved)
 
 
 def load_task(run):
@@ -79,6 +110,17 @@ def eval_batch(task, length: int, n: int, seed: int = 0):
     """A fixed held-out batch: the task provider's evaluation set (seeds >= 2**62, never trained
     on)."""
     return make_eval_sets(task, (length,), n, seed=seed)[length]
+
+
+def output_dir(store, out=None) -> Path:
+    """Where a report's or an analysis's figures and tables of `store` go: `out` when given,
+    else outputs/<the store folder's name>/ under the current directory (ignored by git at the
+    repository's root), never into the store, so a committed store stays as it was committed."""
+    folder = check_out_dir("out", out) if out is not None else Path(DEFAULT_OUTPUTS)
+    if out is None:
+        folder = folder / (Path(store).resolve().name or "store")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def analysis_dir(store) -> Path:

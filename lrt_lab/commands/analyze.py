@@ -1,5 +1,6 @@
 """`lrt-lab analyze probe|gap|depth|convergence|gradient|exactness|contraction|scaling ...`: run
-an analysis on a run store, print its tables, write them (and a PNG of the plot) into the store.
+an analysis on a run store, print its tables, write them (and a PNG of the plot) into the store
+(scaling: into outputs/<store name>/, or --out).
 
     lrt-lab analyze probe runs/probe/RUN_A runs/probe/RUN_B --decoding exact
     lrt-lab analyze gap runs/gap
@@ -9,6 +10,11 @@ an analysis on a run store, print its tables, write them (and a PNG of the plot)
     lrt-lab analyze exactness runs/gap/RUN_A --orderings jacobi,gs:4,chunks:8 --sweeps 30
     lrt-lab analyze contraction runs/gap/RUN_A
     lrt-lab analyze scaling experiments/scaling_runs --x flops
+    lrt-lab analyze contraction runs/RUN --plugin my_ext.py   # a run of one's own mechanism
+
+A run trained with `--plugin` records its plugins (config.json's train.plugins), and every
+subcommand imports them before it rebuilds the model; `--plugin FILE_OR_MODULE` (repeatable)
+imports more first, e.g. a file the run names by a path that is not there.
 """
 
 from __future__ import annotations
@@ -52,13 +58,27 @@ def number_list(text: str) -> tuple[float, ...]:
         ) from None
 
 
+def add_plugin_argument(p: argparse.ArgumentParser, dest: str = "plugin") -> None:
+    p.add_argument(
+        "--plugin",
+        dest=dest,
+        action="append",
+        default=[],
+        metavar="FILE_OR_MODULE",
+        help="import a Python file or module first (the schedules and memory mechanisms it "
+        "registers; a run's recorded plugins are imported anyway); repeatable",
+    )
+
+
 def build_parser() -> Parser:
     p = Parser(
         prog=PROG,
         description=__doc__.split("\n\n")[0].replace("\n", " "),
         epilog="Figures go into the run they describe (several runs: <store>/.analysis/), store "
-        "tables into <store>/.analysis/tables/; each path is printed.",
+        "tables into <store>/.analysis/tables/ (scaling: outputs/<store name>/ or --out, outside "
+        "the store); each path is printed.",
     )
+    add_plugin_argument(p, "plugins_first")
     sub = p.add_subparsers(
         dest="cmd",
         required=True,
@@ -264,7 +284,8 @@ def build_parser() -> Parser:
         help="BPB against compute: points, paired deltas, power-law fits, decision (+ PNG)",
         description="BPB against compute from the runs trained with a tokens-per-parameter "
         "budget: points, paired LRT-minus-transformer deltas, power-law fits and the decision; "
-        "tables in <store>/.analysis/tables/, the plot <store>/.analysis/scaling_<metric>_<x>.png.",
+        "tables in outputs/<store name>/tables/, the plot outputs/<store name>/"
+        "scaling_<metric>_<x>.png (or under --out), nothing into the store.",
     )
     s.add_argument("store", help="a run store of runs trained with --tokens-per-param")
     s.add_argument(
@@ -283,6 +304,15 @@ def build_parser() -> Parser:
     s.add_argument(
         "--prefix", default="", help="only runs whose names start with this (default: every run)"
     )
+    s.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="where the tables and the plot go (default: outputs/<store folder name>/ under the "
+        "current directory; nothing is written into the store)",
+    )
+    for command in sub.choices.values():
+        add_plugin_argument(command)
     return p
 
 
@@ -294,6 +324,11 @@ def main(argv=None, debug: bool | None = None) -> int:
     if debug is None:
         debug = os.environ.get("LRT_LAB_DEBUG", "") not in ("", "0")
     try:
+        check_paths(a)  # before anything loads torch
+        if a.plugins_first or a.plugin:
+            from lrt_lab.core.plugins import load_plugins
+
+            load_plugins([*a.plugins_first, *a.plugin])
         return _scaling(a) if a.cmd == "scaling" else _analyze(a)  # scaling loads no torch
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
@@ -311,6 +346,19 @@ def main(argv=None, debug: bool | None = None) -> int:
             file=sys.stderr,
         )
         return FAILURE
+
+
+def check_paths(a) -> None:
+    """The run folders and stores the subcommand names, refused as the analyses refuse them
+    but before torch loads: a run folder holds config.json, a store is a directory."""
+    runs = a.runs if hasattr(a, "runs") else [a.run] if hasattr(a, "run") else []
+    for run in runs:
+        if not (Path(run) / "config.json").is_file():
+            raise ValueError(f"run={run!r} is invalid; allowed: a run folder with config.json")
+    store = getattr(a, "store", None)
+    if store is not None and not Path(store).is_dir():
+        reason = "no such directory" if not Path(store).exists() else "not a directory"
+        raise ValueError(f"store={store!r} is invalid: {reason}; allowed: a run store directory")
 
 
 def probe_figure_path(runs, decoding: str) -> Path:
@@ -472,7 +520,7 @@ def _scaling(a) -> int:
     matplotlib.use("Agg")
     import pandas as pd
 
-    from lrt_lab.analysis.loading import analysis_dir, write_store_table
+    from lrt_lab.analysis.loading import output_dir
     from lrt_lab.analysis.scaling import (
         check_same_heldout,
         decide,
@@ -482,7 +530,7 @@ def _scaling(a) -> int:
         scaling_figure,
         scaling_points,
     )
-    from lrt_lab.store.results import first_names, load_plans, load_runs
+    from lrt_lab.store.results import first_names, load_plans, load_runs, write_table
 
     pd.set_option("display.width", 200)
     runs = load_runs(a.store)
@@ -494,6 +542,7 @@ def _scaling(a) -> int:
             f"store={a.store!r}: no complete run trained with a tokens-per-parameter budget"
         )
     check_same_heldout(points)
+    folder = output_dir(a.store, a.out)
     if points.attrs["duplicates"]:
         twice = points.attrs["duplicates"]
         print(
@@ -515,13 +564,13 @@ def _scaling(a) -> int:
         ("scaling_fits", fits),
     ):
         print(f"\n{name}\n{table.round(4).to_string(index=False)}")
-        write_store_table(a.store, name, table)
+        write_table(folder, name, table)
     planned = planned_seeds(points, load_plans(a.store))
     seeds = "no plan recorded" if planned is None else f"{planned} seeds planned"
     print(f"\ndecision ({a.metric}; {seeds}): {decide(deltas, planned_seeds=planned)}")
-    out = analysis_dir(a.store) / f"scaling_{a.metric}_{a.x}.png"
+    out = folder / f"scaling_{a.metric}_{a.x}.png"
     scaling_figure(points, out, x=a.x, metric=a.metric)
-    print(f"plot: {out}")
+    print(f"tables: {folder / 'tables'}\nplot: {out}")
     return 0
 
 

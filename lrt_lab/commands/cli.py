@@ -27,7 +27,7 @@ SCHEDULE_SPELLINGS = "{schedules}"  # in a help text: the registered spellings, 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Fills {schedules} in an option's help with the registry's spellings when help is shown
-    (reading the registry loads the schedules, and with them torch: only `--help` pays it)."""
+    (the built-ins' as the registry states them: no torch)."""
 
     def _get_help_string(self, action):
         text = super()._get_help_string(action)
@@ -155,6 +155,28 @@ def add_train_arguments(p: argparse.ArgumentParser):
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_threads_argument(p)
+    add_plugin_argument(p)
+
+
+def add_plugin_argument(p: argparse.ArgumentParser, recorded: str = "recorded in the run's config"):
+    p.add_argument(
+        "--plugin",
+        action="append",
+        default=None,
+        metavar="FILE_OR_MODULE",
+        help="import a Python file or module first: the schedules and memory mechanisms it "
+        f"registers become valid --schedule and --set memory.mechanism= values ({recorded}); "
+        "repeatable (docs/extending.md)",
+    )
+
+
+def check_file(name: str, path: str, allowed: str) -> None:
+    """A path that must be a file, refused before anything heavy loads."""
+    from pathlib import Path
+
+    reason = "no such file" if not Path(path).exists() else "not a file"
+    if not Path(path).is_file():
+        raise ValueError(f"{name}={str(path)!r} is invalid: {reason}; allowed: {allowed}")
 
 
 def add_threads_argument(p: argparse.ArgumentParser):
@@ -197,13 +219,20 @@ def train_config_from_args(a) -> TrainConfig:
                 f"--curriculum {a.curriculum!r} is invalid; allowed: START:STEPS, e.g. 4:1000"
             ) from None
     schedule = a.schedule or ("interleaved:2" if a.model == "lrt" else "onepass")
+    overrides = key_values(a.set, "--set")
+    if "memory.mechanism" in overrides:  # the one model field plugins add values to: checked
+        from lrt_lab.core.config import check_mechanism  # here, before the schedule loads torch
+        from lrt_lab.core.plugins import load_plugins
+
+        load_plugins(a.plugin)
+        check_mechanism(overrides["memory.mechanism"])
     return TrainConfig(
         task=a.task,
         length=a.length,
         task_options=task_options,
         preset=a.preset,
         model=a.model,
-        overrides=key_values(a.set, "--set"),
+        overrides=overrides,
         memory_preset=a.memory_preset,
         schedule=schedule,
         steps=a.steps,
@@ -220,10 +249,15 @@ def train_config_from_args(a) -> TrainConfig:
         device=a.device,
         compile=a.compile,
         name=a.name,
+        plugins=tuple(a.plugin or ()),
     )
 
 
 def cmd_train(a) -> int:
+    # Every field is checked first: a bad value is refused before torch loads (a valid schedule's
+    # check imports the schedules, and a plugin its own imports).
+    check_threads(a.threads)
+    cfg = train_config_from_args(a)
     from pathlib import Path
 
     from lrt_lab.store.report import print_run
@@ -232,7 +266,6 @@ def cmd_train(a) -> int:
     from lrt_lab.training.loop import train
     from lrt_lab.training.threads import apply_threads, choose_threads
 
-    cfg = train_config_from_args(a)
     apply_threads(choose_threads(a.threads))
     finished_before = a.resume and Run(resume_folder(Path(a.out), cfg)).is_complete
     run = train(
@@ -246,10 +279,33 @@ def cmd_train(a) -> int:
     return exitcodes.for_statuses([status])
 
 
+def check_sweep_arguments(a) -> None:
+    """The sweep's own arguments, as run_sweep checks them, before the spec loads torch."""
+    from lrt_lab.core.validation import check_int
+
+    check_file("spec", a.spec, "a path to a .toml sweep spec")
+    if a.time_limit is not None and not a.time_limit > 0:
+        raise ValueError(
+            f"time_limit_s={a.time_limit!r} is invalid; allowed: a number of seconds > 0"
+        )
+    check_int("workers", a.workers, 1)
+    if a.threads_per_run is not None:
+        check_int("threads_per_run", a.threads_per_run, 1)
+    if not a.gpus_per_run >= 0:
+        raise ValueError(f"gpus_per_run={a.gpus_per_run!r} is invalid; allowed: a number >= 0")
+
+
 def cmd_sweep(a) -> int:
+    check_sweep_arguments(a)
+    from lrt_lab.core.plugins import load_plugins
+
+    plugins = load_plugins(a.plugin)  # before the spec's runs are checked
     from lrt_lab.training.sweep import load_spec, run_sweep
 
     spec = load_spec(a.spec)
+    if plugins:  # recorded in every run, as a [train] plugins list would be
+        shared = spec.setdefault("train", {})
+        shared["plugins"] = list(dict.fromkeys([*shared.get("plugins", []), *plugins]))
     if a.device:  # e.g. --device cuda for a spec written device-neutral
         spec.setdefault("train", {})["device"] = a.device
     slurm = None
@@ -275,7 +331,14 @@ def cmd_sweep(a) -> int:
     return exitcodes.for_statuses(run.status for run in runs)  # what the store holds now
 
 
+def check_threads(threads) -> None:
+    """--threads, as choose_threads checks it, before the command loads torch."""
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads={threads!r} is invalid; allowed: an integer >= 1")
+
+
 def cmd_demo(a) -> int:
+    check_threads(a.threads)
     from lrt_lab.commands.demo import DemoStopped, run_demo
 
     try:
@@ -288,13 +351,18 @@ def cmd_demo(a) -> int:
 def cmd_report(a) -> int:
     from pathlib import Path
 
-    from lrt_lab.store.report import print_report
-
     if not Path(a.runs).is_dir():
         reason = "no such directory" if not Path(a.runs).exists() else "not a directory"
         raise ValueError(f"runs={a.runs!r} is invalid: {reason}; allowed: a run store directory")
+    from lrt_lab.store.report import print_report
+
     if a.study is not None:
         return report_study(a)
+    if a.out is not None:
+        raise ValueError(
+            "--out is invalid without --study; allowed: --study SPEC.toml --out DIR (the tables "
+            "are printed; only a study draws figures)"
+        )
     if a.scoreboard:
         from lrt_lab.store.report import print_scoreboard
 
@@ -334,7 +402,9 @@ def report_study(a) -> int:
                 f"{flag} is invalid with --study; allowed: --study alone (the study names its "
                 "metrics and arms)"
             )
-    from lrt_lab.store.study import parse_study, print_study
+    check_file("--study", a.study, "a path to a .toml sweep spec with a [study] table")
+    from lrt_lab.store.results import reading_once
+    from lrt_lab.store.study import parse_study
 
     wait_passively_when_busy()  # as the commands that load torch do (LOADS_TORCH)
     from lrt_lab.training.sweep import expand, load_spec  # loads torch: the grid's run names
@@ -347,13 +417,20 @@ def report_study(a) -> int:
         )
     names = [cfg.run_name for cfg in expand(spec)]
     study = parse_study(spec["study"])
+    with reading_once():  # each run's metrics parsed once for every table and figure
+        return _report_study(a, study, names)
+
+
+def _report_study(a, study, names: list[str]) -> int:
+    from lrt_lab.store.study import print_study
+
     print_study(a.runs, study, run_names=names, store_name=a.runs)
     from pathlib import Path
 
-    from lrt_lab.analysis.loading import analysis_dir
+    from lrt_lab.analysis.loading import output_dir
     from lrt_lab.analysis.study_curves import plot_learning_curves
 
-    folder, stem = analysis_dir(a.runs), Path(a.study).stem
+    folder, stem = output_dir(a.runs, a.out), Path(a.study).stem
     if plot_learning_curves(a.runs, study, folder / f"curves_{stem}.png", names) is not None:
         print(f"\nfigure (learning curves, each arm's seed mean): {folder / f'curves_{stem}.png'}")
     if study.time_to_event is not None:
@@ -372,9 +449,12 @@ def cmd_analyze(a) -> int:
 
 
 def cmd_bench(a) -> int:
+    from lrt_lab.commands.bench_args import parse
+
+    args = parse(a.args)  # its parser and defaults load no torch: -h and bad values answer at once
     from lrt_lab.commands import bench
 
-    return bench.main(a.args)
+    return bench.run(args)
 
 
 def cmd_app(a) -> int:
@@ -443,6 +523,7 @@ def build_parser() -> Parser:
         "(its head's address), or ray://host:port (the store must be on a filesystem every node "
         "sees)",
     )
+    add_plugin_argument(p, "recorded in every run's config, as a [train] plugins list is")
     p.add_argument(
         "--slurm",
         default=None,
@@ -527,6 +608,13 @@ def build_parser() -> Parser:
         "cross-entropy of the training forward minus exact decoding's, and their argmax "
         "agreement, at each evaluation length",
     )
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="with --study: where its figures go (default: outputs/<store folder name>/ under "
+        "the current directory; nothing is written into the store)",
+    )
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser(
@@ -571,7 +659,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:  # options before the rest (-h) belong to the command's own parser
         args.args = extra + args.args
-    if args.command in LOADS_TORCH:
+    asks_help = any(w in ("-h", "--help") for w in getattr(args, "args", ()))  # analyze, bench
+    if args.command in LOADS_TORCH and not asks_help:
         wait_passively_when_busy()
     debug = args.debug or os.environ.get("LRT_LAB_DEBUG", "") not in ("", "0")
     try:

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 # fail and check_int are re-exported for the tasks
+from lrt_lab.core.plugins import MECHANISM_GROUP, load_entry_points, route
 from lrt_lab.core.validation import check_choice, check_fields, check_int, fail  # noqa: F401
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -26,6 +27,17 @@ FLOAT32_MAX = 3.4028234663852886e38
 # any a user registers), so validation and the generated invariant tests see every one.
 # "lrt" is known before lrt_lab.core.memory (which fills in its class) is imported.
 MEMORY_MECHANISMS: dict[str, type | None] = {"lrt": None}
+
+
+def check_mechanism(name) -> None:
+    """A registered mechanism's name; an unknown one first loads the modules installed packages
+    name under the entry point group `lrt_lab.memory_mechanisms` (lrt_lab.core.plugins), then is
+    refused, naming the route to one's own."""
+    if isinstance(name, str) and name not in MEMORY_MECHANISMS:
+        load_entry_points(MECHANISM_GROUP)
+    if not isinstance(name, str) or name not in MEMORY_MECHANISMS:
+        known = ", ".join(repr(n) for n in MEMORY_MECHANISMS)
+        fail("memory.mechanism", name, f"{known}; {route(MECHANISM_GROUP)}")
 
 
 @dataclass(frozen=True)
@@ -106,6 +118,7 @@ class MemoryConfig:
     gate_value_embeds: bool = field(default=False, metadata={"choices": (True, False)})
 
     def __post_init__(self):
+        check_mechanism(self.mechanism)
         check_fields(self, "memory.")  # types, finite numbers, declared choices (any field)
         # integer fields declare their minimum in their metadata (the generated invariant tests
         # in tests/test_invariants.py read the same declarations)

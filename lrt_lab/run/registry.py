@@ -5,27 +5,42 @@ A schedule class joins it with one decorator naming its spelling, e.g.
 `@register_schedule("interleaved:S")`: `interleaved:2` then parses to `Interleaved(2)`, the
 arguments converted by the types of the dataclass's fields in order; `[...]` marks optional
 arguments (`"fixedpoint:TOL:MAX[:G]"`). A class with other needs gives `parse(args)`. Schedules
-defined outside the package register the same way (docs/extending.md); an installed package can
-also name its module under the entry point group `lrt_lab.schedules`, loaded the first time a
-spelling is not found, so sweep workers in new processes know them too.
+defined outside the package register the same way (docs/extending.md), from a file the command
+line loads with `--plugin FILE` (`lrt_lab.core.plugins`); an installed package can also name its
+module under the entry point group `lrt_lab.schedules`, loaded the first time a spelling is not
+found, so sweep workers in new processes know them too.
 
-The built-in schedules (`lrt_lab.run.schedules`, which imports torch) join the table when it is
-first read, so reading a spelling's fields (the command line, a TrainConfig) costs no torch import
-until a schedule is parsed.
+The built-in schedules (`lrt_lab.run.schedules`, which imports torch) join the table when a
+schedule is first parsed; their spellings are also stated here (`BUILTIN_SPELLINGS`, held equal
+to the registrations by the tests), so the command line's help and the refusal of an unknown name
+answer without importing torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import importlib.metadata
 import re
 import typing
 from collections.abc import Callable
 
 from lrt_lab.core.interface import Schedule
+from lrt_lab.core.plugins import SCHEDULE_GROUP, load_entry_points, route
 
-ENTRY_POINT_GROUP = "lrt_lab.schedules"
+ENTRY_POINT_GROUP = SCHEDULE_GROUP
+# The spellings lrt_lab.run.schedules registers, in its order: help and the refusal of an unknown
+# name read them without importing that module (and torch); tests/test_plugins.py holds them equal.
+BUILTIN_SPELLINGS = (
+    "onepass",
+    "interleaved:S",
+    "gaussseidel:S:N[:G]",
+    "fullseq:K[:w0,w1,...]",
+    "chunked:C",
+    "exact",
+    "fixedpoint:TOL:MAX[:G]",
+    "rollout[:G]",
+)
+BUILTIN_NAMES = tuple(s.split(":")[0].split("[")[0] for s in BUILTIN_SPELLINGS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +52,6 @@ class Registered:
 
 SCHEDULES: dict[str, Registered] = {}  # name -> registration, in registration order
 BUILTIN_MODULE = "lrt_lab.run.schedules"
-_entry_points_loaded = False
 _builtins_loaded = False
 
 
@@ -116,20 +130,32 @@ def _convert(kind, text: str):
 
 
 def spellings() -> str:
-    """Every registered spelling, for messages and help: "onepass, interleaved:S, ..."."""
-    return ", ".join(r.spelling for r in registered().values())
+    """Every registered spelling, for messages and help: "onepass, interleaved:S, ...". Without
+    importing the built-ins' module: their spellings as stated, then those registered outside."""
+    if _builtins_loaded:
+        return ", ".join(r.spelling for r in SCHEDULES.values())
+    added = [r.spelling for name, r in SCHEDULES.items() if name not in BUILTIN_NAMES]
+    return ", ".join([*BUILTIN_SPELLINGS, *added])
+
+
+def _refusal(spec) -> ValueError:
+    return ValueError(
+        f"schedule={spec!r} is invalid; allowed: {spellings()}; {route(ENTRY_POINT_GROUP)}"
+    )
 
 
 def parse_schedule(spec: str) -> Schedule:
     """A registered spelling (`onepass`, `interleaved:S`, `fullseq:K[:w0,w1,...]`, `chunked:C`,
     `exact`, `fixedpoint:TOL:MAX[:G]`, `rollout[:G]`, or one registered outside) -> a schedule."""
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"schedule={spec!r} is invalid; allowed: {spellings()}")
+        raise _refusal(spec)
     name, *args = spec.strip().lower().split(":")
-    if name not in registered():
+    if name not in SCHEDULES and name not in BUILTIN_NAMES:
         _load_entry_points()
-    if name not in SCHEDULES:
-        raise ValueError(f"schedule={spec!r} is invalid; allowed: {spellings()}")
+        if name not in SCHEDULES:  # refused without importing the built-ins (and torch)
+            raise _refusal(spec)
+    if name not in registered():
+        raise _refusal(spec)
     try:
         return SCHEDULES[name].parse(args)
     except ValueError as e:
@@ -145,12 +171,7 @@ def split_spellings(values) -> list[str]:
 
 def _load_entry_points() -> None:
     """Import the modules installed packages name under `lrt_lab.schedules` (once)."""
-    global _entry_points_loaded
-    if _entry_points_loaded:
-        return
-    _entry_points_loaded = True
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        ep.load()
+    load_entry_points(ENTRY_POINT_GROUP)
 
 
 def as_schedule(schedule) -> Schedule:

@@ -27,6 +27,7 @@ column names); folders that are not readable runs are skipped and listed in `df.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -397,13 +398,42 @@ def first_names(names: list[str], most: int = 3) -> str:
     return ", ".join(names[:most]) + (" ..." if len(names) > most else "")
 
 
+_parsed: dict | None = None  # path -> (size, mtime, inode, records, dropped), in reading_once()
+
+
+@contextlib.contextmanager
+def reading_once():
+    """Within it, each metrics.jsonl is parsed once while its size and modification time stay
+    the same, however many tables read it (a study's report reads every run's file for each
+    metric, arm and figure). Each reader gets its own list of the same records: no reader of
+    the store changes a record it was given."""
+    global _parsed
+    outer = _parsed
+    _parsed = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _parsed = outer
+
+
 def _read_jsonl(path: Path) -> tuple[list[dict], int]:
     """(records, dropped lines) of a metrics.jsonl. A line is dropped (and counted) unless it is
     UTF-8 JSON of sane depth holding an object whose known fields have their types
     (METRICS_SCHEMA): a line cut by a kill, stray bytes, a foreign record. A file
     that cannot be read at all (a directory in its place) raises DamagedFileError."""
-    records, bad = [], 0
     path = Path(path)
+    if _parsed is None or not path.is_file():
+        return _parse_jsonl(path)
+    st = path.stat()
+    key = (st.st_size, st.st_mtime_ns, st.st_ino)
+    if _parsed.get(str(path), (None,))[0] != key:
+        _parsed[str(path)] = (key, *_parse_jsonl(path))
+    _, records, bad = _parsed[str(path)]
+    return list(records), bad
+
+
+def _parse_jsonl(path: Path) -> tuple[list[dict], int]:
+    records, bad = [], 0
     if not path.exists():
         return records, bad
     try:

@@ -260,6 +260,9 @@ BOOKKEEPING = (
     # how parameters are counted for a tokens-per-parameter budget: the steps it gives are their
     # own field, so a run trained for given steps is the same run under either convention
     "config.train.param_convention",
+    # where the code of a schedule or mechanism of one's own was loaded from (--plugin): the
+    # names it registered are in config.train.schedule and the model config
+    "config.train.plugins",
 )
 # Reading order of the fields a label names after the method: what was learned (the task, the
 # training length) first, where the labels shown span several.

@@ -43,6 +43,7 @@ from lrt_lab.core.config import memory_preset as make_memory
 from lrt_lab.core.interface import Task
 from lrt_lab.core.loss import IGNORE_INDEX
 from lrt_lab.core.model import LRT
+from lrt_lab.core.plugins import load_plugins
 from lrt_lab.core.validation import (
     check_int,
     check_out_dir,
@@ -195,6 +196,7 @@ def budgeted(cfg: TrainConfig, task=None) -> TrainConfig:
     (`lrt_lab.training.budget`); what train() runs and records, and what a sweep compares."""
     if cfg.tokens_per_param is None:
         return cfg
+    load_plugins(cfg.plugins)
     task = task if task is not None else make_task(cfg)
     with torch.device("meta"):
         model = build_model(cfg, task.vocab_size)
@@ -207,6 +209,7 @@ def prepare(cfg: TrainConfig, task=None):
     The model is built on the meta device (shapes and parameter counts, no memory, no time), so a
     sweep can check every run of its grid first; train() builds the real one under the run's seed.
     """
+    load_plugins(cfg.plugins)  # a config unpickled in a worker process skipped __post_init__
     task = task if task is not None else make_task(cfg)
     # a task passed in by hand fails here, not at the step that reads it
     if not isinstance(task, Task):

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from lrt_lab.core.config import MEMORY_PRESETS, PRESETS
+from lrt_lab.core.plugins import load_plugins
 from lrt_lab.core.validation import TRAIN_SEED_LIMIT, check_fields, fail, field_defaults, is_int
 from lrt_lab.run.registry import parse_schedule
 
@@ -73,9 +74,14 @@ class TrainConfig:
     device: str = field(default="auto", metadata={"choices": ("auto", "cpu", "cuda")})
     compile: bool = False
     name: str | None = None
+    # files or modules imported before the checks below, registering the schedules and memory
+    # mechanisms the run names (`--plugin`, lrt_lab.core.plugins; docs/extending.md): recorded,
+    # a file by its absolute path, so a resume, a sweep worker and `lrt-lab analyze` load them too
+    plugins: tuple = ()
 
     def __post_init__(self):
         check_fields(self)
+        self.plugins = load_plugins(self.plugins)
         if self.eval_lengths is None and is_int(self.length):
             self.eval_lengths = (self.length, 2 * self.length, 4 * self.length)
         self.eval_lengths = tuple(self.eval_lengths or ())
