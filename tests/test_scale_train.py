@@ -8,7 +8,6 @@ Tiny models only (preset "tiny", T = 16 or 32), one thread per process.
 from __future__ import annotations
 
 import argparse
-
 import json
 import math
 import os
