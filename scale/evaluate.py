@@ -75,7 +75,7 @@ from lrt_lab.core.token_ids import check_token_ids, vocab_size_of
 from lrt_lab.run.decode import Decoder
 from lrt_lab.run.registry import as_schedule, parse_schedule
 from lrt_lab.run.runner import run_schedule
-from lrt_lab.run.schedules import OnePass
+from lrt_lab.run.schedules import FixedPoint, OnePass
 from lrt_lab.store.results import Run
 
 from .batches import make_batches
@@ -384,9 +384,44 @@ def _pad(tokens: list[list[int]], pad_id: int) -> torch.Tensor:
     return out
 
 
-def model_forward(model, schedule=None, autocast=None) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A (B, T) ids -> (B, T, V) logits function:
-    `schedule`'s parallel forward (default OnePass)."""
+def bucket(n: int, smallest: int = 1, largest: int | None = None) -> int:
+    """The power of two >= n (at least `smallest`), capped at `largest` where n fits under it."""
+    b = max(smallest, 1 << max(0, n - 1).bit_length())
+    return max(n, min(b, largest)) if largest is not None else b
+
+
+# the shortest bucketed CORE length: 64, 128, ..., 2048 are 6 shapes for a 2048-token model, under
+# dynamo's recompile limit (8) with the row buckets of one task
+MIN_BUCKET_LEN = 64
+
+
+def padded_forward(forward, max_len: int | None = None):
+    """`forward` on (B, T) ids padded on the right to bucketed shapes (rows and length each to the
+    next power of two, lengths from MIN_BUCKET_LEN up to max_len), logits cut back to (B, T, V).
+
+    A compiled forward (and FlexAttention, compiled per shape) then sees a few shapes instead of one
+    per CORE item. Right padding changes nothing before it: every schedule here is causal (position
+    t reads positions <= t, the memory too), and extra rows are separate sequences. FixedPoint's
+    stopping test reads every position, so a padded sequence may iterate once more: it is run
+    unpadded (``model_forward`` decides)."""
+
+    def run(ids: torch.Tensor) -> torch.Tensor:
+        B, T = ids.shape
+        R, L = bucket(B), bucket(T, MIN_BUCKET_LEN, max_len)
+        if (R, L) == (B, T):
+            return forward(ids)
+        padded = ids.new_zeros(R, L)  # id 0: any valid token, never scored
+        padded[:B, :T] = ids
+        return forward(padded)[:B, :T]
+
+    return run
+
+
+def model_forward(
+    model, schedule=None, autocast=None, pad: bool = True
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A (B, T) ids -> (B, T, V) logits function: `schedule`'s parallel forward (default OnePass),
+    on inputs padded to bucketed shapes (``padded_forward``; pad=False: as given)."""
     schedule = as_schedule(schedule)
 
     @torch.no_grad()
@@ -394,7 +429,9 @@ def model_forward(model, schedule=None, autocast=None) -> Callable[[torch.Tensor
         with autocast or contextlib.nullcontext():
             return run_schedule(model, ids, None, schedule).logits
 
-    return forward
+    if not pad or isinstance(schedule, FixedPoint):
+        return forward
+    return padded_forward(forward, getattr(model.config, "sequence_len", None))
 
 
 @torch.no_grad()

@@ -210,6 +210,45 @@ def test_decode_groups_concatenate_rows_of_one_length():
     ]
 
 
+def test_bucket_sizes():
+    assert [ev.bucket(n) for n in (1, 2, 3, 4, 5, 9)] == [1, 2, 4, 4, 8, 16]
+    assert [ev.bucket(n, 64, 300) for n in (1, 64, 65, 200, 256, 257, 300, 301)] == [
+        64,
+        64,
+        128,
+        256,
+        256,
+        300,
+        300,
+        301,
+    ]
+
+
+@pytest.mark.parametrize("spec", ["onepass", "interleaved:2", "chunked:5", "exact", "rollout:1"])
+def test_core_forward_pads_to_few_shapes_and_changes_no_logit(spec):
+    """CORE's forward pads every item to bucketed (rows, length) shapes, so a compiled stage sees a
+    handful of shapes, not one per item; the logits of the real rows and positions are those of the
+    unpadded forward (float64; causal schedules read nothing to their right)."""
+    torch.manual_seed(0)
+    model = LRT(preset("tiny", memory=MemoryConfig(), sequence_len=128)).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    seen = []
+    inner = ev.model_forward(model, spec, pad=False)
+    padded = ev.padded_forward(lambda ids: seen.append(tuple(ids.shape)) or inner(ids), 128)
+    g = torch.Generator().manual_seed(1)
+    for B, T in ((1, 5), (2, 17), (3, 40), (4, 64), (5, 70), (2, 100), (1, 128)):
+        ids = torch.randint(64, (B, T), generator=g)
+        want = inner(ids)
+        got = padded(ids)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    assert set(seen) <= {(r, n) for r in (1, 2, 4, 8) for n in (64, 128)}
+    assert ev.model_forward(model, spec).__name__ == "run"  # padded
+    assert ev.model_forward(model, "fixedpoint:0.1:4").__name__ == "forward"  # run as given
+
+
 def test_interleaved_stage_bpb():
     """Stage 0 of Interleaved is the init pass (zero memory) == OnePass; merged == final logits."""
     torch.manual_seed(1)
