@@ -84,8 +84,8 @@ from .distributed import autocast_for, select_device, synchronize
 REPO = Path(__file__).resolve().parents[1]
 PAPER = {"step_time_ratio": 2.96, "decode_ratio": 0.92}
 GATE_RANGE = (0.05, 1.95)
-# what torch reports as an 80 GB H100's memory (nvidia-smi: 81,559 MiB; torch's total_memory is a
-# little less): the launcher's GPUs, whatever GPU the check runs on
+# an 80 GB H100's memory as torch reports it, about 79.2 GiB (nvidia-smi shows 81,559 MiB, of which
+# the driver keeps a little): the launcher's GPUs, whatever GPU the check runs on
 H100_80GB_BYTES = 85_045_379_072
 FIT_FRACTION = 0.95
 LAUNCH_BATCHES = (1, 2, 4, 8, 16, 32)  # d20_8gpu.sh: 32 rows per GPU per step, B must divide 32
