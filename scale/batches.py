@@ -99,6 +99,7 @@ class LoaderData:
             split="train",
             device=ctx.device,
             state=state,
+            prefetch=2,  # the next batches tokenize and pack while the GPU trains
         )
 
     def batch(self, step: int, micro: int):

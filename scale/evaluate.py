@@ -75,6 +75,7 @@ from lrt_lab.core.token_ids import check_token_ids, vocab_size_of
 from lrt_lab.run.decode import Decoder
 from lrt_lab.run.registry import as_schedule, parse_schedule
 from lrt_lab.run.runner import run_schedule
+from lrt_lab.run.schedules import FixedPoint, OnePass
 from lrt_lab.store.results import Run
 
 from .batches import make_batches
@@ -110,12 +111,20 @@ def nats_and_bytes(
     mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed nats, summed bytes) as float64 scalars over targets with > 0 bytes (and in mask)."""
+    return _sum_nats_bytes(token_nats(logits, targets), targets, token_bytes, mask)
+
+
+def _sum_nats_bytes(
+    nats: torch.Tensor,
+    targets: torch.Tensor,
+    token_bytes: torch.Tensor,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     tb = token_bytes.to(targets.device)
     nbytes = torch.where(targets >= 0, tb[targets.clamp(min=0)], torch.zeros_like(targets))
     if mask is not None:
         nbytes = nbytes * mask.to(nbytes.dtype)
     counted = nbytes > 0
-    nats = token_nats(logits, targets)
     return (nats.double() * counted).sum(), nbytes.double().sum()
 
 
@@ -210,6 +219,24 @@ def parallel_bpb(
     }
 
 
+def _decode_groups(batches, max_rows: int | None):
+    """(inputs, targets) batches regrouped into decoder batches: the rows of consecutive batches of
+    one length concatenated, up to max_rows rows each (None: no limit)."""
+    pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+    rows = 0
+    for inputs, targets in batches:
+        if pending and (
+            inputs.size(1) != pending[0][0].size(1)
+            or (max_rows is not None and rows + inputs.size(0) > max_rows)
+        ):
+            yield torch.cat([x for x, _ in pending]), torch.cat([y for _, y in pending])
+            pending, rows = [], 0
+        pending.append((inputs, targets))
+        rows += inputs.size(0)
+    if pending:
+        yield torch.cat([x for x, _ in pending]), torch.cat([y for _, y in pending])
+
+
 @torch.no_grad()
 def sequential_bpb(
     model,
@@ -218,6 +245,7 @@ def sequential_bpb(
     prompt_len: int = 0,
     prefill=None,
     autocast=None,
+    max_rows: int | None = None,
 ) -> dict:
     """BPB under recurrent decoding (one Decoder step per token), summed over ranks.
 
@@ -225,16 +253,26 @@ def sequential_bpb(
     spec: onepass, interleaved:S, exact; default OnePass) and only the targets at positions
     t >= prompt_len - 1 (the tokens after the prompt) are scored. prompt_len = 0: every position is
     decoded one token at a time from an empty cache and every target is scored.
+
+    Batched as decoding batches: the rows of all batches of one length go through one Decoder
+    together (at most `max_rows` at a time; None: all), so a position costs one step for all rows,
+    and only each step's target log-probabilities are kept, not its (B, V) logits. A model
+    without memory has no recurrence, so its cached steps compute what one causal pass over the
+    whole sequence computes: it is scored in that one pass (equal to the step-by-step decode in
+    float64; tested).
     """
     if not isinstance(prompt_len, int) or prompt_len < 0:
         raise ValueError(f"prompt_len={prompt_len!r} is invalid; allowed: an integer >= 0")
+    if max_rows is not None and (not isinstance(max_rows, int) or max_rows < 1):
+        raise ValueError(f"max_rows={max_rows!r} is invalid; allowed: None or an integer >= 1")
     prefill = as_schedule(prefill)
     token_bytes = _check_token_bytes(token_bytes)
     was_training = model.training
     model.eval()
     sums, tokens = None, 0
+    recurrent = getattr(model, "pathway", None) is not None
     try:
-        for inputs, targets in batches:
+        for inputs, targets in _decode_groups(batches, max_rows):
             B, T = inputs.shape
             if prompt_len >= T:
                 raise ValueError(
@@ -243,18 +281,28 @@ def sequential_bpb(
                 )
             # once, not a sync per position on CUDA
             check_token_ids("inputs", inputs, vocab_size_of(model))
-            dec = Decoder(model, B, T)
-            logits = []
-            with autocast or contextlib.nullcontext():
-                if prompt_len:
-                    logits.append(dec.prefill(inputs[:, :prompt_len], prefill))
-                for t in range(prompt_len, T):
-                    logits.append(dec.step(inputs[:, t], check_values=False))
             first = max(prompt_len - 1, 0)
-            n, b = nats_and_bytes(torch.stack(logits, dim=1), targets[:, first:], token_bytes)
+            scored = targets[:, first:]
+            with autocast or contextlib.nullcontext():
+                if not recurrent:
+                    logits = run_schedule(model, inputs, None, OnePass()).logits[:, first:]
+                    nats = token_nats(logits, scored)
+                    del logits
+                else:
+                    dec = Decoder(model, B, T)
+                    steps = []
+                    if prompt_len:
+                        last = dec.prefill(inputs[:, :prompt_len], prefill)
+                        steps.append(token_nats(last[:, None], scored[:, :1]))
+                    for t in range(prompt_len, T):
+                        logits = dec.step(inputs[:, t], check_values=False)
+                        steps.append(token_nats(logits[:, None], targets[:, t : t + 1]))
+                    del dec
+                    nats = torch.cat(steps, dim=1)
+            n, b = _sum_nats_bytes(nats, scored, token_bytes)
             vec = torch.stack([n, b])
             sums = vec if sums is None else sums + vec
-            tokens += targets[:, first:].numel()
+            tokens += scored.numel()
     finally:
         model.train(was_training)
     if sums is None:
@@ -336,9 +384,44 @@ def _pad(tokens: list[list[int]], pad_id: int) -> torch.Tensor:
     return out
 
 
-def model_forward(model, schedule=None, autocast=None) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A (B, T) ids -> (B, T, V) logits function:
-    `schedule`'s parallel forward (default OnePass)."""
+def bucket(n: int, smallest: int = 1, largest: int | None = None) -> int:
+    """The power of two >= n (at least `smallest`), capped at `largest` where n fits under it."""
+    b = max(smallest, 1 << max(0, n - 1).bit_length())
+    return max(n, min(b, largest)) if largest is not None else b
+
+
+# the shortest bucketed CORE length: 64, 128, ..., 2048 are 6 shapes for a 2048-token model, under
+# dynamo's recompile limit (8) with the row buckets of one task
+MIN_BUCKET_LEN = 64
+
+
+def padded_forward(forward, max_len: int | None = None):
+    """`forward` on (B, T) ids padded on the right to bucketed shapes (rows and length each to the
+    next power of two, lengths from MIN_BUCKET_LEN up to max_len), logits cut back to (B, T, V).
+
+    A compiled forward (and FlexAttention, compiled per shape) then sees a few shapes instead of one
+    per CORE item. Right padding changes nothing before it: every schedule here is causal (position
+    t reads positions <= t, the memory too), and extra rows are separate sequences. FixedPoint's
+    stopping test reads every position, so a padded sequence may iterate once more: it is run
+    unpadded (``model_forward`` decides)."""
+
+    def run(ids: torch.Tensor) -> torch.Tensor:
+        B, T = ids.shape
+        R, L = bucket(B), bucket(T, MIN_BUCKET_LEN, max_len)
+        if (R, L) == (B, T):
+            return forward(ids)
+        padded = ids.new_zeros(R, L)  # id 0: any valid token, never scored
+        padded[:B, :T] = ids
+        return forward(padded)[:B, :T]
+
+    return run
+
+
+def model_forward(
+    model, schedule=None, autocast=None, pad: bool = True
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A (B, T) ids -> (B, T, V) logits function: `schedule`'s parallel forward (default OnePass),
+    on inputs padded to bucketed shapes (``padded_forward``; pad=False: as given)."""
     schedule = as_schedule(schedule)
 
     @torch.no_grad()
@@ -346,7 +429,9 @@ def model_forward(model, schedule=None, autocast=None) -> Callable[[torch.Tensor
         with autocast or contextlib.nullcontext():
             return run_schedule(model, ids, None, schedule).logits
 
-    return forward
+    if not pad or isinstance(schedule, FixedPoint):
+        return forward
+    return padded_forward(forward, getattr(model.config, "sequence_len", None))
 
 
 @torch.no_grad()

@@ -31,9 +31,18 @@ FLOPs from every stage of the schedule
     the value-embedding gate, MLP, LM head, and for LRT the recurrent K/V projections (applied
     once per stage when shared, once per layer when layerwise) and the dual gates. Embedding and
     value-embedding tables are lookups (no FLOPs) and 1-D scalars are negligible, as in nanochat.
-    The attention term follows nanochat's convention: each query is charged min(window, T) keys
-    (no causal halving), QK^T and AV at 2 FLOPs per multiply-add, with sliding windows ("S"
-    layers) charged their window. The memory pathway is charged in every stage, also the init
+    The attention term counts what causal attention computes: query t sees min(t + 1, w_l) keys
+    (w_l = T for full layers, the window for sliding "S" layers), QK^T and AV at 2 FLOPs per
+    multiply-add each, averaged over the T positions of a sequence: 4 * n_head * head_dim *
+    mean_t min(t + 1, w_l) per layer, about half of the non-causal count at full length. Every
+    stage kind sees the same keys per position (a stage's queries attend causally to the whole
+    buffer), so a schedule that covers T positions c times costs c times this. ``causal=False``
+    gives the convention of nanochat's ``estimate_flops`` and torchtitan's model FLOP count
+    (every query charged min(w_l, T) keys: 12 * l * h * q * T per token, no causal halving),
+    whose attention term reads about 2x higher; MFU here uses the causal count (as
+    FlashAttention's benchmarks do for causal kernels), so it reads lower than nanochat's MFU
+    for the same run, by the attention's share of the FLOPs over 2. The memory
+    pathway is charged in every stage, also the init
     stage where the memory is zero and its projections are skipped: an upper bound off by at most
     the pathway's share of N_matmul (0.3% of a 20L model).
 
@@ -58,8 +67,8 @@ Baseline-equivalent compute
     by N_baseline it is the baseline-equivalent ratio the paper plots LRT at (about 2R for
     Interleaved(2)).
 
-MFU = achieved training FLOP/s / (peak FLOP/s per device * devices); ``peak`` defaults to an
-H100 SXM's dense bf16 989 TFLOP/s.
+MFU = achieved training FLOP/s / (peak FLOP/s per device * devices), the FLOPs counted as above
+(causal attention); ``peak`` defaults to an H100 SXM's dense bf16 989 TFLOP/s.
 
 Models are built on the meta device for counting, so a 24L plan costs no memory.
 """
@@ -127,39 +136,59 @@ def count_params(model_or_config) -> dict:
     return out
 
 
-def attention_flops_per_position(config: ModelConfig, seq_len: int | None = None) -> int:
-    """Forward attention FLOPs of one query position: sum over layers of 4 * n_head * head_dim *
-    min(window, T) (QK^T and AV, each 2 FLOPs per multiply-add; nanochat's convention)."""
+def mean_visible_keys(seq_len: int, window: int | None, causal: bool = True) -> float:
+    """Keys one query sees, averaged over the positions 0..T-1 of a sequence: mean_t min(t + 1, w)
+    (causal), or min(w, T) (``causal=False``, every query charged the whole window)."""
+    T = seq_len
+    w = T if window is None else min(window, T)
+    if not causal:
+        return float(w)
+    # sum_{t<T} min(t + 1, w) = w (w + 1) / 2 for the first w positions, w for the other T - w
+    return (w * (w + 1) / 2 + (T - w) * w) / T
+
+
+def attention_flops_per_position(
+    config: ModelConfig, seq_len: int | None = None, causal: bool = True
+) -> float:
+    """Forward attention FLOPs of one query position, averaged over a sequence: sum over layers of
+    4 * n_head * head_dim * keys seen (QK^T and AV, each 2 FLOPs per multiply-add); keys seen =
+    mean_t min(t + 1, window) for causal attention (default), min(window, T) with causal=False
+    (nanochat's and torchtitan's convention)."""
     T = seq_len or config.sequence_len
     hq = config.n_head * config.head_dim
-    return sum(4 * hq * (T if w is None else min(w, T)) for w in config.window_sizes())
+    return sum(4 * hq * mean_visible_keys(T, w, causal) for w in config.window_sizes())
 
 
 def forward_flops_per_position(
-    model_or_config, seq_len: int | None = None, baseline: bool = False
-) -> int:
+    model_or_config, seq_len: int | None = None, baseline: bool = False, causal: bool = True
+) -> float:
     """Forward FLOPs of one pass over one position: 2 * N_matmul + attention."""
     model = _as_model(model_or_config)
     counts = count_params(model)
     n = counts["matmul_baseline" if baseline else "matmul"]
-    return 2 * n + attention_flops_per_position(model.config, seq_len)
+    return 2 * n + attention_flops_per_position(model.config, seq_len, causal)
 
 
-def train_flops_per_token(model_or_config, schedule=None, seq_len: int | None = None) -> float:
+def train_flops_per_token(
+    model_or_config, schedule=None, seq_len: int | None = None, causal: bool = True
+) -> float:
     """Training FLOPs per token: 3 x forward (backward = 2x) for every stage of the schedule, plus
     1 x forward for what runs without autograd (Rollout's rollout)."""
     model = _as_model(model_or_config)
     T = seq_len or model.config.sequence_len
-    fwd = forward_flops_per_position(model, T)
+    fwd = forward_flops_per_position(model, T, causal=causal)
     forwards = as_schedule(schedule).forwards(model, T)
     return 3.0 * fwd * forwards.differentiated + fwd * forwards.inference
 
 
-def official_flops_per_token(model_or_config, seq_len: int | None = None) -> float:
-    """What nanochat-style accounting reports: one training pass (6 N + 12 h q min(w, T) per
-    layer), whatever the schedule. Kept only to show the undercount."""
+def official_flops_per_token(
+    model_or_config, seq_len: int | None = None, causal: bool = True
+) -> float:
+    """What nanochat-style accounting reports: one training pass (6 N + attention), whatever the
+    schedule, with the attention counted as `causal` says (the same convention as the schedule's
+    count, so their ratio is the schedule's undercount alone). Kept only to show the undercount."""
     model = _as_model(model_or_config)
-    return 3.0 * forward_flops_per_position(model, seq_len)
+    return 3.0 * forward_flops_per_position(model, seq_len, causal=causal)
 
 
 def mfu(
@@ -187,7 +216,7 @@ class Plan:
     params_matmul: int
     params_matmul_baseline: int
     token_forwards: float  # sum_P |P| / T of the schedule's differentiated stages
-    forward_flops_per_position: int
+    forward_flops_per_position: float
     train_flops_per_token: float  # every stage
     official_flops_per_token: float  # one pass (the undercount)
     baseline_train_flops_per_token: float  # same backbone, OnePass
@@ -199,6 +228,7 @@ class Plan:
     ratio_params: str = "total"  # which N "R x N" counts (RATIO_PARAMS)
     params_ratio: int = 0  # that N
     rollout_forwards: float = 0.0  # forwards per token without backward (Rollout's rollout)
+    attention: str = "causal"  # how attention FLOPs are counted: causal, or noncausal (nanochat's)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -214,6 +244,7 @@ def plan(
     global_batch_tokens: int = REFERENCE_BATCH_TOKENS,
     seq_len: int | None = None,
     ratio_params: str = "total",
+    causal: bool = True,
 ) -> Plan:
     """Steps, tokens and FLOPs of a run. Exactly one of `steps`, `tokens`, `ratio` sets the length
     (steps = ceil(tokens / global batch), tokens = ratio * N with N per `ratio_params`: "total" =
@@ -251,11 +282,11 @@ def plan(
             raise ValueError(f"ratio={ratio!r} is invalid; allowed: a number > 0")
         steps = max(1, math.ceil(ratio * n_ratio / global_batch_tokens))
     n_tokens = steps * global_batch_tokens
-    fwd = forward_flops_per_position(model, T)
+    fwd = forward_flops_per_position(model, T, causal=causal)
     tf, rollout = as_schedule(schedule).forwards(model, T)
     train = 3.0 * fwd * tf + fwd * rollout
     official = 3.0 * fwd
-    base = 3.0 * forward_flops_per_position(model, T, baseline=True)
+    base = 3.0 * forward_flops_per_position(model, T, baseline=True, causal=causal)
     compute_tokens = n_tokens * train / base
     return Plan(
         seq_len=T,
@@ -280,6 +311,7 @@ def plan(
         ratio_params=ratio_params,
         params_ratio=n_ratio,
         rollout_forwards=rollout,
+        attention="causal" if causal else "noncausal",
     )
 
 
@@ -339,6 +371,7 @@ __all__ = [
     "SHARD_TOKENS_ESTIMATE",
     "Plan",
     "attention_flops_per_position",
+    "mean_visible_keys",
     "count_params",
     "data_plan",
     "forward_flops_per_position",

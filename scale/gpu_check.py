@@ -1,38 +1,49 @@
-"""One command that checks a GPU for the scaling runs in about ten minutes, and writes a report.
+"""A GPU check for the scaling runs that fits eight minutes on one H100/H200, and writes a report.
 
-    python -m lrt_scale.gpu_check                 # one H100: the report in docs/gpu_check/
-    python -m lrt_scale.gpu_check --dry --out /tmp/check   # CPU, tiny sizes: every section but the
-    CUDA kernels
+    bash scale/launch/gpu_check.sh                      # one GPU: the report in docs/gpu_check/
+    bash scale/launch/gpu_check.sh --dry-run --out /tmp/check   # CPU, toy sizes, every section
 
-Sections (each with a time budget; one that fails or runs out of time is recorded, the others go
-on):
+The launcher runs every section as its own process under ``timeout`` (its budget in
+``Sizes.budgets``, start-up included), with ``TORCH_LOGS=recompiles,graph_breaks``: a section that
+hangs, compiles for minutes or runs out of memory is killed at its budget and the next one starts
+from a fresh process (no dynamo cache, no CUDA allocator state carried over). Each section writes
+``<out>/sections/<name>.json`` after every measurement, so a killed one keeps what it measured;
+its stderr (dynamo's recompile and graph-break logs) goes to ``<out>/logs/<name>.log``. Then
+``python -m lrt_scale.gpu_check report`` merges them into ``gpu_check.json`` and ``gpu_check.md``
+(recompiles and graph breaks counted from the logs, not guessed from the number of graphs).
 
-- ``pytest_gpu``: the CUDA tests (``pytest -m gpu``; ``--dry`` only collects them, from the
-  test files that mark any).
-- ``attention``: which kernel each stage kind of onepass / interleaved:2 / chunked / rollout:1 /
-  decoding actually runs (torch.profiler's op names), next to what
+    python -m lrt_scale.gpu_check plan [--dry-run]             # "section budget" lines
+    python -m lrt_scale.gpu_check section NAME --out DIR [--dry-run]
+    python -m lrt_scale.gpu_check report --out DIR [--dry-run]
+
+Sections, in order (the compile probe last: it is the one most likely to run out of time):
+
+- ``pytest_gpu``: the CUDA tests (``pytest -m gpu``; ``--dry-run`` only collects them).
+- ``attention``: which kernel each stage kind actually runs (profiler op names), next to what
   ``lrt_lab.core.attention.pick_backend`` asks for.
-- ``attention_parity``: flash-attn, FlexAttention and SDPA in bf16 against an fp32 reference
-  (explicit mask and softmax) for a full sequence, a chunk, a strided subset and a sliding window;
-  flash-attn is skipped, with the reason, where it is not installed or the case is not a
-  contiguous block.
-- ``compile``: eager vs ``torch.compile`` losses over a few training steps from the same weights
-  and batches, the first compiled step's time (mostly compiling), dynamo's graph breaks and
-  compiled graphs counted.
-- ``memory``: peak memory of one d20 training step (paper optimizer state included) at candidate
-  device batch sizes, eager (compiled too with ``Sizes.compile_timing``); the largest that fits
-  leaves room for DDP's gradient buckets (the parameters' size again) within 95% of the GPU:
-  ``recommended_device_batch``, which ``scale/launch/d20_8gpu.sh`` reads (an eager peak bounds the
-  compiled one in practice: inductor frees activations sooner).
-- ``d12_training``: d12 LRT (interleaved:2) for ``gate_steps`` steps at the paper's rates, then the
-  baseline: step-time ratio LRT/transformer (paper, 8xH100 20L: 2.96) and MFU, eager unless
-  ``Sizes.compile_timing`` (the compile section says why); then the gate
-  statistics of the trained LRT (fraction of 2 sigmoid(W_g x) outside [0.05, 1.95]), decode tokens/s
-  ratio (paper 0.92x) and sequential BPB after a 1,024-token prompt prefilled with onepass,
-  interleaved:2 and exact (plus the parallel forward on the same positions).
+- ``attention_parity``: flash-attn, FlexAttention and SDPA in bf16 against an fp32 reference for a
+  full sequence, a chunk, a strided subset and a sliding window.
+- ``d12_eager`` and ``d12_compiled``: a d12 training step of the LRT (interleaved:2) and of the
+  transformer (onepass) at ``rows`` x 2048, forward+backward timed apart from the optimizer step
+  (Muon's Newton-Schulz iterations cost the same for both models and would pull their ratio toward
+  1), tokens/s, MFU (causal attention counted as causal, ``lrt_scale.flops``) of the forward+
+  backward and of the whole step, peak memory; compiled as ``lrt_scale.train --compile`` does,
+  with the first step's time (mostly compiling).
+- ``decode``: decoding tokens/s at batch 1 and 8 for both d12 models after a prefilled prompt,
+  and their ratio (paper: 0.92x); then a short sequential BPB (prompt prefilled with onepass,
+  interleaved:2 and exact) next to the parallel forward on the same positions.
+- ``memory_d20``: the peak memory of one d20 training step (optimizer state included) at two
+  device batch sizes per model; peak = fixed + per_row x B fitted through them gives the largest
+  device batch for ``scale/launch/d20_8gpu.sh`` on an 80 GB H100 (``H100_80GB_BYTES``, whatever
+  GPU ran the check), next to DDP's gradient buckets, within 95% of it
+  (``recommended_device_batch``).
+- ``compile_probe``: eager against compiled losses over a few steps of a 12-layer LRT, then an
+  evaluation forward and more training steps under
+  ``torch.compiler.set_stance("fail_on_recompile")``: whether anything recompiles after warm-up,
+  the graphs compiled and graph breaks.
 
-Synthetic "copy" rows stand in for data (no download on the GPU machine). ``--dry`` runs the same
-code on CPU at tiny sizes (compile with the "eager" backend, no memory figures).
+Synthetic "copy" rows stand in for data (no download on the GPU machine). ``--dry-run`` runs every
+section on CPU at toy sizes (compiling with the "eager" backend, no memory figures).
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -72,37 +84,47 @@ from .distributed import autocast_for, select_device, synchronize
 REPO = Path(__file__).resolve().parents[1]
 PAPER = {"step_time_ratio": 2.96, "decode_ratio": 0.92}
 GATE_RANGE = (0.05, 1.95)
+# an 80 GB H100's memory as torch reports it, about 79.2 GiB (nvidia-smi shows 81,559 MiB, of which
+# the driver keeps a little): the launcher's GPUs, whatever GPU the check runs on
+H100_80GB_BYTES = 85_045_379_072
+FIT_FRACTION = 0.95
+LAUNCH_BATCHES = (1, 2, 4, 8, 16, 32)  # d20_8gpu.sh: 32 rows per GPU per step, B must divide 32
+CHECK_MINUTES = 8
 
 
 @dataclass
 class Sizes:
-    small: str = "d12"  # the timing / gate / decode model
-    big: str = "d20"  # the memory sweep's model
+    small: str = "d12"  # the timing and decode model
+    big: str = "d20"  # the memory model
+    probe: str = "d12"  # the compile probe's model (12 layers: past dynamo's recompile limit of 8)
     seq_len: int = 2048
     vocab: int = 32768
-    prompt: int = 1024
-    rows: int = 16  # device batch of the d12 sections
-    gate_steps: int = 100
-    gate_batch_rows: int = 16  # rows per optimizer step (rates as at 2^19: the paper's)
-    base_steps: int = 15
-    compile_steps: int = 5
-    compile_rows: int = 2
-    candidates: tuple = (1, 2, 4, 8, 16, 32)
-    decode_rows: int = 8
-    decode_steps: int = 128
-    seq_rows: int = 4
-    # Inductor's first d12 step took over 200 s on an H200 (torch 2.11), and each new shape compiles
-    # again: compiled memory and timing sections cannot fit the check's ten minutes. The compile
-    # section measures compiling once; memory and d12_training run eager unless this is set.
-    compile_timing: bool = False
+    rows: int = 16  # d12 device batch
+    warm_steps: int = 2  # untimed (the first compiles)
+    timed_steps: int = 4
+    decode_batches: tuple = (1, 8)
+    decode_prompt: int = 512
+    decode_warm: int = 8
+    decode_steps: int = 64
+    seq_prompt: int = 256  # the sequential BPB after decoding: prompt, then scored tokens
+    seq_tokens: int = 32
+    seq_rows: int = 2
+    memory_batches: dict = field(default_factory=lambda: {"lrt": (2, 4), "transformer": (4, 8)})
+    probe_seq_len: int = 512
+    probe_rows: int = 2
+    probe_steps: int = 3
+    backend: str = "inductor"
+    # seconds per section, process start-up included; the launcher kills a section at its budget
     budgets: dict = field(
         default_factory=lambda: {
-            "pytest_gpu": 90,
-            "attention": 60,
-            "attention_parity": 15,
-            "compile": 260,
-            "memory": 90,
-            "d12_training": 150,
+            "pytest_gpu": 80,
+            "attention": 30,
+            "attention_parity": 20,
+            "d12_eager": 50,
+            "d12_compiled": 120,
+            "decode": 30,
+            "memory_d20": 60,
+            "compile_probe": 60,
         }
     )
 
@@ -110,54 +132,80 @@ class Sizes:
 DRY = Sizes(
     small="tiny",
     big="tiny",
+    probe="tiny",
     seq_len=16,
     vocab=64,
-    prompt=8,
     rows=2,
-    gate_steps=4,
-    gate_batch_rows=4,
-    base_steps=3,
-    compile_steps=3,
-    compile_rows=2,
-    candidates=(1, 2),
-    decode_rows=2,
+    warm_steps=1,
+    timed_steps=2,
+    decode_batches=(1, 2),
+    decode_prompt=8,
+    decode_warm=1,
     decode_steps=4,
+    seq_prompt=6,
+    seq_tokens=4,
     seq_rows=2,
-    compile_timing=True,  # the eager backend compiles in seconds: --dry still runs every path
+    memory_batches={"lrt": (1, 2), "transformer": (1, 2)},
+    probe_seq_len=16,
+    probe_rows=2,
+    probe_steps=2,
+    backend="eager",  # compiles in seconds: the dry run still takes every path
     budgets={
-        k: 60
+        k: 120
         for k in (
             "pytest_gpu",
             "attention",
             "attention_parity",
-            "compile",
-            "memory",
-            "d12_training",
+            "d12_eager",
+            "d12_compiled",
+            "decode",
+            "memory_d20",
+            "compile_probe",
         )
     },
 )
 
 
-class OutOfTime(Exception):
-    pass
+class Section:
+    """One section's measurements, written to <out>/sections/<name>.json after every update."""
+
+    def __init__(self, name: str, out: Path, sizes: Sizes, device, dry: bool):
+        self.name, self.sizes, self.device, self.dry = name, sizes, device, dry
+        self.path = out / "sections" / f"{name}.json"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.res: dict = {"status": "running", "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        self.t0 = time.perf_counter()
+        self.save()
+
+    @property
+    def budget(self) -> float:
+        return self.sizes.budgets[self.name]
+
+    def left(self) -> float:
+        """Seconds left of the budget (the process itself started a few seconds before)."""
+        return self.budget - (time.perf_counter() - self.t0)
+
+    def save(self) -> None:
+        self.res["seconds"] = time.perf_counter() - self.t0
+        _atomic_write(self.path, json.dumps(self.res, indent=1, default=str))
+
+    def update(self, **kv) -> None:
+        self.res.update(kv)
+        self.save()
 
 
-def _deadline(budget_s: float):
-    end = time.perf_counter() + budget_s
-
-    def check(what: str):
-        if time.perf_counter() > end:
-            raise OutOfTime(f"{what}: past the section's {budget_s:.0f} s budget")
-
-    return check
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
-def _model(name: str, lrt: bool, sizes: Sizes, device, seed: int = 0) -> LRT:
+def _model(name: str, lrt: bool, sizes: Sizes, device, seed: int = 0, seq_len=None) -> LRT:
     torch.manual_seed(seed)
     cfg = preset(
         name,
         memory=MemoryConfig() if lrt else None,
-        sequence_len=sizes.seq_len,
+        sequence_len=seq_len or sizes.seq_len,
         vocab_size=sizes.vocab,
     )
     with torch.device(device):
@@ -165,8 +213,8 @@ def _model(name: str, lrt: bool, sizes: Sizes, device, seed: int = 0) -> LRT:
 
 
 def _optimizers(model: LRT, name: str, steps: int):
-    """The run's optimizers at the paper's rates for a
-    2^19-token batch (lrt_scale.train's builder)."""
+    """The run's optimizers at the paper's rates for a 2^19-token batch (lrt_scale.train's
+    builder)."""
     args = st.parse_args(["--preset", name, "--synthetic", "--steps", str(steps)])
     args.n_layer, args.total_steps, args.seq_len = (
         model.config.n_layer,
@@ -176,29 +224,49 @@ def _optimizers(model: LRT, name: str, steps: int):
     return st.make_optimizers(model, args), args
 
 
-def _train(
-    model, opts, args, schedule, data, steps: int, accum: int, autocast, device, check=None
-) -> list[dict]:
-    """`steps` optimizer steps of `accum` micro batches; [{"loss", "dt"}] per step."""
+def compile_like_the_launcher(model: LRT, backend: str = "inductor") -> LRT:
+    """What ``lrt_scale.train --compile`` does to the model (the stage primitive compiled)."""
+    model.stage = torch.compile(model.stage, dynamic=False, backend=backend)
+    return model
+
+
+def train_steps(model, opts, args, schedule, data, steps: int, autocast, device) -> list[dict]:
+    """`steps` optimizer steps of one micro batch each; per step the forward+backward and the
+    optimizer step timed apart ({"loss", "fwd_bwd_s", "opt_s", "step_s"})."""
     out = []
     for step in range(steps):
-        if check:
-            check(f"step {step}")
         st.set_schedules(opts, step, args)
+        x, y = data.batch(step, 0)
         synchronize(device)
         t = time.perf_counter()
-        total = 0.0
-        for micro in range(accum):
-            x, y = data.batch(step, micro)
-            with autocast or contextlib.nullcontext():
-                res = run_schedule(model, x, y, schedule)
-            (res.loss / accum).backward()
-            total += res.loss.item() / accum
-            del res
+        with autocast or contextlib.nullcontext():
+            res = run_schedule(model, x, y, schedule)
+        res.loss.backward()
+        synchronize(device)
+        t_fb = time.perf_counter()
         st.optimizer_step(opts, model.parameters(), 0.0)
         synchronize(device)
-        out.append({"loss": total, "dt": time.perf_counter() - t})
+        t_opt = time.perf_counter()
+        out.append(
+            {
+                "loss": res.loss.item(),
+                "fwd_bwd_s": t_fb - t,
+                "opt_s": t_opt - t_fb,
+                "step_s": t_opt - t,
+            }
+        )
+        del res
     return out
+
+
+def _reset_peak(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_gib(device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
 
 
 # Sections -----------------------------------------------------------------------------------------
@@ -212,7 +280,7 @@ def gpu_test_files() -> list[str]:
     return marked or [str(REPO / "tests")]
 
 
-def pytest_gpu(sizes: Sizes, device, dry: bool, budget: float, res: dict) -> dict:
+def pytest_gpu(c: Section) -> None:
     # no notebooks among the gpu tests: nbmake's plugin only costs its import (seconds)
     cmd = [
         sys.executable,
@@ -226,30 +294,31 @@ def pytest_gpu(sizes: Sizes, device, dry: bool, budget: float, res: dict) -> dic
         "-p",
         "no:nbmake",
     ]
-    if dry:
+    if c.dry:
         # collecting the whole suite imports pandas, scipy, jupyter... for files with nothing
         # to select under -m gpu: --dry collects the files that mark gpu tests
         cmd += [*gpu_test_files(), "--collect-only"]
     else:
         cmd.append(str(REPO / "tests"))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=budget)
-    last = (proc.stdout.strip().splitlines() or [""])[-1]
-    res.update(
-        {
-            "ok": proc.returncode == 0,
-            "returncode": proc.returncode,
-            "summary": last,
-            "tail": proc.stdout[-2000:] + proc.stderr[-1000:],
-        }
+    env.pop("TORCH_LOGS", None)  # the tests' own compiles would flood the section's log
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=max(5, c.left() - 5)
     )
-    return res
+    last = (proc.stdout.strip().splitlines() or [""])[-1]
+    c.update(
+        ok=proc.returncode == 0,
+        returncode=proc.returncode,
+        summary=last,
+        tail=proc.stdout[-2000:] + proc.stderr[-1000:],
+    )
 
 
-def attention_backends(sizes: Sizes, device, dry: bool, budget: float, res: dict) -> dict:
+def attention_backends(c: Section) -> None:
     """Kernels that run per stage kind (profiler op names with attention/flash/flex in them)."""
     from torch.profiler import ProfilerActivity, profile
 
+    sizes, device, res = c.sizes, c.device, c.res
     model = _model(sizes.small, True, sizes, device)
     autocast = autocast_for(device)
     T = sizes.seq_len
@@ -283,6 +352,7 @@ def attention_backends(sizes: Sizes, device, dry: bool, budget: float, res: dict
         schedule = parse_schedule(spec)
         out["dispatch"][spec] = st.attention_dispatch(model.config, schedule, device, dtype)
         out["ran"][spec] = ops(lambda: run_schedule(model, x, None, schedule))  # noqa: B023 (called here)
+        c.save()
 
     def decode():
         dec = Decoder(model, 1, T)
@@ -290,11 +360,12 @@ def attention_backends(sizes: Sizes, device, dry: bool, budget: float, res: dict
         dec.step(idx[:, T - 1])
 
     out["ran"]["decode (prefill + 1 step)"] = ops(decode)
-    return out
+    c.update(ok=True)
 
 
-def attention_parity(sizes: Sizes, device, dry: bool, budget: float, res: dict) -> dict:
+def attention_parity(c: Section) -> None:
     """Max |bf16 kernel - fp32 reference| per case and backend (bf16 rounding: expect ~1e-2)."""
+    sizes, device, dry, res = c.sizes, c.device, c.dry, c.res
     g = torch.Generator().manual_seed(0)
     T, H, Hkv, D = (sizes.seq_len, 4, 2, 64) if not dry else (16, 4, 2, 8)
     cases = {
@@ -330,116 +401,14 @@ def attention_parity(sizes: Sizes, device, dry: bool, budget: float, res: dict) 
         if device.type != "cuda":
             row.update({b: {"skipped": "needs CUDA"} for b in ("flash", "flex")})
         res["cases"][name] = row
-    res["ok"] = all(
-        r.get("ok", True) and "error" not in r for c in res["cases"].values() for r in c.values()
-    )
-    return res
-
-
-def compile_parity(sizes: Sizes, device, dry: bool, budget: float, res: dict) -> dict:
-    """Eager vs compiled stage: the same weights, batches and steps; graph breaks and graphs."""
-    import torch._dynamo
-    from torch._dynamo.utils import counters
-
-    check = _deadline(budget)
-    losses = res["losses"] = {}
-    for mode in ("eager", "compiled"):
-        model = _model(sizes.small, True, sizes, device)
-        opts, args = _optimizers(model, sizes.small, sizes.compile_steps)
-        if mode == "compiled":
-            torch._dynamo.reset()
-            counters.clear()
-            model.stage = torch.compile(
-                model.stage, dynamic=False, backend="eager" if dry else "inductor"
-            )
-        data = SyntheticData(
-            sizes.vocab, sizes.seq_len, sizes.compile_rows, 0, 1, 0, "copy", device
+        c.save()
+    c.update(
+        ok=all(
+            r.get("ok", True) and "error" not in r
+            for case in res["cases"].values()
+            for r in case.values()
         )
-        log = _train(
-            model,
-            opts,
-            args,
-            parse_schedule("interleaved:2"),
-            data,
-            sizes.compile_steps,
-            1,
-            autocast_for(device),
-            device,
-            check,
-        )
-        losses[mode] = [r["loss"] for r in log]
-        res[f"first_step_s_{mode}"] = log[0]["dt"]  # compiled: mostly the compile itself
-    stats = st.compile_stats()
-    diff = max(abs(a - b) for a, b in zip(losses["eager"], losses["compiled"]))
-    res.update(
-        {
-            "max_abs_loss_diff": diff,
-            **stats,
-            "recompiles": max(0, stats["unique_graphs"] - 1),
-            "ok": diff < 0.05 and stats["graph_breaks"] == 0,
-        }
     )
-    return res
-
-
-def peak_memory(sizes: Sizes, device, dry: bool, budget: float, res: dict) -> dict:
-    """Peak memory of one d20 training step per device batch, until one does not fit."""
-    check = _deadline(budget)
-    cuda = device.type == "cuda"
-    capacity = torch.cuda.get_device_properties(device).total_memory if cuda else None
-    res.update(
-        {
-            "capacity_gib": capacity / 2**30 if cuda else None,
-            "runs": [],
-            "recommended_device_batch": {},
-            "fits": "peak + DDP's gradient buckets (the parameters' bytes) <= 95% of the GPU",
-        }
-    )
-    for kind, spec in (("lrt", "interleaved:2"), ("transformer", "onepass")):
-        best = res["recommended_device_batch"][kind] = {}
-        for compiled in (False, True) if sizes.compile_timing else (False,):
-            # compiling costs a minute per shape: start the compiled sweep at the eager result
-            start = best.get("eager", sizes.candidates[0]) if compiled else sizes.candidates[0]
-            for B in [b for b in sizes.candidates if b >= start]:
-                check(f"{kind} B={B}")
-                model = _model(sizes.big, kind == "lrt", sizes, device)
-                opts, args = _optimizers(model, sizes.big, 10)
-                if compiled:
-                    model.stage = torch.compile(
-                        model.stage, dynamic=False, backend="eager" if dry else "inductor"
-                    )
-                data = SyntheticData(sizes.vocab, sizes.seq_len, B, 0, 1, 0, "copy", device)
-                ddp_buckets = sum(p.numel() * p.element_size() for p in model.parameters())
-                if cuda:
-                    torch.cuda.empty_cache()
-                    torch.cuda.reset_peak_memory_stats(device)
-                row = {"kind": kind, "compile": compiled, "device_batch": B}
-                try:
-                    steps = _train(
-                        model,
-                        opts,
-                        args,
-                        parse_schedule(spec),
-                        data,
-                        2,
-                        1,
-                        autocast_for(device),
-                        device,
-                    )
-                    row["step_s"] = steps[-1]["dt"]
-                    if cuda:
-                        peak = torch.cuda.max_memory_allocated(device)
-                        row["peak_gib"] = peak / 2**30
-                        row["fits_8gpu"] = peak + ddp_buckets <= 0.95 * capacity
-                except torch.OutOfMemoryError:
-                    row["oom"] = True
-                del model, opts, data
-                res["runs"].append(row)
-                if row.get("oom") or row.get("fits_8gpu") is False:
-                    break
-                if row.get("fits_8gpu") or not cuda:
-                    best["compile" if compiled else "eager"] = B
-    return res
 
 
 def gate_statistics(
@@ -465,121 +434,439 @@ def gate_statistics(
     }
 
 
-def d12_training(sizes: Sizes, device, dry: bool, budget: float, res: dict) -> dict:
-    check = _deadline(budget)
+MODELS = (("lrt", "interleaved:2"), ("transformer", "onepass"))
+
+
+def _d12(c: Section, compiled: bool) -> None:
+    """A training step of both d12 models, forward+backward and optimizer timed apart."""
+    sizes, device = c.sizes, c.device
     autocast = autocast_for(device)
-    rows = sizes.rows
-    accum = max(1, sizes.gate_batch_rows // rows)
-    times = {}
-    trained = None
-    for kind, spec, steps in (
-        ("lrt", "interleaved:2", sizes.gate_steps),
-        ("transformer", "onepass", sizes.base_steps),
-    ):
+    T, rows = sizes.seq_len, sizes.rows
+    tokens = rows * T
+    c.update(rows=rows, seq_len=T, tokens_per_step=tokens, compiled=compiled, models={})
+    # compiled: the transformer first, so a slow LRT compile still leaves one compiled figure
+    order = MODELS[::-1] if compiled else MODELS
+    for kind, spec in order:
+        rec = c.res["models"][kind] = {"schedule": spec, "status": "building"}
+        c.save()
         model = _model(sizes.small, kind == "lrt", sizes, device)
-        opts, args = _optimizers(model, sizes.small, steps)
-        if sizes.compile_timing:
-            model.stage = torch.compile(
-                model.stage, dynamic=False, backend="eager" if dry else "inductor"
-            )
-        data = SyntheticData(sizes.vocab, sizes.seq_len, rows, 0, 1, 0, "copy", device)
-        log = _train(
-            model, opts, args, parse_schedule(spec), data, steps, accum, autocast, device, check
+        opts, args = _optimizers(model, sizes.small, sizes.warm_steps + sizes.timed_steps)
+        if compiled:
+            compile_like_the_launcher(model, sizes.backend)
+        data = SyntheticData(sizes.vocab, T, rows, 0, 1, 0, "copy", device)
+        schedule = parse_schedule(spec)
+        rec["status"] = "compiling (first step)" if compiled else "warming up"
+        c.save()
+        warm = train_steps(model, opts, args, schedule, data, sizes.warm_steps, autocast, device)
+        rec.update({"first_step_s": warm[0]["step_s"], "status": "timing"})
+        c.save()
+        _reset_peak(device)
+        log = train_steps(model, opts, args, schedule, data, sizes.timed_steps, autocast, device)
+        fb = sum(r["fwd_bwd_s"] for r in log) / len(log)
+        opt = sum(r["opt_s"] for r in log) / len(log)
+        flops = fl.plan(model.config, spec, steps=1, global_batch_tokens=tokens).flops_per_step
+        rec.update(
+            {
+                "status": "done",
+                "fwd_bwd_s": fb,
+                "optimizer_s": opt,
+                "step_s": fb + opt,
+                "tokens_per_s": tokens / (fb + opt),
+                "tokens_per_s_fwd_bwd": tokens / fb,
+                "flops_per_step": flops,
+                "mfu_fwd_bwd": fl.mfu(flops / fb),
+                "mfu_step": fl.mfu(flops / (fb + opt)),
+                "peak_gib": _peak_gib(device),
+                "losses": [r["loss"] for r in warm + log],
+            }
         )
-        steady = [r["dt"] for r in log[min(3, len(log) - 1) :]]
-        times[kind] = sum(steady) / len(steady)
-        tokens = rows * accum * sizes.seq_len
-        plan = fl.plan(model.config, spec, steps=1, global_batch_tokens=tokens)
-        res[kind] = {
-            "steps": steps,
-            "final_loss": log[-1]["loss"],
-            "step_s": times[kind],
-            "tokens_per_s": tokens / times[kind],
-            "mfu": fl.mfu(plan.flops_per_step / times[kind]),
-            "compiled": sizes.compile_timing,
-        }
-        model.__dict__.pop("stage", None)  # eager again for decoding and the gate statistics
-        if kind == "lrt":
-            trained = model
-        else:
-            base = model
-    res["step_time_ratio"] = {
-        "lrt_over_transformer": times["lrt"] / times["transformer"],
-        "paper": PAPER["step_time_ratio"],
-    }
-    res["tokens_per_step"] = rows * accum * sizes.seq_len
-    val = SyntheticData(
-        sizes.vocab, sizes.seq_len, sizes.seq_rows, 0, 1, 1, "copy", device, split="val"
+        c.save()
+        del model, opts, data
+        if compiled:
+            torch._dynamo.reset()  # the next model compiles from nothing, as in its own run
+    m = c.res["models"]
+    c.update(
+        step_time_ratio={
+            "fwd_bwd_lrt_over_transformer": m["lrt"]["fwd_bwd_s"] / m["transformer"]["fwd_bwd_s"],
+            "step_lrt_over_transformer": m["lrt"]["step_s"] / m["transformer"]["step_s"],
+            "paper": PAPER["step_time_ratio"],
+        },
+        mfu_peak_flops=fl.H100_BF16_PEAK_FLOPS,
+        mfu_attention="causal",
+        ok=True,
     )
+
+
+def d12_eager(c: Section) -> None:
+    _d12(c, compiled=False)
+
+
+def d12_compiled(c: Section) -> None:
+    _d12(c, compiled=True)
+
+
+def decode(c: Section) -> None:
+    """Decoding tokens/s at each batch size for both models (eager, the Decoder), their ratio;
+    then a short sequential BPB after a prompt prefilled three ways."""
+    sizes, device = c.sizes, c.device
+    autocast = autocast_for(device)
+    speed = c.res["tokens_per_s"] = {}
+    models = {}
+    for kind, _ in MODELS:
+        models[kind] = model = _model(sizes.small, kind == "lrt", sizes, device).eval()
+        speed[kind] = {}
+        for B in sizes.decode_batches:
+            prompt = torch.randint(sizes.vocab, (B, sizes.decode_prompt), device=device)
+            max_len = sizes.decode_prompt + sizes.decode_warm + sizes.decode_steps
+            with torch.no_grad(), autocast or contextlib.nullcontext():
+                dec = Decoder(model, B, max_len)
+                feed = dec.prefill(prompt).argmax(-1)
+                for _ in range(sizes.decode_warm):
+                    feed = dec.step(feed, check_values=False).argmax(-1)
+                synchronize(device)
+                t = time.perf_counter()
+                for _ in range(sizes.decode_steps):
+                    feed = dec.step(feed, check_values=False).argmax(-1)
+                synchronize(device)
+            speed[kind][str(B)] = B * sizes.decode_steps / (time.perf_counter() - t)
+            c.save()
+    c.update(
+        lrt_over_transformer={
+            str(B): speed["lrt"][str(B)] / speed["transformer"][str(B)]
+            for B in sizes.decode_batches
+        },
+        paper=PAPER["decode_ratio"],
+        prompt=sizes.decode_prompt,
+        steps=sizes.decode_steps,
+    )
+    lrt = models["lrt"]
+    T = sizes.seq_prompt + sizes.seq_tokens
+    val = SyntheticData(sizes.vocab, T, sizes.seq_rows, 0, 1, 1, "copy", device, split="val")
     x, y = val.block(0)
-    res["gates_after_training"] = gate_statistics(
-        trained, x, parse_schedule("interleaved:2"), autocast
-    )
-
-    check("decode")
-    speed = {}
-    for kind, model in (("lrt", trained), ("transformer", base)):
-        prompt = torch.randint(sizes.vocab, (sizes.decode_rows, sizes.prompt), device=device)
-        with torch.no_grad(), autocast or contextlib.nullcontext():
-            dec = Decoder(model, sizes.decode_rows, sizes.prompt + sizes.decode_steps)
-            dec.prefill(prompt)
-            feed = prompt[:, 0]
-            synchronize(device)
-            t = time.perf_counter()
-            for _ in range(sizes.decode_steps):
-                dec.step(feed)
-            synchronize(device)
-        speed[kind] = sizes.decode_rows * sizes.decode_steps / (time.perf_counter() - t)
-    res["decode"] = {
-        "tokens_per_s": speed,
-        "lrt_over_transformer": speed["lrt"] / speed["transformer"],
-        "paper": PAPER["decode_ratio"],
-    }
-
-    check("sequential BPB")
     ones = torch.ones(sizes.vocab, dtype=torch.long)
-    seq = {
-        spec: ev.sequential_bpb(trained, [(x, y)], ones, sizes.prompt, spec, autocast)["bpb"]
-        for spec in ("onepass", "interleaved:2", "exact")
-    }
+    seq = c.res["sequential_bpb"] = {"prompt": sizes.seq_prompt, "scored": sizes.seq_tokens}
+    for spec in ("onepass", "interleaved:2", "exact"):
+        seq[spec] = ev.sequential_bpb(lrt, [(x, y)], ones, sizes.seq_prompt, spec, autocast)["bpb"]
+        c.save()
     seq["parallel interleaved:2 (same positions)"] = ev.parallel_bpb(
-        trained, [(x, y)], ones, "interleaved:2", autocast, min_position=sizes.prompt - 1
+        lrt, [(x, y)], ones, "interleaved:2", autocast, min_position=sizes.seq_prompt - 1
     )["bpb"]
-    res["sequential_bpb"] = {"prompt": sizes.prompt, "bits_per_token": seq}
-    return res
+    c.update(ok=True)
+
+
+def fit_device_batch(
+    runs: list[dict],
+    param_bytes: int,
+    capacity: int = H100_80GB_BYTES,
+    fraction: float = FIT_FRACTION,
+    batches: tuple = LAUNCH_BATCHES,
+) -> dict:
+    """The largest device batch in `batches` whose peak, fitted as fixed + per_row x B through
+    the measured (device_batch, peak_bytes) runs, plus DDP's gradient buckets (`param_bytes`)
+    stays within `fraction` of `capacity`; {"device_batch": None, ...} if none fits or fewer than
+    two batch sizes were measured."""
+    pts = sorted({(r["device_batch"], r["peak_bytes"]) for r in runs if r.get("peak_bytes")})
+    out = {"capacity_bytes": capacity, "fraction": fraction, "param_bytes": param_bytes}
+    if len(pts) < 2:
+        return {**out, "device_batch": None, "why": "fewer than two batch sizes measured"}
+    (b0, p0), (b1, p1) = pts[0], pts[-1]
+    per_row = (p1 - p0) / (b1 - b0)
+    fixed = p0 - per_row * b0
+    fits = [b for b in batches if fixed + per_row * b + param_bytes <= fraction * capacity]
+    return {
+        **out,
+        "fixed_bytes": fixed,
+        "per_row_bytes": per_row,
+        "device_batch": max(fits) if fits else None,
+        "predicted_peak_gib": {b: (fixed + per_row * b) / 2**30 for b in batches},
+    }
+
+
+def memory_d20(c: Section) -> None:
+    """Peak memory of one d20 training step at two device batch sizes per model (eager), and the
+    launcher's device batch on an 80 GB H100 fitted through them."""
+    sizes, device = c.sizes, c.device
+    cuda = device.type == "cuda"
+    c.update(
+        local_capacity_gib=(
+            torch.cuda.get_device_properties(device).total_memory / 2**30 if cuda else None
+        ),
+        runs=[],
+        fit={},
+        recommended_device_batch={},
+        rule=f"fixed + per_row x B + DDP buckets <= {FIT_FRACTION:.0%} of an 80 GB H100",
+    )
+    for kind, spec in MODELS:
+        runs = []
+        param_bytes = 0
+        for B in sizes.memory_batches[kind]:
+            model = _model(sizes.big, kind == "lrt", sizes, device)
+            param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+            opts, args = _optimizers(model, sizes.big, 10)
+            data = SyntheticData(sizes.vocab, sizes.seq_len, B, 0, 1, 0, "copy", device)
+            row = {"kind": kind, "device_batch": B}
+            _reset_peak(device)
+            try:
+                log = train_steps(
+                    model, opts, args, parse_schedule(spec), data, 2, autocast_for(device), device
+                )
+                row["step_s"] = log[-1]["step_s"]
+                if cuda:
+                    row["peak_bytes"] = torch.cuda.max_memory_allocated(device)
+                    row["peak_gib"] = row["peak_bytes"] / 2**30
+            except torch.OutOfMemoryError:
+                row["oom"] = True
+            del model, opts, data
+            runs.append(row)
+            c.res["runs"].append(row)
+            c.save()
+            if row.get("oom"):
+                break
+        fit = c.res["fit"][kind] = fit_device_batch(runs, param_bytes)
+        c.res["recommended_device_batch"][kind] = fit["device_batch"]
+        c.save()
+    c.update(ok=True)
+
+
+def compile_probe(c: Section) -> None:
+    """A 12-layer LRT (interleaved:2) trained eager and compiled from the same weights and batches,
+    then, compiled, an evaluation forward and more training under
+    torch.compiler.set_stance("fail_on_recompile"): does anything recompile after warm-up?"""
+    from torch._dynamo.utils import counters
+
+    sizes, device = c.sizes, c.device
+    autocast = autocast_for(device)
+    spec = "interleaved:2"
+    T, rows = sizes.probe_seq_len, sizes.probe_rows
+    losses = c.res["losses"] = {}
+    for mode in ("eager", "compiled"):
+        model = _model(sizes.probe, True, sizes, device, seq_len=T)
+        opts, args = _optimizers(model, sizes.probe, 2 * sizes.probe_steps)
+        if mode == "compiled":
+            torch._dynamo.reset()
+            counters.clear()
+            compile_like_the_launcher(model, sizes.backend)
+        data = SyntheticData(sizes.vocab, T, rows, 0, 1, 0, "copy", device)
+        schedule = parse_schedule(spec)
+        log = train_steps(model, opts, args, schedule, data, sizes.probe_steps, autocast, device)
+        losses[mode] = [r["loss"] for r in log]
+        c.res[f"first_step_s_{mode}"] = log[0]["step_s"]
+        c.save()
+    x, y = data.batch(0, 0)
+
+    def evaluate():
+        with torch.no_grad(), autocast or contextlib.nullcontext():
+            run_schedule(model, x, y, schedule)  # evaluation: no autograd, a graph of its own
+
+    t = time.perf_counter()
+    evaluate()  # warm-up ends with the first evaluation (training and evaluation graphs exist)
+    c.update(
+        n_layer=model.config.n_layer,
+        first_eval_s=time.perf_counter() - t,
+        after_warmup=st.compile_stats(),
+        max_abs_loss_diff=max(abs(a - b) for a, b in zip(losses["eager"], losses["compiled"])),
+    )
+    try:
+        with torch.compiler.set_stance("fail_on_recompile"):
+            train_steps(model, opts, args, schedule, data, sizes.probe_steps, autocast, device)
+            evaluate()
+            train_steps(model, opts, args, schedule, data, 1, autocast, device)
+        c.update(recompiled_after_warmup=False)
+    except Exception as e:  # noqa: BLE001 - a recompile (or a failure) after warm-up is the finding
+        c.update(recompiled_after_warmup=True, error_after_warmup=f"{type(e).__name__}: {e}"[:500])
+    final = st.compile_stats()
+    c.update(
+        final=final,
+        ok=c.res["max_abs_loss_diff"] < 0.05
+        and final["graph_breaks"] == 0
+        and not c.res["recompiled_after_warmup"],
+    )
 
 
 SECTIONS = {
     "pytest_gpu": pytest_gpu,
     "attention": attention_backends,
     "attention_parity": attention_parity,
-    "compile": compile_parity,
-    "memory": peak_memory,
-    "d12_training": d12_training,
+    "d12_eager": d12_eager,
+    "d12_compiled": d12_compiled,
+    "decode": decode,
+    "memory_d20": memory_d20,
+    "compile_probe": compile_probe,
 }
 
 
+def run_section(name: str, out: Path, dry: bool) -> dict:
+    """Run one section in this process; its JSON is written as it goes."""
+    if not dry and not torch.cuda.is_available():
+        raise ValueError("device: CUDA is not available; allowed: a CUDA machine, or --dry-run")
+    device = select_device("cpu" if dry else "cuda")  # CUDA: matmuls in TF32, as in the runs
+    sizes = DRY if dry else Sizes()
+    c = Section(name, out, sizes, device, dry)
+    c.update(device=torch.cuda.get_device_name(device) if not dry else "cpu", budget_s=c.budget)
+    try:
+        SECTIONS[name](c)
+        c.res["status"] = "done"
+    except Exception as e:  # noqa: BLE001 - a failed section is a finding (what it measured stays)
+        c.res.update(
+            {
+                "status": "failed",
+                "ok": False,
+                "error": f"{type(e).__name__}: {e}",
+                "tail": traceback.format_exc()[-3000:],
+            }
+        )
+    c.save()
+    return c.res
+
+
 # Report -------------------------------------------------------------------------------------------
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+RECOMPILE_LINE = re.compile(r"Recompiling function")
+GRAPH_BREAK_LINE = re.compile(r"\bGraph break\b", re.IGNORECASE)
+RECOMPILE_LIMIT_LINE = re.compile(r"recompile_limit|cache_size_limit", re.IGNORECASE)
+
+
+def log_counts(text: str) -> dict:
+    """Dynamo's events in a section's log (TORCH_LOGS=recompiles,graph_breaks): recompiles (one
+    "Recompiling function" line each), graph breaks, and whether a recompile limit was hit."""
+    lines = text.splitlines()
+    return {
+        "recompiles": sum(1 for line in lines if RECOMPILE_LINE.search(line)),
+        "graph_breaks": sum(1 for line in lines if GRAPH_BREAK_LINE.search(line)),
+        "recompile_limit_hit": any(RECOMPILE_LIMIT_LINE.search(line) for line in lines),
+    }
+
+
+def collect(out: Path, dry: bool) -> dict:
+    """Every section's JSON, return code (from the launcher) and log counts in one report."""
+    sizes = DRY if dry else Sizes()
+    report = {
+        "dry": dry,
+        "torch": torch.__version__,
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "sizes": asdict(sizes),
+        "budget_s": sum(sizes.budgets.values()),
+        "sections": {},
+        "recommended_device_batch": None,
+    }
+    for name in SECTIONS:
+        path = out / "sections" / f"{name}.json"
+        if not path.exists():
+            continue
+        sec = json.loads(path.read_text())
+        rc_path = out / "sections" / f"{name}.rc.json"
+        if rc_path.exists():
+            sec["launcher"] = json.loads(rc_path.read_text())
+            if sec["launcher"].get("returncode") in (124, 137) and sec.get("status") == "running":
+                sec["status"] = "timed out"
+        log = out / "logs" / f"{name}.log"
+        if log.exists():
+            sec["dynamo_log"] = log_counts(log.read_text(errors="replace"))
+        report["sections"][name] = sec
+        report.setdefault("device", sec.get("device"))
+    mem = report["sections"].get("memory_d20", {})
+    if mem.get("recommended_device_batch") and all(mem["recommended_device_batch"].values()):
+        report["recommended_device_batch"] = mem["recommended_device_batch"]
+    return report
+
+
+def _fmt(x, spec=".3g", unit="") -> str:
+    if x is None:
+        return "still open"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    return (format(x, spec) if isinstance(x, (int, float)) else str(x)) + unit
+
+
+def headline(report: dict) -> list[str]:
+    """The figures the check exists for, one line each ("still open" where no run gave them)."""
+    s = report["sections"]
+    lines = []
+    for name in ("d12_eager", "d12_compiled"):
+        m = s.get(name, {}).get("models", {})
+        for kind, _ in MODELS:
+            r = m.get(kind, {})
+            fb, opt = _fmt(r.get("fwd_bwd_s"), ".3g", " s"), _fmt(r.get("optimizer_s"), ".3g", " s")
+            lines.append(
+                f"{name} {kind}: forward+backward {fb}, optimizer {opt}, "
+                f"tokens/s {_fmt(r.get('tokens_per_s'), ',.0f')}, "
+                f"MFU {_fmt(r.get('mfu_fwd_bwd'), '.1%')} (forward+backward) / "
+                f"{_fmt(r.get('mfu_step'), '.1%')} (step), peak "
+                f"{_fmt(r.get('peak_gib'), '.1f', ' GiB')}, first step "
+                f"{_fmt(r.get('first_step_s'), '.1f', ' s')}"
+            )
+        ratio = s.get(name, {}).get("step_time_ratio", {})
+        lines.append(
+            f"{name} LRT/transformer step time: forward+backward "
+            f"{_fmt(ratio.get('fwd_bwd_lrt_over_transformer'), '.3g', 'x')}, whole step "
+            f"{_fmt(ratio.get('step_lrt_over_transformer'), '.3g', 'x')} "
+            f"(paper {PAPER['step_time_ratio']}x)"
+        )
+    dec = s.get("decode", {})
+    for B in (DRY if report["dry"] else Sizes()).decode_batches:
+        tps = {k: dec.get("tokens_per_s", {}).get(k, {}).get(str(B)) for k, _ in MODELS}
+        lines.append(
+            f"decode batch {B}: LRT {_fmt(tps['lrt'], ',.0f')} / transformer "
+            f"{_fmt(tps['transformer'], ',.0f')} tokens/s = "
+            f"{_fmt(dec.get('lrt_over_transformer', {}).get(str(B)), '.3g', 'x')} (paper "
+            f"{PAPER['decode_ratio']}x)"
+        )
+    mem = s.get("memory_d20", {})
+    for kind, _ in MODELS:
+        runs = [r for r in mem.get("runs", []) if r["kind"] == kind]
+        peaks = ", ".join(
+            f"B={r['device_batch']}: "
+            + ("OOM" if r.get("oom") else _fmt(r.get("peak_gib"), ".1f", " GiB"))
+            for r in runs
+        )
+        fit = mem.get("fit", {}).get(kind, {})
+        lines.append(
+            f"d20 {kind} peak memory: {peaks or 'still open'}; device batch on an 80 GB H100: "
+            f"{_fmt(fit.get('device_batch'), 'd')}"
+        )
+    probe = s.get("compile_probe", {})
+    lines.append(
+        f"compile probe (layers: {_fmt(probe.get('n_layer'), 'd')}): recompiled after warm-up "
+        f"{_fmt(probe.get('recompiled_after_warmup'))}, graphs "
+        f"{_fmt(probe.get('final', {}).get('unique_graphs'), 'd')}, graph breaks "
+        f"{_fmt(probe.get('final', {}).get('graph_breaks'), 'd')}, recompiles in the log "
+        f"(warm-up's stage kinds and grad modes included) "
+        f"{_fmt(probe.get('dynamo_log', {}).get('recompiles'), 'd')}, first compiled step "
+        f"{_fmt(probe.get('first_step_s_compiled'), '.1f', ' s')}"
+    )
+    return lines
 
 
 def markdown(report: dict) -> str:
+    where = "dry run, CPU, toy sizes" if report["dry"] else report.get("device") or "not run yet"
     lines = [
-        f"# GPU check ({'dry, CPU' if report['dry'] else report['device']})",
+        f"# GPU check ({where})",
         "",
-        f"torch {report['torch']}, {report['started']}; sizes: `{json.dumps(report['sizes'])}`",
+        f"Generated {report['generated']} (torch {report['torch']}) by `python -m "
+        f"lrt_scale.gpu_check report`; sections budgeted {report['budget_s']} s in all "
+        f"(`bash scale/launch/gpu_check.sh`, {CHECK_MINUTES} minutes).",
         "",
     ]
-    # notes written beside a report by hand (how it was run, what it found) come first
-    notes = report.get("notes", [])
+    notes = list(report.get("notes", []))
+    if not report["sections"]:
+        notes.insert(0, "No section of this check has run yet: every figure below is still open.")
     lines += [f"- {note}" for note in notes] + ([""] if notes else [])
-    for name, sec in report["sections"].items():
-        status = "ok" if sec.get("ok", "error" not in sec) else "FAILED"
+    lines += ["## Figures", ""] + [f"- {line}" for line in headline(report)] + [""]
+    lines += [
+        "## Recommended device batch (d20 on 80 GB H100s, for scale/launch/d20_8gpu.sh)",
+        "",
+        f"`{json.dumps(report.get('recommended_device_batch'))}`",
+        "",
+    ]
+    for name in SECTIONS:
+        sec = report["sections"].get(name)
+        if sec is None:
+            lines += [f"## {name}: still open (not run)", ""]
+            continue
+        status = "ok" if sec.get("ok") else sec.get("status", "failed").upper()
+        if status == "DONE":
+            status = "FAILED"
         lines += [
-            f"## {name}: {status} ({sec.get('seconds', 0):.0f} s)",
+            f"## {name}: {status} ({sec.get('seconds', 0):.0f} s of {sec.get('budget_s', '?')})",
             "",
             "```json",
             json.dumps(
@@ -592,56 +879,18 @@ def markdown(report: dict) -> str:
         ]
         if "tail" in sec:
             lines += ["```", sec["tail"][-1500:], "```", ""]
-    lines += [
-        "## recommended device batch (d20, for scale/launch/d20_8gpu.sh)",
-        "",
-        f"`{json.dumps(report.get('recommended_device_batch'))}`",
-        "",
-    ]
     return "\n".join(lines)
 
 
-def run_check(out: Path, dry: bool, only: list[str] | None = None, log=print) -> dict:
-    if not dry and not torch.cuda.is_available():
-        raise ValueError("device: CUDA is not available; allowed: a CUDA machine, or --dry on CPU")
-    device = select_device("cpu" if dry else "cuda")  # CUDA: matmuls in TF32, as in the runs
-    sizes = DRY if dry else Sizes()
+def write_report(out: Path, dry: bool, notes: list[str] | None = None) -> dict:
+    report = collect(out, dry)
+    notes_file = out / "notes.json"  # notes written beside a report by hand lead its page
+    report["notes"] = list(notes or []) + (
+        json.loads(notes_file.read_text()) if notes_file.exists() else []
+    )
     out.mkdir(parents=True, exist_ok=True)
-    report = {
-        "dry": dry,
-        "device": torch.cuda.get_device_name(device) if not dry else "cpu",
-        "torch": torch.__version__,
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "sizes": asdict(sizes),
-        "sections": {},
-        "recommended_device_batch": None,
-    }
-    for name, fn in SECTIONS.items():
-        if only and name not in only:
-            continue
-        budget = sizes.budgets[name]
-        log(f"[gpu_check] {name} (budget {budget} s)")
-        t = time.perf_counter()
-        sec = {}
-        try:
-            fn(sizes, device, dry, budget, sec)
-        except Exception as e:  # noqa: BLE001 - a failed section is a finding (what it measured stays)
-            sec.update(
-                {"ok": False, "error": f"{type(e).__name__}: {e}", "tail": traceback.format_exc()}
-            )
-        sec["seconds"] = time.perf_counter() - t
-        report["sections"][name] = sec
-        if name == "memory" and sec.get("recommended_device_batch"):
-            report[
-                "recommended_device_batch"
-            ] = {  # compiled when measured: the launchers use --compile
-                kind: b.get("compile", b.get("eager"))
-                for kind, b in sec["recommended_device_batch"].items()
-            }
-        _atomic_write(out / "gpu_check.json", json.dumps(report, indent=1, default=str))
-        _atomic_write(out / "gpu_check.md", markdown(report))
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    _atomic_write(out / "gpu_check.json", json.dumps(report, indent=1, default=str))
+    _atomic_write(out / "gpu_check.md", markdown(report))
     return report
 
 
@@ -649,38 +898,56 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m lrt_scale.gpu_check", description=__doc__.split("\n")[0]
     )
+    ap.add_argument("command", choices=("plan", "section", "report"))
+    ap.add_argument("name", nargs="?", default=None, help="the section (command section)")
     ap.add_argument(
         "--out",
         default=str(REPO / "docs" / "gpu_check"),
-        help="report folder (gpu_check.json, .md)",
+        help="report folder (sections/, logs/, gpu_check.json, .md)",
     )
     ap.add_argument(
-        "--dry", action="store_true", help="CPU, tiny sizes: everything but the CUDA kernels"
+        "--dry-run", "--dry", action="store_true", dest="dry", help="CPU, toy sizes, every section"
     )
     ap.add_argument(
-        "--sections", default=None, help=f"comma-separated subset of {', '.join(SECTIONS)}"
+        "--sections", default=None, help=f"comma-separated subset of {', '.join(SECTIONS)} (plan)"
     )
     return ap
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    only = args.sections.split(",") if args.sections else None
-    bad = [s for s in only or [] if s not in SECTIONS]
-    if bad:
-        print(
-            f"error: --sections {','.join(bad)} is invalid; allowed: {', '.join(SECTIONS)}",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        report = run_check(Path(args.out), args.dry, only)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    failed = [k for k, v in report["sections"].items() if not v.get("ok", "error" not in v)]
-    print(f"[gpu_check] report in {args.out}; failed: {', '.join(failed) or 'none'}")
-    return 1 if failed else 0
+    sizes = DRY if args.dry else Sizes()
+    out = Path(args.out)
+    if args.command == "plan":
+        only = args.sections.split(",") if args.sections else list(SECTIONS)
+        bad = [s for s in only if s not in SECTIONS]
+        if bad:
+            print(
+                f"error: --sections {','.join(bad)} is invalid; allowed: {', '.join(SECTIONS)}",
+                file=sys.stderr,
+            )
+            return 2
+        for name in SECTIONS:
+            if name in only:
+                print(name, sizes.budgets[name])
+        return 0
+    if args.command == "section":
+        if args.name not in SECTIONS:
+            print(
+                f"error: section {args.name!r} is invalid; allowed: {', '.join(SECTIONS)}",
+                file=sys.stderr,
+            )
+            return 2
+        try:
+            res = run_section(args.name, out, args.dry)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0 if res.get("ok") else 1
+    report = write_report(out, args.dry)
+    failed = [k for k, v in report["sections"].items() if not v.get("ok")]
+    print(f"[gpu_check] report in {out}; not ok: {', '.join(failed) or 'none'}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -70,12 +70,23 @@ Host -> device
 For a CUDA device each batch is assembled in one of two alternating pinned host buffers and copied
 with
 ``non_blocking=True`` (a CUDA event guards a buffer's reuse). On CPU nothing is pinned.
+
+Prefetching
+-----------
+``prefetch=k`` (k >= 1; the training launcher uses 2) reads, tokenizes and packs up to k batches
+ahead in a background thread with a bounded queue, so the next batch is ready when the training
+step asks for it (the tokenizer's batch encoding runs outside the GIL). The batches are the same
+as without it, and ``state_dict()``, ``stats`` and ``epoch`` describe the last batch *returned*,
+not the last one packed: a resume is as exact as without it. ``close()`` stops the thread.
 """
 
 from __future__ import annotations
 
 import bisect
+import copy
 import os
+import queue
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -126,6 +137,7 @@ class DistributedPackingLoader:
         epochs: int | None = None,
         tokenizer_threads: int = 4,
         tokenizer_batch_size: int = 128,
+        prefetch: int = 0,
     ):
         if split not in SPLITS:
             raise ValueError(f"split: must be one of {SPLITS}, got {split!r}")
@@ -138,6 +150,8 @@ class DistributedPackingLoader:
         ):
             if not isinstance(val, int) or val < 1:
                 raise ValueError(f"{name}: must be an int >= 1, got {val!r}")
+        if not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch: must be an int >= 0, got {prefetch!r}")
         if remainder not in REMAINDER_POLICIES:
             raise ValueError(f"remainder: must be one of {REMAINDER_POLICIES}, got {remainder!r}")
         if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
@@ -178,7 +192,7 @@ class DistributedPackingLoader:
         self._keys: list[tuple[int, int]] = []
         self._entries: dict[int, tuple[int, int, int, int, np.ndarray]] = {}
         self._seq = 0
-        self.stats = {
+        self._stats = {
             "batches": 0,
             "docs_read": 0,
             "tokens_read": 0,
@@ -199,13 +213,27 @@ class DistributedPackingLoader:
         ]
         self._events: list[Any] = [None, None]
         self._flip = 0
+        # background packing (prefetch > 0): a thread packs up to `prefetch` batches ahead into a
+        # bounded queue, each with the loader's state after it; what the caller sees (state_dict,
+        # stats, epoch) is that of the last batch it was handed, so a resume is exact either way
+        self.prefetch = prefetch
+        self._worker: threading.Thread | None = None
+        self._queue: queue.Queue | None = None
+        self._stop = threading.Event()
+        self._seen: tuple[dict[str, Any], dict[str, int], int] | None = None
         if state is not None:
             self.load_state_dict(state)
 
     # ------------------------------------------------------------------ properties
     @property
     def epoch(self) -> int:
-        return self._epoch
+        """The data epoch of the last batch returned."""
+        return self._epoch if self._seen is None else self._seen[2]
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Token accounting up to the last batch returned (see the module docstring)."""
+        return self._stats if self._seen is None else self._seen[1]
 
     @property
     def tokens_per_batch(self) -> int:
@@ -263,8 +291,8 @@ class DistributedPackingLoader:
                 self._exhausted = True
                 return
             epoch, rg_pos, doc, tokens = nxt
-            self.stats["docs_read"] += 1
-            self.stats["tokens_read"] += len(tokens)
+            self._stats["docs_read"] += 1
+            self._stats["tokens_read"] += len(tokens)
             self._insert(self._seq, epoch, rg_pos, doc, 0, tokens)
             self._seq += 1
 
@@ -275,7 +303,7 @@ class DistributedPackingLoader:
         while pos < cap:
             self._top_up()
             if not self._keys:
-                self.stats["tokens_tail"] += pos
+                self._stats["tokens_tail"] += pos
                 return False
             space = cap - pos
             i = bisect.bisect_right(self._keys, (space, float("inf"))) - 1
@@ -294,23 +322,93 @@ class DistributedPackingLoader:
                     self._insert(self._seq, epoch, rg_pos, doc, offset + space, tokens[space:])
                     self._seq += 1
                 else:
-                    self.stats["tokens_cropped"] += len(tokens) - space
+                    self._stats["tokens_cropped"] += len(tokens) - space
         return True
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> DistributedPackingLoader:
         return self
 
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _pack(self) -> np.ndarray | None:
+        """The next batch's (B, T+1) rows; None once the data ends (finite ``epochs``)."""
         B, T = self.batch_size, self.seq_len
         rows = np.empty((B, T + 1), dtype=np.int64)
         for b in range(B):
             if not self._fill_row(rows[b]):
-                self.stats["tokens_tail"] += b * (T + 1)
+                self._stats["tokens_tail"] += b * (T + 1)
+                return None
+        self._stats["batches"] += 1
+        self._stats["tokens_emitted"] += B * (T + 1)
+        return rows
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.prefetch:
+            rows = self._pack()
+            if rows is None:
                 raise StopIteration
-        self.stats["batches"] += 1
-        self.stats["tokens_emitted"] += B * (T + 1)
+            return self._to_device(rows)
+        if self._worker is None:
+            self._start_worker()
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            self._worker = None
+            raise item
+        if item is None:  # the data ended: the packing's own state is final now
+            self._worker.join()
+            self._worker, self._queue, self._seen = None, None, None
+            raise StopIteration
+        rows, self._seen = item
         return self._to_device(rows)
+
+    def _start_worker(self) -> None:
+        self._seen = self._snapshot()
+        self._queue = queue.Queue(maxsize=self.prefetch)
+        self._stop = threading.Event()
+        self._worker = threading.Thread(
+            target=self._work, args=(self._queue, self._stop), daemon=True, name="packing-loader"
+        )
+        self._worker.start()
+
+    def _snapshot(self) -> tuple[dict[str, Any], dict[str, int], int]:
+        return self._state_now(), dict(self._stats), self._epoch
+
+    def _work(self, q: queue.Queue, stop: threading.Event) -> None:
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        try:
+            while not stop.is_set():
+                rows = self._pack()
+                if rows is None:
+                    put(None)
+                    return
+                if not put((rows, self._snapshot())):
+                    return
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's next()
+            put(e)
+
+    def close(self) -> None:
+        """Stop the background packing (prefetch > 0); the state stays that of the last batch
+        returned, and the next batch starts the packing again from there."""
+        if self._worker is None:
+            return
+        self._stop.set()
+        self._worker.join()
+        self._worker, self._queue = None, None
+        state, _, _ = self._seen
+        self._seen = None
+        self.load_state_dict(state)  # rewind the packing to what the caller has seen
+
+    def __del__(self):
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
 
     def _to_device(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         B, T = self.batch_size, self.seq_len
@@ -338,6 +436,11 @@ class DistributedPackingLoader:
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Position after the last batch returned (see "Resuming" in the module docstring)."""
+        if self._seen is not None:
+            return copy.deepcopy(self._seen[0])
+        return self._state_now()
+
+    def _state_now(self) -> dict[str, Any]:
         rg = self.row_groups[min(self._rg_pos, len(self.row_groups) - 1)]
         buffer = [[seq, e, p, d, o] for seq, (e, p, d, o, _) in sorted(self._entries.items())]
         return {
@@ -353,10 +456,12 @@ class DistributedPackingLoader:
             "doc": self._doc,
             "seq": self._seq,
             "buffer": buffer,
-            "stats": dict(self.stats),
+            "stats": dict(self._stats),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._worker is not None:
+            self.close()
         if state.get("version") != STATE_VERSION:
             raise ValueError(
                 f"state: version must be {STATE_VERSION}, got {state.get('version')!r}"
@@ -381,7 +486,7 @@ class DistributedPackingLoader:
         self._epoch, self._rg_pos, self._doc = int(state["epoch"]), rg_pos, int(state["doc"])
         self._seq = int(state["seq"])
         self._exhausted = self.epochs is not None and self._epoch >= self.epochs
-        self.stats = dict(state["stats"])
+        self._stats = dict(state["stats"])
         self._keys, self._entries = [], {}
         by_rg: dict[int, list[list[int]]] = {}
         for ref in state["buffer"]:

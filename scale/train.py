@@ -122,6 +122,7 @@ RUNTIME_ARGS = (
     "log_every",
     "compile",
     "keep_checkpoints",
+    "final_checkpoint",
     "device_batch_size",
 )
 
@@ -344,7 +345,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="run folder name (default from preset, model, schedule, R, seed)",
     )
-    s.add_argument("--checkpoint-every", type=int, default=1000, help="0: only at the end")
+    s.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=1000,
+        help="every N steps and at the last one; 0: none (but --final-checkpoint, or the end of a "
+        "--stop-after segment, which --resume needs)",
+    )
+    s.add_argument(
+        "--final-checkpoint",
+        action="store_true",
+        help="write a checkpoint after the last step also with --checkpoint-every 0",
+    )
     s.add_argument("--keep-checkpoints", type=int, default=2)
     s.add_argument(
         "--resume", action="store_true", help="continue <out>/<name> from its newest checkpoint"
@@ -719,9 +731,7 @@ def _train(args, ctx: DistContext) -> Path | None:
         _log_step(run, args, ctx, setup, record, loop)
         final = loop.step == setup.plan.steps
         # the checkpoint first: an evaluation that fails or runs out of memory loses no training
-        if (
-            args.checkpoint_every and loop.step % args.checkpoint_every == 0
-        ) or loop.step == loop.stop:
+        if wants_checkpoint(args, loop.step, loop.stop, setup.plan.steps):
             _checkpoint(run, model, opts, data, ctx, args, loop)
         do_eval = final or (args.eval_every and loop.step % args.eval_every == 0)
         do_core = final or (args.core_every and loop.step % args.core_every == 0)
@@ -737,6 +747,15 @@ def _train(args, ctx: DistContext) -> Path | None:
         _write_summary(run, args, ctx, setup, data, loop)
     barrier(ctx)
     return run.path
+
+
+def wants_checkpoint(args, step: int, stop: int, total: int) -> bool:
+    """Whether to write a checkpoint after `step`: every --checkpoint-every steps and after the
+    last step of the segment; with --checkpoint-every 0 only where asked (--final-checkpoint) or
+    where a --stop-after segment ends before the run does (its --resume needs one)."""
+    if args.checkpoint_every:
+        return step % args.checkpoint_every == 0 or step == stop
+    return step == stop and (bool(getattr(args, "final_checkpoint", False)) or stop < total)
 
 
 def _setup(args, ctx: DistContext) -> Setup:

@@ -470,3 +470,36 @@ def test_no_grad_appends_grow_in_place_without_corrupting_branches():
     assert (b3.k[1] - chunked.k[1]).abs().max() < 1e-12 and (
         b3.mem - chunked.mem
     ).abs().max() < 1e-12
+
+
+@pytest.mark.slow
+def test_compile_study_layout_and_its_rule(tmp_path, monkeypatch, capsys):
+    """--compile-study (outside the default benchmark): per shape and model, eager and compiled
+    first-step and steady times, speed-up = eager / compiled median, the losses of the two equal
+    (same weights and batch), and the default rule applied to the smallest speed-up. Compiled
+    with the "eager" backend here, so the test takes seconds (the measurement uses inductor)."""
+    import functools
+
+    from lrt_lab.commands import bench
+
+    monkeypatch.setattr(
+        bench, "COMPILE_SHAPES", {"toy": bench.CompileShape("tiny", 64, 8, 2)}, raising=True
+    )
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    path = tmp_path / "compile.json"
+    args = ["--compile-study", "--repeats", "2", "--warmup", "1", "--json", str(path), "--quiet"]
+    assert bench.main(args) == 0
+    result = json.loads(path.read_text())
+    assert [(r["shape"], r["model"]) for r in result["rows"]] == [
+        ("toy", "transformer"),
+        ("toy", "lrt"),
+    ]
+    for r in result["rows"]:
+        cpu = r["step_cpu_s"]
+        assert r["speedup"] == pytest.approx(cpu["eager"] / cpu["compiled"])
+        assert r["max_abs_loss_diff"] < 1e-5 and set(r["first_step_s"]) == {"eager", "compiled"}
+    assert result["min_speedup"] == min(r["speedup"] for r in result["rows"])
+    assert result["compile_by_default"] == (result["min_speedup"] >= 1.3)
+    assert "speed-up" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="shapes"):
+        bench.run_compile_study(shapes=("nope",))

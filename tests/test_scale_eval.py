@@ -153,6 +153,102 @@ def test_sequential_bpb_equals_parallel_where_decoding_is_exact(memory):
         assert math.isfinite(one) and one != pytest.approx(cont, abs=1e-12)
 
 
+def per_token_sequential_nats(model, batches, token_bytes, prompt_len=0, prefill=None):
+    """The reference: one Decoder per batch, one step per position, every (B, V) logits row kept
+    and scored at the end (what sequential_bpb did before it batched)."""
+    from lrt_lab.run.decode import Decoder
+
+    nats = nbytes = 0.0
+    with torch.no_grad():
+        for inputs, targets in batches:
+            B, T = inputs.shape
+            dec = Decoder(model, B, T)
+            logits = []
+            if prompt_len:
+                logits.append(dec.prefill(inputs[:, :prompt_len], prefill))
+            for t in range(prompt_len, T):
+                logits.append(dec.step(inputs[:, t]))
+            first = max(prompt_len - 1, 0)
+            logp = torch.stack(logits, 1).log_softmax(-1)
+            tgt = targets[:, first:]
+            per = -logp.gather(-1, tgt[..., None])[..., 0]
+            w = token_bytes[tgt]
+            nats += float((per * (w > 0)).sum())
+            nbytes += float(w.sum())
+    return nats, nbytes
+
+
+@pytest.mark.parametrize("memory", [None, MemoryConfig()], ids=["transformer", "lrt"])
+@pytest.mark.parametrize("prompt_len,prefill", [(0, None), (6, "interleaved:2"), (5, "exact")])
+@pytest.mark.parametrize("max_rows", [None, 3])
+def test_batched_sequential_bpb_equals_the_per_token_loop(memory, prompt_len, prefill, max_rows):
+    """Rows of several batches decoded together (up to max_rows), and a memory-less model scored
+    in one causal pass: the same nats and bytes as one decoder per batch stepping every position,
+    in float64."""
+    torch.manual_seed(0)
+    model = LRT(preset("tiny", memory=memory)).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    batches = [_data(B=B, seed=s)[0][0] for B, s in ((2, 0), (3, 1), (1, 2))]
+    tb = _data(seed=3)[1]
+    nats, nbytes = per_token_sequential_nats(model, batches, tb, prompt_len, prefill)
+    res = ev.sequential_bpb(model, batches, tb, prompt_len, prefill, max_rows=max_rows)
+    assert res["nats"] == pytest.approx(nats, rel=1e-12, abs=1e-12)
+    assert res["bytes"] == nbytes and res["tokens"] == 6 * (16 - max(prompt_len - 1, 0))
+    assert nats > 0 and res["bpb"] == pytest.approx(nats / nbytes / math.log(2), rel=1e-12)
+
+
+def test_decode_groups_concatenate_rows_of_one_length():
+    rows = [torch.full((b, t), i) for i, (b, t) in enumerate([(2, 4), (2, 4), (1, 4), (2, 5)])]
+    got = [x for x, _ in ev._decode_groups([(r, r) for r in rows], 4)]
+    assert [tuple(x.shape) for x in got] == [(4, 4), (1, 4), (2, 5)]
+    assert got[0][:, 0].tolist() == [0, 0, 1, 1]
+    assert [tuple(x.shape) for x, _ in ev._decode_groups([(r, r) for r in rows], None)] == [
+        (5, 4),
+        (2, 5),
+    ]
+
+
+def test_bucket_sizes():
+    assert [ev.bucket(n) for n in (1, 2, 3, 4, 5, 9)] == [1, 2, 4, 4, 8, 16]
+    assert [ev.bucket(n, 64, 300) for n in (1, 64, 65, 200, 256, 257, 300, 301)] == [
+        64,
+        64,
+        128,
+        256,
+        256,
+        300,
+        300,
+        301,
+    ]
+
+
+@pytest.mark.parametrize("spec", ["onepass", "interleaved:2", "chunked:5", "exact", "rollout:1"])
+def test_core_forward_pads_to_few_shapes_and_changes_no_logit(spec):
+    """CORE's forward pads every item to bucketed (rows, length) shapes, so a compiled stage sees a
+    handful of shapes, not one per item; the logits of the real rows and positions are those of the
+    unpadded forward (float64; causal schedules read nothing to their right)."""
+    torch.manual_seed(0)
+    model = LRT(preset("tiny", memory=MemoryConfig(), sequence_len=128)).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    seen = []
+    inner = ev.model_forward(model, spec, pad=False)
+    padded = ev.padded_forward(lambda ids: seen.append(tuple(ids.shape)) or inner(ids), 128)
+    g = torch.Generator().manual_seed(1)
+    for B, T in ((1, 5), (2, 17), (3, 40), (4, 64), (5, 70), (2, 100), (1, 128)):
+        ids = torch.randint(64, (B, T), generator=g)
+        want = inner(ids)
+        got = padded(ids)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    assert set(seen) <= {(r, n) for r in (1, 2, 4, 8) for n in (64, 128)}
+    assert ev.model_forward(model, spec).__name__ == "run"  # padded
+    assert ev.model_forward(model, "fixedpoint:0.1:4").__name__ == "forward"  # run as given
+
+
 def test_interleaved_stage_bpb():
     """Stage 0 of Interleaved is the init pass (zero memory) == OnePass; merged == final logits."""
     torch.manual_seed(1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import email
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -255,6 +256,54 @@ def test_resume_with_real_tokenizer(corpus):
     assert all(row[0] == tok.bos_token_id for row in reference)
     text = tok.decode(reference[0][1:])
     assert text.split("<|bos|>")[0] in "".join(docs)  # real text comes out
+
+
+@pytest.mark.parametrize("remainder", ["drop", "carry"])
+def test_prefetching_gives_the_same_batches_states_and_resume(corpus, remainder):
+    """prefetch=2 packs ahead in a thread: the same batches as the synchronous loader, and after
+    each batch the same state_dict, stats and epoch (those of the batch returned, not of the ones
+    packed ahead); a resume from its state continues as the synchronous loader does."""
+    sync = make(corpus, remainder=remainder)
+    ahead = make(corpus, remainder=remainder, prefetch=2)
+    assert ahead.state_dict() == sync.state_dict()
+    for _ in range(25):  # past an epoch (80 docs)
+        a, b = next(sync), next(ahead)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        assert ahead.state_dict() == sync.state_dict()
+        assert ahead.stats == sync.stats and ahead.epoch == sync.epoch
+    for _ in range(500):  # the thread packs ahead while nothing is asked of it
+        if ahead._queue.qsize() == 2:
+            break
+        time.sleep(0.01)
+    assert ahead._queue.qsize() == 2 and ahead.state_dict() == sync.state_dict()
+    state = ahead.state_dict()
+    ahead.close()
+    assert ahead.state_dict() == state  # closing rewinds the packing to what was returned
+    resumed = make(corpus, remainder=remainder, prefetch=1, state=state)
+    after_close = next(ahead)
+    want = next(sync)
+    for got in (next(resumed), after_close):
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    ahead.close()
+    resumed.close()
+
+
+def test_prefetching_ends_and_raises_like_the_synchronous_loader(corpus):
+    sync, ahead = make(corpus, epochs=1), make(corpus, epochs=1, prefetch=3)
+    assert len(list(sync)) == len(list(ahead)) > 0
+    assert ahead.stats == sync.stats  # the tail of the last, incomplete batch counted too
+    with pytest.raises(StopIteration):
+        next(ahead)
+
+    class Broken(IdTokenizer):
+        def encode_batch(self, texts, prepend_bos=False, num_threads=1):
+            raise RuntimeError("tokenizer failed")
+
+    broken = make(corpus, prefetch=2, tokenizer=Broken(corpus[1]))
+    with pytest.raises(RuntimeError, match="tokenizer failed"):
+        next(broken)
+    with pytest.raises(ValueError, match="prefetch"):
+        make(corpus, prefetch=-1)
 
 
 def test_state_before_iterating_and_at_end(corpus):

@@ -7,6 +7,7 @@ Tiny models only (preset "tiny", T = 16 or 32), one thread per process.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -63,8 +64,11 @@ def test_flops_hand_count_tiny():
     assert counts["matmul_baseline"] == base and counts["matmul"] == lrt
     assert counts["embedding"] == V * d + L * V * kv  # wte + value embeddings
     assert counts["baseline"] == LRT(preset("tiny")).param_report()["total"]
-    assert fl.attention_flops_per_position(cfg) == attn
-    assert fl.forward_flops_per_position(cfg) == 2 * lrt + attn == 54528
+    assert fl.attention_flops_per_position(cfg, causal=False) == attn
+    assert fl.forward_flops_per_position(cfg, causal=False) == 2 * lrt + attn == 54528
+    # causal: query t sees min(t + 1, w) keys; window 4 over T=16: (1+2+3+4*13)/16, full: 17/2
+    causal_attn = 4 * (4 * 8) * (58 / 16) + 4 * (4 * 8) * (17 / 2)
+    assert causal_attn == 1552 and fl.attention_flops_per_position(cfg) == causal_attn
     expected = {
         "onepass": 1,
         "interleaved:2": 2,
@@ -75,12 +79,35 @@ def test_flops_hand_count_tiny():
     }
     for spec, forwards in expected.items():
         assert parse_schedule(spec).forwards(LRT(cfg), T) == (forwards, 0.0)
-        assert fl.train_flops_per_token(cfg, spec) == 3 * (2 * lrt + attn) * forwards
-    assert fl.train_flops_per_token(cfg, "interleaved:2") == 327168
-    assert fl.official_flops_per_token(cfg) == 163584  # the one-pass count: half of the real cost
+        assert fl.train_flops_per_token(cfg, spec, causal=False) == 3 * (2 * lrt + attn) * forwards
+        assert fl.train_flops_per_token(cfg, spec) == 3 * (2 * lrt + causal_attn) * forwards
+    assert fl.train_flops_per_token(cfg, "interleaved:2", causal=False) == 327168
+    # the one-pass count: half of the real cost
+    assert fl.official_flops_per_token(cfg, causal=False) == 163584
 
     layerwise = fl.count_params(preset("tiny", memory=MemoryConfig(projections="layerwise")))
     assert layerwise["matmul"] == base + L * rec + gates
+
+
+@pytest.mark.parametrize("window", [None, 1, 3, 5, 16, 40])
+@pytest.mark.parametrize("T", [1, 7, 16])
+def test_causal_attention_flops_count_the_visible_pairs(T, window):
+    """The causal attention term equals 4 h q x (query, key) pairs a causal mask lets through,
+    counted one by one, over T; the non-causal term charges every query min(w, T) keys."""
+    pairs = sum(
+        1 for t in range(T) for j in range(T) if j <= t and (window is None or t - j < window)
+    )
+    assert fl.mean_visible_keys(T, window) * T == pytest.approx(pairs, abs=1e-9)
+    assert fl.mean_visible_keys(T, window, causal=False) == (
+        T if window is None else min(window, T)
+    )
+    cfg = preset("tiny", window_pattern="S", sequence_len=T, short_window=window or T)
+    hq = cfg.n_head * cfg.head_dim
+    seen = [
+        sum(1 for t in range(T) for j in range(T) if j <= t and (w is None or t - j < w))
+        for w in cfg.window_sizes()
+    ]
+    assert fl.attention_flops_per_position(cfg) == pytest.approx(4 * hq * sum(seen) / T)
 
 
 def test_plan_counts_tokens_from_the_baseline():
@@ -93,8 +120,13 @@ def test_plan_counts_tokens_from_the_baseline():
     assert p_lrt.tokens == p_base.tokens == p_lrt.steps * 256
     assert p_base.compute_ratio == pytest.approx(p_base.ratio)
     # LRT at R costs about a baseline at 2R (exactly 2R x its forward / the baseline's forward)
-    assert p_lrt.compute_ratio == pytest.approx(2 * p_lrt.ratio * 54528 / (2 * 24704 + 2560))
-    assert p_lrt.undercount == 2
+    causal_attn = 1552  # test_flops_hand_count_tiny
+    assert p_lrt.compute_ratio == pytest.approx(
+        2 * p_lrt.ratio * (2 * 25984 + causal_attn) / (2 * 24704 + causal_attn)
+    )
+    assert p_lrt.undercount == 2 and p_lrt.attention == "causal"
+    flat = fl.plan(cfg_lrt, "interleaved:2", ratio=10, global_batch_tokens=256, causal=False)
+    assert flat.compute_ratio == pytest.approx(2 * flat.ratio * 54528 / (2 * 24704 + 2560))
     assert fl.plan(cfg_lrt, "exact", steps=7, global_batch_tokens=256).tokens == 7 * 256
     assert fl.plan(cfg_lrt, tokens=1000, global_batch_tokens=256).steps == 4
     with pytest.raises(ValueError, match="exactly one"):
@@ -257,6 +289,30 @@ def final_state(run_dir) -> dict:
 
 def train_losses(run_dir) -> list[float]:
     return [r["loss"] for r in Run(run_dir).metrics_records() if r["kind"] == "train"]
+
+
+def test_checkpoint_every_zero_writes_none_unless_asked(tmp_path):
+    """--checkpoint-every 0: no checkpoint at all (a d12 one is ~5 GB), one after the last step
+    with --final-checkpoint; the default writes one at the end."""
+    for name, extra, written in (
+        ("none", ("--checkpoint-every", "0"), 0),
+        ("asked", ("--checkpoint-every", "0", "--final-checkpoint"), 1),
+        ("default", (), 1),
+    ):
+        st.train(st.parse_args(synthetic_args(tmp_path, name, "--steps", "2", *extra)))
+        assert len(list(Run(tmp_path / name).checkpoint_dir().glob("*.pt"))) == written, name
+        assert Run(tmp_path / name).summary  # the run completed either way
+
+
+def test_checkpoint_schedule():
+    def steps(every, final, stop, total):
+        args = argparse.Namespace(checkpoint_every=every, final_checkpoint=final)
+        return [s for s in range(1, stop + 1) if st.wants_checkpoint(args, s, stop, total)]
+
+    assert steps(3, False, 7, 7) == [3, 6, 7]
+    assert steps(0, False, 7, 7) == []
+    assert steps(0, True, 7, 7) == [7]
+    assert steps(0, False, 4, 7) == [4]  # a --stop-after segment: its --resume needs it
 
 
 def test_cli_validation(tmp_path):

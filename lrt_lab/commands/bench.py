@@ -979,8 +979,174 @@ def replace_table(page: str, table: str) -> str:
 
 # Command line
 # --------------------------------------------------------------------------------------
+# torch.compile on CPU (--compile-study)
+# -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CompileShape:
+    """A study's training shape for the compile measurement."""
+
+    preset: str
+    vocab_size: int
+    seq_len: int
+    batch_size: int
+
+
+COMPILE_SHAPES: dict[str, CompileShape] = {
+    # experiments/a5_study.toml: depth 4, d = 128, A5 (60 symbols), length 16, batch 256
+    "a5_study": CompileShape("small", 60, 16, 256),
+    # experiments/scaling_pilot.toml: the same backbone on bytes, length 256, batch 16
+    "scaling_miniature": CompileShape("small", 256, 256, 16),
+}
+COMPILE_CASES = (("transformer", None, OnePass()), ("lrt", MemoryConfig(), Interleaved(2)))
+COMPILE_GAIN_FOR_DEFAULT = 1.3  # steady eager/compiled speed-up that would make sweeps compile
+
+
+def _compile_case(shape: CompileShape, memory, schedule, compiled: bool, seed: int):
+    """A training step (forward, backward, optimizer) of one model at `shape`; compiled, the stage
+    primitive under inductor with static shapes, as `lrt_scale.train --compile` and this
+    benchmark's --compile compile it (with automatic dynamic shapes, an Interleaved(2) stage's
+    second position set would trace its length symbolically, which the memory read refuses)."""
+    torch.manual_seed(seed)
+    cfg = model_preset(
+        shape.preset, memory=memory, sequence_len=shape.seq_len, vocab_size=shape.vocab_size
+    )
+    model = LRT(cfg)
+    if compiled:
+        model.stage = torch.compile(model.stage, dynamic=False)
+    opts = _optimizers(model, "cpu")
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(shape.vocab_size, (shape.batch_size, shape.seq_len + 1), generator=g)
+
+    def step():
+        out = run_schedule(model, idx[:, :-1], idx[:, 1:], schedule)
+        out.loss.backward()
+        optimizer_step(opts, model.parameters())
+        return out.loss.item()
+
+    return step
+
+
+def run_compile_study(
+    shapes=None,
+    repeats: int = 5,
+    warmup: int = 2,
+    seed: int = 0,
+    threads: int | None = 1,
+    log=lambda msg: None,
+) -> dict:
+    """torch.compile (inductor) against eager on CPU, per study shape and model: the first step's
+    wall time (mostly compiling) and the steady step time after `warmup` steps, eager and compiled
+    steps alternating (`repeats` each) so a shared machine's drift hits both alike. Step times are
+    this process's CPU seconds (with one thread, what other processes on the machine do not
+    inflate) and wall seconds; `speedup` = eager / compiled median CPU seconds. shapes: names of
+    COMPILE_SHAPES (default: all)."""
+    shapes = tuple(COMPILE_SHAPES) if shapes is None else tuple(shapes)
+    for name in shapes:
+        if name not in COMPILE_SHAPES:
+            _fail("shapes", name, f"one of {', '.join(COMPILE_SHAPES)}")
+    _int_or_default("repeats", repeats, 1, 1)
+    _int_or_default("warmup", warmup, 0, 0)
+    saved = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    rows = []
+    try:
+        for name in shapes:
+            shape = COMPILE_SHAPES[name]
+            for kind, memory, schedule in COMPILE_CASES:
+                steps = {}
+                first = {}
+                for mode in ("eager", "compiled"):
+                    steps[mode] = _compile_case(shape, memory, schedule, mode == "compiled", seed)
+                    t = time.perf_counter()
+                    steps[mode]()
+                    first[mode] = time.perf_counter() - t
+                    log(f"  {name} {kind} {mode}: first step {first[mode]:.1f} s")
+                for mode in steps:
+                    for _ in range(warmup):
+                        steps[mode]()
+                cpu = {"eager": [], "compiled": []}
+                wall = {"eager": [], "compiled": []}
+                losses = {"eager": [], "compiled": []}
+                for _ in range(repeats):
+                    for mode in ("eager", "compiled"):
+                        c, w = time.process_time(), time.perf_counter()
+                        losses[mode].append(steps[mode]())
+                        cpu[mode].append(time.process_time() - c)
+                        wall[mode].append(time.perf_counter() - w)
+                med = {m: statistics.median(v) for m, v in cpu.items()}
+                row = {
+                    "shape": name,
+                    **dataclasses.asdict(shape),
+                    "model": kind,
+                    "schedule": schedule.spec,
+                    "first_step_s": first,
+                    "step_cpu_s": med,
+                    "step_wall_s": {m: statistics.median(v) for m, v in wall.items()},
+                    "steps_per_s": {m: 1 / v for m, v in med.items()},
+                    "speedup": med["eager"] / med["compiled"],
+                    "max_abs_loss_diff": max(
+                        abs(a - b) for a, b in zip(losses["eager"], losses["compiled"])
+                    ),
+                }
+                rows.append(row)
+                log(f"  {name} {kind}: compiled {row['speedup']:.2f}x eager (steady)")
+    finally:
+        torch.set_num_threads(saved)
+    gains = [r["speedup"] for r in rows]
+    return {
+        "kind": "compile_study",
+        "torch": torch.__version__,
+        "machine": _machine("cpu"),
+        "threads": threads,
+        "repeats": repeats,
+        "warmup": warmup,
+        "rows": rows,
+        "min_speedup": min(gains),
+        "compile_by_default": min(gains) >= COMPILE_GAIN_FOR_DEFAULT,
+        "rule": f"sweeps compile by default if every steady speed-up >= "
+        f"{COMPILE_GAIN_FOR_DEFAULT}x",
+    }
+
+
+def format_compile_table(result: dict) -> str:
+    lines = [
+        f"torch.compile (inductor) vs eager on CPU, {result['threads']} thread(s), "
+        f"{result['repeats']} alternating steps each after {result['warmup']} warm-up",
+        f"{'shape':<18} {'model':<12} {'first eager':>11} {'first comp.':>11} "
+        f"{'eager ms':>9} {'comp. ms':>9} {'speed-up':>8}",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"{r['shape']:<18} {r['model']:<12} {r['first_step_s']['eager']:>10.2f}s "
+            f"{r['first_step_s']['compiled']:>10.1f}s {r['step_cpu_s']['eager'] * 1e3:>9.1f} "
+            f"{r['step_cpu_s']['compiled'] * 1e3:>9.1f} {r['speedup']:>7.2f}x"
+        )
+    verdict = "yes" if result["compile_by_default"] else "no"
+    lines.append(f"{result['rule']}: {verdict} (smallest {result['min_speedup']:.2f}x)")
+    return "\n".join(lines)
+
+
 def run(args) -> int:
     """Run from parsed arguments: print the table, write --json; returns the exit code."""
+    if getattr(args, "compile_study", False):
+        try:
+            result = run_compile_study(
+                repeats=args.repeats or 5,
+                warmup=2 if args.warmup is None else args.warmup,
+                seed=args.seed,
+                threads=args.threads or 1,
+                log=(lambda m: None)
+                if args.quiet
+                else (lambda m: print(m, file=sys.stderr, flush=True)),
+            )
+        except ValueError as e:
+            print(f"lrt-lab bench: error: {e}", file=sys.stderr)
+            return 2
+        print(format_compile_table(result))
+        if args.json:
+            _write_json(result, args.json)
+        return 0
     try:
         load_plugins(getattr(args, "plugin", None))  # before the spellings they register are read
         run_bench(

@@ -135,6 +135,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="import a Python file or module first, so the schedules it registers can be named "
         "in --schedules; repeatable (docs/extending.md)",
     )
+    parser.add_argument(
+        "--compile-study",
+        action="store_true",
+        help="instead of the benchmark: torch.compile (inductor) against eager on CPU at the A5 "
+        "study and scaling-miniature shapes, first step and steady step (minutes; "
+        "--repeats, --warmup, --threads and --json apply)",
+    )
 
 
 class Parser(argparse.ArgumentParser):
