@@ -181,6 +181,58 @@ def test_a_claim_of_a_dead_process_or_without_heartbeat_is_taken_over(tmp_path):
     claim.release()
 
 
+def test_a_claim_its_owner_is_still_writing_is_not_taken_over(tmp_path):
+    """An empty or unreadable claim that is fresh may be its owner's, mid-write: not stale until
+    its heartbeat is STALE_S old."""
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / claims.CLAIM).write_text("")
+    with pytest.raises(claims.RunClaimedError, match="unknown owner"):
+        claims.acquire(run)
+    assert (run / claims.CLAIM).read_text() == ""  # untouched
+    old = time.time() - claims.STALE_S - 5
+    os.utime(run / claims.CLAIM, (old, old))
+    with pytest.warns(UserWarning, match="taking over a stale claim"):
+        claims.acquire(run).release()
+
+
+def test_two_claimants_of_one_folder_get_one_claim(tmp_path, monkeypatch):
+    """The first claimant is slow to write its owner (held 0.3 s where it builds it); a second one
+    that tries meanwhile must not get the folder too: exactly one of the two holds it."""
+    import threading
+
+    run = tmp_path / "r"
+    run.mkdir()
+    real_owner, calls = claims._owner, []
+
+    def slow_first_owner():
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(0.3)
+        return real_owner()
+
+    monkeypatch.setattr(claims, "_owner", slow_first_owner)
+    held, refused = [], []
+
+    def claim():
+        try:
+            held.append(claims.acquire(run))
+        except claims.RunClaimedError as e:
+            refused.append(e)
+
+    first = threading.Thread(target=claim)
+    first.start()
+    time.sleep(0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the old fault: a takeover warning, then two holders
+        claim()
+    first.join()
+    assert len(held) == 1 and len(refused) == 1, (held, refused)
+    held[0].release()
+    assert not (run / claims.CLAIM).exists()
+    assert [p.name for p in run.iterdir()] == []  # no temporary file left
+
+
 def test_the_heartbeat_keeps_a_claim_fresh(tmp_path):
     run = tmp_path / "r"
     run.mkdir()
