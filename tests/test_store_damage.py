@@ -91,6 +91,7 @@ def _dir_in_place(path: Path):
 
 
 DEEP = b"[" * 100_000 + b"]" * 100_000  # deeper than Python's recursion limit
+HUGE = b"7" * 5000  # an integer of more digits than json.loads converts
 
 # damage name -> (function of the run folder, the file it damages)
 DAMAGE = {
@@ -140,6 +141,24 @@ DAMAGE = {
         lambda d: _rewrite_json(d / "summary.json", lambda o: o.update(steps=True)),
         "summary.json",
     ),
+    # more digits than Python converts to an int (sys.get_int_max_str_digits(): 4300)
+    "summary.json a 5000-digit integer": (
+        lambda d: (d / "summary.json").write_bytes(
+            b'{"status": "complete", "steps": ' + HUGE + b"}"
+        ),
+        "summary.json",
+    ),
+    # an integer no float holds (the report's statistics overflowed on it)
+    "summary eval a 400-digit integer": (
+        lambda d: (d / "summary.json").write_bytes(
+            b'{"status": "complete", "eval": {"pos90_exact@8": ' + b"9" * 400 + b"}}"
+        ),
+        "summary.json",
+    ),
+    "config.json a 5000-digit integer": (
+        lambda d: (d / "config.json").write_bytes(b'{"train": {"seed": ' + HUGE + b"}}"),
+        "config.json",
+    ),
 }
 # metrics.jsonl damage: the run stays listed; its unreadable lines are dropped and counted
 METRICS_DAMAGE = {
@@ -155,6 +174,9 @@ METRICS_DAMAGE = {
         p.read_bytes() + b'{"kind": "train", "step": 4, "loss": "x"}\n'
     ),
     "cut last line": lambda p: p.write_bytes(p.read_bytes() + b'{"kind": "train", "st'),
+    "a 5000-digit integer": lambda p: p.write_bytes(
+        p.read_bytes() + b'{"kind": "train", "step": 4, "loss": ' + HUGE + b"}\n"
+    ),
 }
 
 
@@ -400,6 +422,20 @@ def test_resume_falls_back_to_the_older_checkpoint_and_removes_temp_files(tmp_pa
     # the steps after the fallback are the uninterrupted run's steps (same data, same state)
     ref = load_metrics(reference, kind="train")["loss"].tolist()
     assert load_metrics(resumed, kind="train")["loss"].tolist() == pytest.approx(ref, rel=1e-5)
+
+
+def test_resume_drops_a_metrics_line_holding_an_oversized_number(tmp_path, capsys):
+    """A metrics line with a 5000-digit integer is a damaged line, not a damaged run: --resume
+    continues, and the run ends with every step logged once."""
+    cfg = tiny_train_config(steps=6, checkpoint_every=3, name="r")
+    run = train(cfg, out=tmp_path, progress=False, stop_after=4)  # checkpoints at 3, 4
+    with open(run.path / "metrics.jsonl", "ab") as f:
+        f.write(b'{"kind": "train", "step": 5, "loss": ' + HUGE + b"}\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        train(cfg, out=tmp_path, resume=True, progress=False)
+    assert run.is_complete
+    assert load_metrics(run, kind="train")["step"].tolist() == list(range(1, 7))
 
 
 def test_resume_with_no_readable_checkpoint_fails_and_deletes_nothing(tmp_path):
