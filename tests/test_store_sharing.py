@@ -468,7 +468,12 @@ def test_floats_are_checked_in_the_dtype_they_are_used_in(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "flag, value",
-    [("--length", "100000"), ("--batch-size", "1000000"), ("--eval-lengths", "100000")],
+    [
+        ("--length", "100000"),
+        ("--batch-size", "1000000"),
+        ("--eval-lengths", "100000"),
+        ("--eval-size", "1000000000"),  # the evaluation sets, built whole before training
+    ],
 )
 def test_requests_that_cannot_fit_in_memory_are_refused_up_front(tmp_path, capsys, flag, value):
     args = dict(zip(TINY[0:-1:2], TINY[1:-1:2]))
@@ -477,6 +482,7 @@ def test_requests_that_cannot_fit_in_memory_are_refused_up_front(tmp_path, capsy
     code = main(["train", "--task", "a5_prefix", *flat, "--quiet", "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and "memory" in err and flag.lstrip("-").replace("-", "_") in err, err
+    assert err.startswith("lrt-lab: error:") and err.count("\n") == 1, err
     assert not list(tmp_path.iterdir())
 
 
