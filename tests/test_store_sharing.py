@@ -466,6 +466,52 @@ def test_floats_are_checked_in_the_dtype_they_are_used_in(tmp_path, capsys):
     assert not list(tmp_path.iterdir())  # refused before any folder was made
 
 
+def _float_fields():
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(TrainConfig)
+    return [
+        f.name
+        for f in dataclasses.fields(TrainConfig)
+        if float in (typing.get_args(hints[f.name]) or (hints[f.name],))
+    ]
+
+
+@pytest.mark.parametrize("name", _float_fields())
+def test_every_float_option_beyond_float32_is_refused_by_name(name):
+    """Every float field of a run, read from TrainConfig's own annotations (so a new one is
+    covered): 1e39 is finite as a Python float but not as the float32 training computes in."""
+    bounded = {"warmdown_frac": 1}  # a fraction: its own range refuses 1e39 already
+    with pytest.raises(ValueError, match=rf"^{name}=1e\+39 is invalid; allowed: .*") as err:
+        TrainConfig(device="cpu", **{name: 1e39})
+    assert name in bounded or "float32" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "flag, value", [("--lr-scale", "1e39"), ("--lr-scale", "1e36"), ("--tokens-per-param", "1e39")]
+)
+def test_a_float_option_whose_rates_overflow_float32_is_refused_up_front(
+    tmp_path, capsys, flag, value
+):
+    """--lr-scale 1e39 used to fail at step 1 (exit 1, a run folder left); 1e36 passes the field's
+    own bound but makes the embedding rate ~1e35 x (d/768)^-1/2, x5 in AdamW's first step."""
+    args = ["train", "--task", "a5_prefix", *TINY, "--steps", "2", flag, value]
+    code = main([*args, "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("lrt-lab: error: ") and err.count("\n") == 1, err
+    assert flag.lstrip("-").replace("-", "_") in err and "float32" in err, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_sweep_spec_rate_beyond_float32_is_refused_before_anything_is_written(tmp_path, capsys):
+    args = sweep_args(tmp_path, spec(steps=4, seeds=(0,), matrix_lr=1e39))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "matrix_lr" in err and "float32" in err, err
+    assert not (tmp_path / "store").exists()
+
+
 @pytest.mark.parametrize(
     "flag, value",
     [
