@@ -77,8 +77,8 @@ def check_memory_fits(cfg, config: ModelConfig, schedule, fraction: float = 0.8)
             cfg.length if cfg.length**2 > cfg.batch_size * cfg.length else cfg.batch_size,
             f"a size that fits in memory: length={cfg.length} with batch_size={cfg.batch_size} "
             "needs about "
-            f"{gib(need['train'] + shared)} for training (estimate), this device has {gib(have)}; lower "
-            "length or batch_size",
+            f"{gib(need['train'] + shared)} for training (estimate), this device has "
+            f"{gib(have)}; lower length or batch_size",
         )
     if need["eval"] + shared > fraction * have:
         fail(
