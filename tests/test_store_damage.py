@@ -465,3 +465,97 @@ def test_a_failed_checkpoint_write_leaves_no_temp_file(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         save_checkpoint(run, 1, model, [], torch.Generator(), 0.0, {})
     assert list((run.path / "checkpoints").iterdir()) == []
+
+
+# Checkpoints: only tensors and plain values, only the run's own, with the run's permissions ------
+class _RunsCode:
+    """Unpickling this calls os.makedirs(marker): what a crafted checkpoint could do instead."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return (os.makedirs, (self.marker,))
+
+
+def _crafted_checkpoint(run: Run, marker: Path) -> Path:
+    """The newest checkpoint, rewritten with a value that runs code when it is unpickled."""
+    import torch
+
+    newest = run.checkpoints()[-1]
+    state = torch.load(newest, weights_only=True)
+    state["payload"] = _RunsCode(marker)
+    torch.save(state, newest)
+    return newest
+
+
+def test_resume_refuses_a_checkpoint_that_would_run_code_and_runs_none(tmp_path, capsys):
+    args = TRAIN + ["--out", str(tmp_path / "store"), "--name", "r"]
+    assert main(args) == 0
+    run = Run(tmp_path / "store" / "r")
+    (run.path / "summary.json").unlink()  # as if it had not finished: --resume loads a checkpoint
+    crafted = _crafted_checkpoint(run, tmp_path / "ran")
+    capsys.readouterr()
+    code = main([*args, "--resume"])
+    err = capsys.readouterr().err
+    assert not (tmp_path / "ran").exists()  # nothing was unpickled but tensors and plain values
+    assert code == 2 and err.count("\n") == 1 and err.startswith("lrt-lab: error: --resume:")
+    assert crafted.name in err and "could run code" in err, err
+    assert crafted.exists()  # refused, not deleted: the user decides
+
+
+def test_analysis_refuses_a_checkpoint_that_would_run_code(tmp_path):
+    from lrt_lab.analysis.loading import load_model
+
+    run = train(tiny(steps=2), out=tmp_path, progress=False)
+    assert load_model(run).training is False  # a genuine checkpoint loads
+    _crafted_checkpoint(run, tmp_path / "ran")
+    with pytest.raises(ValueError, match="could run code"):
+        load_model(run)
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_checkpoint_of_another_run_is_refused(tmp_path):
+    """A 12-step run's checkpoint copied into an 8-step run of the same shapes used to be
+    restored: the run ended "complete" with an evaluation at step 12."""
+    import shutil
+
+    other = train(tiny(steps=12, name="other"), out=tmp_path, progress=False)
+    run = train(tiny(), out=tmp_path, progress=False, stop_after=4)
+    shutil.copy(other.checkpoints()[-1], run.checkpoint_dir() / "step_0000005.pt")
+    with pytest.raises(ValueError, match="belongs to run 'other', not 'r'"):
+        train(tiny(), out=tmp_path, resume=True, progress=False)
+    assert not run.is_complete and load_metrics(run, kind="train")["step"].max() == 4
+
+
+def test_a_checkpoint_from_before_owners_were_recorded_still_resumes_unless_past_the_end(tmp_path):
+    import torch
+
+    run = train(tiny(), out=tmp_path, progress=False, stop_after=4)
+    newest = run.checkpoints()[-1]
+    state = torch.load(newest, weights_only=True)
+    del state["owner"]
+    torch.save(state, newest)
+    resumed = train(tiny(), out=tmp_path, resume=True, progress=False)
+    assert resumed.is_complete
+    state["step"] = 99  # past the run's 8 steps: not this run's
+    torch.save(state, run.checkpoint_dir() / "step_0000099.pt")
+    (run.path / "summary.json").unlink()
+    with pytest.raises(ValueError, match="past this run's last"):
+        train(tiny(), out=tmp_path, resume=True, progress=False)
+
+
+def test_checkpoints_and_rewritten_metrics_follow_the_umask(tmp_path):
+    import os
+
+    old = os.umask(0o027)
+    try:
+        run = train(tiny(), out=tmp_path, progress=False, stop_after=4)
+        train(tiny(), out=tmp_path, resume=True, progress=False)  # rewrites metrics.jsonl
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in run.checkpoints()}
+    assert modes and set(modes.values()) == {0o640}, modes
+    assert (run.path / "metrics.jsonl").stat().st_mode & 0o777 == 0o640

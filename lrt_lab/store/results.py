@@ -348,6 +348,7 @@ class Run:
         """Keep only records with step <= last_step (resume from a checkpoint at last_step)."""
         keep = [r for r in self.metrics_records() if r.get("step", -1) <= last_step]
         fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".metrics.", suffix=".tmp")
+        respect_umask(tmp)
         with os.fdopen(fd, "w") as f:
             for r in keep:
                 f.write(json.dumps(r, sort_keys=True) + "\n")
