@@ -431,7 +431,8 @@ def build_parser() -> Parser:
         "--threads-per-run",
         type=int,
         default=None,
-        help="CPU threads of each run with --workers (default: cores / workers)",
+        help="CPU threads of each run, in this process too (default: with --workers, cores / "
+        "workers; else the free cores, as train takes them)",
     )
     p.add_argument(
         "--gpus-per-run", type=float, default=0.0, help="GPUs each run asks Ray for (e.g. 1)"
