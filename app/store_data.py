@@ -86,6 +86,37 @@ def default_runs_dir(argv=None, environ=None, cwd=None) -> str:
     return COMMITTED_STORE
 
 
+ROOTS_ENV = "LRT_APP_ROOTS"  # more folders the sidebar may open, os.pathsep-separated
+
+
+def allowed_roots(argv=None, environ=None, cwd=None) -> list[Path]:
+    """The folders the sidebar's store path may name (resolved): the store the dashboard was
+    started on (default_runs_dir), every `-- --allow-root DIR`, and those in $LRT_APP_ROOTS. A
+    visitor cannot read anything else of the machine through it, such as the folder list of `/`."""
+    environ = os.environ if environ is None else environ
+    cwd = Path.cwd() if cwd is None else Path(cwd)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--allow-root", action="append", default=[])
+    try:
+        args, _ = parser.parse_known_args(argv)
+    except SystemExit:
+        args = argparse.Namespace(allow_root=[])
+    extra = [r for r in environ.get(ROOTS_ENV, "").split(os.pathsep) if r]
+    start = default_runs_dir(argv, environ, cwd)
+    return [(cwd / Path(r).expanduser()).resolve() for r in [start, *args.allow_root, *extra]]
+
+
+def store_allowed(path: str, roots: list[Path], cwd=None) -> bool:
+    """Whether `path` (as typed; relative to cwd) is one of `roots` or inside one, symbolic links
+    followed (a link out of an allowed folder leads outside it)."""
+    cwd = Path.cwd() if cwd is None else Path(cwd)
+    try:
+        target = (cwd / Path(path).expanduser()).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return False
+    return any(target == r or target.is_relative_to(r) for r in roots)
+
+
 def _stat(path) -> tuple | None:
     try:
         s = os.stat(path)

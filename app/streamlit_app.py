@@ -5,8 +5,9 @@ depth x length, gap recovery, probes, convergence, trainer frontier.
     streamlit run app/streamlit_app.py -- --runs DIR
 
 The store is `--runs DIR`, else $LRT_RUNS, else ./runs (./results when there is no ./runs), and can
-be
-changed in the sidebar. The app reads only the run store, through lrt_lab.store.results.
+be changed in the sidebar to another folder inside the store it started on or inside an allowed
+root (`-- --allow-root DIR`, repeatable, or $LRT_APP_ROOTS), never elsewhere on the machine. The
+app reads only the run store, through lrt_lab.store.results.
 """
 
 from __future__ import annotations
@@ -71,6 +72,14 @@ def main() -> None:
     st.title("lrt_lab runs")
     if not root:
         st.info("Enter the folder of a run store in the sidebar.")
+        return
+    roots = store_data.allowed_roots(sys.argv[1:])
+    if not store_data.store_allowed(root, roots):
+        st.warning(
+            f"`{root}` is outside the folders this dashboard may read: the store it was started "
+            f"on ({roots[0]}) and the allowed roots. Start it with `lrt-lab app --allow-root "
+            "DIR` (or $LRT_APP_ROOTS) to open others."
+        )
         return
     if not Path(root).is_dir():
         st.info(

@@ -77,6 +77,7 @@ from lrt_lab.run.registry import as_schedule, parse_schedule
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import FixedPoint, OnePass
 from lrt_lab.store.results import Run
+from lrt_lab.training.checkpoints import check_belongs, read_checkpoint
 
 from .batches import make_batches
 from .distributed import (
@@ -632,7 +633,8 @@ def _load_run_model(run_dir: Path, checkpoint: str | None, device: torch.device)
     ckpt = Path(checkpoint) if checkpoint else run.latest_checkpoint()
     if ckpt is None:
         raise ValueError(f"--run-dir: {run.path} has no checkpoint; pass --checkpoint")
-    state = torch.load(ckpt, map_location=device, weights_only=False)
+    state = read_checkpoint(ckpt, map_location=device)  # tensors and plain values only
+    check_belongs(state, run, ckpt)
     model.load_state_dict(state["model"])
     return run, cfg, model, state.get("step")
 

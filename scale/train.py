@@ -92,7 +92,7 @@ from lrt_lab.core.validation import check_int, check_number
 from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import Scheduled, run_schedule
 from lrt_lab.store.results import Run
-from lrt_lab.training.checkpoints import save_checkpoint
+from lrt_lab.training.checkpoints import check_belongs, read_checkpoint, save_checkpoint
 from lrt_lab.training.loop import model_config
 from lrt_lab.training.optim import build_optimizers, optimizer_step, set_lr_schedule
 from lrt_lab.training.train_config import parse_value
@@ -687,7 +687,7 @@ def _train(args, ctx: DistContext) -> Path | None:
         data = LoaderData(
             args.data_dir, setup.tokenizer, args.device_batch_size, setup.seq_len, ctx
         )
-    start, elapsed, counters = _restore(ckpt_path, model, opts, data, ctx)
+    start, elapsed, counters = _restore(ckpt_path, model, opts, data, ctx, run=run)
     if ckpt_path is not None:
         ctx.print0(f"resumed {run.path} at step {start} from {ckpt_path}")
     if ctx.rank == 0 and args.resume:
@@ -870,12 +870,16 @@ def _open_run(args, ctx: DistContext, setup: Setup) -> tuple[Run, str | None, bo
     return Run(run_path), ckpt_path, complete
 
 
-def _restore(ckpt_path: str | None, model, opts, data, ctx: DistContext) -> tuple[int, float, dict]:
+def _restore(
+    ckpt_path: str | None, model, opts, data, ctx: DistContext, run: Run | None = None
+) -> tuple[int, float, dict]:
     """(step, elapsed seconds, counters) from a checkpoint (model, optimizers and this rank's data
     loader restored), or a fresh start."""
     if ckpt_path is None:
         return 0, 0.0, {"tokens": 0, "compute_tokens": 0.0, "flops": 0.0}
-    state = torch.load(ckpt_path, map_location=ctx.device, weights_only=False)
+    state = read_checkpoint(ckpt_path, map_location=ctx.device)  # tensors and plain values only
+    if run is not None:
+        check_belongs(state, run, ckpt_path)  # a checkpoint copied in from another run: refused
     model.load_state_dict(state["model"])
     for opt, s in zip(opts, state["optimizers"]):
         opt.load_state_dict(s)

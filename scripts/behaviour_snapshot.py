@@ -152,7 +152,7 @@ def main(argv=None) -> int:
     if args.compare:
         if len(args.paths) != 2:
             parser.error("--compare takes two snapshot files")
-        return compare(*(torch.load(p) for p in args.paths))
+        return compare(*(torch.load(p, weights_only=True) for p in args.paths))
     out = snapshot()
     torch.save(out, args.paths[0])
     print(f"{len(out)} float64 outputs written to {args.paths[0]}")

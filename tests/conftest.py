@@ -26,6 +26,13 @@ def pytest_addoption(parser):
     )
 
 
+@pytest.fixture(autouse=True)
+def _core_claims_of_its_own(tmp_path_factory, monkeypatch):
+    """Each test claims CPU cores (lrt_lab.training.threads) in a folder of its own, so the
+    lrt_lab processes of other work on the machine do not change the threads a test expects."""
+    monkeypatch.setenv("LRT_LAB_CORE_CLAIMS", str(tmp_path_factory.mktemp("cores")))
+
+
 def pytest_configure(config):
     # as `--plugin` loads them (lrt_lab.core.plugins): a file as a real module, in sys.modules
     # before its code runs, so `@dataclass` under `from __future__ import annotations` works

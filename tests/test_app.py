@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -177,6 +178,7 @@ def test_compute_axis_is_baseline_equivalent(store):
 def test_empty_missing_and_changed_store(store, tmp_path, monkeypatch):
     empty = tmp_path / "empty"
     empty.mkdir()
+    monkeypatch.setenv("LRT_APP_ROOTS", os.pathsep.join([str(tmp_path), str(store)]))
     at = run_app(monkeypatch, empty)
     assert_clean(at)
     assert "no complete runs" in " ".join(i.value for i in at.info)
@@ -194,6 +196,70 @@ def test_empty_missing_and_changed_store(store, tmp_path, monkeypatch):
     at.sidebar.text_input(key="runs_dir").input(str(odd)).run()
     assert not at.exception
     assert all("could not read" in e.value or "could not be drawn" in e.value for e in at.error)
+
+
+@on_the_store
+def test_the_sidebar_opens_only_the_store_it_started_on_or_an_allowed_root(
+    store, tmp_path, monkeypatch
+):
+    """A visitor who types `/` (or any folder of the machine) in the sidebar gets one warning and
+    no listing; folders inside an allowed root open as before."""
+    monkeypatch.delenv("LRT_APP_ROOTS", raising=False)
+    (tmp_path / "secret-folder").mkdir()
+    at = run_app(monkeypatch, store)
+    assert TRANSFORMER_RUN in set(runs_table(at)["run"])
+    for outside in ("/", str(tmp_path), str(store / ".." / tmp_path.name)):
+        at.sidebar.text_input(key="runs_dir").input(outside).run()
+        assert not at.exception
+        shown = " ".join(m.value for m in [*at.info, *at.warning, *at.error, *at.markdown])
+        assert "outside the folders this dashboard may read" in shown, shown
+        assert "secret-folder" not in shown and not at.tabs
+    link = store / "link-out"
+    link.symlink_to(tmp_path, target_is_directory=True)  # inside the store, leading out of it
+    try:
+        at.sidebar.text_input(key="runs_dir").input(str(link)).run()
+        assert "outside the folders" in " ".join(w.value for w in at.warning)
+    finally:
+        link.unlink()
+    at.sidebar.text_input(key="runs_dir").input(str(store)).run()
+    assert_clean(at)
+    assert TRANSFORMER_RUN in set(runs_table(at)["run"])
+    monkeypatch.setenv("LRT_APP_ROOTS", str(tmp_path))  # allowed: opens, says what is there
+    at.sidebar.text_input(key="runs_dir").input(str(tmp_path)).run()
+    assert not [w for w in at.warning if "outside" in w.value], [w.value for w in at.warning]
+    assert "no complete runs" in " ".join(i.value for i in at.info)
+
+
+def test_the_dashboard_listens_on_this_machine_only_unless_told(monkeypatch, capsys):
+    from lrt_lab.commands import app_launcher
+    from lrt_lab.commands.cli import main
+
+    started = []
+
+    class Child:
+        def __init__(self, cmd, **kw):
+            started.append(cmd)
+
+        def wait(self, timeout=None):
+            return 0
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(app_launcher.subprocess, "Popen", Child)
+    port = app_launcher.free_port(20000)
+    assert main(["app", "--runs", "somewhere", "--port", str(port)]) == 0
+    cmd = started[-1]
+    assert cmd[cmd.index("--server.address") + 1] == "127.0.0.1"
+    assert "every host" not in capsys.readouterr().err
+    args = ["app", "--runs", "s", "--port", str(port), "--address", "0.0.0.0"]
+    assert main([*args, "--allow-root", "/data/stores"]) == 0
+    cmd = started[-1]
+    assert cmd[cmd.index("--server.address") + 1] == "0.0.0.0"
+    assert cmd[cmd.index("--") :] == ["--", "--allow-root", "/data/stores", "--runs", "s"]
+    assert "listening on 0.0.0.0: every host that reaches it can read the store" in (
+        capsys.readouterr().err
+    )
 
 
 @on_the_store

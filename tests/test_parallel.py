@@ -208,3 +208,36 @@ def test_sigterm_on_the_driver_cancels_and_the_next_invocation_continues(tmp_pat
     finished = run_sweep(body, out=str(tmp_path / "s"), progress=False)
     for run in finished:
         assert run.is_complete and steps_and_losses(run.path)[0] == list(range(1, 251))
+
+
+def test_a_grid_point_checkpoints_and_returns_when_its_sweep_stops(tmp_path, monkeypatch):
+    """What a stopping Ray driver asks of each task (the stop file), without Ray: the run in
+    flight checkpoints at the end of its step and returns "incomplete", where a forced cancel
+    used to lose up to its checkpoint interval. The driver's side needs a Ray that starts."""
+    from lrt_lab.training import parallel
+    from lrt_lab.training.train_config import TrainConfig
+
+    monkeypatch.setattr(parallel, "STOP_POLL_S", 0.02)
+    cfg = TrainConfig(
+        **{**spec()["train"], "steps": 100_000, "checkpoint_every": 0},  # at the end or the stop
+        task="a5_prefix",
+        model="transformer",
+        schedule="onepass",
+    )
+    stop_file = tmp_path / ".sweep-stop"
+    metrics = tmp_path / cfg.run_name / "metrics.jsonl"
+
+    def stop_after_a_few_steps():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 5:
+                break
+            time.sleep(0.01)
+        stop_file.touch()
+
+    threading.Thread(target=stop_after_a_few_steps, daemon=True).start()
+    result = parallel.train_grid_point(cfg, str(tmp_path), threads=1, stop_file=str(stop_file))
+    assert result["status"] == "incomplete", result
+    run = Run(tmp_path / cfg.run_name)
+    last = load_metrics(run, kind="train")["step"].max()
+    assert 5 <= last < 100_000 and run.latest_checkpoint().name == f"step_{last:07d}.pt"

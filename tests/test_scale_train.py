@@ -284,7 +284,7 @@ def synthetic_args(tmp_path, name, *extra) -> list[str]:
 
 def final_state(run_dir) -> dict:
     ckpt = Run(run_dir).latest_checkpoint()
-    return torch.load(ckpt, weights_only=False)
+    return torch.load(ckpt, weights_only=True)
 
 
 def train_losses(run_dir) -> list[float]:

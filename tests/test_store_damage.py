@@ -91,6 +91,7 @@ def _dir_in_place(path: Path):
 
 
 DEEP = b"[" * 100_000 + b"]" * 100_000  # deeper than Python's recursion limit
+HUGE = b"7" * 5000  # an integer of more digits than json.loads converts
 
 # damage name -> (function of the run folder, the file it damages)
 DAMAGE = {
@@ -140,6 +141,24 @@ DAMAGE = {
         lambda d: _rewrite_json(d / "summary.json", lambda o: o.update(steps=True)),
         "summary.json",
     ),
+    # more digits than Python converts to an int (sys.get_int_max_str_digits(): 4300)
+    "summary.json a 5000-digit integer": (
+        lambda d: (d / "summary.json").write_bytes(
+            b'{"status": "complete", "steps": ' + HUGE + b"}"
+        ),
+        "summary.json",
+    ),
+    # an integer no float holds (the report's statistics overflowed on it)
+    "summary eval a 400-digit integer": (
+        lambda d: (d / "summary.json").write_bytes(
+            b'{"status": "complete", "eval": {"pos90_exact@8": ' + b"9" * 400 + b"}}"
+        ),
+        "summary.json",
+    ),
+    "config.json a 5000-digit integer": (
+        lambda d: (d / "config.json").write_bytes(b'{"train": {"seed": ' + HUGE + b"}}"),
+        "config.json",
+    ),
 }
 # metrics.jsonl damage: the run stays listed; its unreadable lines are dropped and counted
 METRICS_DAMAGE = {
@@ -155,6 +174,9 @@ METRICS_DAMAGE = {
         p.read_bytes() + b'{"kind": "train", "step": 4, "loss": "x"}\n'
     ),
     "cut last line": lambda p: p.write_bytes(p.read_bytes() + b'{"kind": "train", "st'),
+    "a 5000-digit integer": lambda p: p.write_bytes(
+        p.read_bytes() + b'{"kind": "train", "step": 4, "loss": ' + HUGE + b"}\n"
+    ),
 }
 
 
@@ -402,6 +424,20 @@ def test_resume_falls_back_to_the_older_checkpoint_and_removes_temp_files(tmp_pa
     assert load_metrics(resumed, kind="train")["loss"].tolist() == pytest.approx(ref, rel=1e-5)
 
 
+def test_resume_drops_a_metrics_line_holding_an_oversized_number(tmp_path, capsys):
+    """A metrics line with a 5000-digit integer is a damaged line, not a damaged run: --resume
+    continues, and the run ends with every step logged once."""
+    cfg = tiny_train_config(steps=6, checkpoint_every=3, name="r")
+    run = train(cfg, out=tmp_path, progress=False, stop_after=4)  # checkpoints at 3, 4
+    with open(run.path / "metrics.jsonl", "ab") as f:
+        f.write(b'{"kind": "train", "step": 5, "loss": ' + HUGE + b"}\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        train(cfg, out=tmp_path, resume=True, progress=False)
+    assert run.is_complete
+    assert load_metrics(run, kind="train")["step"].tolist() == list(range(1, 7))
+
+
 def test_resume_with_no_readable_checkpoint_fails_and_deletes_nothing(tmp_path):
     run = train(tiny(), out=tmp_path, progress=False, stop_after=4)
     for p in run.checkpoints():
@@ -429,3 +465,97 @@ def test_a_failed_checkpoint_write_leaves_no_temp_file(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         save_checkpoint(run, 1, model, [], torch.Generator(), 0.0, {})
     assert list((run.path / "checkpoints").iterdir()) == []
+
+
+# Checkpoints: only tensors and plain values, only the run's own, with the run's permissions ------
+class _RunsCode:
+    """Unpickling this calls os.makedirs(marker): what a crafted checkpoint could do instead."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return (os.makedirs, (self.marker,))
+
+
+def _crafted_checkpoint(run: Run, marker: Path) -> Path:
+    """The newest checkpoint, rewritten with a value that runs code when it is unpickled."""
+    import torch
+
+    newest = run.checkpoints()[-1]
+    state = torch.load(newest, weights_only=True)
+    state["payload"] = _RunsCode(marker)
+    torch.save(state, newest)
+    return newest
+
+
+def test_resume_refuses_a_checkpoint_that_would_run_code_and_runs_none(tmp_path, capsys):
+    args = TRAIN + ["--out", str(tmp_path / "store"), "--name", "r"]
+    assert main(args) == 0
+    run = Run(tmp_path / "store" / "r")
+    (run.path / "summary.json").unlink()  # as if it had not finished: --resume loads a checkpoint
+    crafted = _crafted_checkpoint(run, tmp_path / "ran")
+    capsys.readouterr()
+    code = main([*args, "--resume"])
+    err = capsys.readouterr().err
+    assert not (tmp_path / "ran").exists()  # nothing was unpickled but tensors and plain values
+    assert code == 2 and err.count("\n") == 1 and err.startswith("lrt-lab: error: --resume:")
+    assert crafted.name in err and "could run code" in err, err
+    assert crafted.exists()  # refused, not deleted: the user decides
+
+
+def test_analysis_refuses_a_checkpoint_that_would_run_code(tmp_path):
+    from lrt_lab.analysis.loading import load_model
+
+    run = train(tiny(steps=2), out=tmp_path, progress=False)
+    assert load_model(run).training is False  # a genuine checkpoint loads
+    _crafted_checkpoint(run, tmp_path / "ran")
+    with pytest.raises(ValueError, match="could run code"):
+        load_model(run)
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_checkpoint_of_another_run_is_refused(tmp_path):
+    """A 12-step run's checkpoint copied into an 8-step run of the same shapes used to be
+    restored: the run ended "complete" with an evaluation at step 12."""
+    import shutil
+
+    other = train(tiny(steps=12, name="other"), out=tmp_path, progress=False)
+    run = train(tiny(), out=tmp_path, progress=False, stop_after=4)
+    shutil.copy(other.checkpoints()[-1], run.checkpoint_dir() / "step_0000005.pt")
+    with pytest.raises(ValueError, match="belongs to run 'other', not 'r'"):
+        train(tiny(), out=tmp_path, resume=True, progress=False)
+    assert not run.is_complete and load_metrics(run, kind="train")["step"].max() == 4
+
+
+def test_a_checkpoint_from_before_owners_were_recorded_still_resumes_unless_past_the_end(tmp_path):
+    import torch
+
+    run = train(tiny(), out=tmp_path, progress=False, stop_after=4)
+    newest = run.checkpoints()[-1]
+    state = torch.load(newest, weights_only=True)
+    del state["owner"]
+    torch.save(state, newest)
+    resumed = train(tiny(), out=tmp_path, resume=True, progress=False)
+    assert resumed.is_complete
+    state["step"] = 99  # past the run's 8 steps: not this run's
+    torch.save(state, run.checkpoint_dir() / "step_0000099.pt")
+    (run.path / "summary.json").unlink()
+    with pytest.raises(ValueError, match="past this run's last"):
+        train(tiny(), out=tmp_path, resume=True, progress=False)
+
+
+def test_checkpoints_and_rewritten_metrics_follow_the_umask(tmp_path):
+    import os
+
+    old = os.umask(0o027)
+    try:
+        run = train(tiny(), out=tmp_path, progress=False, stop_after=4)
+        train(tiny(), out=tmp_path, resume=True, progress=False)  # rewrites metrics.jsonl
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in run.checkpoints()}
+    assert modes and set(modes.values()) == {0o640}, modes
+    assert (run.path / "metrics.jsonl").stat().st_mode & 0o777 == 0o640

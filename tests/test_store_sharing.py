@@ -181,6 +181,58 @@ def test_a_claim_of_a_dead_process_or_without_heartbeat_is_taken_over(tmp_path):
     claim.release()
 
 
+def test_a_claim_its_owner_is_still_writing_is_not_taken_over(tmp_path):
+    """An empty or unreadable claim that is fresh may be its owner's, mid-write: not stale until
+    its heartbeat is STALE_S old."""
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / claims.CLAIM).write_text("")
+    with pytest.raises(claims.RunClaimedError, match="unknown owner"):
+        claims.acquire(run)
+    assert (run / claims.CLAIM).read_text() == ""  # untouched
+    old = time.time() - claims.STALE_S - 5
+    os.utime(run / claims.CLAIM, (old, old))
+    with pytest.warns(UserWarning, match="taking over a stale claim"):
+        claims.acquire(run).release()
+
+
+def test_two_claimants_of_one_folder_get_one_claim(tmp_path, monkeypatch):
+    """The first claimant is slow to write its owner (held 0.3 s where it builds it); a second one
+    that tries meanwhile must not get the folder too: exactly one of the two holds it."""
+    import threading
+
+    run = tmp_path / "r"
+    run.mkdir()
+    real_owner, calls = claims._owner, []
+
+    def slow_first_owner():
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(0.3)
+        return real_owner()
+
+    monkeypatch.setattr(claims, "_owner", slow_first_owner)
+    held, refused = [], []
+
+    def claim():
+        try:
+            held.append(claims.acquire(run))
+        except claims.RunClaimedError as e:
+            refused.append(e)
+
+    first = threading.Thread(target=claim)
+    first.start()
+    time.sleep(0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the old fault: a takeover warning, then two holders
+        claim()
+    first.join()
+    assert len(held) == 1 and len(refused) == 1, (held, refused)
+    held[0].release()
+    assert not (run / claims.CLAIM).exists()
+    assert [p.name for p in run.iterdir()] == []  # no temporary file left
+
+
 def test_the_heartbeat_keeps_a_claim_fresh(tmp_path):
     run = tmp_path / "r"
     run.mkdir()
@@ -414,9 +466,60 @@ def test_floats_are_checked_in_the_dtype_they_are_used_in(tmp_path, capsys):
     assert not list(tmp_path.iterdir())  # refused before any folder was made
 
 
+def _float_fields():
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(TrainConfig)
+    return [
+        f.name
+        for f in dataclasses.fields(TrainConfig)
+        if float in (typing.get_args(hints[f.name]) or (hints[f.name],))
+    ]
+
+
+@pytest.mark.parametrize("name", _float_fields())
+def test_every_float_option_beyond_float32_is_refused_by_name(name):
+    """Every float field of a run, read from TrainConfig's own annotations (so a new one is
+    covered): 1e39 is finite as a Python float but not as the float32 training computes in."""
+    bounded = {"warmdown_frac": 1}  # a fraction: its own range refuses 1e39 already
+    with pytest.raises(ValueError, match=rf"^{name}=1e\+39 is invalid; allowed: .*") as err:
+        TrainConfig(device="cpu", **{name: 1e39})
+    assert name in bounded or "float32" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "flag, value", [("--lr-scale", "1e39"), ("--lr-scale", "1e36"), ("--tokens-per-param", "1e39")]
+)
+def test_a_float_option_whose_rates_overflow_float32_is_refused_up_front(
+    tmp_path, capsys, flag, value
+):
+    """--lr-scale 1e39 used to fail at step 1 (exit 1, a run folder left); 1e36 passes the field's
+    own bound but makes the embedding rate ~1e35 x (d/768)^-1/2, x5 in AdamW's first step."""
+    args = ["train", "--task", "a5_prefix", *TINY, "--steps", "2", flag, value]
+    code = main([*args, "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("lrt-lab: error: ") and err.count("\n") == 1, err
+    assert flag.lstrip("-").replace("-", "_") in err and "float32" in err, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_sweep_spec_rate_beyond_float32_is_refused_before_anything_is_written(tmp_path, capsys):
+    args = sweep_args(tmp_path, spec(steps=4, seeds=(0,), matrix_lr=1e39))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "matrix_lr" in err and "float32" in err, err
+    assert not (tmp_path / "store").exists()
+
+
 @pytest.mark.parametrize(
     "flag, value",
-    [("--length", "100000"), ("--batch-size", "1000000"), ("--eval-lengths", "100000")],
+    [
+        ("--length", "100000"),
+        ("--batch-size", "1000000"),
+        ("--eval-lengths", "100000"),
+        ("--eval-size", "1000000000"),  # the evaluation sets, built whole before training
+    ],
 )
 def test_requests_that_cannot_fit_in_memory_are_refused_up_front(tmp_path, capsys, flag, value):
     args = dict(zip(TINY[0:-1:2], TINY[1:-1:2]))
@@ -425,6 +528,7 @@ def test_requests_that_cannot_fit_in_memory_are_refused_up_front(tmp_path, capsy
     code = main(["train", "--task", "a5_prefix", *flat, "--quiet", "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and "memory" in err and flag.lstrip("-").replace("-", "_") in err, err
+    assert err.startswith("lrt-lab: error:") and err.count("\n") == 1, err
     assert not list(tmp_path.iterdir())
 
 

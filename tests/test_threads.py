@@ -1,6 +1,7 @@
 """The thread policy: explicit settings win, otherwise torch gets the cores other processes leave
 free, measured by a short sample of the CPU (the load average where that cannot be read)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -371,3 +372,115 @@ def test_right_after_a_burst_an_idle_machine_gets_every_core():
     assert busy_cores(load_1min=load_after)[1] >= 1, (
         f"the load average ({load_after:.2f}) should still count the ended burst"
     )
+
+
+# Claims on cores: processes that start together -------------------------------------------------
+def test_the_threads_another_live_process_claims_are_left_to_it(tmp_path, monkeypatch):
+    """A claim of a live process (here the parent of this one) counts as busy cores, and its
+    threads wait passively; a claim of a process that is gone counts for nothing."""
+    monkeypatch.setenv(threads.CLAIMS_ENV, str(tmp_path))
+    (tmp_path / str(os.getppid())).write_text("2")
+    idle = CpuSample(0.0, 0.3)  # the other one is still starting: nothing to see in the sample
+    chosen = choose_threads(env=NO_ENV, usable_cores=4, sample=idle)
+    assert chosen.threads == 2 and "2 claimed by other lrt_lab processes" in chosen.why
+    assert wait_passively_when_busy({}, torch_loaded=False, usable_cores=4, sample=idle)
+    assert (tmp_path / str(os.getpid())).read_text() == "2"  # its own claim, for those after it
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        text=True,
+        capture_output=True,
+        check=True,
+    ).stdout.strip()
+    (tmp_path / str(os.getppid())).rename(tmp_path / dead)
+    assert choose_threads(env=NO_ENV, usable_cores=4, sample=idle).threads == 4
+    assert not (tmp_path / dead).exists()
+    assert not wait_passively_when_busy({}, torch_loaded=False, usable_cores=4, sample=idle)
+
+
+TOGETHER = """
+import importlib.util, json, os, sys, time
+spec = importlib.util.spec_from_file_location("threads", sys.argv[1])
+threads = importlib.util.module_from_spec(spec); spec.loader.exec_module(threads)
+# the machine is otherwise idle (other work on it must not decide the test): the sample sleeps
+# as the real one does and sees no other process busy
+threads.sample_cpu = lambda seconds=0.3: time.sleep(seconds) or threads.CpuSample(0.0, seconds)
+open(sys.argv[2] + "." + str(os.getpid()), "w").close()  # ready
+while not os.path.exists(sys.argv[2]):  # both start at once
+    time.sleep(0.005)
+env = {}
+passive = threads.wait_passively_when_busy(env, torch_loaded=False, usable_cores=2)
+print(json.dumps([threads.choose_threads(env={}, usable_cores=2).threads, passive]), flush=True)
+sys.stdin.read()  # trains: alive, its claim held, until the test has both answers
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_started_together_split_two_cores_and_wait_passively(tmp_path):
+    """Two lrt_lab processes started side by side on 2 cores: each used to take both (the sample
+    each takes at its start sees the other still starting), four threads spinning on two cores.
+    threads.py is loaded from its file (no torch), so each child is cheap."""
+    env = {**os.environ, threads.CLAIMS_ENV: str(tmp_path / "claims")}
+    env.pop("OMP_NUM_THREADS", None)
+    go = tmp_path / "go"
+    children = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                TOGETHER,
+                str(REPO / "lrt_lab" / "training" / "threads.py"),
+                str(go),
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("go.*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    go.touch()
+    results = [json.loads(child.stdout.readline()) for child in children]
+    for child in children:
+        child.communicate(timeout=60)  # closes its stdin: it ends, and removes its claim
+    assert sum(n for n, _ in results) <= 2 and all(n >= 1 for n, _ in results), results
+    assert all(passive for _, passive in results), results  # neither spins for the other's core
+    assert not list((tmp_path / "claims").iterdir())  # each removed its claim on exit
+
+
+def test_an_in_process_sweep_trains_with_threads_per_run(tmp_path, monkeypatch):
+    """--threads-per-run with --workers 1 (the grid trained in this process) used to be dropped:
+    each run took what torch had."""
+    import lrt_lab.training.sweep as sweep_module
+
+    seen = []
+    real = sweep_module.train
+
+    def recording(*a, **k):
+        seen.append(torch.get_num_threads())
+        return real(*a, **k)
+
+    monkeypatch.setattr(sweep_module, "train", recording)
+    spec = {
+        "sweep": {"tasks": ["a5_prefix"], "models": ["transformer"], "seeds": [0]},
+        "train": {
+            "length": 4,
+            "preset": "tiny",
+            "steps": 1,
+            "batch_size": 2,
+            "eval_size": 2,
+            "eval_lengths": [4],
+            "eval_every": 0,
+            "checkpoint_every": 0,
+            "device": "cpu",
+        },
+    }
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        sweep_module.run_sweep(spec, out=str(tmp_path), progress=False, threads_per_run=1)
+        assert seen == [1] and torch.get_num_threads() == 2  # restored after the grid
+    finally:
+        torch.set_num_threads(saved)

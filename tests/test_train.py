@@ -167,6 +167,34 @@ def test_an_evaluation_killed_after_its_checkpoint_is_redone_on_resume(tmp_path,
     assert run.summary["eval"] == pytest.approx(full.summary["eval"])
 
 
+@pytest.mark.parametrize("killed_in", ["write_table", "write_summary"])
+def test_a_run_killed_after_its_final_evaluation_keeps_that_evaluations_summary(
+    tmp_path, monkeypatch, killed_in
+):
+    """Killed between the final evaluation's metrics line and summary.json (writing the table or
+    the summary): the resumed summary holds what that evaluation logged, the contraction monitor
+    included, as an uninterrupted run's does."""
+    cfg = tiny_cfg(steps=4, eval_every=2, checkpoint_every=2, name="cut")
+
+    def killed(*a, **k):
+        raise Killed
+
+    monkeypatch.setattr(Run, killed_in, killed)
+    with pytest.raises(Killed):
+        train(cfg, out=tmp_path, progress=False)
+    monkeypatch.undo()
+    run = Run(tmp_path / "cut")
+    assert not run.is_complete
+    last = load_metrics(run, kind="eval").iloc[-1]
+    assert last["step"] == 4
+    train(cfg, out=tmp_path, resume=True, progress=False)
+    monitor = ["lyap", "sweep_change_1", "sweep_change_2", "sweep_change_4"]
+    assert run.is_complete and run.summary["contraction"] == last[monitor].to_dict()
+    full = train(tiny_cfg(steps=4, eval_every=2, checkpoint_every=2, name="full"), out=tmp_path)
+    assert set(run.summary) == set(full.summary)
+    assert run.summary["eval"] == pytest.approx(full.summary["eval"])
+
+
 def test_an_evaluation_lost_before_the_restored_step_is_named(tmp_path):
     """An evaluation missing before the checkpoint resumed from (a damaged line) cannot be redone:
     the resume says which, and redoes nothing else."""

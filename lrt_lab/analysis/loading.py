@@ -12,13 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from lrt_lab.core.config import ModelConfig
 from lrt_lab.core.model import LRT
 from lrt_lab.core.plugins import load_plugins, loaded_plugins
 from lrt_lab.core.validation import check_out_dir
 from lrt_lab.store.results import Run, write_table
+from lrt_lab.training.checkpoints import check_belongs, read_checkpoint
 from lrt_lab.training.loop import TrainConfig, make_eval_sets, make_task
 
 ANALYSIS_DIR = ".analysis"
@@ -64,7 +64,8 @@ def load_model(run, step: int | None = None, map_location="cpu") -> LRT:
         )
     load_run_plugins(run)  # the schedules and mechanisms it was trained with
     model = LRT(ModelConfig.from_dict(run.config["model"]))
-    state = torch.load(ckpt, map_location=map_location, weights_only=False)
+    state = read_checkpoint(ckpt, map_location=map_location)  # tensors and plain values only
+    check_belongs(state, run, ckpt)
     model.load_state_dict(state["model"])
     return model.eval()
 

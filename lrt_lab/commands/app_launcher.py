@@ -17,6 +17,9 @@ from pathlib import Path
 
 APP_FILE = "streamlit_app.py"
 MISSING_STREAMLIT = "lrt-lab app needs streamlit: pip install -e '.[app]'"
+# Only this machine reaches the dashboard unless `lrt-lab app --address` says otherwise (Streamlit
+# itself listens on every interface).
+LOCAL_ADDRESS = "127.0.0.1"
 
 
 def app_path() -> Path:
@@ -38,9 +41,15 @@ def app_path() -> Path:
 
 
 def command(
-    runs_dir: str | None, port: int, address: str | None = None, headless: bool | None = None
+    runs_dir: str | None,
+    port: int,
+    address: str = LOCAL_ADDRESS,
+    headless: bool | None = None,
+    allow_roots=(),
 ) -> list[str]:
-    """The `streamlit run` command line for the dashboard (also used by the browser test)."""
+    """The `streamlit run` command line for the dashboard (also used by the browser test),
+    listening on `address` only (127.0.0.1: this machine); `allow_roots`: more folders its
+    sidebar may open besides the store it starts on."""
     if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
         raise ValueError(f"port={port!r} is invalid; allowed: an integer in 1..65535")
     cmd = [
@@ -56,17 +65,19 @@ def command(
         "--client.toolbarMode",
         "minimal",
     ]
-    if address:
-        cmd += ["--server.address", address]
+    if not isinstance(address, str) or not address:
+        raise ValueError(f"address={address!r} is invalid; allowed: a host address, e.g. 0.0.0.0")
+    cmd += ["--server.address", address]
     if headless is not None:
         cmd += ["--server.headless", "true" if headless else "false"]
+    app_args = [x for root in allow_roots for x in ("--allow-root", str(root))]
     if runs_dir:
-        cmd += ["--", "--runs", str(runs_dir)]
-    return cmd
+        app_args += ["--runs", str(runs_dir)]
+    return cmd + (["--", *app_args] if app_args else [])
 
 
 def port_is_free(port: int, host: str = "") -> bool:
-    """Whether a server could listen on `port` (Streamlit listens on every interface by default)."""
+    """Whether a server could listen on `port` at `host` ("": every interface)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind((host, port))
@@ -92,17 +103,19 @@ def _die_with_parent() -> None:
         pass
 
 
-def launch(runs_dir: str | None, port: int) -> int:
+def launch(runs_dir: str | None, port: int, address: str = LOCAL_ADDRESS, allow_roots=()) -> int:
     """Run the dashboard until it is stopped (Ctrl-C or SIGTERM); returns streamlit's exit status.
 
-    runs_dir None lets the app choose ($LRT_RUNS, else ./runs, else ./results). A busy port is
-    reported with a free one to use instead (exit status 2), before anything starts. The
-    `streamlit run` child ends with this process however it ends."""
+    runs_dir None lets the app choose ($LRT_RUNS, else ./runs, else ./results). It listens on
+    `address` (this machine only by default; "0.0.0.0" exposes it to every host that reaches this
+    one, said when it starts). A busy port is reported with a free one to use instead (exit status
+    2), before anything starts. The `streamlit run` child ends with this process however it
+    ends."""
     if importlib.util.find_spec("streamlit") is None:
         print(MISSING_STREAMLIT, file=sys.stderr)
         return 1
-    cmd = command(runs_dir, port)
-    if not port_is_free(port):
+    cmd = command(runs_dir, port, address, allow_roots=allow_roots)
+    if not port_is_free(port, "" if address == "0.0.0.0" else address):
         other = free_port(port)
         hint = f"; try lrt-lab app --port {other}" if other else "; pass another one with --port"
         print(
@@ -110,11 +123,16 @@ def launch(runs_dir: str | None, port: int) -> int:
             file=sys.stderr,
         )
         return 2
+    host = "localhost" if address == LOCAL_ADDRESS else address
     print(
-        f"lrt-lab app: http://localhost:{port} (run store: {runs_dir or 'default'}; Ctrl-C stops "
-        "it)",
+        f"lrt-lab app: http://{host}:{port} (run store: {runs_dir or 'default'}; Ctrl-C stops it)",
         file=sys.stderr,
     )
+    if address != LOCAL_ADDRESS:
+        print(
+            f"lrt-lab app: listening on {address}: every host that reaches it can read the store",
+            file=sys.stderr,
+        )
     child = subprocess.Popen(
         cmd, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None
     )

@@ -460,7 +460,7 @@ def cmd_bench(a) -> int:
 def cmd_app(a) -> int:
     from lrt_lab.commands.app_launcher import launch
 
-    return launch(a.runs, a.port)
+    return launch(a.runs, a.port, a.address, a.allow_root or ())
 
 
 def build_parser() -> Parser:
@@ -511,7 +511,8 @@ def build_parser() -> Parser:
         "--threads-per-run",
         type=int,
         default=None,
-        help="CPU threads of each run with --workers (default: cores / workers)",
+        help="CPU threads of each run, in this process too (default: with --workers, cores / "
+        "workers; else the free cores, as train takes them)",
     )
     p.add_argument(
         "--gpus-per-run", type=float, default=0.0, help="GPUs each run asks Ray for (e.g. 1)"
@@ -639,6 +640,19 @@ def build_parser() -> Parser:
         "--runs", default=None, help="run store (default: $LRT_RUNS, else ./runs, else ./results)"
     )
     p.add_argument("--port", type=int, default=8501)
+    p.add_argument(
+        "--address",
+        default="127.0.0.1",
+        help="where it listens (default 127.0.0.1: this machine only; 0.0.0.0 exposes it to "
+        "every host that can reach this one)",
+    )
+    p.add_argument(
+        "--allow-root",
+        action="append",
+        metavar="DIR",
+        help="a folder whose stores the sidebar may also open (repeatable; default: only the "
+        "store it starts on)",
+    )
     p.set_defaults(func=cmd_app)
     return parser
 

@@ -32,6 +32,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -160,16 +161,33 @@ def _depth(obj, limit: int = MAX_DEPTH) -> int:
     return deepest
 
 
+# An integer beyond float64 (10^308) is nothing this library writes, and no reader can use it (a
+# float of it overflows); one of over 4300 digits Python does not even convert.
+MAX_INT_DIGITS = 308
+_LONG_DIGITS = re.compile(rb"\d{%d}" % (MAX_INT_DIGITS + 1))
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits")
+    return int(text)
+
+
 def _parse_json(data: bytes, what: str):
-    """JSON from bytes; DamagedFileError for bytes that are not UTF-8 JSON of sane depth."""
+    """JSON from bytes; DamagedFileError for bytes that are not UTF-8 JSON of sane depth and of
+    integers a float holds."""
+    # the hook costs a call per integer: only where a long run of digits is there at all
+    parse_int = _bounded_int if _LONG_DIGITS.search(data) else None
     try:
-        obj = json.loads(data.decode("utf-8"))
+        obj = json.loads(data.decode("utf-8"), parse_int=parse_int)
     except UnicodeDecodeError as e:
         raise DamagedFileError(f"{what}: not UTF-8 ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise DamagedFileError(f"{what}: not valid JSON ({e.msg} at line {e.lineno})") from None
     except RecursionError:
         raise DamagedFileError(f"{what}: JSON nested too deeply") from None
+    except ValueError as e:  # _bounded_int's
+        raise DamagedFileError(f"{what}: a number too long to read ({e})") from None
     # depth <= the number of brackets: most values (a metrics line) need no walk
     if data.count(b"[") + data.count(b"{") > MAX_DEPTH and _depth(obj) > MAX_DEPTH:
         raise DamagedFileError(f"{what}: JSON nested deeper than {MAX_DEPTH} levels")

@@ -1,13 +1,23 @@
-"""A run's checkpoints and the rules for continuing a run folder: save (atomic, the last two kept),
-restore (the newest that loads, older ones the fallback), and what `--resume` accepts.
+"""A run's checkpoints and the rules for continuing a run folder: save (atomic, the last two kept,
+with the run's permissions), restore (the newest that loads, older ones the fallback), and what
+`--resume` accepts.
+
+A checkpoint holds only tensors and plain values (numbers, strings, lists, dicts) and is read with
+`torch.load(weights_only=True)`, which unpickles nothing else: a file that needs more (a crafted
+one could run code when unpickled) is refused, not loaded (`read_checkpoint`). Each records the
+run it belongs to (its folder's name and the digest of its config.json), so a checkpoint copied in
+from another run is refused too (`check_belongs`).
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import math
 import os
+import pickle
+import re
 import shutil
 import tempfile
 import warnings
@@ -16,8 +26,86 @@ from pathlib import Path
 import torch
 
 from lrt_lab.core.config import LEGACY_FIELDS
-from lrt_lab.store.results import Run, with_current_defaults
+from lrt_lab.store.results import Run, respect_umask, with_current_defaults
 from lrt_lab.training.train_config import stored_train_config
+
+
+class UnsafeCheckpointError(ValueError):
+    """A checkpoint holding objects other than tensors and plain values: not unpickled."""
+
+
+class ForeignCheckpointError(ValueError):
+    """A checkpoint written by another run (or for another config.json)."""
+
+
+def config_digest(config: dict) -> str:
+    """sha256 of a run's config.json content (canonical JSON: sorted keys, no spaces)."""
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def checkpoint_owner(run: Run) -> dict:
+    """What a checkpoint records of the run it belongs to."""
+    return {"run": run.name, "config_sha256": config_digest(run.config)}
+
+
+def plain(value, where: str = "state"):
+    """`value` as what `torch.load(weights_only=True)` reads back: tensors, None, bool, int, float,
+    str, and lists, tuples and dicts of them (numpy numbers become Python numbers); TypeError
+    naming the place of anything else."""
+    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
+        return value
+    if isinstance(value, dict):
+        return {k: plain(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v, f"{where}[{i}]") for i, v in enumerate(value))
+    item = getattr(value, "item", None)  # a numpy scalar
+    if callable(item) and getattr(value, "shape", None) == ():
+        return plain(item(), where)
+    raise TypeError(f"checkpoint {where} is a {type(value).__name__}, not a tensor or plain value")
+
+
+def read_checkpoint(path, map_location=None) -> dict:
+    """A checkpoint's state, unpickling only tensors and plain values (weights_only=True);
+    UnsafeCheckpointError (one line) for a file that needs anything else, and ValueError for one
+    that is not a dict. Damaged files raise what torch's loaders raise."""
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        # an import of a class or function the allowlist lacks: what a crafted file needs to run
+        # code (an unsupported opcode is damaged bytes: torch's loaders raise that too)
+        found = re.search(r"GLOBAL (\S+)", str(e))
+        if not found:
+            raise
+        raise UnsafeCheckpointError(
+            f"checkpoint {path} holds objects other than tensors and plain values "
+            f"({found.group(1)[:80]}): refused, since unpickling it could run code; only load "
+            "checkpoints you trust"
+        ) from None
+    if not isinstance(state, dict):
+        raise ValueError(f"checkpoint {path} holds a {type(state).__name__}, not a state dict")
+    return state
+
+
+def check_belongs(state: dict, run: Run, path) -> None:
+    """ForeignCheckpointError when the checkpoint at `path` was written for another config.json
+    than `run`'s (its recorded digest; the recorded run name says whose), or is of a step past the
+    run's last. A checkpoint from before owners were recorded is checked by its step only."""
+    owner = state.get("owner")
+    config = run.config
+    # the config decides (it holds a --name); a folder renamed with its config keeps its own
+    if isinstance(owner, dict) and owner.get("config_sha256") != config_digest(config):
+        raise ForeignCheckpointError(
+            f"checkpoint {path} belongs to run {owner.get('run')!r}, not {run.name!r} (it was "
+            f"written for another config.json); remove it: a run resumes only from its own"
+        )
+    steps = config.get("train", {}).get("steps") if isinstance(config.get("train"), dict) else None
+    step = state.get("step")
+    if isinstance(steps, int) and isinstance(step, int) and step > steps:
+        raise ForeignCheckpointError(
+            f"checkpoint {path} is of step {step}, past this run's last ({steps}): it belongs "
+            "to another run; remove it"
+        )
 
 
 def save_checkpoint(
@@ -29,14 +117,16 @@ def save_checkpoint(
     state = {
         "step": step,
         "model": model.state_dict(),
-        "optimizers": [o.state_dict() for o in opts],
+        "optimizers": [plain(o.state_dict(), "optimizer state") for o in opts],
         "generator": generator.get_state(),
         "torch_rng": torch.get_rng_state(),
-        "elapsed": elapsed,
-        "counters": counters,
+        "elapsed": float(elapsed),
+        "counters": plain(counters, "counters"),
+        "owner": checkpoint_owner(run),
     }
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".ckpt.", suffix=".tmp")
     os.close(fd)
+    respect_umask(tmp)  # mkstemp's 0600 would hide it from the group sharing the store
     try:
         torch.save(state, tmp)
         os.replace(tmp, d / f"step_{step:07d}.pt")
@@ -79,7 +169,17 @@ def restore_checkpoint(run: Run, model, opts, generator, device) -> dict | None:
     failures = []
     for path in reversed(ckpts):
         try:
-            state = torch.load(path, map_location=device, weights_only=False)
+            state = read_checkpoint(path, map_location=device)
+        except UnsafeCheckpointError as e:  # never loaded, and not passed over silently
+            raise UnsafeCheckpointError(f"--resume: {e}") from None
+        except Exception as e:  # noqa: BLE001  (a damaged file can fail in any of torch's loaders)
+            _unreadable(failures, path, e)
+            continue
+        try:
+            check_belongs(state, run, path)  # a foreign checkpoint is refused, not passed over
+        except ForeignCheckpointError as e:
+            raise ForeignCheckpointError(f"--resume: {e}") from None
+        try:
             model.load_state_dict(state["model"])
             if len(state["optimizers"]) != len(opts):
                 raise ValueError(
@@ -95,12 +195,8 @@ def restore_checkpoint(run: Run, model, opts, generator, device) -> dict | None:
                 "counters": dict(state["counters"]),
                 "path": path,
             }
-        except Exception as e:  # noqa: BLE001  (a damaged file can fail in any of torch's loaders)
-            failures.append(f"{path.name}: {type(e).__name__}: {str(e)[:120]}")
-            warnings.warn(
-                f"checkpoint {path} is unreadable ({type(e).__name__}); trying the one before it",
-                stacklevel=2,
-            )
+        except Exception as e:  # noqa: BLE001  (a damaged state fails in the loaders too)
+            _unreadable(failures, path, e)
             continue
         return state
     if failures:
@@ -110,6 +206,14 @@ def restore_checkpoint(run: Run, model, opts, generator, device) -> dict | None:
             "remove that folder to restart the run from step 0"
         )
     return None
+
+
+def _unreadable(failures: list, path: Path, e: Exception) -> None:
+    failures.append(f"{path.name}: {type(e).__name__}: {str(e)[:120]}")
+    warnings.warn(
+        f"checkpoint {path} is unreadable ({type(e).__name__}); trying the one before it",
+        stacklevel=3,
+    )
 
 
 def resume_folder(root, cfg) -> Path:

@@ -599,6 +599,14 @@ def _epochs(task, tokens: int) -> dict:
     return {"epochs": tokens / size} if size else {}
 
 
+def _logged_evaluation(run: Run, step: int) -> dict:
+    """The figures of step's "eval" line in metrics.jsonl (the last one, if logged twice), without
+    its bookkeeping (kind, step, counters, time); {} when there is none."""
+    lines = [r for r in run.metrics_records() if r.get("kind") == "eval" and r.get("step") == step]
+    bookkeeping = {"kind", "step", "tokens", "compute_tokens", "flops", "time"}
+    return {k: v for k, v in lines[-1].items() if k not in bookkeeping} if lines else {}
+
+
 def _contraction(last_eval: dict) -> dict:
     rec = {k: v for k, v in last_eval.items() if k == "lyap" or k.startswith("sweep_change_")}
     return {"contraction": rec} if rec else {}
@@ -610,6 +618,8 @@ def _finish(
     """The final evaluation's per-position table and summary.json: the run is complete."""
     if loop.results is None:  # resumed at the end after its evaluation was logged: not in memory
         loop.results = evaluate(model, schedule, eval_sets, cfg.eval_exact, autocast=autocast)
+        # what that evaluation logged (the contraction monitor too), as the summary keeps it
+        loop.last_eval = loop.last_eval or _logged_evaluation(run, loop.step)
     run.write_table("per_position", per_position_table(loop.results))
     train_losses = [r["loss"] for r in run.metrics_records() if r.get("kind") == "train"]
     tail = train_losses[-max(1, len(train_losses) // 20) :]

@@ -9,13 +9,20 @@ second sweep on the same store never trains a run twice: a task whose worker die
 the run's checkpoint (its dead owner's claim is taken over), one that fails records its error in
 the run folder (`last_error.json`) and the grid goes on. Ray and submitit are optional extras
 (`pip install 'lrt-lab[cluster]'`, `'lrt-lab[slurm]'`) imported only on these paths.
+
+Stopping a Ray sweep (Ctrl-C or SIGTERM on the driver) lets each run in flight checkpoint first:
+the driver writes a stop file into the store, which every task it started watches; their training
+loops checkpoint at the end of the current step and return (up to STOP_GRACE_S), and only the
+tasks still running then are cancelled by force.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -27,16 +34,24 @@ from lrt_lab.training.stopping import StopRequest
 
 RETRIES = 2  # times a grid point whose worker died (killed, node lost, out of memory) is retried
 WAIT_S = 15.0  # before submitting again a run another process was training
+STOP_GRACE_S = 120.0  # how long a stopping Ray driver waits for its runs to checkpoint
+STOP_POLL_S = 1.0  # how often a task looks for its driver's stop file
 
 
 def train_grid_point(
-    cfg: TrainConfig, out: str, threads: int | None = None, deadline_s: float | None = None, log=()
+    cfg: TrainConfig,
+    out: str,
+    threads: int | None = None,
+    deadline_s: float | None = None,
+    log=(),
+    stop_file: str | None = None,
 ) -> dict:
     """Train (or resume) one run of a grid; returns {"run", "status", "host", "pid"[, "error"]}.
 
-    status: "complete" / "diverged" (summary written), "incomplete" (stopped by a signal or the
-    deadline: checkpointed), "claimed" (another live process trains it), "failed" (an error,
-    recorded in the run folder's last_error.json). log: the run's mirrors (train's `log`)."""
+    status: "complete" / "diverged" (summary written), "incomplete" (stopped by a signal, the
+    deadline or `stop_file` appearing: checkpointed), "claimed" (another live process trains it),
+    "failed" (an error, recorded in the run folder's last_error.json). log: the run's mirrors
+    (train's `log`)."""
     import torch
 
     if threads:
@@ -44,15 +59,18 @@ def train_grid_point(
     folder = Path(out) / cfg.run_name
     where = {"run": cfg.run_name, "host": socket.gethostname(), "pid": os.getpid()}
     deadline = None if deadline_s is None else time.monotonic() + deadline_s
+    stop = StopRequest()
     try:
-        run = train(
-            cfg,
-            out=out,
-            resume=(folder / "config.json").exists(),
-            progress=False,
-            deadline=deadline,
-            log=log,
-        )
+        with stop.installed(), _watching(stop_file, stop):
+            run = train(
+                cfg,
+                out=out,
+                resume=(folder / "config.json").exists(),
+                progress=False,
+                deadline=deadline,
+                stop=stop,
+                log=log,
+            )
     except (RunClaimedError, FileExistsError):
         return {**where, "status": "claimed"}
     except Exception as e:  # noqa: BLE001 - recorded, and the grid goes on
@@ -64,6 +82,28 @@ def train_grid_point(
             )
         return {**where, "status": "failed", "error": error}
     return {**where, "status": run.status}
+
+
+@contextlib.contextmanager
+def _watching(stop_file: str | None, stop: StopRequest, every: float | None = None):
+    """While inside, a daemon thread sets `stop` once `stop_file` exists (a stopping driver's)."""
+    if stop_file is None:
+        yield
+        return
+    done = threading.Event()
+
+    def watch():
+        while not done.wait(STOP_POLL_S if every is None else every):
+            if Path(stop_file).exists():
+                stop.requested = stop.requested or "the sweep's stop"
+                return
+
+    watcher = threading.Thread(target=watch, daemon=True, name="sweep-stop-watcher")
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def run_on_ray(
@@ -79,8 +119,9 @@ def run_on_ray(
     log=(),
 ) -> list[dict]:
     """Train `configs` as Ray tasks, at most `workers` at a time, each with its CPU threads and
-    GPUs; returns one result per run (train_grid_point). Ctrl-C or SIGTERM cancels the tasks
-    (checkpointed runs continue on the next invocation)."""
+    GPUs; returns one result per run (train_grid_point). Ctrl-C or SIGTERM stops the tasks: each
+    checkpoints at the end of its step (the stop file, up to STOP_GRACE_S), then what still runs
+    is cancelled; the next invocation continues from the checkpoints."""
     import ray
     from tqdm.auto import tqdm
 
@@ -99,12 +140,13 @@ def run_on_ray(
         total=len(configs), desc="sweep", unit="run", dynamic_ncols=True, disable=not progress
     )
     stop = StopRequest()
+    stop_file = Path(out) / f".sweep-stop.{socket.gethostname()}.{os.getpid()}.{time.time_ns()}"
     try:
         with stop.installed():
             while (todo or running) and not stop.requested:
                 while todo and len(running) < workers:
                     cfg = todo.pop(0)
-                    running[task.remote(cfg, out, threads, log=log)] = cfg
+                    running[task.remote(cfg, out, threads, log=log, stop_file=str(stop_file))] = cfg
                 done, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
                 for ref in done:
                     cfg = running.pop(ref)
@@ -134,12 +176,36 @@ def run_on_ray(
         stop.requested = "SIGINT"
     finally:
         if stop.requested:
-            for ref in running:
-                ray.cancel(ref, force=True)
+            _stop_gracefully(ray, running, stop_file, results)
         bar.close()
         if started_here:
             ray.shutdown()
     return [results.get(c.run_name, {"run": c.run_name, "status": "incomplete"}) for c in configs]
+
+
+def _stop_gracefully(ray, running: dict, stop_file: Path, results: dict) -> None:
+    """Ask the running tasks to checkpoint and return (the stop file they watch), wait up to
+    STOP_GRACE_S for them, then cancel by force whatever still runs."""
+    try:
+        if running:
+            stop_file.touch()
+            print(
+                f"sweep: stopping; {len(running)} run(s) in flight checkpoint first (up to "
+                f"{STOP_GRACE_S:.0f} s; again to cancel them now)",
+                file=sys.stderr,
+            )
+            done, _ = ray.wait(list(running), num_returns=len(running), timeout=STOP_GRACE_S)
+            for ref in done:
+                with contextlib.suppress(Exception):
+                    result = ray.get(ref)
+                    results[result["run"]] = result
+                running.pop(ref)
+    except (KeyboardInterrupt, OSError):
+        pass  # a second Ctrl-C, or a store that cannot take the file: cancel now
+    finally:
+        for ref in running:
+            ray.cancel(ref, force=True)
+        stop_file.unlink(missing_ok=True)
 
 
 def _start_ray(ray, address: str | None, cpus: int, threads: int, gpus_per_run: float) -> None:

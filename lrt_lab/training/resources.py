@@ -23,7 +23,10 @@ def memory_estimate(cfg, config: ModelConfig, schedule) -> dict[str, float]:
     ~20 d floats per token and layer for the backward (residuals, q/k/v, attention and MLP
     activations) for every stage, the logits and their gradient, and one layer's attention
     scores B x heads x T x T at a time where a kernel materialises them; evaluation runs
-    EVAL_CHUNK sequences at the longest evaluation length (and a decoding cache for them)."""
+    EVAL_CHUNK sequences at the longest evaluation length (and a decoding cache for them). The
+    evaluation sets are built whole before training and kept in host memory throughout (eval_sets:
+    eval_size sequences of each evaluation length, plus the longest one they are cut from, four
+    int64-sized fields per token and as much again while sampling)."""
     d, L, V, H = config.n_embd, config.n_layer, config.vocab_size, config.n_head
     stages = max(1.0, float(schedule.cost))
     B, T = cfg.batch_size, cfg.length
@@ -32,7 +35,11 @@ def memory_estimate(cfg, config: ModelConfig, schedule) -> dict[str, float]:
     evaluation = (
         4 * n * T_eval * (4 * d * L + 2 * V) + 4 * n * H * T_eval * T_eval + T_eval * T_eval
     )
-    return {"train": train, "eval": evaluation}
+    sets = EVAL_SET_BYTES_PER_TOKEN * cfg.eval_size * (T_eval + sum(cfg.eval_lengths))
+    return {"train": train, "eval": evaluation, "eval_sets": sets}
+
+
+EVAL_SET_BYTES_PER_TOKEN = 64  # inputs, targets, loss mask, state (8 bytes each), twice over
 
 
 def available_memory(device: str) -> float:
@@ -47,25 +54,37 @@ def available_memory(device: str) -> float:
 
 def check_memory_fits(cfg, config: ModelConfig, schedule, fraction: float = 0.8) -> None:
     """Refuse, before anything is written, a run whose estimated memory exceeds `fraction` of
-    what the device has (memory_estimate): a 100,000-token length or a batch of a million would
-    otherwise fail minutes in, or in the final evaluation."""
+    what the device has (memory_estimate): a 100,000-token length, a batch of a million or a
+    hundred million evaluation sequences would otherwise fail minutes in, or in the final
+    evaluation."""
     have = available_memory(cfg.device)
     need = memory_estimate(cfg, config, schedule)
     gib = lambda b: f"{b / 2**30:.1f} GiB"
-    if need["train"] > fraction * have:
+    host = available_memory("cpu")  # where the evaluation sets are built and kept
+    if need["eval_sets"] > fraction * host:
+        fail(
+            "eval_size",
+            cfg.eval_size,
+            f"a size that fits in memory: eval_size={cfg.eval_size} at lengths "
+            f"{', '.join(map(str, cfg.eval_lengths))} needs about {gib(need['eval_sets'])} for "
+            f"the evaluation sets (estimate), this machine has {gib(host)}; lower eval_size",
+        )
+    # on the CPU the sets share the memory training and evaluation use
+    shared = need["eval_sets"] if resolve_device(cfg.device).type != "cuda" else 0.0
+    if need["train"] + shared > fraction * have:
         fail(
             "length" if cfg.length**2 > cfg.batch_size * cfg.length else "batch_size",
             cfg.length if cfg.length**2 > cfg.batch_size * cfg.length else cfg.batch_size,
             f"a size that fits in memory: length={cfg.length} with batch_size={cfg.batch_size} "
             "needs about "
-            f"{gib(need['train'])} for training (estimate), this device has {gib(have)}; lower "
-            "length or batch_size",
+            f"{gib(need['train'] + shared)} for training (estimate), this device has "
+            f"{gib(have)}; lower length or batch_size",
         )
-    if need["eval"] > fraction * have:
+    if need["eval"] + shared > fraction * have:
         fail(
             "eval_lengths",
             cfg.eval_lengths,
             f"lengths that fit in memory: evaluating at {max(cfg.eval_lengths)} needs about "
-            f"{gib(need['eval'])} "
+            f"{gib(need['eval'] + shared)} "
             f"(estimate), this device has {gib(have)}; lower eval_lengths",
         )

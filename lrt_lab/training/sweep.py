@@ -36,6 +36,7 @@ finished and some diverged (`lrt_lab.training.exitcodes`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import sys
@@ -295,10 +296,26 @@ def run_sweep(
             mirroring,
         )
     stop = StopRequest()
-    with stop.installed():
+    with stop.installed(), _threads_here(threads_per_run):
         runs = _run_here(configs, out, deadline, stop, progress, wait_s, mirroring)
     _say_done(configs, out, f" (stopped on {stop.requested})" if stop.requested else "")
     return [runs.get(c.run_name) or Run(Path(out) / c.run_name) for c in configs]
+
+
+@contextlib.contextmanager
+def _threads_here(threads_per_run: int | None):
+    """torch's threads for a grid trained in this process: threads_per_run, else what `train`
+    takes (the free cores, claimed: lrt_lab.training.threads); restored afterwards."""
+    import torch
+
+    from lrt_lab.training.threads import apply_threads, choose_threads
+
+    saved = torch.get_num_threads()
+    apply_threads(choose_threads(threads_per_run))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 def checked_grid(spec: dict, out: str) -> list[TrainConfig]:
@@ -325,6 +342,8 @@ def _run_elsewhere(
 
     todo = parallel.pending_runs(configs, out)
     if slurm is not None:
+        if threads_per_run is not None:  # each job asks for its threads' cores, and uses them
+            slurm = {"cpus_per_task": threads_per_run, **slurm}
         jobs = parallel.run_on_slurm(todo, out, slurm, log=mirroring)
         print(
             f"sweep: submitted {len(jobs)} run(s) to Slurm as a job array "

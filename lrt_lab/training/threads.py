@@ -8,13 +8,23 @@ time other processes use during a short sample taken at the start (psutil), so a
 right after a pip install or a test run still gets every core once those have ended. Reads only
 os, psutil and the environment, so it can run before torch is imported (which
 wait_passively_when_busy needs).
+
+Processes started together cannot see each other's load in that sample (both are still starting),
+so each lrt_lab process also claims its threads in a file per process in a folder this machine's
+lrt_lab processes share ($LRT_LAB_CORE_CLAIMS, else lrt_lab-cores-<uid> in the temporary folder):
+the claim is made before the sample and read after it, so two processes started within the sample
+of each other both see the other and split the cores, and a later one takes only the cores the
+earlier ones left. A claim of a process that is gone counts for nothing.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import NamedTuple
 
 DEFAULT_CAP = 4  # the demo's models are small: past a few threads the gain is nothing
@@ -61,13 +71,21 @@ def choose_threads(
     if requested is not None:
         if requested < 1:
             raise ValueError(f"threads={requested!r} is invalid; allowed: an integer >= 1")
+        claim_cores(requested)
         return ThreadChoice(requested, "set by --threads")
     if env.get("OMP_NUM_THREADS", "").strip():
+        omp = env["OMP_NUM_THREADS"].strip().split(",")[0]
+        claim_cores(int(omp) if omp.isdigit() and int(omp) > 0 else 1)
         return ThreadChoice(None, "set by OMP_NUM_THREADS")
-    usable, busy, measured = busy_cores(usable_cores, machine_cores, load_1min, sample)
-    threads = max(1, min(cap, usable - busy))
+    usable = usable_cores if usable_cores is not None else _usable_cores()
+    claim_cores(max(1, min(cap, usable)), provisional=True)  # before the sample: see busy_cores
+    usable, busy, measured = busy_cores(usable, machine_cores, load_1min, sample)
+    others = claimed_by_others()
+    threads = max(1, min(cap, usable - max(busy, others)))
+    claim_cores(threads)
     cores = f"{usable} usable core{'s' * (usable != 1)}"
-    return ThreadChoice(threads, f"{cores}, {busy} busy ({measured})")
+    claimed = f", {others} claimed by other lrt_lab processes" if others else ""
+    return ThreadChoice(threads, f"{cores}, {busy} busy ({measured}){claimed}")
 
 
 def busy_cores(
@@ -145,9 +163,77 @@ def wait_passively_when_busy(env=None, *, torch_loaded: bool | None = None, **sy
     env = os.environ if env is None else env
     torch_loaded = "torch" in sys.modules if torch_loaded is None else torch_loaded
     chosen_by_user = any(env.get(v, "").strip() for v in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"))
-    if torch_loaded or chosen_by_user or busy_cores(**system)[1] == 0:
+    if torch_loaded or chosen_by_user:
         return False
+    usable = system.get("usable_cores") or _usable_cores()
+    claim_cores(max(1, min(DEFAULT_CAP, usable)), provisional=True)  # seen by those starting now
+    if busy_cores(**system)[1] == 0 and claimed_by_others() == 0:
+        return False  # alone on idle cores: spinning is fastest
     env["OMP_WAIT_POLICY"] = "PASSIVE"
+    return True
+
+
+# Claims on cores ---------------------------------------------------------------------------------
+CLAIMS_ENV = "LRT_LAB_CORE_CLAIMS"
+
+
+def claims_dir() -> Path:
+    """The folder this machine's lrt_lab processes claim their threads in (one file per pid)."""
+    folder = os.environ.get(CLAIMS_ENV, "").strip()
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return Path(folder) if folder else Path(tempfile.gettempdir()) / f"lrt_lab-cores-{uid}"
+
+
+def claim_cores(threads: int, provisional: bool = False) -> None:
+    """Record that this process uses `threads` threads (a provisional claim does not replace a
+    final one); removed when it exits. Best effort: a folder that cannot be written claims
+    nothing."""
+    path = claims_dir() / str(os.getpid())
+    try:
+        if provisional and path.exists():
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(str(int(threads)))
+        os.replace(tmp, path)
+    except OSError:
+        return
+    if not _claimed_at_exit:
+        _claimed_at_exit.append(path)
+        atexit.register(lambda: path.unlink(missing_ok=True))
+
+
+_claimed_at_exit: list[Path] = []
+
+
+def claimed_by_others() -> int:
+    """Threads claimed by other live processes in claims_dir (those of dead ones are removed)."""
+    total = 0
+    try:
+        entries = list(claims_dir().iterdir())
+    except OSError:
+        return 0
+    for entry in entries:
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            threads = int(entry.read_text().strip() or 0)
+        except (OSError, ValueError):
+            continue
+        if _alive(int(entry.name)):
+            total += max(0, threads)
+        else:
+            entry.unlink(missing_ok=True)
+    return total
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
     return True
 
 

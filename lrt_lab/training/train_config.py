@@ -11,12 +11,15 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from lrt_lab.core.config import MEMORY_PRESETS, PRESETS
+from lrt_lab.core.config import FLOAT32_MAX, MEMORY_PRESETS, PRESETS
 from lrt_lab.core.plugins import load_plugins
 from lrt_lab.core.validation import TRAIN_SEED_LIMIT, check_fields, fail, field_defaults, is_int
 from lrt_lab.run.registry import parse_schedule
 
 PARAM_CONVENTIONS = ("all", "matrices")
+# What the optimizers may multiply a learning rate by in float32 (AdamW's first bias correction
+# 1/(1 - 0.8) = 5, Muon's shape factor, the weight decay): a rate stays this far below FLOAT32_MAX.
+RATE_HEADROOM = 2.0**20
 OPTIONS_DIGEST_CHARS = 5  # hex digits of the options digest in a derived run name
 
 # plus the baselines' spellings, lrt_lab.core.baselines.BASELINE_KINDS
@@ -82,6 +85,7 @@ class TrainConfig:
     def __post_init__(self):
         check_fields(self)
         self.plugins = load_plugins(self.plugins)
+        self._check_float32()
         if self.eval_lengths is None and is_int(self.length):
             self.eval_lengths = (self.length, 2 * self.length, 4 * self.length)
         self.eval_lengths = tuple(self.eval_lengths or ())
@@ -101,6 +105,40 @@ class TrainConfig:
         self.schedule = parse_schedule(self.schedule).spec  # validates, canonical spelling
         if self.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:+=,-]*", self.name):
             raise ValueError(f"name={self.name!r} is invalid; allowed: letters, digits and _.:+=,-")
+
+    def _check_float32(self) -> None:
+        """Every float field finite as the float32 training computes in, and so every learning
+        rate the optimizers get (lr_scale x rate, x (n_embd/768)^-1/2 for embedding and head;
+        lrt_lab.training.loop.make_optimizers): beyond it the first step fails instead of
+        diverging."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and abs(value) > FLOAT32_MAX:
+                fail(
+                    f.name,
+                    value,
+                    f"a number of magnitude <= {FLOAT32_MAX:.3g} (it must be finite as float32, "
+                    "the dtype training computes in)",
+                )
+        n_embd = self.overrides.get("n_embd", PRESETS.get(self.preset, {}).get("n_embd", 1))
+        width = (n_embd / 768) ** -0.5 if is_int(n_embd) and n_embd >= 1 else 768**0.5
+        rates = {
+            "matrix_lr": self.matrix_lr,
+            "embedding_lr": self.embedding_lr * width,
+            "head_lr": self.head_lr * width,
+            "scalar_lr": self.scalar_lr,
+        }
+        name, top = max(rates.items(), key=lambda kv: kv[1])
+        limit = FLOAT32_MAX / RATE_HEADROOM / max(1.0, self.weight_decay)
+        if self.lr_scale * top > limit:
+            fail(
+                "lr_scale",
+                self.lr_scale,
+                f"a scale whose learning rates stay finite as float32: lr_scale x {name}"
+                f"{' x (n_embd/768)^-1/2' if name in ('embedding_lr', 'head_lr') else ''} = "
+                f"{self.lr_scale * top:.3g}, above {limit:.3g} (float32's largest, with room "
+                "for the optimizers' step factors); lower lr_scale or the rates",
+            )
 
     @property
     def run_name(self) -> str:
