@@ -2193,17 +2193,18 @@ def reach_sentence(events: pd.DataFrame, length: int) -> str:
 
 def flattening_sentence(flat: pd.DataFrame, primary: str, reference: str) -> str:
     """What the flattening table (last_interval_table) adds to the study's answer, or "": the arms
-    whose primary metric ended having lost more than half of what it had gained (learned, then
-    lost it: a final value alone reads that as never having learned), and whether the shared
+    whose primary metric reached a real level and ended having lost more than half of what it
+    had gained (learned, then lost it: a final value alone reads that as never having learned), and whether the shared
     reference arm was still improving at its end (its budget censors it)."""
     rows = flat[flat["metric"] == primary] if len(flat) else flat
     text = []
     lost = [r for r in rows.itertuples() if count_of(r.regressed)[0]]
     if lost:
         text.append(
-            f"Runs whose {primary} ended having lost more than half of what it had gained from the "
-            "first evaluation to its best (a run that learned, then lost it, reads at its end as "
-            "one that never learned): "
+            f"Runs whose {primary} reached a real level (its best at least half way from the "
+            "first evaluation to the metric's best possible value) and ended having lost more "
+            "than half of what it had gained (a run that learned, then lost it, reads at its end "
+            "as one that never learned): "
             + ", ".join(f"{r.arm} on {r.regressed.replace('/', ' of ')}" for r in lost)
             + "."
         )

@@ -36,6 +36,30 @@ IDENTITY_FIELDS = ("config.train.seed", "config.train.name")
 # tests/test_run_groups.py trains with and without it): never part of a group, so a run written
 # before the field existed stays a seed of its method.
 MEASUREMENT_ONLY = ("config.train.eval_contraction",)
+# Options that change neither the model trained nor what is measured, only when and where it is
+# written down (checkpoints, evaluation cadence and lengths, the device, output paths): never part
+# of a group, so a run of an older sweep that checkpointed less often, or evaluated at other
+# lengths, stays a seed of its method. The figures they do change (an evaluation at a length one
+# run has and another lacks) are missing for that run, never merged with another length's.
+BOOKKEEPING = (
+    "config.train.checkpoint_every",
+    "config.train.eval_every",
+    "config.train.eval_lengths",
+    "config.train.eval_size",
+    "config.train.eval_exact",
+    "config.train.device",
+    "config.train.compile",
+    "config.train.threads",
+    "config.train.out",
+    "config.train.log",
+    "config.train.log_every",
+    "config.train.resume",
+    "config.train.wandb_project",
+    # how parameters are counted for a tokens-per-parameter budget: the steps it gives are their
+    # own field, so a run trained for given steps is the same run under either convention
+    "config.train.param_convention",
+)
+NOT_GROUPING = IDENTITY_FIELDS + MEASUREMENT_ONLY + BOOKKEEPING
 
 # Fields written from other fields (the schedule's cost, parameter counts, the overrides that were
 # also applied to config.model, the model kind as given on the command line, the vocabulary): they
@@ -102,12 +126,12 @@ def canonical(v):
 
 
 def config_columns(df: pd.DataFrame) -> list[str]:
-    """The config columns that define a group (all `config.*` but the seed, the name and the
-    measurement-only switches)."""
+    """The config columns that define a group (all `config.*` but the seed, the name, the
+    measurement-only switches and the bookkeeping options)."""
     return sorted(
         c
         for c in df.columns
-        if c.startswith("config.") and c not in IDENTITY_FIELDS + MEASUREMENT_ONLY
+        if c.startswith("config.") and c not in NOT_GROUPING
     )
 
 
@@ -250,17 +274,6 @@ def group_labels(df: pd.DataFrame, exclude=()) -> pd.Series:
 # Training options that only repeat config.kind / config.schedule, or name a run instead of
 # configuring it.
 ASKED_REPEATS = IDENTITY_FIELDS + ("config.train.model", "config.train.schedule")
-# Options that change neither the model trained nor what is measured: named only where nothing else
-# tells two methods apart (runs of an older sweep may have checkpointed less often, say).
-BOOKKEEPING = (
-    "config.train.checkpoint_every",
-    "config.train.eval_every",
-    "config.train.device",
-    "config.train.compile",
-    # how parameters are counted for a tokens-per-parameter budget: the steps it gives are their
-    # own field, so a run trained for given steps is the same run under either convention
-    "config.train.param_convention",
-)
 # Reading order of the fields a label names after the method: what was learned (the task, the
 # training length) first, where the labels shown span several.
 LABEL_ORDER = (
@@ -289,7 +302,7 @@ def method_frame(df: pd.DataFrame) -> pd.DataFrame:
         c
         for c in df.columns
         if c in ("config.kind", "config.schedule")
-        or (c.startswith("config.train.") and c not in ASKED_REPEATS + MEASUREMENT_ONLY)
+        or (c.startswith("config.train.") and c not in ASKED_REPEATS + NOT_GROUPING)
     ]
     columns = {c: _canonical_list(df[c]) for c in asked}
     if "config.train.memory_preset" in columns:
