@@ -73,7 +73,7 @@ class MetricInfo:
         return (low is not None and lo < low) or (high is not None and hi > high)
 
 
-_AT = re.compile(r"^(?P<stem>[a-z_]+?)(?:_(?P<fwd>exact|parallel))?@(?P<length>\d+|train_length)$")
+_AT = re.compile(r"^(?P<stem>[a-z0-9_]+?)(?:_(?P<fwd>exact|parallel))?@(?P<length>\d+|train_length)$")
 
 
 def short_name(metric: str) -> str:
