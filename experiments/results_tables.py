@@ -2194,8 +2194,8 @@ def reach_sentence(events: pd.DataFrame, length: int) -> str:
 def flattening_sentence(flat: pd.DataFrame, primary: str, reference: str) -> str:
     """What the flattening table (last_interval_table) adds to the study's answer, or "": the arms
     whose primary metric reached a real level and ended having lost more than half of what it
-    had gained (learned, then lost it: a final value alone reads that as never having learned), and whether the shared
-    reference arm was still improving at its end (its budget censors it)."""
+    had gained (learned, then lost it: a final value alone reads that as never having learned),
+    and whether the shared reference arm was still improving at its end (its budget censors it)."""
     rows = flat[flat["metric"] == primary] if len(flat) else flat
     text = []
     lost = [r for r in rows.itertuples() if count_of(r.regressed)[0]]

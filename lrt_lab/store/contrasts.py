@@ -343,10 +343,11 @@ def logrank(groups: dict, budget=None) -> dict:
 
 # Power of the decision actually taken ------------------------------------------------------------
 # A study decides each contrast by a two-sided permutation test (paired: sign flips of the per-seed
-# differences), Holm-adjusted over the study's contrasts, at alpha 0.05. That test has no closed-form
-# power, and its floor (smallest_p) can bind where a t-test's power says "likely": so power is
-# simulated, the whole family at once, drawing each contrast's data from a normal model at its
-# observed standardized effect (d_z, or d) and deciding each draw exactly as study_table does.
+# differences), Holm-adjusted over the study's contrasts, at alpha 0.05. That test has no closed
+# form for its power, and its floor (smallest_p) can bind where a t-test's power says "likely":
+# so power is simulated, the whole family at once, drawing each contrast's data from a normal
+# model at its observed standardized effect (d_z, or d) and deciding each draw exactly as
+# study_table does.
 EXACT_FLIPS = 13  # up to 2^13 = 8192 sign patterns the test enumerates (scipy: <= n_resamples)
 SIM_DRAWS = 2000  # simulated studies per power (power's Monte Carlo SD at most 0.011)
 SIM_PERMUTATIONS = 999  # relabellings per simulated test beyond exact enumeration

@@ -73,7 +73,9 @@ class MetricInfo:
         return (low is not None and lo < low) or (high is not None and hi > high)
 
 
-_AT = re.compile(r"^(?P<stem>[a-z0-9_]+?)(?:_(?P<fwd>exact|parallel))?@(?P<length>\d+|train_length)$")
+_AT = re.compile(
+    r"^(?P<stem>[a-z0-9_]+?)(?:_(?P<fwd>exact|parallel))?@(?P<length>\d+|train_length)$"
+)
 
 
 def short_name(metric: str) -> str:
@@ -99,7 +101,9 @@ def metric_info(metric: str) -> MetricInfo:
                 f"pos@90, {forward}{at}", n,
             )  # fmt: skip
         if stem == "acc":
-            return MetricInfo(name, "acc", False, (0.0, 1.0), forward, f"accuracy, {forward}{at}", n)
+            return MetricInfo(
+                name, "acc", False, (0.0, 1.0), forward, f"accuracy, {forward}{at}", n
+            )
         if stem == "agree":
             return MetricInfo(
                 name, "agree", False, (0.0, 1.0), "exact decoding against the parallel forward",
@@ -153,7 +157,7 @@ def clip_interval(metric: str, lo: float, hi: float) -> tuple[float, float, bool
     return info.clip(lo), info.clip(hi), info.outside(lo, hi)
 
 
-# The metric a view opens on ------------------------------------------------------------------------
+# The metric a view opens on ----------------------------------------------------------------------
 def task_metric(task: str, length: int) -> str:
     """A task's own figure at `length`: exact-decoding cross-entropy for a byte-level text task
     (read as bits per byte: ce / ln 2), exact-decoding pos@90 for every other task."""

@@ -19,11 +19,12 @@ from lrt_lab.store.run_groups import (
     canonical,
     default_metric,
     eval_columns,
-    group_keys,
     group_labels,
     method_keys,
     method_label,
     method_labels,
+    one_run_per_seed,
+    seed_groups,
     with_train_length_metric,
 )
 from lrt_lab.store.stats import mean_ci, seed_stats
@@ -92,8 +93,10 @@ def supervised_every(row) -> int:
 def frontier_points(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16) -> pd.DataFrame:
     """One row per run of the trainer frontier: the runs of `task` trained at `length` with every
     position supervised that differ only in their trainer (the plain transformer, or an LRT of the
-    paper preset and init with nothing else overridden); a trainer run for a different number of
-    steps than the rest of its method is its own trainer ("lrt interleaved:2 (3000 steps)").
+    paper preset and init with nothing else overridden), one run per seed of a group; a trainer
+    run for a different number of steps, or with another recipe, than the rest of its method is
+    its own trainer, named as every view names its group (run_groups.seed_groups: "lrt
+    interleaved:2 | steps=3000").
 
     Columns: trainer, seed, compute (M token-forwards the trainer ran), wall_min (the run's own
     wall clock), final_loss (training), and pos90_exact@N / pos90_parallel@N at every evaluated
@@ -112,7 +115,11 @@ def frontier_points(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16)
     sub = sub[plain | ((sub["config.kind"] == "lrt") & baseline_lrt)]
     if sub.empty:
         return pd.DataFrame()
-    method = sub.apply(method_label, axis=1)
+    sub = one_run_per_seed(sub)  # a seed run twice is one point
+    # the one name per group (run_groups.seed_groups), against the runs of the frontier's study
+    trainer = seed_groups(
+        df[(df["config.train.task"] == task) & (df["config.train.length"] == length)]
+    )["group"].loc[sub.index]
     evals = [
         c
         for c in sub.columns
@@ -121,7 +128,7 @@ def frontier_points(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16)
     ]
     out = pd.DataFrame(
         {
-            "trainer": method + steps_suffix(sub, method) + recipe_suffix(sub, method),
+            "trainer": trainer,
             "seed": sub["config.train.seed"].astype(int),
             "compute": sub["summary.compute_tokens"] / 1e6,
             "wall_min": sub["summary.wall_time_s"] / 60,
@@ -191,7 +198,8 @@ def comparison_table(
             f"{', '.join(eval_columns(df)) or 'summary.* columns'}"
         )
     if group_by is None:
-        df["group"] = group_labels(df)
+        df = one_run_per_seed(df)
+        df["group"] = method_labels(df)
         keys = ["group", "method"]
     else:
         keys = [k.strip() for k in group_by.split(",")]
@@ -452,8 +460,10 @@ def report_table(
     t-interval (ci_low, ci_high), std and n over seeds, the seeds, the schedule's cost, the
     model's forwards per token and the mean wall clock (s).
 
-    group_by None: one group per config up to the seed (group_keys), labelled by method_labels
-    (only what differs between the groups of the study); or a comma list of columns ("method":
+    group_by None: one group per method up to the seed (run_groups.seed_groups: method_keys, the
+    bookkeeping options never splitting a group, a seed run twice counted once), labelled by
+    method_labels (only what differs between the groups of the study); or a comma list of columns
+    ("method":
     what was trained). metric None: each study's own (study_metric); "bpb", "pos90", or a summary
     column. attrs: notes (what a reader must know: runs without the metric, BPB read from tables),
     per study."""
@@ -489,7 +499,13 @@ def report_table(
                 + first_names(lacking, 8)
             )
         if columns is None:
-            keys = group_keys(runs)
+            # the one grouping (run_groups.seed_groups): a method up to the seed and the
+            # bookkeeping options, a seed run twice counted once
+            runs = one_run_per_seed(runs)
+            values = values[runs.index]
+            for dropped, kept in runs.attrs.get("duplicates", []):
+                study_notes.append(f"{dropped} repeats {kept} (same config and seed): counted once")
+            keys = method_keys(runs)
             label = _group_labels(runs, keys)
         else:
             keys = runs[columns].astype(str).agg(" | ".join, axis=1)

@@ -128,11 +128,7 @@ def canonical(v):
 def config_columns(df: pd.DataFrame) -> list[str]:
     """The config columns that define a group (all `config.*` but the seed, the name, the
     measurement-only switches and the bookkeeping options)."""
-    return sorted(
-        c
-        for c in df.columns
-        if c.startswith("config.") and c not in NOT_GROUPING
-    )
+    return sorted(c for c in df.columns if c.startswith("config.") and c not in NOT_GROUPING)
 
 
 def group_keys(df: pd.DataFrame) -> pd.Series:
@@ -488,3 +484,66 @@ def default_metric(df: pd.DataFrame) -> str:
         "metric: no summary column is set for every run; pass --metric with a summary column "
         f"(e.g. {', '.join(eval_columns(df)[:4]) or 'summary.final_loss'})"
     )
+
+
+# One run per seed of a group -----------------------------------------------------------------
+def duplicate_runs(df: pd.DataFrame) -> pd.Series:
+    """For each run, the name of the run it repeats (None where it repeats none): runs of one
+    method (method_keys: nothing but the seed, the name and the bookkeeping options tell them
+    apart) with the same seed are one measurement made twice (a pilot's runs kept beside the grid
+    that repeats them, say), and count once. The one kept: the one that finished last
+    (summary.trained_by.finished; else the last by name)."""
+    out = pd.Series(None, index=df.index, dtype=object)
+    if df.empty or "config.train.seed" not in df.columns:
+        return out
+    keys = method_keys(df)
+    seeds = df["config.train.seed"].map(canonical)
+    finished = (
+        pd.to_numeric(df["summary.trained_by.finished"], errors="coerce")
+        if "summary.trained_by.finished" in df.columns
+        else pd.Series(math.nan, index=df.index)
+    )
+    names = df["run"].astype(str) if "run" in df.columns else pd.Series(df.index.map(str), df.index)
+    frame = pd.DataFrame({"key": keys, "seed": seeds.astype(str), "t": finished, "name": names})
+    for _, g in frame[seeds.notna()].groupby(["key", "seed"], sort=False):
+        if len(g) < 2:
+            continue
+        kept = g.sort_values(["t", "name"], na_position="first").index[-1]
+        for i in g.index:
+            if i != kept:
+                out[i] = names[kept]
+    return out
+
+
+def one_run_per_seed(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` without the runs that repeat another (duplicate_runs); attrs["duplicates"]: (left out,
+    kept) name pairs, for a note."""
+    dup = duplicate_runs(df)
+    out = df[dup.isna()]
+    names = df["run"] if "run" in df.columns else pd.Series(df.index.map(str), df.index)
+    out.attrs = {**df.attrs, "duplicates": [(names[i], dup[i]) for i in dup.index[dup.notna()]]}
+    return out
+
+
+def seed_groups(df: pd.DataFrame) -> pd.DataFrame:
+    """The one grouping every table, page and figure uses, for the runs of `df` (a load_runs
+    table): per run its group key (method_keys: what was asked for, up to the seed, the name and
+    the bookkeeping options), its name (method_labels over the runs of its study, the task and
+    training length it belongs to, so one group has one name whatever a view shows next to it),
+    and the run it repeats (duplicate_runs). Columns key, group, duplicate_of."""
+    out = pd.DataFrame(
+        {"key": pd.Series(dtype=object), "group": pd.Series(dtype=object)}, index=df.index
+    )
+    if df.empty:
+        return out.assign(duplicate_of=pd.Series(dtype=object))
+    out["key"] = method_keys(df)
+    study = [c for c in ("config.train.task", "config.train.length") if c in df.columns]
+    parts = (
+        [df]
+        if not study
+        else [g for _, g in df.groupby([df[c].astype(str) for c in study], sort=False)]
+    )
+    for part in parts:
+        out.loc[part.index, "group"] = method_labels(part.dropna(axis=1, how="all")).values
+    out["duplicate_of"] = duplicate_runs(df)
+    return out

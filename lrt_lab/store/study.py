@@ -690,9 +690,9 @@ def study_lines(
         "",
         "B-A: B minus A (paired: mean of the per-seed differences); 95% CI: percentile "
         "bootstrap; d: Cohen's d (paired: d_z); p: two-sided permutation test; p_holm: "
-        f"Holm-adjusted over the {len(table)} contrast(s); power: of this decision (the permutation "
-        f"test, Holm over the {len(table)} contrast(s), at alpha {ALPHA}), simulated at every "
-        "contrast's observed d at these n",
+        f"Holm-adjusted over the {len(table)} contrast(s); power: of this decision (the "
+        f"permutation test, Holm over the {len(table)} contrast(s), at alpha {ALPHA}), "
+        "simulated at every contrast's observed d at these n",
         *(f"- {verdict(row, study)}" for _, row in table.iterrows()),
         *(f"  note: {note}" for note in table.attrs["notes"]),
     ]
