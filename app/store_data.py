@@ -23,10 +23,12 @@ import streamlit as st
 
 from lrt_lab.analysis.gap import gap_recovery, mismatch_table, read_bpb, refinement_table
 from lrt_lab.store import run_groups
+from lrt_lab.store.metrics import LN2, TEXT_TASKS, metric_info, primary_metric
 from lrt_lab.store.report import format_mean_ci, run_figures
 from lrt_lab.store.results import Run, load_metrics, load_runs, load_table
 from lrt_lab.store.run_groups import method_label, method_labels
 from lrt_lab.store.stats import mean_ci, seeds_interval
+from lrt_lab.store.study import store_studies, study_selection, study_table, verdict
 
 KNOWN_KINDS = ("transformer", "lrt")
 KNOWN_KIND_PREFIXES = ("loop:", "ponder:")
@@ -378,7 +380,57 @@ def metric_bounds(metric: str) -> tuple[float | None, float | None]:
         return 0.0, float(m.group(1))
     if name in ("loss", "bpb", "final_loss") or name.startswith(("bpb", "loss")):
         return 0.0, None
-    return None, None
+    return metric_info(name).bounds
+
+
+def default_metric(runs: pd.DataFrame, options: list[str], study=None) -> str:
+    """The metric a page opens on: the store's primary metric (the study's, else the task's own
+    figure: lrt_lab.store.metrics.primary_metric) where the runs recorded it over training, else
+    the first evaluation figure, and the training forward's loss only where there is nothing
+    else."""
+    primary = primary_metric(runs, study)
+    if primary in options:
+        return primary
+    evals = [o for o in options if o != "loss" and "@" in o]
+    return evals[0] if evals else options[0]
+
+
+def metric_caption(metric: str) -> str:
+    """`ce_exact@16: cross-entropy (nats), exact decoding at length 16; lower is better`, from the
+    metric table every page and report shares."""
+    info = metric_info(metric)
+    return f"{metric}: {info.label}; {info.direction}"
+
+
+# The study a store answers -----------------------------------------------------------------------
+@st.cache_data(show_spinner=False, max_entries=16)
+def cached_store_study(root: str, signature: tuple, _runs: pd.DataFrame) -> dict | None:
+    """The first sweep spec beside the store whose [study] the store's runs answer
+    (lrt_lab.store.study.store_studies, study_selection): {"path", "study", "arms" ({arm: its
+    run names}), "table" (study_table over those runs), "verdicts"}; None when there is none."""
+    for path, study, prefix in store_studies(root):
+        arms = study_selection(_runs, study, prefix)
+        if arms is None:
+            continue
+        runs = pd.concat(list(arms.values())).drop_duplicates("run")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            table = study_table(runs, study)
+        return {
+            "path": str(path),
+            "study": study,
+            "arms": {arm: list(rows["run"]) for arm, rows in arms.items()},
+            "table": table,
+            "verdicts": [verdict(row, study) for _, row in table.iterrows()],
+        }
+    return None
+
+
+def store_study(root: str, runs: pd.DataFrame) -> dict | None:
+    """cached_store_study of the store at `root` (its runs: `runs`, every readable one)."""
+    if runs.empty:
+        return None
+    return cached_store_study(str(root), store_signature(root), runs)
 
 
 def ema(values: np.ndarray, weight: float) -> np.ndarray:
@@ -717,7 +769,8 @@ def per_position(df: pd.DataFrame, loader=None) -> tuple[pd.DataFrame, list[str]
 
 def length_figures(df: pd.DataFrame, loader=None) -> pd.DataFrame:
     """pos@90 and accuracy at each evaluation length, parallel and exact, one row per run and
-    length."""
+    length; a byte-level text task's runs: bits per byte (ce / ln 2) and accuracy instead (their
+    pos@90 is 0 for every run)."""
     loader = loader or figures_of
     groups = group_labels(df)
     parts = []
@@ -725,6 +778,13 @@ def length_figures(df: pd.DataFrame, loader=None) -> pd.DataFrame:
         f = loader(row["path"])
         if f is None or f.empty:
             continue
+        f = f.copy()
+        if row.get("config.train.task") in TEXT_TASKS:
+            for mode in ("parallel", "exact"):
+                if f"ce_{mode}" in f:
+                    f[f"bpb_{mode}"] = f[f"ce_{mode}"] / LN2
+            f = f.drop(columns=[c for c in ("pos90_parallel", "pos90_exact") if c in f])
+        f = f.drop(columns=[c for c in ("ce_parallel", "ce_exact") if c in f])
         parts.append(f.reset_index().assign(group=group, run=row["run"]))
     if not parts:
         return pd.DataFrame(columns=["group", "run", "length"])
@@ -734,6 +794,8 @@ def length_figures(df: pd.DataFrame, loader=None) -> pd.DataFrame:
 FIGURE_COLUMNS = {
     "pos90_parallel": "pos@90 parallel",
     "pos90_exact": "pos@90 exact",
+    "bpb_parallel": "BPB parallel",
+    "bpb_exact": "BPB exact",
     "acc_parallel": "accuracy parallel",
     "acc_exact": "accuracy exact",
 }

@@ -591,6 +591,12 @@ def test_the_delta_page_shows_the_hand_computed_numbers(four_groups, monkeypatch
     at = run_app(monkeypatch, four_groups)
     assert_clean(at)
     tab = page(at, "Delta")
+    (metric,) = [s for s in tab.selectbox if s.label == "metric"]
+    # the page opens on the task's own figure (exact pos@90), never on the training loss
+    assert metric.value != "loss" and metric.value.startswith("pos90_exact@")
+    metric.set_value("loss")
+    at.run()
+    tab = page(at, "Delta")
     (baseline,) = [s for s in tab.selectbox if s.label == "baseline"]
     baseline.set_value(LABELS[1])
     tab.slider(key="delta_smoothing").set_value(0.0)

@@ -786,11 +786,12 @@ def print_scoreboard(
 
 
 def run_figures(run: Run) -> pd.DataFrame:
-    """pos@90 / accuracy per evaluation length and decoding mode, from summary.json."""
+    """pos@90 / accuracy / cross-entropy per evaluation length and decoding mode, from
+    summary.json."""
     ev = (run.summary or {}).get("eval", {})
     rows = {}
     for key, value in ev.items():
-        m = re.match(r"(pos90|acc)_(parallel|exact)@(\d+)", key)
+        m = re.match(r"(pos90|acc|ce)_(parallel|exact)@(\d+)", key)
         if m:
             rows.setdefault(int(m.group(3)), {})[f"{m.group(1)}_{m.group(2)}"] = value
     return pd.DataFrame.from_dict(rows, orient="index").sort_index().rename_axis("length")

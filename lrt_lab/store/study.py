@@ -960,7 +960,59 @@ __all__ = [
     "parse_arm",
     "parse_study",
     "print_study",
+    "store_studies",
+    "study_selection",
     "study_lines",
     "study_table",
     "verdict",
 ]
+
+
+# The studies of a store ---------------------------------------------------------------------------
+def store_studies(root) -> list[tuple[Path, Study, str | None]]:
+    """(spec path, Study, the spec's sweep name_prefix) of every sweep spec with a valid [study]
+    table in the store's folder or the folder above it (experiments/*.toml beside
+    experiments/results), by file name. Read with tomllib only (no sweep expansion, no torch), so
+    a dashboard can find the study its runs answer: a spec that does not parse is skipped."""
+    import tomllib
+
+    root = Path(root)
+    found = []
+    for folder in dict.fromkeys((root, root.parent)):
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.glob("*.toml")):
+            try:
+                table = tomllib.loads(path.read_text())
+                study = parse_study(table["study"]) if "study" in table else None
+            except (OSError, ValueError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+                continue
+            if study is not None:
+                prefix = table.get("sweep", {}).get("name_prefix")
+                found.append((path, study, prefix if isinstance(prefix, str) else None))
+    return found
+
+
+def study_selection(df: pd.DataFrame, study: Study, prefix: str | None = None):
+    """The complete runs of `df` that are the study's arms ({arm: its runs}), or None when they
+    are not in `df` as a study reads them: a run name must start with the spec's name_prefix
+    (where it has one), and every arm must be the runs of one config (check_one_config)."""
+    df = _complete_runs(df)
+    if df.empty or "run" not in df.columns:
+        return None
+    if prefix:
+        df = df[df["run"].astype(str).str.startswith(prefix)]
+    arms = {}
+    for c in study.contrasts:
+        for arm in (c.a, c.b):
+            if arm in arms:
+                continue
+            rows = df[arm_mask(df, arm)] if not df.empty else df
+            if rows.empty:
+                return None
+            try:
+                check_one_config(rows, "arm", arm, "the store")
+            except ValueError:
+                return None
+            arms[arm] = rows
+    return arms
