@@ -63,6 +63,7 @@ from lrt_lab.store.report import (  # noqa: E402
     supervised_every,
 )
 from lrt_lab.store.results import load_metrics, load_plans, load_runs, load_table  # noqa: E402
+from lrt_lab.store.run_groups import one_run_per_seed, seed_groups  # noqa: E402
 from lrt_lab.store.study import Study  # noqa: E402
 
 # Paper, app. "Non-Commutative State Tracking" (depth 4, d 256, trained at length 64, pos@90 out of
@@ -112,19 +113,29 @@ def state_tracking_tables(df: pd.DataFrame, task: str, paper: dict | None) -> st
 
 
 def labelled(df: pd.DataFrame, task: str) -> pd.DataFrame:
-    """The runs of `task` with every position supervised, with the columns memory, model and label.
-    The label groups seeds: the model (what the paper's figures are keyed by), the number of steps
-    where runs of one model differ in it (different configs, not seeds of one), and the memory
-    preset
-    and init (shown in their own column, so the label holds them in brackets)."""
+    """The runs of `task` with every position supervised, one run per seed of a group, with the
+    columns memory, model and label. The label groups seeds by the one rule
+    (run_groups.seed_groups: configs that differ in anything but the seed and bookkeeping are
+    different groups, never seeds of one) and reads as the model (what the paper's figures are
+    keyed by), the number of steps where runs of one model differ in it, and the memory preset
+    and init (shown in their own column, so the label holds them in brackets); where that text
+    would name two groups alike, the group's name (seed_groups) follows it."""
     sub = df[df["config.train.task"] == task].copy()
     sub = sub[sub.apply(supervised_every, axis=1) == 1] if not sub.empty else sub
     if sub.empty:
         return sub
+    groups = seed_groups(sub)
+    sub = one_run_per_seed(sub)
+    groups = groups.loc[sub.index]
     sub["memory"] = sub.apply(memory_label, axis=1)
     sub["model"] = sub.apply(model_label, axis=1)
     memory = sub["memory"].map(lambda m: "" if m == "-" else f" [{m}]")
-    sub["label"] = sub["model"] + steps_suffix(sub, sub["model"] + memory) + memory
+    text = sub["model"] + steps_suffix(sub, sub["model"] + memory)
+    keys = groups["key"] + "|" + sub["config.train.length"].astype(str)
+    shared = text.groupby(text).transform(lambda s: keys[s.index].nunique() > 1).astype(bool)
+    extra = groups["group"].astype(str).str.split(" | ", n=1, regex=False).str[1].fillna("")
+    text[shared] = text[shared] + " | " + extra[shared]
+    sub["label"] = text + memory
     return sub
 
 
@@ -324,7 +335,9 @@ def truncation_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16
     return note + "\n\n" + markdown(rows, header)
 
 
-PROTOCOL_ROWS = ("transformer", "lrt interleaved:2 (1500 steps)", "lrt interleaved:2 (3000 steps)")
+# the frontier's trainers by their group names (run_groups.seed_groups: the steps most of them
+# trained, 1500, go unsaid)
+PROTOCOL_ROWS = ("transformer | steps=3000", "lrt interleaved:2", "lrt interleaved:2 | steps=3000")
 
 
 def protocol_points(df: pd.DataFrame, length: int = 16) -> pd.DataFrame:
@@ -1081,12 +1094,7 @@ def frontier_runs(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16) -
     sub = df[(df["config.train.task"] == task) & (df["config.train.length"] == length)]
     rows = []
     for _, p in points.iterrows():
-        match = sub[
-            (sub.apply(method_label, axis=1) == p["trainer"].split(" (")[0])
-            & (sub["config.train.seed"] == p["seed"])
-            & (sub["summary.compute_tokens"] / 1e6 == p["compute"])
-            & (sub["summary.wall_time_s"] / 60 == p["wall_min"])
-        ]
+        match = sub[sub["run"] == p["run"]]
         if len(match) != 1:
             raise SystemExit(f"frontier point {p['trainer']} seed {p['seed']}: {len(match)} runs")
         rows.append(match.iloc[0].to_dict() | {"trainer": p["trainer"]})
@@ -1267,7 +1275,7 @@ def censoring_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
     """How much of the factor study's budget the runs spend at the training length at the full
     learning rate, and the losses still falling at its end (the runs are censored)."""
     runs = frontier_runs(df, length=length)
-    base = trainer_runs(runs, "lrt interleaved:2 (1500 steps)") if not runs.empty else runs
+    base = trainer_runs(runs, "lrt interleaved:2") if not runs.empty else runs
     if base.empty:
         return {}
     out = {}
@@ -1298,14 +1306,14 @@ def censoring_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
     out["a5_16.falling_steps"] = " / ".join(map(str, checkpoints))
     out["a5_16.falling_losses"] = " -> ".join(f"{v:.2f}" for v in drops[seed])
     # the transformer's exact pos@90 at every evaluation, per seed: has it plateaued?
-    plain = trainer_runs(runs, "transformer")
+    plain = trainer_runs(runs, "transformer | steps=3000")
     if not plain.empty:
         evals = [load_metrics(r, kind="eval") for _, r in plain.iterrows()]
         out["a5_16.transformer.eval_steps"] = " / ".join(str(int(v)) for v in evals[0]["step"])
         out["a5_16.transformer.trajectory"] = "; ".join(
             "/".join(whole(v) for v in e[f"pos90_exact@{length}"]) for e in evals
         )
-    longer = trainer_runs(runs, f"lrt interleaved:2 ({2 * steps} steps)")
+    longer = trainer_runs(runs, f"lrt interleaved:2 | steps={2 * steps}")
     if not longer.empty:
         out["a5_16.il_long_steps"] = str(2 * steps)
         out["a5_16.il_long_parallel"] = whole(
@@ -1324,8 +1332,8 @@ def ranking_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
     out = {}
     col = f"summary.eval.pos90_exact@{length}"
     arms = {
-        "transformer": "transformer",
-        "il": "lrt interleaved:2 (1500 steps)",
+        "transformer": "transformer | steps=3000",
+        "il": "lrt interleaved:2",
         "fp01_8": "lrt fixedpoint:0.1:8",
         "fullseq3": "lrt fullseq:3",
     }
@@ -1355,7 +1363,7 @@ def compute_values(df: pd.DataFrame, length: int = 16, bench_dir: Path = REPO / 
     if runs.empty:
         return {}
     fp = trainer_runs(runs, "lrt fixedpoint:0.1:8")
-    il = trainer_runs(runs, "lrt interleaved:2 (1500 steps)")
+    il = trainer_runs(runs, "lrt interleaved:2")
     if fp.empty or il.empty:
         return {}
 
@@ -1708,7 +1716,7 @@ def cells_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
             )
         out["cell.released_vs_base.seeds"] = str(len(seeds))
     plain = frontier_runs(df, length=length)
-    plain = trainer_runs(plain, "transformer") if not plain.empty else plain
+    plain = trainer_runs(plain, "transformer | steps=3000") if not plain.empty else plain
     if "fp001" in got and not plain.empty:
         ratio = (
             got["fp001"]["summary.compute_tokens"].mean() / plain["summary.compute_tokens"].mean()

@@ -354,15 +354,15 @@ def test_decision_power_is_what_the_permutation_test_with_holm_does():
     from lrt_lab.store.contrasts import decision_power
 
     for d, n, m_null in ((1.2, 8, 0), (1.5, 7, 1)):
-        family = [{"d": d, "paired": True, "n": n}] + [
-            {"d": 0.0, "paired": True, "n": n}
-        ] * m_null
+        family = [{"d": d, "paired": True, "n": n}] + [{"d": 0.0, "paired": True, "n": n}] * m_null
         got = decision_power(family, draws=4000, seed=1)[0]
         want = _reference_power(d, n, draws=300, seed=2, m_null=m_null)
         # the reference's Monte Carlo SD is at most 0.029: four of them
         assert abs(got - want) < 0.12, (d, n, m_null, got, want)
     # the simulated power is below the t-test's, which knows no floor and no Holm
-    assert decision_power([{"d": 1.2, "paired": True, "n": 8}] * 4)[0] < t_power(1.2, 8, paired=True)
+    assert decision_power([{"d": 1.2, "paired": True, "n": 8}] * 4)[0] < t_power(
+        1.2, 8, paired=True
+    )
 
 
 def test_decision_power_knows_the_floor_of_an_exact_test():

@@ -99,7 +99,7 @@ def frontier_points(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16)
     its own trainer, named as every view names its group (run_groups.seed_groups: "lrt
     interleaved:2 | steps=3000").
 
-    Columns: trainer, seed, compute (M token-forwards the trainer ran), wall_min (the run's own
+    Columns: trainer, run (its name), seed, compute (M token-forwards the trainer ran), wall_min (the run's own
     wall clock), final_loss (training), and pos90_exact@N / pos90_parallel@N, ce_exact@N /
     ce_parallel@N at every evaluated length N (a byte-level text task: bpb_exact@N /
     bpb_parallel@N too, its figure)."""
@@ -144,6 +144,7 @@ def frontier_points(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16)
     out = pd.DataFrame(
         {
             "trainer": trainer,
+            "run": sub["run"] if "run" in sub else sub.index.map(str),
             "seed": sub["config.train.seed"].astype(int),
             "compute": sub["summary.compute_tokens"] / 1e6,
             "wall_min": sub["summary.wall_time_s"] / 60,
