@@ -100,8 +100,8 @@ def frontier_points(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16)
     interleaved:2 | steps=3000").
 
     Columns: trainer, run (its name), seed, compute (M token-forwards the trainer ran), wall_min
-    (the run's own wall clock), final_loss (training), and pos90_exact@N / pos90_parallel@N, ce_exact@N /
-    ce_parallel@N at every evaluated length N (a byte-level text task: bpb_exact@N /
+    (the run's own wall clock), final_loss (training), and pos90_exact@N / pos90_parallel@N,
+    ce_exact@N / ce_parallel@N at every evaluated length N (a byte-level text task: bpb_exact@N /
     bpb_parallel@N too, its figure)."""
     if df.empty or "config.train.task" not in df:
         return pd.DataFrame()
