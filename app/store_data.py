@@ -383,16 +383,20 @@ def metric_bounds(metric: str) -> tuple[float | None, float | None]:
     return metric_info(name).bounds
 
 
-def default_metric(runs: pd.DataFrame, options: list[str], study=None) -> str:
-    """The metric a page opens on: the store's primary metric (the study's, else the task's own
-    figure: lrt_lab.store.metrics.primary_metric) where the runs recorded it over training, else
-    the first evaluation figure, and the training forward's loss only where there is nothing
-    else."""
+def default_metric(runs: pd.DataFrame, options: list[str], study=None, loader=None) -> str:
+    """The metric a page of curves opens on: the store's primary metric (the study's, else the
+    task's own figure: lrt_lab.store.metrics.primary_metric) where the runs recorded it over
+    training (their metrics.jsonl evaluations), else the first evaluation figure they recorded,
+    and the training forward's loss only where they recorded none."""
+    loader = loader or metrics_of
+    recorded = set()
+    for path in runs["path"] if "path" in runs.columns else []:
+        recorded |= set(loader(path, "eval").columns)
     primary = primary_metric(runs, study)
-    if primary in options:
+    if primary in options and primary in recorded:
         return primary
-    evals = [o for o in options if o != "loss" and "@" in o]
-    return evals[0] if evals else options[0]
+    evals = [o for o in options if o != "loss" and "@" in o and o in recorded]
+    return evals[0] if evals else ("loss" if "loss" in options else options[0])
 
 
 def metric_caption(metric: str) -> str:

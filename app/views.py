@@ -279,7 +279,17 @@ def curves_page(ctx: Context) -> None:
         st.info("No group picked: open *Groups* above and pick some.")
         return
     c1, c2, c3 = st.columns([2, 3, 2])
-    metric = c1.selectbox("metric", store_data.metric_options(runs), key="curve_metric")
+    options = store_data.metric_options(runs)
+    metric = c1.selectbox(
+        "metric",
+        options,
+        index=options.index(store_data.default_metric(runs, options)),
+        key="curve_metric",
+        format_func=lambda m: f"{m} (training forward)" if m == "loss" else m,
+        help="opens on the store's primary metric (exact-decoding cross-entropy for text, exact "
+        "pos@90 for state tracking); loss is the training schedule's own parallel forward on "
+        "training batches",
+    )
     x_axis = c2.radio(
         "x axis",
         store_data.x_axis_options(runs),
