@@ -827,7 +827,8 @@ def last_interval_table(runs, study: Study, run_names=None) -> pd.DataFrame:
             lost = sign * end["value"] - best
             bests.append(sign * best)
             # gained >= 0: best is at most first; only a run that reached something can lose it
-            regressed.append(bool(reached_level(metric, evals["value"])) and lost > gained / 2)
+            reached = reached_level(metric, evals["value"], study.lower_is_better)
+            regressed.append(reached and lost > gained / 2)
             changes.append(end["value"] - before.iloc[-1]["value"])
             intervals.add(int(end["step"] - before.iloc[-1]["step"]))
         if not finals:
@@ -878,18 +879,20 @@ def last_interval_table(runs, study: Study, run_names=None) -> pd.DataFrame:
 REACHED_SHARE = 0.5
 
 
-def reached_level(metric: str, values) -> bool:
+def reached_level(metric: str, values, lower_is_better: bool | None = None) -> bool:
     """Whether a run's evaluations of `metric` (in step order) reached a real level: its best at
     least REACHED_SHARE of the way from its first to the metric's best possible value (its bound
     on the better side, lrt_lab.store.metrics); a metric without such a bound: whether it ever
-    beat its first evaluation."""
+    beat its first evaluation. lower_is_better: the direction a study reads it in (None: the
+    metric table's)."""
     info = metric_info(metric)
+    lower = info.lower_is_better if lower_is_better is None else lower_is_better
     v = pd.to_numeric(pd.Series(list(values)), errors="coerce").dropna()
-    if v.empty or info.lower_is_better is None:
+    if v.empty or lower is None:
         return False
     first = float(v.iloc[0])
-    ideal = info.bounds[0] if info.lower_is_better else info.bounds[1]
-    best = float(v.min() if info.lower_is_better else v.max())
+    ideal = info.bounds[0] if lower else info.bounds[1]
+    best = float(v.min() if lower else v.max())
     if ideal is None:
         return best != first
     return abs(best - first) >= REACHED_SHARE * abs(ideal - first) and best != first
