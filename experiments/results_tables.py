@@ -133,7 +133,7 @@ def labelled(df: pd.DataFrame, task: str) -> pd.DataFrame:
     text = sub["model"] + steps_suffix(sub, sub["model"] + memory)
     keys = groups["key"] + "|" + sub["config.train.length"].astype(str)
     shared = text.groupby(text).transform(lambda s: keys[s.index].nunique() > 1).astype(bool)
-    extra = groups["group"].astype(str).str.split(" | ", n=1, regex=False).str[1].fillna("")
+    extra = groups["group"].astype(str).map(lambda g: g.split(" | ", 1)[1] if " | " in g else "")
     text[shared] = text[shared] + " | " + extra[shared]
     sub["label"] = text + memory
     return sub
