@@ -43,11 +43,11 @@ def study_runs(ctx, found: dict) -> pd.DataFrame:
     return ctx.shown[ctx.shown["run"].isin(names)]
 
 
-def study_baseline(runs: pd.DataFrame, labels: pd.Series, found: dict) -> str | None:
-    """The label the page gives the study's baseline arm (its first contrast's A)."""
-    arm = found["study"].contrasts[0].a
-    hit = labels[runs["run"].isin(found["arms"].get(arm, [])).to_numpy()]
-    return hit.iloc[0] if len(hit) else None
+def study_labels(runs: pd.DataFrame, found: dict) -> pd.Series:
+    """Each run of the study by the arm its spec names it in (`transformer`, `lrt
+    interleaved:2`, ...)."""
+    arm_of = {name: arm for arm, names in found["arms"].items() for name in names}
+    return runs["run"].map(arm_of)
 
 
 def delta_page(ctx) -> None:
@@ -76,12 +76,13 @@ def delta_page(ctx) -> None:
     else:
         found = None
         runs = one_run_per_seed(ctx.pick_groups("delta"))
-    labels = store_data.group_labels(runs)
+    # the study's groups are its arms, named as its spec names them (and report --study)
+    labels = study_labels(runs, found) if found else store_data.group_labels(runs)
     groups = sorted(set(labels))
     if len(groups) < 2:
         st.info("Open *Groups* above and pick the baseline and at least one other group.")
         return
-    base = study_baseline(runs, labels, found) if found else None
+    base = found["study"].contrasts[0].a if found else None
     c1, c2, c3 = st.columns([3, 2, 2])
     baseline = c1.selectbox(
         "baseline",
@@ -124,7 +125,9 @@ def delta_page(ctx) -> None:
         disabled=metric != "loss",
         help="exponential moving average of each run's training loss before the difference",
     )
-    long, notes = store_data.curves(runs, metric, x_axis, smoothing if metric == "loss" else 0.0)
+    long, notes = store_data.curves(
+        runs, metric, x_axis, smoothing if metric == "loss" else 0.0, labels=labels
+    )
     deltas, more = store_data.delta_curves(long, baseline)
     for note in notes + more:
         st.caption(note)

@@ -466,13 +466,19 @@ def metric_options(df: pd.DataFrame) -> list[str]:
 
 
 def curves(
-    df: pd.DataFrame, metric: str, x_axis: str, smoothing: float = 0.0, loader=None
+    df: pd.DataFrame,
+    metric: str,
+    x_axis: str,
+    smoothing: float = 0.0,
+    loader=None,
+    labels: pd.Series | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
-    """Long table (group, run, x, y) of `metric` over training, and notes about runs left out."""
+    """Long table (group, run, x, y) of `metric` over training, and notes about runs left out.
+    labels: each run's group name (default group_labels: what tells the groups of `df` apart)."""
     loader = loader or metrics_of
     field, _ = X_AXES[x_axis]
     kind = "train" if metric == "loss" else "eval"
-    groups = group_labels(df)
+    groups = group_labels(df) if labels is None else labels
     parts, notes = [], []
     for (_, row), group in zip(df.iterrows(), groups):
         m = loader(row["path"], kind)
