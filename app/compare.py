@@ -22,16 +22,27 @@ from lrt_app.frontier import AXES
 from lrt_app.picker import MAX_DEFAULT_GROUPS, pick_groups
 from lrt_app.store_data import group_labels
 from lrt_lab.store.report import (
-    COMPARE_METRICS,
     compare_lengths,
+    compare_metrics,
     compare_table,
+    figure_column,
     format_mean_ci,
     studies_by_recency,
     study_runs,
 )
+from lrt_lab.store.run_groups import one_run_per_seed
 from lrt_lab.store.scoreboard import scoreboard
 
 DECODINGS = {"exact": "pos90_exact", "parallel": "pos90_parallel"}
+FIGURE_NAMES = {"pos90": "pos@90", "bpb": "BPB"}
+
+
+def decodings(task: str) -> dict[str, str]:
+    """decoding -> the figure the study shows for it (BPB for a byte-level text task)."""
+    exact, parallel = compare_metrics(task)
+    return {"exact": exact, "parallel": parallel}
+
+
 SPENT = ("compute", "wall_min")
 ROW_PX = 35  # a row of st.dataframe
 MAX_METHOD_PX = 420
@@ -53,13 +64,15 @@ def seed_cell(row, figure: str, per_seed: bool = True, digits: int = 3) -> str:
     return f"{cell} · " + ", ".join(f"{v:.{digits}g}" for v in values)
 
 
-def figure_columns(length: int, lengths: list[int]) -> dict[str, str]:
+def figure_columns(length: int, lengths: list[int], task: str | None = None) -> dict[str, str]:
     """compare_table figure -> the column title the page shows, in the page's order: the short cost
-    columns first, so that they stay in view next to the method while pos@90 scrolls."""
+    columns first, so that they stay in view next to the method while pos@90 (BPB for a
+    byte-level text task) scrolls."""
     columns = {"compute": "compute (M token-forwards)", "wall_min": "wall clock (min)"}
-    for metric in COMPARE_METRICS:
-        decoding = metric.split("_", 1)[1]
-        columns |= {f"{metric}@{n}": f"{decoding} pos@90 at {n} ({n // length}x)" for n in lengths}
+    for metric in compare_metrics(task):
+        family, decoding = metric.split("_", 1)
+        name = FIGURE_NAMES[family]
+        columns |= {f"{metric}@{n}": f"{decoding} {name} at {n} ({n // length}x)" for n in lengths}
     columns |= {
         f"acc_exact@{length}": f"exact accuracy at {length}",
         f"acc_parallel@{length}": f"parallel accuracy at {length}",
@@ -67,7 +80,9 @@ def figure_columns(length: int, lengths: list[int]) -> dict[str, str]:
     return columns
 
 
-def display_table(table: pd.DataFrame, length: int, lengths: list[int]) -> pd.DataFrame:
+def display_table(
+    table: pd.DataFrame, length: int, lengths: list[int], task: str | None = None
+) -> pd.DataFrame:
     """compare_table as text cells: the method, its seeds, then one cell per figure."""
     out = pd.DataFrame(
         {
@@ -75,7 +90,7 @@ def display_table(table: pd.DataFrame, length: int, lengths: list[int]) -> pd.Da
             "seeds": [", ".join(map(str, seeds)) for seeds in table["seeds"]],
         }
     )
-    for figure, title in figure_columns(length, lengths).items():
+    for figure, title in figure_columns(length, lengths, task).items():
         if f"{figure}.mean" not in table:
             continue
         # what a method costs varies little between seeds: its mean is the figure
@@ -88,9 +103,10 @@ def display_table(table: pd.DataFrame, length: int, lengths: list[int]) -> pd.Da
     return out
 
 
-def scatter_points(runs: pd.DataFrame, lengths: list[int]) -> pd.DataFrame:
-    """One point per run: its method, seed, compute, wall
-    clock and pos@90 per decoding and length."""
+def scatter_points(runs: pd.DataFrame, lengths: list[int], task: str | None = None) -> pd.DataFrame:
+    """One point per run (one per seed of a method): its method, seed, compute, wall clock and
+    the study's figure (pos@90; BPB for a byte-level text task) per decoding and length."""
+    runs = one_run_per_seed(runs)
     points = pd.DataFrame(
         {
             "method": group_labels(runs),
@@ -99,10 +115,9 @@ def scatter_points(runs: pd.DataFrame, lengths: list[int]) -> pd.DataFrame:
             "wall_min": runs["summary.wall_time_s"] / 60,
         }
     )
-    for metric in COMPARE_METRICS:
+    for metric in compare_metrics(task):
         for n in lengths:
-            column = f"summary.eval.{metric}@{n}"
-            points[f"{metric}@{n}"] = runs[column] if column in runs else math.nan
+            points[f"{metric}@{n}"] = figure_column(runs, f"{metric}@{n}").to_numpy()
     return points.reset_index(drop=True)
 
 
@@ -121,10 +136,10 @@ def compare_page(ctx) -> None:
     )
     task, length = study
     runs = study_runs(ctx.shown, task, length)
-    lengths = compare_lengths(runs, length)
+    lengths = compare_lengths(runs, length, compare_metrics(task))
     table = compare_table(ctx.shown, task, length)
     st.subheader(f"Methods: {study_name(study)}")
-    shown = display_table(table, length, lengths)
+    shown = display_table(table, length, lengths, task)
     # every row in view (no inner scrolling), the method pinned while the figures scroll sideways
     method_width = min(MAX_METHOD_PX, 24 + 7 * int(shown["method"].str.len().max()))
     st.dataframe(
@@ -141,7 +156,7 @@ def compare_page(ctx) -> None:
         "here (unnamed fields are at their default, or the value most methods share)."
     )
     scoreboard_table(runs)
-    frontier_chart(runs, lengths, length)
+    frontier_chart(runs, lengths, length, task)
 
 
 def scoreboard_rows(runs: pd.DataFrame) -> pd.DataFrame:
@@ -183,10 +198,14 @@ def scoreboard_table(runs: pd.DataFrame) -> None:
     )
 
 
-def frontier_chart(runs: pd.DataFrame, lengths: list[int], length: int) -> None:
+def frontier_chart(
+    runs: pd.DataFrame, lengths: list[int], length: int, task: str | None = None
+) -> None:
     st.subheader("Trainer frontier")
+    figures = decodings(task)
+    name = FIGURE_NAMES[figures["exact"].split("_", 1)[0]]
     if not lengths:
-        st.info(f"No run of this study measured pos@90 at {length}, {2 * length} or {4 * length}.")
+        st.info(f"No run of this study measured {name} at {length}, {2 * length} or {4 * length}.")
         return
     left, middle, right = st.columns(3)
     n = left.selectbox(
@@ -195,7 +214,7 @@ def frontier_chart(runs: pd.DataFrame, lengths: list[int], length: int) -> None:
         key="compare_length",
         format_func=lambda v: f"{v} ({v // length}x the training length)",
     )
-    decoding = middle.radio("decoding", list(DECODINGS), horizontal=True, key="compare_decoding")
+    decoding = middle.radio("decoding", list(figures), horizontal=True, key="compare_decoding")
     axis = right.radio("x axis", list(AXES), horizontal=True, key="compare_x")
     field, x_title = AXES[axis]
     picked = pick_groups(
@@ -207,8 +226,9 @@ def frontier_chart(runs: pd.DataFrame, lengths: list[int], length: int) -> None:
     if picked.empty:
         st.info("No method picked: open *Groups* above and pick some.")
         return
-    points = scatter_points(picked, lengths)
-    y = f"{DECODINGS[decoding]}@{n}"
+    points = scatter_points(picked, lengths, task)
+    y = f"{figures[decoding]}@{n}"
+    pos90 = name == "pos@90"
     methods = sorted(points["method"].unique())
     palette_note(len(methods))
     spec = {
@@ -220,16 +240,21 @@ def frontier_chart(runs: pd.DataFrame, lengths: list[int], length: int) -> None:
             "y": {
                 "field": y,
                 "type": "quantitative",
-                "title": f"{decoding} pos@90 at {n}",
-                "scale": {"domain": [0, n]},
+                "title": f"{decoding} {name} at {n}",
+                "scale": {"domain": [0, n]} if pos90 else {"zero": False},
             },
             "color": color_encoding(methods, "method", "method"),
             "tooltip": [{"field": c} for c in ("method", "seed", "compute", "wall_min", y)],
         },
     }
     draw_chart(spec, runs=points)
+    better = (
+        f"Up and to the left is better: the cheapest method whose points sit at {n} learned the "
+        "task."
+        if pos90
+        else "Down and to the left is better (bits per byte: lower is better)."
+    )
     st.caption(
-        f"One point per run. Up and to the left is better: the cheapest method whose points sit at "
-        f"{n} learned the task. Wall clock is each run's own (runs may have shared the machine "
-        "differently)."
+        f"One point per run (a seed run twice is one point). {better} Wall clock is each run's own "
+        "(runs may have shared the machine differently)."
     )

@@ -14,6 +14,8 @@ import streamlit as st
 
 from lrt_app import store_data
 from lrt_app.charts import color_encoding, data_key, draw_chart, palette_note
+from lrt_lab.store.metrics import metric_info
+from lrt_lab.store.run_groups import one_run_per_seed
 from lrt_lab.store.stats import MIN_SEEDS_T
 
 # x axes a delta is matched on: the work done, not the time the machine took
@@ -29,29 +31,84 @@ def default_baseline(groups: list[str]) -> int:
     return 0
 
 
+STUDY_SCOPE = "the study"
+PICKED_SCOPE = "groups picked"
+# a study's budget axis -> the x a delta is matched at
+STUDY_X = {"step": "steps", "compute_tokens": "compute", "flops": "FLOPs"}
+
+
+def study_runs(ctx, found: dict) -> pd.DataFrame:
+    """The runs shown that are the study's arms (one run per seed)."""
+    names = {n for runs in found["arms"].values() for n in runs}
+    return ctx.shown[ctx.shown["run"].isin(names)]
+
+
+def study_labels(runs: pd.DataFrame, found: dict) -> pd.Series:
+    """Each run of the study by the arm its spec names it in (`transformer`, `lrt
+    interleaved:2`, ...)."""
+    arm_of = {name: arm for arm, names in found["arms"].items() for name in names}
+    return runs["run"].map(arm_of)
+
+
 def delta_page(ctx) -> None:
     if ctx.shown.empty:
         st.info("No runs match the filters in the sidebar.")
         return
-    runs = ctx.pick_groups("delta")
-    labels = store_data.group_labels(runs)
+    found = store_data.store_study(ctx.root, ctx.runs)
+    scope = PICKED_SCOPE
+    if found is not None and not study_runs(ctx, found).empty:
+        study = found["study"]
+        scope = st.radio(
+            "compare",
+            [STUDY_SCOPE, PICKED_SCOPE],
+            horizontal=True,
+            key="delta_scope",
+            help=f"the study: the arms of {found['path']}'s [study] against its baseline, paired "
+            "by seed as its contrasts are, on its primary metric; groups picked: any groups of "
+            "the runs shown",
+        )
+    if scope == STUDY_SCOPE:
+        runs = one_run_per_seed(study_runs(ctx, found))
+        st.caption(
+            f"Study ({found['path']}): {study.question} Primary metric: {study.primary} "
+            f"({'lower' if study.lower_is_better else 'higher'} is better)."
+        )
+    else:
+        found = None
+        runs = one_run_per_seed(ctx.pick_groups("delta"))
+    # the study's groups are its arms, named as its spec names them (and report --study)
+    labels = study_labels(runs, found) if found else store_data.group_labels(runs)
     groups = sorted(set(labels))
     if len(groups) < 2:
         st.info("Open *Groups* above and pick the baseline and at least one other group.")
         return
+    base = found["study"].contrasts[0].a if found else None
     c1, c2, c3 = st.columns([3, 2, 2])
     baseline = c1.selectbox(
         "baseline",
         groups,
-        index=default_baseline(groups),
-        key=data_key("delta_baseline", groups),
+        index=groups.index(base) if base in groups else default_baseline(groups),
+        key=data_key(f"delta_baseline_{scope}", groups),
         help="every other group is drawn as its metric minus this group's",
     )
-    metric = c2.selectbox("metric", store_data.metric_options(runs), key="delta_metric")
+    options = store_data.metric_options(runs)
+    first = store_data.default_metric(runs, options, found["study"] if found else None)
+    metric = c2.selectbox(
+        "metric",
+        options,
+        index=options.index(first),
+        key=data_key(f"delta_metric_{scope}", options),
+        format_func=lambda m: f"{m} (training forward)" if m == "loss" else m,
+        help="opens on the store's primary metric: the study's, else the task's own figure "
+        "(exact-decoding cross-entropy for text, exact pos@90 for state tracking); loss is the "
+        "training schedule's own parallel forward on training batches",
+    )
     x_options = [x for x in store_data.x_axis_options(runs) if x in X_CHOICES]
+    x_first = STUDY_X.get(found["study"].time_axis, "steps") if found else "steps"
     x_axis = c3.radio(
         "matched at",
         x_options,
+        index=x_options.index(x_first) if x_first in x_options else 0,
         horizontal=True,
         key="delta_x",
         help="steps: the same training step; compute: the same baseline-equivalent tokens "
@@ -68,7 +125,9 @@ def delta_page(ctx) -> None:
         disabled=metric != "loss",
         help="exponential moving average of each run's training loss before the difference",
     )
-    long, notes = store_data.curves(runs, metric, x_axis, smoothing if metric == "loss" else 0.0)
+    long, notes = store_data.curves(
+        runs, metric, x_axis, smoothing if metric == "loss" else 0.0, labels=labels
+    )
     deltas, more = store_data.delta_curves(long, baseline)
     for note in notes + more:
         st.caption(note)
@@ -81,7 +140,8 @@ def delta_page(ctx) -> None:
     delta_chart(deltas, others, metric, x_axis, baseline)
     summary = store_data.delta_summary(deltas)
     st.dataframe(display_summary(summary, x_axis), hide_index=True)
-    lower = "lower is better" if metric == "loss" else "higher is better"
+    info = metric_info(metric)
+    lower = info.direction
     smoothed = (
         f" (each run's loss smoothed first: moving average, weight {smoothing:g})"
         if metric == "loss" and smoothing > 0
@@ -96,6 +156,16 @@ def delta_page(ctx) -> None:
         "baseline is the difference of the means, unpaired, with no band. The table: at the end "
         "of the matched range."
     )
+    st.caption(store_data.metric_caption(metric))
+    if found is not None:
+        said = [
+            v for v, c in zip(found["verdicts"], found["study"].contrasts) if c.metric == metric
+        ]
+        if said:
+            st.markdown(
+                "**The study's decision** (`lrt-lab report --study`: each run's final value, "
+                "permutation test with Holm):\n" + "\n".join(f"- {v}" for v in said)
+            )
 
 
 def display_summary(summary: pd.DataFrame, x_axis: str) -> pd.DataFrame:

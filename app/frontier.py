@@ -14,7 +14,9 @@ import pandas as pd
 import streamlit as st
 
 from lrt_app.charts import color_encoding, draw_chart
-from lrt_lab.store.report import frontier_points
+from lrt_lab.store.metrics import TEXT_TASKS, metric_info
+from lrt_lab.store.report import format_mean_ci, frontier_points
+from lrt_lab.store.stats import mean_ci
 
 AXES = {
     "compute": ("compute", "training compute (M token-forwards)"),
@@ -56,9 +58,11 @@ def frontier_page(ctx) -> None:
         format_func=lambda c: f"{c[0]} at length {c[1]}",
     )
     points = frontier_points(ctx.shown, task, length)
-    lengths = sorted(int(c.split("@")[1]) for c in points if c.startswith("pos90_exact@"))
-    if not lengths:  # e.g. byte-level text, whose runs are read by BPB (the Scaling tab)
-        st.info(f"The {task} runs shown have no pos@90 evaluations to draw the frontier from.")
+    # a byte-level text task is read by bits per byte (its pos@90 is 0 for every run)
+    figure = "bpb_exact" if task in TEXT_TASKS else "pos90_exact"
+    lengths = sorted(int(c.split("@")[1]) for c in points if c.startswith(f"{figure}@"))
+    if not lengths:
+        st.info(f"The {task} runs shown have no {figure} evaluations to draw the frontier from.")
         return
     left, right = st.columns(2)
     n = left.selectbox(
@@ -69,6 +73,10 @@ def frontier_page(ctx) -> None:
     )
     axis = right.radio("x axis", list(AXES), horizontal=True, key="frontier_x")
     field, title = AXES[axis]
+    y = f"{figure}@{n}"
+    info = metric_info(y)
+    y_title = f"exact pos@90 at {n}" if figure == "pos90_exact" else f"exact BPB at {n}"
+    scale = {"domain": [0, n]} if figure == "pos90_exact" else {"zero": False}
     draw_chart(
         {
             "height": 360,
@@ -76,12 +84,7 @@ def frontier_page(ctx) -> None:
             "mark": {"type": "point", "filled": True, "size": 90, "opacity": 0.85},
             "encoding": {
                 "x": {"field": field, "type": "quantitative", "title": title},
-                "y": {
-                    "field": f"pos90_exact@{n}",
-                    "type": "quantitative",
-                    "title": f"exact pos@90 at {n}",
-                    "scale": {"domain": [0, n]},
-                },
+                "y": {"field": y, "type": "quantitative", "title": y_title, "scale": scale},
                 "color": color_encoding(sorted(points["trainer"].unique()), "trainer", "trainer"),
                 "shape": {
                     "field": "seed",
@@ -89,26 +92,40 @@ def frontier_page(ctx) -> None:
                     "title": "seed",
                     "legend": {"orient": "top", "direction": "horizontal"},
                 },
-                "tooltip": [
-                    {"field": c}
-                    for c in ("trainer", "seed", "compute", "wall_min", f"pos90_exact@{n}")
-                ],
+                "tooltip": [{"field": c} for c in ("trainer", "seed", "compute", "wall_min", y)],
             },
         },
         points=points,
     )
-    st.caption(
-        f"One point per run and seed. The cheapest trainer whose points sit at {n} is the answer. "
-        "Wall clock is each run's own (runs of a study may have shared the machine differently)."
-    )
-    learned = (
-        points.assign(learned=points[f"pos90_exact@{n}"] == n)
-        .groupby("trainer", sort=False)
-        .agg(
-            seeds=("seed", "count"),
-            learned=("learned", "sum"),
-            compute=("compute", "mean"),
-            wall_min=("wall_min", "mean"),
+    st.dataframe(frontier_summary(points, y, n).reset_index(), hide_index=True)
+    if figure == "pos90_exact":
+        st.caption(
+            f"One point per run and seed (a seed run twice is one point). The cheapest trainer "
+            f"whose points sit at {n} is the answer. Wall clock is each run's own (runs of a study "
+            "may have shared the machine differently)."
         )
-    )
-    st.dataframe(learned.reset_index(), hide_index=True)
+    else:
+        st.caption(
+            f"One point per run and seed (a seed run twice is one point): {info.label} "
+            f"({info.direction}); the table: mean [95% t-interval over seeds]. Wall clock is each "
+            "run's own."
+        )
+
+
+def frontier_summary(points: pd.DataFrame, y: str, n: int) -> pd.DataFrame:
+    """Per trainer: its seeds, and how many learned (pos@90 at n) or its mean [interval] (any
+    other figure), with its mean compute and wall clock."""
+    rows = {}
+    for trainer, g in points.groupby("trainer", sort=False):
+        row = {"seeds": int(g[y].notna().sum())}
+        if y.startswith("pos90_"):
+            row["learned"] = int((g[y] == n).sum())
+        else:
+            s = mean_ci(g[y])
+            row[y] = format_mean_ci(s["mean"], s["ci_low"], s["ci_high"])
+        row["compute"] = g["compute"].mean()
+        row["wall_min"] = g["wall_min"].mean()
+        rows[trainer] = row
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    out.index.name = "trainer"
+    return out

@@ -13,6 +13,7 @@ import streamlit as st
 
 from lrt_app import store_data
 from lrt_app.charts import data_key
+from lrt_lab.store.run_groups import one_run_per_seed
 
 # Groups a chart shows before anyone picks others: as many as stay apart in colour and legend.
 MAX_DEFAULT_GROUPS = 8
@@ -51,4 +52,5 @@ def pick_groups(
         f"{len(picked)} of {len(options)} groups shown"
         + (f"; {hidden} hidden (open *Groups* to add them)." if hidden else ".")
     )
-    return runs[labels.isin(picked).to_numpy()]
+    # a seed run twice is one run of its group (run_groups.one_run_per_seed)
+    return one_run_per_seed(runs[labels.isin(picked).to_numpy()])

@@ -23,10 +23,12 @@ import streamlit as st
 
 from lrt_lab.analysis.gap import gap_recovery, mismatch_table, read_bpb, refinement_table
 from lrt_lab.store import run_groups
+from lrt_lab.store.metrics import LN2, TEXT_TASKS, metric_info, primary_metric
 from lrt_lab.store.report import format_mean_ci, run_figures
 from lrt_lab.store.results import Run, load_metrics, load_runs, load_table
 from lrt_lab.store.run_groups import method_label, method_labels
 from lrt_lab.store.stats import mean_ci, seeds_interval
+from lrt_lab.store.study import store_studies, study_selection, study_table, verdict
 
 KNOWN_KINDS = ("transformer", "lrt")
 KNOWN_KIND_PREFIXES = ("loop:", "ponder:")
@@ -409,7 +411,61 @@ def metric_bounds(metric: str) -> tuple[float | None, float | None]:
         return 0.0, float(m.group(1))
     if name in ("loss", "bpb", "final_loss") or name.startswith(("bpb", "loss")):
         return 0.0, None
-    return None, None
+    return metric_info(name).bounds
+
+
+def default_metric(runs: pd.DataFrame, options: list[str], study=None, loader=None) -> str:
+    """The metric a page of curves opens on: the store's primary metric (the study's, else the
+    task's own figure: lrt_lab.store.metrics.primary_metric) where the runs recorded it over
+    training (their metrics.jsonl evaluations), else the first evaluation figure they recorded,
+    and the training forward's loss only where they recorded none."""
+    loader = loader or metrics_of
+    recorded = set()
+    for path in runs["path"] if "path" in runs.columns else []:
+        recorded |= set(loader(path, "eval").columns)
+    primary = primary_metric(runs, study)
+    if primary in options and primary in recorded:
+        return primary
+    evals = [o for o in options if o != "loss" and "@" in o and o in recorded]
+    return evals[0] if evals else ("loss" if "loss" in options else options[0])
+
+
+def metric_caption(metric: str) -> str:
+    """`ce_exact@16: cross-entropy (nats), exact decoding at length 16; lower is better`, from the
+    metric table every page and report shares."""
+    info = metric_info(metric)
+    return f"{metric}: {info.label}; {info.direction}"
+
+
+# The study a store answers -----------------------------------------------------------------------
+@st.cache_data(show_spinner=False, max_entries=16)
+def cached_store_study(root: str, signature: tuple, _runs: pd.DataFrame) -> dict | None:
+    """The first sweep spec beside the store whose [study] the store's runs answer
+    (lrt_lab.store.study.store_studies, study_selection): {"path", "study", "arms" ({arm: its
+    run names}), "table" (study_table over those runs), "verdicts"}; None when there is none."""
+    for path, study, prefix in store_studies(root):
+        arms = study_selection(_runs, study, prefix)
+        if arms is None:
+            continue
+        runs = pd.concat(list(arms.values())).drop_duplicates("run")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            table = study_table(runs, study)
+        return {
+            "path": str(path),
+            "study": study,
+            "arms": {arm: list(rows["run"]) for arm, rows in arms.items()},
+            "table": table,
+            "verdicts": [verdict(row, study) for _, row in table.iterrows()],
+        }
+    return None
+
+
+def store_study(root: str, runs: pd.DataFrame) -> dict | None:
+    """cached_store_study of the store at `root` (its runs: `runs`, every readable one)."""
+    if runs.empty:
+        return None
+    return cached_store_study(str(root), store_signature(root), runs)
 
 
 def ema(values: np.ndarray, weight: float) -> np.ndarray:
@@ -441,13 +497,19 @@ def metric_options(df: pd.DataFrame) -> list[str]:
 
 
 def curves(
-    df: pd.DataFrame, metric: str, x_axis: str, smoothing: float = 0.0, loader=None
+    df: pd.DataFrame,
+    metric: str,
+    x_axis: str,
+    smoothing: float = 0.0,
+    loader=None,
+    labels: pd.Series | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
-    """Long table (group, run, x, y) of `metric` over training, and notes about runs left out."""
+    """Long table (group, run, x, y) of `metric` over training, and notes about runs left out.
+    labels: each run's group name (default group_labels: what tells the groups of `df` apart)."""
     loader = loader or metrics_of
     field, _ = X_AXES[x_axis]
     kind = "train" if metric == "loss" else "eval"
-    groups = group_labels(df)
+    groups = group_labels(df) if labels is None else labels
     parts, notes = [], []
     for (_, row), group in zip(df.iterrows(), groups):
         m = loader(row["path"], kind)
@@ -748,7 +810,8 @@ def per_position(df: pd.DataFrame, loader=None) -> tuple[pd.DataFrame, list[str]
 
 def length_figures(df: pd.DataFrame, loader=None) -> pd.DataFrame:
     """pos@90 and accuracy at each evaluation length, parallel and exact, one row per run and
-    length."""
+    length; a byte-level text task's runs: bits per byte (ce / ln 2) and accuracy instead (their
+    pos@90 is 0 for every run)."""
     loader = loader or figures_of
     groups = group_labels(df)
     parts = []
@@ -756,6 +819,13 @@ def length_figures(df: pd.DataFrame, loader=None) -> pd.DataFrame:
         f = loader(row["path"])
         if f is None or f.empty:
             continue
+        f = f.copy()
+        if row.get("config.train.task") in TEXT_TASKS:
+            for mode in ("parallel", "exact"):
+                if f"ce_{mode}" in f:
+                    f[f"bpb_{mode}"] = f[f"ce_{mode}"] / LN2
+            f = f.drop(columns=[c for c in ("pos90_parallel", "pos90_exact") if c in f])
+        f = f.drop(columns=[c for c in ("ce_parallel", "ce_exact") if c in f])
         parts.append(f.reset_index().assign(group=group, run=row["run"]))
     if not parts:
         return pd.DataFrame(columns=["group", "run", "length"])
@@ -765,6 +835,8 @@ def length_figures(df: pd.DataFrame, loader=None) -> pd.DataFrame:
 FIGURE_COLUMNS = {
     "pos90_parallel": "pos@90 parallel",
     "pos90_exact": "pos@90 exact",
+    "bpb_parallel": "BPB parallel",
+    "bpb_exact": "BPB exact",
     "acc_parallel": "accuracy parallel",
     "acc_exact": "accuracy exact",
 }

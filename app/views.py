@@ -279,7 +279,17 @@ def curves_page(ctx: Context) -> None:
         st.info("No group picked: open *Groups* above and pick some.")
         return
     c1, c2, c3 = st.columns([2, 3, 2])
-    metric = c1.selectbox("metric", store_data.metric_options(runs), key="curve_metric")
+    options = store_data.metric_options(runs)
+    metric = c1.selectbox(
+        "metric",
+        options,
+        index=options.index(store_data.default_metric(runs, options)),
+        key="curve_metric",
+        format_func=lambda m: f"{m} (training forward)" if m == "loss" else m,
+        help="opens on the store's primary metric (exact-decoding cross-entropy for text, exact "
+        "pos@90 for state tracking); loss is the training schedule's own parallel forward on "
+        "training batches",
+    )
     x_axis = c2.radio(
         "x axis",
         store_data.x_axis_options(runs),
@@ -482,15 +492,19 @@ def length_page(ctx: Context) -> None:
     color = group_color(store_data.group_labels(runs))
     palette_note(len(color["scale"]["domain"]))
     figs = store_data.length_figures(runs)
-    cols = [c for c in ("pos90_parallel", "pos90_exact") if c in figs.columns]
-    st.subheader("pos@90 at each evaluation length")
+    # a byte-level text task is read by bits per byte (its pos@90 is 0 for every run)
+    bpb = [c for c in ("bpb_parallel", "bpb_exact") if c in figs.columns]
+    figure, name = ("bpb", "BPB") if bpb else ("pos90", "pos@90")
+    cols = [c for c in (f"{figure}_parallel", f"{figure}_exact") if c in figs.columns]
+    st.subheader(f"{name} at each evaluation length")
     if figs.empty:
         st.info("No evaluation figures in the runs' summaries.")
     else:
         st.dataframe(store_data.length_summary(figs), hide_index=True)
         st.caption(
             "Cells: mean [95% t-interval over seeds, clipped to the figure's range: pos@90 at N "
-            "in [0, N], accuracy in [0, 1]] (n seeds); one seed: its value alone."
+            "in [0, N], accuracy in [0, 1], BPB >= 0] (n seeds); one seed: its value alone."
+            + (" Bits per byte: lower is better." if bpb else "")
         )
     if not figs.empty and cols:
         pos = (
@@ -498,7 +512,7 @@ def length_page(ctx: Context) -> None:
             .mean()
             .melt(id_vars=["group", "length"], value_vars=cols, var_name="mode", value_name="pos90")
         )
-        pos["mode"] = pos["mode"].str.replace("pos90_", "", regex=False)
+        pos["mode"] = pos["mode"].str.replace(f"{figure}_", "", regex=False)
         lengths = [int(n) for n in sorted(figs["length"].unique())]
         x = _q(
             "length",
@@ -506,20 +520,27 @@ def length_page(ctx: Context) -> None:
             scale={"type": "log", "base": 2},
             axis={"values": lengths, "format": "d"},
         )
+        solved = [
+            {
+                "data": {"name": "solved"},
+                "mark": {"type": "line", "color": "gray", "strokeDash": [2, 2]},
+                "encoding": {"x": x, "y": _q("pos90")},
+            }
+        ]
         spec = {
             "height": 300,
             "layer": [
-                {
-                    "data": {"name": "solved"},
-                    "mark": {"type": "line", "color": "gray", "strokeDash": [2, 2]},
-                    "encoding": {"x": x, "y": _q("pos90")},
-                },
+                *(solved if figure == "pos90" else []),
                 {
                     "data": {"name": "pos"},
                     "mark": "line",
                     "encoding": {
                         "x": x,
-                        "y": _q("pos90", "pos@90 (mean over seeds)"),
+                        "y": _q(
+                            "pos90",
+                            f"{name} (mean over seeds)",
+                            scale={"zero": figure == "pos90"},
+                        ),
                         "color": color,
                         "strokeDash": DASH,
                     },
@@ -544,7 +565,12 @@ def length_page(ctx: Context) -> None:
         draw_chart(spec, pos=pos, solved=pd.DataFrame({"length": lengths, "pos90": lengths}))
         st.caption(
             "Solid: the training schedule's parallel forward; dashed: exact recurrent decoding; "
-            "grey dotted: solved (pos@90 = length). Lengths on a log scale."
+            + (
+                "grey dotted: solved (pos@90 = length). "
+                if figure == "pos90"
+                else "bits per byte, lower is better. "
+            )
+            + "Lengths on a log scale."
         )
 
     st.subheader("Per-position accuracy")

@@ -64,6 +64,7 @@ from lrt_lab.store.report import (  # noqa: E402
     supervised_every,
 )
 from lrt_lab.store.results import load_metrics, load_plans, load_runs, load_table  # noqa: E402
+from lrt_lab.store.run_groups import one_run_per_seed, seed_groups  # noqa: E402
 from lrt_lab.store.study import Study  # noqa: E402
 
 # Paper, app. "Non-Commutative State Tracking" (depth 4, d 256, trained at length 64, pos@90 out of
@@ -113,19 +114,29 @@ def state_tracking_tables(df: pd.DataFrame, task: str, paper: dict | None) -> st
 
 
 def labelled(df: pd.DataFrame, task: str) -> pd.DataFrame:
-    """The runs of `task` with every position supervised, with the columns memory, model and label.
-    The label groups seeds: the model (what the paper's figures are keyed by), the number of steps
-    where runs of one model differ in it (different configs, not seeds of one), and the memory
-    preset
-    and init (shown in their own column, so the label holds them in brackets)."""
+    """The runs of `task` with every position supervised, one run per seed of a group, with the
+    columns memory, model and label. The label groups seeds by the one rule
+    (run_groups.seed_groups: configs that differ in anything but the seed and bookkeeping are
+    different groups, never seeds of one) and reads as the model (what the paper's figures are
+    keyed by), the number of steps where runs of one model differ in it, and the memory preset
+    and init (shown in their own column, so the label holds them in brackets); where that text
+    would name two groups alike, the group's name (seed_groups) follows it."""
     sub = df[df["config.train.task"] == task].copy()
     sub = sub[sub.apply(supervised_every, axis=1) == 1] if not sub.empty else sub
     if sub.empty:
         return sub
+    groups = seed_groups(sub)
+    sub = one_run_per_seed(sub)
+    groups = groups.loc[sub.index]
     sub["memory"] = sub.apply(memory_label, axis=1)
     sub["model"] = sub.apply(model_label, axis=1)
     memory = sub["memory"].map(lambda m: "" if m == "-" else f" [{m}]")
-    sub["label"] = sub["model"] + steps_suffix(sub, sub["model"] + memory) + memory
+    text = sub["model"] + steps_suffix(sub, sub["model"] + memory)
+    keys = groups["key"] + "|" + sub["config.train.length"].astype(str)
+    shared = text.groupby(text).transform(lambda s: keys[s.index].nunique() > 1).astype(bool)
+    extra = groups["group"].astype(str).map(lambda g: g.split(" | ", 1)[1] if " | " in g else "")
+    text[shared] = text[shared] + " | " + extra[shared]
+    sub["label"] = text + memory
     return sub
 
 
@@ -325,7 +336,9 @@ def truncation_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16
     return note + "\n\n" + markdown(rows, header)
 
 
-PROTOCOL_ROWS = ("transformer", "lrt interleaved:2 (1500 steps)", "lrt interleaved:2 (3000 steps)")
+# the frontier's trainers by their group names (run_groups.seed_groups: the steps most of them
+# trained, 1500, go unsaid)
+PROTOCOL_ROWS = ("transformer | steps=3000", "lrt interleaved:2", "lrt interleaved:2 | steps=3000")
 
 
 def protocol_points(df: pd.DataFrame, length: int = 16) -> pd.DataFrame:
@@ -1082,12 +1095,7 @@ def frontier_runs(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16) -
     sub = df[(df["config.train.task"] == task) & (df["config.train.length"] == length)]
     rows = []
     for _, p in points.iterrows():
-        match = sub[
-            (sub.apply(method_label, axis=1) == p["trainer"].split(" (")[0])
-            & (sub["config.train.seed"] == p["seed"])
-            & (sub["summary.compute_tokens"] / 1e6 == p["compute"])
-            & (sub["summary.wall_time_s"] / 60 == p["wall_min"])
-        ]
+        match = sub[sub["run"] == p["run"]]
         if len(match) != 1:
             raise SystemExit(f"frontier point {p['trainer']} seed {p['seed']}: {len(match)} runs")
         rows.append(match.iloc[0].to_dict() | {"trainer": p["trainer"]})
@@ -1268,7 +1276,7 @@ def censoring_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
     """How much of the factor study's budget the runs spend at the training length at the full
     learning rate, and the losses still falling at its end (the runs are censored)."""
     runs = frontier_runs(df, length=length)
-    base = trainer_runs(runs, "lrt interleaved:2 (1500 steps)") if not runs.empty else runs
+    base = trainer_runs(runs, "lrt interleaved:2") if not runs.empty else runs
     if base.empty:
         return {}
     out = {}
@@ -1299,14 +1307,14 @@ def censoring_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
     out["a5_16.falling_steps"] = " / ".join(map(str, checkpoints))
     out["a5_16.falling_losses"] = " -> ".join(f"{v:.2f}" for v in drops[seed])
     # the transformer's exact pos@90 at every evaluation, per seed: has it plateaued?
-    plain = trainer_runs(runs, "transformer")
+    plain = trainer_runs(runs, "transformer | steps=3000")
     if not plain.empty:
         evals = [load_metrics(r, kind="eval") for _, r in plain.iterrows()]
         out["a5_16.transformer.eval_steps"] = " / ".join(str(int(v)) for v in evals[0]["step"])
         out["a5_16.transformer.trajectory"] = "; ".join(
             "/".join(whole(v) for v in e[f"pos90_exact@{length}"]) for e in evals
         )
-    longer = trainer_runs(runs, f"lrt interleaved:2 ({2 * steps} steps)")
+    longer = trainer_runs(runs, f"lrt interleaved:2 | steps={2 * steps}")
     if not longer.empty:
         out["a5_16.il_long_steps"] = str(2 * steps)
         out["a5_16.il_long_parallel"] = whole(
@@ -1325,8 +1333,8 @@ def ranking_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
     out = {}
     col = f"summary.eval.pos90_exact@{length}"
     arms = {
-        "transformer": "transformer",
-        "il": "lrt interleaved:2 (1500 steps)",
+        "transformer": "transformer | steps=3000",
+        "il": "lrt interleaved:2",
         "fp01_8": "lrt fixedpoint:0.1:8",
         "fullseq3": "lrt fullseq:3",
     }
@@ -1356,7 +1364,7 @@ def compute_values(df: pd.DataFrame, length: int = 16, bench_dir: Path = REPO / 
     if runs.empty:
         return {}
     fp = trainer_runs(runs, "lrt fixedpoint:0.1:8")
-    il = trainer_runs(runs, "lrt interleaved:2 (1500 steps)")
+    il = trainer_runs(runs, "lrt interleaved:2")
     if fp.empty or il.empty:
         return {}
 
@@ -1709,7 +1717,7 @@ def cells_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
             )
         out["cell.released_vs_base.seeds"] = str(len(seeds))
     plain = frontier_runs(df, length=length)
-    plain = trainer_runs(plain, "transformer") if not plain.empty else plain
+    plain = trainer_runs(plain, "transformer | steps=3000") if not plain.empty else plain
     if "fp001" in got and not plain.empty:
         ratio = (
             got["fp001"]["summary.compute_tokens"].mean() / plain["summary.compute_tokens"].mean()
@@ -2260,17 +2268,18 @@ def reach_sentence(events: pd.DataFrame, length: int) -> str:
 
 def flattening_sentence(flat: pd.DataFrame, primary: str, reference: str) -> str:
     """What the flattening table (last_interval_table) adds to the study's answer, or "": the arms
-    whose primary metric ended having lost more than half of what it had gained (learned, then
-    lost it: a final value alone reads that as never having learned), and whether the shared
-    reference arm was still improving at its end (its budget censors it)."""
+    whose primary metric reached a real level and ended having lost more than half of what it
+    had gained (learned, then lost it: a final value alone reads that as never having learned),
+    and whether the shared reference arm was still improving at its end (its budget censors it)."""
     rows = flat[flat["metric"] == primary] if len(flat) else flat
     text = []
     lost = [r for r in rows.itertuples() if count_of(r.regressed)[0]]
     if lost:
         text.append(
-            f"Runs whose {primary} ended having lost more than half of what it had gained from the "
-            "first evaluation to its best (a run that learned, then lost it, reads at its end as "
-            "one that never learned): "
+            f"Runs whose {primary} reached a real level (its best at least half way from the "
+            "first evaluation to the metric's best possible value) and ended having lost more "
+            "than half of what it had gained (a run that learned, then lost it, reads at its end "
+            "as one that never learned): "
             + ", ".join(f"{r.arm} on {r.regressed.replace('/', ' of ')}" for r in lost)
             + "."
         )
@@ -2412,9 +2421,30 @@ def train_inference_gap(df: pd.DataFrame, names: list[str], length: int = 16) ->
     return "; ".join(parts) + f"; the uniform guess is {guess:.2f}"
 
 
+def budget_ratios(df: pd.DataFrame, names: list[str]) -> str:
+    """Each arm's counted forward+backward FLOPs over the transformer's (seed means), as the
+    store counts them now: the study matched budgets by the counter of its day, which did not
+    count work run under inference_mode (Rollout's rollout)."""
+    runs = df[df["run"].isin(names)]
+    if runs.empty or "summary.flops" not in runs:
+        return "no run of the study is in yet"
+    arms = runs.groupby(["config.kind", "config.train.schedule"])["summary.flops"].mean()
+    base = arms[arms.index.get_level_values(0) == "transformer"]
+    if base.empty:
+        return "the study's transformer is not in yet"
+    cells = [
+        f"{schedule} {flops / base.iloc[0]:.2f}x"
+        for (kind, schedule), flops in arms.items()
+        if kind != "transformer"
+    ]
+    return ", ".join(cells)
+
+
 # values the page's prose names that come from the trainer study's tables, built once per page
 # (page_values), rather than from prose_values
-PAGE_VALUES = frozenset({"study.answer", "study.collapse_lyap", "study.train_inference_gap"})
+PAGE_VALUES = frozenset(
+    {"study.answer", "study.collapse_lyap", "study.train_inference_gap", "study.budgets"}
+)
 
 
 def page_values(study: TrainerStudyResults, df: pd.DataFrame | None = None) -> dict[str, str]:
@@ -2422,6 +2452,7 @@ def page_values(study: TrainerStudyResults, df: pd.DataFrame | None = None) -> d
     if df is not None:
         out["study.collapse_lyap"] = collapse_lyapunov(df, study.names, study.length)
         out["study.train_inference_gap"] = train_inference_gap(df, study.names, study.length)
+        out["study.budgets"] = budget_ratios(df, study.names)
     return out
 
 

@@ -35,7 +35,7 @@ from lrt_lab.analysis.scaling import (
     scaling_figure,
     scaling_points,
 )
-from lrt_lab.store.contrasts import contrast
+from lrt_lab.store.contrasts import contrast, smallest_p
 from lrt_lab.store.markdown import markdown_lines
 from lrt_lab.store.report import render_scoreboard
 from lrt_lab.store.results import load_plans, load_runs
@@ -195,10 +195,37 @@ def deltas_table(d: pd.DataFrame) -> str | None:
                 f"[{lo:+.4f}, {hi:+.4f}]" if math.isfinite(hi) else "-"
                 for lo, hi in zip(d.ci_low, d.ci_high)
             ],
-            "p": d["p"].map(lambda p: f"{p:.3f}" if math.isfinite(p) else "-"),
+            "p": [p_cell(p, n) for p, n in zip(d["p"], d["n"])],
         }
     )
-    return markdown(out)
+    return markdown(out) + floor_note(d["p"], d["n"])
+
+
+def at_floor(p: float, pairs: int) -> bool:
+    """Whether a paired permutation p is the smallest that test can give at `pairs` pairs."""
+    return math.isfinite(p) and p <= smallest_p(int(pairs), paired=True) * (1 + 1e-9)
+
+
+def p_cell(p: float, pairs: int) -> str:
+    """`0.062` (a `*` where it is the exact test's floor at that many pairs); `-` for none."""
+    if not math.isfinite(p):
+        return "-"
+    return f"{p:.3f}" + ("*" if at_floor(p, pairs) else "")
+
+
+def floor_note(ps, pairs) -> str:
+    """A line under a table of paired permutation p-values, where some p is the floor: what that
+    floor is and that no effect at that many pairs could show a smaller one."""
+    floors = sorted({int(n) for p, n in zip(ps, pairs) if at_floor(p, n)})
+    if not floors:
+        return ""
+    need = next(n for n in range(1, 64) if smallest_p(n, paired=True) <= 0.05)
+    said = "; ".join(f"{smallest_p(n, paired=True):.4g} at {n} pairs (2 / 2^{n})" for n in floors)
+    return (
+        "\n\n*: the smallest p the exact two-sided sign-flip test can give, however large the "
+        f"effect: {said}. Those rows are as significant as that many pairs can show; below alpha "
+        f"0.05 needs at least {need} pairs."
+    )
 
 
 def fits_table(points: pd.DataFrame) -> str | None:

@@ -488,6 +488,63 @@ def test_trainer_frontier_on_the_committed_store(monkeypatch):
     tab.radio(key="frontier_x").set_value("wall clock")
     at.run()
     assert_clean(at)
+    _delta_reads_the_study(at, store)
+    # a page of curves opens on the task's own figure, recorded at every evaluation
+    assert page(at, "Training curves").selectbox(key="curve_metric").value == "pos90_exact@16"
+
+
+def _delta_reads_the_study(at, store: Path) -> None:
+    """The Delta tab of the committed store opens on the A5 trainer study (experiments/
+    a5_trainers.toml): its arms against its baseline, paired by seed, on its primary metric, with
+    the direction the metric has; each arm's delta has the sign of the study's own effect (read
+    from the spec's grid, which the page does not use), and the caption says lower is better."""
+    from lrt_lab.store.study import parse_study, study_table
+    from lrt_lab.training.sweep import expand, load_spec
+
+    spec_path = store.parent / "a5_trainers.toml"
+    spec = load_spec(spec_path)
+    study = parse_study(spec["study"])
+    names = [cfg.run_name for cfg in expand(spec)]
+    effects = study_table(load_runs(store), study, run_names=names, n_resamples=999)
+    effects = effects[effects["metric"] == study.primary].set_index("b")["effect"]
+    tab = page(at, "Delta")
+    assert tab.radio(key="delta_scope").value == "the study"
+    (metric,) = [s for s in tab.selectbox if s.label == "metric"]
+    assert metric.value == study.primary == "ce_exact@16"
+    (baseline,) = [s for s in tab.selectbox if s.label == "baseline"]
+    assert baseline.value.split(" | ")[0] == "transformer"
+    table = tab.dataframe[0].value.set_index("group")
+    assert len(table) == len(effects)
+    for group, row in table.iterrows():
+        effect = effects[group.split(" | ")[0]]
+        assert (float(row["delta"]) > 0) == (effect > 0), (group, row["delta"], effect)
+        assert row["pairs"] == 8
+    captions = " ".join(c.value for c in tab.caption)
+    assert "lower is better for ce_exact@16" in captions and "higher is better" not in captions
+
+
+def test_a_text_store_reads_bits_per_byte_on_every_tab(monkeypatch):
+    """The committed scaling store (byte-level text, whose pos@90 is 0 for every run): Compare,
+    Trainer frontier and Length generalisation show BPB (exact-decoding cross-entropy / ln 2 from
+    each run's summary), never pos@90; the Delta tab opens on the exact cross-entropy."""
+    import math
+
+    store = Path(__file__).resolve().parents[1] / "experiments" / "scaling_runs"
+    at = run_app(monkeypatch, store)
+    assert_clean(at)
+    runs = load_runs(store)
+    bpb = runs["summary.eval.ce_exact@256"] / math.log(2)
+    compare = page(at, "Compare").dataframe[0].value
+    assert "exact BPB at 256 (1x)" in compare.columns
+    assert not [c for c in compare.columns if "pos@90" in c]
+    frontier = page(at, "Trainer frontier").dataframe[0].value
+    assert "bpb_exact@256" in frontier.columns and "learned" not in frontier.columns
+    cells = frontier["bpb_exact@256"].str.split(" ").str[0].astype(float)
+    assert cells.between(bpb.min() - 0.01, bpb.max() + 0.01).all()
+    length = page(at, "Length generalisation").dataframe[0].value
+    assert "BPB exact" in length.columns and "pos@90 exact" not in length.columns
+    (metric,) = [s for s in page(at, "Delta").selectbox if s.label == "metric"]
+    assert metric.value == "ce_exact@256"
 
 
 # Many groups: labels, the group picker, bands, the delta view -------------------------------------
@@ -657,6 +714,9 @@ def test_the_delta_page_shows_the_hand_computed_numbers(four_groups, monkeypatch
     at = run_app(monkeypatch, four_groups)
     assert_clean(at)
     tab = page(at, "Delta")
+    (metric,) = [s for s in tab.selectbox if s.label == "metric"]
+    # these runs recorded no evaluation over training: the training loss is all there is
+    assert metric.value == "loss"
     (baseline,) = [s for s in tab.selectbox if s.label == "baseline"]
     baseline.set_value(LABELS[1])
     tab.slider(key="delta_smoothing").set_value(0.0)

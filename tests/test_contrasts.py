@@ -325,3 +325,69 @@ def test_logrank_by_hand():
     assert res["p"] == pytest.approx(2 * sps.norm.sf(abs(z)))
     with pytest.raises(ValueError, match="exactly two"):
         logrank({"a": slow})
+
+
+# The power of the decision a study takes (permutation test, Holm) ------------------------------
+def _reference_power(d, n, draws, seed, m_null=0):
+    """Power by the slow road: scipy's own permutation test on each simulated contrast, Holm by
+    hand over it and m_null contrasts drawn with no effect."""
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for _ in range(draws):
+        ps = []
+        for effect in [d] + [0.0] * m_null:
+            x = rng.standard_normal(n) + effect
+            res = sps.permutation_test(
+                (np.zeros(n), x),
+                lambda a, b, axis=-1: np.mean(b - a, axis=axis),
+                permutation_type="samples",
+                vectorized=True,
+                n_resamples=9999,
+                alternative="two-sided",
+            )
+            ps.append(res.pvalue)
+        hits += holm(ps)[0] <= 0.05
+    return hits / draws
+
+
+def test_decision_power_is_what_the_permutation_test_with_holm_does():
+    from lrt_lab.store.contrasts import decision_power
+
+    for d, n, m_null in ((1.2, 8, 0), (1.5, 7, 1)):
+        family = [{"d": d, "paired": True, "n": n}] + [{"d": 0.0, "paired": True, "n": n}] * m_null
+        got = decision_power(family, draws=4000, seed=1)[0]
+        want = _reference_power(d, n, draws=300, seed=2, m_null=m_null)
+        # the reference's Monte Carlo SD is at most 0.029: four of them
+        assert abs(got - want) < 0.12, (d, n, m_null, got, want)
+    # the simulated power is below the t-test's, which knows no floor and no Holm
+    assert decision_power([{"d": 1.2, "paired": True, "n": 8}] * 4)[0] < t_power(
+        1.2, 8, paired=True
+    )
+
+
+def test_decision_power_knows_the_floor_of_an_exact_test():
+    from lrt_lab.store.contrasts import decision_n_for_power, decision_power
+
+    huge = {"d": 50.0, "paired": True}
+    # 5 pairs: the smallest p is 2/32 = 0.0625 > 0.05, whatever the effect
+    assert decision_power([{**huge, "n": 5}]) == [0.0]
+    assert t_power(50.0, 5, paired=True) > 0.99
+    # 6 pairs: 0.03125 alone decides, but not after Holm over two (0.0625)
+    assert decision_power([{**huge, "n": 6}]) == [1.0]
+    assert decision_power([{**huge, "n": 6}, {**huge, "n": 6}]) == [0.0, 0.0]
+    # 7 pairs: 0.0156 x 2 = 0.031 decides both
+    assert decision_power([{**huge, "n": 7}, {**huge, "n": 7}]) == [1.0, 1.0]
+    # pairs needed: the first n at which the floor lets Holm over four decide (2/2^n * 4 <= 0.05)
+    assert decision_n_for_power([huge] * 4, 0) == 8
+    assert math.isnan(decision_n_for_power([{"d": 0.0, "paired": True, "n": 8}], 0))
+
+
+def test_decision_power_unpaired_matches_the_floor_and_is_seeded():
+    from lrt_lab.store.contrasts import decision_power
+
+    # 3 and 3 runs: 20 splits, smallest p 0.1: never decided
+    assert decision_power([{"d": 50.0, "paired": False, "n_a": 3, "n_b": 3}]) == [0.0]
+    assert decision_power([{"d": 50.0, "paired": False, "n_a": 4, "n_b": 4}]) == [1.0]
+    family = [{"d": 0.8, "paired": False, "n_a": 6, "n_b": 6}]
+    assert decision_power(family, seed=3) == decision_power(family, seed=3)
+    assert 0.0 < decision_power(family)[0] < t_power(0.8, 6, 6) + 0.05

@@ -11,7 +11,7 @@ import json
 import re
 import statistics
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
@@ -94,7 +94,9 @@ def _runs_by_method(task: str) -> dict:
 def _row(table: str, label: str, init: str | None = None) -> list[str]:
     """The row whose first cell is `label` (and, given `init`, whose memory cell names it)."""
     for line in table.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        # a cell's own "|" is written "\\|" (a group name: "transformer | steps=3000")
+        line = line.replace("\\|", "\0")
+        cells = [c.strip().replace("\0", "|") for c in line.strip().strip("|").split("|")]
         if (
             len(cells) > 1
             and cells[0] == label
@@ -217,7 +219,7 @@ def test_frontier_points_are_the_runs_that_differ_only_in_their_trainer():
     assert expect, "no A5 length-16 runs in the store"
     points = frontier_points(_tables_module().earlier_runs(load_runs(STORE)))
     got = sorted(
-        (t.split(" (")[0], s, c, p16, p64)
+        (t.split(" | ")[0], s, c, p16, p64)
         for t, s, c, p16, p64 in points[
             ["trainer", "seed", "compute", "pos90_exact@16", "pos90_exact@64"]
         ].itertuples(index=False)
@@ -227,11 +229,19 @@ def test_frontier_points_are_the_runs_that_differ_only_in_their_trainer():
     assert [row[:2] for row in got] == [row[:2] for row in want]
     for g, w in zip(got, want):
         assert g[2:] == pytest.approx(w[2:]), (g, w)
-    steps = defaultdict(set)
+    # every view's name for a group (run_groups.seed_groups): "steps=N" exactly where a trainer
+    # trained other steps than most trainers did
+    by_trainer = defaultdict(set)
     for m, n, *_ in expect:
-        steps[m].add(n)
-    for trainer in points["trainer"]:  # "(N steps)" exactly where a method's runs differ in steps
-        assert ("steps)" in trainer) == (len(steps[trainer.split(" (")[0]]) > 1), trainer
+        by_trainer[m].add(n)
+    methods = {(m, n) for m, n, *_ in expect}
+    counts = Counter(n for _, n in methods)
+    usual = counts.most_common(1)[0][0]
+    for (m, n), trainer in zip(
+        sorted(methods), sorted(set(points["trainer"]), key=lambda t: (t.split(" | ")[0], t))
+    ):
+        assert trainer.split(" | ")[0] == m
+        assert (f"steps={n}" in trainer) == (n != usual), (trainer, n, usual)
 
 
 def test_frontier_table_and_figure_are_built_from_the_points(tmp_path):
@@ -456,14 +466,17 @@ def test_prose_numbers_agree_with_their_tables(store_values):
     assert _row(gap, "lrt interleaved:2")[5] == named["gap.il.recovered"]
     assert _row(gap, "lrt fullseq:3")[5] == named["gap.fullseq3.recovered"]
     protocol = module.protocol_table(df)
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in protocol.splitlines()[2:]]
+    rows = [
+        [c.strip().replace("\0", "|") for c in line.replace("\\|", "\0").strip("|").split("|")]
+        for line in protocol.splitlines()[2:]
+    ]
     by = {(r[0], r[2]): r for r in rows}
     short, long = named["protocol.short"], named["protocol.long"]
-    assert by[("transformer", short)][4].startswith(named["protocol.t_short.exact"] + " (")
-    assert by[("lrt interleaved:2 (1500 steps)", short)][5].startswith(
-        named["protocol.il.parallel"] + " ("
+    assert by[("transformer | steps=3000", short)][4].startswith(
+        named["protocol.t_short.exact"] + " ("
     )
-    assert by[("lrt interleaved:2 (3000 steps)", long)][5].startswith(
+    assert by[("lrt interleaved:2", short)][5].startswith(named["protocol.il.parallel"] + " (")
+    assert by[("lrt interleaved:2 | steps=3000", long)][5].startswith(
         named["protocol.il_long.parallel"] + " ("
     )
     baselines = module.baselines_table(df)
@@ -713,8 +726,8 @@ def test_the_study_sentence_names_collapses_and_a_censored_reference():
     )
     text = tables.flattening_sentence(flat, "ce_exact@16", "transformer")
     assert (
-        "to its best (a run that learned, then lost it, reads at its end as one that never "
-        "learned): lrt rollout:1 on 2 of 8." in text
+        "(a run that learned, then lost it, reads at its end as one that never learned): lrt "
+        "rollout:1 on 2 of 8." in text
     )
     assert "interleaved" not in text and "fixedpoint" not in text
     assert "The transformer was still improving at its end on 6 of 8 seeds" in text

@@ -655,3 +655,16 @@ def test_equal_step_must_be_a_step_every_arm_evaluates(step, ok):
             check_arms(study, grid)
     with pytest.raises(ValueError, match="study.equal_step=0 is invalid"):
         parse_study({**STUDY, "equal_step": 0})
+
+
+def test_only_a_run_that_reached_a_level_can_have_regressed():
+    from lrt_lab.store.study import reached_level
+
+    # exact cross-entropy 3.62 -> best 2.82 -> 6.3: never learned (not half way to 0)
+    assert not reached_level("ce_exact@16", [3.62, 2.82, 4.1, 6.3])
+    # 3.6 -> 0.01 -> 3.8: learned, then lost it
+    assert reached_level("ce_exact@16", [3.6, 0.01, 3.8])
+    # pos@90 at 16: 2 -> 4 is not half way to 16; 2 -> 16 is
+    assert not reached_level("pos90_exact@16", [2, 4, 2])
+    assert reached_level("summary.eval.pos90_exact@16", [2, 16, 1])
+    assert not reached_level("lyap", [0.1, -0.2])  # no better side

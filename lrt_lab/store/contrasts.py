@@ -339,3 +339,166 @@ def logrank(groups: dict, budget=None) -> dict:
     (t1, r1), (t2, r2) = groups.values()
     res = sps.logrank(_censored(t1, r1, budget), _censored(t2, r2, budget))
     return {"statistic": float(res.statistic), "p": float(res.pvalue)}
+
+
+# Power of the decision actually taken ------------------------------------------------------------
+# A study decides each contrast by a two-sided permutation test (paired: sign flips of the per-seed
+# differences), Holm-adjusted over the study's contrasts, at alpha 0.05. That test has no closed
+# form for its power, and its floor (smallest_p) can bind where a t-test's power says "likely":
+# so power is simulated, the whole family at once, drawing each contrast's data from a normal
+# model at its observed standardized effect (d_z, or d) and deciding each draw exactly as
+# study_table does.
+EXACT_FLIPS = 13  # up to 2^13 = 8192 sign patterns the test enumerates (scipy: <= n_resamples)
+SIM_DRAWS = 2000  # simulated studies per power (power's Monte Carlo SD at most 0.011)
+SIM_PERMUTATIONS = 999  # relabellings per simulated test beyond exact enumeration
+MAX_PAIRS = 64  # the most pairs "pairs needed" searches
+
+
+def _sign_patterns(n: int, rng) -> np.ndarray:
+    """(P, n) matrix of +-1: every pattern for n <= EXACT_FLIPS, else SIM_PERMUTATIONS random ones
+    with the identity first (the Monte Carlo p counts the observed relabelling)."""
+    if n <= EXACT_FLIPS:
+        bits = (np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1
+        return 1.0 - 2.0 * bits
+    flips = rng.choice([-1.0, 1.0], size=(SIM_PERMUTATIONS, n))
+    return np.vstack([np.ones((1, n)), flips])
+
+
+def _two_sided(stat: np.ndarray, null: np.ndarray) -> np.ndarray:
+    """scipy.stats.permutation_test's two-sided p: twice the smaller tail, each counting the
+    observed statistic, capped at 1; stat (S,), null (S, P)."""
+    eps = 1e-14 * np.maximum(1.0, np.abs(stat))[:, None]
+    greater = (null >= stat[:, None] - eps).mean(1)
+    less = (null <= stat[:, None] + eps).mean(1)
+    return np.minimum(1.0, 2.0 * np.minimum(greater, less))
+
+
+def _paired_pvalues(x: np.ndarray, rng) -> np.ndarray:
+    """Sign-flip permutation p-values of the mean of each row of x (S, n)."""
+    signs = _sign_patterns(x.shape[1], rng)
+    out = np.empty(x.shape[0])
+    step = max(1, 4_000_000 // signs.shape[0])
+    for i in range(0, x.shape[0], step):
+        chunk = x[i : i + step]
+        out[i : i + step] = _two_sided(chunk.mean(1), chunk @ signs.T / x.shape[1])
+    return out
+
+
+def _unpaired_pvalues(a: np.ndarray, b: np.ndarray, rng) -> np.ndarray:
+    """Permutation p-values of mean(b) - mean(a) for each row pair of a (S, n_a), b (S, n_b): the
+    runs shuffled between the arms (every split enumerated when there are at most
+    SIM_PERMUTATIONS + 1 of them, as scipy does, else that many random ones)."""
+    n_a, n_b = a.shape[1], b.shape[1]
+    pooled = np.concatenate([a, b], axis=1)
+    n = n_a + n_b
+    if math.comb(n, n_a) <= SIM_PERMUTATIONS + 1:
+        from itertools import combinations
+
+        masks = np.zeros((math.comb(n, n_a), n), dtype=bool)
+        for i, idx in enumerate(combinations(range(n), n_a)):
+            masks[i, list(idx)] = True
+    else:
+        order = np.argsort(rng.random((SIM_PERMUTATIONS, n)), axis=1)
+        masks = np.zeros((SIM_PERMUTATIONS + 1, n), dtype=bool)
+        masks[0, :n_a] = True
+        np.put_along_axis(masks[1:], order[:, :n_a], True, axis=1)
+    weights = np.where(masks, -1.0 / n_a, 1.0 / n_b)  # (P, n): mean(b) - mean(a) of a split
+    stat = b.mean(1) - a.mean(1)
+    return _two_sided(stat, pooled @ weights.T)
+
+
+def _holm_rows(p: np.ndarray) -> np.ndarray:
+    """holm() applied to every row of p (S, m)."""
+    m = p.shape[1]
+    order = np.argsort(p, axis=1, kind="stable")
+    sorted_p = np.take_along_axis(p, order, axis=1) * (m - np.arange(m))[None, :]
+    adjusted = np.minimum(np.maximum.accumulate(sorted_p, axis=1), 1.0)
+    out = np.empty_like(p)
+    np.put_along_axis(out, order, adjusted, axis=1)
+    return out
+
+
+def _finite_d(d: float) -> float:
+    return math.copysign(1e6, d) if math.isinf(d) else d
+
+
+def decision_power(
+    family: list[dict], alpha: float = ALPHA, draws: int = SIM_DRAWS, seed: int = 0
+) -> list[float]:
+    """The power of each contrast of a family under the decision a study takes: a two-sided
+    permutation test (paired: sign flips; scipy's exact enumeration up to 2^13 patterns), Holm
+    over the family, rejected at `alpha`; by simulation.
+
+    family: one dict per contrast with d (Cohen's d; paired: d_z), paired, and n (pairs) or n_a,
+    n_b (runs per arm). Each draw gives each contrast normal data at its d (unit SD: the test is
+    scale-free) independently of the others, tests each, adjusts the draw's p-values by Holm and
+    counts a rejection. A contrast with d NaN takes part with p = 1 (it never rejects, and Holm
+    counts it: study_table's p is NaN there and Holm leaves it out, so such a member is dropped
+    here too). Seeded: the same family gives the same powers."""
+    rng = np.random.default_rng(seed)
+    live = [i for i, c in enumerate(family) if not _nan(c.get("d"))]
+    out = [math.nan] * len(family)
+    if not live:
+        return out
+    pvalues = np.empty((draws, len(live)))
+    for j, i in enumerate(live):
+        c = family[i]
+        d = _finite_d(float(c["d"]))
+        if c["paired"]:
+            n = int(c["n"])
+            if n < 2:
+                pvalues[:, j] = 1.0
+                continue
+            x = rng.standard_normal((draws, n)) + d
+            pvalues[:, j] = _paired_pvalues(x, rng)
+        else:
+            n_a, n_b = int(c["n_a"]), int(c["n_b"])
+            if min(n_a, n_b) < 2:
+                pvalues[:, j] = 1.0
+                continue
+            a = rng.standard_normal((draws, n_a))
+            b = rng.standard_normal((draws, n_b)) + d
+            pvalues[:, j] = _unpaired_pvalues(a, b, rng)
+    rejected = (_holm_rows(pvalues) <= alpha).mean(0)
+    for j, i in enumerate(live):
+        out[i] = float(rejected[j])
+    return out
+
+
+def _nan(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def decision_n_for_power(
+    family: list[dict],
+    index: int,
+    power: float = 0.8,
+    alpha: float = ALPHA,
+    draws: int = SIM_DRAWS,
+    seed: int = 0,
+    max_n: int = MAX_PAIRS,
+) -> int | float:
+    """The fewest pairs (paired) or seeds per arm (unpaired) at which contrast `index` of the family
+    reaches `power` under the study's decision (decision_power), every contrast of the family run
+    at that n; NaN when its d is NaN or 0, or when max_n does not suffice. The same seed at every
+    n, so the search reads one simulated sequence of studies (power then grows with n but for
+    Monte Carlo noise of about 0.01)."""
+    d = family[index].get("d")
+    if _nan(d) or d == 0:
+        return math.nan
+
+    def at(n: int) -> list[dict]:
+        return [{**c, "n": n, "n_a": n, "n_b": n} for c in family]
+
+    def reaches(n: int) -> bool:
+        return decision_power(at(n), alpha, draws, seed)[index] >= power
+
+    lo, hi = 2, 2
+    while not reaches(hi):
+        if hi >= max_n:
+            return math.nan
+        lo, hi = hi + 1, min(hi * 2, max_n)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if reaches(mid) else (mid + 1, hi)
+    return int(hi)

@@ -12,6 +12,7 @@ import textwrap
 import pandas as pd
 
 from lrt_lab.store.markdown import markdown_lines
+from lrt_lab.store.metrics import LN2, TEXT_TASKS, bounds
 from lrt_lab.store.results import Run, diverged_line, first_names, load_runs, load_table
 from lrt_lab.store.run_groups import (
     INTERVAL_NOTE,
@@ -19,11 +20,12 @@ from lrt_lab.store.run_groups import (
     canonical,
     default_metric,
     eval_columns,
-    group_keys,
     group_labels,
     method_keys,
     method_label,
     method_labels,
+    one_run_per_seed,
+    seed_groups,
     with_train_length_metric,
 )
 from lrt_lab.store.stats import mean_ci, seed_stats
@@ -92,12 +94,15 @@ def supervised_every(row) -> int:
 def frontier_points(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16) -> pd.DataFrame:
     """One row per run of the trainer frontier: the runs of `task` trained at `length` with every
     position supervised that differ only in their trainer (the plain transformer, or an LRT of the
-    paper preset and init with nothing else overridden); a trainer run for a different number of
-    steps than the rest of its method is its own trainer ("lrt interleaved:2 (3000 steps)").
+    paper preset and init with nothing else overridden), one run per seed of a group; a trainer
+    run for a different number of steps, or with another recipe, than the rest of its method is
+    its own trainer, named as every view names its group (run_groups.seed_groups: "lrt
+    interleaved:2 | steps=3000").
 
-    Columns: trainer, seed, compute (M token-forwards the trainer ran), wall_min (the run's own
-    wall clock), final_loss (training), and pos90_exact@N / pos90_parallel@N at every evaluated
-    length N."""
+    Columns: trainer, run (its name), seed, compute (M token-forwards the trainer ran), wall_min
+    (the run's own wall clock), final_loss (training), and pos90_exact@N / pos90_parallel@N,
+    ce_exact@N / ce_parallel@N at every evaluated length N (a byte-level text task: bpb_exact@N /
+    bpb_parallel@N too, its figure)."""
     if df.empty or "config.train.task" not in df:
         return pd.DataFrame()
     sub = df[(df["config.train.task"] == task) & (df["config.train.length"] == length)].copy()
@@ -112,21 +117,40 @@ def frontier_points(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16)
     sub = sub[plain | ((sub["config.kind"] == "lrt") & baseline_lrt)]
     if sub.empty:
         return pd.DataFrame()
-    method = sub.apply(method_label, axis=1)
+    sub = one_run_per_seed(sub)  # a seed run twice is one point
+    # the one name per group (run_groups.seed_groups), against the runs of the frontier's study
+    trainer = seed_groups(
+        df[(df["config.train.task"] == task) & (df["config.train.length"] == length)]
+    )["group"].loc[sub.index]
     evals = [
         c
         for c in sub.columns
-        if c.startswith(("summary.eval.pos90_exact@", "summary.eval.pos90_parallel@"))
+        if c.startswith(
+            (
+                "summary.eval.pos90_exact@",
+                "summary.eval.pos90_parallel@",
+                "summary.eval.ce_exact@",
+                "summary.eval.ce_parallel@",
+            )
+        )
         and sub[c].notna().any()
     ]
+    # a byte-level text task is read by bits per byte (its pos@90 is 0 for every run)
+    bpb = {
+        "bpb" + c.removeprefix("summary.eval.ce"): sub[c] / LN2
+        for c in evals
+        if task in TEXT_TASKS and c.startswith("summary.eval.ce_")
+    }
     out = pd.DataFrame(
         {
-            "trainer": method + steps_suffix(sub, method) + recipe_suffix(sub, method),
+            "trainer": trainer,
+            "run": sub["run"] if "run" in sub else sub.index.map(str),
             "seed": sub["config.train.seed"].astype(int),
             "compute": sub["summary.compute_tokens"] / 1e6,
             "wall_min": sub["summary.wall_time_s"] / 60,
             "final_loss": sub["summary.final_loss"],
             **{c.removeprefix("summary.eval."): sub[c] for c in evals},
+            **bpb,
         }
     )
     return out.sort_values(["compute", "trainer", "seed"]).reset_index(drop=True)
@@ -191,7 +215,8 @@ def comparison_table(
             f"{', '.join(eval_columns(df)) or 'summary.* columns'}"
         )
     if group_by is None:
-        df["group"] = group_labels(df)
+        df = one_run_per_seed(df)
+        df["group"] = method_labels(df)
         keys = ["group", "method"]
     else:
         keys = [k.strip() for k in group_by.split(",")]
@@ -238,9 +263,7 @@ def format_mean_std(mean: float, std: float) -> str:
 # task, its rows labelled by what tells them apart -------------------------------------------------
 # Byte-level text tasks: their figure is bits per byte (lrt_tasks names them; lrt_lab imports no
 # task code). Every other task is scored by pos@90, the state-tracking figure.
-TEXT_TASKS = ("text_bytes",)
 FORMATS = ("table", "md", "csv")
-LN2 = math.log(2)
 METRIC_DIGITS = 4  # significant digits of a mean, interval bound or std in the table and md
 WALL_DIGITS = 3
 WIDTH = 100  # the prose of a table report wraps here (the table's rows do not)
@@ -258,11 +281,24 @@ CSV_COLUMNS = (
     "cost",
     "forwards_per_token",
     "wall_time_s",
+    "clipped",
 )
 LEGEND = (
     f"Cells: mean [{INTERVAL_NOTE}]; n: seeds; std: their sample standard deviation;",
-    "cost: training forwards per token relative to one pass; wall s: mean seconds per run.",
+    "cost: training forwards per token relative to one pass; wall s: mean seconds per run;",
+    "*: the t-interval reached outside the metric's range and is clipped to it (a normal",
+    "approximation that a few seeds of a bounded metric do not support).",
 )
+
+
+def metric_range(name: str, column: str | None, length: int) -> tuple:
+    """The range a study metric cannot leave (lrt_lab.store.metrics): pos@90 at length n in
+    [0, n], bits per byte or token >= 0, a summary column as the metric table says."""
+    if name.startswith("pos@90"):
+        return (0.0, float(length))
+    if name.startswith(("BPB", "bits/")):
+        return (0.0, None)
+    return bounds(column) if column else (None, None)
 
 
 def format_number(value, digits: int = METRIC_DIGITS) -> str:
@@ -452,8 +488,10 @@ def report_table(
     t-interval (ci_low, ci_high), std and n over seeds, the seeds, the schedule's cost, the
     model's forwards per token and the mean wall clock (s).
 
-    group_by None: one group per config up to the seed (group_keys), labelled by method_labels
-    (only what differs between the groups of the study); or a comma list of columns ("method":
+    group_by None: one group per method up to the seed (run_groups.seed_groups: method_keys, the
+    bookkeeping options never splitting a group, a seed run twice counted once), labelled by
+    method_labels (only what differs between the groups of the study); or a comma list of columns
+    ("method":
     what was trained). metric None: each study's own (study_metric); "bpb", "pos90", or a summary
     column. attrs: notes (what a reader must know: runs without the metric, BPB read from tables),
     per study."""
@@ -489,15 +527,32 @@ def report_table(
                 + first_names(lacking, 8)
             )
         if columns is None:
-            keys = group_keys(runs)
+            # the one grouping (run_groups.seed_groups): a method up to the seed and the
+            # bookkeeping options, a seed run twice counted once
+            runs = one_run_per_seed(runs)
+            values = values[runs.index]
+            for dropped, kept in runs.attrs.get("duplicates", []):
+                study_notes.append(f"{dropped} repeats {kept} (same config and seed): counted once")
+            keys = method_keys(runs)
             label = _group_labels(runs, keys)
         else:
             keys = runs[columns].astype(str).agg(" | ".join, axis=1)
             label = keys
         notes[(t, n)] = {"what": what, "notes": study_notes}
+        low, high = metric_range(name, metric, n)
+        clipped_groups = 0
         for key in sorted(set(keys), key=lambda k: label[keys == k].iloc[0]):
             members = runs[keys == key]
             stats = mean_ci(values[members.index])
+            lo, hi = stats["ci_low"], stats["ci_high"]
+            clipped = bool(
+                (low is not None and lo < low) or (high is not None and hi > high)
+            )  # NaN bounds compare False: no interval, nothing clipped
+            if clipped:
+                clipped_groups += 1
+                lo = max(lo, low) if low is not None else lo
+                hi = min(hi, high) if high is not None else hi
+                stats = {**stats, "ci_low": lo, "ci_high": hi}
             seeds = members.loc[values[members.index].notna(), "config.train.seed"]
             rows.append(
                 {
@@ -514,7 +569,14 @@ def report_table(
                     "cost": _first(members, "summary.schedule_cost"),
                     "forwards_per_token": _first(members, "config.forwards_per_token"),
                     "wall_time_s": _mean(members, "summary.wall_time_s"),
+                    "clipped": clipped,
                 }
+            )
+        if clipped_groups:
+            bound = f"[{format_number(low)}, {'inf' if high is None else format_number(high)}]"
+            study_notes.append(
+                f"the t-interval of {clipped_groups} group(s) reached outside {name}'s range "
+                f"{bound} and is clipped to it (marked *)"
             )
     table = pd.DataFrame(rows, columns=list(CSV_COLUMNS))
     table.attrs.update(notes=notes, interval=INTERVAL_NOTE)
@@ -538,7 +600,7 @@ def _text_rows(study: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     body = [
         [
             r.group,
-            _format_interval(r.mean, r.ci_low, r.ci_high),
+            _format_interval(r.mean, r.ci_low, r.ci_high) + ("*" if r.clipped else ""),
             str(int(r.n)),
             format_number(r.std),
             r.seeds or "-",
@@ -725,11 +787,12 @@ def print_scoreboard(
 
 
 def run_figures(run: Run) -> pd.DataFrame:
-    """pos@90 / accuracy per evaluation length and decoding mode, from summary.json."""
+    """pos@90 / accuracy / cross-entropy per evaluation length and decoding mode, from
+    summary.json."""
     ev = (run.summary or {}).get("eval", {})
     rows = {}
     for key, value in ev.items():
-        m = re.match(r"(pos90|acc)_(parallel|exact)@(\d+)", key)
+        m = re.match(r"(pos90|acc|ce)_(parallel|exact)@(\d+)", key)
         if m:
             rows.setdefault(int(m.group(3)), {})[f"{m.group(1)}_{m.group(2)}"] = value
     return pd.DataFrame.from_dict(rows, orient="index").sort_index().rename_axis("length")
@@ -762,6 +825,27 @@ def print_run(run: Run) -> None:
 # The evaluation lengths a study compares, as multiples of its training length.
 LENGTH_MULTIPLES = (1, 2, 4)
 COMPARE_METRICS = ("pos90_exact", "pos90_parallel")
+# a byte-level text task's figures: bits per byte (its pos@90 is 0 for every run: no model of
+# text is 90% right at every position)
+TEXT_COMPARE_METRICS = ("bpb_exact", "bpb_parallel")
+
+
+def compare_metrics(task: str | None) -> tuple[str, str]:
+    """The figures a study's comparison shows per decoding: BPB for a byte-level text task,
+    pos@90 for every other task."""
+    return TEXT_COMPARE_METRICS if task in TEXT_TASKS else COMPARE_METRICS
+
+
+def figure_column(runs: pd.DataFrame, name: str) -> pd.Series:
+    """A figure per run: summary.eval.NAME, where `bpb_<mode>@N` is ce_<mode>@N / ln 2 (NaN where
+    a run did not measure it)."""
+    if name.startswith("bpb_"):
+        ce = figure_column(runs, "ce_" + name[len("bpb_") :])
+        return ce / LN2
+    column = f"summary.eval.{name}"
+    if column not in runs:
+        return pd.Series(math.nan, index=runs.index)
+    return pd.to_numeric(runs[column], errors="coerce")
 
 
 def study_runs(df: pd.DataFrame, task: str, length: int) -> pd.DataFrame:
@@ -770,16 +854,13 @@ def study_runs(df: pd.DataFrame, task: str, length: int) -> pd.DataFrame:
     return df[(df["config.train.task"] == task) & (df["config.train.length"] == length)]
 
 
-def compare_lengths(df: pd.DataFrame, length: int) -> list[int]:
-    """The evaluation lengths at 1x / 2x / 4x the training length that some run of `df` measured."""
-
-    def measured(column: str) -> bool:
-        return column in df and df[column].notna().any()
-
+def compare_lengths(df: pd.DataFrame, length: int, metrics=COMPARE_METRICS) -> list[int]:
+    """The evaluation lengths at 1x / 2x / 4x the training length that some run of `df` measured
+    (a figure of `metrics`: compare_metrics of the study's task)."""
     return [
         m * length
         for m in LENGTH_MULTIPLES
-        if any(measured(f"summary.eval.{metric}@{m * length}") for metric in COMPARE_METRICS)
+        if any(figure_column(df, f"{metric}@{m * length}").notna().any() for metric in metrics)
     ]
 
 
@@ -789,14 +870,17 @@ def compare_table(df: pd.DataFrame, task: str, length: int) -> pd.DataFrame:
     Columns: method, n (runs), seeds (sorted), then for each figure F: F.mean, F.ci_low, F.ci_high
     (the 95% t-interval over seeds of lrt_lab.store.stats.mean_ci, NaN for one seed) and
     F.per_seed (a tuple in the order of `seeds`). The figures: pos90_exact@N and pos90_parallel@N at
-    every length of compare_lengths, acc_exact@L and acc_parallel@L at the training length L,
-    compute (M token-forwards the trainer ran) and wall_min (each run's wall clock, minutes)."""
+    every length of compare_lengths (a byte-level text task: bpb_exact@N and bpb_parallel@N
+    instead, compare_metrics), acc_exact@L and acc_parallel@L at the training length L,
+    compute (M token-forwards the trainer ran) and wall_min (each run's wall clock, minutes).
+    One run per seed of a method (run_groups.one_run_per_seed)."""
 
     runs = study_runs(df, task, length)
     if runs.empty:
         return pd.DataFrame()
+    runs = one_run_per_seed(runs)
     runs = runs.assign(_method=method_labels(runs)).sort_values("config.train.seed")
-    figures = _compare_figures(runs, length)
+    figures = _compare_figures(runs, length, compare_metrics(task))
     rows = []
     for method, sub in runs.groupby("_method", sort=False):
         row = {
@@ -817,7 +901,7 @@ def compare_table(df: pd.DataFrame, task: str, length: int) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values(["compute.mean", "method"]).reset_index(drop=True)
 
 
-def _compare_figures(runs: pd.DataFrame, length: int) -> dict[str, pd.Series]:
+def _compare_figures(runs: pd.DataFrame, length: int, metrics=COMPARE_METRICS) -> dict:
     """figure name -> its value per run (NaN where a run did not measure it)."""
 
     def column(name: str) -> pd.Series:
@@ -826,9 +910,9 @@ def _compare_figures(runs: pd.DataFrame, length: int) -> dict[str, pd.Series]:
         return pd.to_numeric(runs[name], errors="coerce")
 
     figures = {
-        f"{metric}@{n}": column(f"summary.eval.{metric}@{n}")
-        for metric in COMPARE_METRICS
-        for n in compare_lengths(runs, length)
+        f"{metric}@{n}": figure_column(runs, f"{metric}@{n}")
+        for metric in metrics
+        for n in compare_lengths(runs, length, metrics)
     }
     figures |= {
         f"acc_{mode}@{length}": column(f"summary.eval.acc_{mode}@{length}")

@@ -36,6 +36,33 @@ IDENTITY_FIELDS = ("config.train.seed", "config.train.name")
 # tests/test_run_groups.py trains with and without it): never part of a group, so a run written
 # before the field existed stays a seed of its method.
 MEASUREMENT_ONLY = ("config.train.eval_contraction",)
+# Options that change neither the model trained nor what is measured, only when and where it is
+# written down (checkpoints, evaluation cadence and lengths, the device, output paths): never part
+# of a group, so a run of an older sweep that checkpointed less often, or evaluated at other
+# lengths, stays a seed of its method. The figures they do change (an evaluation at a length one
+# run has and another lacks) are missing for that run, never merged with another length's.
+BOOKKEEPING = (
+    "config.train.checkpoint_every",
+    "config.train.eval_every",
+    "config.train.eval_lengths",
+    "config.train.eval_size",
+    "config.train.eval_exact",
+    "config.train.device",
+    "config.train.compile",
+    "config.train.threads",
+    "config.train.out",
+    "config.train.log",
+    "config.train.log_every",
+    "config.train.resume",
+    "config.train.wandb_project",
+    # how parameters are counted for a tokens-per-parameter budget: the steps it gives are their
+    # own field, so a run trained for given steps is the same run under either convention
+    "config.train.param_convention",
+    # where the code of a schedule or mechanism of one's own was loaded from (--plugin): the
+    # names it registered are in config.train.schedule and the model config
+    "config.train.plugins",
+)
+NOT_GROUPING = IDENTITY_FIELDS + MEASUREMENT_ONLY + BOOKKEEPING
 
 # Fields written from other fields (the schedule's cost, parameter counts, the overrides that were
 # also applied to config.model, the model kind as given on the command line, the vocabulary): they
@@ -102,13 +129,9 @@ def canonical(v):
 
 
 def config_columns(df: pd.DataFrame) -> list[str]:
-    """The config columns that define a group (all `config.*` but the seed, the name and the
-    measurement-only switches)."""
-    return sorted(
-        c
-        for c in df.columns
-        if c.startswith("config.") and c not in IDENTITY_FIELDS + MEASUREMENT_ONLY
-    )
+    """The config columns that define a group (all `config.*` but the seed, the name, the
+    measurement-only switches and the bookkeeping options)."""
+    return sorted(c for c in df.columns if c.startswith("config.") and c not in NOT_GROUPING)
 
 
 def group_keys(df: pd.DataFrame) -> pd.Series:
@@ -250,20 +273,6 @@ def group_labels(df: pd.DataFrame, exclude=()) -> pd.Series:
 # Training options that only repeat config.kind / config.schedule, or name a run instead of
 # configuring it.
 ASKED_REPEATS = IDENTITY_FIELDS + ("config.train.model", "config.train.schedule")
-# Options that change neither the model trained nor what is measured: named only where nothing else
-# tells two methods apart (runs of an older sweep may have checkpointed less often, say).
-BOOKKEEPING = (
-    "config.train.checkpoint_every",
-    "config.train.eval_every",
-    "config.train.device",
-    "config.train.compile",
-    # how parameters are counted for a tokens-per-parameter budget: the steps it gives are their
-    # own field, so a run trained for given steps is the same run under either convention
-    "config.train.param_convention",
-    # where the code of a schedule or mechanism of one's own was loaded from (--plugin): the
-    # names it registered are in config.train.schedule and the model config
-    "config.train.plugins",
-)
 # Reading order of the fields a label names after the method: what was learned (the task, the
 # training length) first, where the labels shown span several.
 LABEL_ORDER = (
@@ -292,7 +301,7 @@ def method_frame(df: pd.DataFrame) -> pd.DataFrame:
         c
         for c in df.columns
         if c in ("config.kind", "config.schedule")
-        or (c.startswith("config.train.") and c not in ASKED_REPEATS + MEASUREMENT_ONLY)
+        or (c.startswith("config.train.") and c not in ASKED_REPEATS + NOT_GROUPING)
     ]
     columns = {c: _canonical_list(df[c]) for c in asked}
     if "config.train.memory_preset" in columns:
@@ -478,3 +487,66 @@ def default_metric(df: pd.DataFrame) -> str:
         "metric: no summary column is set for every run; pass --metric with a summary column "
         f"(e.g. {', '.join(eval_columns(df)[:4]) or 'summary.final_loss'})"
     )
+
+
+# One run per seed of a group -----------------------------------------------------------------
+def duplicate_runs(df: pd.DataFrame) -> pd.Series:
+    """For each run, the name of the run it repeats (None where it repeats none): runs of one
+    method (method_keys: nothing but the seed, the name and the bookkeeping options tell them
+    apart) with the same seed are one measurement made twice (a pilot's runs kept beside the grid
+    that repeats them, say), and count once. The one kept: the one that finished last
+    (summary.trained_by.finished; else the last by name)."""
+    out = pd.Series(None, index=df.index, dtype=object)
+    if df.empty or "config.train.seed" not in df.columns:
+        return out
+    keys = method_keys(df)
+    seeds = df["config.train.seed"].map(canonical)
+    finished = (
+        pd.to_numeric(df["summary.trained_by.finished"], errors="coerce")
+        if "summary.trained_by.finished" in df.columns
+        else pd.Series(math.nan, index=df.index)
+    )
+    names = df["run"].astype(str) if "run" in df.columns else pd.Series(df.index.map(str), df.index)
+    frame = pd.DataFrame({"key": keys, "seed": seeds.astype(str), "t": finished, "name": names})
+    for _, g in frame[seeds.notna()].groupby(["key", "seed"], sort=False):
+        if len(g) < 2:
+            continue
+        kept = g.sort_values(["t", "name"], na_position="first").index[-1]
+        for i in g.index:
+            if i != kept:
+                out[i] = names[kept]
+    return out
+
+
+def one_run_per_seed(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` without the runs that repeat another (duplicate_runs); attrs["duplicates"]: (left out,
+    kept) name pairs, for a note."""
+    dup = duplicate_runs(df)
+    out = df[dup.isna()]
+    names = df["run"] if "run" in df.columns else pd.Series(df.index.map(str), df.index)
+    out.attrs = {**df.attrs, "duplicates": [(names[i], dup[i]) for i in dup.index[dup.notna()]]}
+    return out
+
+
+def seed_groups(df: pd.DataFrame) -> pd.DataFrame:
+    """The one grouping every table, page and figure uses, for the runs of `df` (a load_runs
+    table): per run its group key (method_keys: what was asked for, up to the seed, the name and
+    the bookkeeping options), its name (method_labels over the runs of its study, the task and
+    training length it belongs to, so one group has one name whatever a view shows next to it),
+    and the run it repeats (duplicate_runs). Columns key, group, duplicate_of."""
+    out = pd.DataFrame(
+        {"key": pd.Series(dtype=object), "group": pd.Series(dtype=object)}, index=df.index
+    )
+    if df.empty:
+        return out.assign(duplicate_of=pd.Series(dtype=object))
+    out["key"] = method_keys(df)
+    study = [c for c in ("config.train.task", "config.train.length") if c in df.columns]
+    parts = (
+        [df]
+        if not study
+        else [g for _, g in df.groupby([df[c].astype(str) for c in study], sort=False)]
+    )
+    for part in parts:
+        out.loc[part.index, "group"] = method_labels(part.dropna(axis=1, how="all")).values
+    out["duplicate_of"] = duplicate_runs(df)
+    return out

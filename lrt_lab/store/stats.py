@@ -18,7 +18,12 @@ import math
 import numpy as np
 import pandas as pd
 
-from lrt_lab.store.run_groups import group_keys, group_labels, method_label
+from lrt_lab.store.run_groups import (
+    method_keys,
+    method_label,
+    method_labels,
+    one_run_per_seed,
+)
 
 CI_METHODS = ("t", "bootstrap")
 # scipy.stats is imported where a bootstrap needs it (it takes seconds to import, which
@@ -202,9 +207,9 @@ def seed_stats(
 ) -> pd.DataFrame:
     """Mean, std and CI over seeds of `metric` for each group of a load_runs DataFrame.
 
-    group_by None (default): lrt_lab.store.run_groups' rule, one group per config up to the seed,
-    named by
-    the fields that differ between the groups of `df` (columns `group` and `method`); or column
+    group_by None (default): lrt_lab.store.run_groups' rule (seed_groups), one group per method up
+    to the seed and the bookkeeping options, a seed run twice counted once, named by the options
+    that differ between the groups of `df` (columns `group` and `method`); or column
     names ("method" is added from config.kind/config.schedule when missing).
     Returns one row per group: the group columns, n, mean, std, sem, ci_low, ci_high, seeds (the
     seeds that had a value), and the metric name in df.attrs["metric"].
@@ -221,8 +226,9 @@ def seed_stats(
         )
     df = df.copy()
     if group_by is None:
-        df["group"] = group_labels(df)
-        df["_key"] = group_keys(df)
+        df = one_run_per_seed(df)
+        df["group"] = method_labels(df)
+        df["_key"] = method_keys(df)
         df["method"] = method_column(df)
         keys = ["group", "method"]
         # group_labels guarantees this; keep it honest

@@ -34,9 +34,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from lrt_lab.store.contrasts import ALPHA, contrast, holm, kaplan_meier, logrank
+from lrt_lab.store.contrasts import (
+    ALPHA,
+    MAX_PAIRS,
+    contrast,
+    decision_n_for_power,
+    decision_power,
+    holm,
+    kaplan_meier,
+    logrank,
+)
 from lrt_lab.store.events import TIME_AXES, reach_times
 from lrt_lab.store.markdown import markdown_lines
+from lrt_lab.store.metrics import metric_info
 from lrt_lab.store.results import evaluations, first_names, flatten_dict, load_runs
 from lrt_lab.store.run_groups import (
     DERIVED_PREFIXES,
@@ -74,6 +84,7 @@ COLUMNS = [
     "power",
     "n_for_power",
     "decided",
+    "power_t",
 ]
 
 
@@ -420,8 +431,11 @@ def study_table(
     effect (B minus A: mean_b - mean_a, the mean of the per-seed differences when paired) with its
     95% percentile bootstrap interval ci_low, ci_high; d (Cohen's d; paired: d_z); p (two-sided
     permutation test); p_holm (Holm-adjusted over the study's contrasts); p_min (the smallest p the
-    test can give at these n); power (of a two-sided t-test at alpha 0.05 for the observed d at
-    these n); n_for_power (seeds per arm for power 0.8); decided (p_holm <= 0.05).
+    test can give at these n); power (of the decision itself: the permutation test with Holm
+    over the study's contrasts at alpha 0.05, simulated at every contrast's observed d,
+    contrasts.decision_power); n_for_power (pairs, or seeds per arm, at which that power reaches
+    0.8, every contrast at that n; NaN beyond contrasts.MAX_PAIRS); decided (p_holm <= 0.05);
+    power_t (a two-sided unadjusted t-test's power at these n, for comparison only).
     step: read every metric from the runs' evaluations at that step (at_step) instead of their
     final summaries: the contrasts at matched steps (Study.equal_step).
     attrs["notes"]: one line per thing left out (seeds in one arm only, runs without the metric).
@@ -488,6 +502,24 @@ def study_table(
     table["pairs"] = table["pairs"].astype("Int64")  # <NA> for an unpaired contrast
     table["p_holm"] = holm(table["p"])
     table["decided"] = table["p_holm"] <= ALPHA
+    # power and the pairs needed of the decision itself (permutation test, Holm over the study's
+    # contrasts), simulated at each contrast's observed d; contrast()'s t-test power is kept as
+    # power_t for comparison
+    family = [
+        {
+            "d": r["d"],
+            "paired": bool(r["paired"]),
+            "n": r["pairs"] if r["paired"] else None,
+            "n_a": r["n_a"],
+            "n_b": r["n_b"],
+        }
+        for _, r in table.iterrows()
+    ]
+    table["power_t"] = table["power"]
+    table["power"] = decision_power(family, ALPHA, seed=seed)
+    table["n_for_power"] = [
+        decision_n_for_power(family, i, alpha=ALPHA, seed=seed) for i in range(len(family))
+    ]
     table = table[COLUMNS]
     missing = [] if run_names is None else sorted(set(run_names) - set(df.get("run", [])))
     table.attrs.update(notes=list(dict.fromkeys(notes)), runs=len(df), missing=missing)
@@ -528,14 +560,22 @@ def verdict(row, study: Study) -> str:
             better = (e < 0) == study.lower_is_better
             words += f" (B {'better' if better else 'worse'}: {_direction(study)})"
     words += f", p_holm={_num(row['p_holm'], 3)}"
+    floor = floor_note(row, len(study.contrasts))
+    if floor:
+        words += f" ({floor})"
     if row["decided"]:
         return f"{head}: {words}, decided at alpha {ALPHA} after Holm"
     n = row["pairs"] if row["paired"] else f"{row['n_a']}+{row['n_b']}"
     unit = "pairs" if row["paired"] else "seeds per arm"
-    why = [f"power {_num(row['power'], 2)} for the observed effect at n={n}"]
+    why = [
+        f"power {_num(row['power'], 2)} of this decision (permutation test, Holm over "
+        f"{len(study.contrasts)}) for the observed effect at n={n}"
+    ]
     needed = row["n_for_power"]
     if isinstance(needed, (int, float)) and not math.isnan(needed):
         why.append(f"about {int(needed)} {unit} needed for power 0.8")
+    elif not math.isnan(row["d"]) and row["d"] != 0:
+        why.append(f"more than {MAX_PAIRS} {unit} needed for power 0.8")
     elif not math.isnan(row["d"]) and row["d"] == 0:
         why.append("no observed effect to size a study by")
     m = len(study.contrasts)
@@ -545,6 +585,22 @@ def verdict(row, study: Study) -> str:
             f"{_num(row['p_min'], 3)}{f' x {m} contrasts' if m > 1 else ''})"
         )
     return f"{head}: {words}, not decided ({'; '.join(why)})"
+
+
+def floor_note(row, m: int) -> str:
+    """Where the exact test's floor binds: "p = 0.0078 is the smallest p at 8 pairs; 0.031 after
+    Holm over 4", when the contrast's p is that floor (its Holm-adjusted p can then be no smaller
+    than the floor times the contrasts left); "" elsewhere."""
+    p, floor = row["p"], row["p_min"]
+    if any(_unset_number(v) for v in (p, floor)) or p > floor * (1 + 1e-9):
+        return ""
+    n = f"{row['pairs']} pairs" if row["paired"] else f"{row['n_a']}+{row['n_b']} runs"
+    after = f"; {_num(min(1.0, floor * m), 2)} after Holm over {m}" if m > 1 else ""
+    return f"p = {_num(floor, 2)} is the smallest p at {n}{after}"
+
+
+def _unset_number(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA
 
 
 def _direction(study: Study) -> str:
@@ -634,8 +690,9 @@ def study_lines(
         "",
         "B-A: B minus A (paired: mean of the per-seed differences); 95% CI: percentile "
         "bootstrap; d: Cohen's d (paired: d_z); p: two-sided permutation test; p_holm: "
-        f"Holm-adjusted over the {len(table)} contrast(s); power: two-sided t-test at alpha "
-        f"{ALPHA} for the observed d at these n",
+        f"Holm-adjusted over the {len(table)} contrast(s); power: of this decision (the "
+        f"permutation test, Holm over the {len(table)} contrast(s), at alpha {ALPHA}), "
+        "simulated at every contrast's observed d at these n",
         *(f"- {verdict(row, study)}" for _, row in table.iterrows()),
         *(f"  note: {note}" for note in table.attrs["notes"]),
     ]
@@ -647,8 +704,10 @@ def study_lines(
             "Whether the budget let each arm flatten: its metric at the end and the change over "
             "each run's last evaluation interval, means over its runs; a run still improving at "
             "its end is censored by its budget (its final value bounds what more steps would "
-            "give); a run regressed when it ended having lost more than half of what it gained "
-            "from its first evaluation to its best (best: the mean of the runs' best values):",
+            "give); a run regressed when its best came at least half way from its first "
+            "evaluation to the metric's best possible value (0 for a cross-entropy, the length "
+            "for pos@90) and it ended having lost more than half of what it gained (best: the "
+            "mean of the runs' best values):",
             *([""] if fmt == "md" else []),
             format_last_interval_table(flat, fmt),
         ]
@@ -739,11 +798,12 @@ def last_interval_table(runs, study: Study, run_names=None) -> pd.DataFrame:
     its end to its end: a final evaluation off the grid would make a short interval look flat),
     and how many runs still improved there (by the study's direction). A run still improving at
     its end is censored by its budget: its final value bounds what more steps would give. Also the
-    mean best value over each run's evaluations and how many runs regressed: ended having lost
-    more than half of what they gained from their first evaluation to their best (a run that never
-    beat its first evaluation and ended worse counts), a collapse that the final value alone reads
-    as never having learned. A metric whose row equals the arm's primary-metric row (same runs,
-    final, change, interval) is left out."""
+    mean best value over each run's evaluations and how many runs regressed: reached a real level
+    (reached_level: their best at least half way from their first evaluation to the metric's best
+    possible value) and ended having lost more than half of what they gained from their first
+    evaluation to their best, a collapse that the final value alone reads as never having learned;
+    a run that never reached such a level cannot have regressed. A metric whose row equals the
+    arm's primary-metric row (same runs, final, change, interval) is left out."""
     wanted = dict.fromkeys((arm, c.metric) for c in study.contrasts for arm in (c.a, c.b))
     by_arm = arm_runs(runs, study, run_names)
     rows = []
@@ -766,7 +826,9 @@ def last_interval_table(runs, study: Study, run_names=None) -> pd.DataFrame:
             gained = sign * evals.iloc[0]["value"] - best
             lost = sign * end["value"] - best
             bests.append(sign * best)
-            regressed.append(lost > gained / 2)  # gained >= 0: best is at most first
+            # gained >= 0: best is at most first; only a run that reached something can lose it
+            reached = reached_level(metric, evals["value"], study.lower_is_better)
+            regressed.append(reached and lost > gained / 2)
             changes.append(end["value"] - before.iloc[-1]["value"])
             intervals.add(int(end["step"] - before.iloc[-1]["step"]))
         if not finals:
@@ -808,6 +870,32 @@ def last_interval_table(runs, study: Study, run_names=None) -> pd.DataFrame:
         "regressed",
     ]
     return pd.DataFrame(rows, columns=columns)
+
+
+# A run "reached something" when its best evaluation came at least this share of the way from
+# its first evaluation to the best value the metric can take (0 for a cross-entropy, the length
+# for pos@90, 1 for an accuracy): a cross-entropy that fell from 3.62 to 2.82 (pos@90 3 of 16)
+# learned the easy first positions, not the task, and cannot have "learned, then lost it".
+REACHED_SHARE = 0.5
+
+
+def reached_level(metric: str, values, lower_is_better: bool | None = None) -> bool:
+    """Whether a run's evaluations of `metric` (in step order) reached a real level: its best at
+    least REACHED_SHARE of the way from its first to the metric's best possible value (its bound
+    on the better side, lrt_lab.store.metrics); a metric without such a bound: whether it ever
+    beat its first evaluation. lower_is_better: the direction a study reads it in (None: the
+    metric table's)."""
+    info = metric_info(metric)
+    lower = info.lower_is_better if lower_is_better is None else lower_is_better
+    v = pd.to_numeric(pd.Series(list(values)), errors="coerce").dropna()
+    if v.empty or lower is None:
+        return False
+    first = float(v.iloc[0])
+    ideal = info.bounds[0] if lower else info.bounds[1]
+    best = float(v.min() if lower else v.max())
+    if ideal is None:
+        return best != first
+    return abs(best - first) >= REACHED_SHARE * abs(ideal - first) and best != first
 
 
 def format_last_interval_table(table: pd.DataFrame, fmt: str = "table") -> str:
@@ -875,7 +963,59 @@ __all__ = [
     "parse_arm",
     "parse_study",
     "print_study",
+    "store_studies",
+    "study_selection",
     "study_lines",
     "study_table",
     "verdict",
 ]
+
+
+# The studies of a store ---------------------------------------------------------------------------
+def store_studies(root) -> list[tuple[Path, Study, str | None]]:
+    """(spec path, Study, the spec's sweep name_prefix) of every sweep spec with a valid [study]
+    table in the store's folder or the folder above it (experiments/*.toml beside
+    experiments/results), by file name. Read with tomllib only (no sweep expansion, no torch), so
+    a dashboard can find the study its runs answer: a spec that does not parse is skipped."""
+    import tomllib
+
+    root = Path(root)
+    found = []
+    for folder in dict.fromkeys((root, root.parent)):
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.glob("*.toml")):
+            try:
+                table = tomllib.loads(path.read_text())
+                study = parse_study(table["study"]) if "study" in table else None
+            except (OSError, ValueError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+                continue
+            if study is not None:
+                prefix = table.get("sweep", {}).get("name_prefix")
+                found.append((path, study, prefix if isinstance(prefix, str) else None))
+    return found
+
+
+def study_selection(df: pd.DataFrame, study: Study, prefix: str | None = None):
+    """The complete runs of `df` that are the study's arms ({arm: its runs}), or None when they
+    are not in `df` as a study reads them: a run name must start with the spec's name_prefix
+    (where it has one), and every arm must be the runs of one config (check_one_config)."""
+    df = _complete_runs(df)
+    if df.empty or "run" not in df.columns:
+        return None
+    if prefix:
+        df = df[df["run"].astype(str).str.startswith(prefix)]
+    arms = {}
+    for c in study.contrasts:
+        for arm in (c.a, c.b):
+            if arm in arms:
+                continue
+            rows = df[arm_mask(df, arm)] if not df.empty else df
+            if rows.empty:
+                return None
+            try:
+                check_one_config(rows, "arm", arm, "the store")
+            except ValueError:
+                return None
+            arms[arm] = rows
+    return arms
