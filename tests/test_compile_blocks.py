@@ -88,14 +88,16 @@ def _deep_model(n_layer=DEPTH, **memory):
     ).float()
 
 
-def _train_and_evaluate(model, spec: str):
+def _train_and_evaluate(model, spec: str, evaluate: bool = True):
     """One training step's forward and backward, a no-grad evaluation, and decoding after a
-    prefill (the evaluation's exact protocol), as a run does them."""
+    prefill (the evaluation's exact protocol), as a run does them (evaluate=False: training)."""
     x, y = tokens(B=2, T=T), tokens(B=2, T=T, seed=2)
     schedule = parse_schedule(spec)
     model.train()
     model.zero_grad(set_to_none=True)
     run_schedule(model, x, y, schedule).loss.backward()
+    if not evaluate:
+        return
     model.eval()
     with torch.no_grad():
         run_schedule(model, x, None, schedule)
@@ -105,19 +107,19 @@ def _train_and_evaluate(model, spec: str):
         logits = dec.step(logits.argmax(-1))
 
 
-def _warm_then_rerun(model, schedules=SCHEDULES):
+def _warm_then_rerun(model, schedules=SCHEDULES, evaluate=True):
     """Warm up the schedules (raising if a code object passes the recompile limit), then run them
     all again where any compile raises; (unique graphs, graph breaks) after the warm-up."""
     torch._dynamo.reset()
     counters.clear()
     with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
         for spec in schedules:
-            _train_and_evaluate(model, spec)
+            _train_and_evaluate(model, spec, evaluate)
         graphs = counters["stats"]["unique_graphs"]
         breaks = sum(counters["graph_break"].values())
         with torch.compiler.set_stance("fail_on_recompile"):
             for spec in schedules:
-                _train_and_evaluate(model, spec)
+                _train_and_evaluate(model, spec, evaluate)
     return graphs, breaks
 
 
@@ -146,12 +148,12 @@ def test_the_flash_attn_branch_compiles_without_recompiles(cuda_dispatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("cuda_dispatch", ["flex"], indirect=True)
 def test_the_graph_count_does_not_grow_with_depth(cuda_dispatch):
-    """The same schedule at 2 and at 20 layers compiles the same graphs: every layer reuses them
-    (a block that guarded on its layer would compile one per layer, or run eager past 8)."""
+    """The same training step at 2 and at 20 layers compiles the same graphs: every layer reuses
+    them (a block that guarded on its layer would compile one per layer, or run eager past 8)."""
     counts = []
     for depth in (2, 20):
         model = _deep_model(depth).compile_blocks(backend="eager", fullgraph=True)
-        counts.append(_warm_then_rerun(model, ("interleaved:2",))[0])
+        counts.append(_warm_then_rerun(model, ("interleaved:2",), evaluate=False)[0])
     assert counts[0] == counts[1]
 
 
@@ -188,7 +190,8 @@ def test_an_eager_stage_between_compiled_steps_recompiles_nothing():
     same model in between (an evaluation run uncompiled) builds none, so the compiled stage's
     guards still hold."""
     torch._dynamo.reset()
-    model = make_model(MemoryConfig()).compile_stage(backend="eager", fullgraph=True)
+    model = make_model(MemoryConfig(), n_layer=1, window_pattern="L")
+    model.compile_stage(backend="eager", fullgraph=True)
     x, y = tokens(T=T), tokens(T=T, seed=2)
 
     def step():

@@ -10,11 +10,12 @@ The forward reads top to bottom: `LRT.forward` (one stage over every position, a
 `LRT.stage` -> `LRT.run_blocks` -> `Block.forward` -> `Attention.forward` -> the attention kernel
 (`attention_kernel`: SDPA, flash-attn or FlexAttention); a block's math before and after attention
 sits in `before_attention` (with `Attention.qkv`) and `after_attention`, the regions
-`compile_blocks` compiles, one graph for every layer (a block reads no layer index: `LayerInputs`). Other orders of stages (the trainers,
-prefill, decoding) call `LRT.stage` from `lrt_lab.run`. The fast paths sit in named functions
-beside the equations: `mix_residual` and `gated_sum` (fused kernels), `MemoryRead` (what a stage
-forms once for all its layers), `HookPoint.hooked` (hook points cost nothing while unhooked),
-`Rotary`'s table cache, `FrontierStorage` (in-place appends without autograd).
+`compile_blocks` compiles, one graph for every layer (a block reads no layer index: `LayerInputs`).
+Other orders of stages (the trainers, prefill, decoding) call `LRT.stage` from `lrt_lab.run`.
+The fast paths sit in named functions beside the equations: `mix_residual` and `gated_sum` (fused
+kernels), `MemoryRead` (what a stage forms once for all its layers), `HookPoint.hooked` (hook
+points cost nothing while unhooked), `Rotary`'s table cache, `FrontierStorage` (in-place appends
+without autograd).
 
 The backbone (`Block`, `Attention`, `MLP`) are ordinary modules with a `forward`, called as
 modules by every stage, so module hooks, activation checkpointing and regional compilation work.
