@@ -204,3 +204,31 @@ def test_an_eager_stage_between_compiled_steps_recompiles_nothing():
         eager(x, range(T), model.empty_buffer(x))
     with torch.compiler.set_stance("fail_on_recompile"):
         step()
+
+
+@pytest.mark.slow  # no compile, but dynamo's import and three models: a few seconds
+def test_hooks_on_compiled_blocks_run_eagerly_and_see_every_layer():
+    """While a hook point is hooked the compiled blocks run eagerly: the hook is called at every
+    layer with its positions, its replacement takes effect, and nothing is compiled for it."""
+    from lrt_lab.run.hooks import hooks
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager_model = make_model(MemoryConfig(), n_layer=3)
+    model = make_model(MemoryConfig(), n_layer=3).compile_blocks(backend="eager", fullgraph=True)
+    x = tokens(T=T)
+    seen = []
+
+    def zero_mlp(act, positions):
+        seen.append(positions)
+        return act * 0
+
+    names = {f"blocks.{l}.hook_mlp_out": zero_mlp for l in range(3)}
+    outs = []
+    for m in (eager_model, model):
+        with hooks(m, names):
+            outs.append(run_schedule(m, x, None, "interleaved:2").logits)
+    assert torch.equal(outs[0], outs[1])
+    assert seen[: len(seen) // 2] == seen[len(seen) // 2 :] and range(0, T, 2) in seen
+    assert counters["stats"]["unique_graphs"] == 0
+    assert not torch.equal(outs[1], run_schedule(eager_model, x, None, "interleaved:2").logits)
