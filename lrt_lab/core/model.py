@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -136,6 +136,9 @@ class StageContext:
     # buffer rows per token: sliding windows count tokens, so a stage over rows that interleave
     # other vectors with the tokens widens them by this factor
     rows_per_token: int = 1
+    # the attention masks built for this stage, by kernel, positions and window: every layer with
+    # that window reuses one (a compiled stage builds each once, not once per layer)
+    masks: dict = field(default_factory=dict)
 
 
 class Output(NamedTuple):
@@ -265,7 +268,7 @@ class Attention(nn.Module):
         if self.hook_attn_scores.hooked or self.hook_pattern.hooked:
             y = self._attend_explicit(q, Ks, Vs, P, window, hp)
         else:
-            y = attention_kernel(q, P, Ks.size(1), window)(q, Ks, Vs, P, window)
+            y = attention_kernel(q, P, Ks.size(1), window)(q, Ks, Vs, P, window, masks=ctx.masks)
         y = self.hook_z(y, positions=hp)
         return y.reshape(B, n, -1), K, V
 
