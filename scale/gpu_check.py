@@ -225,9 +225,8 @@ def _optimizers(model: LRT, name: str, steps: int):
 
 
 def compile_like_the_launcher(model: LRT, backend: str = "inductor") -> LRT:
-    """What ``lrt_scale.train --compile`` does to the model (the stage primitive compiled)."""
-    model.stage = torch.compile(model.stage, dynamic=False, backend=backend)
-    return model
+    """What ``lrt_scale.train --compile`` does to the model: its blocks compiled regionally."""
+    return model.compile_blocks(dynamic=False, backend=backend)
 
 
 def train_steps(model, opts, args, schedule, data, steps: int, autocast, device) -> list[dict]:

@@ -705,7 +705,9 @@ def _train(args, ctx: DistContext) -> Path | None:
     autocast = autocast_for(ctx.device, args.dtype)
     net, ddp = _distributed(model, setup, ctx, autocast)
     if args.compile:
-        model.stage = torch.compile(model.stage, dynamic=False)
+        # regional: two graphs every block shares, no recompile per layer or position set
+        # (lrt_lab's default way to compile; docs/scale.md)
+        model.compile_blocks(dynamic=False)
     stop = (
         setup.plan.steps
         if args.stop_after is None

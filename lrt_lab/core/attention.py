@@ -87,7 +87,18 @@ def _cached_mask(
         return visible_mask(range(start, stop, step), n_keys, window, device)
 
 
-def _sdpa(q, k, v, q_pos: range, window: int | None) -> torch.Tensor:
+def _memo(masks: dict | None, key: tuple, build):
+    """build(), kept in `masks` under key when a dict is given: a stage's layers share one mask per
+    (positions, window). The lru_caches below do the same eagerly, but a compiled stage traces
+    through them (dynamo ignores the cache) and would build the mask again at every layer."""
+    if masks is None:
+        return build()
+    if key not in masks:
+        masks[key] = build()
+    return masks[key]
+
+
+def _sdpa(q, k, v, q_pos: range, window: int | None, masks: dict | None = None) -> torch.Tensor:
     if window is not None and q_pos.start - window + 1 > 0:
         # keys before the first query's window are invisible to every query: drop them, so
         # a windowed decoding step or chunk attends over at most window + |chunk| keys
@@ -111,12 +122,13 @@ def _sdpa(q, k, v, q_pos: range, window: int | None) -> torch.Tensor:
         bias = causal_lower_right(len(q_pos), n_keys)
         y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias, enable_gqa=gqa)
     else:
-        mask = _cached_mask(q_pos.start, q_pos.stop, q_pos.step, n_keys, window, q.device)
+        args = (q_pos.start, q_pos.stop, q_pos.step, n_keys, window, q.device)
+        mask = _memo(masks, ("sdpa", *args), lambda: _cached_mask(*args))
         y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=gqa)
     return y.transpose(1, 2)
 
 
-def _flash(q, k, v, q_pos: range, window: int | None) -> torch.Tensor:
+def _flash(q, k, v, q_pos: range, window: int | None, masks: dict | None = None) -> torch.Tensor:
     # flash-attn aligns the causal mask bottom-right when Tq < Tk: query i sits at key Tk-Tq+i,
     # which is exactly a contiguous block ending at the last key.
     left = -1 if window is None else window - 1
@@ -150,8 +162,9 @@ def _flex_block_mask(
         )
 
 
-def _flex(q, k, v, q_pos: range, window: int | None) -> torch.Tensor:
-    block_mask = _flex_block_mask(q_pos.start, q_pos.step, q.size(1), k.size(1), window, q.device)
+def _flex(q, k, v, q_pos: range, window: int | None, masks: dict | None = None) -> torch.Tensor:
+    args = (q_pos.start, q_pos.step, q.size(1), k.size(1), window, q.device)
+    block_mask = _memo(masks, ("flex", *args), lambda: _flex_block_mask(*args))
     y = _compiled_flex()(
         q.transpose(1, 2),
         k.transpose(1, 2),
@@ -217,9 +230,11 @@ KERNELS = {"sdpa": lambda: _sdpa, "flash": lambda: _flash, "flex": lambda: _flex
 
 
 def attention_kernel(q: torch.Tensor, q_pos: range, n_keys: int, window: int | None = None):
-    """The kernel `attend` would pick for this call, as a function (q, k, v, q_pos, window) ->
-    (B, Tq, H, D): what the model's attention calls directly, its positions already a canonical
-    range (`as_range`) within the keys, so the call reaches the kernel without a dispatch frame."""
+    """The kernel `attend` would pick for this call, as a function (q, k, v, q_pos, window,
+    masks=None) -> (B, Tq, H, D): what the model's attention calls directly, its positions already
+    a canonical range (`as_range`) within the keys, so the call reaches the kernel without a
+    dispatch frame. masks: a dict in which the kernel keeps the mask it builds for its positions
+    and window, so the other layers of a stage reuse it."""
     return KERNELS[pick_backend(q, q_pos, n_keys, window)]()
 
 

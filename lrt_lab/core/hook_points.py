@@ -26,6 +26,16 @@ class Hook:
         return int(parts[1]) if len(parts) > 2 and parts[0] == "blocks" else None
 
 
+# hooks registered on any hook point and not yet removed: a compiled block runs only while none is
+# (`Block.forward`), so hooks always run eagerly, as written
+_ACTIVE_HOOKS = [0]
+
+
+def any_hooked() -> bool:
+    """Whether a hook is registered on some hook point (of any model)."""
+    return _ACTIVE_HOOKS[0] > 0
+
+
 class HookPoint(nn.Module):
     """Identity; exists so forward hooks can read or replace the activation passing through.
 
@@ -66,11 +76,13 @@ class _CountedHandle:
     def __init__(self, point: HookPoint, handle):
         self.point, self.handle, self.removed = point, handle, False
         point.n_hooks += 1
+        _ACTIVE_HOOKS[0] += 1
 
     def remove(self) -> None:
         if not self.removed:
             self.removed = True
             self.point.n_hooks -= 1
+            _ACTIVE_HOOKS[0] -= 1
         self.handle.remove()
 
     def __enter__(self):

@@ -1,18 +1,24 @@
 """The LRT memory pathway (paper sec. 2): the one place the recurrence is written, and the
 extension point for new ones (docs/extending.md).
 
-The backbone calls five methods and knows nothing else about the memory:
+The backbone calls these methods and knows nothing else about the memory:
 
     read(buffer, positions)        -> MemoryRead     what each position reads: m_{t-lag} (sec. 2)
-    inject_residual(l, x, m)       -> x              x + gamma_l * m (sec. 2.2)
-    gate_values(l, h)              -> (g_loc, g_rec) 2 * sigmoid(W_g h[:gate_channels]) per KV
+    for_layer(l, read)             -> MemoryRead     the read as layer l uses it: with that layer's
+                                                     gamma_l, W_g, W_rec and W_rec m as data
+    inject_residual(x, mem)        -> x              x + gamma_l * m (sec. 2.2)
+    gate_values(h, mem)            -> (g_loc, g_rec) 2 * sigmoid(W_g h[:gate_channels]) per KV
                                                      head (eq. 3)
-    inject_qkv(l, q, k, v, mem, g) -> (q, k, v)      g_loc * local + g_rec * W_rec m (eqs. 2, 4)
+    inject_qkv(q, k, v, mem, g)    -> (q, k, v)      g_loc * local + g_rec * W_rec m (eqs. 2, 4)
     emit(outputs, read)            -> m_t            from the source blocks' activations (and,
                                                      for a memory that updates itself, what t
                                                      read)
     source_blocks                                    the one statement of which blocks (0-based)
                                                      feed m_t
+
+Only `for_layer` sees a layer index: it runs before each block, outside the block's code, so
+every layer runs the same code on its own tensors (one compiled graph serves all layers,
+`Transformer.compile_blocks`; a layer index read inside the block is a guard per layer).
 
 How far back a position's memory reaches is stated once, by the config
 (`MemoryConfig.read_offsets`): `read` reads those rows, and the Exact split, Chunked's exact limit
@@ -30,6 +36,7 @@ as a subclass in the user's own file registered by name (`register_memory`), cho
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -61,25 +68,41 @@ class MemoryRead:
     # gamma_l of every layer, split once per stage so that a layer reads its own as a view instead
     # of launching an indexing kernel (empty: no residual injection)
     gammas: tuple[torch.Tensor, ...] = ()
-    # W_q,rec m, W_k,rec m, W_v,rec m (B, |P|, heads, head_dim) by projection name ("q_rec", ...)
-    # when one projection serves every layer (projections="shared"): the first layer that needs
-    # one forms it, the others reuse it (`MemoryPathway.project_memory`); layerwise projections
-    # are formed per layer and not kept
+    # W_q,rec m, W_k,rec m, W_v,rec m (B, |P|, heads, head_dim) by projection name ("q_rec", ...):
+    # in the stage's read, the shared projections (projections="shared"), formed once for every
+    # layer; in a layer's read (`MemoryPathway.for_layer`), what that layer adds, formed before
+    # its block runs (a read patched inside the block forms its own, `project_memory`)
     projected: dict[str, torch.Tensor] = field(default_factory=dict)
     # per projection name, the memory that projection reads instead of m (a hook on one route,
     # `blocks.{l}.attn.hook_mem_k` ...): only that route follows the patch; empty: all read m
     routes: dict[str, torch.Tensor] = field(default_factory=dict)
+    # a layer's read only (`MemoryPathway.for_layer`): what is the layer's own, as inputs the
+    # block's code reads like any other (never an index into the pathway's lists): gamma_l (None:
+    # no residual injection), the gate W_g (None: no gates) and the W_rec modules by projection
+    # name, and whether it is a replace layer
+    gamma: torch.Tensor | None = None
+    gate: nn.Module | None = None
+    projections: dict[str, nn.Module] = field(default_factory=dict)
+    drop_local: bool = False
 
     def patched(self, m: torch.Tensor) -> MemoryRead:
         """The same read with m replaced (a hook's intervention): the projections of m are formed
-        again, the gammas (independent of m) are kept."""
-        return MemoryRead(m, positions=self.positions, gammas=self.gammas)
+        again, the layer's parameters (independent of m) are kept."""
+        return MemoryRead(
+            m,
+            positions=self.positions,
+            gammas=self.gammas,
+            gamma=self.gamma,
+            gate=self.gate,
+            projections=self.projections,
+            drop_local=self.drop_local,
+        )
 
     def with_routes(self, routes: dict[str, torch.Tensor]) -> MemoryRead:
         """The same read with the named projections ("q_rec", "k_rec", "v_rec") reading the given
         memory instead of m (a route-level intervention); the other projections, the residual
         injection and what the cache of shared projections holds are m's."""
-        return MemoryRead(self.m, self.zero, self.positions, self.gammas, self.projected, routes)
+        return dataclasses.replace(self, routes=routes)
 
 
 def gated_sum(local, rec, g_loc, g_rec, drop_local: bool) -> torch.Tensor:
@@ -233,59 +256,87 @@ class MemoryPathway(nn.Module):
             m = torch.einsum("bpnd,n->bpd", rows, self.lag_weights.softmax(0).to(rows.dtype))
         return MemoryRead(m, positions=hook_positions, gammas=gammas)
 
-    # Injection ----------------------------------------------------------------------------------
-    def inject_residual(self, l: int, x: torch.Tensor, mem: MemoryRead) -> torch.Tensor:
-        """x_bar = x + gamma_l * m (sec. 2.2; the backbone has already formed
-        alpha_l x + beta_l x0)."""
-        if self.gamma is None or mem.zero:
-            return x
-        return torch.addcmul(x, mem.gammas[l], mem.m)
+    # A layer's view ------------------------------------------------------------------------------
+    def _projections(self) -> dict[str, nn.ModuleList]:
+        """The recurrent projections the config has, by name (one module, or one per layer)."""
+        projs = {"q_rec": self.q_rec, "k_rec": self.k_rec, "v_rec": self.v_rec}
+        return {name: p for name, p in projs.items() if p is not None}
 
-    def gate_values(self, l: int, h: torch.Tensor):
-        """(g_loc, g_rec), each (B, n, n_kv_head): 2 * sigmoid(W_g h) (eq. 3); (None, None) when
-        the gates are off (both fixed at 1)."""
-        if self.gates is None:
+    def for_layer(self, l: int, read: MemoryRead) -> MemoryRead:
+        """`read` as layer l uses it: with gamma_l, W_g and W_rec of layer l, and W_rec m formed
+        (a shared projection once per stage, kept in `read.projected`; a layerwise one here, for
+        this layer). Called before block l runs: the block's code then reads no layer index, so
+        every layer runs the same code (one compiled graph for all of them)."""
+        own, projected = {}, {}
+        for name, projs in self._projections().items():
+            own[name] = projs[l if len(projs) > 1 else 0]
+            if read.zero:
+                continue
+            if len(projs) > 1:
+                projected[name] = self._split_heads(own[name](read.m))
+            else:
+                if name not in read.projected:
+                    read.projected[name] = self._split_heads(own[name](read.m))
+                projected[name] = read.projected[name]
+        return dataclasses.replace(
+            read,
+            projected=projected,
+            gamma=read.gammas[l] if read.gammas else None,
+            gate=self.gates[l] if self.gates is not None else None,
+            projections=own,
+            drop_local=l in self.replace_layers,
+        )
+
+    # Injection ----------------------------------------------------------------------------------
+    def inject_residual(self, x: torch.Tensor, mem: MemoryRead) -> torch.Tensor:
+        """x_bar = x + gamma_l * m (sec. 2.2; the backbone has already formed
+        alpha_l x + beta_l x0); mem: the layer's read (`for_layer`)."""
+        if mem.gamma is None or mem.zero:
+            return x
+        return torch.addcmul(x, mem.gamma, mem.m)
+
+    def gate_values(self, h: torch.Tensor, mem: MemoryRead):
+        """(g_loc, g_rec), each (B, n, n_kv_head): 2 * sigmoid(W_g h) (eq. 3) with the layer's
+        W_g (`for_layer`); (None, None) when the gates are off (both fixed at 1)."""
+        if mem.gate is None:
             return None, None
         x = h if self.gate_channels == h.size(-1) else h[..., : self.gate_channels]
-        return (2 * torch.sigmoid(self.gates[l](x))).chunk(2, dim=-1)
+        return (2 * torch.sigmoid(mem.gate(x))).chunk(2, dim=-1)
 
-    def project_memory(self, name: str, l: int, mem: MemoryRead) -> torch.Tensor | None:
-        """W_name,rec m as (B, n, heads, head_dim) for layer l, name one of "q_rec", "k_rec",
-        "v_rec" (None: zero memory). A shared projection is formed once per stage and kept in the
-        read's `projected` under its name; a layerwise one is formed here for its one layer. A
-        projection the read routes elsewhere (`MemoryRead.routes`: a hook on that route) is formed
-        from its own memory and not kept."""
-        projs = {"q_rec": self.q_rec, "k_rec": self.k_rec, "v_rec": self.v_rec}[name]
+    def project_memory(self, name: str, mem: MemoryRead) -> torch.Tensor | None:
+        """W_name,rec m as (B, n, heads, head_dim) for the layer's read (`for_layer`), name one of
+        "q_rec", "k_rec", "v_rec" (None: zero memory): formed before the block, or, for a read
+        patched inside the block (a hook on hook_mem_in), here from its m. A projection the read
+        routes elsewhere (`MemoryRead.routes`: a hook on that route) is formed from its own memory
+        and not kept."""
         if name in mem.routes:
-            return self._split_heads(projs[l if len(projs) > 1 else 0](mem.routes[name]))
+            return self._split_heads(mem.projections[name](mem.routes[name]))
         if mem.zero:
             return None
-        if len(projs) > 1:
-            return self._split_heads(projs[l](mem.m))
         if name not in mem.projected:
-            mem.projected[name] = self._split_heads(projs[0](mem.m))
+            mem.projected[name] = self._split_heads(mem.projections[name](mem.m))
         return mem.projected[name]
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(*x.shape[:2], -1, self.config.head_dim)
 
-    def inject_qkv(self, l: int, q, k, v, mem: MemoryRead, g_loc, g_rec):
+    def inject_qkv(self, q, k, v, mem: MemoryRead, g_loc, g_rec):
         """Eqs. 2-4: k~ = g_loc * k_local + g_rec * W_k,rec m (same for v; and for q when
         memory.queries). In the replace layers the local term is dropped for K and V. The result
         then goes through QK-norm and RoPE at t like a local key (eq. 5; done by the caller)."""
         g_loc = g_loc.unsqueeze(-1) if g_loc is not None else None  # broadcast over head_dim
         g_rec = g_rec.unsqueeze(-1) if g_rec is not None else None
-        drop_local = l in self.replace_layers
+        drop_local = mem.drop_local
         if self.q_rec is not None:
             gq_loc, gq_rec, group = g_loc, g_rec, q.size(2) // k.size(2)
             if group > 1 and g_loc is not None:  # query heads share their KV head's gates (GQA)
                 gq_loc = g_loc.repeat_interleave(group, dim=2)
                 gq_rec = g_rec.repeat_interleave(group, dim=2)
-            q = gated_sum(q, self.project_memory("q_rec", l, mem), gq_loc, gq_rec, False)
+            q = gated_sum(q, self.project_memory("q_rec", mem), gq_loc, gq_rec, False)
         if self.k_rec is not None:
-            k = gated_sum(k, self.project_memory("k_rec", l, mem), g_loc, g_rec, drop_local)
+            k = gated_sum(k, self.project_memory("k_rec", mem), g_loc, g_rec, drop_local)
         if self.v_rec is not None:
-            v = gated_sum(v, self.project_memory("v_rec", l, mem), g_loc, g_rec, drop_local)
+            v = gated_sum(v, self.project_memory("v_rec", mem), g_loc, g_rec, drop_local)
         return q, k, v
 
     # Emitting -----------------------------------------------------------------------------------

@@ -8,14 +8,17 @@ class is the plain transformer baseline, so both share every line of the backbon
 
 The forward reads top to bottom: `LRT.forward` (one stage over every position, and the loss) ->
 `LRT.stage` -> `LRT.run_blocks` -> `Block.forward` -> `Attention.forward` -> the attention kernel
-(`attention_kernel`: SDPA, flash-attn or FlexAttention). Other orders of stages (the trainers,
-prefill, decoding) call `LRT.stage` from `lrt_lab.run`. The fast paths sit in named functions
-beside the equations: `mix_residual` and `gated_sum` (fused kernels), `MemoryRead` (what a stage
-forms once for all its layers), `HookPoint.hooked` (hook points cost nothing while unhooked),
-`Rotary`'s table cache, `FrontierStorage` (in-place appends without autograd).
+(`attention_kernel`: SDPA, flash-attn or FlexAttention); a block's math before and after attention
+sits in `before_attention` (with `Attention.qkv`) and `after_attention`, the regions
+`compile_blocks` compiles, one graph for every layer (a block reads no layer index: `LayerInputs`).
+Other orders of stages (the trainers, prefill, decoding) call `LRT.stage` from `lrt_lab.run`.
+The fast paths sit in named functions beside the equations: `mix_residual` and `gated_sum` (fused
+kernels), `MemoryRead` (what a stage forms once for all its layers), `HookPoint.hooked` (hook
+points cost nothing while unhooked), `Rotary`'s table cache, `FrontierStorage` (in-place appends
+without autograd).
 
 The backbone (`Block`, `Attention`, `MLP`) are ordinary modules with a `forward`, called as
-modules by every stage, so module hooks, activation checkpointing and per-block compilation work.
+modules by every stage, so module hooks, activation checkpointing and regional compilation work.
 All the LRT's own math lives in `lrt_lab.core.memory.MemoryPathway` (the extension point): a stage
 calls its `read` (m = m_{t-lag} for each position t) and `emit` (m_t), and a block calls it at
 three places:
@@ -28,8 +31,10 @@ and the source blocks' outputs become m_t (`MemoryPathway.emit`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+import types
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -39,7 +44,7 @@ import torch.nn.functional as F
 from lrt_lab.core.attention import as_range, attend_explicit, attention_kernel
 from lrt_lab.core.buffer import DecodeCache, SequenceBuffer
 from lrt_lab.core.config import ModelConfig
-from lrt_lab.core.hook_points import HookPoint
+from lrt_lab.core.hook_points import HookPoint, any_hooked
 from lrt_lab.core.loss import check_inputs, cross_entropy
 from lrt_lab.core.memory import (
     ROUTE_PROJECTIONS,
@@ -131,11 +136,26 @@ class StageContext:
     # buffer rows per token: sliding windows count tokens, so a stage over rows that interleave
     # other vectors with the tokens widens them by this factor
     rows_per_token: int = 1
+    # the attention masks built for this stage, by kernel, positions and window: every layer with
+    # that window reuses one (a compiled stage builds each once, not once per layer)
+    masks: dict = field(default_factory=dict)
 
 
 class Output(NamedTuple):
     logits: torch.Tensor  # (B, T, V)
     loss: torch.Tensor | None  # mean cross-entropy over the counted targets, or None
+
+
+class LayerInputs(NamedTuple):
+    """What one block of a stage reads besides the residual stream, formed by `run_blocks` before
+    the block runs. Everything that differs between layers is here as data (tensors, and the
+    layer's memory read with its parameters, `MemoryPathway.for_layer`), so every block runs the
+    same code: one compiled graph serves every layer (`Transformer.compile_blocks`)."""
+
+    alpha: torch.Tensor | None  # alpha_l (None: 1)
+    beta: torch.Tensor | None  # beta_l (None: 0)
+    value_embed: torch.Tensor | None  # this layer's value embedding of the tokens, or None
+    read: MemoryRead | None  # this layer's memory read, or None (no memory pathway)
 
 
 class BlockOutput(NamedTuple):
@@ -202,25 +222,19 @@ class Attention(nn.Module):
         for name in names:
             setattr(self, name, HookPoint())
 
-    def forward(
-        self,
-        h: torch.Tensor,
-        ctx: StageContext,
-        read: MemoryRead | None = None,
-        value_embed: torch.Tensor | None = None,
-    ):
-        """Attention of the stage's positions over the buffer, with k~ = g_loc k + g_rec W_k,rec m
-        (same for v; sec. 2.1, eqs. 2-5). h: the normed residual stream (B, n, d) at
-        ctx.positions. Returns (output (B, n, d), the K and V attention saw, for the buffer)."""
+    def qkv(self, h, cos, sin, pathway, read: MemoryRead | None, value_embed, hp):
+        """(q, k, v) of the normed residual stream h (B, n, d), with k~ = g_loc k + g_rec W_k,rec m
+        (same for v; sec. 2.1, eqs. 2-4), then QK-norm and RoPE at t (eq. 5): the position-free
+        part of attention, which the compiled block runs (`before_attention`). read: the layer's
+        read (`MemoryPathway.for_layer`), or None; cos, sin: the stage's RoPE tables."""
         B, n, _ = h.shape
-        hp = ctx.hook_positions
         q = self.c_q(h).view(B, n, self.n_head, self.head_dim)
         k = self.c_k(h).view(B, n, self.n_kv_head, self.head_dim)
         v = self.c_v(h).view(B, n, self.n_kv_head, self.head_dim)
         if value_embed is not None and self.gate_value_embeds:
             v = self._add_value_embed(v, h, value_embed)  # then under g_loc (the old convention)
         if read is not None:
-            q, k, v = self._inject_memory(h, q, k, v, ctx, read)
+            q, k, v = self._inject_memory(h, q, k, v, pathway, read, hp)
         if value_embed is not None and not self.gate_value_embeds:
             # v = g_loc c_v h + g_rec W_v,rec m + g_ve ve: a baseline component, outside the
             # memory's gates (app. A; the released code's triple gate)
@@ -231,8 +245,17 @@ class Attention(nn.Module):
             self.hook_v(v, positions=hp),
         )
         # QK-norm, then RoPE at t: the recurrent key is encoded at t like the local one (eq. 5)
-        q = self.hook_rot_q(apply_rotary(norm(q), ctx.cos, ctx.sin).to(v.dtype), positions=hp)
-        k = self.hook_rot_k(apply_rotary(norm(k), ctx.cos, ctx.sin).to(v.dtype), positions=hp)
+        q = self.hook_rot_q(apply_rotary(norm(q), cos, sin).to(v.dtype), positions=hp)
+        k = self.hook_rot_k(apply_rotary(norm(k), cos, sin).to(v.dtype), positions=hp)
+        return q, k, v
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: StageContext):
+        """Attention of the stage's positions over the buffer: q (B, n, H, D), k, v (B, n, Hkv, D)
+        at ctx.positions (from `qkv`). Returns (the heads' outputs (B, n, H * D), before c_proj;
+        the K and V attention saw, for the buffer). What depends on the positions and the layer's
+        window (the buffer's rows, the kernel, its mask) is here, outside the compiled regions."""
+        B, n = q.shape[:2]
+        hp = ctx.hook_positions
         K, V = ctx.buffer.splice_kv(self.layer, ctx.positions, k, v)
         # softmax(q K^T / sqrt(D)) V, causal within this layer's window, over the keys up to the
         # stage's last position: a fused kernel, or written out while scores or pattern are hooked
@@ -245,9 +268,9 @@ class Attention(nn.Module):
         if self.hook_attn_scores.hooked or self.hook_pattern.hooked:
             y = self._attend_explicit(q, Ks, Vs, P, window, hp)
         else:
-            y = attention_kernel(q, P, Ks.size(1), window)(q, Ks, Vs, P, window)
+            y = attention_kernel(q, P, Ks.size(1), window)(q, Ks, Vs, P, window, masks=ctx.masks)
         y = self.hook_z(y, positions=hp)
-        return self.c_proj(y.reshape(B, n, -1)), K, V
+        return y.reshape(B, n, -1), K, V
 
     def _add_value_embed(self, v, h, value_embed) -> torch.Tensor:
         """v + g * ve: nanochat's value embeddings, gated per KV head by g = 2 sigmoid(W h[:32]),
@@ -255,15 +278,15 @@ class Attention(nn.Module):
         g = 2 * torch.sigmoid(self.ve_gate(h[..., : self.ve_gate.in_features]))
         return torch.addcmul(v, g.unsqueeze(-1), value_embed.to(v.dtype))
 
-    def _inject_memory(self, h, q, k, v, ctx: StageContext, read: MemoryRead):
+    def _inject_memory(self, h, q, k, v, pathway: MemoryPathway, read: MemoryRead, hp):
         """(q, k, v) with the memory gated in (eqs. 2-4), the gates (eq. 3) passed through their
         hook points."""
-        g_loc, g_rec = ctx.pathway.gate_values(self.layer, h)
+        g_loc, g_rec = pathway.gate_values(h, read)
         if g_loc is not None:
-            g_loc = self.hook_gate_local(g_loc, positions=ctx.hook_positions)
-            g_rec = self.hook_gate_rec(g_rec, positions=ctx.hook_positions)
-        read = self._route_memory(read, ctx.hook_positions)
-        return ctx.pathway.inject_qkv(self.layer, q, k, v, read, g_loc, g_rec)
+            g_loc = self.hook_gate_local(g_loc, positions=hp)
+            g_rec = self.hook_gate_rec(g_rec, positions=hp)
+        read = self._route_memory(read, hp)
+        return pathway.inject_qkv(q, k, v, read, g_loc, g_rec)
 
     def _route_memory(self, read: MemoryRead, hp) -> MemoryRead:
         """`read` with each recurrent projection's memory passed through its hook point
@@ -328,33 +351,24 @@ class Block(nn.Module):
             names.append("hook_mem_resid")
         for name in names:
             setattr(self, name, HookPoint())
+        # (before_attention, after_attention) compiled, or None: eager (`compile_blocks`)
+        self.compiled_regions = None
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        ctx: StageContext,
-        alpha=None,
-        beta=None,
-        value_embed: torch.Tensor | None = None,
-    ) -> BlockOutput:
+    def forward(self, x: torch.Tensor, ctx: StageContext, layer: LayerInputs) -> BlockOutput:
         """x_bar = alpha x + beta x0 + gamma m (sec. 2.2), then x_bar + attn(norm(x_bar)) and
-        the MLP, pre-norm. alpha, beta: this layer's scalars (None: 1 and 0); value_embed: this
-        layer's value embedding of the tokens."""
-        P = ctx.hook_positions
-        x = self.hook_resid_pre(x, positions=P)
-        x = mix_residual(x, ctx.x0, alpha, beta)
-        read = ctx.read
-        if read is not None:
-            m = self.hook_mem_in(read.m, positions=P)
-            if m is not read.m:  # patched for this layer only: its projections follow the patch
-                read = read.patched(m)
-            x = ctx.pathway.inject_residual(self.layer, x, self._residual_memory(read, P))
-        x = self.hook_resid_injected(x, positions=P)
-        attn_out, K, V = self.attn(norm(x), ctx, read, value_embed)
-        attn_out = self.hook_attn_out(attn_out, positions=P)
-        x = x + attn_out
-        mlp_out = self.hook_mlp_out(self.mlp(norm(x)), positions=P)
-        x = self.hook_resid_post(x + mlp_out, positions=P)
+        the MLP, pre-norm. layer: what this layer reads besides x (its scalars, value embedding
+        and memory read), as data. The position-free math before and after attention runs as two
+        regions (`before_attention`, `after_attention`), compiled by `compile_blocks`; attention
+        over the buffer runs between them."""
+        hp = ctx.hook_positions
+        before, after = before_attention, after_attention
+        if self.compiled_regions is not None and not any_hooked():
+            # compiled code never sees a hook; positions reach hook points alone, so pass none
+            zero = layer.read is not None and layer.read.zero
+            (before, after), hp = self.compiled_regions.get(zero), None
+        x, q, k, v = before(self, x, ctx.x0, ctx.cos, ctx.sin, ctx.pathway, layer, hp)
+        y, K, V = self.attn(q, k, v, ctx)
+        x, attn_out = after(self, x, y, hp)
         return BlockOutput(x, K, V, attn_out)
 
     def _residual_memory(self, read: MemoryRead, P) -> MemoryRead:
@@ -366,6 +380,81 @@ class Block(nn.Module):
             return read
         m = point(read.m, positions=P)
         return read if m is read.m else read.patched(m)
+
+
+def before_attention(
+    block: Block, x, x0, cos, sin, pathway: MemoryPathway | None, layer: LayerInputs, hp
+):
+    """A block up to attention: (x_bar, q, k, v), x_bar = alpha x + beta x0 + gamma m (sec. 2.2)
+    and q, k, v from norm(x_bar) (`Attention.qkv`). Everything that differs between layers comes
+    in as tensors (`layer`), never as a layer index, so one compiled graph serves every layer."""
+    x = block.hook_resid_pre(x, positions=hp)
+    x = mix_residual(x, x0, layer.alpha, layer.beta)
+    read = layer.read
+    if read is not None:
+        m = block.hook_mem_in(read.m, positions=hp)
+        if m is not read.m:  # patched for this layer only: its projections follow the patch
+            read = read.patched(m)
+        x = pathway.inject_residual(x, block._residual_memory(read, hp))
+    x = block.hook_resid_injected(x, positions=hp)
+    q, k, v = block.attn.qkv(norm(x), cos, sin, pathway, read, layer.value_embed, hp)
+    return x, q, k, v
+
+
+def after_attention(block: Block, x, y, hp):
+    """A block after attention: (x + attn_out + MLP, attn_out), attn_out = c_proj(y), y the heads'
+    outputs (B, n, H * D)."""
+    attn_out = block.hook_attn_out(block.attn.c_proj(y), positions=hp)
+    x = x + attn_out
+    mlp_out = block.hook_mlp_out(block.mlp(norm(x)), positions=hp)
+    x = block.hook_resid_post(x + mlp_out, positions=hp)
+    return x, attn_out
+
+
+def _compiled_block_inputs(x: torch.Tensor, ctx: StageContext):
+    """(x, ctx) as compiled blocks take them: a compiled graph guards on its inputs' strides and
+    aliases, so the views a stage hands its blocks (RoPE tables sliced at the positions, the memory
+    rows a strided view of the buffer, whose strides grow with it) come contiguous, and x, when it
+    is x0 itself (the first block of a stage), as a copy; then every stage of one shape, at any
+    positions, reuses the same graphs. The values are the same."""
+    if x is ctx.x0:
+        x = x.clone()
+    read = ctx.read
+    if read is not None:
+        read = dataclasses.replace(read, m=read.m.contiguous())
+    return x, dataclasses.replace(
+        ctx, cos=ctx.cos.contiguous(), sin=ctx.sin.contiguous(), read=read
+    )
+
+
+class CompiledRegions:
+    """`before_attention` and `after_attention` compiled (torch.compile with `options`), one pair
+    per variant of the call: the grad mode (training, no_grad, inference mode: a decoder) and,
+    before attention, whether the stage's memory is zero (an init stage skips the memory terms).
+    Each variant compiles its own copy of the function, and dynamo keeps graphs and counts its
+    recompile limit (8) per code object: one copy for all would hold every variant's graphs
+    (3 x 2, times the shapes' specialisations) and pass the limit, after which it runs eager."""
+
+    def __init__(self, options: dict):
+        self.options = dict(options)
+        self.compiled: dict[tuple, object] = {}
+
+    def get(self, zero: bool):
+        """(before, after) for the current grad mode and the memory being zero or not."""
+        if torch.is_inference_mode_enabled():
+            mode = "inference"
+        else:
+            mode = "train" if torch.is_grad_enabled() else "no_grad"
+        return self._region(before_attention, mode, zero), self._region(after_attention, mode)
+
+    def _region(self, fn, *variant):
+        key = (fn.__name__, *variant)
+        if key not in self.compiled:
+            name = "_".join(str(v) for v in key)
+            code = fn.__code__.replace(co_name=name, co_qualname=name)  # a code object of its own
+            copy = types.FunctionType(code, fn.__globals__, name, fn.__defaults__)
+            self.compiled[key] = torch.compile(copy, **self.options)
+        return self.compiled[key]
 
 
 def _renamed_pathway_keys(module, state_dict, prefix, *args) -> None:
@@ -474,10 +563,13 @@ class Transformer(nn.Module):
         (1, n, 1, 1) 0/1 per row, or None (all); source_blocks: the blocks whose outputs feed m_t.
         Returns (residual stream, [K per layer], [V per layer], {source layer: BlockOutput})."""
         alphas, betas = self._layer_scalars()
+        if self.blocks[layers.start].compiled_regions is not None:
+            x, ctx = _compiled_block_inputs(x, ctx)
         ks, vs, sources = [], [], {}
         for l in layers:
-            ve = self._value_embed(l, tokens, ve_keep)
-            out = self.blocks[l](x, ctx, alphas[l], betas[l], ve)
+            read = ctx.pathway.for_layer(l, ctx.read) if ctx.read is not None else None
+            layer = LayerInputs(alphas[l], betas[l], self._value_embed(l, tokens, ve_keep), read)
+            out = self.blocks[l](x, ctx, layer)
             x = out.x
             ks.append(out.k)
             vs.append(out.v)
@@ -513,11 +605,39 @@ class Transformer(nn.Module):
         return None
 
     def compile_blocks(self, **options):
-        """Compile every block in place (torch.compile, opt-in): the eager math, generated fast.
-        Stages over new position sets recompile; the first steps are slow."""
+        """Compile the blocks regionally, in place (torch.compile with `options`; the default way
+        to compile, docs/scale.md says why): the position-free math of a block before attention
+        and after it (`before_attention`, `after_attention`), as two compiled functions that every
+        block shares. A block reads no layer index (`LayerInputs`), so every layer runs the same
+        graphs; a graph is specialised on the stage's shapes, the grad mode and the config, never
+        on the layer or the positions, so a deep model and a schedule of one stage per position
+        compile a few graphs. Attention over the buffer runs between the two regions, its kernel
+        chosen per stage and window (FlexAttention compiled on its own). While any hook point is
+        hooked the blocks run eagerly. Returns the model."""
+        self.fill_rotary_tables()
+        regions = CompiledRegions(options)
         for block in self.blocks:
-            block.compile(**options)
+            block.compiled_regions = regions
         return self
+
+    def compile_stage(self, **options):
+        """Compile the whole stage primitive in place (`model.stage`, torch.compile with
+        `options`): one graph per stage kind, the blocks unrolled inside it, so compile time
+        grows with depth and a schedule of one stage per position compiles a graph per position.
+        Returns the model."""
+        self.fill_rotary_tables()
+        self.stage = torch.compile(self.stage, **options)
+        return self
+
+    def fill_rotary_tables(self, n: int | None = None) -> None:
+        """Fill `Rotary.table_cache` for the embedding's device and dtype (and float32, what
+        autocast's norms give) up to n positions (default 4 x sequence_len) before compiling: a
+        compiled stage guards on the cache, so a table built later by an eager call (an
+        evaluation between training steps) would recompile it."""
+        w = self.wte.weight
+        n = 4 * self.config.sequence_len if n is None else n
+        for dtype in dict.fromkeys((w.dtype, torch.float32)):
+            self.rotary._tables(n, w.device, dtype)
 
     # The model's own forward --------------------------------------------------------------------
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> Output:

@@ -406,7 +406,7 @@ def _train_claimed(
     eval_sets = make_eval_sets(task, cfg.eval_lengths, cfg.eval_size, seed=0)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else None
     if cfg.compile:
-        model.stage = torch.compile(model.stage)  # compiles the one primitive every stage uses
+        model.compile_blocks()  # regional, every layer sharing its graphs (docs/scale.md)
     stop = cfg.steps if stop_after is None else min(cfg.steps, state["step"] + stop_after)
     loop = LoopState(state["step"], stop, state["counters"], time.perf_counter() - state["elapsed"])
     loop.flops.enabled = not cfg.compile
