@@ -184,7 +184,8 @@ def test_run_with_cache_attention_patterns_match_decoding_and_leave_the_logits_a
         pattern = cache[f"blocks.{l}.attn.hook_pattern"]
         assert pattern.shape == (B, H, T, T)
         q, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
-        visible = (k <= q) & ((q - k < window) if window else True)
+        # a window of N (short_window=3) covers the query and the N keys before it
+        visible = (k <= q) & ((q - k <= window) if window else True)
         assert pattern[..., ~visible].abs().max() == 0
         assert maxdiff(pattern.sum(-1), torch.ones(B, H, T, dtype=pattern.dtype)) <= TOL
         assert torch.isinf(cache[f"blocks.{l}.attn.hook_attn_scores"][..., ~visible]).all()
