@@ -503,3 +503,16 @@ def test_compile_study_layout_and_its_rule(tmp_path, monkeypatch, capsys):
     assert "speed-up" in capsys.readouterr().out
     with pytest.raises(ValueError, match="shapes"):
         bench.run_compile_study(shapes=("nope",))
+
+
+def test_a_bench_result_file_follows_the_umask(tmp_path):
+    import os
+
+    from lrt_lab.commands.bench import _write_json
+
+    old = os.umask(0o027)
+    try:
+        _write_json({"a": 1}, tmp_path / "bench.json")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "bench.json").stat().st_mode & 0o777 == 0o640

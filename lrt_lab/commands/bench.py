@@ -68,6 +68,7 @@ from lrt_lab.run.schedules import (
     Rollout,
 )
 from lrt_lab.store.markdown import markdown_lines
+from lrt_lab.store.results import respect_umask
 from lrt_lab.training.optim import ROLES, build_optimizers, optimizer_step
 
 TRAIN_CASES = {  # JSON key -> schedule (the transformer runs OnePass)
@@ -774,6 +775,7 @@ def _write_json(result: dict, path) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".bench-", suffix=".json")
+    respect_umask(tmp)  # not mkstemp's 0600: readable as a plain open's file would be
     with os.fdopen(fd, "w") as f:
         json.dump(result, f, indent=2, allow_nan=False)
         f.write("\n")
