@@ -463,7 +463,18 @@ def test_charts_follow_every_control(server, browser, tmp_path):
     text = _body(browser)
     assert "lrt_lab runs" in text and "Traceback" not in text
     panel = _tab(browser, "Training curves")
+    # the page opens on the task's own figure; smoothing is for the training loss: pick it
+    (metric,) = [
+        m
+        for m in panel.find_elements(By.CSS_SELECTOR, '[data-testid="stSelectbox"]')
+        if m.text.splitlines()[0].strip() == "metric"
+    ]
+    assert "loss" not in metric.text.splitlines()[-1]
     before = _chart_image(browser, panel)
+    box = metric.find_element(By.TAG_NAME, "input")
+    box.click()
+    box.send_keys("loss", Keys.ENTER)
+    panel, before = _redrawn(browser, "Training curves", before, "the chart to show the loss")
 
     slider = panel.find_element(By.CSS_SELECTOR, '[data-testid="stSlider"] input[type="range"]')
     browser.execute_script("arguments[0].focus();", slider)
