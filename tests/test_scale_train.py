@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 # ------------------------------------------------------------------------------------
 def test_flops_hand_count_tiny():
     """preset tiny: L=2, d=32, 4 heads of 8, 2 KV heads (kv width 16), vocab 64, T=16, windows (4,
-    full)."""
+    full): a window of 4 covers the query and the 4 keys before it, 5 keys."""
     d, kv, V, L, T = 32, 16, 64, 2, 16
     per_layer = (
         d * d
@@ -56,8 +56,8 @@ def test_flops_hand_count_tiny():
     gates = L * (2 * 2 * d)  # per layer: 2 gates per KV head
     lrt = base + rec + gates
     assert lrt == 25984
-    attn = 4 * (4 * 8) * 4 + 4 * (4 * 8) * 16  # 4 h q min(w, T): window 4, then full T
-    assert attn == 2560
+    attn = 4 * (4 * 8) * 5 + 4 * (4 * 8) * 16  # 4 h q min(keys, T): 5 keys, then full T
+    assert attn == 2688
 
     cfg = preset("tiny", memory=MemoryConfig())
     counts = fl.count_params(cfg)
@@ -65,10 +65,10 @@ def test_flops_hand_count_tiny():
     assert counts["embedding"] == V * d + L * V * kv  # wte + value embeddings
     assert counts["baseline"] == LRT(preset("tiny")).param_report()["total"]
     assert fl.attention_flops_per_position(cfg, causal=False) == attn
-    assert fl.forward_flops_per_position(cfg, causal=False) == 2 * lrt + attn == 54528
-    # causal: query t sees min(t + 1, w) keys; window 4 over T=16: (1+2+3+4*13)/16, full: 17/2
-    causal_attn = 4 * (4 * 8) * (58 / 16) + 4 * (4 * 8) * (17 / 2)
-    assert causal_attn == 1552 and fl.attention_flops_per_position(cfg) == causal_attn
+    assert fl.forward_flops_per_position(cfg, causal=False) == 2 * lrt + attn == 54656
+    # causal: query t sees min(t + 1, keys) keys; 5 keys over T=16: (1+2+3+4+5*12)/16, full: 17/2
+    causal_attn = 4 * (4 * 8) * (70 / 16) + 4 * (4 * 8) * (17 / 2)
+    assert causal_attn == 1648 and fl.attention_flops_per_position(cfg) == causal_attn
     expected = {
         "onepass": 1,
         "interleaved:2": 2,
@@ -81,9 +81,9 @@ def test_flops_hand_count_tiny():
         assert parse_schedule(spec).forwards(LRT(cfg), T) == (forwards, 0.0)
         assert fl.train_flops_per_token(cfg, spec, causal=False) == 3 * (2 * lrt + attn) * forwards
         assert fl.train_flops_per_token(cfg, spec) == 3 * (2 * lrt + causal_attn) * forwards
-    assert fl.train_flops_per_token(cfg, "interleaved:2", causal=False) == 327168
+    assert fl.train_flops_per_token(cfg, "interleaved:2", causal=False) == 327936  # 3 x 54656 x 2
     # the one-pass count: half of the real cost
-    assert fl.official_flops_per_token(cfg, causal=False) == 163584
+    assert fl.official_flops_per_token(cfg, causal=False) == 163968
 
     layerwise = fl.count_params(preset("tiny", memory=MemoryConfig(projections="layerwise")))
     assert layerwise["matmul"] == base + L * rec + gates
@@ -120,13 +120,13 @@ def test_plan_counts_tokens_from_the_baseline():
     assert p_lrt.tokens == p_base.tokens == p_lrt.steps * 256
     assert p_base.compute_ratio == pytest.approx(p_base.ratio)
     # LRT at R costs about a baseline at 2R (exactly 2R x its forward / the baseline's forward)
-    causal_attn = 1552  # test_flops_hand_count_tiny
+    causal_attn = 1648  # test_flops_hand_count_tiny
     assert p_lrt.compute_ratio == pytest.approx(
         2 * p_lrt.ratio * (2 * 25984 + causal_attn) / (2 * 24704 + causal_attn)
     )
     assert p_lrt.undercount == 2 and p_lrt.attention == "causal"
     flat = fl.plan(cfg_lrt, "interleaved:2", ratio=10, global_batch_tokens=256, causal=False)
-    assert flat.compute_ratio == pytest.approx(2 * flat.ratio * 54528 / (2 * 24704 + 2560))
+    assert flat.compute_ratio == pytest.approx(2 * flat.ratio * 54656 / (2 * 24704 + 2688))
     assert fl.plan(cfg_lrt, "exact", steps=7, global_batch_tokens=256).tokens == 7 * 256
     assert fl.plan(cfg_lrt, tokens=1000, global_batch_tokens=256).steps == 4
     with pytest.raises(ValueError, match="exactly one"):
