@@ -271,7 +271,7 @@ def sequential_bpb(
     was_training = model.training
     model.eval()
     sums, tokens = None, 0
-    recurrent = getattr(model, "pathway", None) is not None
+    recurrent = model.pathway is not None
     try:
         for inputs, targets in _decode_groups(batches, max_rows):
             B, T = inputs.shape
@@ -432,7 +432,7 @@ def model_forward(
 
     if not pad or isinstance(schedule, FixedPoint):
         return forward
-    return padded_forward(forward, getattr(model.config, "sequence_len", None))
+    return padded_forward(forward, model.config.sequence_len)
 
 
 @torch.no_grad()

@@ -351,11 +351,12 @@ def main(argv=None, debug: bool | None = None) -> int:
 def check_paths(a) -> None:
     """The run folders and stores the subcommand names, refused as the analyses refuse them
     but before torch loads: a run folder holds config.json, a store is a directory."""
-    runs = a.runs if hasattr(a, "runs") else [a.run] if hasattr(a, "run") else []
+    given = vars(a)  # each subcommand names its own arguments
+    runs = given.get("runs") or ([given["run"]] if "run" in given else [])
     for run in runs:
         if not (Path(run) / "config.json").is_file():
             raise ValueError(f"run={run!r} is invalid; allowed: a run folder with config.json")
-    store = getattr(a, "store", None)
+    store = given.get("store")
     if store is not None and not Path(store).is_dir():
         reason = "no such directory" if not Path(store).exists() else "not a directory"
         raise ValueError(f"store={store!r} is invalid: {reason}; allowed: a run store directory")
