@@ -1910,8 +1910,9 @@ def convention_values(df: pd.DataFrame) -> dict[str, str]:
     old, new = old.iloc[0], new.iloc[0]
 
     def cell(key, fmt):
-        a, b = old[f"summary.eval.{key}"], new[f"summary.eval.{key}"]
-        return f"{key} {a:{fmt}} recorded, {b:{fmt}} today"
+        a, b = old.get(f"summary.eval.{key}"), new[f"summary.eval.{key}"]
+        recorded = f"{a:{fmt}} recorded" if pd.notna(a) else "not recorded then"
+        return f"{key} {recorded}, {b:{fmt}} today"
 
     keys = [("ce_exact@16", ".3g"), ("ce_parallel@16", ".3g")]
     keys += [(f"pos90_exact@{n}", "g") for n in (16, 32, 64)]
