@@ -52,16 +52,17 @@ def _model(config: dict):
     return build_baseline(kind, model_cfg) if is_baseline_kind(kind) else LRT(model_cfg)
 
 
-def step_counts(run, lengths) -> dict:
+def step_counts(run, lengths, model=None) -> dict:
     """{length: (forward FLOPs, the same forward as the counter counted before it decomposed
     composite operators, the step's measured cost)} of one training step of the run at each
-    length, on a batch drawn as the training loop draws its steps."""
+    length, on a batch drawn as the training loop draws its steps (`model`: the run's, if built
+    already)."""
     run = as_run(run)
     config = run.config
     cfg = TrainConfig(**stored_train_config(config["train"]))
     task = make_task(cfg)
     torch.manual_seed(cfg.seed)
-    model = _model(config).train()
+    model = (model if model is not None else _model(config)).train()
     schedule = parse_schedule(config.get("schedule") or cfg.schedule)
     generator = torch.Generator().manual_seed(cfg.seed)
     counts = {}
@@ -91,11 +92,12 @@ def restate_flops(run, write: bool = True) -> dict:
         return out
     if "flops" in summary.get("restated", {}):  # restated once: its records are today's count
         return out
-    counts = step_counts(run, [r["length"] for r in train])
+    model = _model(run.config)
+    counts = step_counts(run, [r["length"] for r in train], model)
     out["missed"] = {L: now - before for L, (now, before, _) in counts.items() if now != before}
     if not out["missed"]:
         return out
-    forward_cost = _model(run.config).forward_cost
+    forward_cost = model.forward_cost
     total, at_step = 0.0, {}
     for line in train:
         now, before, cost = counts[line["length"]]
