@@ -408,8 +408,11 @@ class Run:
         """Put a compacted log back into metrics.jsonl (before appending to it), then remove
         the .xz; False when there was nothing to expand."""
         packed, plain = self.path / METRICS_XZ, self.path / METRICS
-        if not packed.exists() or plain.exists():
+        if not packed.exists():
             return False  # the common case costs one stat: no .xz
+        if plain.exists():  # a kill cut a compaction or expansion short: the plain log is read
+            packed.unlink()
+            return False
         data, complete = _decompress(packed.read_bytes(), packed.name)
         if not complete:
             raise DamagedFileError(f"{packed.name}: cut short; cannot append to it")
