@@ -204,10 +204,16 @@ def test_the_dashboards_signatures_see_a_compaction(tmp_path):
     from lrt_app import store_data
 
     root = synthetic_store(tmp_path / "s")
+    run = Run(root / "lrt-s0")
     signature = store_data.store_signature(root)
-    Run(root / "lrt-s0").compact_metrics()
+    run.compact_metrics()
     assert store_data.store_signature(root) != signature
-    assert metrics_file(root / "lrt-s0").name == METRICS_XZ
+    assert metrics_file(run.path).name == METRICS_XZ
+    signature, shown = store_data.store_signature(root), store_data.metrics_of(str(run.path), None)
+    run.log({"kind": "train", "step": 41, "loss": 0.5})  # a compacted log changes (a recount)
+    run.compact_metrics()
+    assert store_data.store_signature(root) != signature  # only the .xz differs
+    assert len(store_data.metrics_of(str(run.path), None)) == len(shown) + 1  # not the cached one
 
 
 def _crash_on_unlink(monkeypatch, name: str):
