@@ -25,7 +25,15 @@ from lrt_lab.analysis.gap import gap_recovery, mismatch_table, read_bpb, refinem
 from lrt_lab.store import run_groups
 from lrt_lab.store.metrics import LN2, TEXT_TASKS, metric_info, primary_metric
 from lrt_lab.store.report import format_mean_ci, run_figures
-from lrt_lab.store.results import Run, load_metrics, load_runs, load_table
+from lrt_lab.store.results import (
+    METRICS,
+    METRICS_XZ,
+    Run,
+    load_metrics,
+    load_runs,
+    load_table,
+    metrics_file,
+)
 from lrt_lab.store.run_groups import method_label, method_labels
 from lrt_lab.store.stats import mean_ci, seeds_interval
 from lrt_lab.store.study import store_studies, study_selection, study_table, verdict
@@ -141,7 +149,7 @@ def store_signature(root) -> tuple:
                 entry.name,
                 *(
                     _stat(os.path.join(entry.path, f))
-                    for f in ("config.json", "summary.json", "metrics.jsonl", "tables")
+                    for f in ("config.json", "summary.json", METRICS, METRICS_XZ, "tables")
                 ),
             )
         )
@@ -189,7 +197,9 @@ def cached_figures(path: str, signature) -> pd.DataFrame:
 
 
 def metrics_of(path: str, kind: str | None) -> pd.DataFrame:
-    return cached_metrics(path, kind, file_signature(Path(path) / "metrics.jsonl"))
+    # keyed on the file the log is read from: metrics.jsonl, or its .xz once compacted
+    log = metrics_file(path)
+    return cached_metrics(path, kind, (log and log.name, file_signature(log) if log else None))
 
 
 def table_of(path: str, name: str) -> pd.DataFrame | None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import re
 import sys
@@ -38,7 +37,7 @@ from lrt_lab.analysis.scaling import (
 from lrt_lab.store.contrasts import contrast, smallest_p
 from lrt_lab.store.markdown import markdown_lines
 from lrt_lab.store.report import render_scoreboard
-from lrt_lab.store.results import load_plans, load_runs
+from lrt_lab.store.results import Run, load_plans, load_runs
 from lrt_lab.store.scoreboard import scoreboard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,12 +60,8 @@ def markdown(df: pd.DataFrame) -> str:
 
 def _median_tokens_per_s(path: str) -> float:
     """Median training throughput over the run's steps (evaluations excluded)."""
-    rates = []
-    with open(Path(path) / "metrics.jsonl") as f:
-        for line in f:
-            rec = json.loads(line)
-            if rec.get("kind") == "train":
-                rates.append(rec["tokens_per_s"])
+    records = Run(path).metrics_records()  # metrics.jsonl or, compacted, metrics.jsonl.xz
+    rates = [r["tokens_per_s"] for r in records if r.get("kind") == "train"]
     return float(pd.Series(rates).median()) if rates else float("nan")
 
 

@@ -61,7 +61,9 @@ store): config.json (arguments, model config, params, accounting), metrics.jsonl
 per step: loss, stage_losses, cumulative tokens / compute_tokens / flops, the step's mfu,
 tokens_per_s and step_time_s, time since the start, lr_mult; ``kind: eval``: val_bpb,
 val_bpb_stage_k, seq_bpb, cont_bpb_parallel, core, core_<task>), summary.json, tables/core.csv, and
-checkpoints/step_*.pt (model, optimizers, data-loader state of every rank). ``--resume`` continues
+checkpoints/step_*.pt (model, optimizers, data-loader state of every rank). Once the summary is
+written the log is compacted to metrics.jsonl.xz, the same bytes compressed (the store's readers,
+this module's included, read either). ``--resume`` continues
 the newest checkpoint with the same arguments; the resumed run equals an uninterrupted
 one exactly (tested).
 """

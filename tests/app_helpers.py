@@ -55,7 +55,9 @@ def build_store(root: Path, analysis: bool = True, lrt_seeds=(0, 1)) -> Path:
     (root / "half-written" / "config.json").write_text('{"train": {"task": ')
     (root / "still-running").mkdir()
     shutil.copy(root / TRANSFORMER_RUN / "config.json", root / "still-running" / "config.json")
-    shutil.copy(root / TRANSFORMER_RUN / "metrics.jsonl", root / "still-running" / "metrics.jsonl")
+    # the log as it was while training: plain (the complete run's is compacted to an .xz)
+    log = Run(root / TRANSFORMER_RUN).metrics_bytes()
+    (root / "still-running" / "metrics.jsonl").write_bytes(log)
     # Analysis tables in the layout lrt_lab.analysis writes: probe_<decoding> in a run, and
     # gap recovery (+ per seed) and a depth sweep in the store's hidden .analysis folder.
     probe = pd.DataFrame(

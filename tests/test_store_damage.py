@@ -84,6 +84,13 @@ def _insert_bytes(path: Path, data: bytes, at: int):
     path.write_bytes(raw[:at] + data + raw[at:])
 
 
+def _plain_log(run_dir: Path) -> Path:
+    """The run's metrics.jsonl, put back from its .xz (a complete run's log is compacted): the
+    damage below is damage of the plain file; tests/test_store_compact.py damages the .xz."""
+    Run(run_dir).expand_metrics()
+    return run_dir / "metrics.jsonl"
+
+
 def _dir_in_place(path: Path):
     path.unlink()
     path.mkdir()
@@ -230,7 +237,7 @@ def test_a_damaged_run_file_is_skipped_and_reported_and_the_others_read_as_befor
 @pytest.mark.parametrize("damage", list(METRICS_DAMAGE))
 def test_damaged_metrics_lines_are_dropped_and_counted(store, damage):
     good = load_metrics(store / "victim")
-    METRICS_DAMAGE[damage](store / "victim" / "metrics.jsonl")
+    METRICS_DAMAGE[damage](_plain_log(store / "victim"))
     with pytest.warns(UserWarning, match="victim"):
         df = load_metrics(store / "victim")
     assert df.attrs["dropped_lines"] >= 1
@@ -244,7 +251,7 @@ def test_damaged_metrics_lines_are_dropped_and_counted(store, damage):
 
 
 def test_a_directory_in_place_of_metrics_gives_an_empty_table_and_a_report(store):
-    _dir_in_place(store / "victim" / "metrics.jsonl")
+    _dir_in_place(_plain_log(store / "victim"))
     with pytest.warns(UserWarning, match="metrics.jsonl"):
         df = load_metrics(store / "victim")
     assert df.empty and "metrics.jsonl" in df.attrs["damaged"]
@@ -285,7 +292,7 @@ def test_a_damaged_table_reads_as_missing(store, content):
 # Random byte damage anywhere: whatever is hit, no reader raises and the other runs are unaffected.
 @settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(
-    filename=st.sampled_from(["config.json", "summary.json", "metrics.jsonl"]),
+    filename=st.sampled_from(["config.json", "summary.json", "metrics.jsonl", "metrics.jsonl.xz"]),
     where=st.floats(0, 1),
     junk=st.binary(min_size=0, max_size=6),
     cut=st.booleans(),
@@ -296,7 +303,11 @@ def test_random_byte_damage_never_breaks_the_readers(filename, where, junk, cut)
         for i, name in enumerate(["good-a", "victim"]):
             make_run(root, name, seed=i)
         reference = _good_rows(_quiet_load_runs(root))
-        path = root / "victim" / filename
+        path = (
+            _plain_log(root / "victim")
+            if filename == "metrics.jsonl"
+            else root / "victim" / filename
+        )
         raw = path.read_bytes()
         at = int(where * len(raw))
         path.write_bytes(raw[:at] + junk + (b"" if cut else raw[at:]))
@@ -558,4 +569,4 @@ def test_checkpoints_and_rewritten_metrics_follow_the_umask(tmp_path):
         os.umask(old)
     modes = {p.name: p.stat().st_mode & 0o777 for p in run.checkpoints()}
     assert modes and set(modes.values()) == {0o640}, modes
-    assert (run.path / "metrics.jsonl").stat().st_mode & 0o777 == 0o640
+    assert run.metrics_path.stat().st_mode & 0o777 == 0o640  # compacted: the .xz

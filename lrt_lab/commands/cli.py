@@ -463,6 +463,32 @@ def cmd_app(a) -> int:
     return launch(a.runs, a.port, a.address, a.allow_root or ())
 
 
+def cmd_store_compact(a) -> int:
+    from lrt_lab.store.compact import compact_store
+
+    for line in compact_store(a.store, dry_run=a.dry_run).lines():
+        print(line)
+    return 0
+
+
+def add_store_parser(sub) -> None:
+    """lrt-lab store compact STORE [--dry-run]: a group of commands that tend a run store."""
+    group = sub.add_parser("store", help="tend a run store (lrt-lab store compact -h)")
+    commands = group.add_subparsers(
+        dest="store_command", metavar="compact", required=True, parser_class=Parser
+    )
+    p = commands.add_parser(
+        "compact",
+        help="store each complete run's metrics.jsonl as metrics.jsonl.xz (the same bytes, "
+        "compressed); runs in progress are left as they are",
+    )
+    p.add_argument("store", metavar="STORE", help="the run store (a folder of run folders)")
+    p.add_argument(
+        "--dry-run", action="store_true", help="say what would be compacted; change nothing"
+    )
+    p.set_defaults(func=cmd_store_compact)
+
+
 def build_parser() -> Parser:
     parser = Parser(prog="lrt-lab", description="Latent Recurrent Transformer research sandbox.")
     parser.add_argument(
@@ -654,6 +680,7 @@ def build_parser() -> Parser:
         "store it starts on)",
     )
     p.set_defaults(func=cmd_app)
+    add_store_parser(sub)
     return parser
 
 

@@ -2,7 +2,7 @@
 
     runs/<name>/config.json     everything needed to rerun it (train config, model config, params)
     runs/<name>/metrics.jsonl   one JSON object per logged step ({"step", "kind": "train"|"eval",
-    ...})
+    ...}); once the run is complete, metrics.jsonl.xz instead (below)
     runs/<name>/summary.json    final figures; present only once the run completed
     runs/<name>/tables/*.csv    tables (per-position accuracy, analysis outputs)
     runs/<name>/checkpoints/    step_XXXXXXX.pt, for --resume
@@ -12,6 +12,19 @@ run folder is assembled under a hidden name and renamed into place, so a killed 
 leaves a half-written file. metrics.jsonl is the one append-only file: its last line may be cut
 by a kill; readers drop such a line and report it. Temporary files of a killed writer are
 removed when the run is resumed (`Run.remove_temp_files`).
+
+A complete run's per-step log is stored compressed: `Run.write_summary` compacts metrics.jsonl
+into metrics.jsonl.xz (`compact_metrics`; `lrt-lab store compact` does it for a whole store).
+The .xz is one xz stream (stdlib lzma, LZMA2 at preset 9 extreme tuned for text, a dictionary as
+large as the log) whose decompressed bytes are exactly those of the metrics.jsonl it replaces,
+and the same log always gives the same file, so a store under version control changes only
+where a log did; `xz -dc metrics.jsonl.xz` reads it anywhere. Compacting writes the .xz under a
+temporary name, renames it into place and only then removes metrics.jsonl; writing to a
+compacted run (resume, `Run.log`, `replace_metrics`) first puts metrics.jsonl back the same way
+and then removes the .xz. A kill at any point therefore leaves the log whole in at least one of
+the two files, and when both are there metrics.jsonl is the one read: every step either copies
+it (both then hold the same bytes) or writes it after the .xz was made. `metrics_file` names the
+file a run's log is read from; every reader of the log goes through it.
 
 Damage never spreads: a file that is not what it should be (bytes that are not UTF-8, bad or
 too deeply nested JSON, a directory in its place, a field of the wrong type such as a list for
@@ -30,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import lzma
 import math
 import os
 import re
@@ -51,6 +65,7 @@ CONFIG, METRICS, SUMMARY, TABLES, CHECKPOINTS = (
     "tables",
     "checkpoints",
 )
+METRICS_XZ = METRICS + ".xz"  # a complete run's metrics.jsonl, compressed (compact_metrics)
 
 
 def _clean(obj):
@@ -335,14 +350,16 @@ class Run:
         return (self.path / SUMMARY).exists()
 
     def log(self, record: dict) -> None:
-        """Append one metrics record (one line, flushed), so a kill loses at most that line."""
+        """Append one metrics record (one line, flushed), so a kill loses at most that line. A
+        compacted log is expanded back to metrics.jsonl first."""
         line = json.dumps(_clean(record), sort_keys=True)
+        self.expand_metrics()
         with open(self.path / METRICS, "a") as f:
             f.write(line + "\n")
             f.flush()
 
     def metrics_records(self) -> list[dict]:
-        records, _ = _read_jsonl(self.path / METRICS)
+        records, _ = read_metrics(self.path)
         return records
 
     def truncate_metrics(self, last_step: int) -> None:
@@ -350,16 +367,63 @@ class Run:
         self.replace_metrics([r for r in self.metrics_records() if r.get("step", -1) <= last_step])
 
     def replace_metrics(self, records: list[dict]) -> None:
-        """Write metrics.jsonl anew with `records`, atomically (a kill leaves the old file)."""
-        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".metrics.", suffix=".tmp")
-        respect_umask(tmp)
-        with os.fdopen(fd, "w") as f:
-            for r in records:
-                f.write(json.dumps(_clean(r), sort_keys=True) + "\n")
-        os.replace(tmp, self.path / METRICS)
+        """Write metrics.jsonl anew with `records`, atomically (a kill leaves the old file); a
+        compacted log's .xz is removed once the new file is in place (it is read first)."""
+        text = "".join(json.dumps(_clean(r), sort_keys=True) + "\n" for r in records)
+        _write_atomically(self.path / METRICS, text.encode())
+        (self.path / METRICS_XZ).unlink(missing_ok=True)
+
+    @property
+    def metrics_path(self) -> Path:
+        """The file the run's log is read from (`metrics_file`): metrics.jsonl, or the .xz of a
+        compacted run; metrics.jsonl where there is neither yet."""
+        return metrics_file(self.path) or self.path / METRICS
+
+    @property
+    def is_compacted(self) -> bool:
+        """True when the log is held by metrics.jsonl.xz alone."""
+        return metrics_file(self.path) == self.path / METRICS_XZ
+
+    def metrics_bytes(self) -> bytes:
+        """The log's bytes as metrics.jsonl held them (decompressed from the .xz of a compacted
+        run); b"" when there is no log. DamagedFileError when the file cannot be read."""
+        return _read_metrics_bytes(self.path)[0]
+
+    def compact_metrics(self) -> tuple[int, int] | None:
+        """Replace metrics.jsonl by metrics.jsonl.xz holding the same bytes (see the module's
+        docstring for the order that makes a kill harmless); (bytes before, bytes after), None
+        when there is no metrics.jsonl (compacted already, or no log). Only for a run no other
+        process writes: the training process at its end, or `lrt-lab store compact` under the
+        run's claim."""
+        plain = self.path / METRICS
+        if not plain.is_file():
+            return None
+        data = plain.read_bytes()
+        packed = compress_metrics(data)
+        _write_atomically(self.path / METRICS_XZ, packed, like=plain)
+        plain.unlink()
+        return len(data), len(packed)
+
+    def expand_metrics(self) -> bool:
+        """Put a compacted log back into metrics.jsonl (before appending to it), then remove
+        the .xz; False when there was nothing to expand."""
+        packed, plain = self.path / METRICS_XZ, self.path / METRICS
+        if not packed.exists():
+            return False  # the common case costs one stat: no .xz
+        if plain.exists():  # a kill cut a compaction or expansion short: the plain log is read
+            packed.unlink()
+            return False
+        data, complete = _decompress(packed.read_bytes(), packed.name)
+        if not complete:
+            raise DamagedFileError(f"{packed.name}: cut short; cannot append to it")
+        _write_atomically(plain, data, like=packed)
+        packed.unlink()
+        return True
 
     def write_summary(self, summary: dict) -> None:
+        """summary.json (the run is complete), then the log compacted (compact_metrics)."""
         write_json(self.path / SUMMARY, summary)
+        self.compact_metrics()
 
     def write_table(self, name: str, df: pd.DataFrame) -> Path:
         return write_table(self.path, name, df)
@@ -421,7 +485,7 @@ _parsed: dict | None = None  # path -> (size, mtime, inode, records, dropped), i
 
 @contextlib.contextmanager
 def reading_once():
-    """Within it, each metrics.jsonl is parsed once while its size and modification time stay
+    """Within it, each log file is parsed once while its size and modification time stay
     the same, however many tables read it (a study's report reads every run's file for each
     metric, arm and figure). Each reader gets its own list of the same records: no reader of
     the store changes a record it was given."""
@@ -434,11 +498,38 @@ def reading_once():
         _parsed = outer
 
 
+def metrics_file(run_dir) -> Path | None:
+    """The file a run folder's log is read from: metrics.jsonl while it is there (a run in
+    progress, or one whose compaction or expansion a kill cut short: the module's docstring says
+    why it is then the one to read), else metrics.jsonl.xz; None when there is neither."""
+    plain = Path(run_dir) / METRICS
+    if os.path.lexists(plain):  # a directory in its place too: read, and reported as damaged
+        return plain
+    packed = plain.with_name(METRICS_XZ)
+    return packed if os.path.lexists(packed) else None
+
+
+def read_metrics(run_dir) -> tuple[list[dict], int]:
+    """(records, dropped lines) of a run folder's log, metrics.jsonl or metrics.jsonl.xz alike
+    (`_read_jsonl`); ([], 0) when it has none."""
+    for _ in range(3):  # compacted or expanded by its writer between choosing and reading: again
+        path = metrics_file(run_dir)
+        if path is None:
+            return [], 0
+        try:
+            return _read_jsonl(path)
+        except FileNotFoundError:
+            continue
+    raise DamagedFileError(f"{METRICS}: moved while read three times over; read it again")
+
+
 def _read_jsonl(path: Path) -> tuple[list[dict], int]:
-    """(records, dropped lines) of a metrics.jsonl. A line is dropped (and counted) unless it is
-    UTF-8 JSON of sane depth holding an object whose known fields have their types
-    (METRICS_SCHEMA): a line cut by a kill, stray bytes, a foreign record. A file
-    that cannot be read at all (a directory in its place) raises DamagedFileError."""
+    """(records, dropped lines) of a metrics.jsonl or metrics.jsonl.xz. A line is dropped (and
+    counted) unless it is UTF-8 JSON of sane depth holding an object whose known fields have
+    their types (METRICS_SCHEMA): a line cut by a kill, stray bytes, a foreign record; an .xz
+    cut short counts one more. A file that cannot be read at all (a directory in its place, an
+    .xz that is not one) raises DamagedFileError. Within reading_once the records are kept by the
+    path of the file read, its size, modification time and inode."""
     path = Path(path)
     if _parsed is None or not path.is_file():
         return _parse_jsonl(path)
@@ -450,16 +541,90 @@ def _read_jsonl(path: Path) -> tuple[list[dict], int]:
     return list(records), bad
 
 
-def _parse_jsonl(path: Path) -> tuple[list[dict], int]:
-    records, bad = [], 0
-    if not path.exists():
-        return records, bad
+# LZMA2 at its strongest: literal context 4 and no position bits suit text (a JSON log, whose
+# bytes have no alignment), about 1% smaller than plain preset 9; the dictionary is made just
+# large enough for the log (a larger one compresses no better and costs memory on both sides).
+_XZ_DICT_MIN, _XZ_DICT_MAX = 1 << 16, 1 << 26
+
+
+def compress_metrics(data: bytes) -> bytes:
+    """The .xz of a metrics.jsonl's bytes; the same bytes always give the same file."""
+    dict_size = _XZ_DICT_MIN
+    while dict_size < min(len(data), _XZ_DICT_MAX):
+        dict_size *= 2
+    lzma2 = {
+        "id": lzma.FILTER_LZMA2,
+        "preset": 9 | lzma.PRESET_EXTREME,
+        "dict_size": dict_size,
+        "lc": 4,
+        "lp": 0,
+        "pb": 0,
+        "nice_len": 273,
+    }
+    return lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, filters=[lzma2])
+
+
+def _decompress(packed: bytes, name: str) -> tuple[bytes, bool]:
+    """(the bytes an .xz holds, whether it was whole): a file cut short gives what it holds up
+    to the cut, bytes that are not xz raise DamagedFileError."""
+    decompressor = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+    try:
+        data = decompressor.decompress(packed)
+    except lzma.LZMAError as e:
+        raise DamagedFileError(f"{name}: not a readable xz file ({e})") from None
+    return data, decompressor.eof
+
+
+def _read_metrics_bytes(run_dir) -> tuple[bytes, bool]:
+    """(the bytes of a run's log as metrics.jsonl held them, whether they are whole)."""
+    for _ in range(3):  # as read_metrics: the writer may swap the files between stat and read
+        path = metrics_file(run_dir)
+        if path is None:
+            return b"", True
+        try:
+            return _file_bytes(path)
+        except FileNotFoundError:
+            continue
+    raise DamagedFileError(f"{METRICS}: moved while read three times over; read it again")
+
+
+def _file_bytes(path: Path) -> tuple[bytes, bool]:
+    """(bytes, whole) of a metrics.jsonl or, decompressed, a metrics.jsonl.xz; FileNotFoundError
+    passes (the file was swapped meanwhile), other failures raise DamagedFileError."""
     try:
         data = path.read_bytes()
+    except FileNotFoundError:
+        raise
     except OSError as e:
         raise DamagedFileError(
             f"{path.name}: unreadable ({e.strerror or type(e).__name__})"
         ) from None
+    return _decompress(data, path.name) if path.name.endswith(".xz") else (data, True)
+
+
+def _write_atomically(path: Path, data: bytes, like: Path | None = None) -> None:
+    """`data` into `path` under a temporary name, synced and renamed into place; with the
+    permissions of `like` (the file it stands for) where that exists, else the umask's."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.chmod(tmp, os.stat(like).st_mode & 0o777) if like else respect_umask(tmp)
+        except OSError:
+            respect_umask(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _parse_jsonl(path: Path) -> tuple[list[dict], int]:
+    records, bad = [], 0
+    data, whole = _file_bytes(path)  # FileNotFoundError passes: read_metrics looks again
+    bad += not whole  # the rest of an .xz cut short: unreadable, counted once
     for line in data.split(b"\n"):
         if not line.strip():
             continue
@@ -576,7 +741,8 @@ def _is_dir(p: Path) -> bool:
 
 
 def load_metrics(run, kind: str | None = None) -> pd.DataFrame:
-    """A run's metrics.jsonl as a DataFrame (nested fields flattened); `kind` filters records.
+    """A run's log (metrics.jsonl, or its .xz) as a DataFrame (nested fields flattened); `kind`
+    filters records.
 
     `run` is a run folder path, a Run, or a row of load_runs. A last line cut by a kill is
     dropped and counted in df.attrs["dropped_lines"].
@@ -588,7 +754,7 @@ def load_metrics(run, kind: str | None = None) -> pd.DataFrame:
     else:
         path = Path(run)
     try:
-        records, bad = _read_jsonl(path / METRICS)
+        records, bad = read_metrics(path)
         damaged = None
     except DamagedFileError as e:
         records, bad, damaged = [], 0, str(e)
