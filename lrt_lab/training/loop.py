@@ -42,7 +42,7 @@ from lrt_lab.core.config import PRESETS, MemoryConfig, ModelConfig, preset
 from lrt_lab.core.config import memory_preset as make_memory
 from lrt_lab.core.interface import Task
 from lrt_lab.core.loss import IGNORE_INDEX
-from lrt_lab.core.model import LRT
+from lrt_lab.core.model import LRT, LanguageModel
 from lrt_lab.core.plugins import load_plugins
 from lrt_lab.core.validation import (
     check_int,
@@ -128,10 +128,10 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     return preset(cfg.preset, memory=memory, **fields)
 
 
-def build_model(cfg: TrainConfig, vocab_size: int) -> LRT:
+def build_model(cfg: TrainConfig, vocab_size: int) -> LanguageModel:
     config = model_config(cfg, vocab_size)
     if is_baseline_kind(cfg.model):
-        return build_baseline(cfg.model, config)  # loop:N, ponder:N (LRT subclasses, memory=None)
+        return build_baseline(cfg.model, config)  # loop:N, ponder:N (LanguageModels without memory)
     return LRT(config)
 
 
