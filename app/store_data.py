@@ -484,8 +484,8 @@ def ema(values: np.ndarray, weight: float) -> np.ndarray:
 
 def metric_options(df: pd.DataFrame) -> list[str]:
     """`loss` plus the evaluation figures recorded over training (pos90_exact@L, acc_parallel@L,
-    ...) and the contraction monitor's (lyap, sweep_change_k: lrt_lab.run.contraction), which the
-    evaluation lines carry too."""
+    ...) and the contraction monitor's (lyap, sweep_change_k: lrt_lab.run.contraction_monitor),
+    which the evaluation lines carry too."""
     evals = sorted(
         (c[len("summary.eval.") :] for c in df.columns if c.startswith("summary.eval.")),
         key=_eval_key,

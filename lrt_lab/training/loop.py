@@ -49,7 +49,7 @@ from lrt_lab.core.validation import (
     check_out_dir,
     fail,
 )
-from lrt_lab.run.contraction import contraction_record
+from lrt_lab.run.contraction_monitor import contraction_record
 from lrt_lab.run.evaluation import eval_record, evaluate, per_position_table
 from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import run_schedule
@@ -641,7 +641,7 @@ def _finish(
             **_epochs(task, counters["tokens"]),
             "forwards_per_token": model.forwards_per_token,
             "eval": eval_record(loop.results),
-            # the contraction monitor at the last evaluation (lrt_lab.run.contraction)
+            # the contraction monitor at the last evaluation (lrt_lab.run.contraction_monitor)
             **_contraction(loop.last_eval),
             # when pos@90 first reached the training length (None: not within the budget)
             "reached": {
