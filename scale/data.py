@@ -235,10 +235,8 @@ def download_file(
     """Fetch ``url`` to ``dest`` via ``dest.part``; resume, retry, verify, then rename atomically.
 
     ``retries`` is the number of *extra* attempts after the first; attempt ``k`` waits ``backoff *
-    2**k``
-    seconds (capped at 5 minutes). HTTP 4xx other than 408/429 fails at once (retrying cannot fix
-    it).
-    ``opener`` and ``sleep`` are injectable for tests.
+    2**k`` seconds (capped at 5 minutes). HTTP 4xx other than 408/429 fails at once (retrying cannot
+    fix it). ``opener`` and ``sleep`` are injectable for tests.
     """
     if retries < 0:
         raise ValueError(f"retries: must be >= 0, got {retries}")
