@@ -4,11 +4,10 @@ Format
 ------
 The data is nanochat's pre-shuffled FineWeb-Edu 100BT release on the Hugging Face hub
 (``karpathy/fineweb-edu-100b-shuffle``): parquet files ``shard_00000.parquet`` ..
-``shard_01822.parquet``,
-each with one string column ``text`` (one document per row) split into row groups (about 1024
-documents
-each). Documents were shuffled globally before sharding, so no further shuffling is needed and
-row groups are the natural unit of distributed reading (see ``lrt_scale.loader``).
+``shard_01822.parquet``, each with one string column ``text`` (one document per row) split into row
+groups (about 1024 documents each). Documents were shuffled globally before sharding, so no further
+shuffling is needed and row groups are the natural unit of distributed reading (see
+``lrt_scale.loader``).
 
 Train / validation split
 ------------------------
