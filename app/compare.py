@@ -1,13 +1,11 @@
 """Dashboard page: compare the methods of one study (a task trained at one length).
 
 It opens on the store's most recent study (`lrt_lab.store.report.studies_by_recency`): one row per
-method
-(`lrt_lab.store.report.compare_table`: the runs that differ only by seed), with exact and parallel
-pos@90
-at 1x / 2x / 4x the training length as mean [95% t-interval] and the value of each seed, accuracy,
-compute and wall clock; then the trainer-frontier scatter of those runs. Methods are named by
-`lrt_lab.store.run_groups.method_labels`: only what differs between the methods of the study shown
-(the frontier scatter: between the methods it draws, picked as on every chart page).
+method (`lrt_lab.store.report.compare_table`: the runs that differ only by seed), with exact and
+parallel pos@90 at 1x / 2x / 4x the training length as mean [95% t-interval] and the value of each
+seed, accuracy, compute and wall clock; then the trainer-frontier scatter of those runs. Methods are
+named by `lrt_lab.store.run_groups.method_labels`: only what differs between the methods of the
+study shown (the frontier scatter: between the methods it draws, picked as on every chart page).
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 One point per run that differs from the others only in its trainer
 (`lrt_lab.store.report.frontier_points`:
 the plain transformer, or an LRT of the paper preset and init with nothing overridden),
-exact-decoding
-pos@90 at an evaluation length against the compute the trainer ran or the run's wall clock. The same
-selection draws docs/a5_trainer_frontier.png (experiments/results_tables.py --figures docs).
+exact-decoding pos@90 at an evaluation length against the compute the trainer ran or the run's wall
+clock. The same selection draws docs/a5_trainer_frontier.png (experiments/results_tables.py
+--figures docs).
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """What the dashboard reads and how it shapes it.
 
 Reads go only through `lrt_lab.store.results` (load_runs, load_metrics, load_table, Run) and are
-cached
-with `st.cache_data`, keyed by the files' modification times, so a run that finishes or a table an
-analysis writes shows up on the next rerun without a restart. Everything else here is plain pandas
-(labels, curves with a seed band, config diff, depth x length, tolerant readers of the analysis
-tables), so the views stay thin and the tests can check the numbers without a browser.
+cached with `st.cache_data`, keyed by the files' modification times, so a run that finishes or a
+table an analysis writes shows up on the next rerun without a restart. Everything else here is plain
+pandas (labels, curves with a seed band, config diff, depth x length, tolerant readers of the
+analysis tables), so the views stay thin and the tests can check the numbers without a browser.
 """
 
 from __future__ import annotations
@@ -42,8 +41,8 @@ KNOWN_KINDS = ("transformer", "lrt")
 KNOWN_KIND_PREFIXES = ("loop:", "ponder:")
 
 # x axis name -> (metrics record field, axis label). "compute" is the paper's convention: a run
-# whose
-# schedule costs c forward passes per token (Interleaved(2): c = 2) is plotted at c x its tokens.
+# whose schedule costs c forward passes per token (Interleaved(2): c = 2) is plotted at c x its
+# tokens.
 X_AXES = {
     "steps": ("step", "training step"),
     "tokens": ("tokens", "tokens seen"),
@@ -494,8 +493,8 @@ def ema(values: np.ndarray, weight: float) -> np.ndarray:
 
 def metric_options(df: pd.DataFrame) -> list[str]:
     """`loss` plus the evaluation figures recorded over training (pos90_exact@L, acc_parallel@L,
-    ...) and the contraction monitor's (lyap, sweep_change_k: lrt_lab.run.contraction), which the
-    evaluation lines carry too."""
+    ...) and the contraction monitor's (lyap, sweep_change_k: lrt_lab.run.contraction_monitor),
+    which the evaluation lines carry too."""
     evals = sorted(
         (c[len("summary.eval.") :] for c in df.columns if c.startswith("summary.eval.")),
         key=_eval_key,

@@ -25,7 +25,7 @@ _LAYERS = {
         "preset",
         "memory_preset",
     ),
-    "lrt_lab.core.model": ("LRT",),
+    "lrt_lab.core.model": ("LRT", "LanguageModel"),
     "lrt_lab.core.baselines": ("LoopTransformer", "PonderLM", "build_baseline"),
     "lrt_lab.core.memory": ("MemoryPathway", "register_memory"),
     "lrt_lab.core.interface": (

@@ -21,11 +21,10 @@ SYNTHETIC_KINDS = ("copy", "random")
 
 
 class SyntheticData:
-    """Rows of T+1 tokens, a function of (seed, step) only; rank r's micro step m takes rows
-    [(m * world + r) * B, ... + B) of the step's global batch, so the global batch does not depend
-    on
-    how it is split. "copy": the second half of each row repeats the first (learnable); "random":
-    i.i.d. uniform tokens."""
+    """Rows of T+1 tokens, a function of (seed, step) only; rank r's micro step m takes rows [(m *
+    world + r) * B, ... + B) of the step's global batch, so the global batch does not depend on how
+    it is split. "copy": the second half of each row repeats the first (learnable); "random": i.i.d.
+    uniform tokens."""
 
     def __init__(
         self,

@@ -4,11 +4,10 @@ Format
 ------
 The data is nanochat's pre-shuffled FineWeb-Edu 100BT release on the Hugging Face hub
 (``karpathy/fineweb-edu-100b-shuffle``): parquet files ``shard_00000.parquet`` ..
-``shard_01822.parquet``,
-each with one string column ``text`` (one document per row) split into row groups (about 1024
-documents
-each). Documents were shuffled globally before sharding, so no further shuffling is needed and
-row groups are the natural unit of distributed reading (see ``lrt_scale.loader``).
+``shard_01822.parquet``, each with one string column ``text`` (one document per row) split into row
+groups (about 1024 documents each). Documents were shuffled globally before sharding, so no further
+shuffling is needed and row groups are the natural unit of distributed reading (see
+``lrt_scale.loader``).
 
 Train / validation split
 ------------------------
@@ -235,10 +234,8 @@ def download_file(
     """Fetch ``url`` to ``dest`` via ``dest.part``; resume, retry, verify, then rename atomically.
 
     ``retries`` is the number of *extra* attempts after the first; attempt ``k`` waits ``backoff *
-    2**k``
-    seconds (capped at 5 minutes). HTTP 4xx other than 408/429 fails at once (retrying cannot fix
-    it).
-    ``opener`` and ``sleep`` are injectable for tests.
+    2**k`` seconds (capped at 5 minutes). HTTP 4xx other than 408/429 fails at once (retrying cannot
+    fix it). ``opener`` and ``sleep`` are injectable for tests.
     """
     if retries < 0:
         raise ValueError(f"retries: must be >= 0, got {retries}")

@@ -81,7 +81,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from lrt_lab.core.config import ModelConfig
-from lrt_lab.core.model import LRT, Transformer
+from lrt_lab.core.model import LRT, LanguageModel
 from lrt_lab.run.registry import as_schedule
 
 H100_BF16_PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (no sparsity)
@@ -93,11 +93,11 @@ SHARD_TOKENS_ESTIMATE = 250e6 / 4.8
 BEST_FIT_CROP_FRACTION = 0.35
 
 
-def _as_model(model_or_config) -> LRT:
+def _as_model(model_or_config) -> LanguageModel:
     if isinstance(model_or_config, ModelConfig):
         with torch.device("meta"):
             return LRT(model_or_config)
-    if isinstance(model_or_config, Transformer):
+    if isinstance(model_or_config, LanguageModel):
         return model_or_config
     raise ValueError(
         f"model={type(model_or_config).__name__} is invalid; allowed: a model (LRT, a "

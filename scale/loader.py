@@ -11,14 +11,12 @@ prepended, with **no padding**: every token of every row is real data.
 Who reads what
 --------------
 The split's row groups are enumerated in order across shards (shard 0's groups, then shard 1's,
-...);
-rank ``r`` of ``world_size`` reads groups ``r, r + world_size, r + 2*world_size, ...``. Ranks
-therefore
-read disjoint documents, and together they read each document of the split exactly once per epoch.
-The last shard of a directory is the ``val`` split (see ``lrt_scale.data``). With ``epochs=None``
-(the
-default) the loader cycles forever, so ranks with one row group more or less never run dry at
-different steps; ``epochs=k`` stops after ``k`` passes (handy for a fixed validation pass).
+...); rank ``r`` of ``world_size`` reads groups ``r, r + world_size, r + 2*world_size, ...``. Ranks
+therefore read disjoint documents, and together they read each document of the split exactly once
+per epoch. The last shard of a directory is the ``val`` split (see ``lrt_scale.data``). With
+``epochs=None`` (the default) the loader cycles forever, so ranks with one row group more or less
+never run dry at different steps; ``epochs=k`` stops after ``k`` passes (handy for a fixed
+validation pass).
 
 Packing (best fit, BOS-aligned, as nanochat)
 --------------------------------------------
@@ -30,15 +28,13 @@ exactly. What happens to the cropped remainder is the ``remainder`` option:
 * ``"drop"`` (default, nanochat): the remainder is discarded. Every row then starts with ``<|bos|>``
   and every document is seen from its beginning; the cost is the cropped tokens (counted in
   ``stats["tokens_cropped"]``). Token accounting per epoch: each document's emitted tokens are a
-  prefix
-  of ``[bos] + encode(text)``, and ``read == emitted + cropped + tail``.
+  prefix of ``[bos] + encode(text)``, and ``read == emitted + cropped + tail``.
 * ``"carry"``: the remainder goes back into the buffer as a continuation (no BOS of its own) and is
   placed later like any document, so nothing is lost; a row may then start mid-document. Per epoch
   every document's tokens are emitted exactly once and in order, and ``read == emitted + tail``.
 
 ``tail`` counts tokens of a finite run (``epochs=k``) left over when the data ends with an
-incomplete
-batch; that batch is dropped rather than padded.
+incomplete batch; that batch is dropped rather than padded.
 
 LRT memory and document boundaries
 ----------------------------------
@@ -47,29 +43,23 @@ document's first tokens receive memory computed from the previous, unrelated doc
 paper's setup (and the usual one for packed pretraining: attention in a plain GPT also crosses
 documents). To cut that flow, set ``lrt_lab.MemoryConfig(reset_memory_at_bos=True)`` together with
 ``ModelConfig.bos_token_id = tokenizer.bos_token_id``: a position's injected memory is then zeroed
-when
-its memory source lies in an earlier document. The loader is the same either way.
+when its memory source lies in an earlier document. The loader is the same either way.
 
 Resuming
 --------
 ``state_dict()`` (plain ints and lists, JSON- and ``torch.save``-able) describes the position after
-the
-last batch returned: the cursor ``(epoch, shard, row_group, doc)`` of the next document to read and
-a
-compact reference ``(seq, epoch, rg_pos, doc, offset)`` to every document still in the buffer.
-Passing it
-back as ``state=`` re-reads those few row groups, re-tokenizes the buffered documents and continues
-**exactly**: the batches after a resume are the batches an uninterrupted run would have produced.
-The
-state is per rank; resuming needs the same ``split``, ``rank``, ``world_size``, ``remainder`` and
-data
-(appending train shards before the val shard is fine: earlier row groups keep their positions).
+the last batch returned: the cursor ``(epoch, shard, row_group, doc)`` of the next document to read
+and a compact reference ``(seq, epoch, rg_pos, doc, offset)`` to every document still in the buffer.
+Passing it back as ``state=`` re-reads those few row groups, re-tokenizes the buffered documents and
+continues **exactly**: the batches after a resume are the batches an uninterrupted run would have
+produced. The state is per rank; resuming needs the same ``split``, ``rank``, ``world_size``,
+``remainder`` and data (appending train shards before the val shard is fine: earlier row groups keep
+their positions).
 
 Host -> device
 --------------
 For a CUDA device each batch is assembled in one of two alternating pinned host buffers and copied
-with
-``non_blocking=True`` (a CUDA event guards a buffer's reuse). On CPU nothing is pinned.
+with ``non_blocking=True`` (a CUDA event guards a buffer's reuse). On CPU nothing is pinned.
 
 Prefetching
 -----------

@@ -6,14 +6,13 @@ Why these two libraries
 * **Training** uses Hugging Face ``tokenizers`` (Rust, multi-threaded, maintained by HF, already a
 project
   dependency). Its ``BpeTrainer`` learns byte-level BPE over the chunks of a custom split regex,
-  which is
-  all we need; nanochat's ``rustbpe`` does the same job but would add a dependency for no gain here.
+  which is all we need; nanochat's ``rustbpe`` does the same job but would add a dependency for no
+  gain here.
 * **Encoding** uses OpenAI's ``tiktoken`` (Rust, the fastest BPE encoder around, with a
 thread-pooled
   ``encode_ordinary_batch``). nanochat makes the same choice. The learned merges are exported as
   tiktoken "mergeable ranks": the 256 single bytes get ranks 0..255 and the i-th merge rank 256+i,
-  so the
-  token id of an ordinary token *is* its rank and both libraries produce the same ids.
+  so the token id of an ordinary token *is* its rank and both libraries produce the same ids.
 
 Conventions (nanochat's)
 ------------------------
@@ -26,12 +25,11 @@ is the
   is encoded as ordinary bytes, so data can never inject control tokens.
 * ``token_bytes()`` gives the UTF-8 byte length of every token id (0 for special tokens). Bits per
   byte is then ``sum(nats) / (ln 2 * sum(token_bytes[targets]))``, with special-token targets
-  counting
-  zero bytes (mask them out of the nats too), which makes the metric independent of vocabulary size.
+  counting zero bytes (mask them out of the nats too), which makes the metric independent of
+  vocabulary size.
 
 Files written by ``save(dir)``: ``tokenizer.tiktoken`` (tiktoken's own format: base64 token bytes
-and
-rank per line) and ``tokenizer.json`` (split pattern, special tokens, format version).
+and rank per line) and ``tokenizer.json`` (split pattern, special tokens, format version).
 """
 
 from __future__ import annotations
@@ -275,14 +273,10 @@ def train_tokenizer(
     """Train a byte-level BPE on ``text_iter`` and return a tiktoken-backed :class:`Tokenizer`.
 
     ``vocab_size`` counts the 256 byte tokens, the merges and the special tokens, so the model's
-    embedding
-    table has exactly this many rows. ``doc_cap`` truncates each document (long documents mostly
-    repeat
-    themselves and would dominate pair counts) and ``max_chars`` bounds the whole training text
-    (nanochat
-    trains on ~2B characters). If the text is too small to learn every merge, the returned tokenizer
-    has
-    fewer tokens than asked; check ``tokenizer.vocab_size``.
+    embedding table has exactly this many rows. ``doc_cap`` truncates each document (long documents
+    mostly repeat themselves and would dominate pair counts) and ``max_chars`` bounds the whole
+    training text (nanochat trains on ~2B characters). If the text is too small to learn every
+    merge, the returned tokenizer has fewer tokens than asked; check ``tokenizer.vocab_size``.
     """
     from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
     from tokenizers import Tokenizer as HFTokenizer

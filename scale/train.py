@@ -1,14 +1,14 @@
 """Pretraining launcher for the scaling runs: one process per device under torchrun, or one process.
 
-    torchrun --standalone --nproc_per_node=8 -m lrt_scale.train --preset d20 --schedule
-    interleaved:2 \\
-        --ratio 10 --data-dir ~/.cache/lrt_lab/fineweb --tokenizer-dir ~/.cache/lrt_lab/tokenizer
-    torchrun --standalone --nproc_per_node=8 -m lrt_scale.train --preset d20 --model transformer
-    --ratio 20 ...
-    python -m lrt_scale.train --preset d12 --synthetic --steps 300 --compile        # one GPU, no
-    dataset
-    python -m lrt_scale.train --preset d20 --schedule interleaved:2 --ratio 10 --dry-run  #
-    accounting only
+    torchrun --standalone --nproc_per_node=8 -m lrt_scale.train --preset d20 \\
+        --schedule interleaved:2 --ratio 10 \\
+        --data-dir ~/.cache/lrt_lab/fineweb --tokenizer-dir ~/.cache/lrt_lab/tokenizer
+    torchrun --standalone --nproc_per_node=8 -m lrt_scale.train --preset d20 \\
+        --model transformer --ratio 20 ...
+    # one GPU, no dataset
+    python -m lrt_scale.train --preset d12 --synthetic --steps 300 --compile
+    # accounting only
+    python -m lrt_scale.train --preset d20 --schedule interleaved:2 --ratio 10 --dry-run
 
 Distributed: ``torch.distributed`` with the environment torchrun sets (RANK, WORLD_SIZE,
 LOCAL_RANK), nccl on CUDA and gloo otherwise, and DistributedDataParallel. Each optimizer step
@@ -21,30 +21,26 @@ holds the same full gradient and the single-process ``torch.optim.Muon`` compute
 every rank; the Newton-Schulz work is duplicated rather than sharded as in nanochat's distributed
 Muon (its cost at 20L is not measured yet). FSDP2 (``fully_shard``) is not offered:
 ``torch.optim.Muon`` on FSDP2's sharded DTensor parameters runs without error but orthogonalises
-each
-rank's shard on its own, so the update is wrong (a 2-rank gloo check in torch 2.13 differed from a
-single process by 1.4e-2 after 3 steps, AdamW by 4e-8). A sharded Muon (gather each matrix's
+each rank's shard on its own, so the update is wrong (a 2-rank gloo check in torch 2.13 differed
+from a single process by 1.4e-2 after 3 steps, AdamW by 4e-8). A sharded Muon (gather each matrix's
 gradient, orthogonalise, scatter) is future work; until then DDP is the supported path. DDP keeps
-full fp32 parameters, gradients, its gradient buckets and the optimizer state on every GPU: about
-25 GB at 20L and 37 GB at 24L (most parameters are embeddings, with two AdamW moments each), before
+full fp32 parameters, gradients, its gradient buckets and the optimizer state on every GPU: about 25
+GB at 20L and 37 GB at 24L (most parameters are embeddings, with two AdamW moments each), before
 activations (estimated, not measured).
 
 Optimisation (paper app. A "Optimization"; nanochat's recipe): Muon for the 2-D hidden matrices
 (attention, MLP, LRT projections) at lr 0.02; AdamW betas (0.8, 0.95), eps 1e-10, for the token and
 value embeddings (0.3) and LM head (0.004), both scaled by (d/768)^-1/2, and the scalars (0.5; the
 residual coefficients at 0.5 x 0.01; the input-skip coefficients with betas (0.96, 0.95)). Every
-rate
-is scaled by sqrt(total_batch / 2^19). No warm-up; linear warm-down to zero over the final half
+rate is scaled by sqrt(total_batch / 2^19). No warm-up; linear warm-down to zero over the final half
 (``lrt_lab.training.optim.lr_multiplier``); Muon momentum 0.85 -> 0.95 over the first 300 steps;
-Muon weight
-decay ``--weight-decay`` (0.2, nanochat's) x (12/L)^2, annealed linearly to zero over training.
-Gradient clipping is off by default (nanochat), ``--grad-clip`` turns it on.
+Muon weight decay ``--weight-decay`` (0.2, nanochat's) x (12/L)^2, annealed linearly to zero over
+training. Gradient clipping is off by default (nanochat), ``--grad-clip`` turns it on.
 
 Run length and accounting (``lrt_scale.flops``): ``--ratio R`` trains on R x N_baseline tokens,
-N_baseline
-being the backbone's parameter count without the memory pathway, so LRT and baseline at the same R
-see the same tokens; FLOPs count every stage of the schedule; each step logs tokens/s and MFU
-(against ``--peak-flops``, default H100 dense bf16), and baseline-equivalent tokens
+N_baseline being the backbone's parameter count without the memory pathway, so LRT and baseline at
+the same R see the same tokens; FLOPs count every stage of the schedule; each step logs tokens/s and
+MFU (against ``--peak-flops``, default H100 dense bf16), and baseline-equivalent tokens
 (``compute_tokens``).
 
 Data: ``--data-dir`` (parquet shards in ``lrt_scale.data``'s format; the last shard is validation)
@@ -590,9 +586,9 @@ def unused_parameters(
 
 def attention_dispatch(config, schedule, device, dtype) -> dict:
     """{stage kind: kernels} that lrt_lab.core.attention.pick_backend chooses for the schedule's
-    stages
-    at T (keys cut at the stage's last position, as LRT.stage does) and for a decoding step, over
-    the layers' windows. What runs is measured by the GPU check; this says what was asked for."""
+    stages at T (keys cut at the stage's last position, as LRT.stage does) and for a decoding step,
+    over the layers' windows. What runs is measured by the GPU check; this says what was asked
+    for."""
     T = config.sequence_len
     q = torch.empty(0, device=device, dtype=dtype)
     windows = config.window_sizes()

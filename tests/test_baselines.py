@@ -4,7 +4,7 @@ float64, tiny models, every weight random."""
 import pytest
 import torch
 
-from lrt_lab import LRT, MemoryConfig, preset
+from lrt_lab import LRT, LanguageModel, MemoryConfig, preset
 from lrt_lab.core.baselines import (
     BASELINE_KINDS,
     LoopTransformer,
@@ -209,6 +209,16 @@ def test_build_baseline_parses_kinds(kind, cls, attrs):
     assert type(model) is cls and is_baseline_kind(kind) and not model.config.is_lrt
     for name, value in attrs.items():
         assert getattr(model, name) == value
+
+
+def test_every_kind_is_a_language_model_and_only_the_lrt_has_memory():
+    """The type names say what the models are: the baselines share the base, not the LRT."""
+    models = [build_baseline(k, config()) for k in ("loop:2", "ponder:1")]
+    assert all(isinstance(m, LanguageModel) and not isinstance(m, LRT) for m in models)
+    assert isinstance(LRT(config()), LanguageModel)
+    with pytest.warns(DeprecationWarning, match="LanguageModel"):
+        from lrt_lab.core.model import Transformer
+    assert Transformer is LanguageModel
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The regional compile (`Transformer.compile_blocks`) on the CUDA dispatch, traced on CPU.
+"""The regional compile (`LanguageModel.compile_blocks`) on the CUDA dispatch, traced on CPU.
 
 On CPU `pick_backend` always answers "sdpa", so the kernels a GPU runs (FlexAttention for strided
 subsets and sliding windows, flash-attn for contiguous blocks) never reach dynamo in the CPU tests.

@@ -1,5 +1,5 @@
-"""The contraction monitor (lrt_lab.run.contraction): the Lyapunov estimator against hand-built
-linear recurrences whose answer is known, the model's memory-map Jacobian against finite
+"""The contraction monitor (lrt_lab.run.contraction_monitor): the Lyapunov estimator against
+hand-built linear recurrences whose answer is known, the model's memory-map Jacobian against finite
 differences of exact decoding, and the sweep change against the convergence analysis."""
 
 import math
@@ -9,7 +9,7 @@ import torch
 from helpers import CONFIGS, make_model, tokens
 
 from lrt_lab.analysis.convergence import convergence_trace, residual_per_sweep
-from lrt_lab.run.contraction import (
+from lrt_lab.run.contraction_monitor import (
     contraction_record,
     lyapunov,
     lyapunov_exponent,
@@ -126,7 +126,8 @@ def test_lyapunov_refuses_a_map_with_a_longer_lag():
 
 
 def test_sweep_changes_agree_with_the_convergence_trace():
-    # two implementations of FixedPoint's residual: the monitor's and the analysis table's
+    # FixedPoint's residual (memory_change, what the monitor logs) against the analysis table's
+    # chunked accumulation of it
     model = make_model(CONFIGS["default"])
     idx = tokens(B=3, T=6)
     changes = sweep_changes(model, idx, sweeps=7)

@@ -18,7 +18,7 @@ from lrt_lab.analysis.gap import gap_recovery, mismatch_table, read_bpb, refinem
 from lrt_lab.analysis.loading import as_run, load_model, load_task, write_store_table
 from lrt_lab.analysis.loading import eval_batch as make_eval_batch
 from lrt_lab.core.loss import IGNORE_INDEX
-from lrt_lab.core.model import Transformer
+from lrt_lab.core.model import LanguageModel
 from lrt_lab.run.registry import as_schedule
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import Exact
@@ -110,7 +110,7 @@ def evaluate_bpb(
     """
 
     run = None
-    if isinstance(run_or_model, Transformer):  # a model of any kind, not a run
+    if isinstance(run_or_model, LanguageModel):  # a model of any kind, not a run
         model = run_or_model
         if eval_batch is None:
             raise ValueError("eval_batch: required when a model (not a run) is given")

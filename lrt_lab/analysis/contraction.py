@@ -1,8 +1,8 @@
 """Does the memory map contract, and does that predict the sweeps a fixed-point trainer needs?
 
-The monitor (`lrt_lab.run.contraction`, logged at every evaluation) estimates lambda, the largest
-Lyapunov exponent of m_(t-1) -> m_t along held-out data. Jacobi sweeps propagate the init pass's
-memory error through the same maps, one position per sweep: after k sweeps the error at t is
+The monitor (`lrt_lab.run.contraction_monitor`, logged at every evaluation) estimates lambda, the
+largest Lyapunov exponent of m_(t-1) -> m_t along held-out data. Jacobi sweeps propagate the init
+pass's memory error through the same maps, one position per sweep: after k sweeps the error at t is
 roughly J_t ... J_(t-k+1) e_0, so it shrinks like exp(lambda k) when lambda < 0. The predicted
 sweeps to a relative tolerance tol are then ceil(log(tol / e_0) / lambda), e_0 the init pass's
 relative memory error; `contraction_run` sets that beside the sweeps measured by the convergence
@@ -19,7 +19,7 @@ import torch
 from lrt_lab.analysis.convergence import convergence_trace, sweeps_to_converge
 from lrt_lab.analysis.exactness import table_name
 from lrt_lab.analysis.loading import as_run, eval_batch, load_model, load_task
-from lrt_lab.run.contraction import lyapunov
+from lrt_lab.run.contraction_monitor import lyapunov
 from lrt_lab.store.stats import mean_ci
 
 

@@ -16,7 +16,7 @@ With lag 1, every sweep makes at least one more position exact (Jacobi: position
 sweeps; gs:S: the positions below n*S after n sweeps), so every ordering is exact after T sweeps
 at the latest; the question is how much sooner the error is negligible, and whether it falls
 steadily on the way (a contracting map) or first grows (an expanding one:
-lrt_lab.run.contraction).
+lrt_lab.run.contraction_monitor).
 
 `exactness_trace` records, after each sweep: the largest |log p - log p_exact| over the batch
 (logit_error, nats), the memory's relative error (as in the convergence analysis), the loss and

@@ -7,11 +7,9 @@ decodable, and does the LRT memory carry it to the next token?
     fig = plot_probe_heatmap(table)
 
 Sites are hook point names (`lrt_lab.run.hooks`): "hook_embed", "blocks.{l}.hook_resid_post" for
-every
-layer, and for an LRT "hook_mem_in" (the memory m_{t-1} a position reads) and "hook_mem_out" (the
-source state it emits). "hook_mem_in" is probed twice: against the state at t (target "state") and
-against
-the state at t-1 (target "state_prev"): the question "does the memory carry it forward".
+every layer, and for an LRT "hook_mem_in" (the memory m_{t-1} a position reads) and "hook_mem_out"
+(the source state it emits). "hook_mem_in" is probed twice: against the state at t (target "state")
+and against the state at t-1 (target "state_prev"): the question "does the memory carry it forward".
 
 Probes: multinomial logistic regression on standardized features (statistics from the training
 sequences), L2 weight decay, fitted by full-batch Adam on the analytic gradient. One probe per

@@ -15,14 +15,13 @@ generated token, baseline-cost one-pass prefill. This module measures exactly th
 - decoding tokens/s at batch 1 and a larger batch;
 - peak memory on CUDA.
 
-Method: warm-up, then several repeats of every case *round-robin* (so slow drift of the machine
-hits every case alike), median; the device is synchronised around each timing (CUDA events on
-CUDA, `perf_counter` on CPU). The transformer is the same preset with `memory=None`; the LRT uses
+Method: warm-up, then several repeats of every case *round-robin* (so slow drift of the machine hits
+every case alike), median; the device is synchronised around each timing (CUDA events on CUDA,
+`perf_counter` on CPU). The transformer is the same preset with `memory=None`; the LRT uses
 `MemoryConfig()` (the paper's LRT-shared). Ratios are LRT time / transformer time, except decoding
 throughput, which is LRT tokens/s / transformer tokens/s. Exact runs one stage per position, so its
 repeats are capped (`exact_repeats`); it is measured at `exact_seq_len` (default min(T, 256))
-against
-a transformer step at the same length; so is every added schedule whose `exact` is true.
+against a transformer step at the same length; so is every added schedule whose `exact` is true.
 
 Benchmarks are not assertions: the test suite only checks that this runs and writes valid JSON.
 """

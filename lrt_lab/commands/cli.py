@@ -106,8 +106,8 @@ def add_train_arguments(p: argparse.ArgumentParser):
         "--set",
         action="append",
         metavar="FIELD=VALUE",
-        help="override a model config field, e.g. n_layer=2, memory.source_layer=2, "
-        "memory.gamma_init=0",
+        help="override a model config field, e.g. n_layer=2, memory.source_layer=2 (layers "
+        "count from 1: the second block's output), memory.gamma_init=0",
     )
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument(

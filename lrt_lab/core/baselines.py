@@ -1,15 +1,15 @@
 """Baselines that buy accuracy with more forwards per generated token (paper sec. "Comparison with
 Depth Recurrent and Looped Baselines", table "compare_other").
 
-Both are the nanochat-style backbone of `lrt_lab.core.model` (`Transformer`, which `LRT` also
+Both are the nanochat-style backbone of `lrt_lab.core.model` (`LanguageModel`, which `LRT` also
 extends: parameter names, `param_groups`, initialisation and checkpoints are shared, and nothing of
 the memory pathway is inherited), and every pass of theirs runs its blocks through
-`Transformer.run_blocks`: the same `Block` modules, math and hook points as the LRT's stages.
-They are driven through the same `stage(tokens, P, buffer)`
-primitive, so `run_schedule`, the training loop, the evaluation, the run store and the `Decoder`
-run them unchanged. Hooks: the loop transformer's block hooks fire in every loop (positions P);
-PonderLM's fire in every row pass with row positions ((N+1) t + j; a capture is (B, (N+1) T, ...),
-its init pass over the tokens alone is not reported); `hook_embed` is per token.
+`LanguageModel.run_blocks`: the same `Block` modules, math and hook points as the LRT's stages. They
+are driven through the same `stage(tokens, P, buffer)` primitive, so `run_schedule`, the training
+loop, the evaluation, the run store and the `Decoder` run them unchanged. Hooks: the loop
+transformer's block hooks fire in every loop (positions P); PonderLM's fire in every row pass with
+row positions ((N+1) t + j; a capture is (B, (N+1) T, ...), its init pass over the tokens alone is
+not reported); `hook_embed` is per token.
 
 `LoopTransformer` (`loop:N`, `loop:N:LO-HI`): the whole stack applied N times per token, weights
 tied across loops:
@@ -67,7 +67,7 @@ import torch
 
 from lrt_lab.core.buffer import DecodeCache, SequenceBuffer
 from lrt_lab.core.config import ModelConfig
-from lrt_lab.core.model import StageContext, Transformer, norm
+from lrt_lab.core.model import LanguageModel, StageContext, norm
 from lrt_lab.core.validation import check_int
 
 BASELINE_KINDS = {
@@ -93,7 +93,7 @@ def is_baseline_kind(kind) -> bool:
     return isinstance(kind, str) and kind.split(":", 1)[0] in ("loop", "ponder")
 
 
-def build_baseline(kind: str, config: ModelConfig):
+def build_baseline(kind: str, config: ModelConfig) -> LanguageModel:
     """`loop:N[:LO-HI]` -> LoopTransformer, `ponder:N[:K|:LO-HI]` -> PonderLM over `config`."""
     m = _KIND.fullmatch(kind.strip()) if isinstance(kind, str) else None
     if m is None:
@@ -154,7 +154,7 @@ class _LayerOffset:
         return self.buffer.splice_kv(self.offset + layer, P, k, v)
 
 
-class _Baseline(Transformer):
+class _Baseline(LanguageModel):
     """The plain transformer's modules and a pass of its block stack over arbitrary input vectors.
     The subclasses override the backbone's `forward_cost` and `forwards_per_token` (and PonderLM
     `has_sequential_decoding`): the costs the training loop and the run's config report."""
@@ -182,13 +182,12 @@ class _Baseline(Transformer):
         rows_per_token: int = 1,
         hooked: bool = True,
     ):
-        """One pass of the blocks (`Transformer.run_blocks`, the same modules and hook points) over
-        buffer
-        rows `rows` (contiguous), writing buffer layers layer0..layer0+n_layer-1. x: (B, n, d) input
-        vectors (also the x0 of the x0 skip); tokens: (B, n) ids for the value embeddings (None:
-        none); ve_keep: (1, n, 1, 1) 0/1 per row, or None (all rows). Returns (residual stream
-        after the last block, per-layer K, per-layer V). hooked=False: the hook points skip this
-        pass."""
+        """One pass of the blocks (`LanguageModel.run_blocks`, the same modules and hook points)
+        over buffer rows `rows` (contiguous), writing buffer layers layer0..layer0+n_layer-1.
+        x: (B, n, d) input vectors (also the x0 of the x0 skip); tokens: (B, n) ids for the value
+        embeddings (None: none); ve_keep: (1, n, 1, 1) 0/1 per row, or None (all rows). Returns
+        (residual stream after the last block, per-layer K, per-layer V). hooked=False: the hook
+        points skip this pass."""
         target = buffer if layer0 == 0 else _LayerOffset(buffer, layer0)
         ctx = StageContext(
             rows, cos, sin, target, x, None, None, rows if hooked else None, rows_per_token

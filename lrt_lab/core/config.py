@@ -44,8 +44,10 @@ def check_mechanism(name) -> None:
 class MemoryConfig:
     """The LRT memory pathway (paper sec. 2). Defaults are the paper's LRT-shared.
 
-    source_layer:    1-based layer whose output h^src_t is the memory m_t. None resolves to
-                     round(0.6 * n_layer) (layer 12 of 20, 14 of 24: the paper's choice).
+    source_layer:    the layer number (from 1, as n_layer counts: the output of block index
+                     source_layer - 1, hook `blocks.{source_layer - 1}.hook_resid_post`) whose
+                     output h^src_t is the memory m_t. None resolves to round(0.6 * n_layer)
+                     (layer 12 of 20, 14 of 24: the paper's choice).
     source_avg:      >1 makes m_t a learned softmax average of the outputs of layers
                      source_layer-source_avg+1 .. source_layer ("learned avg. above 4 layers").
     lag:             token t reads m_{t-lag} (the temporal-source ablation: m_{t-1} .. m_{t-4}).

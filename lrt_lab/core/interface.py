@@ -1,12 +1,11 @@
 """What the library asks of a model, a schedule and a task, written down once as typing Protocols.
 
 Schedules (`lrt_lab.run.schedules`), the Decoder, the training loop, evaluation, the bench and
-scale/
-read these members with plain attribute access, so a model that lacks one fails where it is read
-instead of being silently treated as something else. `LRT` and the baselines (`LoopTransformer`,
-`PonderLM`) define every member; a new model kind implements `SequenceModel` (in practice by
-subclassing `LRT`, an `nn.Module`, as the baselines do). tests/test_baselines.py checks that each
-built-in model satisfies it.
+scale/ read these members with plain attribute access, so a model that lacks one fails where it is
+read instead of being silently treated as something else. `LRT` and the baselines
+(`LoopTransformer`, `PonderLM`) define every member; a new model kind implements `SequenceModel` (in
+practice by subclassing `LanguageModel`, an `nn.Module`, as the baselines do).
+tests/test_baselines.py checks that each built-in model satisfies it.
 
 Tasks live outside lrt_lab (the `lrt_tasks` package, loaded through an entry point; lrt_lab never
 imports it), so `Task` only states what the training loop reads from one; `lrt_tasks.Task`, the

@@ -18,7 +18,7 @@ The backbone calls these methods and knows nothing else about the memory:
 
 Only `for_layer` sees a layer index: it runs before each block, outside the block's code, so
 every layer runs the same code on its own tensors (one compiled graph serves all layers,
-`Transformer.compile_blocks`; a layer index read inside the block is a guard per layer).
+`LanguageModel.compile_blocks`; a layer index read inside the block is a guard per layer).
 
 How far back a position's memory reaches is stated once, by the config
 (`MemoryConfig.read_offsets`): `read` reads those rows, and the Exact split, Chunked's exact limit

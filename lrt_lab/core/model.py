@@ -150,7 +150,7 @@ class LayerInputs(NamedTuple):
     """What one block of a stage reads besides the residual stream, formed by `run_blocks` before
     the block runs. Everything that differs between layers is here as data (tensors, and the
     layer's memory read with its parameters, `MemoryPathway.for_layer`), so every block runs the
-    same code: one compiled graph serves every layer (`Transformer.compile_blocks`)."""
+    same code: one compiled graph serves every layer (`LanguageModel.compile_blocks`)."""
 
     alpha: torch.Tensor | None  # alpha_l (None: 1)
     beta: torch.Tensor | None  # beta_l (None: 0)
@@ -464,7 +464,7 @@ def _renamed_pathway_keys(module, state_dict, prefix, *args) -> None:
         state_dict[prefix + "pathway." + key[len(old) :]] = state_dict.pop(key)
 
 
-class Transformer(nn.Module):
+class LanguageModel(nn.Module):
     """The nanochat-style backbone every model kind shares: embedding, blocks, head, their init and
     optimizer roles, and one pass of the block stack (`run_blocks`). A kind defines `stage` (and,
     where it keeps other state, its buffers): `LRT` adds the memory pathway, the baselines
@@ -683,7 +683,7 @@ class Transformer(nn.Module):
         }
 
 
-class LRT(Transformer):
+class LRT(LanguageModel):
     """Decoder-only transformer with optional latent recurrence (config.memory): the backbone plus
     the memory pathway (`lrt_lab.core.memory`) and the stage primitive that reads and writes it.
     With config.memory=None it is the plain transformer."""
@@ -791,3 +791,19 @@ class LRT(Transformer):
             return None
         split = max(self.pathway.source_blocks) + 1
         return split if split < self.config.n_layer else None
+
+
+def __getattr__(name):
+    # The base was called `Transformer` though every kind extends it, the plain transformer being
+    # `LRT(memory=None)`; code written against the old name keeps importing it, with a warning.
+    if name == "Transformer":
+        import warnings
+
+        warnings.warn(
+            "lrt_lab.core.model.Transformer is deprecated: it is LanguageModel, the base of LRT "
+            "and the baselines",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return LanguageModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

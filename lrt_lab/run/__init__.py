@@ -1,2 +1,2 @@
 """Running a model: schedules of stages (`runner.run_schedule`), their registry, decoding,
-evaluation and hooks."""
+evaluation, hooks and patching, and the contraction monitor the training loop logs."""

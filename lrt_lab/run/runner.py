@@ -50,8 +50,7 @@ def run_schedule(
     inside `lrt_lab.run.hooks.hooks(model, {...})`.
 
     memory_rows: memory rows m_t (B, <=T, d) the buffer starts from instead of zeros, e.g. the rows
-    a
-    `Decoder(..., keep_memory=True)` produced (`memory_rows()`): the paper's SFT/RL recipe (sec.
+    a `Decoder(..., keep_memory=True)` produced (`memory_rows()`): the paper's SFT/RL recipe (sec.
     "SFT and Reinforcement Learning"), and a way to score decoded sequences in one parallel pass
     (`FullSequence(0)` from them gives the decoder's logits). Stages read them wherever nothing was
     written yet; schedules that compute every row they read (Exact, Chunked(C <= exact_chunk),

@@ -199,8 +199,7 @@ def comparison_table(
     """Mean, 95% t-interval and std over seeds of `metric` per group of runs.
 
     group_by None: lrt_lab.store.run_groups' rule (one group per config up to the seed, labelled by
-    what
-    differs), as in the dashboard and lrt_lab.analysis.seed_stats; or a comma list of columns
+    what differs), as in the dashboard and lrt_lab.analysis.seed_stats; or a comma list of columns
     ("method" is what was trained). The runs without a value for `metric` are listed in
     .attrs["lacking"]; metric None picks one every run has (default_metric)."""
     if df.empty:

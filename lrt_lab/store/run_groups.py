@@ -424,8 +424,7 @@ def _is_reference(
     value, column: pd.Series, methods: pd.DataFrame, memo: dict | None = None
 ) -> bool:
     """Whether `value` is the one a label leaves unsaid: unset (the default) where some method of
-    the
-    kinds the field applies to leaves it unset, else the value strictly most methods share."""
+    the kinds the field applies to leaves it unset, else the value strictly most methods share."""
     memo = {} if memo is None else memo
     if ("reference", column.name) not in memo:
         if "config.kind" in methods:

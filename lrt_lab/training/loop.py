@@ -42,14 +42,14 @@ from lrt_lab.core.config import PRESETS, MemoryConfig, ModelConfig, preset
 from lrt_lab.core.config import memory_preset as make_memory
 from lrt_lab.core.interface import Task
 from lrt_lab.core.loss import IGNORE_INDEX
-from lrt_lab.core.model import LRT
+from lrt_lab.core.model import LRT, LanguageModel
 from lrt_lab.core.plugins import load_plugins
 from lrt_lab.core.validation import (
     check_int,
     check_out_dir,
     fail,
 )
-from lrt_lab.run.contraction import contraction_record
+from lrt_lab.run.contraction_monitor import contraction_record
 from lrt_lab.run.evaluation import eval_record, evaluate, per_position_table
 from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import run_schedule
@@ -128,10 +128,10 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     return preset(cfg.preset, memory=memory, **fields)
 
 
-def build_model(cfg: TrainConfig, vocab_size: int) -> LRT:
+def build_model(cfg: TrainConfig, vocab_size: int) -> LanguageModel:
     config = model_config(cfg, vocab_size)
     if is_baseline_kind(cfg.model):
-        return build_baseline(cfg.model, config)  # loop:N, ponder:N (LRT subclasses, memory=None)
+        return build_baseline(cfg.model, config)  # loop:N, ponder:N (LanguageModels without memory)
     return LRT(config)
 
 
@@ -641,7 +641,7 @@ def _finish(
             **_epochs(task, counters["tokens"]),
             "forwards_per_token": model.forwards_per_token,
             "eval": eval_record(loop.results),
-            # the contraction monitor at the last evaluation (lrt_lab.run.contraction)
+            # the contraction monitor at the last evaluation (lrt_lab.run.contraction_monitor)
             **_contraction(loop.last_eval),
             # when pos@90 first reached the training length (None: not within the budget)
             "reached": {

@@ -4,10 +4,9 @@ submitit (`lrt-lab sweep SPEC --slurm partition=...`).
 
 The run store is the only shared state (it must sit on a filesystem every node sees). A grid point
 claims its run folder before it writes (`lrt_lab.store.claims`), so a retried task, a requeued job
-or a
-second sweep on the same store never trains a run twice: a task whose worker died is retried from
-the run's checkpoint (its dead owner's claim is taken over), one that fails records its error in
-the run folder (`last_error.json`) and the grid goes on. Ray and submitit are optional extras
+or a second sweep on the same store never trains a run twice: a task whose worker died is retried
+from the run's checkpoint (its dead owner's claim is taken over), one that fails records its error
+in the run folder (`last_error.json`) and the grid goes on. Ray and submitit are optional extras
 (`pip install 'lrt-lab[cluster]'`, `'lrt-lab[slurm]'`) imported only on these paths.
 
 Stopping a Ray sweep (Ctrl-C or SIGTERM on the driver) lets each run in flight checkpoint first:

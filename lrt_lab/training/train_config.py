@@ -70,8 +70,9 @@ class TrainConfig:
     eval_lengths: tuple | None = None
     eval_size: int = _ranged(256, 1)
     eval_exact: bool = True  # also evaluate with exact recurrent decoding
-    # also log the memory map's Lyapunov exponent and the change of Jacobi sweeps (an LRT reading
-    # m_(t-1); lrt_lab.run.contraction): a few sequences' prefix, cheap next to exact decoding
+    # also log the memory map's Lyapunov exponent and the change of Jacobi sweeps for an LRT
+    # reading m_(t-1) (lrt_lab.run.contraction_monitor): on a few sequences' prefix, cheap next to
+    # exact decoding
     eval_contraction: bool = True
     checkpoint_every: int = _ranged(500, 0)  # 0: only at the end
     device: str = field(default="auto", metadata={"choices": ("auto", "cpu", "cuda")})

@@ -1,5 +1,7 @@
-"""Is the learned recurrence contracting? The largest Lyapunov exponent of the memory map, and the
-change between parallel sweeps, for the evaluation log and the analysis tools.
+"""The contraction monitor: is the learned recurrence contracting? The largest Lyapunov exponent of
+the memory map, and the change between parallel sweeps, logged with every evaluation
+(`contraction_record`); `lrt_lab.analysis.contraction` sets them beside the sweeps a stored run's
+model needs.
 
 Under exact decoding with lag 1 (paper sec. 2), position t reads m_{t-1} and emits m_t; with the
 tokens and the K/V of the positions before t held as exact decoding left them, that is a map
@@ -27,7 +29,7 @@ from collections.abc import Callable
 import torch
 
 from lrt_lab.run.runner import run_schedule
-from lrt_lab.run.schedules import Exact
+from lrt_lab.run.schedules import Exact, memory_change
 
 # u -> J_t^T u for the map m_{t-1} -> m_t; u and the result are (N, d)
 VJPStep = Callable[[int, torch.Tensor], torch.Tensor]
@@ -132,10 +134,7 @@ def sweep_changes(model, inputs: torch.Tensor, sweeps: int = 4) -> list[float]:
     for _ in range(sweeps):
         prev = buffer.mem
         _, buffer = model.stage(inputs, full, buffer)
-        m = buffer.mem
-        rms = m.double().norm(dim=-1).square().mean().sqrt()
-        top = (m - prev).double().norm(dim=-1).max()
-        changes.append(float(top / rms) if rms > 0 else 0.0)
+        changes.append(memory_change(prev, buffer.mem)[0])  # FixedPoint's own measure
     return changes
 
 
