@@ -3,6 +3,7 @@ which never fires changes nothing, and that resume refuses what the uninterrupte
 
 import copy
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -10,7 +11,8 @@ import torch
 from helpers import tiny_train_config
 
 from lrt_lab.run.runner import run_schedule
-from lrt_lab.store.results import load_metrics
+from lrt_lab.store.collapse import first_collapse
+from lrt_lab.store.results import Run, load_metrics
 from lrt_lab.training import guard as guard_module
 from lrt_lab.training.guard import MAX_REFUSALS, SpikeGuard
 from lrt_lab.training.loop import (
@@ -166,3 +168,27 @@ def test_resume_just_before_a_refusal_refuses_what_the_uninterrupted_run_did(tmp
     assert b["guard_refused"].tolist() == a["guard_refused"].tolist()
     assert b["loss"].tolist() == pytest.approx(a["loss"].tolist(), rel=1e-6)
     assert run.summary["guard"] == full.summary["guard"]
+
+
+ROLLOUT_RUNS = Path(__file__).resolve().parent.parent / "experiments" / "results"
+
+
+def test_first_collapse_finds_the_four_collapsed_rollout_runs_of_the_a5_study():
+    """Against an independent reading (pandas: the running minimum before each evaluation)."""
+    found, expected = {}, set()
+    for seed in range(10, 18):
+        path = ROLLOUT_RUNS / f"trainers16-a5_prefix-L16-small-lrt-rollout_1-s{seed}-rollout"
+        event = first_collapse(Run(path).metrics_records())
+        if event is not None:
+            found[seed] = event
+        df = pd.read_json(path / "metrics.jsonl", lines=True)
+        ev = df[df["kind"] == "eval"].dropna(subset=["ce_exact@16"])
+        below_before = ev["ce_exact@16"].cummin().shift(1) < 1.0
+        hits = ev[below_before & (ev["ce_exact@16"] > 3.0)]
+        if len(hits):
+            expected.add(seed)
+            assert found[seed] == {"step": hits["step"].iloc[0], "flops": hits["flops"].iloc[0]}
+    assert set(found) == expected == {13, 14, 16, 17}
+    # a run that never got below `low` has no collapse, however high it goes
+    records = [{"kind": "eval", "step": s, "flops": s, "ce_exact@16": 4.0} for s in (1, 2)]
+    assert first_collapse(records) is None
