@@ -192,3 +192,18 @@ def test_first_collapse_finds_the_four_collapsed_rollout_runs_of_the_a5_study():
     # a run that never got below `low` has no collapse, however high it goes
     records = [{"kind": "eval", "step": s, "flops": s, "ce_exact@16": 4.0} for s in (1, 2)]
     assert first_collapse(records) is None
+
+
+def test_a_sweep_spec_sets_the_guard_and_the_stability_study_pre_states_its_arms():
+    from lrt_lab.training.sweep import expand, load_spec
+
+    spec = load_spec(ROLLOUT_RUNS.parent / "a5_rollout_stability.toml")
+    guards = {(c.name.rsplit("-", 1)[-1], c.spike_guard, c.matrix_lr) for c in expand(spec)}
+    assert guards == {
+        ("rollout", None, 0.02),
+        ("rollout_half", None, 0.01),
+        ("rollout_guarded", 1.0, 0.02),
+    }
+    seeds = {c.seed for c in expand(spec)}
+    assert seeds == set(range(30, 36))
+    assert all(c.eval_lengths == (16, 32, 64) for c in expand(spec))  # 1x, 2x, 4x
