@@ -141,6 +141,14 @@ def add_train_arguments(p: argparse.ArgumentParser):
     p.add_argument(
         "--no-exact-eval", action="store_true", help="skip exact recurrent-decoding evaluation"
     )
+    p.add_argument(  # the loss-spike guard (lrt_lab.training.guard)
+        "--spike-guard",
+        type=float,
+        default=d.spike_guard,
+        metavar="NATS",
+        help="refuse a step whose loss is NATS above the running mean (default: off)",
+    )
+    p.add_argument("--spike-backoff", type=float, default=d.spike_backoff, metavar="F")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--device", default=d.device, help="auto, cpu or cuda")
     p.add_argument(
@@ -241,6 +249,8 @@ def train_config_from_args(a) -> TrainConfig:
         batch_size=a.batch_size,
         seed=a.seed,
         lr_scale=a.lr_scale,
+        spike_guard=a.spike_guard,
+        spike_backoff=a.spike_backoff,
         eval_every=a.eval_every,
         eval_lengths=a.eval_lengths,
         eval_size=a.eval_size,

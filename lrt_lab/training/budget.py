@@ -171,3 +171,14 @@ class StepFlops:
             )
         fwd, bwd, cost = self.counted[length]
         return fwd * (step_cost / cost if cost else 1.0) + bwd
+
+    def forward(self, length: int, forward, step_cost: float) -> float:
+        """The FLOPs of a forward alone (a step the spike guard refused: no backward); `forward`
+        is what `counting` returned for it (a counter when its length had no count yet, as on
+        the first step after a resume)."""
+        if not self.enabled:
+            return math.nan
+        if forward is not None:  # not kept: a count is of a forward and its backward together
+            return float(forward.get_total_flops())
+        fwd, _, cost = self.counted[length]
+        return fwd * (step_cost / cost if cost else 1.0)

@@ -109,10 +109,20 @@ def check_belongs(state: dict, run: Run, path) -> None:
 
 
 def save_checkpoint(
-    run: Run, step: int, model, opts, generator, elapsed: float, counters: dict, keep: int = 2
+    run: Run,
+    step: int,
+    model,
+    opts,
+    generator,
+    elapsed: float,
+    counters: dict,
+    keep: int = 2,
+    guard=None,
 ):
     """Write step's model, optimizer and RNG state atomically (a temporary file renamed into place);
-    keep the newest `keep`. A full disk becomes one OSError saying so."""
+    keep the newest `keep`. A full disk becomes one OSError saying so. guard: the run's
+    SpikeGuard (lrt_lab.training.guard), whose state is saved too (a run without one saves
+    none)."""
     d = run.checkpoint_dir()
     state = {
         "step": step,
@@ -124,6 +134,8 @@ def save_checkpoint(
         "counters": plain(counters, "counters"),
         "owner": checkpoint_owner(run),
     }
+    if guard is not None:
+        state["guard"] = plain(guard.state_dict(), "guard state")
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".ckpt.", suffix=".tmp")
     os.close(fd)
     respect_umask(tmp)  # mkstemp's 0600 would hide it from the group sharing the store
@@ -161,8 +173,8 @@ def restore_checkpoint(run: Run, model, opts, generator, device) -> dict | None:
     """Load the newest checkpoint that loads into model/opts/generator; older ones kept beside it
     (save_checkpoint keeps two) are the fallback for a truncated or damaged newest one.
 
-    Returns the checkpoint's state (step, elapsed, counters, path) or None when the run has no
-    checkpoint. ValueError when checkpoints exist but none loads: nothing is deleted, so the user
+    Returns the checkpoint's state (step, elapsed, counters, guard, path) or None when the run has
+    no checkpoint. ValueError when checkpoints exist but none loads: nothing is deleted, so the user
     decides (remove checkpoints/ to restart from step 0).
     """
     ckpts = run.checkpoints()
@@ -193,6 +205,7 @@ def restore_checkpoint(run: Run, model, opts, generator, device) -> dict | None:
                 "step": int(state["step"]),
                 "elapsed": float(state["elapsed"]),
                 "counters": dict(state["counters"]),
+                "guard": state.get("guard"),  # the spike guard's state, when the run has one
                 "path": path,
             }
         except Exception as e:  # noqa: BLE001  (a damaged state fails in the loaders too)

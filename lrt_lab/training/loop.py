@@ -63,6 +63,7 @@ from lrt_lab.training.checkpoints import (
     restore_checkpoint,
     save_checkpoint,
 )
+from lrt_lab.training.guard import SpikeGuard, make_guard
 from lrt_lab.training.mirrors import mirror_settings, mirrored
 from lrt_lab.training.optim import build_optimizers, optimizer_step, set_lr_schedule
 from lrt_lab.training.resources import check_memory_fits, resolve_device
@@ -317,7 +318,26 @@ def train(
     task, model, schedule = prepare(cfg, task)
     mirroring = mirror_settings(log)  # a missing package fails here, before anything is written
     device = resolve_device(cfg.device)
-    root = check_out_dir("out", out)
+    config = run_config(cfg, task, model, schedule)
+    run, claim = _open_claimed(check_out_dir("out", out), cfg, config, resume)
+    if claim is None:  # complete: nothing to do, and nothing is touched
+        return run
+    own_stop = stop is None
+    stop = StopRequest() if own_stop else stop
+    try:
+        with (
+            stop.installed() if own_stop else contextlib.nullcontext(),
+            mirrored(run, mirroring, config) as logged_run,
+        ):  # the store, then the mirrors
+            inputs = (task, schedule, device)
+            _train_claimed(cfg, logged_run, *inputs, resume, progress, stop_after, deadline, stop)
+            return run
+    finally:
+        claim.release()
+
+
+def run_config(cfg: TrainConfig, task, model, schedule) -> dict:
+    """A run's config.json: its TrainConfig and what it resolved to (model, schedule, budget)."""
     config = {
         "train": cfg.to_dict(),
         "model": model.config.to_dict(),
@@ -338,37 +358,21 @@ def train(
             "params": n,
             "tokens": cfg.tokens_per_param * n,
         }
-    if resume:
-        run = open_for_resume(root, cfg, config)
-        claim = acquire(run.path)
-        if run.is_complete:  # nothing to do, and nothing is touched
-            claim.release()
-            return run
-    else:
+    return config
+
+
+def _open_claimed(root, cfg: TrainConfig, config: dict, resume: bool):
+    """(run, claim) of the run folder, new or resumed; claim None (released) when the resumed run
+    is complete."""
+    if not resume:
         remove_empty_folder(root / cfg.run_name)
-        run, claim = Run.create_claimed(root, cfg.run_name, config)
-    own_stop = stop is None
-    stop = StopRequest() if own_stop else stop
-    try:
-        with (
-            stop.installed() if own_stop else contextlib.nullcontext(),
-            mirrored(run, mirroring, config) as logged_run,
-        ):  # the store, then the mirrors
-            _train_claimed(
-                cfg,
-                logged_run,
-                task,
-                schedule,
-                device,
-                resume,
-                progress,
-                stop_after,
-                deadline,
-                stop,
-            )
-            return run
-    finally:
+        return Run.create_claimed(root, cfg.run_name, config)
+    run = open_for_resume(root, cfg, config)
+    claim = acquire(run.path)
+    if run.is_complete:
         claim.release()
+        return run, None
+    return run, claim
 
 
 @dataclass
@@ -382,6 +386,7 @@ class LoopState:
     last_eval: dict = field(default_factory=dict)
     results: dict | None = None  # the latest evaluation (evaluate's output)
     flops: StepFlops = field(default_factory=StepFlops)
+    guard: SpikeGuard | None = None  # the loss-spike guard, when the run has one
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -403,6 +408,9 @@ def _train_claimed(
     model, opts, generator, state = _start(cfg, run, task, device, resume)
     if state is None:  # complete: nothing to do
         return run
+    guard = make_guard(cfg)
+    if guard is not None and state.get("guard") is not None:
+        guard.load_state_dict(state["guard"])
     eval_sets = make_eval_sets(task, cfg.eval_lengths, cfg.eval_size, seed=0)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else None
     if cfg.compile:
@@ -410,13 +418,14 @@ def _train_claimed(
     stop = cfg.steps if stop_after is None else min(cfg.steps, state["step"] + stop_after)
     loop = LoopState(state["step"], stop, state["counters"], time.perf_counter() - state["elapsed"])
     loop.flops.enabled = not cfg.compile
+    loop.guard = guard
     if resume:
         _redo_lost_evaluation(run, model, schedule, eval_sets, cfg, autocast, loop)
     bar = _progress_bar(cfg.steps, loop.step, run.name) if progress else None
     model.train()
     while loop.step < loop.stop:
         record = _train_step(cfg, model, opts, task, schedule, generator, device, autocast, loop)
-        if not math.isfinite(record["loss"]):
+        if not math.isfinite(record["loss"]) and not record.get("guard_refused"):
             run.log(record)
             return diverged(run, cfg, loop.step, record["loss"], loop.elapsed(), loop.counters, bar)
         if loop.step < loop.stop and (
@@ -430,7 +439,9 @@ def _train_claimed(
         if (
             cfg.checkpoint_every and loop.step % cfg.checkpoint_every == 0
         ) or loop.step == loop.stop:
-            save_checkpoint(run, loop.step, model, opts, generator, loop.elapsed(), loop.counters)
+            save_checkpoint(
+                run, loop.step, model, opts, generator, loop.elapsed(), loop.counters, guard=guard
+            )
         if evaluation_due(cfg, loop.step):
             _evaluate_and_log(run, model, schedule, eval_sets, cfg, autocast, loop)
         _show_progress(bar, record, loop.last_eval, cfg)
@@ -481,53 +492,75 @@ def _start(cfg: TrainConfig, run: Run, task, device, resume: bool):
 
 
 def new_counters() -> dict:
-    """What a run counts from step 0: tokens, forwards x tokens, FLOPs (forward + backward)."""
-    return {"tokens": 0, "compute_tokens": 0.0, "flops": 0.0}
+    """What a run counts from step 0: tokens, forwards x tokens, FLOPs (forward + backward), and
+    the process CPU seconds of its training steps (evaluations not included)."""
+    return {"tokens": 0, "compute_tokens": 0.0, "flops": 0.0, "cpu_s": 0.0}
 
 
 def _train_step(
     cfg: TrainConfig, model, opts, task, schedule, generator, device, autocast, loop: LoopState
 ) -> dict:
-    """Sample a batch, run the schedule forward and backward, step the optimizers; advances
-    `loop` (step, counters) and returns the step's metrics line."""
+    """Sample a batch, run the schedule forward and backward, step the optimizers (or, when the
+    spike guard refuses the step, undo the update before it instead); advances `loop` (step,
+    counters) and returns the step's metrics line."""
     length = task.length_at(loop.step)
     batch = task.sample(cfg.batch_size, generator, length=length)
     inputs, targets = batch.inputs.to(device), _masked_targets(batch).to(device)
     mult = set_lr_schedule(opts, loop.step, cfg.steps, cfg.warmdown_frac)
-    t_step = time.perf_counter()
+    if loop.guard is not None:
+        loop.guard.scale_rates(opts)
+    cpu, t_step = time.process_time(), time.perf_counter()
     with autocast or contextlib.nullcontext(), loop.flops.counting(length) as forward:
         result = run_schedule(model, inputs, targets, schedule)
-    with loop.flops.counting(length) as backward:
-        result.loss.backward()
-    optimizer_step(opts, model.parameters(), cfg.grad_clip)
+    loss = result.loss.item()
+    refused = loop.guard is not None and loop.guard.refuses(loss, length)
+    if refused:  # no backward; its forward FLOPs are counted
+        loop.guard.refuse(loop.step + 1, model, opts)
+        step_flops = loop.flops.forward(length, forward, result.measured.cost)
+    else:
+        step_flops = _update(cfg, model, opts, result, length, loss, loop, forward)
     dt = time.perf_counter() - t_step
     step_cost = result.measured.cost * model.forward_cost  # the baselines' forwards cost more
     n_tokens = inputs.numel()
-    step_flops = loop.flops.step(length, forward, backward, result.measured.cost)
-    loop.counters["tokens"] += n_tokens
-    loop.counters["compute_tokens"] += n_tokens * step_cost
-    # a checkpoint from before FLOPs were counted has none: its total stays unknown (NaN)
-    loop.counters["flops"] = loop.counters.get("flops", math.nan) + step_flops
+    counters = loop.counters
+    counters["tokens"] += n_tokens
+    counters["compute_tokens"] += n_tokens * step_cost
+    # a checkpoint from before FLOPs (CPU time) were counted has none: its total stays NaN
+    counters["flops"] = counters.get("flops", math.nan) + step_flops
+    counters["cpu_s"] = counters.get("cpu_s", math.nan) + (time.process_time() - cpu)
     loop.step += 1
-    record = {
+    return {
         "kind": "train",
         "step": loop.step,
-        "loss": result.loss.item(),
+        "loss": loss,
         "stage_losses": [l.item() for l in result.stage_losses],
         "lr_mult": mult,
         "length": length,
-        "tokens": loop.counters["tokens"],
-        "compute_tokens": loop.counters["compute_tokens"],
-        "flops": loop.counters["flops"],
+        "tokens": counters["tokens"],
+        "compute_tokens": counters["compute_tokens"],
+        "flops": counters["flops"],
         "step_flops": step_flops,
         "time": loop.elapsed(),
+        "cpu_s": counters["cpu_s"],
         "tokens_per_s": n_tokens / max(dt, 1e-9),
         # forwards per token this step ran, and what else the schedule measured
         # (FixedPoint: sweeps, last residual, converged; Rollout: the rollout's time share)
         "step_cost": step_cost,
         **result.measured.record(dt),
+        **(loop.guard.record(refused, loop.step) if loop.guard is not None else {}),
     }
-    return record
+
+
+def _update(cfg: TrainConfig, model, opts, result, length: int, loss: float, loop, forward):
+    """The backward and optimizer step of an accepted step; returns the step's FLOPs."""
+    if loop.guard is not None:
+        loop.guard.keep(model, opts)  # what a refusal of the next step restores
+    with loop.flops.counting(length) as backward:
+        result.loss.backward()
+    optimizer_step(opts, model.parameters(), cfg.grad_clip)
+    if loop.guard is not None:
+        loop.guard.accept(loss, length)
+    return loop.flops.step(length, forward, backward, result.measured.cost)
 
 
 def evaluation_due(cfg: TrainConfig, step: int) -> bool:
@@ -637,12 +670,15 @@ def _finish(
             "compute_tokens": counters["compute_tokens"],
             # forward + backward, counted (lrt_lab.training.budget.StepFlops)
             "flops": counters.get("flops", math.nan),
+            "cpu_s": counters.get("cpu_s", math.nan),  # of the training steps (process time)
             "schedule_cost": cost,
             **_epochs(task, counters["tokens"]),
             "forwards_per_token": model.forwards_per_token,
             "eval": eval_record(loop.results),
             # the contraction monitor at the last evaluation (lrt_lab.run.contraction_monitor)
             **_contraction(loop.last_eval),
+            # the steps the loss-spike guard refused, and the rate factor it left
+            **({"guard": loop.guard.summary()} if loop.guard is not None else {}),
             # when pos@90 first reached the training length (None: not within the budget)
             "reached": {
                 key: first_reach(run.metrics_records(), key, cfg.length)

@@ -65,6 +65,11 @@ class TrainConfig:
     weight_decay: float = _ranged(0.0, 0)
     warmdown_frac: float = _ranged(0.5, 0, 1)  # linear warm-down to 0 over this final fraction
     grad_clip: float = _ranged(1.0, 0)
+    # The loss-spike guard (lrt_lab.training.guard), off by default: a step whose loss is more than
+    # this many nats above the running mean of accepted losses (or not finite) is refused, the
+    # update before it undone, and every rate multiplied by spike_backoff from then on.
+    spike_guard: float | None = _ranged(None, 0)
+    spike_backoff: float = _ranged(0.5, 0, 1)
     eval_every: int = _ranged(200, 0)
     # None: 1x, 2x and 4x the training length (the generalisation the docs report)
     eval_lengths: tuple | None = None
@@ -101,6 +106,8 @@ class TrainConfig:
                 raise ValueError(
                     "device='cuda' is invalid; allowed: auto, cpu (CUDA is not available)"
                 )
+        if not self.spike_backoff > 0:  # a rate of 0 after the first refusal ends learning
+            fail("spike_backoff", self.spike_backoff, "a number in (0, 1]")
         if self.tokens_per_param is not None and not self.tokens_per_param > 0:
             fail("tokens_per_param", self.tokens_per_param, "a number > 0 or None")
         self.schedule = parse_schedule(self.schedule).spec  # validates, canonical spelling
