@@ -75,7 +75,7 @@ from lrt_lab.core.token_ids import check_token_ids, vocab_size_of
 from lrt_lab.run.decode import Decoder
 from lrt_lab.run.registry import as_schedule, parse_schedule
 from lrt_lab.run.runner import run_schedule
-from lrt_lab.run.schedules import FixedPoint, OnePass
+from lrt_lab.run.schedules import OnePass
 from lrt_lab.store.results import Run
 from lrt_lab.training.checkpoints import check_belongs, read_checkpoint
 
@@ -401,10 +401,10 @@ def padded_forward(forward, max_len: int | None = None):
     next power of two, lengths from MIN_BUCKET_LEN up to max_len), logits cut back to (B, T, V).
 
     A compiled forward (and FlexAttention, compiled per shape) then sees a few shapes instead of one
-    per CORE item. Right padding changes nothing before it: every schedule here is causal (position
-    t reads positions <= t, the memory too), and extra rows are separate sequences. FixedPoint's
-    stopping test reads every position, so a padded sequence may iterate once more: it is run
-    unpadded (``model_forward`` decides)."""
+    per CORE item. Right padding changes nothing before it for a causal schedule
+    (`Schedule.causal`: position t reads positions <= t, the memory too), and extra rows are
+    separate sequences. FixedPoint's stopping test reads every position, so a padded sequence may
+    iterate once more: it is not causal and runs unpadded (``model_forward`` decides)."""
 
     def run(ids: torch.Tensor) -> torch.Tensor:
         B, T = ids.shape
@@ -430,7 +430,7 @@ def model_forward(
         with autocast or contextlib.nullcontext():
             return run_schedule(model, ids, None, schedule).logits
 
-    if not pad or isinstance(schedule, FixedPoint):
+    if not pad or not schedule.causal:
         return forward
     return padded_forward(forward, model.config.sequence_len)
 

@@ -316,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="prefilled prompt tokens for sequential BPB (paper: 1024)",
     )
-    e.add_argument("--seq-prefill", default="onepass", help="prefill strategy for --seq-prompt")
+    e.add_argument("--seq-prefill", default="onepass", help="prefill schedule for --seq-prompt")
     e.add_argument(
         "--core-bundle", default=None, help="CORE eval bundle directory (evaluated at the end)"
     )

@@ -137,7 +137,7 @@ def test_the_rollout_of_rollout_is_in_its_step_flops():
     """Rollout(G) rolls the memory out under inference_mode: its count there equals the same
     rollout's count under no_grad (a second path through the counter), is nonzero, and the step's
     forward counts it on top of its G differentiated stages."""
-    from lrt_lab.run.schedules import rollout_memory
+    from lrt_lab.run.execution import rollout_memory
 
     model = lm(memory=True)
     x, y = torch.randint(50, (2, 16)), torch.randint(50, (2, 16))

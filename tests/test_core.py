@@ -196,18 +196,30 @@ def test_hooks_expose_memory_flow():
     assert out.logits.shape == (2, T, model.config.vocab_size)
 
 
-@pytest.mark.parametrize("strategy", [OnePass(), Interleaved(2), Exact()])
-def test_prefill_then_decode_matches_reference(strategy):
+@pytest.mark.parametrize("schedule", [OnePass(), Interleaved(2), Exact()])
+def test_prefill_then_decode_matches_reference(schedule):
     """The decoder continues from whatever buffer the prefill schedule produced."""
     model = make_model(MemoryConfig())
     idx = tokens(B=1, T=8)
     dec = Decoder(model, 1, 8)
-    last = dec.prefill(idx[:, :5], strategy)
+    last = dec.prefill(idx[:, :5], schedule)
     steps = [dec.step(idx[:, t]) for t in range(5, 8)]
-    stages = [list(P) for P in strategy.stages(5)] + [[5], [6], [7]]
+    stages = [list(P) for P in schedule.stages(5)] + [[5], [6], [7]]
     naive, _ = NaiveLRT(model).run(idx, stages)
     assert maxdiff(last, naive[:, 4]) <= TOL
     assert maxdiff(torch.stack(steps, 1), naive[:, 5:]) <= TOL
+
+
+def test_prefill_takes_schedule_and_its_earlier_name_strategy_with_a_warning():
+    model = make_model(MemoryConfig())
+    idx = tokens(B=1, T=5)
+    by_name = Decoder(model, 1, 8).prefill(idx, schedule="interleaved:2")
+    with pytest.warns(DeprecationWarning, match="use schedule="):
+        old = Decoder(model, 1, 8).prefill(idx, strategy=Interleaved(2))
+    assert torch.equal(by_name, old)
+    assert not torch.equal(by_name, Decoder(model, 1, 8).prefill(idx))  # OnePass differs
+    with pytest.raises(ValueError, match="not both"), pytest.warns(DeprecationWarning):
+        Decoder(model, 1, 8).prefill(idx, Exact(), strategy=Exact())
 
 
 def test_generate_greedy_equals_argmax_of_exact_forward_and_is_seeded():

@@ -314,6 +314,10 @@ NO_TORCH = [  # (arguments, exit status): help, and errors in the arguments
     (["train", "--steps", "-5"], 2),
     (["train", "--lr-scale", "nan"], 2),
     (["train", "--schedule", "nope"], 2),
+    (["train", "--schedule", "interleaved:0"], 2),  # a built-in's spec refuses it: no torch
+    (["train", "--schedule", "fullseq:2:1,1"], 2),
+    (["sweep", "bad_schedule.toml", "--dry-run"], 2),  # written by the test below
+    (["sweep", "bad_key.toml", "--dry-run"], 2),
     (["train", "--set", "memory.mechanism=leaky"], 2),
     (["train", "--set", "nokey"], 2),
     (["train", "--plugin", "missing_plugin.py"], 2),
@@ -350,6 +354,9 @@ def test_help_and_argument_errors_load_no_torch(tmp_path):
         "    assert 'torch' not in sys.modules, argv\n"
         "print('TORCH', 'torch' in sys.modules)\n"
     )
+    grid = '[sweep]\ntasks = ["a5_prefix"]\nmodels = ["lrt"]\n'
+    (tmp_path / "bad_schedule.toml").write_text(grid + 'schedules = ["interleaved:0"]\n')
+    (tmp_path / "bad_key.toml").write_text(grid + "bogus = 1\n")
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}  # chosen: no CPU sample before each
     done = subprocess.run(
         [sys.executable, "-c", program],
@@ -369,7 +376,7 @@ def test_a_valid_command_does_load_torch(tmp_path):
     program = (
         "import sys\n"
         "from lrt_lab.commands.cli import main\n"
-        "main(['train', '--schedule', 'interleaved:0', '--length', '8'])\n"
+        "main(['train', '--schedule', 'interleaved:9', '--length', '8'])\n"  # S > T: on the model
         "print('TORCH', 'torch' in sys.modules)\n"
     )
     done = subprocess.run(

@@ -12,6 +12,7 @@ from helpers import CONFIGS, make_model, maxdiff, tokens
 from lrt_lab import MemoryConfig, preset
 from lrt_lab.core.baselines import LoopTransformer
 from lrt_lab.run.decode import Decoder
+from lrt_lab.run.execution import rollout_memory
 from lrt_lab.run.registry import parse_schedule
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import (
@@ -20,7 +21,6 @@ from lrt_lab.run.schedules import (
     Interleaved,
     OnePass,
     Rollout,
-    rollout_memory,
 )
 
 T = 10

@@ -1,7 +1,7 @@
 """Analysis tools: what the memory carries (probes), how much of exact recurrence a parallel
-trainer recovers (gap), how sequential the learned recurrence is (convergence), how many passes
-each ordering of the solvers needs to reach exact decoding (exactness), whether the memory map
-contracts (contraction), how close each trainer's gradient is to exact BPTT's (gradient), how
+schedule recovers (gap), how sequential the learned recurrence is (convergence), how many passes
+each schedule's sweep needs to reach exact decoding (exactness), whether the memory map
+contracts (contraction), how close each schedule's gradient is to exact BPTT's (gradient), how
 much depth the memory is worth (depth), and seed statistics (stats).
 
 Each tool writes tables into the run store: per-run tables with `Run.write_table` (probe_<decoding>,
@@ -38,12 +38,13 @@ _LAZY = {
     ),
     **dict.fromkeys(
         (
-            "default_orderings",
+            "default_sweep_schedules",
             "exactness_run",
             "exactness_trace",
-            "ordering_stages",
             "passes_to_exactness",
             "plot_exactness",
+            "sweep_spec",
+            "sweep_stages",
         ),
         "lrt_lab.analysis.exactness",
     ),

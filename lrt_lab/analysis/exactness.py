@@ -1,21 +1,26 @@
-"""Passes to exactness: how many sweeps (and how much wall clock) each ordering of the parallel
-solvers needs to reach exact recurrent decoding on a trained model, and what happens when it is
-iterated far past its training depth.
+"""Passes to exactness: how many sweeps (and how much wall clock) each schedule's sweep needs to
+reach exact recurrent decoding on a trained model, and what happens when it is iterated far past
+its training depth.
 
-Every trainer solves one recurrence m_t = F(x_<=t, m_<t) (paper sec. 3): a sweep recomputes every
-position once, in some order, against the shared buffer, starting from the init pass (sweep 0,
-zero memory). The orderings compared here:
+Every schedule solves one recurrence m_t = F(x_<=t, m_<t) (paper sec. 3): a sweep recomputes
+every position once, in some order, against the shared buffer, starting from the init pass (sweep
+0, zero memory). A schedule is named by its registry spelling (`lrt_lab.run.registry`), and its
+sweep is the one it states (`Schedule.sweep(T)`), iterated here from the init pass:
 
-    jacobi      one stage over all positions per sweep (FullSequence's refinements, sec. 3.1)
-    gs:S        Gauss-Seidel over the S strided groups {t : t % S == g} in order (Interleaved(S)
-                is one such sweep, sec. 3.1; GaussSeidel(S, N) is N)
-    chunks:C    contiguous chunks of C positions in order (Chunked's stages, sec. 3.2, iterated
-                from the init pass: block Gauss-Seidel with Jacobi inside each block)
+    fullseq:1       one stage over all positions per sweep (Jacobi: FullSequence's refinements,
+                    sec. 3.1; fixedpoint and rollout sweep the same way)
+    interleaved:S   Gauss-Seidel over the S strided groups {t : t % S == g} in order
+                    (Interleaved(S) is one such sweep, sec. 3.1; GaussSeidel(S, N) is N)
+    chunked:C       contiguous chunks of C positions in order (Chunked's stages, sec. 3.2,
+                    iterated from the init pass: block Gauss-Seidel with Jacobi inside each block)
+
+The earlier spellings `jacobi`, `gs:S` and `chunks:C` still read, with a DeprecationWarning that
+names the spec they stand for (`LEGACY`); so do tables stored with an `ordering` column.
 
 With lag 1, every sweep makes at least one more position exact (Jacobi: position t after t
-sweeps; gs:S: the positions below n*S after n sweeps), so every ordering is exact after T sweeps
-at the latest; the question is how much sooner the error is negligible, and whether it falls
-steadily on the way (a contracting map) or first grows (an expanding one:
+sweeps; interleaved:S: the positions below n*S after n sweeps), so every sweep is exact after T
+sweeps at the latest; the question is how much sooner the error is negligible, and whether it
+falls steadily on the way (a contracting map) or first grows (an expanding one:
 lrt_lab.run.contraction_monitor).
 
 `exactness_trace` records, after each sweep: the largest |log p - log p_exact| over the batch
@@ -29,40 +34,63 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 
 import pandas as pd
 import torch
 
 from lrt_lab.analysis.loading import as_run, eval_batch, load_model, load_task
 from lrt_lab.core.loss import IGNORE_INDEX, cross_entropy
+from lrt_lab.run.execution import run_stages
+from lrt_lab.run.registry import as_schedule
 from lrt_lab.run.runner import run_schedule
-from lrt_lab.run.schedules import Exact, run_stages, strided_groups
+from lrt_lab.run.schedules import Exact
 
 LOGIT_TOL = 1e-3  # nats: log-probabilities this close to exact decoding's count as exact
 LOSS_EPS = 1e-3  # nats per token: a loss this close to exact decoding's counts as reached
+# The spellings this analysis had before it read schedule specs: name -> the spec they stand for.
+LEGACY = {"jacobi": "fullseq:1", "gs": "interleaved:{}", "chunks": "chunked:{}"}
 
 
-def ordering_stages(ordering: str, T: int) -> list[range]:
-    """The stages of one sweep of `ordering` ("jacobi", "gs:S" or "chunks:C") over T positions."""
-    kind, _, arg = ordering.partition(":")
-    allowed = "jacobi, gs:S (1 <= S <= T) or chunks:C (C >= 1)"
-    if kind == "jacobi" and not arg:
-        return [range(0, T)]
-    if kind in ("gs", "chunks") and arg.isdigit() and int(arg) >= 1:
-        n = int(arg)
-        if kind == "gs":
-            if n > T:
-                raise ValueError(f"ordering={ordering!r} is invalid for T={T}; allowed: {allowed}")
-            return strided_groups("gs", n, T)
-        return [range(a, min(a + n, T)) for a in range(0, T, n)]
-    raise ValueError(f"ordering={ordering!r} is invalid; allowed: {allowed}")
+def sweep_spec(spec: str) -> str:
+    """The canonical schedule spec of `spec`, an earlier spelling (`jacobi`, `gs:S`, `chunks:C`)
+    translated with a DeprecationWarning that names the spec to write instead."""
+    if not isinstance(spec, str):
+        raise ValueError(f"schedule={spec!r} is invalid; allowed: a schedule spec (fullseq:1)")
+    name, _, arg = spec.strip().partition(":")
+    if name in LEGACY and (name == "jacobi") == (not arg):
+        new = LEGACY[name].format(arg)
+        warnings.warn(
+            f"schedule {spec!r} is an earlier spelling; write {new!r}",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        spec = new
+    return as_schedule(spec).spec
 
 
-def default_orderings(T: int) -> list[str]:
-    """Jacobi, Gauss-Seidel over S = 2, 4, 8, 16 strided groups and chunks of T/8 and T/2."""
-    gs = [f"gs:{S}" for S in (2, 4, 8, 16) if S < T]
-    chunks = sorted({f"chunks:{C}" for C in (max(T // 8, 2), max(T // 2, 2)) if C < T})
-    return ["jacobi", *gs, *chunks]
+def sweep_stages(spec: str, T: int) -> list[range]:
+    """The stages of one sweep of schedule `spec` (a registry spelling) over T positions."""
+    schedule = as_schedule(sweep_spec(spec))
+    try:
+        return schedule.sweep(T)
+    except ValueError as e:
+        raise ValueError(f"schedule={spec!r} is invalid for T={T}: {e}") from None
+
+
+def default_sweep_schedules(T: int) -> list[str]:
+    """Jacobi (fullseq:1), Gauss-Seidel over S = 2, 4, 8, 16 strided groups (interleaved:S) and
+    chunks of T/8 and T/2 (chunked:C)."""
+    gs = [f"interleaved:{S}" for S in (2, 4, 8, 16) if S < T]
+    chunks = sorted({f"chunked:{C}" for C in (max(T // 8, 2), max(T // 2, 2)) if C < T})
+    return ["fullseq:1", *gs, *chunks]
+
+
+def _by_schedule(trace: pd.DataFrame) -> pd.DataFrame:
+    """A trace with its `schedule` column: tables stored before it named it `ordering`."""
+    if "schedule" not in trace.columns and "ordering" in trace.columns:
+        return trace.rename(columns={"ordering": "schedule"})
+    return trace
 
 
 def _same_state(a, b) -> bool:
@@ -77,12 +105,12 @@ def exactness_trace(
     model,
     inputs: torch.Tensor,
     targets: torch.Tensor | None,
-    ordering: str,
+    schedule: str,
     max_sweeps: int,
 ) -> pd.DataFrame:
-    """Tidy table (ordering, sweep, stages, logit_error, memory_error, loss, loss_gap, wall_s,
-    repeated) of `max_sweeps` sweeps of `ordering` on `inputs` (B, T) after the init pass
-    (sweep 0). wall_s: the cumulative wall clock of the stages run so far (the init pass
+    """Tidy table (schedule, sweep, stages, logit_error, memory_error, loss, loss_gap, wall_s,
+    repeated) of `max_sweeps` sweeps of `schedule`'s sweep (a spec) on `inputs` (B, T) after the
+    init pass (sweep 0). wall_s: the cumulative wall clock of the stages run so far (the init pass
     included; the error measurements excluded)."""
     if model.config.memory is None:
         raise ValueError(
@@ -93,14 +121,15 @@ def exactness_trace(
     was_training = model.training
     model.eval()
     try:
-        return _trace(model, inputs, targets, ordering, max_sweeps)
+        return _trace(model, inputs, targets, schedule, max_sweeps)
     finally:
         model.train(was_training)
 
 
-def _trace(model, x, y, ordering, max_sweeps) -> pd.DataFrame:
+def _trace(model, x, y, schedule, max_sweeps) -> pd.DataFrame:
     T = x.size(1)
-    stages = ordering_stages(ordering, T)
+    spec = sweep_spec(schedule)
+    stages = sweep_stages(spec, T)
     exact = run_schedule(model, x, None, Exact())
     ref_logp, m_star = exact.logits.double().log_softmax(-1), exact.buffer.mem.double()
     scale = m_star.norm(dim=-1).square().mean().sqrt().clamp(min=1e-30)
@@ -110,7 +139,7 @@ def _trace(model, x, y, ordering, max_sweeps) -> pd.DataFrame:
         diff = (logits.double().log_softmax(-1) - ref_logp).abs()
         loss = float(cross_entropy(logits, y)) if y is not None else math.nan
         return {
-            "ordering": ordering,
+            "schedule": spec,
             "sweep": sweep,
             "stages": len(stages),
             "logit_error": float(diff.max()),
@@ -173,16 +202,16 @@ def passes_to_exactness(
     loss_eps: float = LOSS_EPS,
     at: tuple[int, ...] = (30, 1000),
 ) -> pd.DataFrame:
-    """Per ordering: the first sweep (and its cumulative wall clock) at which (a) the logits are
+    """Per schedule: the first sweep (and its cumulative wall clock) at which (a) the logits are
     within logit_tol nats of exact decoding's everywhere and (b) the loss within loss_eps of
     exact decoding's (NaN: not within the trace), and the behaviour at each sweep count in `at`."""
     rows = []
-    for ordering, sub in trace.groupby("ordering", sort=False):
+    for schedule, sub in _by_schedule(trace).groupby("schedule", sort=False):
         sub = sub.sort_values("sweep")
         sweeps_logits, wall_logits = _first(sub, sub["logit_error"] <= logit_tol)
         sweeps_loss, wall_loss = _first(sub, sub["loss_gap"].abs() <= loss_eps)
         row = {
-            "ordering": ordering,
+            "schedule": schedule,
             "stages_per_sweep": int(sub["stages"].iloc[0]),
             "sweeps_to_logits": sweeps_logits,
             "wall_s_to_logits": wall_logits,
@@ -195,17 +224,17 @@ def passes_to_exactness(
 
 
 def plot_exactness(trace: pd.DataFrame, title: str | None = None, logit_tol: float = LOGIT_TOL):
-    """Left: logit error against sweeps, one line per ordering (log-log; sweep 0 drawn at 0.5).
+    """Left: logit error against sweeps, one line per schedule (log-log; sweep 0 drawn at 0.5).
     Right: the same against cumulative wall clock."""
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
     floor = 1e-12
-    for ordering, sub in trace.groupby("ordering", sort=False):
+    for schedule, sub in _by_schedule(trace).groupby("schedule", sort=False):
         sub = sub[~sub["repeated"]].sort_values("sweep")
         err = sub["logit_error"].clip(lower=floor)
-        a.loglog(sub["sweep"].clip(lower=0.5), err, "o-", ms=2.5, label=ordering)
-        b.loglog(sub["wall_s"], err, "o-", ms=2.5, label=ordering)
+        a.loglog(sub["sweep"].clip(lower=0.5), err, "o-", ms=2.5, label=schedule)
+        b.loglog(sub["wall_s"], err, "o-", ms=2.5, label=schedule)
     for ax in (a, b):
         ax.axhline(logit_tol, color="grey", lw=0.7, ls=":")
         ax.set_ylabel("max |log p - log p_exact| (nats)")
@@ -220,16 +249,16 @@ def plot_exactness(trace: pd.DataFrame, title: str | None = None, logit_tol: flo
 
 def exactness_run(
     run,
-    orderings: list[str] | None = None,
+    schedules: list[str] | None = None,
     max_sweeps: int = 30,
     n_sequences: int = 16,
     length: int | None = None,
     write: bool = True,
     eval_seed: int = 1,
 ) -> pd.DataFrame:
-    """exactness_trace of each ordering on a trained run (latest checkpoint) and a held-out batch
-    of its task; writes tables/exactness.csv into the run when write=True (at another length
-    than the training length: tables/exactness_L<T>.csv)."""
+    """exactness_trace of each schedule's sweep (specs) on a trained run (latest checkpoint) and a
+    held-out batch of its task; writes tables/exactness.csv into the run when write=True (at
+    another length than the training length: tables/exactness_L<T>.csv)."""
     run = as_run(run)
     model = load_model(run)
     T = length or run.config["train"]["length"]
@@ -237,11 +266,11 @@ def exactness_run(
     targets = batch.targets
     if getattr(batch, "loss_mask", None) is not None:  # as the training loop masks them
         targets = targets.masked_fill(~batch.loss_mask.bool(), IGNORE_INDEX)
-    orderings = orderings or default_orderings(T)
-    for o in orderings:  # every spelling checked before any sweep runs
-        ordering_stages(o, T)
+    schedules = [sweep_spec(s) for s in schedules or default_sweep_schedules(T)]
+    for s in schedules:  # every spelling checked before any sweep runs
+        sweep_stages(s, T)
     table = pd.concat(
-        [exactness_trace(model, batch.inputs, targets, o, max_sweeps) for o in orderings],
+        [exactness_trace(model, batch.inputs, targets, s, max_sweeps) for s in schedules],
         ignore_index=True,
     )
     table.insert(0, "run", run.name)

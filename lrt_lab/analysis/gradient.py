@@ -40,16 +40,7 @@ from lrt_lab.analysis.loading import as_run, eval_batch, load_model, load_task
 from lrt_lab.core.loss import IGNORE_INDEX
 from lrt_lab.run.registry import as_schedule
 from lrt_lab.run.runner import run_schedule
-from lrt_lab.run.schedules import (
-    Chunked,
-    Exact,
-    FixedPoint,
-    FixedPointMeasured,
-    FullSequence,
-    GaussSeidel,
-    Interleaved,
-    Rollout,
-)
+from lrt_lab.run.schedules import Exact
 
 GROUPS = ("memory", "attention", "mlp", "embed_head")  # the pass criterion's groups
 _PATTERNS = (
@@ -72,28 +63,10 @@ def group_of(name: str) -> str:
 def sweeps_of(schedule, T: int, measured=None) -> tuple[str, float, float]:
     """(family, F, G) of a schedule on T positions: F forward sweeps after the init pass, G of
     them differentiated (module docstring); NaN where the schedule has no sweeps (Exact,
-    Chunked). `measured`: the run's Measured (FixedPoint may stop before max_sweeps)."""
-    if isinstance(schedule, FixedPoint):
-        F = measured.sweeps if isinstance(measured, FixedPointMeasured) else schedule.max_sweeps
-        return f"fixedpoint G={schedule.grad_sweeps}", float(F), float(min(schedule.grad_sweeps, F))
-    if isinstance(schedule, Rollout):
-        G = schedule.grad_sweeps
-        return "rollout", float(T + G), float(G)
-    if isinstance(schedule, FullSequence):
-        return "fullseq", float(schedule.K), float(schedule.K)
-    if isinstance(schedule, GaussSeidel):
-        return (
-            f"gaussseidel S={schedule.S} G={schedule.grad_sweeps}",
-            float(schedule.sweeps),
-            float(schedule.grad_sweeps),
-        )
-    if isinstance(schedule, Interleaved):
-        return f"interleaved S={schedule.S}", 1.0, 1.0
-    if isinstance(schedule, Exact):
-        return "exact", math.nan, math.nan
-    if isinstance(schedule, Chunked):
-        return f"chunked C={schedule.C}", math.nan, math.nan
-    return schedule.spec, math.nan, math.nan
+    Chunked). `measured`: the run's Measured (FixedPoint may stop before max_sweeps). The
+    schedule says all three itself (`Schedule.family`, `Schedule.solver_sweeps`)."""
+    F, G = schedule.solver_sweeps(T, measured)
+    return schedule.family, float(F), float(G)
 
 
 def default_schedules(T: int) -> list[str]:

@@ -7,7 +7,7 @@ an analysis on a run store, print its tables, write them (and a PNG of the plot)
     lrt-lab analyze depth runs/depth --targets 4,8
     lrt-lab analyze convergence runs/gap/RUN_A --tols 0.1,0.01
     lrt-lab analyze gradient runs/gap/RUN_A --schedules fixedpoint:0:4:1,gaussseidel:2:4
-    lrt-lab analyze exactness runs/gap/RUN_A --orderings jacobi,gs:4,chunks:8 --sweeps 30
+    lrt-lab analyze exactness runs/gap/RUN_A --schedules fullseq:1,interleaved:4 --sweeps 30
     lrt-lab analyze contraction runs/gap/RUN_A
     lrt-lab analyze scaling experiments/scaling_runs --x flops
     lrt-lab analyze contraction runs/RUN --plugin my_ext.py   # a run of one's own mechanism
@@ -211,7 +211,7 @@ def build_parser() -> Parser:
     )
     ex = sub.add_parser(
         "exactness",
-        help="sweeps and wall clock each ordering needs to reach exact decoding "
+        help="sweeps and wall clock each schedule's sweep needs to reach exact decoding "
         "(tables/exactness.csv + <run>/exactness.png)",
         description="On a run's latest checkpoint and a held-out batch: Jacobi sweeps, "
         "Gauss-Seidel over S strided groups and contiguous chunks, each iterated from the init "
@@ -221,11 +221,14 @@ def build_parser() -> Parser:
     )
     ex.add_argument("run", metavar="RUN", help="a run folder (with a checkpoint)")
     ex.add_argument(
-        "--orderings",
+        "--schedules",
+        "--orderings",  # the earlier name, kept working
+        dest="schedules",
         default=None,
-        metavar="O[,O...]",
-        help="jacobi, gs:S, chunks:C, comma-separated (default: jacobi, gs:2,4,8,16 and chunks "
-        "of T/8 and T/2)",
+        metavar="SPEC[,SPEC...]",
+        help="schedules whose sweep to iterate, comma-separated: fullseq:1 (Jacobi), "
+        "interleaved:S, chunked:C, ... (default: fullseq:1, interleaved:2,4,8,16 and chunked "
+        "of T/8 and T/2; the earlier jacobi, gs:S, chunks:C still read)",
     )
     ex.add_argument(
         "--sweeps",
@@ -480,11 +483,12 @@ def _analyze(a) -> int:
             plot_exactness,
             table_name,
         )
+        from lrt_lab.run.registry import split_spellings
 
         run = as_run(a.run)
-        orderings = [o.strip() for o in a.orderings.split(",")] if a.orderings else None
+        specs = [s.strip() for s in split_spellings([a.schedules])] if a.schedules else None
         trace = exactness_run(
-            run, orderings, max_sweeps=a.sweeps, n_sequences=a.n_sequences, length=a.length
+            run, specs, max_sweeps=a.sweeps, n_sequences=a.n_sequences, length=a.length
         )
         print(run.name)
         at = tuple(k for k in (1, 2, 4, 8, 30, 1000) if k <= a.sweeps)

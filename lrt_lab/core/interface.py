@@ -127,13 +127,16 @@ class Forwards(NamedTuple):
 
 @runtime_checkable
 class Schedule(Protocol):
-    """An order of stages over one buffer: a trainer, a prefill strategy (`lrt_lab.run.schedules`).
+    """A way to run the stages: an order of stages over one buffer, to train with or to prefill
+    with (`lrt_lab.run.schedules`).
 
     `run_schedule` resolves a spelling through the registry (`lrt_lab.run.registry`), makes the
     model's empty buffer, calls `run`, assembles each position's final logits from the last stage
-    that computed it and forms the loss with the weights `run` returned. Any object with these
-    members runs; deriving from `lrt_lab.run.schedules.StagedSchedule` gives all of them but
-    `stages` and `cost` (docs/extending.md, "Add a trainer").
+    that computed it and forms the loss with the weights `run` returned. The analyses and the
+    evaluation ask a schedule what it is through these members (`sweep`, `solver_sweeps`,
+    `family`, `causal`), never by its class. Any object with these members runs; deriving from
+    `lrt_lab.run.schedules.StagedSchedule` gives all of them but `stages` and `cost`
+    (docs/extending.md, "Add a schedule").
     """
 
     @property
@@ -151,6 +154,31 @@ class Schedule(Protocol):
     def exact(self) -> bool:
         """Whether it computes one position per stage, so its forward is exact recurrent
         decoding (an analysis then need not decode again)."""
+        ...
+
+    @property
+    def causal(self) -> bool:
+        """Whether a position's logits depend on the tokens up to it only, so a right-padded
+        sequence gives the same logits before the padding (evaluation pads to bucketed shapes
+        only then)."""
+        ...
+
+    @property
+    def family(self) -> str:
+        """Its name with the number of sweeps left out (`gaussseidel S=2 G=1`, `fullseq`): the
+        schedules that differ only in how often they iterate, one curve of an analysis."""
+        ...
+
+    def sweep(self, T: int) -> list[range]:
+        """The stages of one sweep of its iteration over T positions: every position once, in
+        the order it recomputes them after the init pass (Jacobi `[range(0, T)]`, Interleaved's
+        strided groups, Chunked's chunks); ValueError for a schedule that iterates none."""
+        ...
+
+    def solver_sweeps(self, T: int, measured: Measured | None = None) -> tuple[float, float]:
+        """(F, G) as a solver of m_t = F(x_<=t, m_<t) on T positions: the forward sweeps after
+        the init pass, and how many of them carry a gradient; NaN for one that does not iterate
+        (OnePass, Chunked, Exact). `measured`: what its run measured, where the data decides."""
         ...
 
     def stages(self, T: int) -> list[range]:

@@ -14,6 +14,8 @@ inference tensors: read them freely; to backpropagate through one, clone it firs
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from lrt_lab.core.buffer import compute_dtype
@@ -104,9 +106,18 @@ class Decoder:
             )
 
     @torch.inference_mode()
-    def prefill(self, prompt_idx: torch.Tensor, strategy=None) -> torch.Tensor:
-        """Run `strategy` (default OnePass) on the prompt, fill the cache; returns the last
-        logits (B, V)."""
+    def prefill(self, prompt_idx: torch.Tensor, schedule=None, *, strategy=None) -> torch.Tensor:
+        """Run `schedule` (a schedule or its spelling; default OnePass) on the prompt, fill the
+        cache; returns the last logits (B, V). `strategy=` is its earlier name (deprecated)."""
+        if strategy is not None:
+            warnings.warn(
+                "Decoder.prefill(strategy=) is deprecated; use schedule=",
+                DeprecationWarning,
+                stacklevel=3,  # the caller's line, past inference_mode's wrapper
+            )
+            if schedule is not None:
+                raise ValueError("prefill takes schedule= or strategy=, not both")
+            schedule = strategy
         self._check_tokens(prompt_idx, "prompt_idx", 2)
         if self.cache.length:
             raise ValueError(
@@ -117,7 +128,7 @@ class Decoder:
                 f"prompt of {prompt_idx.size(1)} tokens exceeds max_len={self.cache.max_len}"
             )
         self._match_compute_dtype()
-        out = run_schedule(self.model, prompt_idx, None, strategy or OnePass())
+        out = run_schedule(self.model, prompt_idx, None, schedule or OnePass())
         self.cache.load(out.buffer, prompt_idx)
         return out.logits[:, -1]
 

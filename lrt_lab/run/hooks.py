@@ -27,7 +27,7 @@ so
 a new mechanism's internal values are hookable without touching the backbone.
 
 Because hook points are modules called by every stage, one mechanism serves every training
-schedule, prefill strategy and decoding step. Each call passes the stage's positions as the keyword
+schedule, prefill schedule and decoding step. Each call passes the stage's positions as the keyword
 `positions` (a range), so a hook knows which sequence positions its rows are:
 
     with hooks(model, {"hook_mem_in": zero_at(range(5, 9))}):   # ablate the memory read at 5..8

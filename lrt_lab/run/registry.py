@@ -10,10 +10,12 @@ line loads with `--plugin FILE` (`lrt_lab.core.plugins`); an installed package c
 module under the entry point group `lrt_lab.schedules`, loaded the first time a spelling is not
 found, so sweep workers in new processes know them too.
 
-The built-in schedules (`lrt_lab.run.schedules`, which imports torch) join the table when a
-schedule is first parsed; their spellings are also stated here (`BUILTIN_SPELLINGS`, held equal
-to the registrations by the tests), so the command line's help and the refusal of an unknown name
-answer without importing torch.
+The built-in schedules (`lrt_lab.run.schedules`: their specs, which import no torch; how they run
+is `lrt_lab.run.execution`) join the table when a schedule is first parsed, so parsing a
+spelling, and refusing a bad one, loads no torch; their spellings are also stated here
+(`BUILTIN_SPELLINGS`, held equal to the registrations by the tests), so the command line's help
+and the refusal of an unknown name answer without importing even the specs. A schedule
+registered outside the package may import torch.
 """
 
 from __future__ import annotations
@@ -39,6 +41,20 @@ BUILTIN_SPELLINGS = (
     "exact",
     "fixedpoint:TOL:MAX[:G]",
     "rollout[:G]",
+)
+# What `as_schedule` names when an object is not a schedule (lrt_lab.core.interface.Schedule).
+PROTOCOL_MEMBERS = (
+    "spec",
+    "cost",
+    "exact",
+    "causal",
+    "family",
+    "stages",
+    "stage_weights",
+    "sweep",
+    "solver_sweeps",
+    "run",
+    "forwards",
 )
 BUILTIN_NAMES = tuple(s.split(":")[0].split("[")[0] for s in BUILTIN_SPELLINGS)
 
@@ -182,11 +198,7 @@ def as_schedule(schedule) -> Schedule:
     if isinstance(schedule, str):
         return parse_schedule(schedule)
     if not isinstance(schedule, Schedule):
-        missing = [
-            m
-            for m in ("spec", "cost", "exact", "stages", "stage_weights", "run", "forwards")
-            if not hasattr(schedule, m)
-        ]
+        missing = [m for m in PROTOCOL_MEMBERS if not hasattr(schedule, m)]
         raise ValueError(
             f"schedule={schedule!r} is invalid (it lacks {', '.join(missing)}); "
             "allowed: a schedule (lrt_lab.core.interface.Schedule, e.g. Interleaved(2)) "

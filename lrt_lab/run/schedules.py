@@ -1,4 +1,4 @@
-"""Training schedules and prefill strategies: orders of stages over a shared buffer.
+"""Schedules: orders of stages over a shared buffer, for training and for prefill.
 
 | schedule            | stages (position sets)                     | loss                         |
 |---------------------|--------------------------------------------|------------------------------|
@@ -23,35 +23,59 @@ come from the last stage that computed it. In the limit,
 Interleaved(S=T) == GaussSeidel(S=T, N) == FullSequence(K=T) == Chunked(1) == Exact ==
 token-by-token decoding; the test suite holds those equalities in float64.
 
-Every schedule satisfies `lrt_lab.core.interface.Schedule`: `spec`, `cost`, `stages(T)`,
-`stage_weights(T)`, `forwards(model, T)` and `run(model, idx, buffer)`. Those whose stages are
-known up front derive from `StagedSchedule`, whose `run` runs `stages(T)` in order; FixedPoint and
-Rollout decide their stages as they go and write their own `run`, returning what they measured
-as a typed `Measured`. Each class joins the registry (`lrt_lab.run.registry`) with its spelling.
+Every schedule satisfies `lrt_lab.core.interface.Schedule`: it describes itself (`spec`, `cost`,
+`exact`, `causal`, `family`, `stages(T)`, `stage_weights(T)`, `sweep(T)`, `solver_sweeps(T)`,
+`forwards(model, T)`) and runs (`run(model, idx, buffer)`), so the analyses ask a schedule what it
+is instead of testing its class. Those whose stages are known up front derive from
+`StagedSchedule`, whose `run` runs `stages(T)` in order; FixedPoint and Rollout decide their
+stages as they go and return what they measured as a typed `Measured`. Each class joins the
+registry (`lrt_lab.run.registry`) with its spelling.
+
+This module is the schedules' spec (fields, spelling, validation, stages, costs) and imports no
+torch, so a spelling parses, and a bad one is refused, without loading it (a contract in
+pyproject.toml, and tests/test_plugins.py at run time). How they run on a model is
+`lrt_lab.run.execution`, which `run` imports the first time a schedule runs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import time
+import importlib
+import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-
-from lrt_lab.core.buffer import compute_dtype
-from lrt_lab.core.interface import Forwards, Measured, ScheduleRun
+from lrt_lab.core.interface import Forwards
 from lrt_lab.core.validation import check_int, check_number, is_number
 from lrt_lab.run.registry import register_schedule
+
+if TYPE_CHECKING:
+    import torch
+
+    from lrt_lab.core.interface import ScheduleRun
+
+NO_SWEEPS = (math.nan, math.nan)  # solver_sweeps of a schedule that does not iterate (Chunked)
+
+
+def _execution():
+    """`lrt_lab.run.execution` (torch), imported when a schedule first runs, not with this module:
+    an import statement here would tie the spec to torch (for the import contract as at run
+    time), so it is imported by name, as the registry imports this module."""
+    return importlib.import_module("lrt_lab.run.execution")
 
 
 class StagedSchedule:
     """A schedule whose stages are known before it runs: a subclass (a frozen dataclass) gives
     `stages(T)` and `cost`; this base runs the stages in order, weighs their losses uniformly
-    and spells the schedule from its registered name and fields (`interleaved:2`)."""
+    and spells the schedule from its registered name and fields (`interleaved:2`). It answers
+    for a schedule that does not iterate one sweep: `solver_sweeps` NaN, `family` its spec,
+    `sweep` refused (a subclass that iterates one says so)."""
 
     name = ""  # set by register_schedule
     exact = False
+    # A position's logits read only the tokens up to it: the stages of a prefix of the sequence
+    # are those of the whole sequence restricted to it, so right padding changes nothing before it.
+    causal = True
 
     def stages(self, T: int) -> list[range]:
         raise NotImplementedError
@@ -70,25 +94,26 @@ class StagedSchedule:
             [self.name, *(f"{v:g}" if isinstance(v, float) else str(v) for v in values)]
         )
 
+    @property
+    def family(self) -> str:
+        return self.spec
+
+    def sweep(self, T: int) -> list[range]:
+        raise ValueError(
+            f"schedule={self.spec!r} is invalid here: it does not iterate a sweep over the "
+            "positions; allowed: a schedule with one (fullseq, interleaved, gaussseidel, chunked, "
+            "exact, fixedpoint, rollout)"
+        )
+
+    def solver_sweeps(self, T: int, measured=None) -> tuple[float, float]:
+        return NO_SWEEPS
+
     def forwards(self, model, T: int) -> Forwards:
         """Every stage differentiated: the positions it computes per token."""
         return Forwards(sum(len(P) for P in self.stages(T)) / T)
 
     def run(self, model, idx: torch.Tensor, buffer) -> ScheduleRun:
-        T = idx.size(1)
-        stages = self.stages(T)
-        stage_logits, buffer = run_stages(model, idx, stages, buffer)
-        return ScheduleRun(stages, stage_logits, self.stage_weights(T), buffer, Measured(self.cost))
-
-
-def run_stages(model, idx: torch.Tensor, stages: list[range], buffer):
-    """([logits at each stage's positions], the final buffer): the stages in order, each reading
-    the buffer the ones before it wrote."""
-    stage_logits = []
-    for P in stages:
-        logits_P, buffer = model.stage(idx[:, P.start : P.stop : P.step], P, buffer)
-        stage_logits.append(logits_P)
-    return stage_logits, buffer
+        return _execution().run_staged(self, model, idx, buffer)
 
 
 @register_schedule("onepass")
@@ -120,6 +145,16 @@ class Interleaved(StagedSchedule):
     @property
     def cost(self) -> float:
         return 2.0  # one init pass + the S subsets that recompute the sequence once
+
+    @property
+    def family(self) -> str:
+        return f"interleaved S={self.S}"
+
+    def sweep(self, T: int) -> list[range]:
+        return strided_groups("Interleaved", self.S, T)
+
+    def solver_sweeps(self, T: int, measured=None) -> tuple[float, float]:
+        return 1.0, 1.0  # the groups recompute every position once, differentiated
 
 
 def strided_groups(owner: str, S: int, T: int) -> list[range]:
@@ -189,16 +224,23 @@ class GaussSeidel(StagedSchedule):
         g = f":{self.grad_sweeps}" if self.grad_sweeps != 1 else ""
         return f"gaussseidel:{self.S}:{self.sweeps}{g}"
 
+    @property
+    def family(self) -> str:
+        return f"gaussseidel S={self.S} G={self.grad_sweeps}"
+
+    def sweep(self, T: int) -> list[range]:
+        return strided_groups("GaussSeidel", self.S, T)
+
+    def solver_sweeps(self, T: int, measured=None) -> tuple[float, float]:
+        return float(self.sweeps), float(self.grad_sweeps)
+
     def forwards(self, model, T: int) -> Forwards:
         inference = sum(len(P) for P in self.stages_without_grad(T)) / T
         return Forwards(super().forwards(model, T).differentiated, inference)
 
     def run(self, model, idx: torch.Tensor, buffer) -> ScheduleRun:
         warm = self.stages_without_grad(idx.size(1))
-        if warm:
-            with torch.no_grad():
-                _, buffer = run_stages(model, idx, warm, buffer)
-        return super().run(model, idx, buffer)
+        return _execution().run_staged(self, model, idx, buffer, warm)
 
 
 def _parse_fullseq(args: list[str]) -> FullSequence:
@@ -252,6 +294,16 @@ class FullSequence(StagedSchedule):
         w = "" if self.weights is None else ":" + ",".join(f"{x:g}" for x in self.weights)
         return f"fullseq:{self.K}{w}"
 
+    @property
+    def family(self) -> str:
+        return "fullseq"
+
+    def sweep(self, T: int) -> list[range]:
+        return [range(0, T)]  # Jacobi: every position at once
+
+    def solver_sweeps(self, T: int, measured=None) -> tuple[float, float]:
+        return float(self.K), float(self.K)
+
 
 register_schedule("fullseq:K[:w0,w1,...]", parse=_parse_fullseq)(FullSequence)
 
@@ -262,7 +314,9 @@ class Chunked(StagedSchedule):
     """Paper sec. 3.2: contiguous chunks in order; memory crosses only chunk boundaries.
 
     Where the model allows it (`LRT.exact_split`: C <= the memory's exact chunk), the blocks above
-    the source layer run once for all positions after the chunks (`_run_split`)."""
+    the source layer run once for all positions after the chunks (`execution.run_chunked`).
+    One pass, no init: it does not iterate a sweep (`solver_sweeps` NaN), but its chunks, iterated
+    from an init pass, are a block Gauss-Seidel sweep (`sweep`)."""
 
     C: int = 64
 
@@ -284,14 +338,15 @@ class Chunked(StagedSchedule):
         """One position per stage: its parallel forward is exact recurrent decoding."""
         return self.C == 1
 
+    @property
+    def family(self) -> str:
+        return f"chunked C={self.C}"
+
+    def sweep(self, T: int) -> list[range]:
+        return self.stages(T)
+
     def run(self, model, idx: torch.Tensor, buffer) -> ScheduleRun:
-        split = model.exact_split(self.C)
-        if split is None:
-            return super().run(model, idx, buffer)
-        stages = self.stages(idx.size(1))
-        logits, buffer = _run_split(model, idx, stages, split, buffer)
-        stage_logits = [logits[:, P.start : P.stop] for P in stages]
-        return ScheduleRun(stages, stage_logits, None, buffer, Measured(self.cost), logits)
+        return _execution().run_chunked(self, model, idx, buffer)
 
 
 @register_schedule("exact")
@@ -301,32 +356,9 @@ class Exact(Chunked):
 
     C: int = field(default=1, init=False)
 
-
-def _run_split(model, idx: torch.Tensor, stages: list[range], split: int, buffer):
-    """Exact with the blocks above the source layer deferred: blocks [0, split) stage by stage
-    (the recurrence), then blocks [split, L) for all positions in one causal stage that
-    reads the finished memory m_{t-1}. Same logits as running every block per position (tested);
-    the sequential part shrinks to split/L of the blocks."""
-    lower, upper = range(0, split), range(split, model.config.n_layer)
-    resid = []
-    for P in stages:
-        x_P, buffer = model.stage(idx[:, P.start : P.stop], P, buffer, layers=lower)
-        resid.append(x_P)
-    full = range(0, idx.size(1))
-    return model.stage(idx, full, buffer, layers=upper, resid=torch.cat(resid, dim=1))
-
-
-@dataclass
-class FixedPointMeasured(Measured):
-    """What a FixedPoint step saw, besides its cost."""
-
-    sweeps: int = 0  # sweeps run after init
-    residuals: list[float] = field(default_factory=list)  # the memory's change after each sweep
-    converged: bool = False  # whether the last change was <= tol
-    residual_per_position: torch.Tensor | None = None  # (sweeps, T): each sweep's per position
-
-    def record(self, step_s: float) -> dict:
-        return {"sweeps": self.sweeps, "residual": self.residuals[-1], "converged": self.converged}
+    @property
+    def family(self) -> str:
+        return "exact"
 
 
 @register_schedule("fixedpoint:TOL:MAX[:G]")
@@ -364,6 +396,9 @@ class FixedPoint:
 
     name = "fixedpoint"
     exact = False
+    # The stopping rule reads the whole batch's memory: padding the sequence can change how many
+    # sweeps run, and so the logits before the padding.
+    causal = False
     tol: float = 1e-3
     max_sweeps: int = 8
     grad_sweeps: int = 1
@@ -392,73 +427,27 @@ class FixedPoint:
         g = f":{self.grad_sweeps}" if self.grad_sweeps != 1 else ""
         return f"fixedpoint:{self.tol:g}:{self.max_sweeps}{g}"
 
+    @property
+    def family(self) -> str:
+        return f"fixedpoint G={self.grad_sweeps}"
+
+    def sweep(self, T: int) -> list[range]:
+        return [range(0, T)]  # FullSequence's Jacobi sweep
+
+    def solver_sweeps(self, T: int, measured=None) -> tuple[float, float]:
+        """The sweeps the run took (`measured`, its FixedPointMeasured; it may stop before
+        max_sweeps), else max_sweeps; G no more than those."""
+        took = getattr(measured, "sweeps", None)
+        F = self.max_sweeps if took is None else took
+        return float(F), float(min(self.grad_sweeps, F))
+
     def forwards(self, model, T: int) -> Forwards:
         """The upper bound: init and every sweep differentiated."""
         return Forwards(float(self.max_sweeps + 1))
 
     def run(self, model, idx: torch.Tensor, buffer) -> ScheduleRun:
         """Drive the stages on idx from `buffer` (empty); see the class docstring."""
-        T, L = idx.size(1), model.config.n_layer
-        full = range(0, T)
-        split = model.exact_split(1)
-        stages, stage_logits, cost = [], [], [0.0]
-        residuals, per_position = [], []
-
-        def differentiated(buf):
-            logits, buf = model.stage(idx, full, buf)
-            stages.append(full)
-            stage_logits.append(logits)
-            cost[0] += 1.0
-            return buf
-
-        def memory_only(buf):  # a no_grad pass: only the blocks that feed m_t
-            if split is None:
-                _, buf = model.stage(idx, full, buf)
-            else:
-                _, buf = model.stage(idx, full, buf, layers=range(0, split))
-            cost[0] += (split or L) / L
-            return buf
-
-        def sweep(step, buf):  # -> (buffer, converged)
-            prev = buf.mem
-            buf = step(buf)
-            r, rp = memory_change(prev, buf.mem)
-            residuals.append(r)
-            per_position.append(rp)
-            return buf, r <= self.tol
-
-        converged = False
-        if self.grad_sweeps >= self.max_sweeps:  # untruncated: FullSequence(k) with a stopping rule
-            buffer = differentiated(buffer)
-            for _ in range(self.max_sweeps):
-                buffer, converged = sweep(differentiated, buffer)
-                if converged:
-                    break
-        else:
-            with torch.no_grad():
-                buffer = memory_only(buffer)
-                while len(residuals) < self.max_sweeps - self.grad_sweeps:
-                    buffer, converged = sweep(memory_only, buffer)
-                    if converged:
-                        break
-            for _ in range(self.grad_sweeps):
-                buffer, converged = sweep(differentiated, buffer)
-        measured = FixedPointMeasured(
-            cost[0], len(residuals), residuals, bool(converged), torch.stack(per_position)
-        )
-        return ScheduleRun(stages, stage_logits, [1.0] * len(stages), buffer, measured)
-
-
-@dataclass
-class RolloutMeasured(Measured):
-    """What a Rollout step saw, besides its cost."""
-
-    rollout_cost: float = 0.0  # the rollout's share of the cost (forward only)
-    rollout_s: float = 0.0  # seconds the rollout took
-    grad_sweeps: int = 1
-
-    def record(self, step_s: float) -> dict:
-        return {"rollout_share": self.rollout_s / max(step_s, 1e-9)}
+        return _execution().run_fixedpoint(self, model, idx, buffer)
 
 
 @register_schedule("rollout[:G]")
@@ -487,6 +476,7 @@ class Rollout:
 
     name = "rollout"
     exact = False  # exact logits, but through full sweeps over the rolled-out memory
+    causal = True  # the rollout and the sweeps compute each position from the ones before it
     grad_sweeps: int = 1
 
     def __post_init__(self):
@@ -507,6 +497,17 @@ class Rollout:
     def spec(self) -> str:
         return f"rollout:{self.grad_sweeps}"
 
+    @property
+    def family(self) -> str:
+        return "rollout"
+
+    def sweep(self, T: int) -> list[range]:
+        return [range(0, T)]  # the sweeps after the rollout are full-sequence ones
+
+    def solver_sweeps(self, T: int, measured=None) -> tuple[float, float]:
+        """Its twin FixedPoint(0, T+G, G): the exact rollout stands for T sweeps, then G."""
+        return float(T + self.grad_sweeps), float(self.grad_sweeps)
+
     def forwards(self, model, T: int) -> Forwards:
         """G differentiated full sweeps, and the rollout without autograd: its share of the
         stack (`exact_split`) over the positions it rolls out (none without a memory)."""
@@ -519,91 +520,10 @@ class Rollout:
     def run(self, model, idx: torch.Tensor, buffer) -> ScheduleRun:
         """Drive the rollout and the G stages on idx from `buffer` (its memory rows are replaced
         by the rollout's: every row a position reads is computed exactly)."""
-        T, L = idx.size(1), model.config.n_layer
-        start = time.perf_counter()
-        rows, layers = rollout_memory(model, idx)
-        if rows is not None and rows.is_cuda:
-            torch.cuda.synchronize(rows.device)  # the rollout's share of the step is measured
-        rollout_s = time.perf_counter() - start
-        if rows is not None:
-            buffer = buffer.with_memory_rows(rows.clone() if rows.is_inference() else rows)
-        rollout_cost = len(layers) / L * rows.size(1) / T if rows is not None else 0.0
-        full, stage_logits = range(0, T), []
-        for _ in range(self.grad_sweeps):
-            logits, buffer = model.stage(idx, full, buffer)
-            stage_logits.append(logits)
-        measured = RolloutMeasured(
-            rollout_cost + self.grad_sweeps, rollout_cost, rollout_s, self.grad_sweeps
-        )
-        stages = [full] * self.grad_sweeps
-        return ScheduleRun(stages, stage_logits, [1.0] * self.grad_sweeps, buffer, measured)
-
-
-@torch.inference_mode()
-def rollout_memory(model, idx: torch.Tensor) -> tuple[torch.Tensor | None, range]:
-    """(m_t for the positions some position reads (B, T - exact_chunk, d), exactly, as an
-    inference tensor; the blocks it ran). The last exact_chunk positions' memory is read only
-    beyond the sequence, so they are not rolled out (the sweeps that follow compute them).
-
-    One position per stage, no autograd, through the blocks that feed m_t (all blocks when the
-    source is the top one), into a `DecodeCache` that keeps every memory row: in-place writes, so
-    a stage costs the same at position 1 and at position T. (None, range(0)) for a model without a
-    memory pathway (nothing to roll out)."""
-    if model.pathway is None:
-        return None, range(0)
-    B, T = idx.shape
-    split = model.exact_split(1)
-    layers = range(0, split if split is not None else model.config.n_layer)
-    ref = next(model.parameters())
-    dtype = compute_dtype(idx.device, ref.dtype)
-    cache = model.new_decode_cache(B, T, device=idx.device, dtype=dtype, keep_memory=True)
-    with launch_bound_threads(idx.device):
-        for t in range(rolled_out_positions(model.config, T)):
-            tokens = idx[:, t : t + 1]
-            cache.append_tokens(tokens)
-            model.stage(tokens, range(t, t + 1), cache, layers=layers)
-    return cache.memory_rows(), layers
+        return _execution().run_rollout(self, model, idx, buffer)
 
 
 def rolled_out_positions(config, T: int) -> int:
     """How many positions Rollout rolls out: every one whose memory a later position of the
     sequence reads, i.e. T - exact_chunk (memory.read_offsets' nearest offset), at least one."""
     return max(1, T - config.memory.exact_chunk)
-
-
-@contextlib.contextmanager
-def launch_bound_threads(device: torch.device):
-    """Run a stretch of one-position stages on one intra-op thread (CPU only).
-
-    Their ops are tiny: a second OpenMP thread adds almost no speed and spins between them, which
-    doubles the CPU time they take (measured on 2 cores: a T=256, B=8 rollout in 258 ms wall /
-    516 ms CPU on two threads, 290 ms / 290 ms on one) and takes a core from whatever else runs.
-    The caller's thread count is restored on exit."""
-    threads = torch.get_num_threads()
-    if device.type != "cpu" or threads == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-@torch.no_grad()
-def memory_change(
-    prev: torch.Tensor | None, new: torch.Tensor | None
-) -> tuple[float, torch.Tensor]:
-    """(r, r_t): the largest change of the memory between two sweeps relative to the batch's RMS
-    memory norm (FixedPoint), and per position (T,) the largest over the batch. None is zero
-    memory."""
-    if new is None:  # no memory pathway: nothing can change
-        return 0.0, torch.zeros(0)
-    dtype = torch.promote_types(new.dtype, torch.float32)  # bf16 memory measured in fp32, fp64 kept
-    new = new.detach().to(dtype)
-    prev = torch.zeros_like(new) if prev is None else prev.detach().to(dtype)[:, : new.size(1)]
-    change = (new - prev).norm(dim=-1)  # (B, T)
-    scale = new.norm(dim=-1).square().mean().sqrt()
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    per_position = (change / scale).amax(dim=0).cpu()
-    return float(per_position.max()), per_position

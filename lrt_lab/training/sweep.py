@@ -48,15 +48,18 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from typing import TYPE_CHECKING
+
 from lrt_lab.core.validation import check_int, check_out_dir
 from lrt_lab.store.claims import RunClaimedError, claimed_by_other
-from lrt_lab.store.results import Run, first_names, write_plan
-from lrt_lab.store.study import check_arms, parse_study
-from lrt_lab.training.checkpoints import config_differences
-from lrt_lab.training.loop import TrainConfig, budgeted, prepare, train
-from lrt_lab.training.mirrors import mirror_settings
 from lrt_lab.training.stopping import StopRequest
-from lrt_lab.training.train_config import stored_train_config
+from lrt_lab.training.train_config import TrainConfig, stored_train_config
+
+# The run store (pandas), the study's statistics (scipy) and the training loop (torch) load when
+# a grid is checked or trained, not with this module: a spec's bad key or schedule is refused at
+# once (the command line's help and argument errors load none of them: tests/test_plugins.py).
+if TYPE_CHECKING:
+    from lrt_lab.store.results import Run
 
 WAIT_S = 15.0  # how often a sweep looks again at a run another process trains
 
@@ -187,6 +190,8 @@ def validate_spec(spec: dict) -> dict:
         if key in sweep and not isinstance(sweep[key], str):
             raise ValueError(f"sweep.{key}={sweep[key]!r} is invalid; allowed: a string")
     if "study" in spec:  # lrt_lab.store.study: its fields, then its arms against the grid
+        from lrt_lab.store.study import check_arms, parse_study
+
         study = parse_study(spec["study"])
         check_arms(
             study,
@@ -271,6 +276,9 @@ def run_sweep(
         raise ValueError(
             f"time_limit_s={time_limit_s!r} is invalid; allowed: a number of seconds > 0"
         )
+    from lrt_lab.store.results import Run, write_plan
+    from lrt_lab.training.mirrors import mirror_settings
+
     deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
     out = out or spec["sweep"].get("out", "runs")
     configs = checked_grid(spec, out)
@@ -322,8 +330,11 @@ def checked_grid(spec: dict, out: str) -> list[TrainConfig]:
     """The grid's configs, every run checked before the first one writes anything, and none of
     the complete ones changed by the spec (`check_unchanged`)."""
     check_out_dir("out", out)
+    grid = expand(spec)  # a bad field of the spec is refused here, before torch loads
+    from lrt_lab.training.loop import budgeted, prepare  # the model is built (on meta): torch
+
     configs = []
-    for cfg in expand(spec):
+    for cfg in grid:
         try:
             cfg = budgeted(cfg)  # a tokens-per-parameter budget sets the steps
             prepare(cfg)
@@ -338,6 +349,7 @@ def _run_elsewhere(
     configs, out, workers, threads_per_run, gpus_per_run, address, slurm, progress, mirroring
 ) -> list[Run]:
     """The runs not yet complete as Ray tasks (waited for) or a Slurm job array (submitted)."""
+    from lrt_lab.store.results import Run
     from lrt_lab.training import parallel
 
     todo = parallel.pending_runs(configs, out)
@@ -400,6 +412,8 @@ def _train_or_skip(
     when it trained it."""
     from tqdm.auto import tqdm
 
+    from lrt_lab.store.results import Run
+
     if stopped(stop, deadline, trained):
         return False
     folder = Path(out) / cfg.run_name
@@ -430,7 +444,16 @@ def _train_or_skip(
     return True
 
 
+def train(*args, **kwargs) -> Run:
+    """`lrt_lab.training.loop.train` (torch), imported when a run of the grid trains."""
+    from lrt_lab.training.loop import train as train_run
+
+    return train_run(*args, **kwargs)
+
+
 def _say_done(configs, out, why: str = "") -> None:
+    from lrt_lab.store.results import Run, first_names
+
     statuses = {c.run_name: Run(Path(out) / c.run_name).status for c in configs}
     done = sum(s == "complete" for s in statuses.values())
     diverged = [name for name, s in statuses.items() if s == "diverged"]
@@ -456,6 +479,8 @@ def stopped(stop: StopRequest, deadline: float | None, trained: list | None = No
 
 def run_state(folder: Path) -> str:
     """complete / diverged / claimed / partial / todo, for --dry-run."""
+    from lrt_lab.store.results import Run
+
     if (folder / "summary.json").exists():
         return Run(folder).status
     if claimed_by_other(folder):
@@ -466,6 +491,9 @@ def run_state(folder: Path) -> str:
 def check_unchanged(configs: list[TrainConfig], out: Path) -> None:
     """Refuse a grid whose complete runs were trained with another config than the spec builds now
     (their names leave out steps, batch size, rates and overrides)."""
+    from lrt_lab.store.results import Run
+    from lrt_lab.training.checkpoints import config_differences
+
     changed = []
     for cfg in configs:
         folder = out / cfg.run_name
