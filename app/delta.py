@@ -50,10 +50,9 @@ def study_labels(runs: pd.DataFrame, found: dict) -> pd.Series:
     return runs["run"].map(arm_of)
 
 
-def delta_page(ctx) -> None:
-    if ctx.shown.empty:
-        st.info("No runs match the filters in the sidebar.")
-        return
+def _delta_scope(ctx) -> tuple:
+    """What is compared: the store's study (its arms, when its runs are shown) or the groups
+    picked; (the study found or None, one run per seed, the scope chosen)."""
     found = store_data.store_study(ctx.root, ctx.runs)
     scope = PICKED_SCOPE
     if found is not None and not study_runs(ctx, found).empty:
@@ -76,12 +75,11 @@ def delta_page(ctx) -> None:
     else:
         found = None
         runs = one_run_per_seed(ctx.pick_groups("delta"))
-    # the study's groups are its arms, named as its spec names them (and report --study)
-    labels = study_labels(runs, found) if found else store_data.group_labels(runs)
-    groups = sorted(set(labels))
-    if len(groups) < 2:
-        st.info("Open *Groups* above and pick the baseline and at least one other group.")
-        return
+    return found, runs, scope
+
+
+def _delta_controls(runs, groups: list[str], found, scope: str) -> tuple:
+    """The widgets above the deltas: baseline, metric, x axis matched at, smoothing."""
     base = found["study"].contrasts[0].a if found else None
     c1, c2, c3 = st.columns([3, 2, 2])
     baseline = c1.selectbox(
@@ -125,6 +123,21 @@ def delta_page(ctx) -> None:
         disabled=metric != "loss",
         help="exponential moving average of each run's training loss before the difference",
     )
+    return baseline, metric, x_axis, smoothing
+
+
+def delta_page(ctx) -> None:
+    if ctx.shown.empty:
+        st.info("No runs match the filters in the sidebar.")
+        return
+    found, runs, scope = _delta_scope(ctx)
+    # the study's groups are its arms, named as its spec names them (and report --study)
+    labels = study_labels(runs, found) if found else store_data.group_labels(runs)
+    groups = sorted(set(labels))
+    if len(groups) < 2:
+        st.info("Open *Groups* above and pick the baseline and at least one other group.")
+        return
+    baseline, metric, x_axis, smoothing = _delta_controls(runs, groups, found, scope)
     long, notes = store_data.curves(
         runs, metric, x_axis, smoothing if metric == "loss" else 0.0, labels=labels
     )

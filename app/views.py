@@ -278,6 +278,45 @@ def curves_page(ctx: Context) -> None:
     if runs.empty:
         st.info("No group picked: open *Groups* above and pick some.")
         return
+    metric, x_axis, smoothing, band_kind, log_y, show_runs, markers = _curve_controls(runs)
+    long, notes = store_data.curves(runs, metric, x_axis, smoothing)
+    for note in notes:
+        st.caption(note)
+    if long.empty:
+        st.info(f"No {metric} records in the runs shown.")
+        return
+    band = store_data.seed_band(long, band=band_kind, bounds=store_data.metric_bounds(metric))
+    switches = (
+        store_data.curriculum_switches(runs, x_axis) if markers and metric == "loss" else None
+    )
+    color = group_color(band["group"])
+    palette_note(len(color["scale"]["domain"]))
+    tasks = sorted(band["task"].unique())
+    for task in tasks:  # one metric family per y axis: losses of different tasks are not comparable
+        if len(tasks) > 1:
+            st.markdown(f"**{task}**")
+        _curve_chart(
+            band[band["task"] == task],
+            long[long["task"] == task],
+            None if switches is None else switches[switches["task"] == task],
+            metric,
+            x_axis,
+            only_groups(color, set(band.loc[band["task"] == task, "group"])),
+            band_kind,
+            log_y,
+            show_runs,
+        )
+    st.caption(
+        "Lines: mean over seeds; "
+        + band_caption(band, band_kind, metric)
+        + " Dotted verticals: curriculum switches (the new training length on top). Drag to pan, "
+        "scroll to zoom."
+    )
+
+
+def _curve_controls(runs) -> tuple:
+    """The widgets above the learning curves: metric, x axis, smoothing, band, log y, seeds
+    shown and curriculum markers, in that order."""
     c1, c2, c3 = st.columns([2, 3, 2])
     options = store_data.metric_options(runs)
     metric = c1.selectbox(
@@ -324,39 +363,7 @@ def curves_page(ctx: Context) -> None:
         key="curve_curriculum",
         help="dotted vertical lines where the training length steps up (the loss jumps there)",
     )
-    long, notes = store_data.curves(runs, metric, x_axis, smoothing)
-    for note in notes:
-        st.caption(note)
-    if long.empty:
-        st.info(f"No {metric} records in the runs shown.")
-        return
-    band = store_data.seed_band(long, band=band_kind, bounds=store_data.metric_bounds(metric))
-    switches = (
-        store_data.curriculum_switches(runs, x_axis) if markers and metric == "loss" else None
-    )
-    color = group_color(band["group"])
-    palette_note(len(color["scale"]["domain"]))
-    tasks = sorted(band["task"].unique())
-    for task in tasks:  # one metric family per y axis: losses of different tasks are not comparable
-        if len(tasks) > 1:
-            st.markdown(f"**{task}**")
-        _curve_chart(
-            band[band["task"] == task],
-            long[long["task"] == task],
-            None if switches is None else switches[switches["task"] == task],
-            metric,
-            x_axis,
-            only_groups(color, set(band.loc[band["task"] == task, "group"])),
-            band_kind,
-            log_y,
-            show_runs,
-        )
-    st.caption(
-        "Lines: mean over seeds; "
-        + band_caption(band, band_kind, metric)
-        + " Dotted verticals: curriculum switches (the new training length on top). Drag to pan, "
-        "scroll to zoom."
-    )
+    return metric, x_axis, smoothing, band_kind, log_y, show_runs, markers
 
 
 def band_caption(band: pd.DataFrame, band_kind: str, metric: str) -> str:
@@ -447,38 +454,50 @@ def _curve_chart(band, long, switches, metric, x_axis, color, band_kind, log_y, 
             }
         )
     if switches is not None and not switches.empty:
-        marks = switches.groupby(["x", "length"], as_index=False).agg(
-            groups=("group", lambda g: "; ".join(sorted(g)))
-        )
-        datasets["switches"] = marks
-        layers.append(
-            {
-                "data": {"name": "switches"},
-                "mark": {"type": "rule", "strokeDash": [2, 3], "color": "#888"},
-                "encoding": {
-                    "x": x,
-                    "tooltip": [_tip("length"), _tip("x"), _tip("groups", "nominal")],
-                },
-            }
-        )
-        layers.append(
-            {
-                "data": {"name": "switches"},
-                "mark": {
-                    "type": "text",
-                    "baseline": "top",
-                    "dy": 2,
-                    "fontSize": 9,
-                    "color": "#666",
-                },
-                "encoding": {
-                    "x": x,
-                    "y": {"value": 0},
-                    "text": {"field": "length", "type": "nominal"},
-                },
-            }
-        )
+        datasets["switches"] = _switch_marks(switches)
+        layers += _switch_layers(x)
     draw_chart({"height": 340, "layer": layers}, **datasets)
+
+
+def _switch_marks(switches: pd.DataFrame) -> pd.DataFrame:
+    """One curriculum switch per (x, new length), naming the groups that switch there."""
+    marks = switches.groupby(["x", "length"], as_index=False).agg(
+        groups=("group", lambda g: "; ".join(sorted(g)))
+    )
+    return marks
+
+
+def _switch_layers(x: dict) -> list[dict]:
+    """The curriculum switches: a dotted rule each, the new training length on top."""
+    layers = []
+    layers.append(
+        {
+            "data": {"name": "switches"},
+            "mark": {"type": "rule", "strokeDash": [2, 3], "color": "#888"},
+            "encoding": {
+                "x": x,
+                "tooltip": [_tip("length"), _tip("x"), _tip("groups", "nominal")],
+            },
+        }
+    )
+    layers.append(
+        {
+            "data": {"name": "switches"},
+            "mark": {
+                "type": "text",
+                "baseline": "top",
+                "dy": 2,
+                "fontSize": 9,
+                "color": "#666",
+            },
+            "encoding": {
+                "x": x,
+                "y": {"value": 0},
+                "text": {"field": "length", "type": "nominal"},
+            },
+        }
+    )
+    return layers
 
 
 # Length generalisation ---------------------------------------------------------------------------
@@ -507,72 +526,82 @@ def length_page(ctx: Context) -> None:
             + (" Bits per byte: lower is better." if bpb else "")
         )
     if not figs.empty and cols:
-        pos = (
-            figs.groupby(["group", "length"], as_index=False)[cols]
-            .mean()
-            .melt(id_vars=["group", "length"], value_vars=cols, var_name="mode", value_name="pos90")
-        )
-        pos["mode"] = pos["mode"].str.replace(f"{figure}_", "", regex=False)
-        lengths = [int(n) for n in sorted(figs["length"].unique())]
-        x = _q(
-            "length",
-            "evaluation length",
-            scale={"type": "log", "base": 2},
-            axis={"values": lengths, "format": "d"},
-        )
-        solved = [
-            {
-                "data": {"name": "solved"},
-                "mark": {"type": "line", "color": "gray", "strokeDash": [2, 2]},
-                "encoding": {"x": x, "y": _q("pos90")},
-            }
-        ]
-        spec = {
-            "height": 300,
-            "layer": [
-                *(solved if figure == "pos90" else []),
-                {
-                    "data": {"name": "pos"},
-                    "mark": "line",
-                    "encoding": {
-                        "x": x,
-                        "y": _q(
-                            "pos90",
-                            f"{name} (mean over seeds)",
-                            scale={"zero": figure == "pos90"},
-                        ),
-                        "color": color,
-                        "strokeDash": DASH,
-                    },
-                },
-                {
-                    "data": {"name": "pos"},
-                    "mark": {"type": "point", "filled": True},
-                    "encoding": {
-                        "x": x,
-                        "y": _q("pos90"),
-                        "color": color,
-                        "tooltip": [
-                            _tip("group", "nominal"),
-                            _tip("mode", "nominal"),
-                            _tip("length"),
-                            _tip("pos90", fmt=".3g"),
-                        ],
-                    },
-                },
-            ],
-        }
-        draw_chart(spec, pos=pos, solved=pd.DataFrame({"length": lengths, "pos90": lengths}))
-        st.caption(
-            "Solid: the training schedule's parallel forward; dashed: exact recurrent decoding; "
-            + (
-                "grey dotted: solved (pos@90 = length). "
-                if figure == "pos90"
-                else "bits per byte, lower is better. "
-            )
-            + "Lengths on a log scale."
-        )
+        _length_chart(figs, figure, name, cols, color)
+    _per_position_section(runs, color)
 
+
+def _length_chart(figs, figure: str, name: str, cols: list[str], color: dict) -> None:
+    """The figure (pos@90 or BPB) against the evaluation length, parallel and exact."""
+    pos = (
+        figs.groupby(["group", "length"], as_index=False)[cols]
+        .mean()
+        .melt(id_vars=["group", "length"], value_vars=cols, var_name="mode", value_name="pos90")
+    )
+    pos["mode"] = pos["mode"].str.replace(f"{figure}_", "", regex=False)
+    lengths = [int(n) for n in sorted(figs["length"].unique())]
+    x = _q(
+        "length",
+        "evaluation length",
+        scale={"type": "log", "base": 2},
+        axis={"values": lengths, "format": "d"},
+    )
+    solved = [
+        {
+            "data": {"name": "solved"},
+            "mark": {"type": "line", "color": "gray", "strokeDash": [2, 2]},
+            "encoding": {"x": x, "y": _q("pos90")},
+        }
+    ]
+    spec = {
+        "height": 300,
+        "layer": [
+            *(solved if figure == "pos90" else []),
+            {
+                "data": {"name": "pos"},
+                "mark": "line",
+                "encoding": {
+                    "x": x,
+                    "y": _q(
+                        "pos90",
+                        f"{name} (mean over seeds)",
+                        scale={"zero": figure == "pos90"},
+                    ),
+                    "color": color,
+                    "strokeDash": DASH,
+                },
+            },
+            {
+                "data": {"name": "pos"},
+                "mark": {"type": "point", "filled": True},
+                "encoding": {
+                    "x": x,
+                    "y": _q("pos90"),
+                    "color": color,
+                    "tooltip": [
+                        _tip("group", "nominal"),
+                        _tip("mode", "nominal"),
+                        _tip("length"),
+                        _tip("pos90", fmt=".3g"),
+                    ],
+                },
+            },
+        ],
+    }
+    draw_chart(spec, pos=pos, solved=pd.DataFrame({"length": lengths, "pos90": lengths}))
+    st.caption(
+        "Solid: the training schedule's parallel forward; dashed: exact recurrent decoding; "
+        + (
+            "grey dotted: solved (pos@90 = length). "
+            if figure == "pos90"
+            else "bits per byte, lower is better. "
+        )
+        + "Lengths on a log scale."
+    )
+
+
+def _per_position_section(runs, color: dict) -> None:
+    """Accuracy at each position, a panel per evaluation length, with the 0.9 and chance
+    lines."""
     st.subheader("Per-position accuracy")
     pp, missing = store_data.per_position(runs)
     if missing:
@@ -581,26 +610,7 @@ def length_page(ctx: Context) -> None:
         st.info("No per-position tables in the runs shown.")
         return
     mean = pp.groupby(["group", "length", "mode", "position"], as_index=False)["accuracy"].mean()
-    chance = store_data.chance_levels(runs)
-    refs = pd.DataFrame({"y": [0.9], "what": ["0.9 (pos@90 threshold)"]})
-    if not chance.empty:
-        levels = chance.groupby("chance")["group"].apply(list)
-        refs = pd.concat(
-            [
-                refs,
-                pd.DataFrame(
-                    {
-                        "y": levels.index,
-                        "what": [
-                            f"chance 1/{round(1 / c)}"
-                            + ("" if len(levels) == 1 else f" ({len(g)} group(s))")
-                            for c, g in levels.items()
-                        ],
-                    }
-                ),
-            ],
-            ignore_index=True,
-        )
+    refs = _reference_lines(runs)
     # A facet reads one dataset: the reference lines are rows of it too, repeated for every panel.
     lengths = sorted(mean["length"].unique())
     cells = pd.concat(
@@ -653,6 +663,31 @@ def length_page(ctx: Context) -> None:
         "has its "
         "own position axis."
     )
+
+
+def _reference_lines(runs) -> pd.DataFrame:
+    """The per-position chart's dotted lines: 0.9 (the pos@90 threshold) and each chance level."""
+    chance = store_data.chance_levels(runs)
+    refs = pd.DataFrame({"y": [0.9], "what": ["0.9 (pos@90 threshold)"]})
+    if not chance.empty:
+        levels = chance.groupby("chance")["group"].apply(list)
+        refs = pd.concat(
+            [
+                refs,
+                pd.DataFrame(
+                    {
+                        "y": levels.index,
+                        "what": [
+                            f"chance 1/{round(1 / c)}"
+                            + ("" if len(levels) == 1 else f" ({len(g)} group(s))")
+                            for c, g in levels.items()
+                        ],
+                    }
+                ),
+            ],
+            ignore_index=True,
+        )
+    return refs
 
 
 # Depth x length ----------------------------------------------------------------------------------

@@ -290,16 +290,7 @@ def sequential_bpb(
                     nats = token_nats(logits, scored)
                     del logits
                 else:
-                    dec = Decoder(model, B, T)
-                    steps = []
-                    if prompt_len:
-                        last = dec.prefill(inputs[:, :prompt_len], prefill)
-                        steps.append(token_nats(last[:, None], scored[:, :1]))
-                    for t in range(prompt_len, T):
-                        logits = dec.step(inputs[:, t], check_values=False)
-                        steps.append(token_nats(logits[:, None], targets[:, t : t + 1]))
-                    del dec
-                    nats = torch.cat(steps, dim=1)
+                    nats = _decoded_nats(model, inputs, targets, prompt_len, prefill)
             n, b = _sum_nats_bytes(nats, scored, token_bytes)
             vec = torch.stack([n, b])
             sums = vec if sums is None else sums + vec
@@ -320,6 +311,21 @@ def sequential_bpb(
         "prompt_len": prompt_len,
         "prefill": prefill.spec if prompt_len else None,
     }
+
+
+def _decoded_nats(model, inputs, targets, prompt_len: int, prefill) -> torch.Tensor:
+    """(B, scored positions) nats of the targets under recurrent decoding: the prompt prefilled
+    (its last target scored from the prefill's logits), then one Decoder step per token."""
+    B, T = inputs.shape
+    dec = Decoder(model, B, T)
+    steps = []
+    if prompt_len:
+        last = dec.prefill(inputs[:, :prompt_len], prefill)
+        steps.append(token_nats(last[:, None], targets[:, prompt_len - 1 : prompt_len]))
+    for t in range(prompt_len, T):
+        logits = dec.step(inputs[:, t], check_values=False)
+        steps.append(token_nats(logits[:, None], targets[:, t : t + 1]))
+    return torch.cat(steps, dim=1)
 
 
 # CORE

@@ -106,6 +106,55 @@ def dist_rank_world() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
+def _check_options(
+    split,
+    batch_size,
+    seq_len,
+    buffer_docs,
+    tokenizer_threads,
+    tokenizer_batch_size,
+    prefetch,
+    remainder,
+    epochs,
+) -> None:
+    """The loader's options, refused before any shard is read."""
+    if split not in SPLITS:
+        raise ValueError(f"split: must be one of {SPLITS}, got {split!r}")
+    for name, val in (
+        ("batch_size", batch_size),
+        ("seq_len", seq_len),
+        ("buffer_docs", buffer_docs),
+        ("tokenizer_threads", tokenizer_threads),
+        ("tokenizer_batch_size", tokenizer_batch_size),
+    ):
+        if not isinstance(val, int) or val < 1:
+            raise ValueError(f"{name}: must be an int >= 1, got {val!r}")
+    if not isinstance(prefetch, int) or prefetch < 0:
+        raise ValueError(f"prefetch: must be an int >= 0, got {prefetch!r}")
+    if remainder not in REMAINDER_POLICIES:
+        raise ValueError(f"remainder: must be one of {REMAINDER_POLICIES}, got {remainder!r}")
+    if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
+        raise ValueError(f"epochs: must be None (forever) or an int >= 1, got {epochs!r}")
+
+
+def _rank_row_groups(source, split: str, rank: int, world_size: int) -> list[RowGroup]:
+    """This rank's share of the split's row groups (every world_size-th), refused if empty."""
+    all_rgs = row_groups(resolve_shards(source, split))
+    mine: list[RowGroup] = all_rgs[rank::world_size]
+    if not mine:
+        raise ValueError(
+            f"world_size: split {split!r} has {len(all_rgs)} row groups, so rank {rank} "
+            f"of world_size={world_size} gets none"
+        )
+    if not any(rg.num_rows for rg in mine):
+        # every pass over them yields nothing, so an endless loader would wrap epochs forever
+        raise ValueError(
+            f"split: {split!r} holds no documents for rank {rank} of world_size={world_size} "
+            f"({len(mine)} row groups, all empty)"
+        )
+    return mine
+
+
 class DistributedPackingLoader:
     """Iterator of ``(inputs, targets)`` batches ``(B, T)``; see the module docstring for the
     policies."""
@@ -129,23 +178,17 @@ class DistributedPackingLoader:
         tokenizer_batch_size: int = 128,
         prefetch: int = 0,
     ):
-        if split not in SPLITS:
-            raise ValueError(f"split: must be one of {SPLITS}, got {split!r}")
-        for name, val in (
-            ("batch_size", batch_size),
-            ("seq_len", seq_len),
-            ("buffer_docs", buffer_docs),
-            ("tokenizer_threads", tokenizer_threads),
-            ("tokenizer_batch_size", tokenizer_batch_size),
-        ):
-            if not isinstance(val, int) or val < 1:
-                raise ValueError(f"{name}: must be an int >= 1, got {val!r}")
-        if not isinstance(prefetch, int) or prefetch < 0:
-            raise ValueError(f"prefetch: must be an int >= 0, got {prefetch!r}")
-        if remainder not in REMAINDER_POLICIES:
-            raise ValueError(f"remainder: must be one of {REMAINDER_POLICIES}, got {remainder!r}")
-        if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
-            raise ValueError(f"epochs: must be None (forever) or an int >= 1, got {epochs!r}")
+        _check_options(
+            split,
+            batch_size,
+            seq_len,
+            buffer_docs,
+            tokenizer_threads,
+            tokenizer_batch_size,
+            prefetch,
+            remainder,
+            epochs,
+        )
         if rank is None or world_size is None:
             env_rank, env_world = dist_rank_world()
             rank = env_rank if rank is None else rank
@@ -162,20 +205,30 @@ class DistributedPackingLoader:
         self.buffer_docs, self.remainder, self.epochs = buffer_docs, remainder, epochs
         self.tokenizer_threads, self.tokenizer_batch_size = tokenizer_threads, tokenizer_batch_size
 
-        all_rgs = row_groups(resolve_shards(source, split))
-        self.row_groups: list[RowGroup] = all_rgs[rank::world_size]
-        if not self.row_groups:
-            raise ValueError(
-                f"world_size: split {split!r} has {len(all_rgs)} row groups, so rank {rank} "
-                f"of world_size={world_size} gets none"
-            )
-        if not any(rg.num_rows for rg in self.row_groups):
-            # every pass over them yields nothing, so an endless loader would wrap epochs forever
-            raise ValueError(
-                f"split: {split!r} holds no documents for rank {rank} of world_size={world_size} "
-                f"({len(self.row_groups)} row groups, all empty)"
-            )
+        self.row_groups = _rank_row_groups(source, split, rank, world_size)
 
+        self._init_stream()
+        # host staging (pinned + double-buffered only for CUDA)
+        self._pin = self.device.type == "cuda"
+        self._host = [
+            torch.empty(2 * batch_size * seq_len, dtype=torch.long, pin_memory=self._pin)
+            for _ in range(2 if self._pin else 0)
+        ]
+        self._events: list[Any] = [None, None]
+        self._flip = 0
+        # background packing (prefetch > 0): a thread packs up to `prefetch` batches ahead into a
+        # bounded queue, each with the loader's state after it; what the caller sees (state_dict,
+        # stats, epoch) is that of the last batch it was handed, so a resume is exact either way
+        self.prefetch = prefetch
+        self._worker: threading.Thread | None = None
+        self._queue: queue.Queue | None = None
+        self._stop = threading.Event()
+        self._seen: tuple[dict[str, Any], dict[str, int], int] | None = None
+        if state is not None:
+            self.load_state_dict(state)
+
+    def _init_stream(self) -> None:
+        """The stream at its start: cursor, buffer, token accounting, row group caches."""
         # cursor: next document to move into the buffer
         self._epoch, self._rg_pos, self._doc = 0, 0, 0
         # buffer: keys sorted by (length, seq); entries[seq] = (epoch, rg_pos, doc, offset, tokens)
@@ -195,24 +248,6 @@ class DistributedPackingLoader:
         self._texts: list[str] = []
         self._chunk_start, self._chunk = 0, []
         self._exhausted = False
-        # host staging (pinned + double-buffered only for CUDA)
-        self._pin = self.device.type == "cuda"
-        self._host = [
-            torch.empty(2 * batch_size * seq_len, dtype=torch.long, pin_memory=self._pin)
-            for _ in range(2 if self._pin else 0)
-        ]
-        self._events: list[Any] = [None, None]
-        self._flip = 0
-        # background packing (prefetch > 0): a thread packs up to `prefetch` batches ahead into a
-        # bounded queue, each with the loader's state after it; what the caller sees (state_dict,
-        # stats, epoch) is that of the last batch it was handed, so a resume is exact either way
-        self.prefetch = prefetch
-        self._worker: threading.Thread | None = None
-        self._queue: queue.Queue | None = None
-        self._stop = threading.Event()
-        self._seen: tuple[dict[str, Any], dict[str, int], int] | None = None
-        if state is not None:
-            self.load_state_dict(state)
 
     # ------------------------------------------------------------------ properties
     @property

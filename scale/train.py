@@ -166,31 +166,26 @@ def set_schedules(opts, step: int, args) -> float:
 
 
 # Arguments --------------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m lrt_scale.train",
-        description="LRT / baseline pretraining (torchrun-ready)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    m = ap.add_argument_group("model")
-    m.add_argument("--preset", default="d20", choices=sorted(PRESETS), help="backbone shape")
-    m.add_argument(
+def _add_model_arguments(ap: argparse.ArgumentParser) -> None:
+    g = ap.add_argument_group("model")
+    g.add_argument("--preset", default="d20", choices=sorted(PRESETS), help="backbone shape")
+    g.add_argument(
         "--model", default="lrt", choices=("lrt", "transformer"), help="lrt or the plain baseline"
     )
-    m.add_argument(
+    g.add_argument(
         "--schedule",
         default=None,
         help="training schedule: onepass, interleaved:S, gaussseidel:S:N[:G], fullseq:K[:w..], "
         "chunked:C, exact, fixedpoint:TOL:MAX[:G], rollout[:G] "
         "(default: interleaved:2 for lrt, onepass for transformer)",
     )
-    m.add_argument(
+    g.add_argument(
         "--memory-preset",
         default="paper",
         choices=sorted(MEMORY_PRESETS),
         help="LRT memory: paper (its text) or released (its released code); --set applies on top",
     )
-    m.add_argument(
+    g.add_argument(
         "--set",
         dest="overrides",
         action="append",
@@ -198,25 +193,28 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="ModelConfig field or memory.<field>, e.g. memory.projections=layerwise (repeatable)",
     )
-    m.add_argument(
+    g.add_argument(
         "--seq-len", type=int, default=None, help="sequence length (default: the preset's)"
     )
-    m.add_argument(
+    g.add_argument(
         "--vocab-size",
         type=int,
         default=None,
         help="default: the tokenizer's (or the preset's with --synthetic)",
     )
-    r = ap.add_argument_group("run length (exactly one)")
-    r.add_argument(
+
+
+def _add_run_length_arguments(ap: argparse.ArgumentParser) -> None:
+    g = ap.add_argument_group("run length (exactly one)")
+    g.add_argument(
         "--ratio",
         type=float,
         default=None,
         help="tokens per baseline parameter R: R x N_baseline tokens",
     )
-    r.add_argument("--tokens", type=int, default=None, help="training tokens")
-    r.add_argument("--steps", type=int, default=None, help="optimizer steps")
-    r.add_argument(
+    g.add_argument("--tokens", type=int, default=None, help="training tokens")
+    g.add_argument("--steps", type=int, default=None, help="optimizer steps")
+    g.add_argument(
         "--ratio-params",
         default="total",
         choices=fl.RATIO_PARAMS,
@@ -224,24 +222,30 @@ def build_parser() -> argparse.ArgumentParser:
         "(the paper's text); "
         "matrices = the model's matrices + LM head (the released code)",
     )
-    b = ap.add_argument_group("batch")
-    b.add_argument(
+
+
+def _add_batch_arguments(ap: argparse.ArgumentParser) -> None:
+    g = ap.add_argument_group("batch")
+    g.add_argument(
         "--total-batch-size",
         type=int,
         default=fl.REFERENCE_BATCH_TOKENS,
         help="tokens per optimizer step (global)",
     )
-    b.add_argument(
+    g.add_argument(
         "--device-batch-size", type=int, default=32, help="rows per device per micro step"
     )
-    d = ap.add_argument_group("data")
-    d.add_argument(
+
+
+def _add_data_arguments(ap: argparse.ArgumentParser) -> None:
+    g = ap.add_argument_group("data")
+    g.add_argument(
         "--data-dir",
         default=None,
         help="parquet shards (lrt_scale.data format; the last one is validation)",
     )
-    d.add_argument("--tokenizer-dir", default=None, help="a saved lrt_scale.tokenizer.Tokenizer")
-    d.add_argument(
+    g.add_argument("--tokenizer-dir", default=None, help="a saved lrt_scale.tokenizer.Tokenizer")
+    g.add_argument(
         "--synthetic",
         nargs="?",
         const="copy",
@@ -249,129 +253,164 @@ def build_parser() -> argparse.ArgumentParser:
         choices=SYNTHETIC_KINDS,
         help="synthetic rows instead of a dataset (copy: second half repeats the first)",
     )
-    o = ap.add_argument_group("optimisation (paper app. A; rates at d=768, batch 2^19)")
-    o.add_argument("--matrix-lr", type=float, default=0.02, help="Muon")
-    o.add_argument(
+
+
+def _add_optimisation_arguments(ap: argparse.ArgumentParser) -> None:
+    g = ap.add_argument_group("optimisation (paper app. A; rates at d=768, batch 2^19)")
+    g.add_argument("--matrix-lr", type=float, default=0.02, help="Muon")
+    g.add_argument(
         "--embedding-lr",
         type=float,
         default=0.3,
         help="AdamW, token and value embeddings, x (d/768)^-1/2",
     )
-    o.add_argument("--head-lr", type=float, default=0.004, help="AdamW, LM head, x (d/768)^-1/2")
-    o.add_argument(
+    g.add_argument("--head-lr", type=float, default=0.004, help="AdamW, LM head, x (d/768)^-1/2")
+    g.add_argument(
         "--scalar-lr",
         type=float,
         default=0.5,
         help="AdamW, scalars and gates (residual scalars x 0.01)",
     )
-    o.add_argument(
+    g.add_argument(
         "--weight-decay", type=float, default=0.2, help="Muon, x (12/L)^2, annealed to 0"
     )
-    o.add_argument(
+    g.add_argument(
         "--warmdown-frac",
         type=float,
         default=0.5,
         help="linear warm-down to 0 over this final fraction",
     )
-    o.add_argument(
+    g.add_argument(
         "--momentum-warmup-steps",
         type=int,
         default=300,
         help="Muon momentum 0.85 -> 0.95 over these steps",
     )
-    o.add_argument("--grad-clip", type=float, default=0.0, help="max grad norm (0: off)")
-    x = ap.add_argument_group("execution")
-    x.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    x.add_argument(
+    g.add_argument("--grad-clip", type=float, default=0.0, help="max grad norm (0: off)")
+
+
+def _add_execution_arguments(ap: argparse.ArgumentParser) -> None:
+    g = ap.add_argument_group("execution")
+    g.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    g.add_argument(
         "--dtype",
         default="auto",
         choices=("auto", "float32", "bfloat16"),
         help="auto: bf16 autocast on CUDA, float32 on CPU",
     )
-    x.add_argument("--compile", action="store_true", help="torch.compile the stage primitive")
-    x.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
-    x.add_argument("--seed", type=int, default=0)
-    x.add_argument(
+    g.add_argument("--compile", action="store_true", help="torch.compile the stage primitive")
+    g.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument(
         "--peak-flops", type=float, default=fl.H100_BF16_PEAK_FLOPS, help="per-device peak for MFU"
     )
-    e = ap.add_argument_group("evaluation")
-    e.add_argument(
+
+
+def _add_evaluation_arguments(ap: argparse.ArgumentParser) -> None:
+    g = ap.add_argument_group("evaluation")
+    g.add_argument(
         "--eval-every",
         type=int,
         default=250,
         help="validation BPB every N steps (0: only at the end)",
     )
-    e.add_argument(
+    g.add_argument(
         "--eval-tokens",
         type=int,
         default=10 * 2**19,
         help="validation tokens per evaluation (global)",
     )
-    e.add_argument(
+    g.add_argument(
         "--seq-eval-rows", type=int, default=0, help="rows for sequential BPB at the end (0: skip)"
     )
-    e.add_argument(
+    g.add_argument(
         "--seq-prompt",
         type=int,
         default=0,
         help="prefilled prompt tokens for sequential BPB (paper: 1024)",
     )
-    e.add_argument("--seq-prefill", default="onepass", help="prefill schedule for --seq-prompt")
-    e.add_argument(
+    g.add_argument("--seq-prefill", default="onepass", help="prefill schedule for --seq-prompt")
+    g.add_argument(
         "--core-bundle", default=None, help="CORE eval bundle directory (evaluated at the end)"
     )
-    e.add_argument(
+    g.add_argument(
         "--core-every",
         type=int,
         default=0,
         help="also evaluate CORE every N steps (0: only at the end)",
     )
-    e.add_argument(
+    g.add_argument(
         "--core-max-per-task", type=int, default=500, help="items per CORE task (-1: all)"
     )
-    e.add_argument(
+    g.add_argument(
         "--core-schedule",
         default="train",
         help="forward CORE scores with: train (the training schedule) or a schedule spec; "
         "onepass = zero "
         "memory, how the released code (and so the paper's CORE numbers) scores an LRT",
     )
-    s = ap.add_argument_group("run store")
-    s.add_argument("--out", default="runs", help="run store root")
-    s.add_argument(
+
+
+def _add_run_store_arguments(ap: argparse.ArgumentParser) -> None:
+    g = ap.add_argument_group("run store")
+    g.add_argument("--out", default="runs", help="run store root")
+    g.add_argument(
         "--name",
         default=None,
         help="run folder name (default from preset, model, schedule, R, seed)",
     )
-    s.add_argument(
+    g.add_argument(
         "--checkpoint-every",
         type=int,
         default=1000,
         help="every N steps and at the last one; 0: none (but --final-checkpoint, or the end of a "
         "--stop-after segment, which --resume needs)",
     )
-    s.add_argument(
+    g.add_argument(
         "--final-checkpoint",
         action="store_true",
         help="write a checkpoint after the last step also with --checkpoint-every 0",
     )
-    s.add_argument("--keep-checkpoints", type=int, default=2)
-    s.add_argument(
+    g.add_argument("--keep-checkpoints", type=int, default=2)
+    g.add_argument(
         "--resume", action="store_true", help="continue <out>/<name> from its newest checkpoint"
     )
-    s.add_argument(
+    g.add_argument(
         "--stop-after",
         type=int,
         default=None,
         help="stop (resumable, no summary) after N steps of this process",
     )
-    s.add_argument(
+    g.add_argument(
         "--log-every",
         type=int,
         default=10,
         help="print every N steps (every step is logged to the store)",
     )
-    s.add_argument("--dry-run", action="store_true", help="print the accounting and exit")
+    g.add_argument("--dry-run", action="store_true", help="print the accounting and exit")
+
+
+# The argument groups in the order --help lists them: a new option goes into its group's function.
+ARGUMENT_GROUPS = (
+    _add_model_arguments,
+    _add_run_length_arguments,
+    _add_batch_arguments,
+    _add_data_arguments,
+    _add_optimisation_arguments,
+    _add_execution_arguments,
+    _add_evaluation_arguments,
+    _add_run_store_arguments,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m lrt_scale.train",
+        description="LRT / baseline pretraining (torchrun-ready)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    for add_group in ARGUMENT_GROUPS:
+        add_group(ap)
     return ap
 
 
@@ -670,21 +709,7 @@ def _train(args, ctx: DistContext) -> Path | None:
     with torch.device(ctx.device):
         model = LRT(setup.config)
     opts = make_optimizers(model, args)
-    if args.synthetic:
-        data = SyntheticData(
-            setup.vocab,
-            setup.seq_len,
-            args.device_batch_size,
-            ctx.rank,
-            ctx.world_size,
-            args.seed,
-            args.synthetic,
-            ctx.device,
-        )
-    else:
-        data = LoaderData(
-            args.data_dir, setup.tokenizer, args.device_batch_size, setup.seq_len, ctx
-        )
+    data = _training_data(args, ctx, setup)
     start, elapsed, counters = _restore(ckpt_path, model, opts, data, ctx, run=run)
     if ckpt_path is not None:
         ctx.print0(f"resumed {run.path} at step {start} from {ckpt_path}")
@@ -706,15 +731,10 @@ def _train(args, ctx: DistContext) -> Path | None:
         # regional: two graphs every block shares, no recompile per layer or position set
         # (lrt_lab's default way to compile; docs/scale.md)
         model.compile_blocks(dynamic=False)
-    stop = (
-        setup.plan.steps
-        if args.stop_after is None
-        else min(setup.plan.steps, start + args.stop_after)
-    )
     loop = ScaleLoop(
         start,
         start,
-        stop,
+        _stop_step(args, setup, start),
         counters,
         time.perf_counter() - elapsed,
         data.progress().get("data_epoch", 0),
@@ -747,6 +767,29 @@ def _train(args, ctx: DistContext) -> Path | None:
         _write_summary(run, args, ctx, setup, data, loop)
     barrier(ctx)
     return run.path
+
+
+def _training_data(args, ctx: DistContext, setup: Setup):
+    """This rank's training batches: synthetic rows, or the packing loader over the shards."""
+    if args.synthetic:
+        return SyntheticData(
+            setup.vocab,
+            setup.seq_len,
+            args.device_batch_size,
+            ctx.rank,
+            ctx.world_size,
+            args.seed,
+            args.synthetic,
+            ctx.device,
+        )
+    return LoaderData(args.data_dir, setup.tokenizer, args.device_batch_size, setup.seq_len, ctx)
+
+
+def _stop_step(args, setup: Setup, start: int) -> int:
+    """The step this process stops after: the plan's last, or sooner with --stop-after."""
+    if args.stop_after is None:
+        return setup.plan.steps
+    return min(setup.plan.steps, start + args.stop_after)
 
 
 def wants_checkpoint(args, step: int, stop: int, total: int) -> bool:

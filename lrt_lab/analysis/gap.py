@@ -104,6 +104,62 @@ def _group_keys(df, group_by):
     return [k for k in group_by if k in df.columns]
 
 
+# The columns of gap_recovery's table after the group keys.
+SUMMARY_COLUMNS = [
+    "method",
+    "n_seeds",
+    "base",
+    "value",
+    "exact",
+    "recovered",
+    "ci_low",
+    "ci_high",
+    "gap_p",
+    "recovered_seed_mean",
+    "recovered_std",
+    "metric",
+    "baseline",
+    "exact_method",
+]
+
+
+def _method_recovery(gkey, m, seeds, b, x, e, confidence, n_resamples) -> tuple[list, dict]:
+    """One method's recovered fraction over its paired seeds: the per-seed rows and the
+    summary row (bootstrap interval of the ratio of means, permutation p of the gap)."""
+    seed_rows = []
+    frac = np.atleast_1d(recovered_fraction(b, x, e))
+    for s, bi, xi, ei, fi in zip(seeds, b, x, e, frac):
+        seed_rows.append(
+            {
+                **gkey,
+                "method": m,
+                "seed": s,
+                "base": bi,
+                "value": xi,
+                "exact": ei,
+                "recovered": fi,
+            }
+        )
+    st = mean_ci(frac, confidence)
+    lo, hi = ratio_of_means_ci(b, x, e, confidence, n_resamples)
+    gap_p = contrast(e, b, paired=True, n_resamples=n_resamples)["p"]
+    row = {
+        **gkey,
+        "method": m,
+        "n_seeds": len(seeds),
+        "base": b.mean(),
+        "value": x.mean(),
+        "exact": e.mean(),
+        "recovered": recovered_fraction(b.mean(), x.mean(), e.mean()),
+        "ci_low": lo,
+        "ci_high": hi,
+        "gap_p": gap_p,
+        "recovered_seed_mean": st["mean"],
+        "recovered_std": st["std"],
+    }
+    return seed_rows, row
+
+
 def gap_recovery(
     df: pd.DataFrame,
     metric: str = "bpb.exact",
@@ -169,57 +225,10 @@ def gap_recovery(
                 )
                 continue
             b, x, e = by[baseline][seeds].values, vals[seeds].values, by[exact][seeds].values
-            frac = np.atleast_1d(recovered_fraction(b, x, e))
-            for s, bi, xi, ei, fi in zip(seeds, b, x, e, frac):
-                per_seed.append(
-                    {
-                        **gkey,
-                        "method": m,
-                        "seed": s,
-                        "base": bi,
-                        "value": xi,
-                        "exact": ei,
-                        "recovered": fi,
-                    }
-                )
-            st = mean_ci(frac, confidence)
-            lo, hi = ratio_of_means_ci(b, x, e, confidence, n_resamples)
-            gap_p = contrast(e, b, paired=True, n_resamples=n_resamples)["p"]
-            summary.append(
-                {
-                    **gkey,
-                    "method": m,
-                    "n_seeds": len(seeds),
-                    "base": b.mean(),
-                    "value": x.mean(),
-                    "exact": e.mean(),
-                    "recovered": recovered_fraction(b.mean(), x.mean(), e.mean()),
-                    "ci_low": lo,
-                    "ci_high": hi,
-                    "gap_p": gap_p,
-                    "recovered_seed_mean": st["mean"],
-                    "recovered_std": st["std"],
-                    "metric": metric,
-                    "baseline": baseline,
-                    "exact_method": exact,
-                }
-            )
-    cols = keys + [
-        "method",
-        "n_seeds",
-        "base",
-        "value",
-        "exact",
-        "recovered",
-        "ci_low",
-        "ci_high",
-        "gap_p",
-        "recovered_seed_mean",
-        "recovered_std",
-        "metric",
-        "baseline",
-        "exact_method",
-    ]
+            seed_rows, row = _method_recovery(gkey, m, seeds, b, x, e, confidence, n_resamples)
+            per_seed += seed_rows
+            summary.append({**row, "metric": metric, "baseline": baseline, "exact_method": exact})
+    cols = keys + SUMMARY_COLUMNS
     out = pd.DataFrame(summary, columns=cols)
     out.attrs["per_seed"] = pd.DataFrame(
         per_seed, columns=keys + ["method", "seed", "base", "value", "exact", "recovered"]

@@ -185,6 +185,51 @@ def _split(B: int, train_frac: float, seed: int):
     return perm[:n_train], perm[n_train:]
 
 
+def _check_sites(acts: dict, B: int, T: int) -> None:
+    for s, a in acts.items():
+        if a.shape[:2] != (B, T):
+            raise ValueError(
+                f"acts[{s!r}] has shape {tuple(a.shape)}; allowed: (B, T, ...) = ({B}, {T}, ...)"
+            )
+
+
+def _probe_rows(specs, accuracies: list[float], n_test: int) -> list[dict]:
+    return [
+        {
+            "site": site,
+            "target": target,
+            "position": t + 1,
+            "control": control,
+            "accuracy": a,
+            "n_test": n_test,
+        }
+        for (site, target, t, control), a in zip(specs, accuracies)
+    ]
+
+
+def _majority_rows(specs, state, tr, te, C: int, label: str) -> list[dict]:
+    """The majority control of each probed (site, target, position)."""
+    rows = []
+    # majority: the most frequent training label at that position, scored on the test split
+    for site, target, t, control in specs:
+        if control != label:
+            continue
+        lag = 1 if target == "state_prev" else 0
+        y = state[:, t - lag]
+        maj = torch.bincount(y[tr], minlength=C).argmax()
+        rows.append(
+            {
+                "site": site,
+                "target": target,
+                "position": t + 1,
+                "control": "majority",
+                "accuracy": float((y[te] == maj).float().mean()),
+                "n_test": len(te),
+            }
+        )
+    return rows
+
+
 def probe_activations(
     acts: dict,
     state: torch.Tensor,
@@ -211,11 +256,7 @@ def probe_activations(
             f"state is invalid; allowed: a (B, T) integer tensor, got {tuple(state.shape)}"
         )
     B, T = state.shape
-    for s, a in acts.items():
-        if a.shape[:2] != (B, T):
-            raise ValueError(
-                f"acts[{s!r}] has shape {tuple(a.shape)}; allowed: (B, T, ...) = ({B}, {T}, ...)"
-            )
+    _check_sites(acts, B, T)
     positions = list(range(T)) if positions is None else list(positions)
     tr, te = _split(B, train_frac, seed)
     C = n_classes or int(state.max()) + 1
@@ -252,34 +293,8 @@ def probe_activations(
             weight_decay,
             steps,
         )
-        for (site, target, t, control), a in zip(specs, acc.tolist()):
-            rows.append(
-                {
-                    "site": site,
-                    "target": target,
-                    "position": t + 1,
-                    "control": control,
-                    "accuracy": a,
-                    "n_test": len(te),
-                }
-            )
-        # majority: the most frequent training label at that position, scored on the test split
-        for site, target, t, control in specs:
-            if control != label:
-                continue
-            lag = 1 if target == "state_prev" else 0
-            y = state[:, t - lag]
-            maj = torch.bincount(y[tr], minlength=C).argmax()
-            rows.append(
-                {
-                    "site": site,
-                    "target": target,
-                    "position": t + 1,
-                    "control": "majority",
-                    "accuracy": float((y[te] == maj).float().mean()),
-                    "n_test": len(te),
-                }
-            )
+        rows += _probe_rows(specs, acc.tolist(), len(te))
+        rows += _majority_rows(specs, state, tr, te, C, label)
     cols = ["site", "target", "position", "control", "accuracy", "n_test"]
     out = pd.DataFrame(rows, columns=cols)
     if shuffled and n_shuffles > 1 and not out.empty:

@@ -70,22 +70,8 @@ def add_plugin_argument(p: argparse.ArgumentParser, dest: str = "plugin") -> Non
     )
 
 
-def build_parser() -> Parser:
-    p = Parser(
-        prog=PROG,
-        description=__doc__.split("\n\n")[0].replace("\n", " "),
-        epilog="Figures go into the run they describe (several runs: <store>/.analysis/), store "
-        "tables into <store>/.analysis/tables/ (scaling: outputs/<store name>/ or --out, outside "
-        "the store); each path is printed.",
-    )
-    add_plugin_argument(p, "plugins_first")
-    sub = p.add_subparsers(
-        dest="cmd",
-        required=True,
-        metavar="{probe,gap,depth,convergence,gradient,exactness,contraction,scaling}",
-        parser_class=Parser,
-    )
-    pr = sub.add_parser(
+def add_probe_command(sub) -> None:
+    p = sub.add_parser(
         "probe",
         help="linear probes per layer x position (tables/probe_<decoding>.csv in each run), "
         "heatmaps side by side",
@@ -94,84 +80,93 @@ def build_parser() -> Parser:
         "heatmaps as <run>/probe_heatmap_<decoding>.png (several runs side by side: "
         "<store>/.analysis/probe_<decoding>_<digest of the run names>.png).",
     )
-    pr.add_argument("runs", nargs="+", metavar="RUN", help="run folders (each with a checkpoint)")
-    pr.add_argument(
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run folders (each with a checkpoint)")
+    p.add_argument(
         "--decoding",
         default="exact",
         help="exact (recurrent decoding, what inference does), train (the run's training "
         "schedule, parallel forward), or a schedule spec such as interleaved:2 "
         "(default: %(default)s)",
     )
-    pr.add_argument(
+    p.add_argument(
         "--n-sequences",
         type=positive_int,
         default=512,
         metavar="N",
         help="held-out sequences probed per run (default: %(default)s)",
     )
-    pr.add_argument(
+    p.add_argument(
         "--max-positions",
         type=positive_int,
         default=16,
         metavar="N",
         help="positions probed per sequence, from the first (default: %(default)s)",
     )
-    g = sub.add_parser(
+
+
+def add_gap_command(sub) -> None:
+    p = sub.add_parser(
         "gap",
         help="BPB per run, gap recovery, mismatch, refinement (.analysis/tables/)",
         description="BPB of every run (tables/bpb.csv, computed where missing), then gap "
         "recovery, train/inference mismatch and refinement tables in <store>/.analysis/tables/ "
         "and the plot <store>/.analysis/gap_recovery.png.",
     )
-    g.add_argument("store", help="a run store (folder of run folders)")
-    g.add_argument(
+    p.add_argument("store", help="a run store (folder of run folders)")
+    p.add_argument(
         "--n-sequences",
         type=positive_int,
         default=512,
         metavar="N",
         help="held-out sequences per run (default: %(default)s)",
     )
-    g.add_argument(
+    p.add_argument(
         "--metric",
         default="bpb.exact",
         help="the metric gap recovery compares: bpb.exact or bpb.parallel (default: %(default)s)",
     )
-    d = sub.add_parser(
+
+
+def add_depth_command(sub) -> None:
+    p = sub.add_parser(
         "depth",
         help="depth sweep tables (.analysis/tables/depth_sweep.csv, depth_worth.csv)",
         description="pos@90 against depth per method, and what depth each method needs to reach "
         "each target; tables in <store>/.analysis/tables/, the plot "
         "<store>/.analysis/depth_curve.png.",
     )
-    d.add_argument("store", help="a run store of a depth sweep")
-    d.add_argument(
+    p.add_argument("store", help="a run store of a depth sweep")
+    p.add_argument(
         "--metric",
         default=None,
         help="a summary column (default: each run's pos@90 at its training length)",
     )
-    d.add_argument(
+    p.add_argument(
         "--targets",
         type=number_list,
         default=(),
         metavar="T1,T2",
         help="comma-separated pos@90 targets, e.g. 4,8 (default: none)",
     )
-    c = sub.add_parser(
+
+
+def add_convergence_command(sub) -> None:
+    p = sub.add_parser(
         "convergence",
         help="fixed-point sweeps on trained runs (tables/convergence.csv + <run>/convergence.png)",
         description="Jacobi sweeps of each run's memory to its fixed point: the residual per "
         "sweep and the sweeps each tolerance needs; tables/convergence.csv and the plot "
         "<run>/convergence.png in each run.",
     )
-    c.add_argument("runs", nargs="+", metavar="RUN", help="run folders (each with a checkpoint)")
-    c.add_argument(
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run folders (each with a checkpoint)")
+    p.add_argument(
         "--n-sequences",
         type=positive_int,
         default=128,
         metavar="N",
         help="held-out sequences per run (default: %(default)s)",
     )
-    c.add_argument(
+    p.add_argument(
         "--max-sweeps",
         type=positive_int,
         default=None,
@@ -179,14 +174,17 @@ def build_parser() -> Parser:
         help="the most sweeps run (default: the sequence length, where exact recurrence is "
         "reached)",
     )
-    c.add_argument(
+    p.add_argument(
         "--tols",
         type=number_list,
         default=(0.1, 0.01, 0.001),
         metavar="TOL1,TOL2",
         help="comma-separated tolerances on the residual (default: 0.1,0.01,0.001)",
     )
-    gr = sub.add_parser(
+
+
+def add_gradient_command(sub) -> None:
+    p = sub.add_parser(
         "gradient",
         help="each trainer's gradient against exact BPTT's, per parameter group "
         "(tables/gradient_fidelity.csv + <run>/gradient_fidelity.png)",
@@ -194,22 +192,25 @@ def build_parser() -> Parser:
         "and norm ratio of each schedule's gradient to exact BPTT's, per parameter group, against "
         "the forward sweeps F and differentiated sweeps G; the smallest F whose cosine passes 0.9.",
     )
-    gr.add_argument("run", metavar="RUN", help="a run folder (with a checkpoint)")
-    gr.add_argument(
+    p.add_argument("run", metavar="RUN", help="a run folder (with a checkpoint)")
+    p.add_argument(
         "--schedules",
         default=None,
         metavar="SPEC[,SPEC...]",
         help="schedule spellings to compare (default: fixedpoint, fullseq, gaussseidel, "
         "interleaved and rollout at F = 1, 2, 4, ... up to the run's length)",
     )
-    gr.add_argument(
+    p.add_argument(
         "--n-sequences",
         type=positive_int,
         default=16,
         metavar="N",
         help="held-out sequences (default: %(default)s)",
     )
-    ex = sub.add_parser(
+
+
+def add_exactness_command(sub) -> None:
+    p = sub.add_parser(
         "exactness",
         help="sweeps and wall clock each schedule's sweep needs to reach exact decoding "
         "(tables/exactness.csv + <run>/exactness.png)",
@@ -219,8 +220,8 @@ def build_parser() -> Parser:
         "sweeps and wall clock each needs, and whether it converges, plateaus or diverges when "
         "iterated far past its training depth.",
     )
-    ex.add_argument("run", metavar="RUN", help="a run folder (with a checkpoint)")
-    ex.add_argument(
+    p.add_argument("run", metavar="RUN", help="a run folder (with a checkpoint)")
+    p.add_argument(
         "--schedules",
         "--orderings",  # the earlier name, kept working
         dest="schedules",
@@ -230,28 +231,31 @@ def build_parser() -> Parser:
         "interleaved:S, chunked:C, ... (default: fullseq:1, interleaved:2,4,8,16 and chunked "
         "of T/8 and T/2; the earlier jacobi, gs:S, chunks:C still read)",
     )
-    ex.add_argument(
+    p.add_argument(
         "--sweeps",
         type=positive_int,
         default=30,
         metavar="N",
         help="sweeps after the init pass (default: %(default)s; 1000 to look far past training)",
     )
-    ex.add_argument(
+    p.add_argument(
         "--n-sequences",
         type=positive_int,
         default=16,
         metavar="N",
         help="held-out sequences (default: %(default)s)",
     )
-    ex.add_argument(
+    p.add_argument(
         "--length",
         type=positive_int,
         default=None,
         metavar="T",
         help="sequence length (default: the run's training length)",
     )
-    ct = sub.add_parser(
+
+
+def add_contraction_command(sub) -> None:
+    p = sub.add_parser(
         "contraction",
         help="the memory map's Lyapunov exponent and the fixed-point sweeps it predicts "
         "(tables/contraction.csv + <run>/contraction.png)",
@@ -260,29 +264,32 @@ def build_parser() -> Parser:
         "sweeps it predicts for each tolerance beside those measured; with the values the "
         "monitor logged during training.",
     )
-    ct.add_argument("run", metavar="RUN", help="a run folder (with a checkpoint)")
-    ct.add_argument(
+    p.add_argument("run", metavar="RUN", help="a run folder (with a checkpoint)")
+    p.add_argument(
         "--n-sequences",
         type=positive_int,
         default=16,
         metavar="N",
         help="held-out sequences (default: %(default)s)",
     )
-    ct.add_argument(
+    p.add_argument(
         "--length",
         type=positive_int,
         default=None,
         metavar="T",
         help="sequence length (default: the run's training length)",
     )
-    ct.add_argument(
+    p.add_argument(
         "--tols",
         type=number_list,
         default=(0.1, 0.01),
         metavar="TOL1,TOL2",
         help="comma-separated relative tolerances (default: 0.1,0.01)",
     )
-    s = sub.add_parser(
+
+
+def add_scaling_command(sub) -> None:
+    p = sub.add_parser(
         "scaling",
         help="BPB against compute: points, paired deltas, power-law fits, decision (+ PNG)",
         description="BPB against compute from the runs trained with a tokens-per-parameter "
@@ -290,33 +297,65 @@ def build_parser() -> Parser:
         "tables in outputs/<store name>/tables/, the plot outputs/<store name>/"
         "scaling_<metric>_<x>.png (or under --out), nothing into the store.",
     )
-    s.add_argument("store", help="a run store of runs trained with --tokens-per-param")
-    s.add_argument(
+    p.add_argument("store", help="a run store of runs trained with --tokens-per-param")
+    p.add_argument(
         "--x",
         default="C",
         choices=("C", "flops", "wall_s"),
         help="x-axis: C (the paper's compute per parameter), flops or wall_s (default: "
         "%(default)s)",
     )
-    s.add_argument(
+    p.add_argument(
         "--metric",
         default="bpb_exact",
         choices=("bpb_exact", "bpb_parallel"),
         help="bpb_exact or bpb_parallel (default: %(default)s)",
     )
-    s.add_argument(
+    p.add_argument(
         "--prefix", default="", help="only runs whose names start with this (default: every run)"
     )
-    s.add_argument(
+    p.add_argument(
         "--out",
         default=None,
         metavar="DIR",
         help="where the tables and the plot go (default: outputs/<store folder name>/ under the "
         "current directory; nothing is written into the store)",
     )
+
+
+# The subcommands in the order --help lists them: a new one is a function above and a line here.
+COMMANDS = (
+    ("probe", add_probe_command),
+    ("gap", add_gap_command),
+    ("depth", add_depth_command),
+    ("convergence", add_convergence_command),
+    ("gradient", add_gradient_command),
+    ("exactness", add_exactness_command),
+    ("contraction", add_contraction_command),
+    ("scaling", add_scaling_command),
+)
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog=PROG,
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+        epilog="Figures go into the run they describe (several runs: <store>/.analysis/), store "
+        "tables into <store>/.analysis/tables/ (scaling: outputs/<store name>/ or --out, outside "
+        "the store); each path is printed.",
+    )
+    add_plugin_argument(parser, "plugins_first")
+    sub = parser.add_subparsers(
+        dest="cmd",
+        required=True,
+        metavar="{" + ",".join(name for name, _ in COMMANDS) + "}",
+        parser_class=Parser,
+    )
+    for _, add_command in COMMANDS:
+        add_command(sub)
     for command in sub.choices.values():
         add_plugin_argument(command)
-    return p
+    return parser
 
 
 def main(argv=None, debug: bool | None = None) -> int:
@@ -389,6 +428,8 @@ def figure_decoding(tables: dict) -> str:
 
 
 def _analyze(a) -> int:
+    """The subcommands that load a run's model (all but scaling), each printing its tables and
+    writing its figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -398,125 +439,152 @@ def _analyze(a) -> int:
     torch.set_num_threads(1)
     pd.set_option("display.width", 200)
     pd.set_option("display.max_columns", 40)
-    from lrt_lab.analysis import (
-        analyze_depth_sweep,
-        analyze_gap,
-        plot_depth_curve,
-        plot_gap_recovery,
-        plot_probe_comparison,
-        probe_run,
-    )
-    from lrt_lab.analysis.loading import analysis_dir, as_run
+    ANALYSES[a.cmd](a)
+    return 0
 
-    if a.cmd == "probe":
-        tables, runs = {}, []
-        for r in a.runs:
-            run = as_run(r)
-            t = probe_run(run, a.decoding, n_sequences=a.n_sequences, max_positions=a.max_positions)
-            tables[run.name] = t
-            runs.append(run)
-            print(run.name)
-            print(
-                t.pivot_table(
-                    index=["site", "target", "control"], columns="position", values="accuracy"
-                )
-                .round(2)
-                .to_string()
-            )
-        out = probe_figure_path(runs, figure_decoding(tables))
-        plot_probe_comparison(tables).savefig(out, dpi=110)
-        print(f"heatmap: {out}")
-    elif a.cmd == "gap":
-        tables = analyze_gap(a.store, metric=a.metric, n_sequences=a.n_sequences)
-        for name, t in tables.items():
-            print(f"\n{name}\n{t.to_string(index=False)}")
-        if not tables["gap_recovery"].empty:
-            out = analysis_dir(a.store) / "gap_recovery.png"
-            plot_gap_recovery(tables["gap_recovery"]).savefig(out, dpi=110)
-            print(f"plot: {out}")
-    elif a.cmd == "convergence":
-        from lrt_lab.analysis.convergence import (
-            convergence_run,
-            plot_convergence,
-            residual_per_sweep,
-            sweeps_to_converge,
-        )
 
-        for r in a.runs:
-            run = as_run(r)
-            trace = convergence_run(run, n_sequences=a.n_sequences, max_sweeps=a.max_sweeps)
-            need = sweeps_to_converge(trace, a.tols)
-            print(run.name)
-            print(residual_per_sweep(trace).to_string(index=False))
-            print(need[need["position"] == "all"].to_string(index=False))
-            out = run.path / "convergence.png"
-            plot_convergence(trace, a.tols, title=run.name).savefig(out, dpi=110)
-            print(f"plot: {out}")
-    elif a.cmd == "gradient":
-        from lrt_lab.analysis.gradient import (
-            gradient_run,
-            plot_gradient_fidelity,
-            smallest_passing,
-        )
-        from lrt_lab.run.registry import split_spellings
+def _probe(a) -> None:
+    from lrt_lab.analysis import plot_probe_comparison, probe_run
+    from lrt_lab.analysis.loading import as_run
 
-        run = as_run(a.run)
-        specs = split_spellings([a.schedules]) if a.schedules else None
-        table = gradient_run(run, specs, n_sequences=a.n_sequences)
+    tables, runs = {}, []
+    for r in a.runs:
+        run = as_run(r)
+        t = probe_run(run, a.decoding, n_sequences=a.n_sequences, max_positions=a.max_positions)
+        tables[run.name] = t
+        runs.append(run)
         print(run.name)
         print(
-            table.pivot_table(
-                index=["family", "F", "G", "schedule"], columns="group", values="cosine"
+            t.pivot_table(
+                index=["site", "target", "control"], columns="position", values="accuracy"
             )
-            .round(3)
+            .round(2)
             .to_string()
         )
-        print("\nsmallest F whose cosine passes 0.9 in every group:")
-        print(smallest_passing(table).to_string(index=False))
-        out = run.path / "gradient_fidelity.png"
-        plot_gradient_fidelity(table, title=run.name).savefig(out, dpi=110)
-        print(f"table: {run.path / 'tables' / 'gradient_fidelity.csv'}\nplot: {out}")
-    elif a.cmd == "exactness":
-        from lrt_lab.analysis.exactness import (
-            exactness_run,
-            passes_to_exactness,
-            plot_exactness,
-            table_name,
-        )
-        from lrt_lab.run.registry import split_spellings
+    out = probe_figure_path(runs, figure_decoding(tables))
+    plot_probe_comparison(tables).savefig(out, dpi=110)
+    print(f"heatmap: {out}")
 
-        run = as_run(a.run)
-        specs = [s.strip() for s in split_spellings([a.schedules])] if a.schedules else None
-        trace = exactness_run(
-            run, specs, max_sweeps=a.sweeps, n_sequences=a.n_sequences, length=a.length
-        )
-        print(run.name)
-        at = tuple(k for k in (1, 2, 4, 8, 30, 1000) if k <= a.sweeps)
-        print(passes_to_exactness(trace, at=at).to_string(index=False))
-        name = table_name("exactness", run, a.length or run.config["train"]["length"])
-        out = run.path / f"{name}.png"
-        plot_exactness(trace, title=run.name).savefig(out, dpi=110)
-        print(f"table: {run.path / 'tables' / f'{name}.csv'}\nplot: {out}")
-    elif a.cmd == "contraction":
-        from lrt_lab.analysis.contraction import contraction_run, plot_contraction
-        from lrt_lab.analysis.exactness import table_name
 
-        run = as_run(a.run)
-        tables = contraction_run(run, n_sequences=a.n_sequences, length=a.length, tols=a.tols)
-        print(run.name)
-        print(tables["summary"].drop(columns="run").to_string(index=False))
-        name = table_name("contraction", run, a.length or run.config["train"]["length"])
-        out = run.path / f"{name}.png"
-        plot_contraction(tables, tables["history"], title=run.name).savefig(out, dpi=110)
-        print(f"table: {run.path / 'tables' / f'{name}.csv'}\nplot: {out}")
-    else:
-        tables = analyze_depth_sweep(a.store, a.metric, a.targets)
-        for name, t in tables.items():
-            print(f"\n{name}\n{t.to_string(index=False)}")
-        out = analysis_dir(a.store) / "depth_curve.png"
-        plot_depth_curve(tables["depth_sweep"]).savefig(out, dpi=110)
+def _gap(a) -> None:
+    from lrt_lab.analysis import analyze_gap, plot_gap_recovery
+    from lrt_lab.analysis.loading import analysis_dir
+
+    tables = analyze_gap(a.store, metric=a.metric, n_sequences=a.n_sequences)
+    for name, t in tables.items():
+        print(f"\n{name}\n{t.to_string(index=False)}")
+    if not tables["gap_recovery"].empty:
+        out = analysis_dir(a.store) / "gap_recovery.png"
+        plot_gap_recovery(tables["gap_recovery"]).savefig(out, dpi=110)
         print(f"plot: {out}")
-    return 0
+
+
+def _convergence(a) -> None:
+    from lrt_lab.analysis.convergence import (
+        convergence_run,
+        plot_convergence,
+        residual_per_sweep,
+        sweeps_to_converge,
+    )
+    from lrt_lab.analysis.loading import as_run
+
+    for r in a.runs:
+        run = as_run(r)
+        trace = convergence_run(run, n_sequences=a.n_sequences, max_sweeps=a.max_sweeps)
+        need = sweeps_to_converge(trace, a.tols)
+        print(run.name)
+        print(residual_per_sweep(trace).to_string(index=False))
+        print(need[need["position"] == "all"].to_string(index=False))
+        out = run.path / "convergence.png"
+        plot_convergence(trace, a.tols, title=run.name).savefig(out, dpi=110)
+        print(f"plot: {out}")
+
+
+def _gradient(a) -> None:
+    from lrt_lab.analysis.gradient import (
+        gradient_run,
+        plot_gradient_fidelity,
+        smallest_passing,
+    )
+    from lrt_lab.analysis.loading import as_run
+    from lrt_lab.run.registry import split_spellings
+
+    run = as_run(a.run)
+    specs = split_spellings([a.schedules]) if a.schedules else None
+    table = gradient_run(run, specs, n_sequences=a.n_sequences)
+    print(run.name)
+    print(
+        table.pivot_table(index=["family", "F", "G", "schedule"], columns="group", values="cosine")
+        .round(3)
+        .to_string()
+    )
+    print("\nsmallest F whose cosine passes 0.9 in every group:")
+    print(smallest_passing(table).to_string(index=False))
+    out = run.path / "gradient_fidelity.png"
+    plot_gradient_fidelity(table, title=run.name).savefig(out, dpi=110)
+    print(f"table: {run.path / 'tables' / 'gradient_fidelity.csv'}\nplot: {out}")
+
+
+def _exactness(a) -> None:
+    from lrt_lab.analysis.exactness import (
+        exactness_run,
+        passes_to_exactness,
+        plot_exactness,
+        table_name,
+    )
+    from lrt_lab.analysis.loading import as_run
+    from lrt_lab.run.registry import split_spellings
+
+    run = as_run(a.run)
+    specs = [s.strip() for s in split_spellings([a.schedules])] if a.schedules else None
+    trace = exactness_run(
+        run, specs, max_sweeps=a.sweeps, n_sequences=a.n_sequences, length=a.length
+    )
+    print(run.name)
+    at = tuple(k for k in (1, 2, 4, 8, 30, 1000) if k <= a.sweeps)
+    print(passes_to_exactness(trace, at=at).to_string(index=False))
+    name = table_name("exactness", run, a.length or run.config["train"]["length"])
+    out = run.path / f"{name}.png"
+    plot_exactness(trace, title=run.name).savefig(out, dpi=110)
+    print(f"table: {run.path / 'tables' / f'{name}.csv'}\nplot: {out}")
+
+
+def _contraction(a) -> None:
+    from lrt_lab.analysis.contraction import contraction_run, plot_contraction
+    from lrt_lab.analysis.exactness import table_name
+    from lrt_lab.analysis.loading import as_run
+
+    run = as_run(a.run)
+    tables = contraction_run(run, n_sequences=a.n_sequences, length=a.length, tols=a.tols)
+    print(run.name)
+    print(tables["summary"].drop(columns="run").to_string(index=False))
+    name = table_name("contraction", run, a.length or run.config["train"]["length"])
+    out = run.path / f"{name}.png"
+    plot_contraction(tables, tables["history"], title=run.name).savefig(out, dpi=110)
+    print(f"table: {run.path / 'tables' / f'{name}.csv'}\nplot: {out}")
+
+
+def _depth(a) -> None:
+    from lrt_lab.analysis import analyze_depth_sweep, plot_depth_curve
+    from lrt_lab.analysis.loading import analysis_dir
+
+    tables = analyze_depth_sweep(a.store, a.metric, a.targets)
+    for name, t in tables.items():
+        print(f"\n{name}\n{t.to_string(index=False)}")
+    out = analysis_dir(a.store) / "depth_curve.png"
+    plot_depth_curve(tables["depth_sweep"]).savefig(out, dpi=110)
+    print(f"plot: {out}")
+
+
+ANALYSES = {
+    "probe": _probe,
+    "gap": _gap,
+    "convergence": _convergence,
+    "gradient": _gradient,
+    "exactness": _exactness,
+    "contraction": _contraction,
+    "depth": _depth,
+}
 
 
 def _scaling(a) -> int:

@@ -1053,43 +1053,8 @@ def run_compile_study(
     rows = []
     try:
         for name in shapes:
-            shape = COMPILE_SHAPES[name]
             for kind, memory, schedule in COMPILE_CASES:
-                steps = {}
-                first = {}
-                for mode in ("eager", "compiled"):
-                    steps[mode] = _compile_case(shape, memory, schedule, mode == "compiled", seed)
-                    t = time.perf_counter()
-                    steps[mode]()
-                    first[mode] = time.perf_counter() - t
-                    log(f"  {name} {kind} {mode}: first step {first[mode]:.1f} s")
-                for mode in steps:
-                    for _ in range(warmup):
-                        steps[mode]()
-                cpu = {"eager": [], "compiled": []}
-                wall = {"eager": [], "compiled": []}
-                losses = {"eager": [], "compiled": []}
-                for _ in range(repeats):
-                    for mode in ("eager", "compiled"):
-                        c, w = time.process_time(), time.perf_counter()
-                        losses[mode].append(steps[mode]())
-                        cpu[mode].append(time.process_time() - c)
-                        wall[mode].append(time.perf_counter() - w)
-                med = {m: statistics.median(v) for m, v in cpu.items()}
-                row = {
-                    "shape": name,
-                    **dataclasses.asdict(shape),
-                    "model": kind,
-                    "schedule": schedule.spec,
-                    "first_step_s": first,
-                    "step_cpu_s": med,
-                    "step_wall_s": {m: statistics.median(v) for m, v in wall.items()},
-                    "steps_per_s": {m: 1 / v for m, v in med.items()},
-                    "speedup": med["eager"] / med["compiled"],
-                    "max_abs_loss_diff": max(
-                        abs(a - b) for a, b in zip(losses["eager"], losses["compiled"])
-                    ),
-                }
+                row = _compile_case_row(name, kind, memory, schedule, repeats, warmup, seed, log)
                 rows.append(row)
                 log(f"  {name} {kind}: compiled {row['speedup']:.2f}x eager (steady)")
     finally:
@@ -1107,6 +1072,45 @@ def run_compile_study(
         "compile_by_default": min(gains) >= COMPILE_GAIN_FOR_DEFAULT,
         "rule": f"sweeps compile by default if every steady speed-up >= "
         f"{COMPILE_GAIN_FOR_DEFAULT}x",
+    }
+
+
+def _compile_case_row(name, kind, memory, schedule, repeats, warmup, seed, log) -> dict:
+    """One shape and model of the compile study: the first step of each mode, then `warmup`
+    steps each, then `repeats` steps with eager and compiled alternating."""
+    shape = COMPILE_SHAPES[name]
+    steps = {}
+    first = {}
+    for mode in ("eager", "compiled"):
+        steps[mode] = _compile_case(shape, memory, schedule, mode == "compiled", seed)
+        t = time.perf_counter()
+        steps[mode]()
+        first[mode] = time.perf_counter() - t
+        log(f"  {name} {kind} {mode}: first step {first[mode]:.1f} s")
+    for mode in steps:
+        for _ in range(warmup):
+            steps[mode]()
+    cpu = {"eager": [], "compiled": []}
+    wall = {"eager": [], "compiled": []}
+    losses = {"eager": [], "compiled": []}
+    for _ in range(repeats):
+        for mode in ("eager", "compiled"):
+            c, w = time.process_time(), time.perf_counter()
+            losses[mode].append(steps[mode]())
+            cpu[mode].append(time.process_time() - c)
+            wall[mode].append(time.perf_counter() - w)
+    med = {m: statistics.median(v) for m, v in cpu.items()}
+    return {
+        "shape": name,
+        **dataclasses.asdict(shape),
+        "model": kind,
+        "schedule": schedule.spec,
+        "first_step_s": first,
+        "step_cpu_s": med,
+        "step_wall_s": {m: statistics.median(v) for m, v in wall.items()},
+        "steps_per_s": {m: 1 / v for m, v in med.items()},
+        "speedup": med["eager"] / med["compiled"],
+        "max_abs_loss_diff": max(abs(a - b) for a, b in zip(losses["eager"], losses["compiled"])),
     }
 
 

@@ -64,7 +64,21 @@ def int_list(text: str) -> tuple[int, ...]:
 
 
 def add_train_arguments(p: argparse.ArgumentParser):
+    """The train options, in the order --help lists them; a new option goes into its group."""
     d = SimpleNamespace(**defaults())  # no TrainConfig() here: checking one loads torch
+    for add_group in (
+        _add_task_arguments,
+        _add_model_arguments,
+        _add_budget_arguments,
+        _add_eval_arguments,
+        _add_run_arguments,
+    ):
+        add_group(p, d)
+    add_threads_argument(p)
+    add_plugin_argument(p)
+
+
+def _add_task_arguments(p: argparse.ArgumentParser, d: SimpleNamespace):
     p.add_argument(
         "--task",
         default=d.task,
@@ -82,6 +96,9 @@ def add_train_arguments(p: argparse.ArgumentParser):
         metavar="KEY=VALUE",
         help="task option, e.g. group=S4, alphabet_size=16",
     )
+
+
+def _add_model_arguments(p: argparse.ArgumentParser, d: SimpleNamespace):
     p.add_argument("--preset", default=d.preset, help="model shape: tiny, small, a5, d12, d20, d24")
     p.add_argument(
         "--model",
@@ -109,6 +126,10 @@ def add_train_arguments(p: argparse.ArgumentParser):
         help="override a model config field, e.g. n_layer=2, memory.source_layer=2 (layers "
         "count from 1: the second block's output), memory.gamma_init=0",
     )
+
+
+def _add_budget_arguments(p: argparse.ArgumentParser, d: SimpleNamespace):
+    """How long and how big: steps or a token budget, batch, seed, learning rate."""
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument(
         "--tokens-per-param",
@@ -128,6 +149,9 @@ def add_train_arguments(p: argparse.ArgumentParser):
     p.add_argument(
         "--lr-scale", type=float, default=d.lr_scale, help="multiplies every learning rate"
     )
+
+
+def _add_eval_arguments(p: argparse.ArgumentParser, d: SimpleNamespace):
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument(
         "--eval-lengths",
@@ -141,6 +165,10 @@ def add_train_arguments(p: argparse.ArgumentParser):
     p.add_argument(
         "--no-exact-eval", action="store_true", help="skip exact recurrent-decoding evaluation"
     )
+
+
+def _add_run_arguments(p: argparse.ArgumentParser, d: SimpleNamespace):
+    """Where and how the run goes: the loss-spike guard, checkpoints, device, its folder, resuming."""
     p.add_argument(  # the loss-spike guard (lrt_lab.training.guard)
         "--spike-guard",
         type=float,
@@ -162,8 +190,6 @@ def add_train_arguments(p: argparse.ArgumentParser):
         "--resume", action="store_true", help="continue the run folder from its last checkpoint"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_threads_argument(p)
-    add_plugin_argument(p)
 
 
 def add_plugin_argument(p: argparse.ArgumentParser, recorded: str = "recorded in the run's config"):
@@ -499,23 +525,25 @@ def add_store_parser(sub) -> None:
     p.set_defaults(func=cmd_store_compact)
 
 
-def build_parser() -> Parser:
-    parser = Parser(prog="lrt-lab", description="Latent Recurrent Transformer research sandbox.")
-    parser.add_argument(
-        "--debug",
-        action="store_true",
-        help="show the traceback of an unexpected failure (also: LRT_LAB_DEBUG=1)",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+def _stated() -> dict:
+    """What the help of a command that trains says beyond its options: the exit statuses."""
+    return dict(epilog=exitcodes.epilog(), formatter_class=HelpFormatter)
 
-    stated = dict(epilog=exitcodes.epilog(), formatter_class=HelpFormatter)
-    p = sub.add_parser("train", help="train one model on a toy task into the run store", **stated)
+
+def add_train_command(sub) -> None:
+    p = sub.add_parser(
+        "train", help="train one model on a toy task into the run store", **_stated()
+    )
     add_train_arguments(p)
     add_log_arguments(p)
     p.set_defaults(func=cmd_train)
 
+
+def add_sweep_command(sub) -> None:
     p = sub.add_parser(
-        "sweep", **stated, help="train a grid (tasks x models x schedules x seeds) from a TOML spec"
+        "sweep",
+        **_stated(),
+        help="train a grid (tasks x models x schedules x seeds) from a TOML spec",
     )
     p.add_argument("spec", help="path to the sweep spec (.toml); see experiments/")
     p.add_argument(
@@ -571,6 +599,8 @@ def build_parser() -> Parser:
     add_log_arguments(p)
     p.set_defaults(func=cmd_sweep)
 
+
+def add_demo_command(sub) -> None:
     p = sub.add_parser(
         "demo", help="the main job: transformer vs LRT on a state-tracking task, in minutes"
     )
@@ -584,6 +614,8 @@ def build_parser() -> Parser:
     add_threads_argument(p)
     p.set_defaults(func=cmd_demo)
 
+
+def add_report_command(sub) -> None:
     p = sub.add_parser(
         "report",
         help="a comparison table over the runs in a store (mean, 95%% t-interval over seeds)",
@@ -654,6 +686,8 @@ def build_parser() -> Parser:
     )
     p.set_defaults(func=cmd_report)
 
+
+def add_analyze_command(sub) -> None:
     p = sub.add_parser(
         "analyze",
         help="probes, gap recovery, depth sweep, convergence (lrt-lab analyze -h)",
@@ -662,6 +696,8 @@ def build_parser() -> Parser:
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_analyze)
 
+
+def add_bench_command(sub) -> None:
     p = sub.add_parser(
         "bench",
         help="time training, prefill and decoding: LRT vs transformer, side by side "
@@ -671,6 +707,8 @@ def build_parser() -> Parser:
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench)
 
+
+def add_app_command(sub) -> None:
     p = sub.add_parser("app", help="open the Streamlit dashboard over a run store")
     p.add_argument(
         "--runs", default=None, help="run store (default: $LRT_RUNS, else ./runs, else ./results)"
@@ -690,7 +728,33 @@ def build_parser() -> Parser:
         "store it starts on)",
     )
     p.set_defaults(func=cmd_app)
-    add_store_parser(sub)
+
+
+# The subcommands in the order `lrt-lab --help` lists them: a new one is a function above and a
+# line here.
+COMMANDS = (
+    add_train_command,
+    add_sweep_command,
+    add_demo_command,
+    add_report_command,
+    add_analyze_command,
+    add_bench_command,
+    add_app_command,
+    add_store_parser,
+)
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="lrt-lab", description="Latent Recurrent Transformer research sandbox.")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback of an unexpected failure (also: LRT_LAB_DEBUG=1)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    for add_command in COMMANDS:
+        add_command(sub)
     return parser
 
 
