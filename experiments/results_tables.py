@@ -49,13 +49,14 @@ if __name__ == "__main__":
     # this checkout's lrt_lab, not another installed copy: the pages document it
     sys.path.insert(0, str(REPO))
 
-from lrt_lab.analysis import seed_stats  # noqa: E402
-from lrt_lab.analysis.gap import read_bpb  # noqa: E402
 from lrt_lab.commands.bench import load_results, markdown_table  # noqa: E402
 from lrt_lab.run.metrics import pos_at  # noqa: E402
-from lrt_lab.store.contrasts import contrast, smallest_p  # noqa: E402
 from lrt_lab.store.markdown import markdown_lines  # noqa: E402
-from lrt_lab.store.report import (  # noqa: E402
+from lrt_lab.store.results import load_metrics, load_plans, load_runs, load_table  # noqa: E402
+from lrt_lab.store.run_groups import one_run_per_seed, seed_groups  # noqa: E402
+from lrt_results.contrasts import contrast, smallest_p  # noqa: E402
+from lrt_results.gap import read_bpb  # noqa: E402
+from lrt_results.report import (  # noqa: E402
     frontier_points,
     memory_label,
     method_label,
@@ -63,9 +64,8 @@ from lrt_lab.store.report import (  # noqa: E402
     steps_suffix,
     supervised_every,
 )
-from lrt_lab.store.results import load_metrics, load_plans, load_runs, load_table  # noqa: E402
-from lrt_lab.store.run_groups import one_run_per_seed, seed_groups  # noqa: E402
-from lrt_lab.store.study import Study  # noqa: E402
+from lrt_results.stats import seed_stats  # noqa: E402
+from lrt_results.study import Study  # noqa: E402
 
 # Paper, app. "Non-Commutative State Tracking" (depth 4, d 256, trained at length 64, pos@90 out of
 # 64
@@ -217,7 +217,7 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
 
 
 def frontier_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16) -> str | None:
-    """The trainer frontier (`lrt_lab.store.report.frontier_points`): per trainer, the compute and
+    """The trainer frontier (`lrt_results.report.frontier_points`): per trainer, the compute and
     wall
     clock of its runs and exact pos@90 at every evaluated length, per seed; cheapest first."""
     points = frontier_points(df, task, length)
@@ -2096,7 +2096,7 @@ class TrainerStudyResults:
 
 
 def trainer_study_results(df: pd.DataFrame) -> TrainerStudyResults:
-    from lrt_lab.store.study import event_table, last_interval_table, study_table
+    from lrt_results.study import event_table, last_interval_table, study_table
 
     study, configs = trainer_study()
     names = [cfg.run_name for cfg in configs]
@@ -2109,8 +2109,8 @@ def trainer_study_results(df: pd.DataFrame) -> TrainerStudyResults:
 
 def trainer_study() -> tuple:
     """(Study, the run configs of its grid) of experiments/a5_trainers.toml."""
-    from lrt_lab.store.study import parse_study
     from lrt_lab.training.sweep import expand, load_spec
+    from lrt_results.study import parse_study
 
     spec = load_spec(TRAINER_STUDY)
     return parse_study(spec["study"]), expand(spec)
@@ -2121,7 +2121,7 @@ def trainer_study_table(df: pd.DataFrame, results: TrainerStudyResults) -> str:
     its contrasts (effects, intervals, p-values, Holm, power), a verdict per contrast and the
     time to reach the training length, over the runs of its grid that are complete; then its
     learning curves and Kaplan-Meier figure (trainer_study_figure)."""
-    from lrt_lab.store.study import study_lines
+    from lrt_results.study import study_lines
 
     study, names, table = results.study, results.names, results.table
     if not table.attrs["runs"]:
@@ -2321,8 +2321,8 @@ def trainer_study_status(results: TrainerStudyResults) -> str:
 def trainer_study_figure(df: pd.DataFrame, path, which: str):
     """The study's learning curves ("curves") or Kaplan-Meier curves ("km"); None, and nothing
     drawn, before any of its runs is complete."""
-    from lrt_lab.analysis.study_curves import plot_learning_curves
-    from lrt_lab.analysis.time_to_event import plot_time_to_event
+    from lrt_results.study_curves import plot_learning_curves
+    from lrt_results.time_to_event import plot_time_to_event
 
     study, configs = trainer_study()
     draw = {"curves": plot_learning_curves, "km": plot_time_to_event}[which]
@@ -2332,8 +2332,8 @@ def trainer_study_figure(df: pd.DataFrame, path, which: str):
 def scoreboard_table(df: pd.DataFrame) -> str | None:
     """`lrt-lab report --scoreboard` over this store's LRT runs and the retrained A5 model of
     experiments/instrument_runs/: one row per trainer, the gap and agreement at 1x/2x/4x."""
-    from lrt_lab.store.report import render_scoreboard
-    from lrt_lab.store.scoreboard import scoreboard
+    from lrt_results.report import render_scoreboard
+    from lrt_results.scoreboard import scoreboard
 
     runs = [df]
     if INSTRUMENT_STORE.is_dir():

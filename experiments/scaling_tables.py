@@ -22,7 +22,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lrt_lab.analysis.scaling import (
+from lrt_lab.store.markdown import markdown_lines
+from lrt_lab.store.results import load_plans, load_runs
+from lrt_results.contrasts import contrast, smallest_p
+from lrt_results.report import render_scoreboard
+from lrt_results.scaling import (
     BASE,
     LRT,
     budget_near,
@@ -35,11 +39,7 @@ from lrt_lab.analysis.scaling import (
     scaling_figure,
     scaling_points,
 )
-from lrt_lab.store.contrasts import contrast, smallest_p
-from lrt_lab.store.markdown import markdown_lines
-from lrt_lab.store.report import render_scoreboard
-from lrt_lab.store.results import load_plans, load_runs
-from lrt_lab.store.scoreboard import scoreboard
+from lrt_results.scoreboard import scoreboard
 
 REPO = Path(__file__).resolve().parents[1]
 STORE = REPO / "experiments" / "scaling_runs"

@@ -188,7 +188,7 @@ def test_gap_table_deltas_and_recovered_fraction_match_the_bpb_tables():
 def test_frontier_points_are_the_runs_that_differ_only_in_their_trainer():
     """From the files: A5 at length 16, every position supervised, the transformer or an LRT of
     the paper preset with no override; a method whose runs differ in steps is split by steps."""
-    from lrt_lab.store.report import frontier_points
+    from lrt_results.report import frontier_points
 
     expect = []
     for folder in sorted(STORE.iterdir()):
@@ -247,7 +247,7 @@ def test_frontier_points_are_the_runs_that_differ_only_in_their_trainer():
 def test_frontier_table_and_figure_are_built_from_the_points(tmp_path):
     tables = _tables_module()
     df = tables.earlier_runs(load_runs(STORE))
-    from lrt_lab.store.report import frontier_points
+    from lrt_results.report import frontier_points
 
     points = frontier_points(df)
     table = tables.frontier_table(df)

@@ -51,7 +51,7 @@ else:  # pragma: no cover
 from lrt_lab.core.validation import check_int, check_out_dir
 from lrt_lab.store.claims import RunClaimedError, claimed_by_other
 from lrt_lab.store.results import Run, first_names, write_plan
-from lrt_lab.store.study import check_arms, parse_study
+from lrt_lab.store.study_spec import check_arms, parse_study
 from lrt_lab.training.checkpoints import config_differences
 from lrt_lab.training.loop import TrainConfig, budgeted, prepare, train
 from lrt_lab.training.mirrors import mirror_settings
@@ -186,7 +186,7 @@ def validate_spec(spec: dict) -> dict:
     for key in ("out", "name_prefix"):
         if key in sweep and not isinstance(sweep[key], str):
             raise ValueError(f"sweep.{key}={sweep[key]!r} is invalid; allowed: a string")
-    if "study" in spec:  # lrt_lab.store.study: its fields, then its arms against the grid
+    if "study" in spec:  # lrt_results.study: its fields, then its arms against the grid
         study = parse_study(spec["study"])
         check_arms(
             study,

@@ -9,7 +9,8 @@ Sequential Training"), the train/inference mismatch, and per-refinement BPB curv
     mismatch_table(df)             -> each schedule's parallel-forward metric vs its exact decoding
     refinement_table(df)           -> BPB after each stage of FullSequence(K) (the paper's
     per-refinement table)
-    analyze_gap(store)             -> all of the above, written to <store>/.analysis/tables/ (bpb)
+    gap_tables(df)                 -> all of the above (lrt_lab.analysis.bpb.analyze_gap
+                                      writes them to <store>/.analysis/tables/)
 
 Recovered fraction = (metric_base - metric_method) / (metric_base - metric_exact): the share of
 the baseline-to-exact improvement a method keeps. It has the same value for lower-is-better (BPB)
@@ -30,11 +31,12 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from lrt_lab.store.bpb_table import read_bpb  # noqa: F401 (re-exported: the gap page reads it)
+
 # torch-free: the dashboard computes these tables from the stored BPB tables; evaluating a model
 # (torch) is lrt_lab.analysis.bpb's
-from lrt_lab.store.contrasts import contrast
-from lrt_lab.store.results import load_table
-from lrt_lab.store.stats import bootstrap_ci, mean_ci, method_column, seed_stats
+from lrt_results.contrasts import contrast
+from lrt_results.stats import bootstrap_ci, mean_ci, method_column, seed_stats
 
 DEFAULT_GROUP = (
     "config.train.task",
@@ -47,32 +49,6 @@ DEFAULT_GROUP = (
 
 # BPB
 # ------------------------------------------------------------------------------------------------
-def read_bpb(df: pd.DataFrame) -> pd.DataFrame:
-    """df (load_runs) with columns bpb.parallel, bpb.exact and bpb.stage.<k> from each run's
-    tables/bpb.csv (written by `lrt_lab.analysis.bpb.evaluate_bpb`), NaN where a run has none.
-    Stage columns are filled only for schedules whose first stage covers every position."""
-    df = df.copy()
-    values = []
-    for _, row in df.iterrows():
-        t = load_table(row, "bpb")
-        rec = {}
-        if t is not None:
-            stages = t[t["mode"] == "stage"]
-            # per-stage figures only for schedules whose first stage covers the sequence (OnePass,
-            # Interleaved, FullSequence); Chunked/Exact stages cover growing prefixes
-            full = not stages.empty and float(stages["coverage"].iloc[0]) == 1.0
-            for _, r in t.iterrows():
-                if r["mode"] != "stage":
-                    rec[f"bpb.{r['mode']}"] = r["bpb"]
-                elif full:
-                    rec[f"bpb.stage.{int(r['stage'])}"] = r["bpb"]
-        values.append(rec)
-    extra = pd.DataFrame(values, index=df.index)
-    for c in extra.columns:
-        df[c] = extra[c]
-    return df
-
-
 # Gap recovery
 # ---------------------------------------------------------------------------------------
 def recovered_fraction(base, method, exact):
@@ -115,7 +91,7 @@ def gap_recovery(
     seed_column: str = "config.train.seed",
 ) -> pd.DataFrame:
     """Recovered fraction of each method relative to `baseline` and `exact` (method labels as in
-    lrt_lab.store.report.method_label), per group of runs that share task/length/shape/steps.
+    lrt_results.report.method_label), per group of runs that share task/length/shape/steps.
 
     Returns one row per (group, method): n_seeds, the mean metric of baseline / method / exact over
     the paired seeds; recovered, the ratio of means (mean base - mean method) / (mean base - mean
@@ -307,6 +283,16 @@ def refinement_table(
 
 # Plots
 # -------------------------------------------------------------------------------------------------
+def gap_tables(df: pd.DataFrame, metric: str = "bpb.exact") -> dict:
+    """The gap analysis of a collect_bpb table: {gap_recovery, gap_recovery_per_seed, mismatch,
+    refinement} (lrt_lab.analysis.bpb.analyze_gap writes them to the store)."""
+    tables = {"gap_recovery": gap_recovery(df, metric)}
+    tables["gap_recovery_per_seed"] = tables["gap_recovery"].attrs["per_seed"]
+    tables["mismatch"] = mismatch_table(df)
+    tables["refinement"] = refinement_table(df)
+    return tables
+
+
 def plot_gap_recovery(table: pd.DataFrame, ax=None, title: str | None = None):
     """Bars of the recovered fraction per method (bootstrap
     CI), with the per-seed points; Figure."""
