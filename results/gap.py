@@ -103,15 +103,7 @@ def gap_recovery(
     recovered_std, the mean and SD of the per-seed fractions. The per-seed table is in
     .attrs["per_seed"].
     """
-    if metric not in df.columns:
-        raise ValueError(
-            f"metric={metric!r} is invalid; allowed: a column of the runs table (bpb.* columns "
-            "come from collect_bpb; summary.eval.acc_exact@L ...)"
-        )
-    if seed_column not in df.columns:
-        raise ValueError(
-            f"seed_column={seed_column!r} is invalid; allowed: a column of the runs table"
-        )
+    _check_gap_columns(df, metric, seed_column)
     df = df.copy()
     df["method"] = method_column(df)
     keys = _group_keys(df, group_by)
@@ -120,13 +112,7 @@ def gap_recovery(
     for key, sub in groups:
         key = key if isinstance(key, tuple) else (key,)
         gkey = dict(zip(keys, key))
-        dup = sub.duplicated(["method", seed_column], keep=False)
-        if dup.any():
-            raise ValueError(
-                f"runs {sub.loc[dup, 'run'].tolist()} share method and seed in group {gkey}; "
-                "allowed: one run per (method, seed); add the distinguishing column to group_by"
-            )
-        by = {m: s.set_index(seed_column)[metric].astype(float) for m, s in sub.groupby("method")}
+        by = _metric_by_method(sub, gkey, metric, seed_column)
         if baseline not in by or exact not in by:
             missing = [m for m in (baseline, exact) if m not in by]
             warnings.warn(
@@ -145,63 +131,85 @@ def gap_recovery(
                 )
                 continue
             b, x, e = by[baseline][seeds].values, vals[seeds].values, by[exact][seeds].values
-            frac = np.atleast_1d(recovered_fraction(b, x, e))
-            for s, bi, xi, ei, fi in zip(seeds, b, x, e, frac):
-                per_seed.append(
-                    {
-                        **gkey,
-                        "method": m,
-                        "seed": s,
-                        "base": bi,
-                        "value": xi,
-                        "exact": ei,
-                        "recovered": fi,
-                    }
-                )
-            st = mean_ci(frac, confidence)
-            lo, hi = ratio_of_means_ci(b, x, e, confidence, n_resamples)
-            gap_p = contrast(e, b, paired=True, n_resamples=n_resamples)["p"]
+            per_seed += _per_seed_rows(gkey, m, seeds, b, x, e)
+            row = _recovery_row(b, x, e, confidence, n_resamples)
             summary.append(
-                {
-                    **gkey,
-                    "method": m,
-                    "n_seeds": len(seeds),
-                    "base": b.mean(),
-                    "value": x.mean(),
-                    "exact": e.mean(),
-                    "recovered": recovered_fraction(b.mean(), x.mean(), e.mean()),
-                    "ci_low": lo,
-                    "ci_high": hi,
-                    "gap_p": gap_p,
-                    "recovered_seed_mean": st["mean"],
-                    "recovered_std": st["std"],
-                    "metric": metric,
-                    "baseline": baseline,
-                    "exact_method": exact,
-                }
+                {**gkey, "method": m, "n_seeds": len(seeds), **row, "metric": metric}
+                | {"baseline": baseline, "exact_method": exact}
             )
-    cols = keys + [
-        "method",
-        "n_seeds",
-        "base",
-        "value",
-        "exact",
-        "recovered",
-        "ci_low",
-        "ci_high",
-        "gap_p",
-        "recovered_seed_mean",
-        "recovered_std",
-        "metric",
-        "baseline",
-        "exact_method",
-    ]
-    out = pd.DataFrame(summary, columns=cols)
+    out = pd.DataFrame(summary, columns=keys + GAP_COLUMNS)
     out.attrs["per_seed"] = pd.DataFrame(
         per_seed, columns=keys + ["method", "seed", "base", "value", "exact", "recovered"]
     )
     out.attrs["metric"] = metric
     return out
+
+
+GAP_COLUMNS = [
+    "method",
+    "n_seeds",
+    "base",
+    "value",
+    "exact",
+    "recovered",
+    "ci_low",
+    "ci_high",
+    "gap_p",
+    "recovered_seed_mean",
+    "recovered_std",
+    "metric",
+    "baseline",
+    "exact_method",
+]
+
+
+def _check_gap_columns(df: pd.DataFrame, metric: str, seed_column: str) -> None:
+    if metric not in df.columns:
+        raise ValueError(
+            f"metric={metric!r} is invalid; allowed: a column of the runs table (bpb.* columns "
+            "come from collect_bpb; summary.eval.acc_exact@L ...)"
+        )
+    if seed_column not in df.columns:
+        raise ValueError(
+            f"seed_column={seed_column!r} is invalid; allowed: a column of the runs table"
+        )
+
+
+def _metric_by_method(sub: pd.DataFrame, gkey: dict, metric: str, seed_column: str) -> dict:
+    """{method: its metric indexed by seed} of one group; ValueError when two runs share both."""
+    dup = sub.duplicated(["method", seed_column], keep=False)
+    if dup.any():
+        raise ValueError(
+            f"runs {sub.loc[dup, 'run'].tolist()} share method and seed in group {gkey}; "
+            "allowed: one run per (method, seed); add the distinguishing column to group_by"
+        )
+    return {m: s.set_index(seed_column)[metric].astype(float) for m, s in sub.groupby("method")}
+
+
+def _per_seed_rows(gkey: dict, method: str, seeds, b, x, e) -> list[dict]:
+    frac = np.atleast_1d(recovered_fraction(b, x, e))
+    return [
+        {**gkey, "method": method, "seed": s, "base": bi, "value": xi, "exact": ei, "recovered": fi}
+        for s, bi, xi, ei, fi in zip(seeds, b, x, e, frac)
+    ]
+
+
+def _recovery_row(b, x, e, confidence: float, n_resamples: int) -> dict:
+    """One method's recovered fraction over its paired seeds (base b, method x, exact e): the
+    ratio of means, its bootstrap interval, the gap's permutation p and the per-seed mean, SD."""
+    st = mean_ci(np.atleast_1d(recovered_fraction(b, x, e)), confidence)
+    lo, hi = ratio_of_means_ci(b, x, e, confidence, n_resamples)
+    return {
+        "base": b.mean(),
+        "value": x.mean(),
+        "exact": e.mean(),
+        "recovered": recovered_fraction(b.mean(), x.mean(), e.mean()),
+        "ci_low": lo,
+        "ci_high": hi,
+        "gap_p": contrast(e, b, paired=True, n_resamples=n_resamples)["p"],
+        "recovered_seed_mean": st["mean"],
+        "recovered_std": st["std"],
+    }
 
 
 def mismatch_table(

@@ -143,58 +143,77 @@ def study_table(
     stepped: dict[str, pd.Series] = {}  # metric: its value at `step` in the arms' runs read so far
     for i, c in enumerate(study.contrasts):
         where = f"study.contrasts[{i}]"
-        column = metric_column(df, c.metric)
-        if column is None and not df.empty:
-            keys = sorted(
-                k.removeprefix("summary.eval.") for k in df if k.startswith("summary.eval.")
-            )
-            raise ValueError(
-                f"{where}.metric={c.metric!r} is invalid: no run of the store has it; allowed: an "
-                f"evaluation key ({', '.join(keys[:6]) or 'none'}) or a summary field (final_loss, "
-                "...)"
-            )
-        arms = {}
-        for side in ("a", "b"):
-            arm = getattr(c, side)
-            sel = df[arm_mask(df, arm)] if not df.empty else df
-            check_one_config(sel, f"{where}.{side}", arm, "the store")
-            if step is not None and not sel.empty:
-                # each run's metrics.jsonl is read once per metric, however many contrasts
-                # share its arm
-                known = stepped.get(c.metric, pd.Series(dtype=float))
-                new = sel.index.difference(known.index)
-                if len(new):
-                    known = stepped[c.metric] = pd.concat(
-                        [known, at_step(sel.loc[new], c.metric, step)]
-                    )
-                sel = sel.assign(**{column: known.loc[sel.index]})
-            arms[side] = _by_seed(sel, column, f"{where}.{side}", arm)
-            if sel.empty:
-                notes.append(f"{arm}: no complete runs")
-            elif arms[side].isna().any():
-                at = "" if step is None else f" at step {step}"
-                notes.append(
-                    f"{arm}: {int(arms[side].isna().sum())} run(s) without {c.metric}{at}, not "
-                    "counted"
-                )
-        a, b = arms["a"].dropna(), arms["b"].dropna()
-        pairs = None
-        if c.paired:
-            common = sorted(set(a.index) & set(b.index))
-            for side, s in (("a", a), ("b", b)):
-                alone = sorted(set(s.index) - set(common))
-                if alone:
-                    notes.append(
-                        f"{getattr(c, side)} vs {getattr(c, 'b' if side == 'a' else 'a')}: "
-                        f"seed(s) {', '.join(str(x) for x in alone)} only in "
-                        f"{getattr(c, side)}, left out of the pairs"
-                    )
-            a, b, pairs = a[common], b[common], len(common)
+        column = _contrast_column(df, c, where)
+        arms = {
+            side: _arm_values(df, c, side, column, where, step, stepped, notes)
+            for side in ("a", "b")
+        }
+        a, b, pairs = _paired_arms(c, arms["a"].dropna(), arms["b"].dropna(), notes)
         stats = contrast(a.values, b.values, c.paired, n_resamples=n_resamples, seed=seed)
         rows.append(
             {"a": c.a, "b": c.b, "metric": c.metric, "paired": c.paired, "pairs": pairs, **stats}
         )
-    table = pd.DataFrame(rows)
+    table = _with_decision(pd.DataFrame(rows), seed)
+    missing = [] if run_names is None else sorted(set(run_names) - set(df.get("run", [])))
+    table.attrs.update(notes=list(dict.fromkeys(notes)), runs=len(df), missing=missing)
+    return table
+
+
+def _contrast_column(df: pd.DataFrame, c: Contrast, where: str) -> str | None:
+    """The runs-table column of the contrast's metric; ValueError when no run has it."""
+    column = metric_column(df, c.metric)
+    if column is None and not df.empty:
+        keys = sorted(k.removeprefix("summary.eval.") for k in df if k.startswith("summary.eval."))
+        raise ValueError(
+            f"{where}.metric={c.metric!r} is invalid: no run of the store has it; allowed: an "
+            f"evaluation key ({', '.join(keys[:6]) or 'none'}) or a summary field (final_loss, "
+            "...)"
+        )
+    return column
+
+
+def _arm_values(df, c: Contrast, side: str, column, where: str, step, stepped, notes) -> pd.Series:
+    """One arm's metric per seed (at `step` when given: `stepped` caches each run's value across
+    contrasts), with a note for an arm without runs or runs without the metric."""
+    arm = getattr(c, side)
+    sel = df[arm_mask(df, arm)] if not df.empty else df
+    check_one_config(sel, f"{where}.{side}", arm, "the store")
+    if step is not None and not sel.empty:
+        # each run's metrics.jsonl is read once per metric, however many contrasts share its arm
+        known = stepped.get(c.metric, pd.Series(dtype=float))
+        new = sel.index.difference(known.index)
+        if len(new):
+            known = stepped[c.metric] = pd.concat([known, at_step(sel.loc[new], c.metric, step)])
+        sel = sel.assign(**{column: known.loc[sel.index]})
+    values = _by_seed(sel, column, f"{where}.{side}", arm)
+    if sel.empty:
+        notes.append(f"{arm}: no complete runs")
+    elif values.isna().any():
+        at = "" if step is None else f" at step {step}"
+        notes.append(
+            f"{arm}: {int(values.isna().sum())} run(s) without {c.metric}{at}, not counted"
+        )
+    return values
+
+
+def _paired_arms(c: Contrast, a: pd.Series, b: pd.Series, notes: list) -> tuple:
+    """(a, b, pairs): a paired contrast keeps the seeds both arms have (a note names the rest)."""
+    if not c.paired:
+        return a, b, None
+    common = sorted(set(a.index) & set(b.index))
+    for side, s in (("a", a), ("b", b)):
+        alone = sorted(set(s.index) - set(common))
+        if alone:
+            notes.append(
+                f"{getattr(c, side)} vs {getattr(c, 'b' if side == 'a' else 'a')}: "
+                f"seed(s) {', '.join(str(x) for x in alone)} only in "
+                f"{getattr(c, side)}, left out of the pairs"
+            )
+    return a[common], b[common], len(common)
+
+
+def _with_decision(table: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """The contrasts' table with Holm, the decision, and its power and pairs needed."""
     table["pairs"] = table["pairs"].astype("Int64")  # <NA> for an unpaired contrast
     table["p_holm"] = holm(table["p"])
     table["decided"] = table["p_holm"] <= ALPHA
@@ -216,10 +235,7 @@ def study_table(
     table["n_for_power"] = [
         decision_n_for_power(family, i, alpha=ALPHA, seed=seed) for i in range(len(family))
     ]
-    table = table[COLUMNS]
-    missing = [] if run_names is None else sorted(set(run_names) - set(df.get("run", [])))
-    table.attrs.update(notes=list(dict.fromkeys(notes)), runs=len(df), missing=missing)
-    return table
+    return table[COLUMNS]
 
 
 # Printing ----------------------------------------------------------------------------------------
