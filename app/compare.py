@@ -1,7 +1,7 @@
 """Dashboard page: compare the methods of one study (a task trained at one length).
 
-It opens on the store's most recent study (`lrt_lab.store.report.studies_by_recency`): one row per
-method (`lrt_lab.store.report.compare_table`: the runs that differ only by seed), with exact and
+It opens on the store's most recent study (`lrt_results.report.studies_by_recency`): one row per
+method (`lrt_results.report.compare_table`: the runs that differ only by seed), with exact and
 parallel pos@90 at 1x / 2x / 4x the training length as mean [95% t-interval] and the value of each
 seed, accuracy, compute and wall clock; then the trainer-frontier scatter of those runs. Methods are
 named by `lrt_lab.store.run_groups.method_labels`: only what differs between the methods of the
@@ -19,7 +19,8 @@ from lrt_app.charts import color_encoding, draw_chart, palette_note
 from lrt_app.frontier import AXES
 from lrt_app.picker import MAX_DEFAULT_GROUPS, pick_groups
 from lrt_app.store_data import group_labels
-from lrt_lab.store.report import (
+from lrt_lab.store.run_groups import one_run_per_seed
+from lrt_results.report import (
     compare_lengths,
     compare_metrics,
     compare_table,
@@ -28,8 +29,7 @@ from lrt_lab.store.report import (
     studies_by_recency,
     study_runs,
 )
-from lrt_lab.store.run_groups import one_run_per_seed
-from lrt_lab.store.scoreboard import scoreboard
+from lrt_results.scoreboard import scoreboard
 
 DECODINGS = {"exact": "pos90_exact", "parallel": "pos90_parallel"}
 FIGURE_NAMES = {"pos90": "pos@90", "bpb": "BPB"}

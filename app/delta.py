@@ -16,7 +16,7 @@ from lrt_app import store_data
 from lrt_app.charts import color_encoding, data_key, draw_chart, palette_note
 from lrt_lab.store.metrics import metric_info
 from lrt_lab.store.run_groups import one_run_per_seed
-from lrt_lab.store.stats import MIN_SEEDS_T
+from lrt_results.stats import MIN_SEEDS_T
 
 # x axes a delta is matched on: the work done, not the time the machine took
 X_CHOICES = ("steps", "compute", "FLOPs")

@@ -1,7 +1,7 @@
 """Dashboard page: the trainer frontier. Which trainer is the cheapest that learns the task?
 
 One point per run that differs from the others only in its trainer
-(`lrt_lab.store.report.frontier_points`:
+(`lrt_results.report.frontier_points`:
 the plain transformer, or an LRT of the paper preset and init with nothing overridden),
 exact-decoding pos@90 at an evaluation length against the compute the trainer ran or the run's wall
 clock. The same selection draws docs/a5_trainer_frontier.png (experiments/results_tables.py
@@ -15,8 +15,8 @@ import streamlit as st
 
 from lrt_app.charts import color_encoding, draw_chart
 from lrt_lab.store.metrics import TEXT_TASKS, metric_info
-from lrt_lab.store.report import format_mean_ci, frontier_points
-from lrt_lab.store.stats import mean_ci
+from lrt_results.report import format_mean_ci, frontier_points
+from lrt_results.stats import mean_ci
 
 AXES = {
     "compute": ("compute", "training compute (M token-forwards)"),

@@ -1,6 +1,6 @@
 """Dashboard page for runs trained to a tokens-per-parameter budget: held-out BPB against compute
 (the paper's scaling figure, in miniature), the LRT-minus-transformer deltas and the decision the
-pre-stated rule gives (lrt_lab.analysis.scaling).
+pre-stated rule gives (lrt_results.scaling).
 
 Self-contained (it reads only the runs the sidebar shows) so app/views.py only lists the page.
 """
@@ -11,7 +11,8 @@ import pandas as pd
 import streamlit as st
 
 from lrt_app.charts import color_encoding, draw_chart
-from lrt_lab.analysis.scaling import (
+from lrt_lab.store.results import load_plans
+from lrt_results.scaling import (
     METRICS,
     X_AXES,
     check_same_heldout,
@@ -20,8 +21,7 @@ from lrt_lab.analysis.scaling import (
     planned_seeds,
     scaling_points,
 )
-from lrt_lab.analysis.scaling import curves as scaling_curves
-from lrt_lab.store.results import load_plans
+from lrt_results.scaling import curves as scaling_curves
 
 HINT = (
     "No run shown was trained to a budget in tokens per parameter: train with `lrt-lab train ... "

@@ -20,10 +20,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from lrt_lab.analysis.gap import gap_recovery, mismatch_table, read_bpb, refinement_table
 from lrt_lab.store import run_groups
 from lrt_lab.store.metrics import LN2, TEXT_TASKS, metric_info, primary_metric
-from lrt_lab.store.report import format_mean_ci, run_figures
 from lrt_lab.store.results import (
     METRICS,
     METRICS_XZ,
@@ -34,8 +32,10 @@ from lrt_lab.store.results import (
     metrics_file,
 )
 from lrt_lab.store.run_groups import method_label, method_labels
-from lrt_lab.store.stats import mean_ci, seeds_interval
-from lrt_lab.store.study import store_studies, study_selection, study_table, verdict
+from lrt_results.gap import gap_recovery, mismatch_table, read_bpb, refinement_table
+from lrt_results.report import format_mean_ci, run_figures
+from lrt_results.stats import mean_ci, seeds_interval
+from lrt_results.study import store_studies, study_selection, study_table, verdict
 
 KNOWN_KINDS = ("transformer", "lrt")
 KNOWN_KIND_PREFIXES = ("loop:", "ponder:")
@@ -450,7 +450,7 @@ def metric_caption(metric: str) -> str:
 @st.cache_data(show_spinner=False, max_entries=16)
 def cached_store_study(root: str, signature: tuple, _runs: pd.DataFrame) -> dict | None:
     """The first sweep spec beside the store whose [study] the store's runs answer
-    (lrt_lab.store.study.store_studies, study_selection): {"path", "study", "arms" ({arm: its
+    (lrt_results.study.store_studies, study_selection): {"path", "study", "arms" ({arm: its
     run names}), "table" (study_table over those runs), "verdicts"}; None when there is none."""
     for path, study, prefix in store_studies(root):
         arms = study_selection(_runs, study, prefix)
@@ -589,7 +589,7 @@ def _on_grid(runs: list[pd.DataFrame], n_points: int) -> tuple[np.ndarray, np.nd
 def interval(values: np.ndarray, band: str = "95% t-interval") -> tuple:
     """(mean, lo, hi, kind) over the rows of `values` (one row per seed), per column.
 
-    kind says what the band is: the 95% t-interval of the mean (lrt_lab.store.stats.mean_ci, per
+    kind says what the band is: the 95% t-interval of the mean (lrt_results.stats.mean_ci, per
     column) from MIN_SEEDS_T seeds on; with fewer seeds asked for a t-interval, the seeds' min to
     max; one seed, or band "none": no band (lo = hi = mean)."""
     if band not in BANDS:
@@ -962,7 +962,7 @@ def analysis_tables(root: str, df: pd.DataFrame, *kinds: str) -> list[dict]:
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def cached_stored_gap(run_paths: tuple, signature: tuple) -> tuple[dict, list[str]]:
-    """lrt_lab.analysis.gap's tables (gap_recovery with its per-seed table, mismatch, refinement)
+    """lrt_results.gap's tables (gap_recovery with its per-seed table, mismatch, refinement)
     computed from the runs' tables/bpb.csv, and notes. Computed, not read from .analysis/: a
     committed store keeps the small bpb tables but not the checkpoints `analyze gap` evaluates."""
     runs = load_runs_subset(run_paths)
@@ -1007,7 +1007,7 @@ def stored_gap(df: pd.DataFrame) -> tuple[dict, list[str]]:
 
 def read_mismatch(t: pd.DataFrame) -> pd.DataFrame | None:
     """Long (label, decoding, value, ci_low, ci_high, n) from a mismatch table
-    (lrt_lab.analysis.gap)."""
+    (lrt_results.gap)."""
     if not {"method", "parallel", "exact"} <= set(t.columns):
         return None
     keys = [c for c in t.columns if str(c).startswith("config.")]
@@ -1130,7 +1130,7 @@ def _group_label(t: pd.DataFrame, keys: list) -> pd.Series:
 
 
 def read_gap(t: pd.DataFrame, per_seed: pd.DataFrame | None = None):
-    """(bars, points, message) from a gap-recovery table (lrt_lab.analysis.gap: group columns,
+    """(bars, points, message) from a gap-recovery table (lrt_results.gap: group columns,
     method, n_seeds, ..., recovered, recovered_std, ci_low, ci_high, metric, baseline, exact_method;
     or method, recovered_mean, ci_low, ci_high[, seed0, seed1, ...]).
     bars: label, method, mean, ci_low, ci_high; points: label, value (per seed) or None."""
@@ -1220,7 +1220,7 @@ def gap_caption(t: pd.DataFrame) -> str:
 
 
 def read_depth_sweep(t: pd.DataFrame) -> tuple[pd.DataFrame | None, str, str | None]:
-    """(table, shape, message). shape "curve": lrt_lab.analysis.depth's depth_sweep (task, method,
+    """(table, shape, message). shape "curve": lrt_results.depth's depth_sweep (task, method,
     n_layer, n, mean, std, sem, ci_low, ci_high, metric) as group, depth, mean, ci_low, ci_high;
     shape "grid": a depth x length table (depth or n_layer, length, solved or value) as group,
     depth, length, value."""

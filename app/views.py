@@ -30,7 +30,7 @@ from lrt_app.delta import delta_page
 from lrt_app.frontier import frontier_page
 from lrt_app.picker import MAX_DEFAULT_GROUPS, pick_groups
 from lrt_app.scaling_page import scaling_page  # runs trained to a tokens-per-parameter budget
-from lrt_lab.store.stats import MIN_SEEDS_T
+from lrt_results.stats import MIN_SEEDS_T
 
 # Where the analysis tables come from: shown when a store has none yet.
 HINT_PROBES = (

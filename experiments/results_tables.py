@@ -1,19 +1,19 @@
-"""docs/results.md and the README's "What the sandbox found" tables, from a run store (default: the
-committed `experiments/results/`) and the committed bench results (`docs/bench/*.json`).
+"""docs/results.md, "What the sandbox found" (its compact summary, "In short", included), from a run
+store (default: the committed `experiments/results/`) and the committed bench results
+(`docs/bench/*.json`). It writes docs/ only: the README points to the page and states no figure.
 
     python experiments/results_tables.py [STORE] [--figures DIR]   print every table (and draw
     figures)
-    python experiments/results_tables.py --write    regenerate docs/results.md, the README's block,
-    figures
-    python experiments/results_tables.py --check    exit 1, naming the file, when either differs
+    python experiments/results_tables.py --write    regenerate docs/results.md and the figures
+    python experiments/results_tables.py --check    exit 1 when docs/results.md differs
 
 docs/results.md is `experiments/results_template.md` (each study's question, setup and what it
 shows)
 with every `<!-- table: NAME -->` line replaced by the table NAME built here and every inline
 `<!-- value: NAME -->` by the figure NAME of `prose_values`, so the prose states no number from the
-store by hand either; the README's compact tables and its summary under them (between
-`<!-- results:start -->` and `<!-- results:end -->`) are built here too, and tests/test_results.py
-fails when either file is stale, when the template's prose holds a typed decimal, or when a prose
+store by hand either; the compact tables and the summary under them (the page's "In short",
+`<!-- table: in_short -->`) are built here too, and tests/test_results.py fails when the page is
+stale, when the template's prose holds a typed decimal, or when a prose
 figure disagrees with its table.
 
 The studies: A5 state tracking (experiments/a5_cpu.toml, a5_beyond.toml, the factor study
@@ -49,13 +49,14 @@ if __name__ == "__main__":
     # this checkout's lrt_lab, not another installed copy: the pages document it
     sys.path.insert(0, str(REPO))
 
-from lrt_lab.analysis import seed_stats  # noqa: E402
-from lrt_lab.analysis.gap import read_bpb  # noqa: E402
 from lrt_lab.commands.bench import load_results, markdown_table  # noqa: E402
 from lrt_lab.run.metrics import pos_at  # noqa: E402
-from lrt_lab.store.contrasts import contrast, smallest_p  # noqa: E402
 from lrt_lab.store.markdown import markdown_lines  # noqa: E402
-from lrt_lab.store.report import (  # noqa: E402
+from lrt_lab.store.results import load_metrics, load_plans, load_runs, load_table  # noqa: E402
+from lrt_lab.store.run_groups import one_run_per_seed, seed_groups  # noqa: E402
+from lrt_results.contrasts import contrast, smallest_p  # noqa: E402
+from lrt_results.gap import read_bpb  # noqa: E402
+from lrt_results.report import (  # noqa: E402
     frontier_points,
     memory_label,
     method_label,
@@ -63,9 +64,8 @@ from lrt_lab.store.report import (  # noqa: E402
     steps_suffix,
     supervised_every,
 )
-from lrt_lab.store.results import load_metrics, load_plans, load_runs, load_table  # noqa: E402
-from lrt_lab.store.run_groups import one_run_per_seed, seed_groups  # noqa: E402
-from lrt_lab.store.study import Study  # noqa: E402
+from lrt_results.stats import seed_stats  # noqa: E402
+from lrt_results.study import Study  # noqa: E402
 
 # Paper, app. "Non-Commutative State Tracking" (depth 4, d 256, trained at length 64, pos@90 out of
 # 64
@@ -217,7 +217,7 @@ def state_tracking_table(df: pd.DataFrame, task: str, paper: dict | None) -> str
 
 
 def frontier_table(df: pd.DataFrame, task: str = "a5_prefix", length: int = 16) -> str | None:
-    """The trainer frontier (`lrt_lab.store.report.frontier_points`): per trainer, the compute and
+    """The trainer frontier (`lrt_results.report.frontier_points`): per trainer, the compute and
     wall
     clock of its runs and exact pos@90 at every evaluated length, per seed; cheapest first."""
     points = frontier_points(df, task, length)
@@ -795,7 +795,7 @@ def z60_table(df: pd.DataFrame) -> str | None:
     return state_tracking_tables(df, "z60_prefix", None)
 
 
-# The README's compact tables ---------------------------------------------------------------------
+# The compact tables of the page's summary (In short) ----------------------------------------------
 # Per study a few rows of the full tables in docs/results.md, each linking to its section there.
 # A row names a label of `labelled` (model, then the steps where they differ) and the init its
 # memory
@@ -1003,7 +1003,7 @@ COMPACT = [  # (study, section of docs/results.md, builder, what the numbers are
 ]
 
 
-# The README's summary under the compact tables: every figure a value of `prose_values`.
+# The summary under the compact tables (In short): every figure a value of `prose_values`.
 IN_SHORT = (
     "**In short**, at these sizes and with the protocol of each comparison named: on A5 at "
     "length 16, whether the paper's Interleaved(2) beats the transformer depends on the forward"
@@ -1950,12 +1950,11 @@ def prose_values(df: pd.DataFrame) -> dict[str, str]:
     return out
 
 
-# docs/results.md and the README block ------------------------------------------------------------
+# docs/results.md ------------------------------------------------------------------------------
 TEMPLATE = REPO / "experiments" / "results_template.md"
 PLACEHOLDER = re.compile(r"^<!-- table: ([\w@.-]+) -->$", re.MULTILINE)
 # a number of the prose, inline: `<!-- value: NAME -->`, filled from `prose_values`
 VALUE = re.compile(r"<!-- value: ([\w@.-]+) -->")
-BLOCK_START, BLOCK_END = "<!-- results:start -->", "<!-- results:end -->"
 GENERATED = (
     "<!-- Generated by experiments/results_tables.py --write from "
     "experiments/results_template.md,\n"
@@ -2013,6 +2012,8 @@ def tables(df: pd.DataFrame, study: TrainerStudyResults) -> dict:
         "scoreboard": lambda: scoreboard_table(full),
         "trainer_recipe": lambda: recipe_pilot_table(full),
         "trainer_study": lambda: trainer_study_table(full, study),
+        # the summary atop the page: the compact tables and the sentences under them
+        "in_short": lambda: from_root(compact_block(full, study)),
     }
 
 
@@ -2096,7 +2097,7 @@ class TrainerStudyResults:
 
 
 def trainer_study_results(df: pd.DataFrame) -> TrainerStudyResults:
-    from lrt_lab.store.study import event_table, last_interval_table, study_table
+    from lrt_results.study import event_table, last_interval_table, study_table
 
     study, configs = trainer_study()
     names = [cfg.run_name for cfg in configs]
@@ -2109,8 +2110,8 @@ def trainer_study_results(df: pd.DataFrame) -> TrainerStudyResults:
 
 def trainer_study() -> tuple:
     """(Study, the run configs of its grid) of experiments/a5_trainers.toml."""
-    from lrt_lab.store.study import parse_study
     from lrt_lab.training.sweep import expand, load_spec
+    from lrt_results.study import parse_study
 
     spec = load_spec(TRAINER_STUDY)
     return parse_study(spec["study"]), expand(spec)
@@ -2121,7 +2122,7 @@ def trainer_study_table(df: pd.DataFrame, results: TrainerStudyResults) -> str:
     its contrasts (effects, intervals, p-values, Holm, power), a verdict per contrast and the
     time to reach the training length, over the runs of its grid that are complete; then its
     learning curves and Kaplan-Meier figure (trainer_study_figure)."""
-    from lrt_lab.store.study import study_lines
+    from lrt_results.study import study_lines
 
     study, names, table = results.study, results.names, results.table
     if not table.attrs["runs"]:
@@ -2321,8 +2322,8 @@ def trainer_study_status(results: TrainerStudyResults) -> str:
 def trainer_study_figure(df: pd.DataFrame, path, which: str):
     """The study's learning curves ("curves") or Kaplan-Meier curves ("km"); None, and nothing
     drawn, before any of its runs is complete."""
-    from lrt_lab.analysis.study_curves import plot_learning_curves
-    from lrt_lab.analysis.time_to_event import plot_time_to_event
+    from lrt_results.study_curves import plot_learning_curves
+    from lrt_results.time_to_event import plot_time_to_event
 
     study, configs = trainer_study()
     draw = {"curves": plot_learning_curves, "km": plot_time_to_event}[which]
@@ -2332,8 +2333,8 @@ def trainer_study_figure(df: pd.DataFrame, path, which: str):
 def scoreboard_table(df: pd.DataFrame) -> str | None:
     """`lrt-lab report --scoreboard` over this store's LRT runs and the retrained A5 model of
     experiments/instrument_runs/: one row per trainer, the gap and agreement at 1x/2x/4x."""
-    from lrt_lab.store.report import render_scoreboard
-    from lrt_lab.store.scoreboard import scoreboard
+    from lrt_results.report import render_scoreboard
+    from lrt_results.scoreboard import scoreboard
 
     runs = [df]
     if INSTRUMENT_STORE.is_dir():
@@ -2489,25 +2490,18 @@ def render_prose(text: str, named: dict[str, str]) -> str:
     return VALUE.sub(value, text)
 
 
-def replace_block(page: str, block: str) -> str:
-    """page with the text between BLOCK_START and BLOCK_END replaced by block."""
-    start, end = page.find(BLOCK_START), page.find(BLOCK_END)
-    if start < 0 or end < start:
-        raise SystemExit(f"README.md has no {BLOCK_START} ... {BLOCK_END} markers in that order")
-    return page[: start + len(BLOCK_START)] + "\n" + block + "\n" + page[end:]
+def from_root(text: str) -> str:
+    """`text`, whose links are written from the repository's root, as docs/results.md links."""
+    return text.replace("](docs/results.md#", "](#").replace("](docs/", "](")
 
 
 def generated(store, repo: Path = REPO) -> dict[Path, str]:
-    """{file: the text it should have}: docs/results.md and README.md with its block regenerated."""
+    """{file: the text it should have}: docs/results.md (its summary, "In short", included)."""
     df = load_runs(store)
     if df.empty:
         raise SystemExit(f"store={str(store)!r}: no complete runs")
-    readme = repo / "README.md"
     study = trainer_study_results(df)
-    return {
-        repo / "docs" / "results.md": render_results(TEMPLATE.read_text(), df, study),
-        readme: replace_block(readme.read_text(), compact_block(df, study)),
-    }
+    return {repo / "docs" / "results.md": render_results(TEMPLATE.read_text(), df, study)}
 
 
 def stale(store, repo: Path = REPO, write: bool = False) -> list[Path]:
@@ -2522,9 +2516,9 @@ def stale(store, repo: Path = REPO, write: bool = False) -> list[Path]:
 
 
 def missing_figures(repo: Path = REPO) -> list[Path]:
-    """The images that README.md or docs/results.md link and that do not exist."""
+    """The images that docs/results.md links and that do not exist."""
     out = []
-    for page in (repo / "README.md", repo / "docs" / "results.md"):
+    for page in (repo / "docs" / "results.md",):
         for link in IMAGE.findall(page.read_text()):
             if "://" not in link and not (page.parent / link).is_file():
                 out.append(page.parent / link)
@@ -2548,12 +2542,12 @@ def main(argv=None) -> int:
     mode.add_argument(
         "--write",
         action="store_true",
-        help="regenerate docs/results.md, the README block and the figures",
+        help="regenerate docs/results.md and the figures",
     )
     mode.add_argument(
         "--check",
         action="store_true",
-        help="exit 1, naming the file, when docs/results.md or the README block differs",
+        help="exit 1 when docs/results.md differs from what the store gives",
     )
     args = parser.parse_args(argv)
     if args.write or args.check:
@@ -2581,7 +2575,6 @@ def main(argv=None) -> int:
         text = build()
         if text is not None:
             print(f"### {name}\n\n{text}\n")
-    print(f"### README block\n\n{compact_block(df, study)}")
     if args.figures is not None:
         frontier_figure(df, f"{args.figures}/a5_trainer_frontier.png")
     return 0

@@ -2,8 +2,8 @@
 compute, paired deltas, power-law fits and the decision the pre-stated rule gives.
 
     python experiments/scaling_tables.py            # print the tables
-    python experiments/scaling_tables.py --write    # docs/scaling.md, its figure, the README block
-    python experiments/scaling_tables.py --check    # exit 1 when either page is stale
+    python experiments/scaling_tables.py --write    # docs/scaling.md (its summary too), its figure
+    python experiments/scaling_tables.py --check    # exit 1 when docs/scaling.md is stale
 
 The page's prose is experiments/scaling_template.md, written before the grid ran (its decision
 rule included); every number in it comes from here.
@@ -21,7 +21,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lrt_lab.analysis.scaling import (
+from lrt_lab.store.markdown import markdown_lines
+from lrt_lab.store.results import Run, load_plans, load_runs
+from lrt_results.contrasts import contrast, smallest_p
+from lrt_results.report import render_scoreboard
+from lrt_results.scaling import (
     BASE,
     LRT,
     budget_near,
@@ -34,11 +38,7 @@ from lrt_lab.analysis.scaling import (
     scaling_figure,
     scaling_points,
 )
-from lrt_lab.store.contrasts import contrast, smallest_p
-from lrt_lab.store.markdown import markdown_lines
-from lrt_lab.store.report import render_scoreboard
-from lrt_lab.store.results import Run, load_plans, load_runs
-from lrt_lab.store.scoreboard import scoreboard
+from lrt_results.scoreboard import scoreboard
 
 REPO = Path(__file__).resolve().parents[1]
 STORE = REPO / "experiments" / "scaling_runs"
@@ -513,20 +513,19 @@ def builders(runs: pd.DataFrame, plans=()) -> dict:
         "repeats": lambda: repeats(points),
         "where_ahead": lambda: where_ahead(deltas("bpb_exact")),
         "delta_trend": lambda: delta_trend(deltas("bpb_exact")),
+        "in_short": lambda: from_docs(summary_block(runs, plans)),
     }
 
 
-README = REPO / "README.md"
 FIGURE_LINK = (
     "![Held-out BPB against compute C: the transformer, the LRT and the rivals at C = 40]"
     f"({FIGURE})"
 )
-BLOCK_START, BLOCK_END = "<!-- scaling:start -->", "<!-- scaling:end -->"
 
 
 def headline(points: pd.DataFrame, deltas: pd.DataFrame, plans=()) -> tuple[str, str]:
     """(the decision by the rule stated before the grid ran, the seeds each method has so far):
-    the README block's and docs/results.md's summary of the grid (points: grid_points; deltas:
+    docs/scaling.md's and docs/results.md's summary of the grid (points: grid_points; deltas:
     their paired_deltas)."""
     planned = planned_seeds(points, list(plans))
     seeds = points.groupby("method")["seed"].nunique().to_dict() if not points.empty else {}
@@ -536,8 +535,8 @@ def headline(points: pd.DataFrame, deltas: pd.DataFrame, plans=()) -> tuple[str,
     )
 
 
-def readme_block(runs: pd.DataFrame, plans=()) -> str:
-    """The README's summary of the scaling grid: the decision and the deltas, generated."""
+def summary_block(runs: pd.DataFrame, plans=()) -> str:
+    """The page's summary of the scaling grid (its "In short"): the decision and the deltas."""
     points = grid_points(runs)
     deltas = paired_deltas(points)
     pilot = runs[runs["run"].str.startswith(PILOT)]
@@ -584,11 +583,9 @@ def readme_block(runs: pd.DataFrame, plans=()) -> str:
     return "\n".join(lines)
 
 
-def with_block(page: str, block: str) -> str:
-    start, end = page.find(BLOCK_START), page.find(BLOCK_END)
-    if start < 0 or end < start:
-        raise SystemExit(f"README.md has no {BLOCK_START} ... {BLOCK_END} markers in that order")
-    return page[: start + len(BLOCK_START)] + "\n" + block + "\n" + page[end:]
+def from_docs(text: str) -> str:
+    """`text`, whose links are written from the repository's root, as a page under docs/ links."""
+    return text.replace("](docs/scaling.md)", "](scaling.md)").replace("](docs/", "](")
 
 
 def render(template: str, runs: pd.DataFrame, plans=()) -> str:
@@ -616,9 +613,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"store={args.store!r}: no complete runs")
     plans = load_plans(args.store)
     text = render(TEMPLATE.read_text(), runs, plans)
-    readme = with_block(README.read_text(), readme_block(runs, plans))
     if args.check:
-        stale = [p.name for p, t in ((PAGE, text), (README, readme)) if p.read_text() != t]
+        stale = [PAGE.name] if PAGE.read_text() != text else []
         for name in stale:
             print(
                 f"{name} differs from what the run store gives; "
@@ -628,7 +624,6 @@ def main(argv=None) -> int:
         return 1 if stale else 0
     if args.write:
         PAGE.write_text(text)
-        README.write_text(readme)
         points = grid_points(runs)
         if not points.empty:
             scaling_figure(points, REPO / FIGURE)

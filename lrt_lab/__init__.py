@@ -59,7 +59,6 @@ _LAYERS = {
     "lrt_lab.training.optim": ("build_optimizers", "param_groups"),
     "lrt_lab.training.sweep": ("run_sweep", "load_spec"),
     "lrt_lab.store.results": ("Run", "load_runs", "load_metrics", "load_table"),
-    "lrt_lab.store.report": ("print_report",),
 }
 _LAZY = {name: module for module, names in _LAYERS.items() for name in names}
 

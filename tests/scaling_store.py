@@ -6,8 +6,8 @@ import json
 import math
 from pathlib import Path
 
-from lrt_lab.analysis.scaling import scaling_points
 from lrt_lab.store.results import load_runs
+from lrt_results.scaling import scaling_points
 
 L = 64
 N = 1000  # parameters

@@ -25,39 +25,45 @@ from scipy import stats as sps
 from lrt_lab import LRT, MemoryConfig, preset
 from lrt_lab.analysis import (
     ANALYSIS_DIR,
-    analyze_depth_sweep,
     analyze_gap,
-    bootstrap_ci,
     bpb_of,
     collect_activations,
-    depth_table,
-    depth_worth,
     evaluate_bpb,
     fit_probes,
-    gap_recovery,
     load_model,
-    mean_ci,
-    mismatch_table,
-    plot_depth_curve,
-    plot_gap_recovery,
-    plot_mismatch,
     plot_probe_comparison,
     plot_probe_heatmap,
-    plot_refinement,
-    plot_seed_stats,
     probe_activations,
     probe_model,
     probe_run,
     read_store_table,
-    recovered_fraction,
-    refinement_table,
-    seed_stats,
 )
 from lrt_lab.analysis.probes import random_init_like
 from lrt_lab.run.decode import Decoder
 from lrt_lab.run.schedules import FullSequence, Interleaved, OnePass
 from lrt_lab.store.results import load_runs, load_table
 from lrt_lab.training.loop import TrainConfig, train
+from lrt_results.depth import (
+    analyze_depth_sweep,
+    depth_table,
+    depth_worth,
+    plot_depth_curve,
+)
+from lrt_results.gap import (
+    gap_recovery,
+    mismatch_table,
+    plot_gap_recovery,
+    plot_mismatch,
+    plot_refinement,
+    recovered_fraction,
+    refinement_table,
+)
+from lrt_results.stats import (
+    bootstrap_ci,
+    mean_ci,
+    plot_seed_stats,
+    seed_stats,
+)
 from lrt_tasks import make_eval_sets, make_task
 from lrt_tasks import text as text_module
 from lrt_tasks.text import decode, encode, load_corpus
@@ -670,9 +676,9 @@ def test_analyze_help_lists_its_subcommands_and_explains_their_options(capsys):
 def test_every_analyze_option_has_help_and_the_usage_says_lrt_lab_analyze(capsys):
     import argparse
 
-    from lrt_lab.analysis import scaling
     from lrt_lab.commands.analyze import build_parser
     from lrt_lab.commands.cli import main
+    from lrt_results import scaling
 
     parser = build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]

@@ -468,7 +468,7 @@ def test_the_dashboard_ends_with_its_launcher(tmp_path):
 def test_trainer_frontier_on_the_committed_store(monkeypatch):
     """The committed A5 study: the page opens on a5_prefix at length 16, one point per frontier run,
     and follows the controls."""
-    from lrt_lab.store.report import frontier_points
+    from lrt_results.report import frontier_points
 
     store = Path(__file__).resolve().parents[1] / "experiments" / "results"
     at = run_app(monkeypatch, store)
@@ -498,8 +498,8 @@ def _delta_reads_the_study(at, store: Path) -> None:
     a5_trainers.toml): its arms against its baseline, paired by seed, on its primary metric, with
     the direction the metric has; each arm's delta has the sign of the study's own effect (read
     from the spec's grid, which the page does not use), and the caption says lower is better."""
-    from lrt_lab.store.study import parse_study, study_table
     from lrt_lab.training.sweep import expand, load_spec
+    from lrt_results.study import parse_study, study_table
 
     spec_path = store.parent / "a5_trainers.toml"
     spec = load_spec(spec_path)

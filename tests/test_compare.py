@@ -1,6 +1,6 @@
 """The Compare view: methods named by what differs, one row per method, the most recent study first.
 
-Unit checks of lrt_lab.store.report's method_labels on generated runs tables, then a store written
+Unit checks of lrt_results.report's method_labels on generated runs tables, then a store written
 file by
 file into tmp_path (config.json and summary.json, no training) whose figures the test knows: the
 row table's means, intervals and per-seed values are checked against values computed here, and the
@@ -23,8 +23,8 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from lrt_lab.store.report import compare_table, method_keys, method_labels, studies_by_recency
 from lrt_lab.store.results import load_runs
+from lrt_results.report import compare_table, method_keys, method_labels, studies_by_recency
 
 SCHEDULES = ["exact", "interleaved:2", "rollout:1", "rollout:2", "fullseq:3", "fixedpoint:0.1:8"]
 PRESETS = ["tiny", "small", "medium"]

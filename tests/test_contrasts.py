@@ -1,4 +1,4 @@
-"""The statistics of a study's contrasts (lrt_lab.store.contrasts), each against numbers worked out
+"""The statistics of a study's contrasts (lrt_results.contrasts), each against numbers worked out
 here independently: exact permutation p-values enumerated with itertools, Holm by hand,
 Kaplan-Meier and the log-rank statistic by their textbook formulas, power against published
 tables and a Monte Carlo of the t-test itself."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from lrt_lab.store.contrasts import (
+from lrt_results.contrasts import (
     cohens_d,
     contrast,
     holm,
@@ -351,7 +351,7 @@ def _reference_power(d, n, draws, seed, m_null=0):
 
 
 def test_decision_power_is_what_the_permutation_test_with_holm_does():
-    from lrt_lab.store.contrasts import decision_power
+    from lrt_results.contrasts import decision_power
 
     for d, n, m_null in ((1.2, 8, 0), (1.5, 7, 1)):
         family = [{"d": d, "paired": True, "n": n}] + [{"d": 0.0, "paired": True, "n": n}] * m_null
@@ -366,7 +366,7 @@ def test_decision_power_is_what_the_permutation_test_with_holm_does():
 
 
 def test_decision_power_knows_the_floor_of_an_exact_test():
-    from lrt_lab.store.contrasts import decision_n_for_power, decision_power
+    from lrt_results.contrasts import decision_n_for_power, decision_power
 
     huge = {"d": 50.0, "paired": True}
     # 5 pairs: the smallest p is 2/32 = 0.0625 > 0.05, whatever the effect
@@ -383,7 +383,7 @@ def test_decision_power_knows_the_floor_of_an_exact_test():
 
 
 def test_decision_power_unpaired_matches_the_floor_and_is_seeded():
-    from lrt_lab.store.contrasts import decision_power
+    from lrt_results.contrasts import decision_power
 
     # 3 and 3 runs: 20 splits, smallest p 0.1: never decided
     assert decision_power([{"d": 50.0, "paired": False, "n_a": 3, "n_b": 3}]) == [0.0]

@@ -81,9 +81,9 @@ def partition(labels, seeds) -> dict:
 
 def test_every_entry_point_groups_and_names_alike(store):
     from lrt_app import store_data
-    from lrt_lab.store.report import compare_table, frontier_points, report_table
     from lrt_lab.store.run_groups import one_run_per_seed, seed_groups
-    from lrt_lab.store.stats import seed_stats
+    from lrt_results.report import compare_table, frontier_points, report_table
+    from lrt_results.stats import seed_stats
 
     path, df = store
     want = reference(path)

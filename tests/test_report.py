@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 
 from lrt_lab.commands.cli import main
-from lrt_lab.store.report import format_number, print_report
-from lrt_lab.store.stats import t_quantile
+from lrt_results.report import format_number, print_report
+from lrt_results.stats import t_quantile
 
 REPO = Path(__file__).resolve().parent.parent
 LN2 = math.log(2)
@@ -350,7 +350,7 @@ def test_recipe_suffix_names_only_the_options_a_group_mixes():
     group with one recipe keeps its plain label."""
     import pandas as pd
 
-    from lrt_lab.store.report import recipe_suffix
+    from lrt_results.report import recipe_suffix
 
     df = pd.DataFrame(
         {

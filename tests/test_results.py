@@ -1,9 +1,9 @@
-"""The committed run store (`experiments/results/`), docs/results.md and the README's compact
+"""The committed run store (`experiments/results/`), docs/results.md and its compact
 "What the sandbox found" tables built from it.
 
 The tables come from lrt_lab's run store and seed statistics; here each cell is recomputed from
 the runs' JSON files with the standard library alone and looked up in the printed table, and the
-committed docs/results.md and README block must be exactly what experiments/results_tables.py
+committed docs/results.md must be exactly what experiments/results_tables.py
 generates from the store, so no table can go stale."""
 
 import importlib.util
@@ -188,7 +188,7 @@ def test_gap_table_deltas_and_recovered_fraction_match_the_bpb_tables():
 def test_frontier_points_are_the_runs_that_differ_only_in_their_trainer():
     """From the files: A5 at length 16, every position supervised, the transformer or an LRT of
     the paper preset with no override; a method whose runs differ in steps is split by steps."""
-    from lrt_lab.store.report import frontier_points
+    from lrt_results.report import frontier_points
 
     expect = []
     for folder in sorted(STORE.iterdir()):
@@ -247,7 +247,7 @@ def test_frontier_points_are_the_runs_that_differ_only_in_their_trainer():
 def test_frontier_table_and_figure_are_built_from_the_points(tmp_path):
     tables = _tables_module()
     df = tables.earlier_runs(load_runs(STORE))
-    from lrt_lab.store.report import frontier_points
+    from lrt_results.report import frontier_points
 
     points = frontier_points(df)
     table = tables.frontier_table(df)
@@ -336,10 +336,10 @@ def tables():
 
 
 @pytest.mark.xdist_group("results_tables")  # the module's tables fixture, built once
-def test_results_page_and_readme_block_are_what_the_store_gives(tables):
-    """docs/results.md and the README block regenerated from the committed store equal the committed
-    files (`python experiments/results_tables.py --write` after a change to the store or
-    template)."""
+def test_results_page_is_what_the_store_gives(tables):
+    """docs/results.md (its "In short" summary included) regenerated from the committed store
+    equals the committed file (`python experiments/results_tables.py --write` after a change to
+    the store or template)."""
     differ = tables.stale(STORE)
     assert not differ, (
         f"{[str(p.relative_to(ROOT)) for p in differ]} differ from what the run store gives; "
@@ -354,34 +354,40 @@ def test_a_linked_figure_that_is_missing_is_reported(tmp_path):
     """--check fails on a page that links an image nobody drew (a study's figure before --write)."""
     tables = _tables_module()
     (tmp_path / "docs").mkdir()
-    (tmp_path / "README.md").write_text("![frontier](docs/a5_trainer_frontier.png)\n")
-    (tmp_path / "docs" / "results.md").write_text("![curves](a5_trainer_study_curves.png)\n")
+    (tmp_path / "docs" / "results.md").write_text(
+        "![frontier](a5_trainer_frontier.png)\n![curves](a5_trainer_study_curves.png)\n"
+    )
     (tmp_path / "docs" / "a5_trainer_frontier.png").write_bytes(b"png")
     assert tables.missing_figures(tmp_path) == [tmp_path / "docs" / "a5_trainer_study_curves.png"]
 
 
 @pytest.mark.xdist_group("results_tables")  # the module's tables fixture, built once
 def test_one_changed_cell_is_caught(tables, tmp_path):
-    """A copy of the committed files with one table cell changed is reported, and only that file."""
+    """A copy of the committed page with one table cell changed is reported: a cell of its summary
+    (In short) and a cell of a full table. The README is never read."""
     (tmp_path / "docs").mkdir()
-    for name in ("README.md", "docs/results.md"):
-        (tmp_path / name).write_text((ROOT / name).read_text())
+    name = "docs/results.md"
+    (tmp_path / name).write_text((ROOT / name).read_text())
     assert tables.stale(STORE, tmp_path) == []
-    for name in ("docs/results.md", "README.md"):
-        text = (tmp_path / name).read_text()
-        row = next(line for line in text.splitlines() if line.startswith("| transformer"))
+    text = (tmp_path / name).read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| transformer")]
+    summary_end = text.index("\n## ", text.index("## In short"))
+    in_short = next(r for r in rows if text.index(r) < summary_end)
+    full = next(r for r in rows if text.index(r) > summary_end)
+    for row in (in_short, full):
         cells = row.split("|")
-        cells[-2] = " 99.9 "  # the last cell of the transformer's first row
+        cells[-2] = " 99.9 "  # the last cell of the row
         (tmp_path / name).write_text(text.replace(row, "|".join(cells), 1))
-        assert tables.stale(STORE, tmp_path) == [tmp_path / name], name
+        assert tables.stale(STORE, tmp_path) == [tmp_path / name], row
         (tmp_path / name).write_text(text)
 
 
-def test_readme_compact_a5_rows_match_the_run_files():
-    """The README's A5 rows at length 16: mean exact pos@90 at 16 / 32 / 64, the seeds that reach 16
-    and the mean compute, recomputed from the runs' JSON files."""
+def test_in_short_a5_rows_match_the_run_files():
+    """The A5 rows at length 16 of docs/results.md's summary (In short): mean exact pos@90 at 16 /
+    32 / 64, the seeds that reach 16 and the mean compute, recomputed from the runs' JSON files."""
     tables = _tables_module()
-    block = (ROOT / "README.md").read_text().split(tables.BLOCK_START)[1].split(tables.BLOCK_END)[0]
+    page = (ROOT / "docs" / "results.md").read_text()
+    block = page.split("## In short")[1].split("\n## ")[0]
     a5 = block.split("**A5 at length 16")[1].split("\n\n**")[0]
     runs = _runs_by_method("a5_prefix")[16]
     for label, init in tables.A5_AT_16:
@@ -397,7 +403,7 @@ def test_readme_compact_a5_rows_match_the_run_files():
         assert cells[3] == f"{compute:.1f}", (label, cells)
 
 
-# The prose: every figure of docs/results.md's text and of the README's summary is a value of
+# The prose: every figure of docs/results.md's text and of its summary (In short) is a value of
 # results_tables.prose_values, so a prose number cannot disagree with the table it comes from.
 
 
@@ -445,7 +451,7 @@ def test_every_value_the_prose_names_is_computed(store_values):
 
 
 def test_prose_numbers_agree_with_their_tables(store_values):
-    """The figures the prose states are the cells of the tables beside it (and of the README's
+    """The figures the prose states are the cells of the tables beside it (and of the page's
     compact tables), each built by its own code path."""
     module, df, named = store_values
     at8 = module.compact_state_tracking(df, "a5_prefix", 8, module.A5_AT_8)
@@ -492,7 +498,7 @@ def test_prose_numbers_agree_with_their_tables(store_values):
 
 def test_a_changed_run_changes_the_prose_with_its_table(store_values):
     """One stored figure changed (FullSequence(3)'s seed that stopped at pos@90 2 at length 8 now
-    reaches 8): the prose of the length-8 section and the README's compact row change together,
+    reaches 8): the prose of the length-8 section and the summary's compact row change together,
     and nothing in the prose still says the old count."""
     module, df, named = store_values
     sub = module.labelled(df[df["config.train.length"] == 8], "a5_prefix")
@@ -612,7 +618,7 @@ def test_gap_contrasts_give_the_t_interval_of_the_paired_differences():
 
 
 def test_the_study_sentence_waits_for_every_run_then_gives_each_contrast_and_reach():
-    """The README's sentence on the trainer study: a count while runs are missing (no effect is
+    """The summary's sentence on the trainer study: a count while runs are missing (no effect is
     quoted before the data are whole), then every primary-metric contrast with its interval, Holm
     p and verdict, a contrast of another metric as its own clause, and each arm's seeds that
     reached the training length with the median compute and log-rank p of its row."""

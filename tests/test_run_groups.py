@@ -124,9 +124,9 @@ def two_by_two(tmp_path_factory) -> Path:
 
 
 def test_report_and_seed_stats_show_two_groups_of_two(two_by_two, capsys):
-    from lrt_lab.analysis import seed_stats
-    from lrt_lab.store.report import print_report
     from lrt_lab.store.results import load_runs
+    from lrt_results.report import print_report
+    from lrt_results.stats import seed_stats
 
     df = load_runs(two_by_two)
     metric = "summary.eval.acc_exact@6"
@@ -176,7 +176,7 @@ def test_the_dashboard_shows_two_groups_of_two(two_by_two, monkeypatch):
 
 
 def test_a_run_trained_longer_is_labelled_apart_from_the_seeds_of_its_group():
-    from lrt_lab.store.report import steps_suffix
+    from lrt_results.report import steps_suffix
 
     df = pd.DataFrame(
         {"label": ["a", "a", "a", "b", "b"], "config.train.steps": [1500, 1500, 3000, 1500, 1500]}
@@ -203,9 +203,9 @@ def test_runs_written_before_a_field_existed_group_with_the_runs_that_have_it(
     import shutil
 
     from lrt_app import store_data
-    from lrt_lab.analysis import seed_stats
-    from lrt_lab.store.report import print_report
     from lrt_lab.store.results import load_runs
+    from lrt_results.report import print_report
+    from lrt_results.stats import seed_stats
 
     store = tmp_path / "mixed"
     shutil.copytree(two_by_two, store)

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 from scaling_store import bpb_law, build, write_run
 
-from lrt_lab.analysis.scaling import (
+from lrt_lab.store.results import load_plans, load_runs, write_plan
+from lrt_results.scaling import (
     check_same_heldout,
     decide,
     fit_power_laws,
@@ -22,7 +23,6 @@ from lrt_lab.analysis.scaling import (
     scaling_figure,
     scaling_points,
 )
-from lrt_lab.store.results import load_plans, load_runs, write_plan
 
 
 def test_points_read_bpb_and_compute_in_the_papers_units(tmp_path):
@@ -203,12 +203,12 @@ def test_plans_are_named_by_their_runs_and_a_damaged_one_is_skipped_by_name(tmp_
 
 
 def test_bands_are_a_t_interval_from_three_seeds_and_the_range_below(tmp_path):
-    """lrt_lab.store.stats.seeds_interval, the one band rule of the figure and the dashboard,
+    """lrt_results.stats.seeds_interval, the one band rule of the figure and the dashboard,
     against scipy's t quantile by hand; and the scaling curves take it per budget."""
     from scipy import stats as sps
 
-    from lrt_lab.analysis.scaling import curves
-    from lrt_lab.store.stats import seeds_interval
+    from lrt_results.scaling import curves
+    from lrt_results.stats import seeds_interval
 
     three = np.array([1.0, 1.2, 1.7])
     mean, lo, hi, kind = seeds_interval(three)

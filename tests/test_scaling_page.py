@@ -1,5 +1,5 @@
-"""docs/scaling.md and the README's scaling block are what experiments/scaling_tables.py makes of
-the committed scaling store, so neither can go stale."""
+"""docs/scaling.md (its summary, In short, included) is what experiments/scaling_tables.py makes of
+the committed scaling store, so it cannot go stale."""
 
 import importlib.util
 from pathlib import Path
@@ -34,7 +34,7 @@ def _t_half(diffs):
     return sps.t.ppf(0.975, len(diffs) - 1) * np.std(diffs, ddof=1) / np.sqrt(len(diffs))
 
 
-def test_scaling_page_and_readme_block_are_current():
+def test_scaling_page_is_current():
     assert _module().main(["--check"]) == 0
 
 

@@ -1,4 +1,4 @@
-"""The approximate-vs-exact scoreboard (lrt_lab.store.scoreboard and `lrt-lab report
+"""The approximate-vs-exact scoreboard (lrt_results.scoreboard and `lrt-lab report
 --scoreboard`): gaps and agreements from hand-written summaries, computed here by hand."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 
 from lrt_lab.commands.cli import main
 from lrt_lab.store.results import load_runs
-from lrt_lab.store.scoreboard import scoreboard, scoreboard_wide
-from lrt_lab.store.stats import t_quantile
+from lrt_results.scoreboard import scoreboard, scoreboard_wide
+from lrt_results.stats import t_quantile
 
 LENGTHS = (8, 16, 32)
 # (kind, schedule, seed) -> per evaluation length: (ce_parallel, ce_exact, agreement); None: a run
@@ -102,7 +102,7 @@ def test_the_report_flag_prints_it_in_every_format(tmp_path, capsys):
 
 
 def test_a_page_can_embed_it_without_the_legend_or_headings(tmp_path):
-    from lrt_lab.store.report import SCOREBOARD_LEGEND, render_scoreboard
+    from lrt_results.report import SCOREBOARD_LEGEND, render_scoreboard
 
     table = scoreboard(load_runs(write_store(tmp_path / "store")))
     full = render_scoreboard(table, "md")

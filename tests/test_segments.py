@@ -96,7 +96,7 @@ def test_a_run_not_started_for_lack_of_time_is_returned_incomplete(tmp_path):
 
 
 def test_a_sweep_records_its_plan_in_the_store_and_a_dry_run_does_not(tmp_path):
-    """What a partly run grid still owes (lrt_lab.analysis.scaling.planned_seeds reads it): the
+    """What a partly run grid still owes (lrt_results.scaling.planned_seeds reads it): the
     runs and seeds of the spec, written before the first run starts."""
     from lrt_lab.store.results import load_plans
 

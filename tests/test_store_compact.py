@@ -29,7 +29,8 @@ from lrt_lab.store.results import (
     load_runs,
     metrics_file,
 )
-from lrt_lab.store.study import at_step, event_table, parse_study, study_table
+from lrt_lab.store.study_spec import parse_study
+from lrt_results.study import at_step, event_table, study_table
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "experiments" / "results"

@@ -16,7 +16,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lrt_lab.commands.cli import main
-from lrt_lab.store.report import comparison_table
 from lrt_lab.store.results import (
     DamagedFileError,
     Run,
@@ -25,8 +24,9 @@ from lrt_lab.store.results import (
     load_runs,
     load_table,
 )
-from lrt_lab.store.study import at_step
 from lrt_lab.training.loop import train
+from lrt_results.report import comparison_table
+from lrt_results.study import at_step
 
 
 def make_run(root: Path, name: str, seed: int) -> Run:

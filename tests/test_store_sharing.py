@@ -376,7 +376,7 @@ def test_a_diverging_run_is_recorded_and_its_grid_goes_on(tmp_path):
     import contextlib
     import io
 
-    from lrt_lab.store.report import print_report
+    from lrt_results.report import print_report
 
     text = io.StringIO()
     with contextlib.redirect_stdout(text):

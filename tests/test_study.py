@@ -1,4 +1,4 @@
-"""A study in a sweep spec (lrt_lab.store.study): the [study] table is checked when the spec loads,
+"""A study in a sweep spec (lrt_results.study): the [study] table is checked when the spec loads,
 its arms against the grid the spec expands to, and `lrt-lab report STORE --study SPEC` computes
 each pre-stated contrast over a store fabricated here with known values, checked against exact
 permutation p-values and Holm adjustments worked out in the test."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lrt_lab.store.study import (
+from lrt_results.study import (
     Contrast,
     arm_mask,
     check_arms,
@@ -207,7 +207,7 @@ def test_arms_are_method_labels_narrowed_by_train_fields():
         {"kind": "lrt", "schedule": "exact", "train": {"steps": 1500, "overrides": {"n_layer": 4}}},
         {"kind": "transformer", "schedule": "onepass", "train": {"steps": 3000}},
     ]
-    from lrt_lab.store.study import grid_frame
+    from lrt_results.study import grid_frame
 
     frame = grid_frame(grid)
     assert arm_mask(frame, "lrt exact").tolist() == [True, True, False]
@@ -475,7 +475,7 @@ def events_study():
 
 
 def test_time_to_event_per_arm_and_log_rank_by_hand(tmp_path):
-    from lrt_lab.store.study import event_table
+    from lrt_results.study import event_table
 
     table = dict(STUDY)
     root, study = events_store(tmp_path / "events"), events_study()
@@ -494,7 +494,7 @@ def test_time_to_event_per_arm_and_log_rank_by_hand(tmp_path):
 def test_a_contrast_on_the_parallel_forward_times_the_parallel_forward(tmp_path):
     """A contrast whose metric scores the parallel forward gets its event row from
     pos90_parallel, not from the study's exact decoding (which would repeat the exact row)."""
-    from lrt_lab.store.study import event_table
+    from lrt_results.study import event_table
 
     root = events_store(tmp_path / "events")
     # the parallel forward reaches 8 at step 30 in every LRT run and never in a transformer run
@@ -530,7 +530,7 @@ def test_a_contrast_on_the_parallel_forward_times_the_parallel_forward(tmp_path)
 
 def test_kaplan_meier_curves_per_arm_by_hand_and_drawn(tmp_path):
     """The share of seeds that have learned, by step: the product-limit estimate by hand."""
-    from lrt_lab.analysis.time_to_event import plot_time_to_event, reach_curves
+    from lrt_results.time_to_event import plot_time_to_event, reach_curves
 
     root, study = events_store(tmp_path / "events"), events_study()
     curves = reach_curves(root, study)
@@ -573,7 +573,7 @@ def test_report_study_draws_the_kaplan_meier_figure_when_the_study_times_an_even
 
 def test_the_tables_render_as_markdown_for_a_page(store, tmp_path):
     """docs/results.md embeds the study as markdown: the same cells as the terminal's table."""
-    from lrt_lab.store.study import event_table, format_event_table, format_study_table
+    from lrt_results.study import event_table, format_event_table, format_study_table
 
     names = [run_name(kind, sched, seed) for (kind, sched) in VALUES for seed in range(8)]
     table = study_table(store, parse_study(STUDY), run_names=names)
@@ -630,7 +630,7 @@ def test_equal_step_reads_every_contrast_again_at_that_evaluation(tmp_path):
     assert missing.iloc[0]["n_a"] == 0
     assert any("at step 20" in n for n in missing.attrs["notes"])
     # the report prints the matched-step table after the final one
-    from lrt_lab.store.study import study_lines
+    from lrt_results.study import study_lines
 
     text = "\n".join(study_lines(root, study, study_table(root, study)))
     assert "at matched steps: every run's evaluation at step 30" in text
@@ -658,7 +658,7 @@ def test_equal_step_must_be_a_step_every_arm_evaluates(step, ok):
 
 
 def test_only_a_run_that_reached_a_level_can_have_regressed():
-    from lrt_lab.store.study import reached_level
+    from lrt_results.study import reached_level
 
     # exact cross-entropy 3.62 -> best 2.82 -> 6.3: never learned (not half way to 0)
     assert not reached_level("ce_exact@16", [3.62, 2.82, 4.1, 6.3])

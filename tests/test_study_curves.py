@@ -1,4 +1,4 @@
-"""A study's learning curves (lrt_lab.analysis.study_curves): per arm and metric its contrasts
+"""A study's learning curves (lrt_results.study_curves): per arm and metric its contrasts
 read, the seed mean and band at every evaluation, checked against sums worked out here."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from lrt_lab.store.study import parse_study
+from lrt_results.study import parse_study
 from tests.test_study import STUDY, run_name, write_run
 
 # ce_exact@8 at steps 10, 20, 30 per seed (None: that evaluation is missing)
@@ -50,7 +50,7 @@ def curves_study():
 
 
 def test_learning_curves_are_seed_means_and_bands_by_hand(tmp_path):
-    from lrt_lab.analysis.study_curves import learning_curves
+    from lrt_results.study_curves import learning_curves
 
     curves = learning_curves(curves_store(tmp_path / "s"), curves_study())
     got = {(r.arm, r.metric, r.step): r for r in curves.itertuples()}
@@ -73,8 +73,8 @@ def test_learning_curves_are_seed_means_and_bands_by_hand(tmp_path):
 
 
 def test_learning_curves_are_drawn_and_the_report_names_the_figure(tmp_path, capsys):
-    from lrt_lab.analysis.study_curves import plot_learning_curves
     from lrt_lab.commands.cli import main
+    from lrt_results.study_curves import plot_learning_curves
     from tests.test_study import SPEC
 
     root = curves_store(tmp_path / "s")
@@ -105,7 +105,7 @@ def test_the_last_interval_table_says_which_arms_were_still_improving(tmp_path):
     """Per arm and metric: the mean final value, the mean change over each run's last evaluation
     interval (measured back from its end by its eval_every, so a final evaluation off the grid
     does not make a short interval) and the runs still improving, worked out here."""
-    from lrt_lab.store.study import last_interval_table
+    from lrt_results.study import last_interval_table
 
     root = curves_store(tmp_path / "s")
     set_eval_every(
@@ -143,7 +143,7 @@ def test_the_last_interval_table_counts_runs_that_regressed(tmp_path):
     collapse); one that never beat its first evaluation and ended worse did not (it never learned),
     nor one whose best was not half way there. Higher-is-better metrics count the other way
     round."""
-    from lrt_lab.store.study import last_interval_table
+    from lrt_results.study import last_interval_table
 
     root = curves_store(tmp_path / "s")
     set_eval_every(root, {("transformer", "onepass"): [10, 10, 10]})

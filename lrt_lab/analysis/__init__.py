@@ -1,16 +1,16 @@
 """Analysis tools: what the memory carries (probes), how much of exact recurrence a parallel
 schedule recovers (gap), how sequential the learned recurrence is (convergence), how many passes
-each schedule's sweep needs to reach exact decoding (exactness), whether the memory map
-contracts (contraction), how close each schedule's gradient is to exact BPTT's (gradient), how
-much depth the memory is worth (depth), and seed statistics (stats).
+each schedule's sweep needs to reach exact decoding (exactness), whether the memory map contracts
+(contraction), and how close each schedule's gradient is to exact BPTT's (gradient): the analyses
+that rebuild a model. What the runs of a store say together (the gap tables, the depth sweep, seed
+statistics, scaling fits) is lrt_results (docs/design.md, "The instrument and the lab").
 
 Each tool writes tables into the run store: per-run tables with `Run.write_table` (probe_<decoding>,
 bpb), store-level tables under `<store>/.analysis/tables/` (gap_recovery, mismatch, refinement,
 depth_sweep, depth_worth), a hidden folder that `load_runs` skips. Each has a seaborn plot function
 returning a matplotlib Figure.
 
-The names below load on first use (PEP 562), so `lrt_lab.store.stats` (pandas and scipy) can be
-imported by the dashboard without importing torch.
+The names below load on first use (PEP 562), so importing the package loads no torch.
 """
 
 import importlib
@@ -53,24 +53,7 @@ _LAZY = {
         "lrt_lab.analysis.contraction",
     ),
     **dict.fromkeys(
-        ("analyze_depth_sweep", "depth_table", "depth_worth", "min_depth", "plot_depth_curve"),
-        "lrt_lab.analysis.depth",
-    ),
-    **dict.fromkeys(
         ("analyze_gap", "bpb_of", "collect_bpb", "evaluate_bpb"), "lrt_lab.analysis.bpb"
-    ),
-    **dict.fromkeys(
-        (
-            "read_bpb",
-            "gap_recovery",
-            "mismatch_table",
-            "plot_gap_recovery",
-            "plot_mismatch",
-            "plot_refinement",
-            "recovered_fraction",
-            "refinement_table",
-        ),
-        "lrt_lab.analysis.gap",
     ),
     **dict.fromkeys(
         (
@@ -84,9 +67,6 @@ _LAZY = {
             "probe_run",
         ),
         "lrt_lab.analysis.probes",
-    ),
-    **dict.fromkeys(
-        ("bootstrap_ci", "mean_ci", "plot_seed_stats", "seed_stats"), "lrt_lab.store.stats"
     ),
     **dict.fromkeys(
         ("ANALYSIS_DIR", "load_model", "load_task", "read_store_table", "write_store_table"),

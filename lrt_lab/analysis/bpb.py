@@ -1,5 +1,5 @@
 """BPB of a run or a model under its training schedule and under exact decoding, per stage: what
-the gap analysis (`lrt_lab.analysis.gap`, torch-free tables the dashboard reads) is computed from.
+the gap analysis (`lrt_results.gap`, torch-free tables the dashboard reads) is computed from.
 
 `evaluate_bpb` writes a run's tables/bpb.csv; `collect_bpb` gathers them (computing what is
 missing where a checkpoint allows); `analyze_gap` computes and writes a store's gap tables.
@@ -14,14 +14,15 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from lrt_lab.analysis.gap import gap_recovery, mismatch_table, read_bpb, refinement_table
 from lrt_lab.analysis.loading import as_run, load_model, load_task, write_store_table
 from lrt_lab.analysis.loading import eval_batch as make_eval_batch
 from lrt_lab.core.loss import IGNORE_INDEX
 from lrt_lab.core.model import LanguageModel
+from lrt_lab.core.plugins import provided
 from lrt_lab.run.registry import as_schedule
 from lrt_lab.run.runner import run_schedule
 from lrt_lab.run.schedules import Exact
+from lrt_lab.store.bpb_table import read_bpb
 from lrt_lab.store.results import Run, load_runs, load_table
 
 LN2 = math.log(2)
@@ -208,10 +209,7 @@ def analyze_gap(
             "checkpoint to compute it from)"
         )
     df = df[df[metric].notna()]  # runs of other tasks in the same store (no BPB) are not part of it
-    tables = {"gap_recovery": gap_recovery(df, metric)}
-    tables["gap_recovery_per_seed"] = tables["gap_recovery"].attrs["per_seed"]
-    tables["mismatch"] = mismatch_table(df)
-    tables["refinement"] = refinement_table(df)
+    tables = provided("gap_tables")(df, metric)  # the statistics: lrt_results.gap
     if write:
         for name, t in tables.items():
             write_store_table(store, name, t)

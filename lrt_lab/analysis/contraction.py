@@ -19,8 +19,8 @@ import torch
 from lrt_lab.analysis.convergence import convergence_trace, sweeps_to_converge
 from lrt_lab.analysis.exactness import table_name
 from lrt_lab.analysis.loading import as_run, eval_batch, load_model, load_task
+from lrt_lab.core.plugins import provided
 from lrt_lab.run.contraction_monitor import lyapunov
-from lrt_lab.store.stats import mean_ci
 
 
 def predicted_sweeps(exponent: float, initial_error: float, tol: float) -> float:
@@ -49,7 +49,10 @@ def contraction_tables(
             "sd": pd.DataFrame(finite.numpy()).std(axis=1).to_numpy(),
         }
     )
-    ci = mean_ci(exponent.numpy())  # over sequences; a NaN (no step within a document) dropped
+    # the t-interval is statistics: lrt_results.stats.mean_ci, found through the entry point
+    ci = provided("mean_ci")(
+        exponent.numpy()
+    )  # over sequences; a NaN (no step within a document) dropped
     trace = convergence_trace(model, inputs)
     e0 = float(trace[trace["sweep"] == 0]["error"].max())
     rows = []

@@ -2,9 +2,8 @@
 batch, and the store-level tables.
 
 Store-level tables (gap recovery, depth sweep, train/inference mismatch) live in
-`<store>/.analysis/tables/<name>.csv` (results.write_table on the folder): a hidden folder, so
-`load_runs` neither lists it as a run nor
-warns about it (it skips only folders whose name starts with ".").
+`<store>/.analysis/tables/<name>.csv` (lrt_lab.store.folders, torch-free, so the statistics in
+lrt_results write them too).
 """
 
 from __future__ import annotations
@@ -16,13 +15,17 @@ import pandas as pd
 from lrt_lab.core.config import ModelConfig
 from lrt_lab.core.model import LRT
 from lrt_lab.core.plugins import load_plugins, loaded_plugins
-from lrt_lab.core.validation import check_out_dir
-from lrt_lab.store.results import Run, write_table
+from lrt_lab.store.folders import (  # noqa: F401 (re-exported: the analyses' store tables)
+    ANALYSIS_DIR,
+    DEFAULT_OUTPUTS,
+    analysis_dir,
+    output_dir,
+    read_store_table,
+    write_store_table,
+)
+from lrt_lab.store.results import Run
 from lrt_lab.training.checkpoints import check_belongs, read_checkpoint
 from lrt_lab.training.loop import TrainConfig, make_eval_sets, make_task
-
-ANALYSIS_DIR = ".analysis"
-DEFAULT_OUTPUTS = "outputs"  # output_dir's folder when none is given
 
 
 def as_run(run) -> Run:
@@ -111,31 +114,3 @@ def eval_batch(task, length: int, n: int, seed: int = 0):
     """A fixed held-out batch: the task provider's evaluation set (seeds >= 2**62, never trained
     on)."""
     return make_eval_sets(task, (length,), n, seed=seed)[length]
-
-
-def output_dir(store, out=None) -> Path:
-    """Where a report's or an analysis's figures and tables of `store` go: `out` when given,
-    else outputs/<the store folder's name>/ under the current directory (ignored by git at the
-    repository's root), never into the store, so a committed store stays as it was committed."""
-    folder = check_out_dir("out", out) if out is not None else Path(DEFAULT_OUTPUTS)
-    if out is None:
-        folder = folder / (Path(store).resolve().name or "store")
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def analysis_dir(store) -> Path:
-    d = Path(store) / ANALYSIS_DIR
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def write_store_table(store, name: str, df: pd.DataFrame) -> Path:
-    """Atomically write <store>/.analysis/tables/<name>.csv (results.write_table on the hidden
-    folder)."""
-    return write_table(analysis_dir(store), name, df)
-
-
-def read_store_table(store, name: str) -> pd.DataFrame | None:
-    path = Path(store) / ANALYSIS_DIR / "tables" / f"{name}.csv"
-    return pd.read_csv(path) if path.exists() else None

@@ -467,15 +467,16 @@ def _probe(a) -> None:
 
 
 def _gap(a) -> None:
-    from lrt_lab.analysis import analyze_gap, plot_gap_recovery
+    from lrt_lab.analysis import analyze_gap
     from lrt_lab.analysis.loading import analysis_dir
+    from lrt_lab.core.plugins import provided
 
     tables = analyze_gap(a.store, metric=a.metric, n_sequences=a.n_sequences)
     for name, t in tables.items():
         print(f"\n{name}\n{t.to_string(index=False)}")
     if not tables["gap_recovery"].empty:
         out = analysis_dir(a.store) / "gap_recovery.png"
-        plot_gap_recovery(tables["gap_recovery"]).savefig(out, dpi=110)
+        provided("plot_gap_recovery")(tables["gap_recovery"]).savefig(out, dpi=110)
         print(f"plot: {out}")
 
 
@@ -565,14 +566,14 @@ def _contraction(a) -> None:
 
 
 def _depth(a) -> None:
-    from lrt_lab.analysis import analyze_depth_sweep, plot_depth_curve
     from lrt_lab.analysis.loading import analysis_dir
+    from lrt_lab.core.plugins import provided
 
-    tables = analyze_depth_sweep(a.store, a.metric, a.targets)
+    tables = provided("analyze_depth_sweep")(a.store, a.metric, a.targets)
     for name, t in tables.items():
         print(f"\n{name}\n{t.to_string(index=False)}")
     out = analysis_dir(a.store) / "depth_curve.png"
-    plot_depth_curve(tables["depth_sweep"]).savefig(out, dpi=110)
+    provided("plot_depth_curve")(tables["depth_sweep"]).savefig(out, dpi=110)
     print(f"plot: {out}")
 
 
@@ -588,63 +589,9 @@ ANALYSES = {
 
 
 def _scaling(a) -> int:
-    import matplotlib
+    from lrt_lab.core.plugins import provided
 
-    matplotlib.use("Agg")
-    import pandas as pd
-
-    from lrt_lab.analysis.loading import output_dir
-    from lrt_lab.analysis.scaling import (
-        check_same_heldout,
-        decide,
-        fit_power_laws,
-        paired_deltas,
-        planned_seeds,
-        scaling_figure,
-        scaling_points,
-    )
-    from lrt_lab.store.results import first_names, load_plans, load_runs, write_table
-
-    pd.set_option("display.width", 200)
-    runs = load_runs(a.store)
-    if not runs.empty and a.prefix:
-        runs = runs[runs["run"].str.startswith(a.prefix)]
-    points = scaling_points(runs)
-    if points.empty:
-        raise ValueError(
-            f"store={a.store!r}: no complete run trained with a tokens-per-parameter budget"
-        )
-    check_same_heldout(points)
-    folder = output_dir(a.store, a.out)
-    if points.attrs["duplicates"]:
-        twice = points.attrs["duplicates"]
-        print(
-            f"note: {len(twice)} run(s) repeat another's method, budget and seed and are counted "
-            f"once: {first_names(twice, 3)}"
-        )
-    deltas = paired_deltas(points, metric=a.metric)
-    fits = fit_power_laws(points, metric=a.metric, x=a.x)
-    summary = points.groupby(["method", "R"]).agg(
-        n=("seed", "size"),
-        C=("C", "mean"),
-        bpb_exact=("bpb_exact", "mean"),
-        bpb_parallel=("bpb_parallel", "mean"),
-        epochs=("epochs", "max"),
-    )
-    for name, table in (
-        ("scaling_points", summary.reset_index()),
-        ("scaling_deltas", deltas),
-        ("scaling_fits", fits),
-    ):
-        print(f"\n{name}\n{table.round(4).to_string(index=False)}")
-        write_table(folder, name, table)
-    planned = planned_seeds(points, load_plans(a.store))
-    seeds = "no plan recorded" if planned is None else f"{planned} seeds planned"
-    print(f"\ndecision ({a.metric}; {seeds}): {decide(deltas, planned_seeds=planned)}")
-    out = folder / f"scaling_{a.metric}_{a.x}.png"
-    scaling_figure(points, out, x=a.x, metric=a.metric)
-    print(f"tables: {folder / 'tables'}\nplot: {out}")
-    return 0
+    return provided("analyze_scaling")(a)  # the fits and contrasts: lrt_results.cli
 
 
 if __name__ == "__main__":

@@ -168,7 +168,7 @@ def _add_eval_arguments(p: argparse.ArgumentParser, d: SimpleNamespace):
 
 
 def _add_run_arguments(p: argparse.ArgumentParser, d: SimpleNamespace):
-    """Where and how the run goes: the loss-spike guard, checkpoints, device, its folder, resuming."""
+    """Where and how the run goes: the spike guard, checkpoints, device, its folder, resuming."""
     p.add_argument(  # the loss-spike guard (lrt_lab.training.guard)
         "--spike-guard",
         type=float,
@@ -296,8 +296,8 @@ def cmd_train(a) -> int:
     cfg = train_config_from_args(a)
     from pathlib import Path
 
-    from lrt_lab.store.report import print_run
     from lrt_lab.store.results import Run
+    from lrt_lab.store.run_summary import print_run
     from lrt_lab.training.checkpoints import resume_folder
     from lrt_lab.training.loop import train
     from lrt_lab.training.threads import apply_threads, choose_threads
@@ -390,7 +390,6 @@ def cmd_report(a) -> int:
     if not Path(a.runs).is_dir():
         reason = "no such directory" if not Path(a.runs).exists() else "not a directory"
         raise ValueError(f"runs={a.runs!r} is invalid: {reason}; allowed: a run store directory")
-    from lrt_lab.store.report import print_report
 
     if a.study is not None:
         return report_study(a)
@@ -400,26 +399,15 @@ def cmd_report(a) -> int:
             "are printed; only a study draws figures)"
         )
     if a.scoreboard:
-        from lrt_lab.store.report import print_scoreboard
-
         for flag, value in (("--metric", a.metric), ("--group-by", a.group_by)):
             if value is not None:
                 raise ValueError(
                     f"{flag} is invalid with --scoreboard; allowed: --format, --task, --where, "
                     "--prefix (the scoreboard's metrics are fixed)"
                 )
-        print_scoreboard(a.runs, fmt=a.format, task=a.task, where=a.where, prefix=a.prefix)
-        return 0
-    print_report(
-        a.runs,
-        metric=a.metric,
-        group_by=a.group_by,
-        fmt=a.format,
-        task=a.task,
-        where=a.where,
-        prefix=a.prefix,
-    )
-    return 0
+    from lrt_lab.core.plugins import provided
+
+    return provided("report")(a)  # the tables: lrt_results.cli
 
 
 def report_study(a) -> int:
@@ -439,8 +427,9 @@ def report_study(a) -> int:
                 "metrics and arms)"
             )
     check_file("--study", a.study, "a path to a .toml sweep spec with a [study] table")
+    from lrt_lab.core.plugins import provided
     from lrt_lab.store.results import reading_once
-    from lrt_lab.store.study import parse_study
+    from lrt_lab.store.study_spec import parse_study
 
     wait_passively_when_busy()  # as the commands that load torch do (LOADS_TORCH)
     from lrt_lab.training.sweep import expand, load_spec  # loads torch: the grid's run names
@@ -454,28 +443,7 @@ def report_study(a) -> int:
     names = [cfg.run_name for cfg in expand(spec)]
     study = parse_study(spec["study"])
     with reading_once():  # each run's metrics parsed once for every table and figure
-        return _report_study(a, study, names)
-
-
-def _report_study(a, study, names: list[str]) -> int:
-    from lrt_lab.store.study import print_study
-
-    print_study(a.runs, study, run_names=names, store_name=a.runs)
-    from pathlib import Path
-
-    from lrt_lab.analysis.loading import output_dir
-    from lrt_lab.analysis.study_curves import plot_learning_curves
-
-    folder, stem = output_dir(a.runs, a.out), Path(a.study).stem
-    if plot_learning_curves(a.runs, study, folder / f"curves_{stem}.png", names) is not None:
-        print(f"\nfigure (learning curves, each arm's seed mean): {folder / f'curves_{stem}.png'}")
-    if study.time_to_event is not None:
-        from lrt_lab.analysis.time_to_event import plot_time_to_event
-
-        out = folder / f"time_to_event_{stem}.png"
-        if plot_time_to_event(a.runs, study, out, run_names=names) is not None:
-            print(f"\nfigure (Kaplan-Meier, share of seeds that reached the length): {out}")
-    return 0
+        return provided("report_study")(a, study, names)  # lrt_results.cli
 
 
 def cmd_analyze(a) -> int:

@@ -21,8 +21,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from lrt_lab.store.report import run_figures
 from lrt_lab.store.results import Run, diverged_line, load_table
+from lrt_lab.store.run_summary import run_figures
 from lrt_lab.training.loop import TrainConfig, train
 from lrt_lab.training.threads import ThreadChoice, apply_threads, choose_threads
 
@@ -124,7 +124,7 @@ def side_by_side(runs: list[Run]) -> pd.DataFrame:
 
 
 def _memory(run: Run) -> str:
-    from lrt_lab.store.report import memory_label
+    from lrt_lab.store.run_summary import memory_label
 
     c = run.config
     mem = c["model"].get("memory") or {}

@@ -11,6 +11,8 @@ workers in other processes and `lrt-lab analyze` import them again.
 An installed package can name its module under an entry point group instead, imported the first
 time a name is not found: `lrt_lab.schedules` for schedules (`lrt_lab.run.registry`) and
 `lrt_lab.memory_mechanisms` for memory mechanisms (`lrt_lab.core.config.MemoryConfig`).
+`lrt_lab.commands` names what the lab reaches in the packages built on it (`provided`): the
+report and the statistics of lrt_results, which lrt_lab never imports by name.
 
 No torch here: the command line reads these names before it loads anything heavy (a plugin's own
 imports load what they need).
@@ -28,6 +30,10 @@ from pathlib import Path
 
 SCHEDULE_GROUP = "lrt_lab.schedules"
 MECHANISM_GROUP = "lrt_lab.memory_mechanisms"
+# What the lab hands to the package built on it (lrt_results: study statistics, report tables,
+# figures): `lrt-lab report` and the analyses' seed intervals. The lab never imports that package
+# by name (the import contract), so it finds each piece here at run time.
+COMMAND_GROUP = "lrt_lab.commands"
 
 # What a refusal of an unknown schedule or mechanism adds: the route to one of the user's own.
 ROUTE = (
@@ -126,6 +132,19 @@ def load_entry_points(group: str) -> None:
     _groups_loaded.add(group)
     for ep in importlib.metadata.entry_points(group=group):
         ep.load()
+
+
+def provided(name: str):
+    """The object an installed package names `name` under the entry point group lrt_lab.commands
+    (e.g. `report`, from lrt_results). ValueError (one line) when no installed package does."""
+    found = importlib.metadata.entry_points(group=COMMAND_GROUP, name=name)
+    for ep in found:
+        return ep.load()
+    raise ValueError(
+        f"{name!r} is not installed: it is provided through the entry point group "
+        f"{COMMAND_GROUP} (the lrt_results package); allowed: reinstall the project "
+        "(pip install -e .)"
+    )
 
 
 def _module_name(path: Path) -> str:

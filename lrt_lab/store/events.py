@@ -3,7 +3,7 @@
 "Which trainer learns" is a question about *when*, and a run that stops before the event is
 censored at its budget, not a failure at step 0. `first_reach` reads the evaluation lines of
 metrics.jsonl; `reach_times` turns a store's runs into (time, reached) pairs that
-`lrt_lab.store.contrasts.kaplan_meier` and `logrank` summarise per arm. Time can be steps,
+`lrt_results.contrasts.kaplan_meier` and `logrank` summarise per arm. Time can be steps,
 token-forwards (compute_tokens) or counted FLOPs. Torch-free.
 """
 

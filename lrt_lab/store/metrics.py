@@ -166,7 +166,7 @@ def task_metric(task: str, length: int) -> str:
 
 def primary_metric(runs: pd.DataFrame, study=None) -> str | None:
     """The metric a view of `runs` (a load_runs table) opens on, as a summary.eval key
-    (`ce_exact@16`): the study's primary metric when `study` (a lrt_lab.store.study.Study) is
+    (`ce_exact@16`): the study's primary metric when `study` (a lrt_results.study.Study) is
     given, else the task's own figure at the training length of the runs (the length most of
     them trained at); None when the runs name no task."""
     if study is not None:

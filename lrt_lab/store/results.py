@@ -228,7 +228,7 @@ def write_plan(root, runs: list[str], seeds: list[int]) -> Path:
     """Record in the store what a sweep plans: its runs' names and its seeds. A plan is named by
     its runs, so running the same grid again rewrites the same file, and a grid that plans more
     seeds adds a new one. What reads a partly run grid (a decision that waits for every planned
-    seed: lrt_lab.analysis.scaling.planned_seeds) learns from it what is still to come."""
+    seed: lrt_results.scaling.planned_seeds) learns from it what is still to come."""
     folder = Path(root) / PLANS
     folder.mkdir(parents=True, exist_ok=True)
     key = hashlib.sha1("\n".join(sorted(runs)).encode()).hexdigest()[:12]

@@ -101,7 +101,7 @@ SHORT_NAMES = {
     "config.train.steps": "steps",
 }
 
-# The README's convention for "mean [interval]" cells: Student's t over seeds (lrt_lab.store.stats).
+# The README's convention for "mean [interval]" cells: Student's t over seeds (lrt_results.stats).
 INTERVAL_NOTE = "95% t-interval over seeds"
 
 

@@ -189,8 +189,8 @@ def validate_spec(spec: dict) -> dict:
     for key in ("out", "name_prefix"):
         if key in sweep and not isinstance(sweep[key], str):
             raise ValueError(f"sweep.{key}={sweep[key]!r} is invalid; allowed: a string")
-    if "study" in spec:  # lrt_lab.store.study: its fields, then its arms against the grid
-        from lrt_lab.store.study import check_arms, parse_study
+    if "study" in spec:  # lrt_lab.store.study_spec: its fields, then its arms against the grid
+        from lrt_lab.store.study_spec import check_arms, parse_study
 
         study = parse_study(spec["study"])
         check_arms(

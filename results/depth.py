@@ -20,10 +20,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from lrt_lab.analysis.loading import write_store_table
+from lrt_lab.store.folders import write_store_table
 from lrt_lab.store.results import load_runs
 from lrt_lab.store.run_groups import default_metric
-from lrt_lab.store.stats import method_column, seed_stats
+from lrt_results.stats import method_column, seed_stats
 
 DEPTH = "config.model.n_layer"
 TASK = "config.train.task"

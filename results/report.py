@@ -1,11 +1,11 @@
-"""Tables for the terminal: one run's figures, and a paper-style comparison across runs."""
+"""Tables for the terminal: a paper-style comparison across runs (one run's figures:
+lrt_lab.store.run_summary, re-exported here)."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import re
 import sys
 import textwrap
 
@@ -13,7 +13,7 @@ import pandas as pd
 
 from lrt_lab.store.markdown import markdown_lines
 from lrt_lab.store.metrics import LN2, TEXT_TASKS, bounds
-from lrt_lab.store.results import Run, diverged_line, first_names, load_runs, load_table
+from lrt_lab.store.results import first_names, load_runs, load_table
 from lrt_lab.store.run_groups import (
     INTERVAL_NOTE,
     _unset,
@@ -28,7 +28,8 @@ from lrt_lab.store.run_groups import (
     seed_groups,
     with_train_length_metric,
 )
-from lrt_lab.store.stats import mean_ci, seed_stats
+from lrt_lab.store.run_summary import memory_label, model_label, print_run, run_figures
+from lrt_results.stats import mean_ci, seed_stats
 
 __all__ = [
     "compare_table",
@@ -48,40 +49,6 @@ __all__ = [
     "studies_by_recency",
     "supervised_every",
 ]
-
-
-def memory_label(row) -> str:
-    """Which memory preset and which initialisation an LRT run used; "-" for a model without memory.
-    Runs made before presets existed built MemoryConfig's defaults, i.e. the "paper" preset."""
-    if row.get("config.kind") != "lrt":
-        return "-"
-    preset = row.get("config.train.memory_preset")
-    preset = "paper" if not isinstance(preset, str) else preset
-    g, rec = row.get("config.model.memory.gamma_init"), row.get("config.model.memory.rec_init")
-    if g == 0 and rec == "zero":
-        init = "start-as-transformer init (gamma 0, zero W_rec)"
-    elif g == 0.1 and rec == "uniform":
-        init = "paper init (gamma 0.1, uniform W_rec)"
-    else:
-        init = f"init gamma {g}, {rec} W_rec"
-    return f"{preset} preset, {init}"
-
-
-def model_label(row) -> str:
-    """`transformer (4 layers)`, `lrt exact (4 layers)`; for an LRT, what differs from the paper
-    preset's memory: `lrt exact (4 layers, memory from block 4, normed)`, or `released preset`."""
-    text = f"{method_label(row)} ({int(row['config.model.n_layer'])} layers"
-    if row.get("config.kind") == "lrt" and row.get("config.train.memory_preset") == "released":
-        text += ", released preset"
-    elif row.get("config.kind") == "lrt":
-        src = row.get("config.model.memory.source_layer")
-        if src is not None and not pd.isna(src):
-            text += f", memory from block {int(src)}"
-        for field, default in (("source_tap", "resid"), ("projections", "shared")):
-            value = row.get(f"config.model.memory.{field}")
-            if isinstance(value, str) and value != default:  # NaN: a run from before the field
-                text += f", {value}"
-    return text + ")"
 
 
 def supervised_every(row) -> int:
@@ -713,7 +680,7 @@ SCOREBOARD_LEGEND = (
 def render_scoreboard(
     table: pd.DataFrame, fmt: str = "table", legend: bool = True, headings: bool = True
 ) -> str:
-    """The scoreboard (lrt_lab.store.scoreboard) as aligned text, markdown or csv: one row per
+    """The scoreboard (lrt_results.scoreboard) as aligned text, markdown or csv: one row per
     group, the gap and agreement at each evaluation length (1x, 2x, 4x the training length).
     A page that explains the columns itself (docs/results.md, docs/scaling.md) leaves out the
     legend, and the per-task headings where it shows a single task."""
@@ -770,7 +737,7 @@ def print_scoreboard(
     root, fmt: str = "table", task=None, where=(), prefix: str | None = None
 ) -> pd.DataFrame:
     """Print the scoreboard of the complete runs of the store `root` that pass the filters."""
-    from lrt_lab.store.scoreboard import scoreboard
+    from lrt_results.scoreboard import scoreboard
 
     if fmt not in FORMATS:
         raise ValueError(f"--format {fmt!r} is invalid; allowed: {', '.join(FORMATS)}")
@@ -783,42 +750,6 @@ def print_scoreboard(
     table = scoreboard(runs)
     sys.stdout.write(render_scoreboard(table, fmt))
     return table
-
-
-def run_figures(run: Run) -> pd.DataFrame:
-    """pos@90 / accuracy / cross-entropy per evaluation length and decoding mode, from
-    summary.json."""
-    ev = (run.summary or {}).get("eval", {})
-    rows = {}
-    for key, value in ev.items():
-        m = re.match(r"(pos90|acc|ce)_(parallel|exact)@(\d+)", key)
-        if m:
-            rows.setdefault(int(m.group(3)), {})[f"{m.group(1)}_{m.group(2)}"] = value
-    return pd.DataFrame.from_dict(rows, orient="index").sort_index().rename_axis("length")
-
-
-def print_run(run: Run) -> None:
-    """A run's figures (stdout) when it is complete; one line saying what it is otherwise: a
-    diverged run's step and loss (stderr), or that it is incomplete."""
-    s = run.summary
-    if s is None:
-        print(f"{run.name}: incomplete (resume with --resume)")
-        return
-    if s.get("status", "complete") != "complete":  # diverged: no final loss, no evaluation
-        print(
-            diverged_line(run.name, s)
-            if s.get("status") == "diverged"
-            else f"{run.name}: status {s.get('status')!r} in summary.json",
-            file=sys.stderr,
-        )
-        return
-    print(
-        f"\n{run.name}: loss {s['final_loss']:.4f}, {s['wall_time_s']:.0f} s, "
-        f"{s['tokens']:,} tokens "
-        f"(x{s['schedule_cost']:g} compute)"
-    )
-    print(run_figures(run).to_string())
-    print(f"run folder: {run.path}")
 
 
 # The evaluation lengths a study compares, as multiples of its training length.
@@ -867,7 +798,7 @@ def compare_table(df: pd.DataFrame, task: str, length: int) -> pd.DataFrame:
     """One row per method (method_labels) of the runs of `task` trained at `length`, cheapest first.
 
     Columns: method, n (runs), seeds (sorted), then for each figure F: F.mean, F.ci_low, F.ci_high
-    (the 95% t-interval over seeds of lrt_lab.store.stats.mean_ci, NaN for one seed) and
+    (the 95% t-interval over seeds of lrt_results.stats.mean_ci, NaN for one seed) and
     F.per_seed (a tuple in the order of `seeds`). The figures: pos90_exact@N and pos90_parallel@N at
     every length of compare_lengths (a byte-level text task: bpb_exact@N and bpb_parallel@N
     instead, compare_metrics), acc_exact@L and acc_parallel@L at the training length L,

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lrt_lab.analysis.figures import save_figure
-from lrt_lab.analysis.time_to_event import AXIS_TITLES
 from lrt_lab.store.results import evaluations
-from lrt_lab.store.stats import seeds_interval
-from lrt_lab.store.study import Study, arm_runs
+from lrt_results.figures import save_figure
+from lrt_results.stats import seeds_interval
+from lrt_results.study import Study, arm_runs
+from lrt_results.time_to_event import AXIS_TITLES
 
 COLUMNS = ["arm", "metric", "step", "x", "mean", "low", "high", "band", "seeds"]
 
@@ -29,7 +29,7 @@ def learning_curves(runs, study: Study, run_names=None, x: str | None = None) ->
 
     Seeds are matched by step (a study's arms evaluate on a fixed step grid); a step counts only
     where every run of the arm evaluated it, and its x is the runs' mean there (x: the study's
-    time axis unless given). mean/low/high follow lrt_lab.store.stats.seeds_interval, named in
+    time axis unless given). mean/low/high follow lrt_results.stats.seeds_interval, named in
     `band`. A non-primary metric whose curve equals the primary one of the same arm (a
     transformer's parallel forward is its exact decoding) is left out."""
     x = x or study.time_axis

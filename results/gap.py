@@ -9,7 +9,8 @@ Sequential Training"), the train/inference mismatch, and per-refinement BPB curv
     mismatch_table(df)             -> each schedule's parallel-forward metric vs its exact decoding
     refinement_table(df)           -> BPB after each stage of FullSequence(K) (the paper's
     per-refinement table)
-    analyze_gap(store)             -> all of the above, written to <store>/.analysis/tables/ (bpb)
+    gap_tables(df)                 -> all of the above (lrt_lab.analysis.bpb.analyze_gap
+                                      writes them to <store>/.analysis/tables/)
 
 Recovered fraction = (metric_base - metric_method) / (metric_base - metric_exact): the share of
 the baseline-to-exact improvement a method keeps. It has the same value for lower-is-better (BPB)
@@ -30,11 +31,12 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from lrt_lab.store.bpb_table import read_bpb  # noqa: F401 (re-exported: the gap page reads it)
+
 # torch-free: the dashboard computes these tables from the stored BPB tables; evaluating a model
 # (torch) is lrt_lab.analysis.bpb's
-from lrt_lab.store.contrasts import contrast
-from lrt_lab.store.results import load_table
-from lrt_lab.store.stats import bootstrap_ci, mean_ci, method_column, seed_stats
+from lrt_results.contrasts import contrast
+from lrt_results.stats import bootstrap_ci, mean_ci, method_column, seed_stats
 
 DEFAULT_GROUP = (
     "config.train.task",
@@ -47,32 +49,6 @@ DEFAULT_GROUP = (
 
 # BPB
 # ------------------------------------------------------------------------------------------------
-def read_bpb(df: pd.DataFrame) -> pd.DataFrame:
-    """df (load_runs) with columns bpb.parallel, bpb.exact and bpb.stage.<k> from each run's
-    tables/bpb.csv (written by `lrt_lab.analysis.bpb.evaluate_bpb`), NaN where a run has none.
-    Stage columns are filled only for schedules whose first stage covers every position."""
-    df = df.copy()
-    values = []
-    for _, row in df.iterrows():
-        t = load_table(row, "bpb")
-        rec = {}
-        if t is not None:
-            stages = t[t["mode"] == "stage"]
-            # per-stage figures only for schedules whose first stage covers the sequence (OnePass,
-            # Interleaved, FullSequence); Chunked/Exact stages cover growing prefixes
-            full = not stages.empty and float(stages["coverage"].iloc[0]) == 1.0
-            for _, r in t.iterrows():
-                if r["mode"] != "stage":
-                    rec[f"bpb.{r['mode']}"] = r["bpb"]
-                elif full:
-                    rec[f"bpb.stage.{int(r['stage'])}"] = r["bpb"]
-        values.append(rec)
-    extra = pd.DataFrame(values, index=df.index)
-    for c in extra.columns:
-        df[c] = extra[c]
-    return df
-
-
 # Gap recovery
 # ---------------------------------------------------------------------------------------
 def recovered_fraction(base, method, exact):
@@ -104,62 +80,6 @@ def _group_keys(df, group_by):
     return [k for k in group_by if k in df.columns]
 
 
-# The columns of gap_recovery's table after the group keys.
-SUMMARY_COLUMNS = [
-    "method",
-    "n_seeds",
-    "base",
-    "value",
-    "exact",
-    "recovered",
-    "ci_low",
-    "ci_high",
-    "gap_p",
-    "recovered_seed_mean",
-    "recovered_std",
-    "metric",
-    "baseline",
-    "exact_method",
-]
-
-
-def _method_recovery(gkey, m, seeds, b, x, e, confidence, n_resamples) -> tuple[list, dict]:
-    """One method's recovered fraction over its paired seeds: the per-seed rows and the
-    summary row (bootstrap interval of the ratio of means, permutation p of the gap)."""
-    seed_rows = []
-    frac = np.atleast_1d(recovered_fraction(b, x, e))
-    for s, bi, xi, ei, fi in zip(seeds, b, x, e, frac):
-        seed_rows.append(
-            {
-                **gkey,
-                "method": m,
-                "seed": s,
-                "base": bi,
-                "value": xi,
-                "exact": ei,
-                "recovered": fi,
-            }
-        )
-    st = mean_ci(frac, confidence)
-    lo, hi = ratio_of_means_ci(b, x, e, confidence, n_resamples)
-    gap_p = contrast(e, b, paired=True, n_resamples=n_resamples)["p"]
-    row = {
-        **gkey,
-        "method": m,
-        "n_seeds": len(seeds),
-        "base": b.mean(),
-        "value": x.mean(),
-        "exact": e.mean(),
-        "recovered": recovered_fraction(b.mean(), x.mean(), e.mean()),
-        "ci_low": lo,
-        "ci_high": hi,
-        "gap_p": gap_p,
-        "recovered_seed_mean": st["mean"],
-        "recovered_std": st["std"],
-    }
-    return seed_rows, row
-
-
 def gap_recovery(
     df: pd.DataFrame,
     metric: str = "bpb.exact",
@@ -171,7 +91,7 @@ def gap_recovery(
     seed_column: str = "config.train.seed",
 ) -> pd.DataFrame:
     """Recovered fraction of each method relative to `baseline` and `exact` (method labels as in
-    lrt_lab.store.report.method_label), per group of runs that share task/length/shape/steps.
+    lrt_results.report.method_label), per group of runs that share task/length/shape/steps.
 
     Returns one row per (group, method): n_seeds, the mean metric of baseline / method / exact over
     the paired seeds; recovered, the ratio of means (mean base - mean method) / (mean base - mean
@@ -183,15 +103,7 @@ def gap_recovery(
     recovered_std, the mean and SD of the per-seed fractions. The per-seed table is in
     .attrs["per_seed"].
     """
-    if metric not in df.columns:
-        raise ValueError(
-            f"metric={metric!r} is invalid; allowed: a column of the runs table (bpb.* columns "
-            "come from collect_bpb; summary.eval.acc_exact@L ...)"
-        )
-    if seed_column not in df.columns:
-        raise ValueError(
-            f"seed_column={seed_column!r} is invalid; allowed: a column of the runs table"
-        )
+    _check_gap_columns(df, metric, seed_column)
     df = df.copy()
     df["method"] = method_column(df)
     keys = _group_keys(df, group_by)
@@ -200,13 +112,7 @@ def gap_recovery(
     for key, sub in groups:
         key = key if isinstance(key, tuple) else (key,)
         gkey = dict(zip(keys, key))
-        dup = sub.duplicated(["method", seed_column], keep=False)
-        if dup.any():
-            raise ValueError(
-                f"runs {sub.loc[dup, 'run'].tolist()} share method and seed in group {gkey}; "
-                "allowed: one run per (method, seed); add the distinguishing column to group_by"
-            )
-        by = {m: s.set_index(seed_column)[metric].astype(float) for m, s in sub.groupby("method")}
+        by = _metric_by_method(sub, gkey, metric, seed_column)
         if baseline not in by or exact not in by:
             missing = [m for m in (baseline, exact) if m not in by]
             warnings.warn(
@@ -225,16 +131,85 @@ def gap_recovery(
                 )
                 continue
             b, x, e = by[baseline][seeds].values, vals[seeds].values, by[exact][seeds].values
-            seed_rows, row = _method_recovery(gkey, m, seeds, b, x, e, confidence, n_resamples)
-            per_seed += seed_rows
-            summary.append({**row, "metric": metric, "baseline": baseline, "exact_method": exact})
-    cols = keys + SUMMARY_COLUMNS
-    out = pd.DataFrame(summary, columns=cols)
+            per_seed += _per_seed_rows(gkey, m, seeds, b, x, e)
+            row = _recovery_row(b, x, e, confidence, n_resamples)
+            summary.append(
+                {**gkey, "method": m, "n_seeds": len(seeds), **row, "metric": metric}
+                | {"baseline": baseline, "exact_method": exact}
+            )
+    out = pd.DataFrame(summary, columns=keys + GAP_COLUMNS)
     out.attrs["per_seed"] = pd.DataFrame(
         per_seed, columns=keys + ["method", "seed", "base", "value", "exact", "recovered"]
     )
     out.attrs["metric"] = metric
     return out
+
+
+GAP_COLUMNS = [
+    "method",
+    "n_seeds",
+    "base",
+    "value",
+    "exact",
+    "recovered",
+    "ci_low",
+    "ci_high",
+    "gap_p",
+    "recovered_seed_mean",
+    "recovered_std",
+    "metric",
+    "baseline",
+    "exact_method",
+]
+
+
+def _check_gap_columns(df: pd.DataFrame, metric: str, seed_column: str) -> None:
+    if metric not in df.columns:
+        raise ValueError(
+            f"metric={metric!r} is invalid; allowed: a column of the runs table (bpb.* columns "
+            "come from collect_bpb; summary.eval.acc_exact@L ...)"
+        )
+    if seed_column not in df.columns:
+        raise ValueError(
+            f"seed_column={seed_column!r} is invalid; allowed: a column of the runs table"
+        )
+
+
+def _metric_by_method(sub: pd.DataFrame, gkey: dict, metric: str, seed_column: str) -> dict:
+    """{method: its metric indexed by seed} of one group; ValueError when two runs share both."""
+    dup = sub.duplicated(["method", seed_column], keep=False)
+    if dup.any():
+        raise ValueError(
+            f"runs {sub.loc[dup, 'run'].tolist()} share method and seed in group {gkey}; "
+            "allowed: one run per (method, seed); add the distinguishing column to group_by"
+        )
+    return {m: s.set_index(seed_column)[metric].astype(float) for m, s in sub.groupby("method")}
+
+
+def _per_seed_rows(gkey: dict, method: str, seeds, b, x, e) -> list[dict]:
+    frac = np.atleast_1d(recovered_fraction(b, x, e))
+    return [
+        {**gkey, "method": method, "seed": s, "base": bi, "value": xi, "exact": ei, "recovered": fi}
+        for s, bi, xi, ei, fi in zip(seeds, b, x, e, frac)
+    ]
+
+
+def _recovery_row(b, x, e, confidence: float, n_resamples: int) -> dict:
+    """One method's recovered fraction over its paired seeds (base b, method x, exact e): the
+    ratio of means, its bootstrap interval, the gap's permutation p and the per-seed mean, SD."""
+    st = mean_ci(np.atleast_1d(recovered_fraction(b, x, e)), confidence)
+    lo, hi = ratio_of_means_ci(b, x, e, confidence, n_resamples)
+    return {
+        "base": b.mean(),
+        "value": x.mean(),
+        "exact": e.mean(),
+        "recovered": recovered_fraction(b.mean(), x.mean(), e.mean()),
+        "ci_low": lo,
+        "ci_high": hi,
+        "gap_p": contrast(e, b, paired=True, n_resamples=n_resamples)["p"],
+        "recovered_seed_mean": st["mean"],
+        "recovered_std": st["std"],
+    }
 
 
 def mismatch_table(
@@ -316,6 +291,16 @@ def refinement_table(
 
 # Plots
 # -------------------------------------------------------------------------------------------------
+def gap_tables(df: pd.DataFrame, metric: str = "bpb.exact") -> dict:
+    """The gap analysis of a collect_bpb table: {gap_recovery, gap_recovery_per_seed, mismatch,
+    refinement} (lrt_lab.analysis.bpb.analyze_gap writes them to the store)."""
+    tables = {"gap_recovery": gap_recovery(df, metric)}
+    tables["gap_recovery_per_seed"] = tables["gap_recovery"].attrs["per_seed"]
+    tables["mismatch"] = mismatch_table(df)
+    tables["refinement"] = refinement_table(df)
+    return tables
+
+
 def plot_gap_recovery(table: pd.DataFrame, ax=None, title: str | None = None):
     """Bars of the recovered fraction per method (bootstrap
     CI), with the per-seed points; Figure."""

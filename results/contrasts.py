@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from lrt_lab.store.stats import _check_confidence, bootstrap_ci, mean_ci, rng_argument
+from lrt_results.stats import _check_confidence, bootstrap_ci, mean_ci, rng_argument
 
 ALPHA = 0.05  # the level power and n_for_power are computed at (two-sided)
 INTERVALS = ("bootstrap", "t")

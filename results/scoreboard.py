@@ -18,7 +18,7 @@ import re
 import pandas as pd
 
 from lrt_lab.store.run_groups import canonical, group_keys, method_labels
-from lrt_lab.store.stats import mean_ci
+from lrt_results.stats import mean_ci
 
 COLUMNS = (
     "task",

@@ -3,7 +3,7 @@ reached the training length, against steps, token-forwards or counted FLOPs.
 
 A run that never reaches it is censored at its last evaluation, not counted as failing at step
 0: "which trainer learns" is a question about when, and the honest answer for a seed still
-descending at its budget is "not by then" (lrt_lab.store.events, lrt_lab.store.contrasts).
+descending at its budget is "not by then" (lrt_lab.store.events, lrt_results.contrasts).
 
     plot_time_to_event(store, study, "km.png", run_names=names)  # `lrt-lab report --study` does
 """
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from lrt_lab.analysis.figures import save_figure
-from lrt_lab.store.contrasts import kaplan_meier
-from lrt_lab.store.study import Study, arm_reach_times
+from lrt_results.contrasts import kaplan_meier
+from lrt_results.figures import save_figure
+from lrt_results.study import Study, arm_reach_times
 
 AXIS_TITLES = {
     "step": "training step",

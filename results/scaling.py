@@ -30,12 +30,12 @@ import numpy as np
 import pandas as pd
 from scipy import optimize
 
-from lrt_lab.analysis.figures import save_figure
 from lrt_lab.core.validation import field_defaults
-from lrt_lab.store.contrasts import contrast
 from lrt_lab.store.run_groups import method_label
-from lrt_lab.store.stats import seeds_interval
 from lrt_lab.training.train_config import TrainConfig
+from lrt_results.contrasts import contrast
+from lrt_results.figures import save_figure
+from lrt_results.stats import seeds_interval
 
 METRICS = {
     "bpb_exact": "held-out BPB, exact recurrent decoding",
@@ -329,7 +329,7 @@ def _without_interval(rows: pd.DataFrame) -> str:
 
 def curves(points: pd.DataFrame, x: str = "C", metric: str = "bpb_exact") -> pd.DataFrame:
     """One row per method and budget: x (its seeds' mean), the metric's seed mean, low and high
-    (lrt_lab.store.stats.seeds_interval: a 95% t-interval of the mean from 3 seeds, the seeds'
+    (lrt_results.stats.seeds_interval: a 95% t-interval of the mean from 3 seeds, the seeds'
     min to max with 2), band (which of the two), seeds. What the figure and the dashboard draw."""
     if x not in X_AXES or metric not in METRICS:
         raise ValueError(f"x={x!r}, metric={metric!r}; allowed: {list(X_AXES)}, {list(METRICS)}")
