@@ -33,6 +33,28 @@ def _core_claims_of_its_own(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("LRT_LAB_CORE_CLAIMS", str(tmp_path_factory.mktemp("cores")))
 
 
+@pytest.fixture(scope="session")
+def ray_instance():
+    """One local Ray instance for the session (starting one takes 10-30 s on a loaded 2-core
+    machine): run_on_ray uses an instance already running in the process and leaves it running,
+    and a driver in a subprocess joins it by its address. Its tests carry
+    xdist_group("ray"), so one pytest-xdist worker runs them all and starts it once. Started as a
+    sweep's driver starts one (lrt_lab.training.parallel.init_local_ray: its waits, and a second
+    try where the node timed out during start-up on a loaded machine)."""
+    ray = pytest.importorskip("ray")
+    from lrt_lab.training.parallel import init_local_ray
+
+    init_local_ray(
+        ray,
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
+    )
+    yield ray
+    ray.shutdown()
+
+
 def pytest_configure(config):
     # as `--plugin` loads them (lrt_lab.core.plugins): a file as a real module, in sys.modules
     # before its code runs, so `@dataclass` under `from __future__ import annotations` works

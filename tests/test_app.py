@@ -523,6 +523,7 @@ def _delta_reads_the_study(at, store: Path) -> None:
     assert "lower is better for ce_exact@16" in captions and "higher is better" not in captions
 
 
+@pytest.mark.slow
 def test_a_text_store_reads_bits_per_byte_on_every_tab(monkeypatch):
     """The committed scaling store (byte-level text, whose pos@90 is 0 for every run): Compare,
     Trainer frontier and Length generalisation show BPB (exact-decoding cross-entropy / ln 2 from

@@ -37,22 +37,6 @@ def spec(steps=60, seeds=(0, 1)):
     }
 
 
-@pytest.fixture(scope="module")
-def ray_instance():
-    """One local Ray instance for this module's Ray tests (starting one takes 10-20 s on 2 cores):
-    run_on_ray uses an instance already running in the process and leaves it running. The tests
-    that use it share an xdist group, so one pytest-xdist worker runs them all."""
-    ray = pytest.importorskip("ray")
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
-    )
-    yield ray
-    ray.shutdown()
-
-
 def steps_and_losses(folder):
     m = load_metrics(folder, kind="train")
     return m["step"].tolist(), m["loss"].tolist()
@@ -158,12 +142,18 @@ def test_slurm_job_array_through_submitit_local_executor(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
-def test_sigterm_on_the_driver_cancels_and_the_next_invocation_continues(tmp_path, ray_instance):
-    """The driver joins the module's running Ray instance by its address (`--address HOST:PORT`,
-    as on a cluster), so the test pays for no second instance. Not `auto`: that joins whichever
-    instance on this machine started last, a sweep the user has running included, whose cores
-    may all be busy."""
+def test_sigterm_on_a_ray_sweep_checkpoints_each_run_in_flight_and_a_resume_completes_them(
+    tmp_path, ray_instance
+):
+    """SIGTERM on a Ray sweep's driver (`lrt-lab sweep --workers 2`) with both runs in flight:
+    each task checkpoints at the end of its current step before the driver exits (no periodic
+    checkpoint exists to fall back on: checkpoint_every = 0), and the next invocation continues
+    both to the losses of an uninterrupted run, every step once. The driver joins the session's
+    Ray instance by its address (`--address HOST:PORT`, as on a cluster), so the test pays for
+    no second instance. Not `auto`: that joins whichever instance on this machine started last,
+    a sweep the user has running included, whose cores may all be busy."""
     body = spec(steps=250, seeds=(0,))  # stopped at step ~20: far from the end at any speed
+    body["train"]["checkpoint_every"] = 0  # a checkpoint only at the end, or at the stop
     lines = [
         "[sweep]",
         'tasks = ["a5_prefix"]',
@@ -193,21 +183,32 @@ def test_sigterm_on_the_driver_cancels_and_the_next_invocation_continues(tmp_pat
     driver = subprocess.Popen(
         args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
+
+    def logged():  # lines per run folder (both runs train at once, one per worker)
+        return [len(p.read_text().splitlines()) for p in (tmp_path / "s").glob("*/metrics.jsonl")]
+
     deadline = time.time() + 300
-    while time.time() < deadline and not any(
-        len(p.read_text().splitlines()) >= 20 for p in (tmp_path / "s").glob("*/metrics.jsonl")
-    ):
+    while time.time() < deadline and not (len(logged()) == 2 and min(logged()) >= 20):
         time.sleep(0.2)
     driver.send_signal(signal.SIGTERM)
-    out, err = driver.communicate(timeout=120)
+    out, err = driver.communicate(timeout=200)
     assert driver.returncode == exitcodes.INCOMPLETE, err[-2000:]  # a grid with runs left
     assert "run the same command again" in out
-    runs = [Run(p) for p in (tmp_path / "s").iterdir() if p.is_dir()]
-    assert runs and not any(r.is_complete for r in runs)
-    # the next invocation (one process) continues each run from its checkpoint: every step once
+    runs = [Run(p.parent) for p in (tmp_path / "s").glob("*/config.json")]  # not the plan's
+    assert len(runs) == 2 and not any(r.is_complete for r in runs)
+    for run in runs:  # each checkpointed at its last step: nothing trained is lost
+        last = max(steps_and_losses(run.path)[0])
+        assert 20 <= last < 250, (run.name, last)
+        assert run.latest_checkpoint().name == f"step_{last:07d}.pt", run.name
+    # the next invocation (one process) continues each run from its checkpoint: every step once,
+    # each loss as an uninterrupted run's
+    whole = {r.name: r for r in run_sweep(body, out=str(tmp_path / "whole"), progress=False)}
     finished = run_sweep(body, out=str(tmp_path / "s"), progress=False)
+    assert sorted(r.name for r in finished) == sorted(whole)
     for run in finished:
-        assert run.is_complete and steps_and_losses(run.path)[0] == list(range(1, 251))
+        steps, losses = steps_and_losses(run.path)
+        assert run.is_complete and steps == list(range(1, 251))
+        assert losses == pytest.approx(steps_and_losses(whole[run.name].path)[1], rel=1e-6)
 
 
 def test_a_grid_point_checkpoints_and_returns_when_its_sweep_stops(tmp_path, monkeypatch):
@@ -241,3 +242,39 @@ def test_a_grid_point_checkpoints_and_returns_when_its_sweep_stops(tmp_path, mon
     run = Run(tmp_path / cfg.run_name)
     last = load_metrics(run, kind="train")["step"].max()
     assert 5 <= last < 100_000 and run.latest_checkpoint().name == f"step_{last:07d}.pt"
+
+
+def test_a_local_ray_that_times_out_starting_is_tried_again_with_the_waits_set(monkeypatch):
+    """Ray's node start-up timeout (its raylet gives up on a slow dashboard agent under load) is
+    tried again, with RAY_START_ENV's waits in the environment the Ray processes inherit; any
+    other error, and the last try's, is raised as it is."""
+    from lrt_lab.training import parallel
+
+    for name in parallel.RAY_START_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RAY_health_check_timeout_ms", "12345")  # the user's own wins
+
+    class FakeRay:
+        def __init__(self, errors):
+            self.errors, self.calls = list(errors), []
+
+        def init(self, **options):
+            self.calls.append(("init", options))
+            if self.errors:
+                raise self.errors.pop(0)
+
+        def shutdown(self):
+            self.calls.append(("shutdown", None))
+
+    timed_out = Exception("The current node timed out during startup. This could happen ...")
+    ray = FakeRay([timed_out])
+    parallel.init_local_ray(ray, num_cpus=2)
+    assert ray.calls == [("init", {"num_cpus": 2}), ("shutdown", None), ("init", {"num_cpus": 2})]
+    assert os.environ["RAY_worker_register_timeout_seconds"] == "300"
+    assert os.environ["RAY_health_check_timeout_ms"] == "12345"
+    with pytest.raises(Exception, match="timed out during startup"):
+        parallel.init_local_ray(FakeRay([timed_out] * 3), attempts=3)
+    other = FakeRay([ValueError("bad option")])
+    with pytest.raises(ValueError, match="bad option"):
+        parallel.init_local_ray(other)
+    assert [c for c, _ in other.calls] == ["init"]

@@ -172,6 +172,7 @@ def test_a_mechanism_from_the_entry_point_group(tmp_path, monkeypatch, isolated)
     assert asked == [plugins.MECHANISM_GROUP]  # looked up once
 
 
+@pytest.mark.slow
 def test_the_invariants_option_loads_a_file_of_dataclasses(tmp_path):
     """`pytest --memory-plugin FILE`: the doc's file (dataclasses under `from __future__ import
     annotations`) is collected with its mechanism in the option space."""
@@ -419,6 +420,7 @@ def test_a_study_report_leaves_a_copy_of_the_store_untouched(tmp_path, monkeypat
     assert snapshot(store) == before
 
 
+@pytest.mark.slow
 def test_analyze_scaling_leaves_a_copy_of_the_store_untouched(tmp_path, monkeypatch, capsys):
     from scaling_store import build
 

@@ -335,6 +335,7 @@ def tables():
     return module
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("results_tables")  # the module's tables fixture, built once
 def test_results_page_is_what_the_store_gives(tables):
     """docs/results.md (its "In short" summary included) regenerated from the committed store

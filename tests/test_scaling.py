@@ -134,6 +134,7 @@ def test_figure_is_written(tmp_path):
     assert np.isfinite(points["flops"]).all()
 
 
+@pytest.mark.slow
 def test_analyze_scaling_command(tmp_path, capsys):
     from lrt_lab.commands.analyze import main
 

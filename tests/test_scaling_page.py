@@ -34,10 +34,12 @@ def _t_half(diffs):
     return sps.t.ppf(0.975, len(diffs) - 1) * np.std(diffs, ddof=1) / np.sqrt(len(diffs))
 
 
+@pytest.mark.slow
 def test_scaling_page_is_current():
     assert _module().main(["--check"]) == 0
 
 
+@pytest.mark.slow
 def test_the_page_changes_when_a_run_does(tmp_path):
     import shutil
 

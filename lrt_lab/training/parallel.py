@@ -207,9 +207,59 @@ def _stop_gracefully(ray, running: dict, stop_file: Path, results: dict) -> None
         stop_file.unlink(missing_ok=True)
 
 
+# Ray's start-up and liveness waits, as RAY_<name> variables its processes (GCS, raylet, workers)
+# read when they start. Ray's defaults suit an idle machine; on a loaded one with few cores (a
+# laptop running a sweep, CI's 2 cores under a test suite) a worker importing torch can take more
+# than the 60 s Ray allows it to register, and a raylet busy with training can miss five health
+# checks in a row and be taken for dead, killing every run in flight. A value set in the
+# environment already wins.
+RAY_START_ENV = {
+    "RAY_worker_register_timeout_seconds": "300",  # default 60
+    "RAY_agent_register_timeout_ms": "300000",  # default 100 000: the dashboard agent's
+    "RAY_health_check_timeout_ms": "30000",  # default 10 000
+    "RAY_health_check_failure_threshold": "20",  # default 5 misses, every 3 s
+    "RAY_gcs_rpc_server_reconnect_timeout_s": "300",  # default 60
+    "RAY_USAGE_STATS_ENABLED": "0",  # no usage report thread (or its network wait) at start
+}
+
+
+def ray_start_env() -> None:
+    """Set RAY_START_ENV's waits in this process's environment (where unset), for the Ray
+    processes a local `ray.init` is about to start; a sweep's driver and the test suite's shared
+    instance call it."""
+    for name, value in RAY_START_ENV.items():
+        os.environ.setdefault(name, value)
+
+
+RAY_START_ATTEMPTS = 3
+
+
+def init_local_ray(ray, attempts: int = RAY_START_ATTEMPTS, **options) -> None:
+    """`ray.init(**options)` for a local instance, with RAY_START_ENV's waits, tried again where
+    the node timed out during start-up. Two of Ray's start-up waits are fixed in its code, not
+    settings: the raylet's 15 s for its dashboard agent to write its port file (it then exits)
+    and the driver's 30 s for the raylet; on a loaded 2-core machine the agent (a Python process)
+    can miss the first, and a second try usually starts."""
+    ray_start_env()
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(**options)
+            return
+        except Exception as e:
+            if "timed out during startup" not in str(e) or attempt == attempts:
+                raise
+            ray.shutdown()  # what the failed try started
+            print(
+                f"sweep: Ray's node timed out during start-up (a loaded machine); trying again "
+                f"({attempt + 1}/{attempts})",
+                file=sys.stderr,
+            )
+
+
 def _start_ray(ray, address: str | None, cpus: int, threads: int, gpus_per_run: float) -> None:
     if address is None:  # a local instance sized to the grid: `workers` tasks fit at once
-        ray.init(
+        init_local_ray(
+            ray,
             num_cpus=cpus,
             num_gpus=None if gpus_per_run else 0,
             include_dashboard=False,
