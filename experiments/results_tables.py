@@ -1131,33 +1131,47 @@ def frontier_values(df: pd.DataFrame, length: int = 16) -> dict[str, str]:
         ("lrt exact", "exact"),
     ):
         t = trainer_runs(runs, trainer)
-        if t.empty:
-            continue
-        at = t[f"summary.eval.pos90_exact@{length}"]
-        out[f"frontier.{key}.learned"] = learned_text(at, length)
-        out[f"frontier.{key}.pos90"] = seeds_text(at)
-        out[f"frontier.{key}.pos90_all"] = ", ".join(
-            "/".join(whole(r[f"summary.eval.pos90_exact@{n}"]) for n in lengths)
-            for _, r in t.iterrows()
-        )
-        out[f"frontier.{key}.seeds"] = seeds_text(t["config.train.seed"])
-        first = t["config.train.seed"].min()
-        later = t[t["config.train.seed"] != first]
-        out[f"frontier.{key}.later_pos90"] = seeds_text(later[f"summary.eval.pos90_exact@{length}"])
-        out[f"frontier.{key}.later_learned"] = learned_text(
-            later[f"summary.eval.pos90_exact@{length}"], length
-        )
-        out[f"frontier.{key}.compute"] = f"{(t['summary.compute_tokens'] / 1e6).mean():.1f}"
-        out[f"frontier.{key}.wall_min"] = f"{(t['summary.wall_time_s'] / 60).mean():.0f}"
-        out[f"frontier.{key}.acc"] = seeds_text(t[f"summary.eval.acc_exact@{length}"], "{:.2f}")
-        out[f"frontier.{key}.final_loss"] = seeds_text(t["summary.final_loss"], "{:.2f}")
-        seed0 = t.iloc[0]
-        out[f"frontier.{key}.first_seed"] = whole(seed0["config.train.seed"])
-        out[f"frontier.{key}.first_pos90_all"] = ", ".join(
-            whole(seed0[f"summary.eval.pos90_exact@{n}"]) for n in lengths
-        )
-        out[f"frontier.{key}.first_acc"] = f"{seed0[f'summary.eval.acc_exact@{length}']:.4f}"
-        out["frontier.lengths"] = ", ".join(map(str, lengths))
+        if not t.empty:
+            out |= _frontier_trainer_values(t, key, length, lengths)
+    out |= _frontier_update_values(runs, length)
+    return out
+
+
+def _frontier_trainer_values(t: pd.DataFrame, key: str, length: int, lengths: list) -> dict:
+    """One trainer's figures in the frontier's prose (its runs `t`, keyed `frontier.{key}.*`)."""
+    out = {}
+    at = t[f"summary.eval.pos90_exact@{length}"]
+    out[f"frontier.{key}.learned"] = learned_text(at, length)
+    out[f"frontier.{key}.pos90"] = seeds_text(at)
+    out[f"frontier.{key}.pos90_all"] = ", ".join(
+        "/".join(whole(r[f"summary.eval.pos90_exact@{n}"]) for n in lengths)
+        for _, r in t.iterrows()
+    )
+    out[f"frontier.{key}.seeds"] = seeds_text(t["config.train.seed"])
+    first = t["config.train.seed"].min()
+    later = t[t["config.train.seed"] != first]
+    out[f"frontier.{key}.later_pos90"] = seeds_text(later[f"summary.eval.pos90_exact@{length}"])
+    out[f"frontier.{key}.later_learned"] = learned_text(
+        later[f"summary.eval.pos90_exact@{length}"], length
+    )
+    out[f"frontier.{key}.compute"] = f"{(t['summary.compute_tokens'] / 1e6).mean():.1f}"
+    out[f"frontier.{key}.wall_min"] = f"{(t['summary.wall_time_s'] / 60).mean():.0f}"
+    out[f"frontier.{key}.acc"] = seeds_text(t[f"summary.eval.acc_exact@{length}"], "{:.2f}")
+    out[f"frontier.{key}.final_loss"] = seeds_text(t["summary.final_loss"], "{:.2f}")
+    seed0 = t.iloc[0]
+    out[f"frontier.{key}.first_seed"] = whole(seed0["config.train.seed"])
+    out[f"frontier.{key}.first_pos90_all"] = ", ".join(
+        whole(seed0[f"summary.eval.pos90_exact@{n}"]) for n in lengths
+    )
+    out[f"frontier.{key}.first_acc"] = f"{seed0[f'summary.eval.acc_exact@{length}']:.4f}"
+    out["frontier.lengths"] = ", ".join(map(str, lengths))
+    return out
+
+
+def _frontier_update_values(runs: pd.DataFrame, length: int) -> dict:
+    """fixedpoint:0.01:16 against rollout:1 (one update, two roundings), and the rollout seeds
+    that stalled."""
+    out = {}
     # fixedpoint:0.01:16 against rollout:1 on their shared seed: the sweeps it ran at the training
     # length, and how many steps their losses agree (one update, two roundings)
     fp, r1 = trainer_runs(runs, "lrt fixedpoint:0.01:16"), trainer_runs(runs, "lrt rollout:1")

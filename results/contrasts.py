@@ -80,37 +80,13 @@ def contrast(
     Fewer than 2 values (pairs) per arm: NaN interval, p, d and power.
     """
     confidence = _check_confidence(confidence)
-    if interval not in INTERVALS or (interval == "t" and not paired):
-        raise ValueError(
-            f"interval={interval!r} with paired={paired} is invalid; allowed: "
-            "'bootstrap', or 't' for a paired contrast"
-        )
-    a = np.asarray(a, dtype=float).ravel()
-    b = np.asarray(b, dtype=float).ravel()
-    if paired:
-        if a.shape != b.shape:
-            raise ValueError(
-                f"paired: a has {a.size} values and b {b.size}; allowed: arrays aligned by seed "
-                "(one value of each arm per seed)"
-            )
-        keep = np.isfinite(a) & np.isfinite(b)
-        a, b = a[keep], b[keep]
-    else:
-        a, b = _finite(a), _finite(b)
+    a, b = _contrast_arms(a, b, paired, interval)
     n_a, n_b = int(a.size), int(b.size)
-    out = {
+    out = dict.fromkeys(CONTRAST_FIELDS, math.nan) | {
         "n_a": n_a,
         "n_b": n_b,
         "mean_a": float(a.mean()) if n_a else math.nan,
         "mean_b": float(b.mean()) if n_b else math.nan,
-        "effect": math.nan,
-        "ci_low": math.nan,
-        "ci_high": math.nan,
-        "p": math.nan,
-        "p_min": math.nan,
-        "d": math.nan,
-        "power": math.nan,
-        "n_for_power": math.nan,
     }
     if n_a == 0 or n_b == 0:
         return out
@@ -133,6 +109,44 @@ def contrast(
     out["power"] = t_power(out["d"], n_a, n_b, paired)
     out["n_for_power"] = n_for_power(out["d"], 0.8, paired)
     return out
+
+
+# What contrast() returns, in order; a field it cannot compute stays NaN.
+CONTRAST_FIELDS = (
+    "n_a",
+    "n_b",
+    "mean_a",
+    "mean_b",
+    "effect",
+    "ci_low",
+    "ci_high",
+    "p",
+    "p_min",
+    "d",
+    "power",
+    "n_for_power",
+)
+
+
+def _contrast_arms(a, b, paired: bool, interval: str) -> tuple[np.ndarray, np.ndarray]:
+    """The two arms as float arrays with their NaNs dropped (paired: a pair with a NaN on either
+    side), after checking the interval and the pairing."""
+    if interval not in INTERVALS or (interval == "t" and not paired):
+        raise ValueError(
+            f"interval={interval!r} with paired={paired} is invalid; allowed: "
+            "'bootstrap', or 't' for a paired contrast"
+        )
+    a = np.asarray(a, dtype=float).ravel()
+    b = np.asarray(b, dtype=float).ravel()
+    if not paired:
+        return _finite(a), _finite(b)
+    if a.shape != b.shape:
+        raise ValueError(
+            f"paired: a has {a.size} values and b {b.size}; allowed: arrays aligned by seed "
+            "(one value of each arm per seed)"
+        )
+    keep = np.isfinite(a) & np.isfinite(b)
+    return a[keep], b[keep]
 
 
 def _two_sample_ci(a, b, confidence, n_resamples, seed) -> tuple[float, float]:

@@ -456,11 +456,10 @@ def report_table(
 
     group_by None: one group per method up to the seed (run_groups.seed_groups: method_keys, the
     bookkeeping options never splitting a group, a seed run twice counted once), labelled by
-    method_labels (only what differs between the groups of the study); or a comma list of columns
-    ("method":
-    what was trained). metric None: each study's own (study_metric); "bpb", "pos90", or a summary
-    column. attrs: notes (what a reader must know: runs without the metric, BPB read from tables),
-    per study."""
+    method_labels (only what differs between the groups of the study); or a comma list of
+    columns ("method": what was trained). metric None: each study's own (study_metric); "bpb",
+    "pos90", or a summary column. attrs: notes (what a reader must know: runs without the metric,
+    BPB read from tables), per study."""
     if df.empty:
         raise ValueError("runs: no complete run to report")
     df = df.copy()
@@ -478,20 +477,7 @@ def report_table(
     for (t, n), runs in df.groupby([task, length], sort=True):
         runs = runs.dropna(axis=1, how="all")  # the fields of other tasks' runs
         values, name, what, study_notes = study_metric(runs, t, n, metric)
-        lacking = runs.loc[values.isna(), "run"].tolist()
-        if len(lacking) == len(runs):
-            why = (
-                f": no ce_exact@{n} in their summaries and no tables/bpb.csv (lrt-lab analyze gap "
-                "writes it)"
-                if name.startswith("BPB")
-                else ""
-            )
-            study_notes.append(f"{name} is missing in every run of this study{why}")
-        elif lacking:
-            study_notes.append(
-                f"{len(lacking)} run(s) have no {name} and are not counted: "
-                + first_names(lacking, 8)
-            )
+        study_notes += _missing_notes(runs, values, name, n)
         if columns is None:
             # the one grouping (run_groups.seed_groups): a method up to the seed and the
             # bookkeeping options, a seed run twice counted once
@@ -509,35 +495,9 @@ def report_table(
         clipped_groups = 0
         for key in sorted(set(keys), key=lambda k: label[keys == k].iloc[0]):
             members = runs[keys == key]
-            stats = mean_ci(values[members.index])
-            lo, hi = stats["ci_low"], stats["ci_high"]
-            clipped = bool(
-                (low is not None and lo < low) or (high is not None and hi > high)
-            )  # NaN bounds compare False: no interval, nothing clipped
-            if clipped:
-                clipped_groups += 1
-                lo = max(lo, low) if low is not None else lo
-                hi = min(hi, high) if high is not None else hi
-                stats = {**stats, "ci_low": lo, "ci_high": hi}
-            seeds = members.loc[values[members.index].notna(), "config.train.seed"]
-            rows.append(
-                {
-                    "task": t,
-                    "length": n,
-                    "group": label[members.index[0]],
-                    "metric": name,
-                    "mean": stats["mean"],
-                    "ci_low": stats["ci_low"],
-                    "ci_high": stats["ci_high"],
-                    "std": stats["std"],
-                    "n": stats["n"],
-                    "seeds": " ".join(str(canonical(s)) for s in sorted(seeds)),
-                    "cost": _first(members, "summary.schedule_cost"),
-                    "forwards_per_token": _first(members, "config.forwards_per_token"),
-                    "wall_time_s": _mean(members, "summary.wall_time_s"),
-                    "clipped": clipped,
-                }
-            )
+            row = _group_row(members, values[members.index], label[members.index[0]], (low, high))
+            rows.append({"task": t, "length": n, "group": row.pop("group"), "metric": name} | row)
+            clipped_groups += row["clipped"]
         if clipped_groups:
             bound = f"[{format_number(low)}, {'inf' if high is None else format_number(high)}]"
             study_notes.append(
@@ -547,6 +507,53 @@ def report_table(
     table = pd.DataFrame(rows, columns=list(CSV_COLUMNS))
     table.attrs.update(notes=notes, interval=INTERVAL_NOTE)
     return table
+
+
+def _missing_notes(runs: pd.DataFrame, values: pd.Series, name: str, n: int) -> list[str]:
+    """What a reader must know of a study's runs that lack its metric (none, some or all)."""
+    lacking = runs.loc[values.isna(), "run"].tolist()
+    if len(lacking) == len(runs):
+        why = (
+            f": no ce_exact@{n} in their summaries and no tables/bpb.csv (lrt-lab analyze gap "
+            "writes it)"
+            if name.startswith("BPB")
+            else ""
+        )
+        return [f"{name} is missing in every run of this study{why}"]
+    if lacking:
+        return [
+            f"{len(lacking)} run(s) have no {name} and are not counted: " + first_names(lacking, 8)
+        ]
+    return []
+
+
+def _group_row(members: pd.DataFrame, values: pd.Series, group: str, bounds: tuple) -> dict:
+    """One group's figures for report_table: mean, t-interval clipped to the metric's range
+    `bounds` (low, high; None: unbounded), std, n, seeds, cost and wall clock."""
+    low, high = bounds
+    stats = mean_ci(values)
+    lo, hi = stats["ci_low"], stats["ci_high"]
+    clipped = bool(
+        (low is not None and lo < low) or (high is not None and hi > high)
+    )  # NaN bounds compare False: no interval, nothing clipped
+    if clipped:
+        lo = max(lo, low) if low is not None else lo
+        hi = min(hi, high) if high is not None else hi
+        stats = {**stats, "ci_low": lo, "ci_high": hi}
+    seeds = members.loc[values.notna(), "config.train.seed"]
+    return {
+        "group": group,
+        "mean": stats["mean"],
+        "ci_low": stats["ci_low"],
+        "ci_high": stats["ci_high"],
+        "std": stats["std"],
+        "n": stats["n"],
+        "seeds": " ".join(str(canonical(s)) for s in sorted(seeds)),
+        "cost": _first(members, "summary.schedule_cost"),
+        "forwards_per_token": _first(members, "config.forwards_per_token"),
+        "wall_time_s": _mean(members, "summary.wall_time_s"),
+        "clipped": clipped,
+    }
 
 
 def _first(runs: pd.DataFrame, column: str) -> float:

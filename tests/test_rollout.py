@@ -248,12 +248,12 @@ def test_rollout_trains_through_the_training_loop(tmp_path):
     assert run.summary["schedule_cost"] == pytest.approx(sum(costs) / len(costs))
 
 
-def test_the_readme_recipe_runs():
-    """The README's "Start from given memory" example, run as written."""
+def test_the_tour_recipe_runs():
+    """The tour's "Start from given memory" example, run as written."""
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "tour.md").read_text()
     blocks = [b.split("```")[0] for b in text.split("```python\n")[1:]]
     recipe = [b for b in blocks if "keep_memory=True" in b and "memory_rows=rows" in b]
     assert len(recipe) == 1
-    exec(compile(recipe[0], "README.md", "exec"), {})
+    exec(compile(recipe[0], "docs/tour.md", "exec"), {})

@@ -28,8 +28,9 @@ from collections.abc import Callable
 
 import torch
 
+from lrt_lab.run.execution import memory_change
 from lrt_lab.run.runner import run_schedule
-from lrt_lab.run.schedules import Exact, memory_change
+from lrt_lab.run.schedules import Exact
 
 # u -> J_t^T u for the map m_{t-1} -> m_t; u and the result are (N, d)
 VJPStep = Callable[[int, torch.Tensor], torch.Tensor]
