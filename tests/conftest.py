@@ -35,7 +35,7 @@ def _core_claims_of_its_own(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(scope="session")
 def ray_instance():
-    """One local Ray instance for the session (starting one takes 10-30 s on a loaded 2-core
+    """One local Ray instance for the whole test run (starting one takes 10-30 s on a loaded 2-core
     machine): run_on_ray uses an instance already running in the process and leaves it running,
     and a driver in a subprocess joins it by its address. Its tests carry
     xdist_group("ray"), so one pytest-xdist worker runs them all and starts it once. Started as a

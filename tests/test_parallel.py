@@ -148,7 +148,7 @@ def test_sigterm_on_a_ray_sweep_checkpoints_each_run_in_flight_and_a_resume_comp
     """SIGTERM on a Ray sweep's driver (`lrt-lab sweep --workers 2`) with both runs in flight:
     each task checkpoints at the end of its current step before the driver exits (no periodic
     checkpoint exists to fall back on: checkpoint_every = 0), and the next invocation continues
-    both to the losses of an uninterrupted run, every step once. The driver joins the session's
+    both to the losses of an uninterrupted run, every step once. The driver joins the test run's
     Ray instance by its address (`--address HOST:PORT`, as on a cluster), so the test pays for
     no second instance. Not `auto`: that joins whichever instance on this machine started last,
     a sweep the user has running included, whose cores may all be busy."""
