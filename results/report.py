@@ -649,12 +649,7 @@ def print_report(
     """Print report_table over the complete runs of the store `root` that pass the filters
     (filter_runs) in `fmt` (render_report); returns the table. Diverged runs are named and left
     out."""
-    if fmt not in FORMATS:
-        raise ValueError(f"--format {fmt!r} is invalid; allowed: {', '.join(FORMATS)}")
-    runs = load_runs(root)
-    if runs.empty:
-        raise ValueError(f"runs={str(root)!r}: the store has no complete runs")
-    runs = filter_runs(runs, task, where, prefix)
+    runs = _store_runs(root, fmt, task, where, prefix)
     if runs.empty:
         raise ValueError("no run of the store passes the filters (--task, --where, --prefix)")
     diverged = sorted(runs.loc[runs["status"] == "diverged", "run"]) if "status" in runs else []
@@ -740,18 +735,24 @@ def render_scoreboard(
     return "\n".join(out).strip("\n") + "\n"
 
 
+def _store_runs(root, fmt: str, task, where, prefix) -> pd.DataFrame:
+    """The complete runs of the store `root` that pass the filters, after checking `fmt`; a
+    store with no complete run is refused in one line."""
+    if fmt not in FORMATS:
+        raise ValueError(f"--format {fmt!r} is invalid; allowed: {', '.join(FORMATS)}")
+    runs = load_runs(root)
+    if runs.empty:
+        raise ValueError(f"runs={str(root)!r}: the store has no complete runs")
+    return filter_runs(runs, task, where, prefix)
+
+
 def print_scoreboard(
     root, fmt: str = "table", task=None, where=(), prefix: str | None = None
 ) -> pd.DataFrame:
     """Print the scoreboard of the complete runs of the store `root` that pass the filters."""
     from lrt_results.scoreboard import scoreboard
 
-    if fmt not in FORMATS:
-        raise ValueError(f"--format {fmt!r} is invalid; allowed: {', '.join(FORMATS)}")
-    runs = load_runs(root)
-    if runs.empty:
-        raise ValueError(f"runs={str(root)!r}: the store has no complete runs")
-    runs = filter_runs(runs, task, where, prefix)
+    runs = _store_runs(root, fmt, task, where, prefix)
     if "status" in runs:
         runs = runs[runs["status"] != "diverged"]
     table = scoreboard(runs)
