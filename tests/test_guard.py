@@ -181,7 +181,8 @@ def test_first_collapse_finds_the_four_collapsed_rollout_runs_of_the_a5_study():
         event = first_collapse(Run(path).metrics_records())
         if event is not None:
             found[seed] = event
-        df = pd.read_json(path / "metrics.jsonl", lines=True)
+        log = path / "metrics.jsonl"  # or its compacted .xz (pandas infers the compression)
+        df = pd.read_json(log if log.exists() else log.with_suffix(".jsonl.xz"), lines=True)
         ev = df[df["kind"] == "eval"].dropna(subset=["ce_exact@16"])
         below_before = ev["ce_exact@16"].cummin().shift(1) < 1.0
         hits = ev[below_before & (ev["ce_exact@16"] > 3.0)]

@@ -161,12 +161,18 @@ def plain_and_compacted(plain: Path, tmp_path: Path) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def real_stores(tmp_path_factory):
-    """REAL_RUNS copied from the committed store (which is not touched), and a compacted copy."""
+    """REAL_RUNS copied from the committed store (which is not touched) with each log as the plain
+    metrics.jsonl it was trained as (the committed .xz decompressed by lzma, not by the store's
+    reader), and a copy of that compacted again."""
     if not all((COMMITTED / name / "config.json").is_file() for name in REAL_RUNS):
         pytest.skip("the committed runs are not in this checkout")
     tmp = tmp_path_factory.mktemp("real")
     for name in REAL_RUNS:
-        shutil.copytree(COMMITTED / name, tmp / "plain" / name)
+        run = tmp / "plain" / name
+        shutil.copytree(COMMITTED / name, run)
+        if (run / METRICS_XZ).exists():
+            (run / METRICS).write_bytes(lzma.decompress((run / METRICS_XZ).read_bytes()))
+            (run / METRICS_XZ).unlink()
     return plain_and_compacted(tmp / "plain", tmp)
 
 
