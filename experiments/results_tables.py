@@ -52,7 +52,13 @@ if __name__ == "__main__":
 from lrt_lab.commands.bench import load_results, markdown_table  # noqa: E402
 from lrt_lab.run.metrics import pos_at  # noqa: E402
 from lrt_lab.store.markdown import markdown_lines  # noqa: E402
-from lrt_lab.store.results import load_metrics, load_plans, load_runs, load_table  # noqa: E402
+from lrt_lab.store.results import (  # noqa: E402
+    load_metrics,
+    load_plans,
+    load_runs,
+    load_table,
+    reading_once,
+)
 from lrt_lab.store.run_groups import one_run_per_seed, seed_groups  # noqa: E402
 from lrt_results.contrasts import contrast, smallest_p  # noqa: E402
 from lrt_results.gap import read_bpb  # noqa: E402
@@ -2511,11 +2517,12 @@ def from_root(text: str) -> str:
 
 def generated(store, repo: Path = REPO) -> dict[Path, str]:
     """{file: the text it should have}: docs/results.md (its summary, "In short", included)."""
-    df = load_runs(store)
-    if df.empty:
-        raise SystemExit(f"store={str(store)!r}: no complete runs")
-    study = trainer_study_results(df)
-    return {repo / "docs" / "results.md": render_results(TEMPLATE.read_text(), df, study)}
+    with reading_once():  # each run's log parsed once for every table
+        df = load_runs(store)
+        if df.empty:
+            raise SystemExit(f"store={str(store)!r}: no complete runs")
+        study = trainer_study_results(df)
+        return {repo / "docs" / "results.md": render_results(TEMPLATE.read_text(), df, study)}
 
 
 def stale(store, repo: Path = REPO, write: bool = False) -> list[Path]:

@@ -110,7 +110,7 @@ def table(cfgs: list, out: Path) -> dict:
         row = {"run": cfg.run_name, "model": cfg.model, "schedule": cfg.schedule, "steps": None}
         if folder.exists():
             run = Run(folder)
-            evals = [r for r in run.metrics_records() if r.get("kind") == "eval"]
+            evals = run.metrics_records(kind="eval")
             last = evals[-1] if evals else {}
             summary = run.summary if run.is_complete else None
             rec = summary["eval"] if summary else last

@@ -372,6 +372,36 @@ def test_help_and_argument_errors_load_no_torch(tmp_path):
     assert done.stderr.count("error:") == sum(want == 2 for _, want in NO_TORCH), done.stderr
 
 
+def test_refusals_of_train_and_sweep_arguments_load_no_pandas(tmp_path):
+    """The argument errors of train and sweep above refuse before pandas loads as well (about
+    half a second of a refusal's second, through the store's readers)."""
+    cases = [(a, w) for a, w in NO_TORCH if a[0] in ("train", "sweep") and w == 2]
+    program = (
+        "import sys\n"
+        "from lrt_lab.commands.cli import main\n"
+        f"for argv in {[a for a, _ in cases]!r}:\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "    assert 'pandas' not in sys.modules, argv\n"
+        "print('PANDAS', 'pandas' in sys.modules)\n"
+    )
+    grid = '[sweep]\ntasks = ["a5_prefix"]\nmodels = ["lrt"]\n'
+    (tmp_path / "bad_schedule.toml").write_text(grid + 'schedules = ["interleaved:0"]\n')
+    (tmp_path / "bad_key.toml").write_text(grid + "bogus = 1\n")
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and "PANDAS False" in done.stdout, done.stderr[-3000:]
+    assert done.stderr.count("error:") == len(cases), done.stderr
+
+
 def test_a_valid_command_does_load_torch(tmp_path):
     """The check above can fail: a command that runs imports torch in the same interpreter."""
     program = (
@@ -449,11 +479,15 @@ def test_a_study_report_parses_each_metrics_file_once(tmp_path, monkeypatch):
     path.write_text('{"kind": "eval", "step": 1}\n{"kind": "train", "step": 1, "loss": 2.0}\n')
     parsed = []
     parse = results._parse_jsonl
-    monkeypatch.setattr(results, "_parse_jsonl", lambda p: parsed.append(p) or parse(p))
+    monkeypatch.setattr(
+        results, "_parse_jsonl", lambda p, kind=None: parsed.append(p) or parse(p, kind)
+    )
     with results.reading_once():
         first, _ = results._read_jsonl(path)
         second, _ = results._read_jsonl(path)
         assert first == second and first is not second and len(parsed) == 1
+        # one kind, from the records parsed already
+        assert results._read_jsonl(path, "eval") == ([first[0]], 0) and len(parsed) == 1
         with path.open("a") as f:
             f.write('{"kind": "eval", "step": 2}\n')
         assert [r["step"] for r in results._read_jsonl(path)[0]] == [1, 1, 2]

@@ -23,6 +23,7 @@ from lrt_lab.store.results import (
     load_metrics,
     load_runs,
     load_table,
+    read_metrics,
 )
 from lrt_lab.training.loop import train
 from lrt_results.report import comparison_table
@@ -248,6 +249,35 @@ def test_damaged_metrics_lines_are_dropped_and_counted(store, damage):
         "good-b",
         "victim",
     ]  # the run itself is fine
+
+
+def test_reading_one_kind_gives_what_filtering_every_record_gives(tmp_path):
+    """The kind filter passes over lines unparsed; the reference parses every line (json.loads)
+    and filters by the field. Lines written other ways than the library's (no spaces, the kind
+    nested, the kind in a string) and a cut line are among them, plain and compacted alike."""
+    run = Run(tmp_path / "r")
+    run.path.mkdir()
+    lines = [
+        '{"kind": "train", "loss": 1.0, "step": 1}',
+        '{"kind": "eval", "loss": 2.0, "step": 1}',
+        '{"kind":"eval","step":2}',  # another writer's separators
+        '{"extra": {"kind": "train"}, "kind": "eval", "step": 3}',  # a nested kind
+        '{"kind": "train", "note": "\\"kind\\": \\"eval\\"", "step": 4}',  # named in a string
+        '{"kind": "other", "step": 5}',
+        '{"step": 6}',  # no kind
+        '{"kind": "eval", "st',  # cut by a kill
+    ]
+    (run.path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    for compacted in (False, True):
+        if compacted:
+            run.compact_metrics()
+        every, dropped = read_metrics(run.path)
+        assert dropped == 1 and len(every) == 7
+        for kind in ("train", "eval", "other", "missing"):
+            expected = [json.loads(x) for x in lines[:-1] if json.loads(x).get("kind") == kind]
+            assert read_metrics(run.path, kind)[0] == expected, (kind, compacted)
+            assert run.metrics_records(kind=kind) == expected
+        assert read_metrics(run.path, "eval")[1] == 1  # the cut line says eval: still counted
 
 
 def test_a_directory_in_place_of_metrics_gives_an_empty_table_and_a_report(store):

@@ -123,7 +123,7 @@ def contraction_run(
     T = length or run.config["train"]["length"]
     batch = eval_batch(load_task(run), T, n_sequences, seed=eval_seed)
     tables = contraction_tables(model, batch.inputs, tols)
-    evals = [r for r in run.metrics_records() if r.get("kind") == "eval" and "lyap" in r]
+    evals = [r for r in run.metrics_records(kind="eval") if "lyap" in r]
     keys = ["step", "lyap", "sweep_change_1", "sweep_change_2", "sweep_change_4"]
     tables["history"] = pd.DataFrame([{k: r.get(k) for k in keys} for r in evals], columns=keys)
     for t in tables.values():

@@ -38,8 +38,7 @@ def reach_times(runs: pd.DataFrame, mode: str = "exact", time: str = "step") -> 
     rows = []
     for _, row in runs.iterrows():
         length = int(row["config.train.length"])
-        records = Run(row["path"]).metrics_records()
-        evals = [r for r in records if r.get("kind") == "eval"]
+        evals = Run(row["path"]).metrics_records(kind="eval")
         if not evals:
             continue
         hit = first_reach(evals, f"pos90_{mode}@{length}", length)

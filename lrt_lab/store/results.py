@@ -51,12 +51,14 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from lrt_lab.core.config import MemoryConfig, ModelConfig, with_legacy_fields
 from lrt_lab.core.validation import field_defaults
 from lrt_lab.store.claims import Claim, acquire
+
+if TYPE_CHECKING:  # pandas is imported where a table is built: a sweep's checks need none
+    import pandas as pd
 
 CONFIG, METRICS, SUMMARY, TABLES, CHECKPOINTS = (
     "config.json",
@@ -358,8 +360,9 @@ class Run:
             f.write(line + "\n")
             f.flush()
 
-    def metrics_records(self) -> list[dict]:
-        records, _ = read_metrics(self.path)
+    def metrics_records(self, kind: str | None = None) -> list[dict]:
+        """The log's records (of one `kind`, "train" or "eval", when given: read_metrics)."""
+        records, _ = read_metrics(self.path, kind)
         return records
 
     def truncate_metrics(self, last_step: int) -> None:
@@ -480,7 +483,7 @@ def first_names(names: list[str], most: int = 3) -> str:
     return ", ".join(names[:most]) + (" ..." if len(names) > most else "")
 
 
-_parsed: dict | None = None  # path -> (size, mtime, inode, records, dropped), in reading_once()
+_parsed: dict | None = None  # (path, kind) -> (stat key, records, dropped), in reading_once()
 
 
 @contextlib.contextmanager
@@ -509,35 +512,41 @@ def metrics_file(run_dir) -> Path | None:
     return packed if os.path.lexists(packed) else None
 
 
-def read_metrics(run_dir) -> tuple[list[dict], int]:
+def read_metrics(run_dir, kind: str | None = None) -> tuple[list[dict], int]:
     """(records, dropped lines) of a run folder's log, metrics.jsonl or metrics.jsonl.xz alike
-    (`_read_jsonl`); ([], 0) when it has none."""
+    (`_read_jsonl`); ([], 0) when it has none. With `kind`, only the records of that kind, and
+    the dropped lines among those that may be of it (`_parse_jsonl`)."""
     for _ in range(3):  # compacted or expanded by its writer between choosing and reading: again
         path = metrics_file(run_dir)
         if path is None:
             return [], 0
         try:
-            return _read_jsonl(path)
+            return _read_jsonl(path, kind)
         except FileNotFoundError:
             continue
     raise DamagedFileError(f"{METRICS}: moved while read three times over; read it again")
 
 
-def _read_jsonl(path: Path) -> tuple[list[dict], int]:
+def _read_jsonl(path: Path, kind: str | None = None) -> tuple[list[dict], int]:
     """(records, dropped lines) of a metrics.jsonl or metrics.jsonl.xz. A line is dropped (and
     counted) unless it is UTF-8 JSON of sane depth holding an object whose known fields have
     their types (METRICS_SCHEMA): a line cut by a kill, stray bytes, a foreign record; an .xz
     cut short counts one more. A file that cannot be read at all (a directory in its place, an
     .xz that is not one) raises DamagedFileError. Within reading_once the records are kept by the
-    path of the file read, its size, modification time and inode."""
+    path of the file read, the kind asked for, its size, modification time and inode."""
     path = Path(path)
     if _parsed is None or not path.is_file():
-        return _parse_jsonl(path)
+        return _parse_jsonl(path, kind)
     st = path.stat()
     key = (st.st_size, st.st_mtime_ns, st.st_ino)
-    if _parsed.get(str(path), (None,))[0] != key:
-        _parsed[str(path)] = (key, *_parse_jsonl(path))
-    _, records, bad = _parsed[str(path)]
+    if _parsed.get((str(path), kind), (None,))[0] != key:
+        every = _parsed.get((str(path), None), (None,))
+        if kind is not None and every[0] == key:  # every record is parsed already: filter those
+            kept = [r for r in every[1] if r.get("kind") == kind]
+            _parsed[(str(path), kind)] = (key, kept, _parse_jsonl(path, kind)[1] if every[2] else 0)
+        else:
+            _parsed[(str(path), kind)] = (key, *_parse_jsonl(path, kind))
+    _, records, bad = _parsed[(str(path), kind)]
     return list(records), bad
 
 
@@ -621,12 +630,19 @@ def _write_atomically(path: Path, data: bytes, like: Path | None = None) -> None
         raise
 
 
-def _parse_jsonl(path: Path) -> tuple[list[dict], int]:
+def _parse_jsonl(path: Path, kind: str | None = None) -> tuple[list[dict], int]:
+    """(records, dropped lines). With `kind`, a line that names another kind the way this
+    library writes it (`"kind": "train"`, sorted keys) is passed over unparsed: a run's log is
+    mostly training lines, and the evaluations that most readers want are one in hundreds. A
+    line that does not name its kind so is parsed and, if whole, filtered by its field."""
     records, bad = [], 0
     data, whole = _file_bytes(path)  # FileNotFoundError passes: read_metrics looks again
     bad += not whole  # the rest of an .xz cut short: unreadable, counted once
+    wanted = None if kind is None else b'"kind": ' + json.dumps(kind).encode()
     for line in data.split(b"\n"):
         if not line.strip():
+            continue
+        if wanted is not None and wanted not in line and b'"kind": "' in line:
             continue
         try:
             rec = _parse_json(line, path.name)
@@ -636,7 +652,8 @@ def _parse_jsonl(path: Path) -> tuple[list[dict], int]:
         if not isinstance(rec, dict) or _bad_type(rec, METRICS_SCHEMA):
             bad += 1
             continue
-        records.append(rec)
+        if kind is None or rec.get("kind") == kind:
+            records.append(rec)
     return records, bad
 
 
@@ -698,6 +715,8 @@ def load_runs(root, include_incomplete: bool = False) -> pd.DataFrame:
     are skipped with a warning and listed in df.attrs["skipped"] as (folder, reason). Runs without
     a summary (still training, or killed) are skipped too unless include_incomplete=True.
     """
+    import pandas as pd
+
     root = Path(root)
     rows, skipped = [], []
     if root.is_dir():
@@ -747,6 +766,8 @@ def load_metrics(run, kind: str | None = None) -> pd.DataFrame:
     `run` is a run folder path, a Run, or a row of load_runs. A last line cut by a kill is
     dropped and counted in df.attrs["dropped_lines"].
     """
+    import pandas as pd
+
     if isinstance(run, Run):
         path = run.path
     elif isinstance(run, pd.Series):
@@ -754,7 +775,7 @@ def load_metrics(run, kind: str | None = None) -> pd.DataFrame:
     else:
         path = Path(run)
     try:
-        records, bad = read_metrics(path)
+        records, bad = read_metrics(path, kind)
         damaged = None
     except DamagedFileError as e:
         records, bad, damaged = [], 0, str(e)
@@ -763,8 +784,6 @@ def load_metrics(run, kind: str | None = None) -> pd.DataFrame:
         warnings.warn(
             f"run {path.name!r}: {bad} unreadable line(s) of {METRICS} dropped", stacklevel=2
         )
-    if kind is not None:
-        records = [r for r in records if r.get("kind") == kind]
     df = pd.DataFrame([flatten_dict(r) for r in records])
     df.attrs["dropped_lines"] = bad
     df.attrs["damaged"] = damaged
@@ -774,6 +793,8 @@ def load_metrics(run, kind: str | None = None) -> pd.DataFrame:
 def evaluations(rows: pd.DataFrame, metric: str, x: str = "step") -> pd.DataFrame:
     """Every evaluation of the runs of `rows` (load_runs rows) that measured `metric` and `x`:
     columns row (the run's index label in rows), run, step, x, value; empty when none did."""
+    import pandas as pd
+
     parts = []
     for label, row in rows.iterrows():
         evals = load_metrics(row, kind="eval")
@@ -787,6 +808,8 @@ def evaluations(rows: pd.DataFrame, metric: str, x: str = "step") -> pd.DataFram
 
 def load_table(run, name: str) -> pd.DataFrame | None:
     """tables/<name>.csv of a run, or None when the run has no such table."""
+    import pandas as pd
+
     path = (
         Path(run["path"] if isinstance(run, pd.Series) else getattr(run, "path", run))
         / TABLES

@@ -579,7 +579,7 @@ def _redo_lost_evaluation(
     that loses nothing. An evaluation missing at an earlier step (a damaged metrics line) cannot
     be redone: the model at that step is not kept, so a warning names the steps.
     """
-    evaluated = {r.get("step") for r in run.metrics_records() if r.get("kind") == "eval"}
+    evaluated = {r.get("step") for r in run.metrics_records(kind="eval")}
     lost = [s for s in range(1, loop.step + 1) if evaluation_due(cfg, s) and s not in evaluated]
     if loop.step in lost:
         _evaluate_and_log(run, model, schedule, eval_sets, cfg, autocast, loop)
@@ -635,7 +635,7 @@ def _epochs(task, tokens: int) -> dict:
 def _logged_evaluation(run: Run, step: int) -> dict:
     """The figures of step's "eval" line in metrics.jsonl (the last one, if logged twice), without
     its bookkeeping (kind, step, counters, time); {} when there is none."""
-    lines = [r for r in run.metrics_records() if r.get("kind") == "eval" and r.get("step") == step]
+    lines = [r for r in run.metrics_records(kind="eval") if r.get("step") == step]
     bookkeeping = {"kind", "step", "tokens", "compute_tokens", "flops", "time"}
     return {k: v for k, v in lines[-1].items() if k not in bookkeeping} if lines else {}
 
@@ -654,7 +654,7 @@ def _finish(
         # what that evaluation logged (the contraction monitor too), as the summary keeps it
         loop.last_eval = loop.last_eval or _logged_evaluation(run, loop.step)
     run.write_table("per_position", per_position_table(loop.results))
-    train_losses = [r["loss"] for r in run.metrics_records() if r.get("kind") == "train"]
+    train_losses = [r["loss"] for r in run.metrics_records(kind="train")]
     tail = train_losses[-max(1, len(train_losses) // 20) :]
     counters = loop.counters
     # the mean of what the steps ran (a schedule that adapts to the data: not its upper bound)
