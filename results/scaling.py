@@ -242,12 +242,16 @@ def fit_power_laws(
         xs = sub.groupby("R")[x].mean().reindex(table.columns).to_numpy(float)
         values = table.to_numpy(float)
         est = _fit(xs, np.nanmean(values, axis=0))
-        boots = []
+        # the fit depends only on which seeds a resample drew, not their order: each multiset is
+        # fitted once (5 seeds have 126 of them, against 1000 resamples)
+        boots, fitted = [], {}
         for _ in range(n_resamples if len(table) > 1 else 0):
-            draw = values[rng.integers(0, len(table), len(table))]
-            with warnings.catch_warnings():  # a budget none of the drawn seeds has: NaN, dropped
-                warnings.simplefilter("ignore", RuntimeWarning)
-                boots.append(_fit(xs, np.nanmean(draw, axis=0)))
+            drawn = tuple(sorted(rng.integers(0, len(table), len(table)).tolist()))
+            if drawn not in fitted:
+                with warnings.catch_warnings():  # a budget none of the drawn seeds has: NaN
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    fitted[drawn] = _fit(xs, np.nanmean(values[list(drawn)], axis=0))
+            boots.append(fitted[drawn])
         boots = np.array(boots) if boots else np.full((1, 3), np.nan)
         row = {"method": method, "n_seeds": len(table), "budgets": len(xs)}
         for i, name in enumerate(("E", "A", "alpha")):
