@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Protocol
 
 from lrt_lab.store.results import Run, write_json
-from lrt_lab.store.run_groups import group_name
 from lrt_lab.training.mirror_settings import DEFAULT_WANDB_PROJECT, MIRROR_PACKAGES, MirrorSettings
 
 TENSORBOARD_FOLDER = "tensorboard"
@@ -244,7 +243,11 @@ class Mirrors:
 def start_mirrors(settings: MirrorSettings, run: Run, config: dict) -> Mirrors:
     """The run's mirrors, started (those that fail to start are dropped with a warning)."""
     mirrors = Mirrors({name: make_mirror(name, run, settings) for name in settings.names}, run.name)
-    return mirrors.start(config, run.name, group_name(config)) if mirrors.active else mirrors
+    if not mirrors.active:
+        return mirrors
+    from lrt_lab.store.run_groups import group_name  # pandas: only when a mirror is on
+
+    return mirrors.start(config, run.name, group_name(config))
 
 
 class MirroredRun(Run):
