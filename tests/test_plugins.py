@@ -339,27 +339,28 @@ NO_TORCH = [  # (arguments, exit status): help, and errors in the arguments
 ]
 
 
-def test_help_and_argument_errors_load_no_torch(tmp_path):
-    """Every --help and every refusal of an argument above, in one fresh interpreter: torch is
-    not among its modules at the end (so none of them waited for it to load)."""
+def _refuse_in_one_interpreter(tmp_path, cases, module: str):
+    """Run `cases` (arguments, exit status) through main in one fresh interpreter, checking each
+    status and that `module` is not loaded after it; the finished process (it prints
+    "LOADED False" at the end). The sweep specs the cases name are written first."""
     program = (
         "import sys\n"
         "from lrt_lab.commands.cli import main\n"
-        f"cases = {NO_TORCH!r}\n"
+        f"cases = {cases!r}\n"
         "for argv, want in cases:\n"
         "    try:\n"
         "        got = main(argv)\n"
         "    except SystemExit as e:\n"
         "        got = e.code\n"
         "    assert got == want, (argv, got, want)\n"
-        "    assert 'torch' not in sys.modules, argv\n"
-        "print('TORCH', 'torch' in sys.modules)\n"
+        f"    assert {module!r} not in sys.modules, argv\n"
+        f"print('LOADED', {module!r} in sys.modules)\n"
     )
     grid = '[sweep]\ntasks = ["a5_prefix"]\nmodels = ["lrt"]\n'
     (tmp_path / "bad_schedule.toml").write_text(grid + 'schedules = ["interleaved:0"]\n')
     (tmp_path / "bad_key.toml").write_text(grid + "bogus = 1\n")
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}  # chosen: no CPU sample before each
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", program],
         cwd=tmp_path,
         env=env,
@@ -367,8 +368,14 @@ def test_help_and_argument_errors_load_no_torch(tmp_path):
         text=True,
         timeout=300,
     )
+
+
+def test_help_and_argument_errors_load_no_torch(tmp_path):
+    """Every --help and every refusal of an argument above, in one fresh interpreter: torch is
+    not among its modules at the end (so none of them waited for it to load)."""
+    done = _refuse_in_one_interpreter(tmp_path, NO_TORCH, "torch")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "TORCH False" in done.stdout
+    assert "LOADED False" in done.stdout
     assert done.stderr.count("error:") == sum(want == 2 for _, want in NO_TORCH), done.stderr
 
 
@@ -376,29 +383,8 @@ def test_refusals_of_train_and_sweep_arguments_load_no_pandas(tmp_path):
     """The argument errors of train and sweep above refuse before pandas loads as well (about
     half a second of a refusal's second, through the store's readers)."""
     cases = [(a, w) for a, w in NO_TORCH if a[0] in ("train", "sweep") and w == 2]
-    program = (
-        "import sys\n"
-        "from lrt_lab.commands.cli import main\n"
-        f"for argv in {[a for a, _ in cases]!r}:\n"
-        "    try:\n"
-        "        main(argv)\n"
-        "    except SystemExit:\n"
-        "        pass\n"
-        "    assert 'pandas' not in sys.modules, argv\n"
-        "print('PANDAS', 'pandas' in sys.modules)\n"
-    )
-    grid = '[sweep]\ntasks = ["a5_prefix"]\nmodels = ["lrt"]\n'
-    (tmp_path / "bad_schedule.toml").write_text(grid + 'schedules = ["interleaved:0"]\n')
-    (tmp_path / "bad_key.toml").write_text(grid + "bogus = 1\n")
-    done = subprocess.run(
-        [sys.executable, "-c", program],
-        cwd=tmp_path,
-        env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0 and "PANDAS False" in done.stdout, done.stderr[-3000:]
+    done = _refuse_in_one_interpreter(tmp_path, cases, "pandas")
+    assert done.returncode == 0 and "LOADED False" in done.stdout, done.stderr[-3000:]
     assert done.stderr.count("error:") == len(cases), done.stderr
 
 
