@@ -681,7 +681,8 @@ def _finish(
             **({"guard": loop.guard.summary()} if loop.guard is not None else {}),
             # when pos@90 first reached the training length (None: not within the budget)
             "reached": {
-                key: first_reach(run.metrics_records(), key, cfg.length)
+                key: first_reach(evals, key, cfg.length)
+                for evals in [run.metrics_records(kind="eval")]  # the log read once
                 for key in (f"pos90_exact@{cfg.length}", f"pos90_parallel@{cfg.length}")
             },
         }
